@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Creates .venv on first use and installs rljax with its test extras, pinned by constraints.txt.
+# Re-running is cheap: the install is skipped while setup.py and constraints.txt are unchanged.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+stamp=.venv/.rljax-installed
+want=$(cat setup.py constraints.txt | sha256sum | cut -c1-16)
+if [ ! -x .venv/bin/python ]; then
+  python3 -m venv .venv
+fi
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+  .venv/bin/python -m pip install -q --upgrade pip
+  .venv/bin/python -m pip install -q -c constraints.txt -e ".[test]"
+  echo "$want" > "$stamp"
+fi

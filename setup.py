@@ -1,0 +1,34 @@
+"""rljax: reinforcement-learning post-training of language models in JAX/Flax."""
+from setuptools import find_packages, setup
+
+setup(
+    name="rljax",
+    version="0.1.0",
+    description="Composable RL post-training for language models in JAX/Flax",
+    packages=find_packages(include=["rljax", "rljax.*"]),
+    python_requires=">=3.10",
+    install_requires=[
+        "jax>=0.7",
+        "flax>=0.11",
+        "optax>=0.2.5",
+        "orbax-checkpoint>=0.11",
+        "chex>=0.1.89",
+        "ml_collections>=1.0",
+        "transformers>=4.50",
+        "safetensors>=0.4",
+        "tokenizers>=0.20",
+        "numpy>=1.26",
+        "tqdm>=4.66",
+        "tensorboardX>=2.6",
+        "matplotlib>=3.8",
+        "math-verify>=0.7",
+        "absl-py>=2.0",
+    ],
+    extras_require={
+        "test": ["pytest>=8", "torch==2.13.0"],
+        "hf": ["torch==2.13.0"],
+        "tpu": ["jax[tpu]"],
+        "gpu": ["jax[cuda12]"],
+    },
+    entry_points={"console_scripts": ["rljax=rljax.cli:main"]},
+)
