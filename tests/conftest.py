@@ -1,0 +1,22 @@
+"""Shared fixtures: tiny random Hugging Face models built once per session on CPU torch."""
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import numpy as np
+import pytest
+
+from tests import hf_models
+
+
+@pytest.fixture(scope="session")
+def hf_dirs(tmp_path_factory):
+  """{'llama', 'qwen2', 'llama_gqa_tied', 'llama3_rope'} -> directory of a saved tiny model."""
+  root = tmp_path_factory.mktemp("hf")
+  return {name: hf_models.build(name, str(root / name)) for name in hf_models.ARCHS}
+
+
+@pytest.fixture(scope="session")
+def left_padded_batch():
+  """Token ids and mask [4, 12] of prompts with lengths 12, 7, 3, 9, left-padded."""
+  return hf_models.left_padded([12, 7, 3, 9], width=12, vocab=hf_models.VOCAB, seed=0)

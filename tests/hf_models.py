@@ -1,0 +1,66 @@
+"""Tiny random ``transformers`` models for parity tests (built with CPU torch, saved to disk)."""
+import numpy as np
+
+VOCAB = 97
+ARCHS = ("llama", "qwen2", "llama_gqa_tied", "llama3_rope")
+
+
+def hf_config(name: str):
+  import transformers
+  common = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                num_attention_heads=4, rms_norm_eps=1e-5, max_position_embeddings=256,
+                eos_token_id=2, bos_token_id=1, pad_token_id=0)
+  if name == "llama":
+    return transformers.LlamaConfig(num_key_value_heads=4, rope_theta=10000.0,
+                                    tie_word_embeddings=False, **common)
+  if name == "qwen2":
+    return transformers.Qwen2Config(num_key_value_heads=2, rope_theta=1e6,
+                                    tie_word_embeddings=False, **common)
+  if name == "llama_gqa_tied":
+    return transformers.LlamaConfig(num_key_value_heads=1, rope_theta=5e5,
+                                    tie_word_embeddings=True, **common)
+  if name == "llama3_rope":
+    return transformers.LlamaConfig(
+        num_key_value_heads=2, tie_word_embeddings=False, rope_theta=5e5,
+        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                      "high_freq_factor": 4.0, "original_max_position_embeddings": 32},
+        **common)
+  raise KeyError(name)
+
+
+def build(name: str, path: str, seed: int = 0) -> str:
+  """Random weights (biases made non-zero so they are tested), saved as safetensors."""
+  import torch
+  import transformers
+  torch.manual_seed(seed)
+  model = transformers.AutoModelForCausalLM.from_config(hf_config(name), dtype=torch.float32)
+  with torch.no_grad():
+    for pname, p in model.named_parameters():
+      if pname.endswith("bias") or "norm" in pname:
+        p.add_(0.1 * torch.randn_like(p))
+  model.save_pretrained(path)
+  return path
+
+
+def hf_logits(path: str, tokens: np.ndarray, mask: np.ndarray) -> np.ndarray:
+  """Logits from ``transformers`` with position ids from the mask, as ``generate`` does."""
+  import torch
+  import transformers
+  model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+  model.eval()
+  pos = np.maximum(np.cumsum(mask, -1) - 1, 0)
+  with torch.no_grad():
+    out = model(input_ids=torch.tensor(tokens, dtype=torch.long),
+                attention_mask=torch.tensor(mask, dtype=torch.long),
+                position_ids=torch.tensor(pos, dtype=torch.long))
+  return out.logits.double().numpy()
+
+
+def left_padded(lengths, width, vocab, seed):
+  rng = np.random.default_rng(seed)
+  tokens = np.zeros((len(lengths), width), np.int32)
+  mask = np.zeros_like(tokens)
+  for i, n in enumerate(lengths):
+    tokens[i, width - n:] = rng.integers(3, vocab, n)
+    mask[i, width - n:] = 1
+  return tokens, mask
