@@ -136,4 +136,13 @@ def get_config():
   c.mesh.data = -1  # -1 = all devices not used by the other axes
   c.mesh.fsdp = 1
   c.mesh.tensor = 1
+
+  # --- multi-process start-up (rljax.parallel.distributed) -------------------------------------
+  c.dist = ml_collections.ConfigDict()
+  # 'auto': jax.distributed.initialize() when the environment names a cluster (TPU pod, SLURM,
+  # or the explicit keys below); 'off': single process.
+  c.dist.mode = "auto"
+  c.dist.coordinator_address = ""  # host:port of process 0
+  c.dist.num_processes = placeholder(int)
+  c.dist.process_id = placeholder(int)
   return c
