@@ -1,0 +1,171 @@
+"""Tokenizers: one interface for the built-in character vocabulary and Hugging Face tokenizers.
+
+The RL loop only ever talks to :class:`Tokenizer`. Two implementations:
+
+- :class:`CharTokenizer`: a fixed, tiny vocabulary (one id per character) for the embedded tasks.
+  Lengths in characters are lengths in tokens, which keeps toy experiments easy to reason about.
+- :class:`HFTokenizer`: wraps ``transformers.AutoTokenizer`` loaded from a *local* directory,
+  with the tokenizer's own chat template applied to prompts when asked.
+
+Conventions shared by both:
+
+- ``encode(text)`` never adds special tokens; ``encode_prompt(prompt)`` is the one way a prompt
+  becomes ids (chat template if enabled, then BOS if the tokenizer has one and the text does not
+  already start with it).
+- ``decode(ids)`` does not stop at EOS (callers cut completions with their masks); it drops
+  padding and, by default, the other special tokens so that verifiers see plain text.
+"""
+from __future__ import annotations
+
+import abc
+import os
+from typing import Sequence
+
+PAD, EOS, BOS = "<pad>", "<eos>", "<bos>"
+
+# Order fixes the ids forever: changing it silently breaks every saved char-level checkpoint.
+_CHAR_SPECIALS = (PAD, EOS, BOS)
+_CHAR_SYMBOLS = (
+    " \n"
+    "0123456789"
+    "+-*/=()"
+    "#,.:;<>?!"
+    "abcdefghijklmnopqrstuvwxyz"
+)
+
+
+class Tokenizer(abc.ABC):
+  """What the RL loop needs from a tokenizer."""
+
+  eos_id: int
+  pad_id: int
+  bos_id: int | None
+  vocab_size: int
+
+  @abc.abstractmethod
+  def encode(self, text: str) -> list[int]:
+    """Token ids of ``text``, without any special token added."""
+
+  @abc.abstractmethod
+  def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+    """Text of ``ids``. Padding is always dropped; EOS/BOS too unless ``skip_special_tokens=False``.
+
+    Decoding does not stop at EOS: the caller decides where a completion ends (its mask).
+    """
+
+  @abc.abstractmethod
+  def apply_chat_template(self, prompt: str) -> str:
+    """The prompt as the model should see it (identity when no chat template is used)."""
+
+  def encode_prompt(self, prompt: str) -> list[int]:
+    """Ids of a prompt ready for generation: chat template, then BOS unless already present."""
+    ids = self.encode(self.apply_chat_template(prompt))
+    if self.bos_id is not None and (not ids or ids[0] != self.bos_id):
+      ids = [self.bos_id] + ids
+    return ids
+
+
+class CharTokenizer(Tokenizer):
+  """One token per character over a fixed built-in vocabulary (57 ids).
+
+  Ids: 0 ``<pad>``, 1 ``<eos>``, 2 ``<bos>``, then space, newline, digits, ``+-*/=()``,
+  ``#,.:;<>?!`` and lowercase letters. A character outside the vocabulary is an error (never a
+  silent ``<unk>``), because a task that emits one is a bug.
+  """
+
+  def __init__(self):
+    self._id_to_piece = list(_CHAR_SPECIALS) + list(_CHAR_SYMBOLS)
+    self._char_to_id = {ch: i + len(_CHAR_SPECIALS) for i, ch in enumerate(_CHAR_SYMBOLS)}
+    self.pad_id, self.eos_id, self.bos_id = 0, 1, 2
+    self.vocab_size = len(self._id_to_piece)
+
+  @property
+  def vocabulary(self) -> str:
+    """All characters this tokenizer can encode, in id order."""
+    return _CHAR_SYMBOLS
+
+  def encode(self, text: str) -> list[int]:
+    try:
+      return [self._char_to_id[ch] for ch in text]
+    except KeyError as e:
+      raise ValueError(
+          f"character {e.args[0]!r} in {text!r} is not in the char tokenizer's vocabulary "
+          f"{_CHAR_SYMBOLS!r}") from None
+
+  def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+    pieces = []
+    for i in ids:
+      i = int(i)
+      if not 0 <= i < self.vocab_size:
+        raise ValueError(f"token id {i} is outside the char vocabulary [0, {self.vocab_size})")
+      if i == self.pad_id or (skip_special_tokens and i in (self.eos_id, self.bos_id)):
+        continue
+      pieces.append(self._id_to_piece[i])
+    return "".join(pieces)
+
+  def apply_chat_template(self, prompt: str) -> str:
+    return prompt
+
+
+class HFTokenizer(Tokenizer):
+  """A Hugging Face tokenizer loaded from a local directory.
+
+  ``pad_id`` falls back to ``eos_id`` when the tokenizer defines no pad token (common for
+  decoder-only models; padding is always masked explicitly, so the id itself never matters).
+  """
+
+  def __init__(self, path: str, chat_template: bool = False):
+    self.path = path
+    self._hf = _load_hf_tokenizer(path)
+    if self._hf.eos_token_id is None:
+      raise ValueError(f"tokenizer at {path!r} defines no eos_token; generation cannot stop")
+    if chat_template and not getattr(self._hf, "chat_template", None):
+      raise ValueError(
+          f"data.chat_template=True but the tokenizer at {path!r} has no chat template "
+          "(tokenizer_config.json 'chat_template' or chat_template.jinja)")
+    self.use_chat_template = chat_template
+    self.eos_id = int(self._hf.eos_token_id)
+    pad = self._hf.pad_token_id
+    self.pad_id = int(pad) if pad is not None else self.eos_id
+    self.bos_id = int(self._hf.bos_token_id) if self._hf.bos_token_id is not None else None
+    self.vocab_size = len(self._hf)
+
+  def encode(self, text: str) -> list[int]:
+    return list(self._hf.encode(text, add_special_tokens=False))
+
+  def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+    ids = [int(i) for i in ids]
+    if self.pad_id != self.eos_id:
+      ids = [i for i in ids if i != self.pad_id]
+    # When pad and eos share an id, padding is indistinguishable from EOS: it is dropped with
+    # the special tokens, or shown as EOS when they are kept.
+    return self._hf.decode(ids, skip_special_tokens=skip_special_tokens)
+
+  def apply_chat_template(self, prompt: str) -> str:
+    if not self.use_chat_template:
+      return prompt
+    return self._hf.apply_chat_template(
+        [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True)
+
+
+def _load_hf_tokenizer(path: str):
+  """``AutoTokenizer.from_pretrained`` on a local directory, with an error that names the path."""
+  if not os.path.isdir(path):
+    raise ValueError(
+        f"data.tokenizer={path!r} is neither 'char' nor an existing local directory")
+  try:
+    from transformers import AutoTokenizer  # slow import: only when a HF tokenizer is used
+    return AutoTokenizer.from_pretrained(path, local_files_only=True)
+  except Exception as e:  # transformers raises many types (OSError, ValueError, KeyError)
+    raise ValueError(
+        f"data.tokenizer={path!r} is not a Hugging Face tokenizer directory (expected "
+        f"tokenizer.json or tokenizer_config.json with vocabulary files): {e}") from e
+
+
+def load_tokenizer(name_or_path: str, chat_template: bool = False) -> Tokenizer:
+  """``'char'`` -> :class:`CharTokenizer`; a local directory -> :class:`HFTokenizer`."""
+  if name_or_path == "char":
+    if chat_template:
+      raise ValueError("data.chat_template=True needs a Hugging Face tokenizer, not 'char'")
+    return CharTokenizer()
+  return HFTokenizer(name_or_path, chat_template=chat_template)
