@@ -13,8 +13,8 @@ def get_config():
 
   # --- model -----------------------------------------------------------------------------------
   c.model = ml_collections.ConfigDict()
-  # 'tiny' builds a fresh model from the sizes below; 'hf:PATH' loads a Hugging Face directory;
-  # 'rljax:PATH' loads an rljax checkpoint (e.g. the SFT cold start).
+  # 'tiny': a fresh random model with the sizes below; 'hf:PATH': a Hugging Face directory;
+  # 'sft': the supervised cold start of section `sft` (trained first if not on disk yet).
   c.model.source = "tiny"
   c.model.hidden_size = 128
   c.model.intermediate_size = 384
@@ -130,6 +130,15 @@ def get_config():
   c.train.resume = False
   c.train.progress = True  # live progress bar
   c.train.export_hf = True  # export the final policy in Hugging Face format
+
+  # --- supervised cold start (model.source='sft') -----------------------------------------------
+  c.sft = ml_collections.ConfigDict()
+  c.sft.steps = 600
+  c.sft.batch_size = 64
+  c.sft.lr = 3e-3
+  c.sft.warmup_steps = 50
+  c.sft.seed = 1234  # SFT examples come from their own stream of the train split
+  c.sft.out_dir = "runs/sft"  # reused when it holds a checkpoint made with the same sft/model keys
 
   # --- device mesh -----------------------------------------------------------------------------
   c.mesh = ml_collections.ConfigDict()

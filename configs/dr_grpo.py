@@ -1,0 +1,10 @@
+"""Dr. GRPO (arXiv 2503.20783): no std normalisation, a constant length normaliser, no KL."""
+from rljax.config_loader import preset
+
+
+def get_config():
+  c = preset(__file__, "grpo.py")
+  c.algo.advantage = "dr_grpo"
+  c.algo.loss_agg = "seq_mean_token_sum_norm"
+  c.algo.kl_placement = "none"
+  return c

@@ -1,0 +1,15 @@
+"""VAPO (arXiv 2504.05118): VC-PPO + length-adaptive GAE, clip-higher, token-level loss,
+positive-example LM loss and group sampling."""
+from rljax.config_loader import preset
+
+
+def get_config():
+  c = preset(__file__, "vc_ppo.py")
+  c.algo.lam_alpha = 0.05
+  c.algo.clip_eps_low = 0.2
+  c.algo.clip_eps_high = 0.28
+  c.algo.loss_agg = "token_mean"
+  c.algo.pos_lm_coef = 0.1
+  c.algo.kl_placement = "none"
+  c.rollout.group_size = 8
+  return c

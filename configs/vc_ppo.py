@@ -1,0 +1,10 @@
+"""VC-PPO (arXiv 2503.01491): PPO with value pretraining and decoupled GAE (0.95 / 1.0)."""
+from rljax.config_loader import preset
+
+
+def get_config():
+  c = preset(__file__, "ppo.py")
+  c.critic.pretrain_steps = 50
+  c.algo.lam = 0.95
+  c.algo.lam_critic = 1.0
+  return c

@@ -1,0 +1,3 @@
+from rljax.cli import main
+
+main()

@@ -1,0 +1,133 @@
+"""``rljax <command>`` (also ``python -m rljax <command>``).
+
+  train             --config configs/dapo.py [--config.key=value ...]   RL training
+  sft               --config configs/main.py                            supervised cold start
+  eval              --config X [--samples K] [--checkpoint RUN_DIR | --config.model.source=hf:P]
+  check-conversion  PATH                   rljax vs transformers logits on a HF directory
+  convert           RUN_DIR OUT            latest checkpoint of a run -> Hugging Face directory
+  plan              --config X [--device v5p|h100-80g|NUMBER_GiB]   memory plan on the mesh
+  components                               the registered algorithm components
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from rljax import config_loader
+
+
+def _config(argv, *, required=True):
+  path, overrides, rest = config_loader.split_config_args(argv)
+  if path is None:
+    if required:
+      raise SystemExit("error: --config PATH is required (e.g. --config configs/dapo.py)")
+    return None, rest
+  return config_loader.load_config(path, overrides), rest
+
+
+def cmd_train(argv):
+  config, rest = _config(argv)
+  if rest:
+    raise SystemExit(f"error: unexpected arguments {rest}")
+  from rljax.train import loop
+  result = loop.train(config)
+  printable = {k: v for k, v in result.items() if k != "last"}
+  print(json.dumps(printable))
+  return result
+
+
+def cmd_sft(argv):
+  config, rest = _config(argv)
+  from rljax.data import tokenizer as tokenizer_lib
+  from rljax.train import sft
+  tokenizer = tokenizer_lib.load_tokenizer(config.data.tokenizer, config.data.chat_template)
+  path = sft.ensure_sft_checkpoint(config, tokenizer)
+  print(path)
+  return path
+
+
+def cmd_eval(argv):
+  config, rest = _config(argv)
+  parser = argparse.ArgumentParser(prog="rljax eval")
+  parser.add_argument("--samples", type=int, default=1, help="k for pass@k and maj@k")
+  parser.add_argument("--checkpoint", default=None,
+                      help="an rljax run directory: its latest checkpoint is evaluated")
+  args = parser.parse_args(rest)
+  from rljax.train import evaluation
+  result = evaluation.evaluate_config(config, samples=args.samples, checkpoint=args.checkpoint)
+  print(json.dumps(result))
+  return result
+
+
+def cmd_check_conversion(argv):
+  parser = argparse.ArgumentParser(prog="rljax check-conversion")
+  parser.add_argument("path", help="local Hugging Face model directory")
+  args = parser.parse_args(argv)
+  try:
+    import torch  # noqa: F401
+  except ImportError:
+    raise SystemExit("check-conversion compares against transformers running on PyTorch, which "
+                     "is not installed: pip install 'rljax[hf]'") from None
+  from rljax.models import check_conversion
+  report = check_conversion(args.path)
+  print(f"max abs logit diff: {report['max_abs_diff']:.3e}")
+  print(f"mean KL(transformers || rljax) per token: {report['mean_kl']:.3e}")
+  return report
+
+
+def cmd_convert(argv):
+  parser = argparse.ArgumentParser(prog="rljax convert")
+  parser.add_argument("run_dir")
+  parser.add_argument("out")
+  args = parser.parse_args(argv)
+  from rljax.train import evaluation
+  from rljax import models
+  model_cfg, params = evaluation.load_run_params(args.run_dir)
+  models.save_hf(args.out, model_cfg, params)
+  print(args.out)
+  return args.out
+
+
+def cmd_plan(argv):
+  config, rest = _config(argv)
+  parser = argparse.ArgumentParser(prog="rljax plan")
+  parser.add_argument("--device", default="h100-80g")
+  args = parser.parse_args(rest)
+  from rljax.parallel import plan
+  report = plan.plan_main(config, args.device)
+  print(report)
+  return report
+
+
+def cmd_components(argv):
+  from rljax.algos import list_registries
+  from rljax.rewards import verifiers
+  table = dict(list_registries())
+  table["reward_fn"] = verifiers.REWARD_FNS.names()
+  for family, names in table.items():
+    print(f"{family}: {', '.join(names)}")
+  return table
+
+
+COMMANDS = {
+    "train": cmd_train, "sft": cmd_sft, "eval": cmd_eval,
+    "check-conversion": cmd_check_conversion, "convert": cmd_convert, "plan": cmd_plan,
+    "components": cmd_components,
+}
+
+
+def main(argv=None):
+  argv = sys.argv[1:] if argv is None else list(argv)
+  if not argv or argv[0] in ("-h", "--help", "help"):
+    print(__doc__)
+    return None
+  command, rest = argv[0], argv[1:]
+  if command not in COMMANDS:
+    raise SystemExit(f"error: unknown command {command!r}; commands: {sorted(COMMANDS)}")
+  return COMMANDS[command](rest)
+
+
+if __name__ == "__main__":
+  main()

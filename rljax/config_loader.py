@@ -1,0 +1,127 @@
+"""Config files and ``--config.key=value`` overrides (big_vision / ml_collections style).
+
+A config file defines ``get_config()`` returning an ``ml_collections.ConfigDict``. Overrides
+address existing keys only: an unknown key or a value of the wrong type is an error that names
+the key (and, for unknown keys, lists the keys that exist there). The returned config is locked,
+so code that reads a misspelt key fails too.
+"""
+from __future__ import annotations
+
+import ast
+import importlib.util
+import os
+
+import ml_collections
+
+_TRUE = {"true", "1", "yes"}
+_FALSE = {"false", "0", "no"}
+
+
+def load_config_file(path: str) -> ml_collections.ConfigDict:
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"config file {path!r} does not exist")
+  spec = importlib.util.spec_from_file_location(
+      f"rljax_config_{abs(hash(os.path.abspath(path)))}", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  if not hasattr(module, "get_config"):
+    raise AttributeError(f"config file {path!r} has no get_config()")
+  return module.get_config()
+
+
+def _field_type(parent: ml_collections.ConfigDict, key: str):
+  value = parent[key]
+  if value is not None:
+    return type(value)
+  ref = parent.get_ref(key)
+  return ref.get_type()
+
+
+def parse_value(text: str, kind, key: str):
+  """Parse ``text`` as a value of ``kind`` (the field's declared type)."""
+  if kind is str:
+    return text
+  if kind is bool:
+    low = text.lower()
+    if low in _TRUE:
+      return True
+    if low in _FALSE:
+      return False
+    raise TypeError(f"--config.{key}: expected a bool (true/false), got {text!r}")
+  if text.lower() in ("none", "null"):
+    return None
+  try:
+    value = ast.literal_eval(text)
+  except (ValueError, SyntaxError):
+    raise TypeError(f"--config.{key}: expected {kind.__name__}, got {text!r}") from None
+  if kind is float and isinstance(value, int) and not isinstance(value, bool):
+    value = float(value)
+  if kind is tuple and isinstance(value, list):
+    value = tuple(value)
+  if kind is not None and not isinstance(value, kind):
+    raise TypeError(f"--config.{key}: expected {kind.__name__}, got {text!r}")
+  return value
+
+
+def apply_override(config: ml_collections.ConfigDict, dotted: str, text: str) -> None:
+  parts = dotted.split(".")
+  node = config
+  for i, part in enumerate(parts):
+    if not isinstance(node, ml_collections.ConfigDict) or part not in node:
+      where = ".".join(parts[:i]) or "<root>"
+      known = sorted(node.keys()) if isinstance(node, ml_collections.ConfigDict) else []
+      raise KeyError(f"unknown config key {dotted!r}: {where!r} has no {part!r}; "
+                     f"keys there: {known}")
+    if i < len(parts) - 1:
+      node = node[part]
+  key = parts[-1]
+  value = parse_value(text, _field_type(node, key), dotted)
+  try:
+    with node.unlocked():
+      node[key] = value
+  except TypeError as e:
+    raise TypeError(f"--config.{dotted}: {e}") from None
+
+
+def load_config(path: str, overrides: list[tuple[str, str]] = ()) -> ml_collections.ConfigDict:
+  config = load_config_file(path)
+  for dotted, text in overrides:
+    apply_override(config, dotted, text)
+  config.lock()
+  return config
+
+
+def split_config_args(argv: list[str]) -> tuple[str | None, list[tuple[str, str]], list[str]]:
+  """Pull ``--config PATH`` / ``--config=PATH`` and ``--config.a.b=v`` / ``--config.a.b v``
+  out of ``argv``; returns (path, overrides, remaining args)."""
+  path, overrides, rest = None, [], []
+  i = 0
+  while i < len(argv):
+    arg = argv[i]
+    if arg == "--config":
+      path, i = argv[i + 1], i + 2
+      continue
+    if arg.startswith("--config="):
+      path, i = arg.split("=", 1)[1], i + 1
+      continue
+    if arg.startswith("--config."):
+      body = arg[len("--config."):]
+      if "=" in body:
+        key, value = body.split("=", 1)
+        i += 1
+      else:
+        if i + 1 >= len(argv):
+          raise ValueError(f"{arg} needs a value")
+        key, value, i = body, argv[i + 1], i + 2
+      overrides.append((key, value))
+      continue
+    rest.append(arg)
+    i += 1
+  return path, overrides, rest
+
+
+def preset(config_file: str, base: str = "base.py") -> ml_collections.ConfigDict:
+  """The config of ``base`` (a file beside ``config_file``), for presets to modify."""
+  config = load_config_file(os.path.join(os.path.dirname(os.path.abspath(config_file)), base))
+  config.lock()  # a preset that misspells a key fails instead of adding it
+  return config

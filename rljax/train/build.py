@@ -1,0 +1,231 @@
+"""Assembling a run from its config: tokenizer, data, model, mesh, shardings, state, compiled fns.
+
+Everything sharded is placed by ``rljax.parallel.rules`` from the parameters' logical axis names;
+the same code runs on one CPU device and on a pod.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from rljax import models
+from rljax import rollout as rollout_lib
+from rljax.algos import kl as kl_lib
+from rljax.data import datasets, tokenizer as tokenizer_lib
+from rljax.models import ModelConfig, llama
+from rljax.parallel import distributed, mesh as mesh_lib, rules
+from rljax.rewards import verifiers
+from rljax.train import step as step_lib
+from rljax.train.checkpoint import Checkpointer
+from rljax.train.metrics import MetricsWriter
+from rljax.train.state import TrainState, create_state, make_optimizer, total_updates
+
+
+@dataclasses.dataclass
+class LoadedModel:
+  """A policy architecture on a mesh, with its compiled samplers (one per sampling setting)."""
+  cfg: ModelConfig
+  mesh: Any
+  _samplers: dict = dataclasses.field(default_factory=dict)
+
+  def sample(self, params, tokens, mask, key, sampling, group_size):
+    fn = self._samplers.get((sampling, group_size))
+    if fn is None:
+      fn = rollout_lib.make_sampler(self.cfg, sampling, group_size, mesh=self.mesh)
+      self._samplers[(sampling, group_size)] = fn
+    return fn(params, tokens, mask, key)
+
+
+def sampling_params(config, tokenizer, greedy: bool = False) -> rollout_lib.SamplingParams:
+  r = config.rollout
+  return rollout_lib.SamplingParams(
+      temperature=r.temperature, top_k=r.top_k, top_p=r.top_p, min_p=r.min_p, greedy=greedy,
+      max_new_tokens=r.max_new_tokens, stop_ids=(tokenizer.eos_id,), pad_id=tokenizer.pad_id)
+
+
+def _hf_source(config, tokenizer, *, train_if_missing: bool) -> str | None:
+  source = config.model.source
+  if source == "sft":
+    from rljax.train import sft
+    if train_if_missing:
+      return sft.ensure_sft_checkpoint(config, tokenizer)
+    return config.sft.out_dir
+  if source.startswith("hf:"):
+    return source[3:]
+  if source == "tiny":
+    return None
+  raise ValueError(f"model.source must be 'tiny', 'sft' or 'hf:PATH', got {source!r}")
+
+
+def resolve_model_config(config, tokenizer) -> ModelConfig:
+  """The policy's architecture from ``model.source``, without loading any weights."""
+  m = config.model
+  path = _hf_source(config, tokenizer, train_if_missing=False)
+  if path is None:
+    return models.tiny_config(m, tokenizer.vocab_size, eos_token_id=tokenizer.eos_id,
+                              pad_token_id=tokenizer.pad_id)
+  return ModelConfig.from_hf_dir(path, dtype=m.dtype, param_dtype=m.param_dtype, remat=m.remat)
+
+
+def load_policy(config, tokenizer) -> tuple[ModelConfig, dict]:
+  """``model.source``: 'tiny' (fresh random), 'hf:PATH', or 'sft' (the cold-start checkpoint,
+  trained first when ``sft.out_dir`` does not hold one yet)."""
+  m = config.model
+  path = _hf_source(config, tokenizer, train_if_missing=True)
+  if path is None:
+    cfg = resolve_model_config(config, tokenizer)
+    return cfg, llama.init_params(cfg, seed=config.seed)
+  cfg, params = models.load_hf(path, dtype=m.dtype, param_dtype=m.param_dtype)
+  if cfg.vocab_size < tokenizer.vocab_size:
+    raise ValueError(f"model vocab {cfg.vocab_size} < tokenizer vocab {tokenizer.vocab_size}")
+  return cfg.replace(remat=m.remat), params
+
+
+def single_device():
+  return jax.sharding.SingleDeviceSharding(jax.devices()[0])
+
+
+def optimizers(config):
+  updates = total_updates(config)
+  actor_tx = make_optimizer(config.optim, config.optim.lr, updates)
+  critic_tx = make_optimizer(config.optim, config.critic.lr, updates) \
+      if config.critic.enabled else None
+  return actor_tx, critic_tx
+
+
+def initial_state_fn(config, model_cfg: ModelConfig, params):
+  """A function creating the initial TrainState from policy ``params`` (jit it with shardings).
+
+  The critic starts from the policy trunk with a fresh value head; the reference is a copy of
+  the policy, and exists only when the KL placement is not ``none``.
+  """
+  actor_tx, critic_tx = optimizers(config)
+  placement = kl_lib.kl_placement(config.algo) or "none"
+
+  def make(params):
+    critic_params = None
+    if config.critic.enabled:
+      critic_params = {k: v for k, v in params.items() if k != "lm_head"}
+      critic_params["value_head"] = llama.init_params(
+          model_cfg.replace(num_layers=0, vocab_size=1), seed=config.seed + 7,
+          head="value")["value_head"]
+    ref_params = jax.tree.map(jnp.copy, params) if placement != "none" else None
+    return create_state(config, params, critic_params=critic_params, ref_params=ref_params,
+                        actor_tx=actor_tx, critic_tx=critic_tx, seed=config.seed)
+  return make
+
+
+def abstract_state(config, model_cfg: ModelConfig):
+  """(TrainState of ShapeDtypeStructs, the function that makes it)."""
+  make = initial_state_fn(config, model_cfg, None)
+  return jax.eval_shape(make, llama.param_shapes(model_cfg)), make
+
+
+def state_shardings(mesh, model_cfg: ModelConfig, state_shapes: TrainState) -> TrainState:
+  """NamedShardings of every TrainState leaf by the partition rules."""
+  rep = rules.replicated(mesh)
+  policy = rules.param_shardings(mesh, llama.logical_axes(model_cfg),
+                                 llama.param_shapes(model_cfg))
+  def opt(shapes, params_sh):
+    return None if shapes is None else rules.opt_state_shardings(mesh, shapes, params_sh)
+  critic = None
+  if state_shapes.critic_params is not None:
+    critic = rules.param_shardings(mesh, llama.logical_axes(model_cfg, "value"),
+                                   llama.param_shapes(model_cfg, "value"))
+  return TrainState(
+      step=rep, params=policy, opt_state=opt(state_shapes.opt_state, policy),
+      critic_params=critic, critic_opt_state=opt(state_shapes.critic_opt_state, critic),
+      ref_params=None if state_shapes.ref_params is None else policy,
+      kl_coef=rep, rng=rep, skipped_updates=rep)
+
+
+def make_task_verifier(config, source) -> Callable:
+  fn = verifiers.get_reward_fn(config.reward.fn)
+  r = config.reward
+
+  def verify(completions, problems):
+    return verifiers.score_completions(fn, completions, problems, wrong_value=r.wrong_value,
+                                       format_weight=r.format_weight, timeout_s=r.timeout_s,
+                                       workers=r.workers)
+  return verify
+
+
+def build_run(config):
+  from rljax.train.loop import Run
+  distributed.initialize(config.dist)
+  tokenizer = tokenizer_lib.load_tokenizer(config.data.tokenizer, config.data.chat_template)
+  source = datasets.make_prompt_source(config.data)
+  model_cfg, params = load_policy(config, tokenizer)
+  mesh = mesh_lib.make_mesh(config.mesh)
+  actor_tx, critic_tx = optimizers(config)
+  shapes, make = abstract_state(config, model_cfg)
+  sharding = state_shardings(mesh, model_cfg, shapes)
+  state = jax.jit(make, out_shardings=sharding)(params)
+  del params
+
+  run_dir = config.train.run_dir
+  checkpointer = Checkpointer(os.path.join(run_dir, "checkpoints"),
+                              keep=config.train.keep_checkpoints)
+  start = 0
+  if config.train.resume and checkpointer.latest_step() is not None:
+    start = checkpointer.latest_step()
+    abstract = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+                            shapes, sharding)
+    state, extra = checkpointer.restore(start, abstract)
+    source.load_state_dict(extra["data"])
+  elif checkpointer.latest_step() is not None:
+    raise FileExistsError(f"{run_dir} already holds checkpoints: pass --config.train.resume=True "
+                          "to continue it, or choose another train.run_dir")
+  writer = MetricsWriter(run_dir, enabled=distributed.is_main_process(),
+                         progress_total=config.train.steps, progress=config.train.progress,
+                         start_step=start)
+  if distributed.is_main_process():
+    os.makedirs(run_dir, exist_ok=True)
+    with open(os.path.join(run_dir, "config.json"), "w") as f:
+      f.write(config.to_json_best_effort(indent=2))
+
+  fns = step_lib.build_step_fns(config, model_cfg, actor_tx, critic_tx)
+  data_sh = lambda ndim: rules.batch_sharding(mesh, ndim)
+  rep = rules.replicated(mesh)
+  compiled = step_lib.compile_step_fns(fns, state_sharding=sharding, data_sharding=data_sh,
+                                       replicated=rep)
+  if config.critic.enabled and config.critic.pretrain_steps:
+    mc = ml_collections.ConfigDict(config.to_dict())
+    mc.algo.lam_critic = 1.0
+    mc_fns = step_lib.build_step_fns(mc, model_cfg, actor_tx, critic_tx)
+    compiled = dataclasses.replace(compiled, prepare_batch_mc=step_lib.compile_step_fns(
+        mc_fns, state_sharding=sharding, data_sharding=data_sh, replicated=rep).prepare_batch)
+  return Run(config=config, model=LoadedModel(model_cfg, mesh), tokenizer=tokenizer,
+             source=source, task_verifier=make_task_verifier(config, source), mesh=mesh,
+             fns=compiled, state=state, sampling=sampling_params(config, tokenizer),
+             writer=writer, checkpointer=checkpointer)
+
+
+def checkpoint_extra(run) -> dict:
+  return {"data": run.source.state_dict(), "config": json.loads(run.config.to_json_best_effort())}
+
+
+def finish(run) -> None:
+  """Final checkpoint, Hugging Face export of the policy, plot, and closing the sinks."""
+  cfg = run.config
+  steps = int(run.state.step)
+  if run.checkpointer is not None:
+    if run.checkpointer.latest_step() != steps:
+      run.checkpointer.save(steps, run.state, checkpoint_extra(run), force=True)
+    run.checkpointer.wait()
+    run.checkpointer.close()
+  if distributed.is_main_process():
+    if cfg.train.export_hf:
+      models.save_hf(os.path.join(cfg.train.run_dir, "hf"), run.model.cfg,
+                     jax.device_get(run.state.params))
+    from rljax.train.plot import plot_run
+    plot_run(os.path.join(cfg.train.run_dir, "metrics.jsonl"),
+             os.path.join(cfg.train.run_dir, "curves.png"))
+  run.writer.close()

@@ -1,0 +1,94 @@
+"""Batch construction on the host: group filters (DAPO dynamic sampling) and stacking of rounds.
+
+ALGORITHMS.md section 7. Rows are groups of G contiguous completions of one prompt; a filter
+decides per group. Arrays here are NumPy: filtering decisions are data-dependent shapes, which is
+exactly what cannot live inside the compiled step.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+
+def group_keep_mask(correct: np.ndarray, rewards: np.ndarray, group_size: int,
+                    keep_pass_rate: tuple | None = None) -> np.ndarray:
+  """Which groups to keep, [P] bool (DAPO arXiv 2503.14476; Bae et al. arXiv 2504.03380).
+
+  Default: ``0 < #correct < G`` and a non-zero reward spread, the groups that carry a gradient
+  under a group baseline. With ``keep_pass_rate=(lo, hi)``: ``lo <= #correct / G <= hi``
+  (online difficulty filtering), still requiring a reward spread.
+  """
+  correct = np.asarray(correct, np.float64).reshape(-1, group_size)
+  rewards = np.asarray(rewards, np.float64).reshape(-1, group_size)
+  spread = rewards.max(axis=1) > rewards.min(axis=1)
+  pass_rate = correct.mean(axis=1)
+  if keep_pass_rate is None:
+    return spread & (pass_rate > 0) & (pass_rate < 1)
+  lo, hi = keep_pass_rate
+  return spread & (pass_rate >= lo) & (pass_rate <= hi)
+
+
+@dataclasses.dataclass
+class RolloutGroups:
+  """Host copy of scored rollouts, rows grouped by prompt (G contiguous rows per group).
+
+  prompt_tokens/prompt_mask [B, Pw]; tokens/mask/logp [B, T]; lengths, truncated, rewards,
+  correct, row_valid [B]; completions: decoded text per row.
+  """
+  prompt_tokens: np.ndarray
+  prompt_mask: np.ndarray
+  tokens: np.ndarray
+  mask: np.ndarray
+  logp: np.ndarray
+  lengths: np.ndarray
+  truncated: np.ndarray
+  rewards: np.ndarray
+  correct: np.ndarray
+  row_valid: np.ndarray
+  completions: list
+
+  @property
+  def num_rows(self) -> int:
+    return self.tokens.shape[0]
+
+  def take_groups(self, groups: np.ndarray, group_size: int) -> "RolloutGroups":
+    rows = (np.asarray(groups)[:, None] * group_size + np.arange(group_size)).reshape(-1)
+    return RolloutGroups(**{f.name: _take(getattr(self, f.name), rows)
+                            for f in dataclasses.fields(self)})
+
+
+def _take(x, rows):
+  if isinstance(x, list):
+    return [x[i] for i in rows]
+  return x[rows]
+
+
+def _left_pad_to(x: np.ndarray, width: int) -> np.ndarray:
+  return np.pad(x, ((0, 0), (width - x.shape[1], 0)))
+
+
+def concat_groups(parts: list[RolloutGroups]) -> RolloutGroups:
+  """Stack rounds; prompts are re-left-padded to the widest round's (bucketed) width."""
+  width = max(p.prompt_tokens.shape[1] for p in parts)
+  out = {}
+  for f in dataclasses.fields(RolloutGroups):
+    values = [getattr(p, f.name) for p in parts]
+    if f.name in ("prompt_tokens", "prompt_mask"):
+      values = [_left_pad_to(v, width) for v in values]
+    out[f.name] = sum(values, []) if f.name == "completions" else np.concatenate(values)
+  return RolloutGroups(**out)
+
+
+def pad_groups(part: RolloutGroups, num_groups: int, group_size: int) -> RolloutGroups:
+  """Fill up to ``num_groups`` with invalid copies of the first group (``row_valid = 0``).
+
+  Keeps the train_step's shapes fixed when dynamic sampling hits ``max_gen_batches``: the padded
+  rows have zero mask in every loss and count, so they change nothing but the shape.
+  """
+  have = part.num_rows // group_size
+  if have >= num_groups:
+    return part.take_groups(np.arange(num_groups), group_size)
+  filler = part.take_groups(np.zeros(num_groups - have, np.int64), group_size)
+  filler.row_valid = np.zeros_like(filler.row_valid)
+  return concat_groups([part, filler])

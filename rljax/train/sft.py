@@ -1,0 +1,116 @@
+"""Supervised cold start (the R1 recipe's SFT stage) on generated solutions of an embedded task.
+
+``rljax sft --config ...`` or ``model.source='sft'`` in an RL config: a tiny policy learns the
+answer format and some skill from reference solutions, so that RL starts from a policy that is
+sometimes right. The result is a Hugging Face directory in ``sft.out_dir``; it is reused by later
+runs whose ``sft``, ``model`` and ``data`` sections are the same (a stamp file records them).
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from rljax import algos, models
+from rljax.data import datasets
+from rljax.models import llama
+
+_STAMP = "rljax_sft_stamp.json"
+
+
+def _stamp(config) -> dict:
+  return {"sft": config.sft.to_dict(), "model": config.model.to_dict(),
+          "data": config.data.to_dict(), "seed": config.seed}
+
+
+def encode_example(tokenizer, problem) -> tuple[list[int], list[int]]:
+  """(tokens, loss mask): the prompt, then the reference solution and EOS, which are learned."""
+  prompt = tokenizer.encode_prompt(problem.prompt)
+  target = tokenizer.encode(problem.solution) + [tokenizer.eos_id]
+  return prompt + target, [0] * len(prompt) + [1] * len(target)
+
+
+def make_batch(tokenizer, problems, width: int):
+  """Left-padded [B, width] tokens, attention mask and loss mask."""
+  tokens = np.full((len(problems), width), tokenizer.pad_id, np.int32)
+  attn = np.zeros((len(problems), width), np.int32)
+  loss = np.zeros((len(problems), width), np.float32)
+  for i, p in enumerate(problems):
+    ids, learn = encode_example(tokenizer, p)
+    if len(ids) > width:
+      raise ValueError(f"SFT example of {len(ids)} tokens exceeds the width {width} "
+                       "(data.prompt_bucket + rollout.max_new_tokens): {p.prompt!r}")
+    tokens[i, width - len(ids):] = ids
+    attn[i, width - len(ids):] = 1
+    loss[i, width - len(ids):] = learn
+  return tokens, attn, loss
+
+
+def sft_loss(model_cfg, params, tokens, attn, loss_mask, chunk: int):
+  """Token-mean next-token NLL over the solution tokens."""
+  model = llama.bind(model_cfg, params)
+  hidden, _ = model(tokens, llama.positions_from_mask(attn), attn_mask=attn)
+  logp, _ = algos.token_logprobs_and_entropy(hidden[:, :-1], model.head_weight(), tokens[:, 1:],
+                                             chunk=chunk)
+  mask = loss_mask[:, 1:]
+  return -(logp * mask).sum() / jnp.maximum(mask.sum(), 1.0)
+
+
+def train_sft(config, tokenizer, *, log=print):
+  """Train a fresh tiny policy on reference solutions: returns (ModelConfig, params)."""
+  s = config.sft
+  model_cfg = models.tiny_config(config.model, tokenizer.vocab_size, eos_token_id=tokenizer.eos_id,
+                                 pad_token_id=tokenizer.pad_id)
+  params = llama.init_params(model_cfg, seed=config.seed)
+  schedule = optax.join_schedules(
+      [optax.linear_schedule(0.0, s.lr, max(s.warmup_steps, 1)),
+       optax.cosine_decay_schedule(s.lr, max(s.steps - s.warmup_steps, 1), alpha=0.1)],
+      [max(s.warmup_steps, 1)])
+  tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=0.01))
+  opt_state = tx.init(params)
+  width = config.data.prompt_bucket + config.rollout.max_new_tokens
+
+  @jax.jit
+  def step(params, opt_state, tokens, attn, loss_mask):
+    loss, grads = jax.value_and_grad(
+        lambda p: sft_loss(model_cfg, p, tokens, attn, loss_mask, config.model.logits_chunk))(params)
+    updates, opt_state = tx.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, loss
+
+  source = datasets.make_prompt_source(config.data, stream_seed=s.seed)
+  t0 = time.perf_counter()
+  for i in range(s.steps):
+    problems = source.next_batch(s.batch_size)
+    if any(not p.solution for p in problems):
+      raise ValueError(f"SFT needs reference solutions; data.source={config.data.source!r} has "
+                       "none (use an embedded task)")
+    params, opt_state, loss = step(params, opt_state, *make_batch(tokenizer, problems, width))
+    if (i + 1) % max(s.steps // 10, 1) == 0 or i == 0:
+      log(f"sft step {i + 1}/{s.steps} loss {float(loss):.4f} ({time.perf_counter() - t0:.0f}s)")
+  return model_cfg, params
+
+
+def ensure_sft_checkpoint(config, tokenizer, *, log=print) -> str:
+  """The cold-start checkpoint directory, trained and saved first if it is missing or stale."""
+  out = config.sft.out_dir
+  stamp_path = os.path.join(out, _STAMP)
+  want = _stamp(config)
+  if os.path.isfile(stamp_path):
+    with open(stamp_path) as f:
+      if json.load(f) == want:
+        log(f"using the SFT cold start in {out}")
+        return out
+  if os.path.isdir(out) and os.listdir(out) and not os.path.isfile(stamp_path):
+    raise FileExistsError(f"sft.out_dir={out!r} holds files that are not an rljax SFT cold start; "
+                          "choose another sft.out_dir")
+  log(f"training the SFT cold start into {out}")
+  model_cfg, params = train_sft(config, tokenizer, log=log)
+  models.save_hf(out, model_cfg, jax.device_get(params))
+  with open(stamp_path, "w") as f:
+    json.dump(want, f, indent=2)
+  return out

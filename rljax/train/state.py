@@ -1,0 +1,92 @@
+"""The training state pytree, its optimizers, and the batch the train_step consumes."""
+from __future__ import annotations
+
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import optax
+
+
+@flax.struct.dataclass
+class TrainState:
+  """Everything a run needs to continue: a checkpoint is exactly this pytree.
+
+  ``critic_*`` are None without a critic; ``ref_params`` is None when ``algo.kl_placement`` is
+  ``none`` (no reference model is even built). ``kl_coef`` is the (possibly adaptive) KL weight.
+  """
+  step: jax.Array  # int32 [], RL steps completed
+  params: Any
+  opt_state: Any
+  critic_params: Any
+  critic_opt_state: Any
+  ref_params: Any
+  kl_coef: jax.Array  # float32 []
+  rng: jax.Array  # uint32 [2]
+  skipped_updates: jax.Array  # int32 [], optimizer steps skipped for a non-finite loss/gradient
+
+
+@flax.struct.dataclass
+class TrainBatch:
+  """One rollout batch, ready for the update. B rows (= P * G), S = prompt width + T.
+
+  ``tokens``/``attn_mask`` [B, S] are prompt+completion for the teacher-forced forward; the
+  other per-token arrays [B, T] are aligned with the completion tokens ``tokens[:, S-T:]``.
+  ``mask`` is the loss mask (completion mask, after overlong filtering and dynamic-sampling
+  padding); ``positive`` [B] marks VAPO's positive examples.
+  """
+  tokens: jax.Array
+  attn_mask: jax.Array
+  mask: jax.Array
+  old_logp: jax.Array
+  ref_logp: jax.Array
+  sampler_logp: jax.Array
+  advantages: jax.Array
+  returns: jax.Array
+  old_values: jax.Array
+  positive: jax.Array
+
+
+def learning_rate_schedule(optim_cfg, peak_lr: float, total_updates: int) -> optax.Schedule:
+  """Linear warmup over ``optim.warmup_steps`` updates, then constant or cosine decay to 0."""
+  warmup = optim_cfg.warmup_steps
+  if optim_cfg.schedule == "constant":
+    after = optax.constant_schedule(peak_lr)
+  elif optim_cfg.schedule == "cosine":
+    after = optax.cosine_decay_schedule(peak_lr, max(total_updates - warmup, 1))
+  else:
+    raise ValueError(f"optim.schedule must be 'constant' or 'cosine', got {optim_cfg.schedule!r}")
+  if warmup <= 0:
+    return after
+  return optax.join_schedules([optax.linear_schedule(0.0, peak_lr, warmup), after], [warmup])
+
+
+def make_optimizer(optim_cfg, peak_lr: float, total_updates: int) -> optax.GradientTransformation:
+  """Global-norm clipping then AdamW (``optim.*``); ``max_grad_norm <= 0`` disables clipping."""
+  adamw = optax.adamw(learning_rate_schedule(optim_cfg, peak_lr, total_updates),
+                      b1=optim_cfg.b1, b2=optim_cfg.b2, eps=optim_cfg.eps,
+                      weight_decay=optim_cfg.weight_decay)
+  if optim_cfg.max_grad_norm and optim_cfg.max_grad_norm > 0:
+    return optax.chain(optax.clip_by_global_norm(optim_cfg.max_grad_norm), adamw)
+  return adamw
+
+
+def total_updates(config) -> int:
+  """Optimizer steps of the whole run: one per minibatch, epochs x minibatches per RL step."""
+  return config.train.steps * config.algo.epochs * config.algo.minibatches
+
+
+def create_state(config, params, *, critic_params=None, ref_params=None, actor_tx, critic_tx,
+                 seed: int) -> TrainState:
+  """A fresh TrainState; the reference starts as a copy of the policy when one is needed."""
+  return TrainState(
+      step=jnp.zeros((), jnp.int32),
+      params=params,
+      opt_state=actor_tx.init(params),
+      critic_params=critic_params,
+      critic_opt_state=None if critic_params is None else critic_tx.init(critic_params),
+      ref_params=ref_params,
+      kl_coef=jnp.asarray(config.algo.kl_coef, jnp.float32),
+      rng=jax.random.PRNGKey(seed),
+      skipped_updates=jnp.zeros((), jnp.int32))
