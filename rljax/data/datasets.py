@@ -161,12 +161,6 @@ class PromptSource:
       self._eval_rows = load_problems(eval_source, split="all")
     self._epoch_order: tuple[int, list[int]] | None = None
 
-  @classmethod
-  def from_config(cls, data) -> "PromptSource":
-    """From the ``c.data`` section of the config."""
-    return cls(data.source, difficulty=data.difficulty, train_seed=data.train_seed,
-               eval_seed=data.eval_seed)
-
   def next_batch(self, n: int) -> list[Problem]:
     """The next ``n`` training problems; advances the position."""
     batch = [self._train_problem(self.position + i) for i in range(n)]
@@ -207,3 +201,14 @@ class PromptSource:
             f"prompt source state was saved with {key}={state[key]!r}, this run has "
             f"{key}={getattr(self, key)!r}: resuming would change the data order")
     self.position = int(state["position"])
+
+
+def make_prompt_source(data, *, stream_seed: int | None = None) -> PromptSource:
+  """The ``PromptSource`` of the config's ``c.data`` section.
+
+  ``stream_seed`` replaces ``data.train_seed`` for a separate stream of the same train split
+  (e.g. the SFT cold start draws its examples apart from the RL prompts).
+  """
+  return PromptSource(data.source, difficulty=data.difficulty,
+                      train_seed=data.train_seed if stream_seed is None else stream_seed,
+                      eval_seed=data.eval_seed)

@@ -22,7 +22,16 @@ import numpy as np
 from rljax.data.tasks import MARKER, Problem, make_task, marked_answer
 
 RewardFn = Callable[[str, Problem], float]
-REWARD_FNS: dict[str, RewardFn] = {}
+
+
+class RewardRegistry(dict):
+  """``name -> reward function``, listed by ``names()`` like the algorithm registries."""
+
+  def names(self) -> list[str]:
+    return sorted(self)
+
+
+REWARD_FNS = RewardRegistry()
 
 
 class _DropDisabledTimeoutWarning(logging.Filter):
@@ -49,7 +58,7 @@ def register_reward(name: str):
 def get_reward_fn(name: str) -> RewardFn:
   """The reward function registered as ``name`` (``reward.fn``)."""
   if name not in REWARD_FNS:
-    raise ValueError(f"reward.fn={name!r} is not registered; available: {sorted(REWARD_FNS)}")
+    raise ValueError(f"reward.fn={name!r} is not registered; available: {REWARD_FNS.names()}")
   return REWARD_FNS[name]
 
 

@@ -5,8 +5,8 @@ import types
 
 import pytest
 
-from rljax.data import PromptSource, is_eval_prompt, load_problems, parse_source, read_jsonl
-from rljax.data import datasets as rljax_datasets
+from rljax.data import (PromptSource, is_eval_prompt, load_problems, make_prompt_source,
+                        parse_source, read_jsonl)
 
 
 def write_jsonl(path, records):
@@ -120,10 +120,13 @@ def test_prompt_source_eval_sets(qa_file, tmp_path):
       PromptSource("jsonl:" + tiny).eval_set(4)
 
 
-def test_prompt_source_from_config():
+def test_make_prompt_source_from_the_config():
   from configs.base import get_config
   data = get_config().data
-  source = PromptSource.from_config(data)
+  source = make_prompt_source(data)
   assert len(source.eval_set(data.num_eval)) == data.num_eval
-  assert source.next_batch(2)[0].meta["task"] == "arithmetic"
-  assert rljax_datasets.SOURCE_KINDS == ("embedded", "jsonl", "hf")
+  assert source.next_batch(2)[0].meta == {"task": "arithmetic", "difficulty": data.difficulty}
+  sft_stream = make_prompt_source(data, stream_seed=1234)
+  assert sft_stream.train_seed == 1234 and sft_stream.next_batch(4) != make_prompt_source(
+      data).next_batch(4)
+  assert sft_stream.eval_set(8) == source.eval_set(8)

@@ -11,7 +11,7 @@ from rljax.rewards.verifiers import run_with_timeouts
 
 
 def test_registry_lists_names_on_error():
-  assert {"exact_match", "math_verify"} <= set(REWARD_FNS)
+  assert {"exact_match", "math_verify"} <= set(REWARD_FNS.names())
   assert get_reward_fn("exact_match") is exact_match
   with pytest.raises(ValueError, match="exact_match"):
     get_reward_fn("exact")
