@@ -1,0 +1,152 @@
+"""KL regularisers (ALGORITHMS.md sections 1 and 5).
+
+Estimators follow Schulman, "Approximating KL divergence" (2020), with the gradient pitfalls of
+arXiv 2506.09477 in mind: each is an elementwise function ``k(logp, ref_logp)`` of the sampled
+tokens' log-probs ``[B, T]`` whose *gradient* w.r.t. ``logp`` is what the loss uses.
+"""
+from typing import Optional, Tuple
+
+import chex
+import jax
+import jax.numpy as jnp
+
+from rljax.algos.advantages import outcome_token_rewards
+from rljax.algos.losses import (agg_count, agg_sum, regularizer_loss_agg, token_metrics,
+                                Metrics)
+from rljax.algos.registry import KL_ESTIMATORS, register_kl_estimator
+
+K3_LOG_RATIO_CLAMP = 20.0
+K3_VALUE_CLAMP = 10.0
+ADAPTIVE_KL_STEP_CLIP = 0.2
+
+
+@register_kl_estimator("k1")
+def k1(logp: chex.Array, ref_logp: chex.Array) -> chex.Array:
+  """``k1 = logp - ref_logp`` (unbiased value, high variance)."""
+  return logp - ref_logp
+
+
+@register_kl_estimator("k2")
+def k2(logp: chex.Array, ref_logp: chex.Array) -> chex.Array:
+  """``k2 = 0.5 (logp - ref_logp)^2``: its gradient is the unbiased reverse-KL gradient."""
+  return 0.5 * (logp - ref_logp) ** 2
+
+
+@register_kl_estimator("k3")
+@register_kl_estimator("low_var_kl")
+def k3(logp: chex.Array, ref_logp: chex.Array) -> chex.Array:
+  """``k3 = exp(x) - x - 1``, ``x = clip(ref_logp - logp, -20, 20)``, result clipped to [-10, 10].
+
+  Non-negative, low variance (GRPO 2402.03300 uses it in the loss).
+  """
+  x = jnp.clip(ref_logp - logp, -K3_LOG_RATIO_CLAMP, K3_LOG_RATIO_CLAMP)
+  return jnp.clip(jnp.exp(x) - x - 1.0, -K3_VALUE_CLAMP, K3_VALUE_CLAMP)
+
+
+@register_kl_estimator("k3+")
+def k3_plus(logp: chex.Array, ref_logp: chex.Array) -> chex.Array:
+  """Straight-through ``k3+``: the value of ``k3`` with the gradient of ``k2`` (arXiv 2506.09477).
+
+  ``k2 + sg(k3 - k2)``.
+  """
+  quad = k2(logp, ref_logp)
+  return quad + jax.lax.stop_gradient(k3(logp, ref_logp) - quad)
+
+
+def kl_estimate(estimator: str, logp: chex.Array, ref_logp: chex.Array) -> chex.Array:
+  """The registered estimator ``estimator`` (``algo.kl_estimator``), elementwise ``[B, T]``."""
+  chex.assert_equal_shape([logp, ref_logp])
+  return KL_ESTIMATORS.get(estimator)(logp, ref_logp)
+
+
+def kl_reward_tokens(rewards: chex.Array, mask: chex.Array, old_logp: chex.Array,
+                     ref_logp: chex.Array, *, kl_coef: float, estimator: str) -> chex.Array:
+  """KL in the reward (``algo.kl_placement='reward'``): per-token rewards ``[B, T]``.
+
+  ``-beta sg(k(old_logp, ref_logp)) m`` on every token plus ``R_i`` on the last valid token. The
+  KL is measured at the rollout policy (``old_logp``) and is a reward: no gradient flows.
+  """
+  chex.assert_rank([rewards, mask, old_logp, ref_logp], [1, 2, 2, 2])
+  chex.assert_equal_shape([mask, old_logp, ref_logp])
+  penalty = -kl_coef * jax.lax.stop_gradient(kl_estimate(estimator, old_logp, ref_logp))
+  outcome = outcome_token_rewards(rewards, mask)
+  return outcome + jnp.where(mask > 0, penalty, 0).astype(outcome.dtype)
+
+
+def kl_loss_agg(algo_cfg) -> str:
+  """Aggregation of the KL-in-loss term: the policy loss's, or ``token_mean`` when
+  ``algo.kl_normalize`` (T1, arXiv 2501.11651: averaged per valid token so its weight does not
+  grow with length; the paper's exact form is not public, this is the project's reading)."""
+  return "token_mean" if algo_cfg.kl_normalize else regularizer_loss_agg(algo_cfg)
+
+
+def kl_loss_sum(algo_cfg, *, logp: chex.Array, ref_logp: chex.Array, mask: chex.Array
+                ) -> Tuple[chex.Array, Metrics]:
+  """``(sum, metrics)`` of the (unscaled) KL-in-loss term for one micro-batch.
+
+  The term added to the loss is ``beta * sum over micro-batches / kl_loss_count(whole mask)``
+  (``beta`` = ``algo.kl_coef`` or the adaptive controller's value). Reads ``algo.kl_estimator``,
+  ``algo.kl_normalize``, and the policy loss's aggregation keys. ``metrics['kl']`` is the
+  per-valid-token mean of the estimate.
+  """
+  chex.assert_rank([logp, ref_logp, mask], 2)
+  chex.assert_equal_shape([logp, ref_logp, mask])
+  kl = kl_estimate(algo_cfg.kl_estimator, logp, ref_logp)
+  total = agg_sum(kl_loss_agg(algo_cfg), kl, mask, algo_cfg.loss_norm_constant)
+  return total, token_metrics(mask, kl=kl)
+
+
+def kl_loss_count(algo_cfg, mask: chex.Array) -> chex.Array:
+  """Denominator of ``kl_loss_sum`` over the whole minibatch ``mask``."""
+  return agg_count(kl_loss_agg(algo_cfg), mask)
+
+
+def adaptive_kl_coef(beta: chex.Numeric, kl: chex.Numeric, *, target: float, horizon: float,
+                     n: chex.Numeric) -> chex.Array:
+  """Adaptive KL controller (Ziegler et al. 2019, used by PPO-RLHF).
+
+  ``beta <- beta (1 + clip(KL / target - 1, -0.2, 0.2) * n / horizon)``, ``n`` the number of
+  samples (rollouts) the KL was measured on. Pure: the trainer keeps ``beta`` in its state.
+  """
+  error = jnp.clip(kl / target - 1.0, -ADAPTIVE_KL_STEP_CLIP, ADAPTIVE_KL_STEP_CLIP)
+  return beta * (1.0 + error * n / horizon)
+
+
+def ema_update(ref_params: chex.ArrayTree, params: chex.ArrayTree, decay: float
+               ) -> chex.ArrayTree:
+  """EMA reference (T1 "dynamic anchor", arXiv 2501.11651), over any pytree.
+
+  ``theta_ref <- d theta_ref + (1 - d) theta``, after each optimizer step; keeps ``ref``'s dtypes.
+  """
+  chex.assert_trees_all_equal_structs(ref_params, params)
+
+  def update(ref, new):
+    # Mix in at least float32 so a bfloat16 reference still moves when 1 - d is small.
+    dtype = jnp.promote_types(jnp.promote_types(ref.dtype, new.dtype), jnp.float32)
+    mixed = decay * ref.astype(dtype) + (1.0 - decay) * new.astype(dtype)
+    return mixed.astype(ref.dtype)
+
+  return jax.tree.map(update, ref_params, params)
+
+
+def ref_update(algo_cfg, ref_params: chex.ArrayTree, params: chex.ArrayTree
+               ) -> chex.ArrayTree:
+  """``algo.ref_update``: ``frozen`` returns ``ref_params``; ``ema`` applies ``ema_update`` with
+  ``algo.ref_ema_decay``."""
+  mode = algo_cfg.ref_update
+  if mode == "frozen":
+    return ref_params
+  if mode == "ema":
+    return ema_update(ref_params, params, algo_cfg.ref_ema_decay)
+  raise ValueError(f"algo.ref_update must be one of ('frozen', 'ema'), got {mode!r}")
+
+
+def kl_placement(algo_cfg) -> Optional[str]:
+  """Validated ``algo.kl_placement``: ``'loss'``, ``'reward'`` or None (``'none'``: no ref model)."""
+  placement = algo_cfg.kl_placement
+  if placement not in ("loss", "reward", "none"):
+    raise ValueError(f"algo.kl_placement must be one of ('loss', 'reward', 'none'), "
+                     f"got {placement!r}")
+  if placement != "none":
+    KL_ESTIMATORS.get(algo_cfg.kl_estimator)
+  return None if placement == "none" else placement

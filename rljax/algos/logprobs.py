@@ -1,0 +1,84 @@
+"""Token log-probs and entropies from the LM head without materialising ``[B, T, V]`` logits.
+
+A 152k vocabulary at ``B x T = 8 x 1024`` is 5 GB of float32 logits, more in the backward pass.
+``token_logprobs_and_entropy`` projects one sequence chunk at a time inside ``lax.map`` and
+rematerialises the chunk in the backward pass (``jax.checkpoint``), so the peak is a few
+``[B, chunk, V]`` float32 buffers whichever way it is differentiated.
+"""
+import chex
+import jax
+import jax.numpy as jnp
+
+
+def logprobs_from_logits(logits: chex.Array, targets: chex.Array) -> chex.Array:
+  """``log softmax(logits)[target]`` in float32: ``[..., V], [...] -> [...]``."""
+  chex.assert_rank(logits, targets.ndim + 1)
+  chex.assert_equal_shape_prefix([logits, targets], targets.ndim)
+  logp_all = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+  return jnp.take_along_axis(logp_all, targets[..., None].astype(jnp.int32), axis=-1)[..., 0]
+
+
+def entropy_from_logits(logits: chex.Array) -> chex.Array:
+  """Full-vocabulary entropy ``H = logZ - sum_v p_v z_v`` in float32: ``[..., V] -> [...]``."""
+  logits = logits.astype(jnp.float32)
+  log_z = jax.nn.logsumexp(logits, axis=-1)
+  probs = jnp.exp(logits - log_z[..., None])
+  return log_z - (probs * logits).sum(axis=-1)
+
+
+def _chunk_stats(hidden, head, targets, temperature):
+  """``[B, c, D], [D, V], [B, c] -> (logp [B, c], entropy [B, c])``, float32 logits."""
+  logits = jnp.einsum("bcd,dv->bcv", hidden, head, preferred_element_type=jnp.float32)
+  if temperature != 1.0:
+    logits = logits / temperature
+  log_z = jax.nn.logsumexp(logits, axis=-1)
+  target_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+  probs = jnp.exp(logits - log_z[..., None])
+  entropy = log_z - (probs * logits).sum(axis=-1)
+  return target_logit - log_z, entropy
+
+
+def token_logprobs_and_entropy(hidden: chex.Array, head: chex.Array, targets: chex.Array, *,
+                               chunk: int, temperature: float = 1.0
+                               ) -> tuple[chex.Array, chex.Array]:
+  """Log-prob of ``targets`` and full-vocabulary entropy under ``softmax(hidden @ head / temp)``.
+
+  Args:
+    hidden: ``[B, T, D]`` final hidden states (after the last norm), any float dtype.
+    head: ``[D, V]`` output projection (the transposed embedding when tied).
+    targets: ``[B, T]`` int token ids.
+    chunk: sequence positions per chunk; peak memory is a few ``B * chunk * V`` float32 buffers.
+    temperature: divide the logits (match the sampler's temperature when it is not 1).
+
+  Returns:
+    ``(logp [B, T], entropy [B, T])``, float32; differentiable w.r.t. ``hidden`` and ``head``.
+  """
+  chex.assert_rank([hidden, head, targets], [3, 2, 2])
+  chex.assert_equal_shape_prefix([hidden, targets], 2)
+  if hidden.shape[-1] != head.shape[0]:
+    raise ValueError(f"hidden size {hidden.shape[-1]} != head input size {head.shape[0]}")
+  if chunk < 1:
+    raise ValueError(f"chunk (model.logits_chunk) must be >= 1, got {chunk}")
+  batch, length, dim = hidden.shape
+  chunk = min(chunk, length)
+  num_chunks = -(-length // chunk)
+  pad = num_chunks * chunk - length
+  targets = targets.astype(jnp.int32)
+  if pad:
+    hidden = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0)))
+    targets = jnp.pad(targets, ((0, 0), (0, pad)))
+  # [B, n*c, ...] -> [n, B, c, ...]: lax.map iterates over chunks.
+  hidden_chunks = hidden.reshape(batch, num_chunks, chunk, dim).swapaxes(0, 1)
+  target_chunks = targets.reshape(batch, num_chunks, chunk).swapaxes(0, 1)
+
+  # Checkpointing the body makes the backward pass recompute each chunk's logits instead of
+  # keeping every chunk's [B, c, V] residuals alive at once.
+  @jax.checkpoint
+  def body(xs):
+    h, t = xs
+    return _chunk_stats(h, head, t, temperature)
+
+  logp, entropy = jax.lax.map(body, (hidden_chunks, target_chunks))
+  logp = logp.swapaxes(0, 1).reshape(batch, num_chunks * chunk)[:, :length]
+  entropy = entropy.swapaxes(0, 1).reshape(batch, num_chunks * chunk)[:, :length]
+  return logp, entropy

@@ -1,0 +1,52 @@
+"""Reward shaping of ALGORITHMS.md section 1 (verifiers live elsewhere in ``rljax.rewards``).
+
+Lengths are counted in **tokens** of the completion (``|o_i| = sum_t m[i, t]``), never characters.
+"""
+import chex
+import jax.numpy as jnp
+
+
+def overlong_penalty(lengths: chex.Array, *, max_new_tokens: int, overlong_buffer: int,
+                     overlong_penalty: float) -> chex.Array:
+  """DAPO soft overlong punishment (arXiv 2503.14476): the term added to ``R_i``, ``[B]`` float.
+
+  With ``Lmax = max_new_tokens`` and ``Lc = overlong_buffer``: 0 if ``|o| <= Lmax - Lc``;
+  ``((Lmax - Lc) - |o|) / Lc * penalty`` if ``Lmax - Lc < |o| <= Lmax``; ``-penalty`` beyond.
+  ``overlong_buffer = 0`` turns it off (all zeros).
+  """
+  chex.assert_rank(lengths, 1)
+  if overlong_buffer < 0 or overlong_buffer > max_new_tokens:
+    raise ValueError(f"reward.overlong_buffer must be in [0, max_new_tokens={max_new_tokens}], "
+                     f"got {overlong_buffer}")
+  dtype = jnp.result_type(float)
+  lengths = jnp.asarray(lengths).astype(dtype)
+  if overlong_buffer == 0:
+    return jnp.zeros_like(lengths)
+  start = float(max_new_tokens - overlong_buffer)
+  ramp = (start - lengths) / overlong_buffer * overlong_penalty
+  return jnp.where(lengths <= start, 0.0,
+                   jnp.where(lengths <= max_new_tokens, ramp, -overlong_penalty)).astype(dtype)
+
+
+def shape_rewards(reward_cfg, *, rewards: chex.Array, lengths: chex.Array,
+                  max_new_tokens: int) -> chex.Array:
+  """``R_i`` + the soft overlong punishment read from ``reward.overlong_buffer`` and
+  ``reward.overlong_penalty``; ``lengths[B]`` in tokens. ``[B] -> [B]``."""
+  chex.assert_rank([rewards, lengths], 1)
+  chex.assert_equal_shape([rewards, lengths])
+  penalty = overlong_penalty(lengths, max_new_tokens=max_new_tokens,
+                             overlong_buffer=reward_cfg.overlong_buffer,
+                             overlong_penalty=reward_cfg.overlong_penalty)
+  return jnp.asarray(rewards).astype(penalty.dtype) + penalty
+
+
+def overlong_filter_mask(mask: chex.Array, truncated: chex.Array) -> chex.Array:
+  """DAPO overlong filtering: ``m[i, :] = 0`` for truncated rows; ``[B, T], [B] -> [B, T]``.
+
+  Apply *after* advantages are computed over the full group (``algo.overlong_filter``), so the
+  truncated completions still count in their group's baseline but receive no gradient.
+  """
+  chex.assert_rank([mask, truncated], [2, 1])
+  chex.assert_equal_shape_prefix([mask, truncated], 1)
+  keep = jnp.logical_not(jnp.asarray(truncated).astype(bool))[:, None]
+  return jnp.where(keep, mask, jnp.zeros((), mask.dtype))
