@@ -1,4 +1,4 @@
-"""Checkpointer: exact round trips, retention, atomicity, loud mismatches, cross-topology restore."""
+"""Checkpointer: exact round trips, retention, atomicity, loud mismatches, any-topology restore."""
 import json
 import os
 import socket
