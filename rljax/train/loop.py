@@ -20,7 +20,7 @@ from rljax import rollout as rollout_lib
 from rljax.algos import kl as kl_lib
 from rljax.parallel import mesh as mesh_lib
 from rljax.parallel import rules
-from rljax.rewards import shaping
+from rljax.rewards import shaping, verifiers
 from rljax.train import build, filters
 from rljax.train.checkpoint import Checkpointer
 from rljax.train.metrics import MetricsWriter, summarize
@@ -146,7 +146,7 @@ def evaluate(run: Run, params, problems, *, samples: int = 1, greedy: bool = Tru
     part = rollout_round(run, params, padded, jax.random.fold_in(key, start), sampling, samples)
     n = len(chunk) * samples
     correct.append(part.correct[:n])
-    answers.extend(run.source.extract_answer(c) for c in part.completions[:n])
+    answers.extend(verifiers.final_answer(c) for c in part.completions[:n])
   correct = np.concatenate(correct).reshape(len(problems), samples)
   result = {"pass@1": float(correct[:, 0].mean()) if greedy else float(correct.mean())}
   if samples > 1:
