@@ -1,0 +1,109 @@
+"""The device mesh: three named axes ``('data', 'fsdp', 'tensor')`` over every device of every process.
+
+- ``data``:   pure data parallelism; parameters are replicated across it, batch rows split.
+- ``fsdp``:   data parallelism that also shards parameters and optimizer state (ZeRO-3 style);
+              batch rows are split across it too.
+- ``tensor``: tensor (model) parallelism; attention heads, MLP width and vocabulary are split.
+
+Sizes come from ``config.mesh`` (``data``, ``fsdp``, ``tensor``); one of them may be -1 and takes
+all devices the others leave. Which logical array dimension goes on which axis is decided by the
+rule table in ``rljax.parallel.rules``.
+"""
+from __future__ import annotations
+
+import math
+from typing import Mapping, Sequence
+
+import jax
+import numpy as np
+from jax.experimental import mesh_utils
+from jax.sharding import AxisType, Mesh
+
+AXES = ("data", "fsdp", "tensor")
+
+
+def _read(mesh_cfg, key):
+  if isinstance(mesh_cfg, Mapping):
+    if key not in mesh_cfg:
+      raise KeyError(f"mesh config has no key {key!r}; it needs {AXES}")
+    return mesh_cfg[key]
+  if not hasattr(mesh_cfg, key):
+    raise KeyError(f"mesh config has no key {key!r}; it needs {AXES}")
+  return getattr(mesh_cfg, key)
+
+
+def mesh_shape(mesh_cfg, num_devices: int) -> tuple[int, int, int]:
+  """``(data, fsdp, tensor)`` from ``mesh_cfg`` for ``num_devices`` devices.
+
+  ``mesh_cfg`` is ``config.mesh`` (or a dict) with integer keys ``data``, ``fsdp``, ``tensor``;
+  at most one may be -1, meaning "all the devices the other two leave". Errors name the key.
+  """
+  if num_devices < 1:
+    raise ValueError(f"num_devices must be >= 1, got {num_devices}")
+  sizes = {}
+  for key in AXES:
+    v = _read(mesh_cfg, key)
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or (v < 1 and v != -1):
+      raise ValueError(f"mesh.{key} must be a positive integer or -1 (the rest), got {v!r}")
+    sizes[key] = int(v)
+  fill = [k for k, v in sizes.items() if v == -1]
+  if len(fill) > 1:
+    raise ValueError(f"only one mesh axis may be -1, got {', '.join('mesh.' + k for k in fill)}")
+  fixed = math.prod(v for v in sizes.values() if v != -1)
+  desc = ", ".join(f"mesh.{k}={v}" for k, v in sizes.items())
+  if fill:
+    if num_devices % fixed:
+      others = [k for k in AXES if k != fill[0] and sizes[k] > 1]
+      raise ValueError(
+          f"{desc}: the product of {', '.join('mesh.' + k for k in others) or 'the fixed axes'} "
+          f"= {fixed} does not divide the {num_devices} devices, so mesh.{fill[0]}=-1 cannot "
+          "fill the rest")
+    sizes[fill[0]] = num_devices // fixed
+  elif fixed != num_devices:
+    raise ValueError(f"{desc}: the mesh has {fixed} devices but {num_devices} are available; "
+                     "set one axis to -1 to use all of them")
+  return sizes["data"], sizes["fsdp"], sizes["tensor"]
+
+
+def _num_slices(devices) -> int:
+  return len({getattr(d, "slice_index", 0) for d in devices})
+
+
+def make_mesh(mesh_cfg, devices: Sequence[jax.Device] | None = None) -> Mesh:
+  """A ``Mesh`` with axes ``('data', 'fsdp', 'tensor')`` over ``devices`` (default: all devices
+  of all processes, ``jax.devices()``).
+
+  Device order follows ``jax.make_mesh`` (TPU-topology aware; on GPU/CPU devices are in process
+  order, so each process's devices are contiguous along the leading axes and it holds a
+  contiguous block of batch rows). On multi-slice TPU (devices with several ``slice_index``
+  values) the slices are laid along ``data`` (slow DCN links carry only gradient reductions),
+  which then must be a multiple of the slice count. All axes are ``AxisType.Auto`` (classic
+  GSPMD propagation inside ``jax.jit``).
+  """
+  devices = list(jax.devices() if devices is None else devices)
+  shape = mesh_shape(mesh_cfg, len(devices))
+  types = (AxisType.Auto,) * len(AXES)
+  slices = _num_slices(devices)
+  if slices > 1:
+    if shape[0] % slices:
+      raise ValueError(f"mesh.data={shape[0]} must be a multiple of the {slices} TPU slices "
+                       "(slices are connected by DCN and are laid along the data axis)")
+    ici = (shape[0] // slices, shape[1], shape[2])
+    arr = mesh_utils.create_hybrid_device_mesh(ici, (slices, 1, 1), devices)
+    return Mesh(arr, AXES, axis_types=types)
+  if len(devices) == 1 or devices[0].platform == "cpu":
+    # Plain reshape: topology does not matter on CPU, and it keeps the order predictable.
+    return Mesh(np.asarray(devices, dtype=object).reshape(shape), AXES, axis_types=types)
+  return jax.make_mesh(shape, AXES, axis_types=types, devices=devices)
+
+
+def describe(mesh) -> str:
+  """``data=2 fsdp=2 tensor=2 (8 devices, 2 processes)``."""
+  sizes = dict(mesh.shape)
+  text = " ".join(f"{k}={sizes[k]}" for k in mesh.axis_names)
+  n = math.prod(sizes.values())
+  devices = getattr(mesh, "devices", None)
+  if isinstance(devices, np.ndarray):
+    procs = len({d.process_index for d in devices.flat})
+    return f"{text} ({n} devices, {procs} process{'es' if procs > 1 else ''})"
+  return f"{text} ({n} devices)"
