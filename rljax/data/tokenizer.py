@@ -96,11 +96,11 @@ class CharTokenizer(Tokenizer):
     pieces = []
     for i in ids:
       i = int(i)
-      if not 0 <= i < self.vocab_size:
-        raise ValueError(f"token id {i} is outside the char vocabulary [0, {self.vocab_size})")
       if i == self.pad_id or (skip_special_tokens and i in (self.eos_id, self.bos_id)):
         continue
-      pieces.append(self._id_to_piece[i])
+      # A model whose embedding table is larger than the vocabulary may sample an id with no
+      # character: show it as U+FFFD so the completion is simply wrong, not a crashed run.
+      pieces.append(self._id_to_piece[i] if 0 <= i < self.vocab_size else "\ufffd")
     return "".join(pieces)
 
   def apply_chat_template(self, prompt: str) -> str:

@@ -25,6 +25,7 @@ def test_char_decode_skips_pad_and_specials_but_does_not_stop_at_eos():
   ids = [tok.pad_id, tok.pad_id] + tok.encode("1+1") + [tok.eos_id] + tok.encode("9")
   assert tok.decode(ids) == "1+19"
   assert tok.decode(ids, skip_special_tokens=False) == "1+1<eos>9"
+  assert tok.decode([tok.vocab_size + 3] + tok.encode("7")) == "\ufffd7"
   assert tok.encode_prompt("1+1=") == [tok.bos_id] + tok.encode("1+1=")
   assert tok.apply_chat_template("1+1=") == "1+1="
 
@@ -83,6 +84,16 @@ def test_hf_chat_template_applied_when_asked(hf_dir):
   ids = tok.encode_prompt("what is 2 + 3?")
   assert ids[0] == tok.bos_id
   assert tok.decode(ids) == "what is 2 + 3?\n"  # role markers are special tokens
+
+
+def test_chat_template_required_when_asked(hf_dir, tmp_path):
+  import shutil
+  bare = tmp_path / "no_template"
+  shutil.copytree(hf_dir, bare)
+  (bare / "chat_template.jinja").unlink()
+  assert load_tokenizer(str(bare), chat_template=False).apply_chat_template("x") == "x"
+  with pytest.raises(ValueError, match="has no chat template"):
+    load_tokenizer(str(bare), chat_template=True)
 
 
 def test_load_tokenizer_errors_name_the_path(tmp_path):
