@@ -142,7 +142,8 @@ def ref_update(algo_cfg, ref_params: chex.ArrayTree, params: chex.ArrayTree
 
 
 def kl_placement(algo_cfg) -> Optional[str]:
-  """Validated ``algo.kl_placement``: ``'loss'``, ``'reward'`` or None (``'none'``: no ref model)."""
+  """Validated ``algo.kl_placement``: ``'loss'``, ``'reward'``, or None for ``'none'`` (no
+  reference model). Also checks ``algo.kl_estimator`` names a registered estimator."""
   placement = algo_cfg.kl_placement
   if placement not in ("loss", "reward", "none"):
     raise ValueError(f"algo.kl_placement must be one of ('loss', 'reward', 'none'), "

@@ -14,28 +14,35 @@ def logprobs_from_logits(logits: chex.Array, targets: chex.Array) -> chex.Array:
   """``log softmax(logits)[target]`` in float32: ``[..., V], [...] -> [...]``."""
   chex.assert_rank(logits, targets.ndim + 1)
   chex.assert_equal_shape_prefix([logits, targets], targets.ndim)
-  logp_all = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+  logp_all = jax.nn.log_softmax(logits.astype(_logits_dtype(logits)), axis=-1)
   return jnp.take_along_axis(logp_all, targets[..., None].astype(jnp.int32), axis=-1)[..., 0]
 
 
 def entropy_from_logits(logits: chex.Array) -> chex.Array:
-  """Full-vocabulary entropy ``H = logZ - sum_v p_v z_v`` in float32: ``[..., V] -> [...]``."""
-  logits = logits.astype(jnp.float32)
-  log_z = jax.nn.logsumexp(logits, axis=-1)
-  probs = jnp.exp(logits - log_z[..., None])
-  return log_z - (probs * logits).sum(axis=-1)
+  """Full-vocabulary entropy ``H = -sum_v p_v log p_v`` in float32: ``[..., V] -> [...]``."""
+  return _entropy(jax.nn.log_softmax(logits.astype(_logits_dtype(logits)), axis=-1))
+
+
+def _entropy(logp_all):
+  # -sum p log p from the normalised log-probs, not logZ - sum p z: the latter cancels two
+  # numbers of the size of the logits and loses the entropy of a peaked distribution in float32.
+  return -(jnp.exp(logp_all) * logp_all).sum(axis=-1)
+
+
+def _logits_dtype(*arrays):
+  """float32, or float64 when an input already is (jax_enable_x64 tests)."""
+  return jnp.promote_types(jnp.result_type(*arrays), jnp.float32)
 
 
 def _chunk_stats(hidden, head, targets, temperature):
   """``[B, c, D], [D, V], [B, c] -> (logp [B, c], entropy [B, c])``, float32 logits."""
-  logits = jnp.einsum("bcd,dv->bcv", hidden, head, preferred_element_type=jnp.float32)
+  logits = jnp.einsum("bcd,dv->bcv", hidden, head,
+                      preferred_element_type=_logits_dtype(hidden, head))
   if temperature != 1.0:
     logits = logits / temperature
-  log_z = jax.nn.logsumexp(logits, axis=-1)
-  target_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
-  probs = jnp.exp(logits - log_z[..., None])
-  entropy = log_z - (probs * logits).sum(axis=-1)
-  return target_logit - log_z, entropy
+  logp_all = jax.nn.log_softmax(logits, axis=-1)
+  logp = jnp.take_along_axis(logp_all, targets[..., None], axis=-1)[..., 0]
+  return logp, _entropy(logp_all)
 
 
 def token_logprobs_and_entropy(hidden: chex.Array, head: chex.Array, targets: chex.Array, *,
@@ -51,7 +58,8 @@ def token_logprobs_and_entropy(hidden: chex.Array, head: chex.Array, targets: ch
     temperature: divide the logits (match the sampler's temperature when it is not 1).
 
   Returns:
-    ``(logp [B, T], entropy [B, T])``, float32; differentiable w.r.t. ``hidden`` and ``head``.
+    ``(logp [B, T], entropy [B, T])``, float32 (float64 for float64 inputs); differentiable
+    w.r.t. ``hidden`` and ``head``.
   """
   chex.assert_rank([hidden, head, targets], [3, 2, 2])
   chex.assert_equal_shape_prefix([hidden, targets], 2)

@@ -98,7 +98,8 @@ def ppo_loss(logp, old_logp, advantages, mask, *, eps_low: float, eps_high: floa
   ratio = jnp.exp(delta)
   loss, low, high, dual = ppo_clip_loss(ratio, advantages, eps_low=eps_low, eps_high=eps_high,
                                         dual_clip_c=dual_clip_c)
-  return loss, _ratio_metrics(mask, ratio, delta, low, high, dual_clip_frac=dual.astype(ratio.dtype))
+  return loss, _ratio_metrics(mask, ratio, delta, low, high,
+                              dual_clip_frac=dual.astype(ratio.dtype))
 
 
 def gspo_loss(logp, old_logp, advantages, mask, *, eps_low: float, eps_high: float,

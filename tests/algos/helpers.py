@@ -1,4 +1,5 @@
 """Random inputs with the edge cases the sheet cares about (not a reference implementation)."""
+import jax
 import numpy as np
 
 
@@ -35,3 +36,13 @@ def log_ratios(rng, shape):
 
 def cast(dtype, *arrays):
   return tuple(np.asarray(a).astype(dtype) for a in arrays)
+
+
+# Tiny test graphs spend most of their time in the XLA CPU compiler; skip its expensive LLVM
+# passes (codegen only: float semantics are unchanged).
+FAST_COMPILE = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
+
+
+def jit(fn, **kwargs):
+  """``jax.jit`` with cheap compilation, for test-sized inputs."""
+  return jax.jit(fn, compiler_options=FAST_COMPILE, **kwargs)

@@ -6,7 +6,7 @@ import pytest
 
 from rljax.algos import losses
 
-from .helpers import cast, log_ratios, prefix_mask
+from .helpers import cast, jit, log_ratios, prefix_mask
 
 B, T = 8, 5
 CLAMP = 20.0
@@ -151,7 +151,7 @@ def configure(algo_cfg, case, loss_agg="seq_mean_token_mean", **extra):
 def loss_value_and_grad(algo_cfg, logp, old, adv, mask, sampler_logp=None):
   """The minibatch loss ``sum / count``, its gradient w.r.t. logp, and the metrics."""
 
-  @jax.jit
+  @jit
   def f(logp, old, adv, mask, sampler_logp):
     def total(lp):
       s, metrics = losses.policy_loss_sum(algo_cfg, logp=lp, old_logp=old, advantages=adv,
@@ -233,8 +233,8 @@ def test_gspo_token_equals_sequence_gspo(prec, algo_cfg):
   logp, old, adv_rows, mask = cast(prec.dtype, logp, old, adv_rows, mask)
   adv = adv_rows[:, None] * mask
   value, grad, metrics = loss_value_and_grad(algo_cfg, logp, old, adv, mask)
-  seq_value, seq_grad = jax.jit(jax.value_and_grad(_sequence_gspo), static_argnums=(4, 5))(
-      jnp.asarray(logp), jnp.asarray(old), jnp.asarray(adv_rows), jnp.asarray(mask), 0.2, 0.3)
+  seq_value, seq_grad = jit(jax.value_and_grad(_sequence_gspo), static_argnums=(4, 5))(
+      logp, old, adv_rows, mask, 0.2, 0.3)
   assert 0 < float(metrics["clip_frac_low"][0] + metrics["clip_frac_high"][0])
   assert float(metrics["clip_frac_low"][0] + metrics["clip_frac_high"][0]) < float(
       metrics["clip_frac_low"][1])
@@ -251,7 +251,7 @@ def test_gradient_matches_central_differences(x64, algo_cfg, case):
   h = 1e-6
   eye = np.eye(B * T).reshape(B * T, B, T) * h
 
-  @jax.jit
+  @jit
   def losses_at(points):
     def one(lp):
       s, _ = losses.policy_loss_sum(algo_cfg, logp=lp, old_logp=old, advantages=adv, mask=mask)

@@ -1,0 +1,105 @@
+"""Value loss, explained variance and VAPO's positive-example LM loss (sections 5, 6)."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rljax.algos import value as value_lib
+
+from .helpers import cast, jit, prefix_mask
+
+B, T = 6, 5
+
+
+def np_value_loss(v, v_old, ret, mask, c):
+  """``(token-mean loss, d loss / d V, clip fraction)`` of the clipped value loss."""
+  v, v_old, ret = (x.astype(np.float64) for x in (v, v_old, ret))
+  valid = mask > 0
+  n = valid.sum()
+  unclipped = (v - ret) ** 2
+  dv_unclipped = 2 * (v - ret)
+  if c is None:
+    per_token, dv, active = unclipped, dv_unclipped, np.zeros_like(valid)
+  else:
+    v_clip = v_old + np.clip(v - v_old, -c, c)
+    clipped = (v_clip - ret) ** 2
+    dv_clipped = 2 * (v_clip - ret) * (np.abs(v - v_old) < c)
+    active = clipped > unclipped
+    per_token = np.maximum(unclipped, clipped)
+    dv = np.where(active, dv_clipped, dv_unclipped)
+  return ((0.5 * per_token * valid).sum() / n, 0.5 * dv * valid / n,
+          (active * valid).sum() / n)
+
+
+@pytest.mark.parametrize("clip", [0.5, None])
+def test_value_loss_value_gradient_clipfrac(prec, clip):
+  rng = np.random.default_rng(0)
+  mask = prefix_mask(rng, B, T)
+  v_old = rng.normal(size=(B, T))
+  v = v_old + rng.normal(scale=0.6, size=(B, T))
+  ret = rng.normal(size=(B, T))
+  v, v_old, ret, mask = cast(prec.dtype, v, v_old, ret, mask)
+
+  @jit
+  def f(v):
+    def loss(v):
+      total, metrics = value_lib.value_loss_sum(v, v_old, ret, mask, clip=clip)
+      return total / value_lib.value_loss_count(mask), metrics
+    return jax.value_and_grad(loss, has_aux=True)(v)
+
+  (value, metrics), grad = f(v)
+  expected, expected_grad, expected_frac = np_value_loss(v, v_old, ret, mask, clip)
+  np.testing.assert_allclose(float(value), expected, rtol=prec.rtol)
+  np.testing.assert_allclose(np.asarray(grad), expected_grad, rtol=prec.rtol, atol=prec.atol)
+  s, c = metrics["value_clip_frac"]
+  np.testing.assert_allclose(float(s) / float(c), expected_frac, rtol=prec.rtol)
+  if clip is not None:
+    assert 0 < expected_frac < 1  # both regions exercised
+
+
+def test_explained_variance(x64):
+  rng = np.random.default_rng(1)
+  mask = prefix_mask(rng, B, T, np.float64)
+  ret = rng.normal(size=(B, T))
+  v = ret + rng.normal(scale=0.5, size=(B, T))
+  v[mask == 0] = 1e3  # padding ignored
+  valid = mask > 0
+  expected = 1 - np.var(ret[valid] - v[valid]) / np.var(ret[valid])
+  ev = jit(value_lib.explained_variance)
+  np.testing.assert_allclose(float(ev(v, ret, mask)), expected, rtol=1e-10)
+  assert float(ev(ret, ret, mask)) == 1.0
+  assert float(ev(v, np.ones((B, T)), mask)) == 0.0  # Var[ret] = 0: defined as 0, not NaN
+
+
+def test_positive_examples_and_lm_loss(prec):
+  rng = np.random.default_rng(2)
+  mask = prefix_mask(rng, B, T, prec.dtype)
+  logp = -rng.uniform(0.1, 3.0, size=(B, T)).astype(prec.dtype)
+  rewards = np.array([1.0, 0.0, 1.0, 0.5, 1.0, 0.0], prec.dtype)
+
+
+  @jit
+  def f(logp, mask, rewards):
+    positive = value_lib.positive_example_rows(rewards)
+    total, grad = jax.value_and_grad(
+        lambda lp: value_lib.positive_lm_loss_sum(lp, mask, positive))(logp)
+    return positive, total, value_lib.positive_lm_loss_count(mask, positive), grad
+
+  positive, total, count, grad = f(logp, mask, rewards)
+  positive = np.asarray(positive)
+  np.testing.assert_array_equal(positive, rewards == 1.0)
+  sel = (mask > 0) & positive[:, None]
+  np.testing.assert_allclose(float(total) / float(count), -logp[sel].astype(np.float64).mean(),
+                             rtol=prec.rtol)
+  np.testing.assert_array_equal(np.asarray(grad), -sel.astype(prec.dtype))
+
+
+def test_all_equal_rewards_have_no_positive_example():
+  @jit
+  def f(rewards, mask):
+    positive = value_lib.positive_example_rows(rewards)
+    return (positive.any(), value_lib.positive_lm_loss_sum(-jnp.ones((4, 3)), mask, positive),
+            value_lib.positive_lm_loss_count(mask, positive))
+
+  for rewards in (np.ones(4, np.float32), np.zeros(4, np.float32)):
+    assert [float(x) for x in f(rewards, np.ones((4, 3), np.float32))] == [0.0, 0.0, 0.0]
