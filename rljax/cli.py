@@ -33,7 +33,7 @@ def cmd_train(argv):
     raise SystemExit(f"error: unexpected arguments {rest}")
   from rljax.train import loop
   result = loop.train(config)
-  printable = {k: v for k, v in result.items() if k != "last"}
+  printable = {k: v for k, v in result.items() if k not in ("last", "state")}
   print(json.dumps(printable))
   return result
 

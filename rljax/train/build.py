@@ -28,18 +28,23 @@ from rljax.train.metrics import MetricsWriter
 from rljax.train.state import TrainState, create_state, make_optimizer, total_updates
 
 
+# Compiled samplers shared by every run of the process (notebooks, tests, eval after train):
+# one per (architecture, sampling setting, group size, mesh).
+_SAMPLERS: dict = {}
+
+
 @dataclasses.dataclass
 class LoadedModel:
-  """A policy architecture on a mesh, with its compiled samplers (one per sampling setting)."""
+  """A policy architecture on a mesh; ``sample`` uses the compiled sampler for its setting."""
   cfg: ModelConfig
   mesh: Any
-  _samplers: dict = dataclasses.field(default_factory=dict)
 
   def sample(self, params, tokens, mask, key, sampling, group_size):
-    fn = self._samplers.get((sampling, group_size))
+    cache_key = (self.cfg, sampling, group_size, self.mesh)
+    fn = _SAMPLERS.get(cache_key)
     if fn is None:
-      fn = rollout_lib.make_sampler(self.cfg, sampling, group_size, mesh=self.mesh)
-      self._samplers[(sampling, group_size)] = fn
+      fn = _SAMPLERS[cache_key] = rollout_lib.make_sampler(self.cfg, sampling, group_size,
+                                                           mesh=self.mesh)
     return fn(params, tokens, mask, key)
 
 

@@ -70,7 +70,7 @@ def rollout_round(run: Run, params, problems, key, sampling, group_size) -> filt
       row_valid=np.ones(len(completions), np.float32), completions=completions)
 
 
-def collect_batch(run: Run, step: int) -> tuple[filters.RolloutGroups, dict]:
+def collect_batch(run: Run, step: int, stream: int = 0) -> tuple[filters.RolloutGroups, dict]:
   """P groups of G completions; with dynamic sampling, only groups with a reward spread.
 
   DAPO (arXiv 2503.14476): oversample rounds of P prompts until P groups are kept or
@@ -79,7 +79,8 @@ def collect_batch(run: Run, step: int) -> tuple[filters.RolloutGroups, dict]:
   """
   cfg = run.config
   num_prompts, group_size = cfg.rollout.prompts_per_step, cfg.rollout.group_size
-  base = jax.random.fold_in(jax.random.PRNGKey(cfg.seed), step)
+  # stream 0: RL steps; stream 1: value pretraining rollouts.
+  base = jax.random.fold_in(jax.random.fold_in(jax.random.PRNGKey(cfg.seed), stream), step)
   kept, rounds, seen_groups, all_rounds = [], 0, 0, []
   max_rounds = cfg.algo.max_gen_batches if cfg.algo.dynamic_sampling else 1
   while rounds < max_rounds:
@@ -139,10 +140,11 @@ def evaluate(run: Run, params, problems, *, samples: int = 1, greedy: bool = Tru
   sampling = dataclasses.replace(run.sampling, greedy=greedy)
   key = jax.random.PRNGKey(cfg.seed + 1) if key is None else key
   correct, answers = [], []
-  for start in range(0, len(problems), _EVAL_BATCH):
-    chunk = problems[start:start + _EVAL_BATCH]
+  width = min(_EVAL_BATCH, len(problems))
+  for start in range(0, len(problems), width):
+    chunk = problems[start:start + width]
     # Pad the last chunk with repeats so every eval call has the same shape (one compilation).
-    padded = chunk + [chunk[-1]] * (_EVAL_BATCH - len(chunk))
+    padded = chunk + [chunk[-1]] * (width - len(chunk))
     part = rollout_round(run, params, padded, jax.random.fold_in(key, start), sampling, samples)
     n = len(chunk) * samples
     correct.append(part.correct[:n])
@@ -174,7 +176,7 @@ def pretrain_critic(run: Run) -> None:
   critic-only updates on Monte-Carlo returns (lam = 1) of rollouts from the fixed initial policy."""
   cfg = run.config
   for i in range(cfg.critic.pretrain_steps):
-    batch, info = collect_batch(run, step=-1 - i)
+    batch, info = collect_batch(run, step=i, stream=1)
     prepared, _ = run.fns.prepare_batch_mc(run.state, *device_batch(batch))
     run.state, metrics = run.fns.critic_step(run.state, prepared)
     values = summarize(jax.device_get(metrics))
@@ -220,6 +222,6 @@ def train(config) -> dict:
   final = evaluate(run, run.state.params, eval_problems)
   run.writer.write(cfg.train.steps, {"eval_accuracy": final["pass@1"]})
   run.writer.log(f"eval after training: accuracy {final['pass@1']:.3f}")
-  result.update(eval_after=final["pass@1"], last=last)
+  result.update(eval_after=final["pass@1"], last=last, state=run.state)
   build.finish(run)
   return result

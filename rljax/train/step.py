@@ -119,6 +119,10 @@ def build_step_fns(config, model_cfg: ModelConfig, actor_tx: optax.GradientTrans
         "logp_gap_max": _scalar_metric(jnp.where(mask > 0, gap, 0).max()),
         "advantage_mean": loss_lib.token_metrics(loss_mask, a=advantages)["a"],
     }
+    if has_critic:
+      # How much of the return variance the critic explained before this update.
+      metrics["explained_variance"] = _scalar_metric(
+          value_lib.explained_variance(values, returns, mask))
     if placement != "none":
       metrics["kl"] = loss_lib.token_metrics(
           mask, kl=kl_lib.kl_estimate(algo.kl_estimator, old_logp, ref_logp))["kl"]

@@ -1,0 +1,33 @@
+"""Tiny run settings shared by the trainer tests (few shapes, so compiled functions are reused)."""
+import os
+
+from rljax.rewards import verifiers
+
+REWARD = "test_first_char_mod4"
+if REWARD not in verifiers.REWARD_FNS:
+  # A reward a random policy earns about a quarter of the time, so that group estimators see a
+  # reward spread (every preset really updates) and dynamic sampling has groups to drop.
+  @verifiers.register_reward(REWARD)
+  def _first_char_mod4(completion, problem):
+    return float(bool(completion) and ord(completion[0]) % 4 == 0)
+
+OVERRIDES = {
+    "model.hidden_size": "32", "model.intermediate_size": "64", "model.num_layers": "1",
+    "model.num_heads": "2", "model.num_kv_heads": "1",
+    "rollout.max_new_tokens": "8", "rollout.prompts_per_step": "2", "rollout.group_size": "4",
+    "rollout.temperature": "1.0",
+    "data.prompt_bucket": "8", "data.num_eval": "4", "data.difficulty": "0",
+    "reward.fn": REWARD, "optim.lr": "1e-3", "critic.lr": "1e-3", "critic.pretrain_steps": "0",
+    "train.steps": "2", "train.progress": "false", "train.export_hf": "false",
+    "algo.max_gen_batches": "3",
+}
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def args(preset: str, run_dir: str, extra: dict | None = None) -> list[str]:
+  """``rljax train`` arguments for ``configs/<preset>.py`` at the tiny size."""
+  merged = dict(OVERRIDES, **{"train.run_dir": run_dir}, **(extra or {}))
+  return (["train", "--config", os.path.join(ROOT, "configs", f"{preset}.py")]
+          + [f"--config.{k}={v}" for k, v in merged.items()])
