@@ -1,0 +1,429 @@
+"""``rljax plan``: will a config fit the devices? Per-device bytes of everything a run holds.
+
+Nothing is allocated: parameter shapes come from ``llama.param_shapes`` (abstract), shardings
+from the same partition rules training uses (``rljax.parallel.rules``) on an ``AbstractMesh``, so
+the figures include every replicated fallback. Model sizes come from ``plan.model`` (a name in
+``MODEL_SHAPES``, or ``hf:PATH`` to a directory holding only a config.json) or ``model.source``.
+
+What is counted (per device, the device holding the most):
+
+- params, in ``model.param_dtype``;
+- optimizer state: ``jax.eval_shape`` of the run's optimizer (default: global-norm clipping +
+  ``optax.adamw`` as ``rljax.train.state.make_optimizer`` builds it: ``mu``, ``nu`` in the
+  parameter dtype, no separate float32 master copy, scalar counts replicated), placed by
+  ``rules.opt_state_shardings``;
+- reference model (same shapes and rules as the policy) unless ``algo.kl_placement == 'none'``;
+- critic (value model + its optimizer state and gradients) when ``critic.enabled``;
+- gradients: one copy in the parameter dtype, two with ``algo.micro_batches > 1`` (accumulator and
+  the current micro-batch's gradients);
+- rollout: KV cache ``2 x L x B x K x G x Dh`` in ``model.dtype`` with B = ``prompts_per_step x
+  group_size`` rows split over the batch axes and K = prompt length + ``max_new_tokens``; the
+  sampler grows its cache between decode segments, so at the last growth the previous cache
+  (~``P + 3T/4`` slots) coexists with the final one; the prefill of one layer materialises
+  ``[Pn, H, P, P]`` attention scores; FSDP-sharded weights are all-gathered for the forward: the
+  worst case (XLA hoisting the gather out of the decode loop) is all weights / tensor;
+- train step activations for one micro-batch of ``rows = P*G / minibatches / micro_batches /
+  batch shards`` rows of ``S = prompt + max_new_tokens`` tokens, per layer per token
+  ``(ACT_D*D + ACT_QKV*(H+2G)*Dh + ACT_F*F) * dtype bytes`` (the tensors this decoder keeps for
+  the backward pass: residual, float32 norm copies, q/k/v before and after RoPE, attention out,
+  gate/up/silu/product) plus ``H*S`` attention scores per token at ``ATTN_BYTES`` (float32
+  logits and probabilities plus the compute-dtype probabilities: the model materialises them, no
+  flash attention). Without remat all ``L`` layers are kept; with remat (``model.remat``) only
+  each layer's input ``[rows, S, D]`` is kept and one layer at a time is recomputed
+  (``REMAT_LIVE_LAYERS`` layers' worth live in its backward). Plus the chunked log-prob:
+  ``rows x logits_chunk x V x 4 bytes x LOGITS_COPIES``, and all-gathered weights of
+  ``GATHERED_LAYERS`` layers and the head.
+
+``peak = resident + max(rollout, train)`` is compared with ``USABLE_FRACTION`` of the device
+memory (room for XLA's own buffers and fragmentation).
+"""
+from __future__ import annotations
+
+import functools
+import math
+import os
+import re
+from typing import Any
+
+import jax
+import numpy as np
+import optax
+from jax.sharding import AbstractMesh
+
+from rljax.models import llama
+from rljax.models.config import ModelConfig, tiny_config
+from rljax.parallel import mesh as mesh_lib
+from rljax.parallel import rules as rules_lib
+
+GiB = 1024 ** 3
+
+# Documented constants of the activation estimate (see the module docstring).
+ACT_D = 10  # D-wide tensors saved per layer per token (float32 norm copies count twice)
+ACT_QKV = 2  # q, k, v before and after RoPE
+ACT_F = 4  # gate, up, silu(gate), silu(gate) * up
+ATTN_BYTES = 8  # float32 masked scores + float32 softmax (+ the compute-dtype probs, added below)
+REMAT_LIVE_LAYERS = 2  # a rematerialised layer's forward recompute + its backward temporaries
+LOGITS_COPIES = 3  # float32 logits, softmax / log-softmax, their gradient
+GATHERED_LAYERS = 2  # FSDP all-gathers in flight during the train step
+USABLE_FRACTION = 0.9
+
+# Architectures for planning without weights (the Hugging Face config.json values).
+MODEL_SHAPES: dict[str, dict] = {
+    "qwen2.5-0.5b": dict(vocab_size=151936, hidden_size=896, intermediate_size=4864,
+                         num_layers=24, num_heads=14, num_kv_heads=2, head_dim=64,
+                         tie_embeddings=True, qkv_bias=True, model_type="qwen2"),
+    "qwen2.5-1.5b": dict(vocab_size=151936, hidden_size=1536, intermediate_size=8960,
+                         num_layers=28, num_heads=12, num_kv_heads=2, head_dim=128,
+                         tie_embeddings=True, qkv_bias=True, model_type="qwen2"),
+    "qwen2.5-3b": dict(vocab_size=151936, hidden_size=2048, intermediate_size=11008,
+                       num_layers=36, num_heads=16, num_kv_heads=2, head_dim=128,
+                       tie_embeddings=True, qkv_bias=True, model_type="qwen2"),
+    "qwen2.5-7b": dict(vocab_size=152064, hidden_size=3584, intermediate_size=18944,
+                       num_layers=28, num_heads=28, num_kv_heads=4, head_dim=128,
+                       tie_embeddings=False, qkv_bias=True, model_type="qwen2"),
+    "qwen2.5-14b": dict(vocab_size=152064, hidden_size=5120, intermediate_size=13824,
+                        num_layers=48, num_heads=40, num_kv_heads=8, head_dim=128,
+                        tie_embeddings=False, qkv_bias=True, model_type="qwen2"),
+    "qwen2.5-32b": dict(vocab_size=152064, hidden_size=5120, intermediate_size=27648,
+                        num_layers=64, num_heads=40, num_kv_heads=8, head_dim=128,
+                        tie_embeddings=False, qkv_bias=True, model_type="qwen2"),
+    "llama3-8b": dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336,
+                      num_layers=32, num_heads=32, num_kv_heads=8, head_dim=128,
+                      tie_embeddings=False, model_type="llama", rope_theta=500000.0),
+    "llama3-70b": dict(vocab_size=128256, hidden_size=8192, intermediate_size=28672,
+                       num_layers=80, num_heads=64, num_kv_heads=8, head_dim=128,
+                       tie_embeddings=False, model_type="llama", rope_theta=500000.0),
+}
+
+# Memory per device. TPU: HBM per chip (one JAX device per chip; v4/v5p megacore). GPU: what
+# CUDA reports as total memory.
+DEVICE_MEMORY: dict[str, int] = {
+    "v4": 32 * GiB,
+    "v5e": 16 * GiB,
+    "v5p": 95 * GiB,
+    "v6e": 32 * GiB,
+    "h100-80g": 81559 * 2 ** 20,
+    "h200": 143771 * 2 ** 20,
+    "a100-80g": 81920 * 2 ** 20,
+    "a100-40g": 40960 * 2 ** 20,
+}
+_ALIASES = {"h100": "h100-80g", "a100": "a100-80g", "v5litepod": "v5e", "h200-141g": "h200"}
+# TPU accelerator types name TensorCores for v4/v5p (2 per chip), chips for v5e/v6e.
+_CORES_PER_CHIP = {"v4": 2, "v5p": 2, "v5e": 1, "v6e": 1}
+_CHIPS_PER_HOST = {"v4": 4, "v5p": 4, "v5e": 4, "v6e": 4}
+
+
+def _host_memory() -> int:
+  return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def _parse_bytes(text: str) -> int | None:
+  m = re.fullmatch(r"([0-9.]+(?:e[0-9]+)?)\s*(gib|gb|mib|mb|tib|tb)?", text.strip().lower())
+  if not m:
+    return None
+  unit = {None: 1, "gib": GiB, "gb": 10 ** 9, "mib": 2 ** 20, "mb": 10 ** 6, "tib": 1024 * GiB,
+          "tb": 10 ** 12}[m.group(2)]
+  return int(float(m.group(1)) * unit)
+
+
+def parse_device(spec: str) -> dict:
+  """``{'name', 'count' (None = from the mesh), 'bytes', 'hosts'}`` of a device description.
+
+  TPU slices by accelerator type: ``v5p-64`` (64 TensorCores = 32 chips), ``v4-32``, ``v5e-16``,
+  ``v6e-8``. GPUs/CPU as ``[N x]NAME``: ``8xh100-80g``, ``16xa100-80g``, ``h200``, ``cpu`` (host
+  memory). Custom memory: ``[N x]BYTES`` with an optional unit (``8x80GB``, ``64x95GiB``), or
+  ``NAME:BYTES`` to override a known device's memory (``h100-80g:70GiB``).
+  """
+  text = spec.strip().lower()
+  override = None
+  if ":" in text:
+    text, mem = text.split(":", 1)
+    override = _parse_bytes(mem)
+    if override is None:
+      raise ValueError(f"device {spec!r}: cannot read memory {mem!r} (e.g. 70GiB, 8e10)")
+  m = re.fullmatch(r"(v4|v5p|v5e|v5litepod|v6e)-(\d+)", text)
+  if m:
+    kind = _ALIASES.get(m.group(1), m.group(1))
+    cores = int(m.group(2))
+    chips = max(1, cores // _CORES_PER_CHIP[kind])
+    return dict(name=spec, kind=kind, count=chips, bytes=override or DEVICE_MEMORY[kind],
+                hosts=max(1, chips // _CHIPS_PER_HOST[kind]))
+  m = re.fullmatch(r"(?:(\d+)\s*x\s*)?(.+)", text)
+  count = int(m.group(1)) if m.group(1) else None
+  name = _ALIASES.get(m.group(2), m.group(2))
+  if name == "cpu":
+    memory = _host_memory()
+  elif name in DEVICE_MEMORY:
+    memory = DEVICE_MEMORY[name]
+  else:
+    memory = _parse_bytes(name)
+    if memory is None:
+      raise ValueError(f"unknown device {spec!r}: use a TPU type (v5p-64, v4-32, v5e-16, v6e-8), "
+                       f"[N x]NAME with NAME in {sorted(DEVICE_MEMORY) + ['cpu']}, or "
+                       "[N x]BYTES (e.g. 8x80GB)")
+  hosts = None if count is None or name == "cpu" else max(1, math.ceil(count / 8))
+  return dict(name=spec, kind=name, count=count, bytes=override or memory, hosts=hosts)
+
+
+# --- inputs --------------------------------------------------------------------------------------
+
+def _plan_key(config, key, default=None):
+  if "plan" in config and key in config.plan and config.plan[key] is not None:
+    return config.plan[key]
+  return default
+
+
+def model_config(config, model: str | None = None) -> tuple[str, ModelConfig]:
+  """(name, ModelConfig) to plan for: ``model`` argument, else ``plan.model``, else
+  ``model.source`` ('hf:PATH' reads PATH/config.json only; 'tiny' uses ``config.model``)."""
+  m = config.model
+  source = model or _plan_key(config, "model") or m.source
+  dtypes = dict(dtype=m.dtype, param_dtype=m.param_dtype, remat=m.remat)
+  if source in MODEL_SHAPES:
+    return source, ModelConfig(**MODEL_SHAPES[source], **dtypes)
+  if source.startswith("hf:"):
+    return source, ModelConfig.from_hf_dir(source[3:], **dtypes)
+  if source == "tiny":
+    try:
+      from rljax.data import tokenizer as tokenizer_lib
+      vocab = tokenizer_lib.load_tokenizer(config.data.tokenizer).vocab_size
+    except Exception as e:  # noqa: BLE001 - planning must not need the data stack
+      raise ValueError(f"model.source='tiny': cannot read the vocabulary size from "
+                       f"data.tokenizer={config.data.tokenizer!r} ({e})") from e
+    return "tiny", tiny_config(m, vocab)
+  raise ValueError(f"cannot plan for model {source!r}: use one of {sorted(MODEL_SHAPES)}, "
+                   "'hf:PATH' (a directory with config.json) or model.source='tiny'")
+
+
+@functools.lru_cache(maxsize=16)
+def _model_tree(cfg: ModelConfig, head: str = "lm"):
+  """(logical axes, parameter shapes), cached: building the abstract model takes ~1 s at 7B."""
+  return llama.logical_axes(cfg, head), llama.param_shapes(cfg, head)
+
+
+def default_optimizer() -> optax.GradientTransformation:
+  """Same state structure as ``rljax.train.state.make_optimizer`` (clip + AdamW)."""
+  return optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-6))
+
+
+# --- the plan ------------------------------------------------------------------------------------
+
+def _tree_bytes(shapes) -> int:
+  return sum(int(np.prod(x.shape, dtype=np.int64)) * np.dtype(x.dtype).itemsize
+             for x in jax.tree.leaves(shapes))
+
+
+def _split(size: int, parts: int) -> int:
+  """Per-device share of ``size`` split ``parts`` ways (rounded up)."""
+  return -(-size // parts)
+
+
+def plan(config, device: str | None = None, *, model: str | None = None, optimizer=None,
+         rules=None) -> dict:
+  """Per-device memory of a run of ``config`` on ``device`` (see module doc). Bytes throughout."""
+  device = device or _plan_key(config, "device")
+  if not device:
+    raise ValueError("no device to plan for: pass one (e.g. 'v5p-64', '8xh100-80g', 'cpu') or "
+                     "set plan.device")
+  dev = parse_device(device)
+  name, cfg = model_config(config, model)
+  count = dev["count"]
+  if count is None:
+    sizes = [config.mesh[k] for k in mesh_lib.AXES]
+    if -1 in sizes:
+      if dev["kind"] != "cpu":
+        raise ValueError(f"device {device!r} does not say how many devices (e.g. '8x{device}') "
+                         "and the mesh has a -1 axis")
+      count = jax.device_count()
+    else:
+      count = math.prod(sizes)
+  shape = mesh_lib.mesh_shape(config.mesh, count)
+  mesh = AbstractMesh(shape, mesh_lib.AXES)
+  sizes = dict(zip(mesh_lib.AXES, shape))
+  tensor = sizes["tensor"]
+  b = np.dtype(cfg.dtype).itemsize
+  pb = np.dtype(cfg.param_dtype).itemsize
+  tx = optimizer or default_optimizer()
+  assumptions, warnings = [], []
+
+  # --- resident state ---
+  axes, shapes = _model_tree(cfg)
+  p_sh = rules_lib.param_shardings(mesh, axes, shapes, rules)
+  params = rules_lib.per_device_bytes(shapes, p_sh)
+  opt_shapes = jax.eval_shape(tx.init, shapes)
+  opt = rules_lib.per_device_bytes(
+      opt_shapes, rules_lib.opt_state_shardings(mesh, opt_shapes, p_sh, shapes))
+  fallbacks = rules_lib.fallbacks(mesh, axes, shapes, rules)
+  micro = config.algo.micro_batches
+  grads = params * (2 if micro > 1 else 1)
+  reference = 0 if config.algo.kl_placement == "none" else params
+  critic = critic_opt = critic_grads = 0
+  if config.critic.enabled:
+    c_axes, c_shapes = _model_tree(cfg, "value")
+    c_sh = rules_lib.param_shardings(mesh, c_axes, c_shapes, rules)
+    critic = rules_lib.per_device_bytes(c_shapes, c_sh)
+    c_opt = jax.eval_shape(tx.init, c_shapes)
+    critic_opt = rules_lib.per_device_bytes(
+        c_opt, rules_lib.opt_state_shardings(mesh, c_opt, c_sh, c_shapes))
+    critic_grads = critic * (2 if micro > 1 else 1)
+    fallbacks += [f"critic {f}" for f in rules_lib.fallbacks(mesh, c_axes, c_shapes, rules)]
+
+  # --- rollout ---
+  r = config.rollout
+  prompt_len = int(_plan_key(config, "prompt_len", config.data.prompt_bucket))
+  if not _plan_key(config, "prompt_len"):
+    assumptions.append(f"prompt length = data.prompt_bucket = {prompt_len} tokens "
+                       "(set plan.prompt_len for longer prompts)")
+  rows = r.prompts_per_step * r.group_size
+  slots = prompt_len + r.max_new_tokens
+  cache_shape = (rows, slots, cfg.num_kv_heads, cfg.head_dim)
+  cache_spec, cache_notes = rules_lib.resolve(rules_lib.CACHE_AXES, cache_shape, mesh, rules)
+  fallbacks += [f"kv cache {n}" for n in cache_notes]
+  shard = jax.sharding.NamedSharding(mesh, cache_spec).shard_shape(cache_shape)
+  rows_dev, g_dev = shard[0], shard[2]
+  kv_cache = 2 * cfg.num_layers * int(np.prod(shard, dtype=np.int64)) * b
+  kv_growth = int(kv_cache * (prompt_len + 0.75 * r.max_new_tokens) / slots) \
+      if r.max_new_tokens > 16 else 0
+  batch_shards = rules_lib.batch_divisor(mesh, rules)
+  prompts_dev = _split(r.prompts_per_step, batch_shards)
+  heads_dev = _split(cfg.num_heads, tensor if cfg.num_heads % tensor == 0 else 1)
+  prefill = prompts_dev * heads_dev * prompt_len * prompt_len * (ATTN_BYTES + b)
+  total_weights = _tree_bytes(shapes) // pb * b  # all weights in the compute dtype
+  rollout_gather = total_weights // tensor if sizes["fsdp"] > 1 else 0
+  if r.prompts_per_step % batch_shards:
+    warnings.append(f"rollout.prompts_per_step={r.prompts_per_step} does not split evenly over "
+                    f"{batch_shards} batch shards (data x fsdp)")
+  if sizes["fsdp"] > 1:
+    assumptions.append("rollout all-gathers FSDP-sharded weights; counted in full (/tensor) "
+                       "as the worst case (gather hoisted out of the decode loop)")
+
+  # --- train step ---
+  mb = config.algo.minibatches
+  if rows % (mb * micro * batch_shards):
+    warnings.append(f"P*G={rows} rows do not split into minibatches={mb} x micro_batches={micro}"
+                    f" x {batch_shards} batch shards; rounded up")
+  train_rows = _split(rows, mb * micro * batch_shards)
+  d, f, h, g, dh, L = (cfg.hidden_size, cfg.intermediate_size, cfg.num_heads, cfg.num_kv_heads,
+                       cfg.head_dim, cfg.num_layers)
+  t_div = lambda n: n // tensor if n % tensor == 0 else n
+  tokens = train_rows * slots
+  lin = (ACT_D * d + ACT_QKV * (t_div(h * dh) + 2 * t_div(g * dh)) + ACT_F * t_div(f)) * b
+  attn = t_div(h) * slots * (ATTN_BYTES + b)
+  layer_act = tokens * (lin + attn)
+  act_no_remat = L * layer_act
+  act_remat = L * tokens * d * b + REMAT_LIVE_LAYERS * layer_act
+  logits = train_rows * min(config.model.logits_chunk, slots) * t_div(cfg.vocab_size) * 4 \
+      * LOGITS_COPIES
+  layer_w = (_tree_bytes(shapes) - _tree_bytes({k: v for k, v in shapes.items()
+                                                 if not k.startswith("layers_")})) // L // pb * b
+  head_w = cfg.vocab_size * d * b
+  train_gather = (GATHERED_LAYERS * layer_w + head_w) // tensor if sizes["fsdp"] > 1 else 0
+  activations = act_remat if cfg.remat else act_no_remat
+
+  resident = params + opt + reference + critic + critic_opt
+  rollout_peak = kv_cache + kv_growth + prefill + rollout_gather
+  train_peak = grads + critic_grads + activations + logits + train_gather
+  peak = resident + max(rollout_peak, train_peak)
+  usable = int(dev["bytes"] * USABLE_FRACTION)
+  if optimizer is None and pb < 4:
+    warnings.append(f"param_dtype={cfg.param_dtype} with optax's default state: AdamW moments and "
+                    "updates are in the same 16-bit dtype, so steps much smaller than 2^-8 of a "
+                    "weight round away; float32 params (or an optimizer with float32 state) "
+                    "cost 2x params + 2x optimizer state")
+  state_dtypes = sorted({str(x.dtype) for x in jax.tree.leaves(opt_shapes) if x.ndim})
+  assumptions.insert(0, ("optimizer: clip + optax.adamw" if optimizer is None else
+                         "optimizer: as given") + f", state arrays in {'/'.join(state_dtypes)} "
+                     "(optax default: moments in the parameter dtype), no float32 master copy")
+  assumptions.append(f"gradients in {cfg.param_dtype}" + (" (accumulator + micro-batch)"
+                                                          if micro > 1 else ""))
+  return dict(
+      model=dict(name=name, num_params=cfg.num_params(), layers=L, hidden=d, heads=h,
+                 kv_heads=g, head_dim=dh, intermediate=f, vocab=cfg.vocab_size,
+                 param_dtype=cfg.param_dtype, dtype=cfg.dtype, remat=cfg.remat),
+      device=dict(name=device, kind=dev["kind"], count=count, hosts=dev["hosts"],
+                  bytes=dev["bytes"], usable=usable),
+      mesh=sizes, batch_shards=batch_shards,
+      shapes=dict(rollout_rows=rows, rollout_rows_per_device=rows_dev, prompt_len=prompt_len,
+                  cache_slots=slots, kv_heads_per_device=g_dev, prompts_per_device=prompts_dev,
+                  train_rows_per_device=train_rows, train_seq=slots),
+      bytes=dict(params=params, opt_state=opt, gradients=grads, reference=reference,
+                 critic=critic, critic_opt_state=critic_opt, critic_gradients=critic_grads,
+                 kv_cache=kv_cache, kv_cache_growth=kv_growth, prefill=prefill,
+                 rollout_gathered_weights=rollout_gather, activations=activations,
+                 activations_remat=act_remat, activations_no_remat=act_no_remat,
+                 logits=logits, train_gathered_weights=train_gather),
+      resident=resident, rollout=rollout_peak, train=train_peak, peak=peak,
+      fits=peak <= usable, fits_other_remat=resident + max(
+          rollout_peak, train_peak - activations + (act_no_remat if cfg.remat else act_remat))
+      <= usable,
+      fallbacks=fallbacks, assumptions=assumptions, warnings=warnings)
+
+
+def _gib(x: int) -> str:
+  return f"{x / GiB:8.2f}"
+
+
+def format_plan(p: dict) -> str:
+  """The printable report of ``plan``."""
+  m, dev, s, by = p["model"], p["device"], p["shapes"], p["bytes"]
+  mesh = p["mesh"]
+  hosts = f", {dev['hosts']} host{'s' if dev['hosts'] != 1 else ''}" if dev["hosts"] else ""
+  lines = [
+      f"model   {m['name']}: {m['num_params'] / 1e9:.2f}B params, L={m['layers']} D={m['hidden']}"
+      f" H={m['heads']} G={m['kv_heads']} Dh={m['head_dim']} F={m['intermediate']} "
+      f"V={m['vocab']}; params {m['param_dtype']}, compute {m['dtype']}",
+      f"device  {dev['name']}: {dev['count']} x {dev['kind']} ({dev['bytes'] / GiB:.1f} GiB "
+      f"each{hosts})",
+      f"mesh    data={mesh['data']} fsdp={mesh['fsdp']} tensor={mesh['tensor']}; batch rows "
+      f"split {p['batch_shards']} ways",
+      "",
+      f"per device                                                  GiB",
+      f"  params ({m['param_dtype']})".ljust(56) + _gib(by["params"]),
+      "  optimizer state".ljust(56) + _gib(by["opt_state"]),
+      "  reference model".ljust(56) + (_gib(by["reference"]) if by["reference"]
+                                       else "       - (algo.kl_placement='none')"),
+  ]
+  if by["critic"]:
+    lines += ["  critic params".ljust(56) + _gib(by["critic"]),
+              "  critic optimizer state".ljust(56) + _gib(by["critic_opt_state"])]
+  else:
+    lines.append("  critic".ljust(56) + "       - (critic.enabled=False)")
+  lines += [
+      "  = resident".ljust(56) + _gib(p["resident"]),
+      f"  rollout: kv cache [B={s['rollout_rows_per_device']}/{s['rollout_rows']}, "
+      f"K={s['cache_slots']}, G={s['kv_heads_per_device']}]".ljust(56) + _gib(by["kv_cache"]),
+      "  rollout: cache growth copy".ljust(56) + _gib(by["kv_cache_growth"]),
+      f"  rollout: prefill scores [Pn={s['prompts_per_device']}, P={s['prompt_len']}]".ljust(56)
+      + _gib(by["prefill"]),
+      "  rollout: gathered weights".ljust(56) + _gib(by["rollout_gathered_weights"]),
+      "  = rollout phase".ljust(56) + _gib(p["rollout"]),
+      "  train: gradients (+ critic)".ljust(56)
+      + _gib(by["gradients"] + by["critic_gradients"]),
+      f"  train: activations, remat={m['remat']} [rows={s['train_rows_per_device']}, "
+      f"S={s['train_seq']}]".ljust(56) + _gib(by["activations"]),
+      f"         (remat=True: {by['activations_remat'] / GiB:.2f} GiB, "
+      f"remat=False: {by['activations_no_remat'] / GiB:.2f} GiB)",
+      "  train: log-prob chunk".ljust(56) + _gib(by["logits"]),
+      "  train: gathered weights".ljust(56) + _gib(by["train_gathered_weights"]),
+      "  = train phase".ljust(56) + _gib(p["train"]),
+      "",
+      f"peak = resident + max(rollout, train) = {p['peak'] / GiB:.2f} GiB of "
+      f"{dev['usable'] / GiB:.1f} GiB usable ({USABLE_FRACTION:.0%} of {dev['bytes'] / GiB:.1f})"
+      f": {'FITS' if p['fits'] else 'DOES NOT FIT'}",
+  ]
+  if p["fits"] != p["fits_other_remat"]:
+    lines.append(f"  (with model.remat={not m['remat']} it would "
+                 f"{'fit' if p['fits_other_remat'] else 'not fit'})")
+  lines.append("replicated fallbacks: " + ("none" if not p["fallbacks"] else ""))
+  lines += [f"  {f}" for f in p["fallbacks"]]
+  if p["warnings"]:
+    lines.append("warnings:")
+    lines += [f"  {w}" for w in p["warnings"]]
+  lines.append("assumptions:")
+  lines += [f"  {a}" for a in p["assumptions"]]
+  return "\n".join(lines)
+
+
+def plan_main(config, device: str | None = None, *, model: str | None = None) -> str:
+  """``rljax plan --config X [--device D]``: the report as a string."""
+  return format_plan(plan(config, device, model=model))

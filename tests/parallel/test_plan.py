@@ -1,0 +1,141 @@
+"""``rljax plan``: per-device figures for Qwen2.5-7B checked against hand-computed numbers."""
+import importlib.util
+import json
+import os
+
+import pytest
+
+from rljax.parallel import plan as plan_lib
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+GiB = 1024 ** 3
+QWEN7B = 7_615_616_512  # parameters of Qwen2.5-7B (untied, qkv bias)
+# Replicated when tensor=1: 57 RMSNorm scales of 3584 and 28 layers of q/k/v biases (3584+2*512).
+QWEN7B_SMALL = 57 * 3584 + 28 * (3584 + 2 * 512)
+
+
+def fsdp_bytes(n, nbytes=2):
+  """Hand count: matrices split n ways, norms and biases replicated."""
+  return (QWEN7B - QWEN7B_SMALL) * nbytes // n + QWEN7B_SMALL * nbytes
+
+
+def load(name):
+  path = os.path.join(REPO, "experiments", "plans", f"{name}.py")
+  spec = importlib.util.spec_from_file_location(name, path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config()
+
+
+def close(a, b, rel=0.01):
+  return abs(a - b) <= rel * abs(b)
+
+
+@pytest.mark.parametrize("name,params", [("qwen2.5-7b", QWEN7B), ("qwen2.5-0.5b", 494_032_768),
+                                         ("llama3-8b", 8_030_261_248)])
+def test_shape_table_parameter_counts(name, params):
+  _, cfg = plan_lib.model_config(load("qwen7b_v5p64"), name)
+  assert cfg.num_params() == params
+
+
+@pytest.mark.parametrize("spec,kind,count,mem", [
+    ("v5p-64", "v5p", 32, 95 * GiB),  # 64 TensorCores = 32 chips
+    ("v5p-128", "v5p", 64, 95 * GiB),
+    ("v4-32", "v4", 16, 32 * GiB),
+    ("v5e-16", "v5e", 16, 16 * GiB),
+    ("8xh100-80g", "h100-80g", 8, 81559 * 2 ** 20),
+    ("16xa100-80g", "a100-80g", 16, 80 * GiB),
+    ("h100-80g", "h100-80g", None, 81559 * 2 ** 20),
+    ("8x80GB", "80gb", 8, 80 * 10 ** 9),
+    ("h100-80g:70GiB", "h100-80g", None, 70 * GiB),
+])
+def test_parse_device(spec, kind, count, mem):
+  d = plan_lib.parse_device(spec)
+  assert (d["kind"], d["count"], d["bytes"]) == (kind, count, mem)
+
+
+def test_parse_device_unknown():
+  with pytest.raises(ValueError, match="unknown device 'tpu9'"):
+    plan_lib.parse_device("tpu9")
+
+
+def kv_bytes(rows, slots, layers=28, kv=4, dh=128, nbytes=2):
+  return 2 * layers * rows * slots * kv * dh * nbytes
+
+
+def test_qwen7b_v5p64():
+  c = load("qwen7b_v5p64")
+  p = plan_lib.plan(c)
+  assert p["mesh"] == {"data": 1, "fsdp": 32, "tensor": 1}
+  assert p["device"]["count"] == 32 and p["device"]["hosts"] == 8
+  by = p["bytes"]
+  # bf16 params split 32 ways: 7.6e9 * 2 / 32 = 0.476 GB (+0.6 MB of replicated norms/biases).
+  assert by["params"] == fsdp_bytes(32)
+  assert close(by["params"], QWEN7B * 2 / 32, 0.002)
+  assert close(by["opt_state"], 2 * by["params"], 0.001)  # AdamW mu + nu in bf16
+  assert by["reference"] == by["params"]
+  assert by["critic"] == 0
+  assert by["kv_cache"] == kv_bytes(512 // 32, 1024 + 4096)
+  assert p["shapes"]["train_rows_per_device"] == 1
+  assert p["fallbacks"] == []
+  assert p["fits"] and p["peak"] < 40 * GiB
+  assert by["activations_no_remat"] > 95 * GiB > by["activations_remat"]
+
+
+def test_qwen7b_v5p128_fsdp64():
+  c = load("qwen7b_v5p64")
+  p = plan_lib.plan(c, "v5p-128")
+  assert p["mesh"]["fsdp"] == 64
+  assert p["bytes"]["params"] == fsdp_bytes(64)
+  assert close(p["bytes"]["params"], QWEN7B * 2 / 64, 0.003)
+
+
+def test_qwen7b_8xh100():
+  c = load("qwen7b_8xh100")
+  p = plan_lib.plan(c)
+  assert p["mesh"] == {"data": 1, "fsdp": 8, "tensor": 1}
+  by = p["bytes"]
+  assert by["params"] == fsdp_bytes(8)  # 1.9 GB
+  assert close(by["opt_state"], QWEN7B * 4 / 8, 0.001)
+  assert by["kv_cache"] == kv_bytes(256 // 8, 1024 + 3072)
+  assert close(by["gradients"], 2 * by["params"], 0.001)  # micro_batches > 1: acc + current
+  assert p["fits"] and p["peak"] < 60 * GiB
+  report = plan_lib.plan_main(c)
+  assert "data=1 fsdp=8 tensor=1" in report and "FITS" in report
+  json.dumps(p)  # plain data
+
+
+def test_critic_tensor_parallel_and_no_reference():
+  c = load("qwen7b_8xh100")
+  c.critic.enabled = True
+  c.algo.kl_placement = "none"
+  c.mesh.fsdp = 4
+  c.mesh.tensor = 2
+  c.mesh.data = 1
+  p = plan_lib.plan(c)
+  by = p["bytes"]
+  assert by["reference"] == 0 and "kl_placement='none'" in plan_lib.format_plan(p)
+  # The critic drops the 545M-parameter LM head and adds a [D, 1] value head.
+  head = 152064 * 3584
+  assert close(by["critic"], (QWEN7B - head) * 2 / 8, 0.002)
+  assert close(by["critic_opt_state"], 2 * by["critic"], 0.002)
+  # 4 kv heads split over tensor=2 in the cache.
+  assert p["shapes"]["kv_heads_per_device"] == 2
+  assert by["kv_cache"] == kv_bytes(256 // 4, 4096, kv=2)
+
+
+def test_fallbacks_are_reported():
+  c = load("qwen7b_8xh100")
+  c.mesh.fsdp = 1
+  c.mesh.tensor = 8  # 4 kv heads cannot split 8 ways in the cache; weights' 512-wide k/v can
+  p = plan_lib.plan(c)
+  assert any(f.startswith("kv cache dim 2 (kv_heads=4)") for f in p["fallbacks"])
+  assert "kv cache dim 2" in plan_lib.format_plan(p)
+
+
+def test_device_count_must_be_known():
+  c = load("qwen7b_8xh100")
+  with pytest.raises(ValueError, match="does not say how many devices"):
+    plan_lib.plan(c, "h100-80g")
+  c.mesh.fsdp = 8
+  assert plan_lib.plan(c, "h100-80g")["device"]["count"] == 8
