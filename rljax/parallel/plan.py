@@ -218,9 +218,14 @@ def _split(size: int, parts: int) -> int:
   return -(-size // parts)
 
 
-def plan(config, device: str | None = None, *, model: str | None = None, optimizer=None,
-         rules=None) -> dict:
-  """Per-device memory of a run of ``config`` on ``device`` (see module doc). Bytes throughout."""
+def plan(config, device: str | None = None, *, model: str | None = None,
+         prompt_len: int | None = None, optimizer=None, rules=None) -> dict:
+  """Per-device memory of a run of ``config`` on ``device`` (see module doc). Bytes throughout.
+
+  ``device``/``model``/``prompt_len`` default to ``plan.device``/``plan.model``/``plan.prompt_len``
+  when the config has a ``plan`` section; ``optimizer`` to ``default_optimizer()``; ``rules`` to
+  the default rule table.
+  """
   device = device or _plan_key(config, "device")
   if not device:
     raise ValueError("no device to plan for: pass one (e.g. 'v5p-64', '8xh100-80g', 'cpu') or "
@@ -270,8 +275,8 @@ def plan(config, device: str | None = None, *, model: str | None = None, optimiz
 
   # --- rollout ---
   r = config.rollout
-  prompt_len = int(_plan_key(config, "prompt_len", config.data.prompt_bucket))
-  if not _plan_key(config, "prompt_len"):
+  prompt_len = int(prompt_len or _plan_key(config, "prompt_len", config.data.prompt_bucket))
+  if prompt_len == config.data.prompt_bucket and not _plan_key(config, "prompt_len"):
     assumptions.append(f"prompt length = data.prompt_bucket = {prompt_len} tokens "
                        "(set plan.prompt_len for longer prompts)")
   rows = r.prompts_per_step * r.group_size
@@ -333,7 +338,8 @@ def plan(config, device: str | None = None, *, model: str | None = None, optimiz
   state_dtypes = sorted({str(x.dtype) for x in jax.tree.leaves(opt_shapes) if x.ndim})
   assumptions.insert(0, ("optimizer: clip + optax.adamw" if optimizer is None else
                          "optimizer: as given") + f", state arrays in {'/'.join(state_dtypes)} "
-                     "(optax default: moments in the parameter dtype), no float32 master copy")
+                     "(optax default: moments in the parameter dtype)"
+                     + (", no float32 master copy" if pb < 4 else ""))
   assumptions.append(f"gradients in {cfg.param_dtype}" + (" (accumulator + micro-batch)"
                                                           if micro > 1 else ""))
   return dict(
@@ -359,6 +365,10 @@ def plan(config, device: str | None = None, *, model: str | None = None, optimiz
       fallbacks=fallbacks, assumptions=assumptions, warnings=warnings)
 
 
+def _count(n: int) -> str:
+  return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.2f}M"
+
+
 def _gib(x: int) -> str:
   return f"{x / GiB:8.2f}"
 
@@ -369,13 +379,13 @@ def format_plan(p: dict) -> str:
   mesh = p["mesh"]
   hosts = f", {dev['hosts']} host{'s' if dev['hosts'] != 1 else ''}" if dev["hosts"] else ""
   lines = [
-      f"model   {m['name']}: {m['num_params'] / 1e9:.2f}B params, L={m['layers']} D={m['hidden']}"
+      f"model   {m['name']}: {_count(m['num_params'])} params, L={m['layers']} D={m['hidden']}"
       f" H={m['heads']} G={m['kv_heads']} Dh={m['head_dim']} F={m['intermediate']} "
       f"V={m['vocab']}; params {m['param_dtype']}, compute {m['dtype']}",
       f"device  {dev['name']}: {dev['count']} x {dev['kind']} ({dev['bytes'] / GiB:.1f} GiB "
       f"each{hosts})",
       f"mesh    data={mesh['data']} fsdp={mesh['fsdp']} tensor={mesh['tensor']}; batch rows "
-      f"split {p['batch_shards']} ways",
+      + (f"split {p['batch_shards']} ways" if p["batch_shards"] > 1 else "not split"),
       "",
       f"per device                                                  GiB",
       f"  params ({m['param_dtype']})".ljust(56) + _gib(by["params"]),
@@ -424,6 +434,10 @@ def format_plan(p: dict) -> str:
   return "\n".join(lines)
 
 
-def plan_main(config, device: str | None = None, *, model: str | None = None) -> str:
-  """``rljax plan --config X [--device D]``: the report as a string."""
-  return format_plan(plan(config, device, model=model))
+def plan_main(config, device: str | None = None, *, model: str | None = None,
+              prompt_len: int | None = None) -> str:
+  """``rljax plan --config X [--device D] [--model NAME] [--prompt-len N]``: the report.
+
+  ``device=None`` takes ``plan.device`` from the config (the experiments/plans/*.py files set it).
+  """
+  return format_plan(plan(config, device, model=model, prompt_len=prompt_len))
