@@ -148,6 +148,26 @@ def process_batch_slice(global_batch: int, sharding=None) -> slice:
   return slice(int(rows[0]), int(rows[-1]) + 1)
 
 
+def to_host(tree):
+  """numpy copies of (possibly multi-process sharded) arrays, the full global value on every
+  process. A collective: every process must call it (``jax.device_get`` cannot fetch rows held by
+  other processes). Use it for metrics, rollouts handed to Python verifiers, and exports."""
+  from jax.experimental import multihost_utils
+
+  def one(x):
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+      return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+    return np.asarray(jax.device_get(x))
+
+  return jax.tree.map(one, tree)
+
+
+def from_host(tree, shardings):
+  """Place host values that are **identical on every process** (e.g. after ``to_host``) onto
+  ``shardings`` (a sharding or a matching tree). Per-process rows: ``host_local_to_global``."""
+  return jax.device_put(tree, shardings)
+
+
 def host_local_to_global(array, mesh, sharding=None):
   """Assemble a global ``jax.Array`` from each process's own rows.
 

@@ -263,3 +263,6 @@ def test_process_rows_single_process():
   x = np.arange(12).reshape(4, 3)
   g = distributed.host_local_to_global({"a": x}, mesh)
   assert isinstance(g["a"], jax.Array) and (np.asarray(g["a"]) == x).all()
+  back = distributed.to_host(g)
+  assert isinstance(back["a"], np.ndarray) and (back["a"] == x).all()
+  assert distributed.from_host(x, rules.batch_sharding(mesh, 2)).sharding.spec == P(None, None)

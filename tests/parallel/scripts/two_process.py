@@ -67,8 +67,11 @@ def main(pid: int, port: int):
                 out_shardings=rules.batch_sharding(mesh, 3))
   logits = fwd(sharded, distributed.host_local_to_global(tokens[sl], mesh),
                distributed.host_local_to_global(mask[sl], mesh))
-  full = multihost_utils.process_allgather(logits, tiled=True)
-  out["logits_diff"] = float(np.max(np.abs(np.asarray(full) - np.asarray(ref))))
+  full = distributed.to_host(logits)  # collective: rows of both processes
+  out["logits_diff"] = float(np.max(np.abs(full - np.asarray(ref))))
+  # The same full batch on every process (e.g. after to_host) goes back with from_host.
+  again = fwd(sharded, distributed.from_host(tokens, b_sh), distributed.from_host(mask, b_sh))
+  out["from_host_diff"] = float(np.max(np.abs(distributed.to_host(again) - np.asarray(ref))))
   print(json.dumps(out), flush=True)
   jax.distributed.shutdown()
 
