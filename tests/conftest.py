@@ -20,3 +20,8 @@ def hf_dirs(tmp_path_factory):
 def left_padded_batch():
   """Token ids and mask [4, 12] of prompts with lengths 12, 7, 3, 9, left-padded."""
   return hf_models.left_padded([12, 7, 3, 9], width=12, vocab=hf_models.VOCAB, seed=0)
+
+
+def pytest_configure(config):
+  config.addinivalue_line("markers", "slow: compiles several train steps or spawns processes "
+                          "(runs by default, CI included; deselect with -m 'not slow')")

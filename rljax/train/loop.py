@@ -188,6 +188,17 @@ def pretrain_critic(run: Run) -> None:
 def train(config) -> dict:
   """Run ``config`` end to end; returns the final eval and the last step's metrics."""
   run = build.build_run(config)
+  try:
+    return _train(run)
+  except BaseException:
+    # Whatever stops the loop, checkpoints already started are completed, not left half-written.
+    if run.checkpointer is not None:
+      run.checkpointer.close()
+    run.writer.close()
+    raise
+
+
+def _train(run: Run) -> dict:
   cfg = run.config
   start = int(run.state.step)
   eval_problems = run.source.eval_set(cfg.data.num_eval)

@@ -215,7 +215,7 @@ def build_step_fns(config, model_cfg: ModelConfig, actor_tx: optax.GradientTrans
     return loss, grads, metrics
 
   def apply_update(tx, params, opt_state, grads, loss):
-    grad_norm = optax.global_norm(grads)
+    grad_norm = optax.tree.norm(grads)
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
     updates, new_opt_state = tx.update(grads, opt_state, params)
     new_params = optax.apply_updates(params, updates)
