@@ -41,6 +41,7 @@ def _changed(a, b):
 EXTRA = {"dapo": {"reward.overlong_buffer": "2"}}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("preset", PRESETS)
 def test_preset_runs_and_applies_its_components(preset, tmp_path):
   result, steps, run_dir = _run(preset, tmp_path, EXTRA.get(preset))
