@@ -1,0 +1,336 @@
+"""The rollout sampler: prefill + KV-cache decode in one jitted function, with group sampling.
+
+``sample(cfg, params, prompt_tokens, prompt_mask, key, sp, group_size)`` turns ``Pn`` left-padded
+prompts ``[Pn, P]`` into ``B = Pn * group_size`` completions (groups contiguous: rows
+``i*G .. i*G+G-1`` continue prompt ``i``) of exactly ``T = sp.max_new_tokens`` slots.
+
+How it runs (all inside one ``jax.jit``; no host round trip per token):
+
+1. Prefill the ``Pn`` *distinct* prompts once through a KV cache of ``P`` slots, then repeat the
+   cache ``G`` times (group sampling costs one prefill per prompt, not per completion).
+2. Sample the first token from the last prompt position's logits (``hidden @ head``, one
+   ``[B, V]`` row block at a time: ``[B, T, V]`` logits never exist).
+3. Decode: ``lax.while_loop`` whose body feeds the previous token (``S = 1``) through
+   ``llama.cached_step`` and samples the next one; it stops as soon as every row has emitted a
+   stop token, or after ``T`` tokens. The loop is split into a few static *segments* whose cache
+   grows (``P + 16``, ``P + 32``, ... slots): attention reads only the part of the cache that can
+   be filled, so a decode step costs about the filled context, not ``P + T``. The cache is the only
+   sequence-length-sized buffer.
+
+Log-probabilities returned per completion token (both of the *sampled* token):
+
+- ``Rollout.logp``: under the **policy**, i.e. ``log_softmax`` of the raw, temperature-1 logits.
+  This is what importance ratios and KL terms use; it equals a teacher-forced forward pass.
+- ``Rollout.sampler_logp``: under the **processed sampling distribution** the token was actually
+  drawn from (temperature, top-k, top-p, min-p applied and renormalised). ``0`` for greedy.
+
+Randomness: one ``jax.random`` key; decode step ``t`` uses ``fold_in(key, t)`` and draws
+independent noise per row, so group members differ and the same key reproduces the same rollout
+(independently of how the batch is sharded: threefry is partitionable).
+
+Compilation: ``sample`` is compiled once per distinct ``(cfg, sp, group_size)`` and input shape
+``(Pn, P)``. Prompts are left-padded to a multiple of a bucket (``engine.left_pad``), so a run with
+a fixed number of prompts per step compiles ``ceil(max_prompt_len / bucket)`` times at most.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Sequence
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+from jax.sharding import NamedSharding, PartitionSpec
+
+from rljax.models import llama
+from rljax.models.config import ModelConfig
+from rljax.rollout import decode
+
+# The decode loop is split into segments of about this many steps (the cache grows between
+# them); at most ``_MAX_SEGMENTS`` segments, since each one is a separately compiled loop body.
+_SEGMENT_STEPS = 16
+_MAX_SEGMENTS = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+  """How to sample. Hashable: it is a static argument (a new value means a new compilation).
+
+  Transforms are applied in this order to the float32 logits: temperature, top-k, top-p, min-p
+  (each is skipped at trace time when off). ``greedy=True`` (or ``temperature=0``) takes the
+  argmax of the raw logits and ignores the other transforms.
+
+  Attributes:
+    temperature: divides the logits (> 0; 0 means greedy).
+    top_k: keep the ``k`` largest logits (ties at the k-th value kept); 0 = off.
+    top_p: nucleus: keep the smallest prefix of the sorted distribution whose mass reaches
+      ``top_p`` (the most likely token is always kept); 1.0 = off.
+    min_p: keep tokens with ``p >= min_p * p_max``; 0.0 = off.
+    greedy: argmax decoding.
+    max_new_tokens: ``T``, the completion budget and the padded completion width.
+    stop_ids: token ids that end a completion (EOS and any other stop tokens). The stop token is
+      part of the completion (mask 1). Empty: always generate ``T`` tokens.
+    pad_id: written after a completion has stopped.
+  """
+  temperature: float = 1.0
+  top_k: int = 0
+  top_p: float = 1.0
+  min_p: float = 0.0
+  greedy: bool = False
+  max_new_tokens: int = 64
+  stop_ids: tuple = ()
+  pad_id: int = 0
+
+  def __post_init__(self):
+    if isinstance(self.stop_ids, (int, np.integer)):
+      object.__setattr__(self, "stop_ids", (int(self.stop_ids),))
+    object.__setattr__(self, "stop_ids", tuple(int(s) for s in self.stop_ids))
+    if self.temperature < 0:
+      raise ValueError(f"SamplingParams.temperature must be >= 0 (0 = greedy), "
+                       f"got {self.temperature}")
+    if self.top_k < 0:
+      raise ValueError(f"SamplingParams.top_k must be >= 0 (0 = off), got {self.top_k}")
+    if not 0.0 < self.top_p <= 1.0:
+      raise ValueError(f"SamplingParams.top_p must be in (0, 1] (1 = off), got {self.top_p}")
+    if not 0.0 <= self.min_p < 1.0:
+      raise ValueError(f"SamplingParams.min_p must be in [0, 1) (0 = off), got {self.min_p}")
+    if self.max_new_tokens < 1:
+      raise ValueError(f"SamplingParams.max_new_tokens must be >= 1, got {self.max_new_tokens}")
+
+  @property
+  def is_greedy(self) -> bool:
+    return self.greedy or self.temperature == 0.0
+
+
+@struct.dataclass
+class Rollout:
+  """Completions of a batch of prompts; a pytree of arrays, ``B = Pn * G`` rows, groups contiguous.
+
+  Attributes:
+    prompt_tokens: [B, P] int32, left-padded prompts (each repeated ``G`` times).
+    prompt_mask: [B, P] int32, 1 on real prompt tokens.
+    tokens: [B, T] int32, completion tokens, ``pad_id`` after the stop token.
+    mask: [B, T] int32, 1 on completion tokens including the stop token, 0 on padding.
+    logp: [B, T] float32, log-prob of each token under the policy (raw, temperature-1 logits);
+      0 on padding. Use this one for ratios / KL.
+    sampler_logp: [B, T] float32, log-prob under the processed distribution actually sampled
+      from (temperature / top-k / top-p / min-p); 0 for greedy and on padding.
+    lengths: [B] int32, ``sum(mask, -1)``.
+    truncated: [B] bool, True exactly for rows that emitted no stop token within ``T``.
+  """
+  prompt_tokens: jax.Array
+  prompt_mask: jax.Array
+  tokens: jax.Array
+  mask: jax.Array
+  logp: jax.Array
+  sampler_logp: jax.Array
+  lengths: jax.Array
+  truncated: jax.Array
+
+
+# --- sampling transforms -------------------------------------------------------------------------
+
+def process_logits(logits: jax.Array, sp: SamplingParams) -> jax.Array:
+  """The sampling distribution's logits: temperature, top-k, top-p, min-p. logits [..., V] f32.
+
+  Removed tokens get ``-inf``; ``log_softmax`` of the result is the processed log-distribution.
+  Transforms that are off are not traced at all (``sp`` is static).
+  """
+  x = logits.astype(jnp.float32)
+  if sp.is_greedy:
+    raise ValueError("process_logits is for sampling; greedy decoding takes the argmax")
+  vocab = x.shape[-1]
+  if sp.temperature != 1.0:
+    x = x / jnp.float32(sp.temperature)
+  sorted_desc = None
+  if 0 < sp.top_k < vocab:
+    top = jax.lax.top_k(x, sp.top_k)[0]  # [..., k], descending
+    x = jnp.where(x >= top[..., -1:], x, -jnp.inf)
+    sorted_desc = top
+  if sp.top_p < 1.0:
+    if sorted_desc is None:
+      sorted_desc = -jnp.sort(-x, axis=-1)
+    probs = jax.nn.softmax(sorted_desc, axis=-1)
+    mass_before = jnp.cumsum(probs, axis=-1) - probs
+    keep = mass_before < jnp.float32(sp.top_p)  # a prefix; always keeps the first
+    threshold = jnp.min(jnp.where(keep, sorted_desc, jnp.inf), axis=-1, keepdims=True)
+    x = jnp.where(x >= threshold, x, -jnp.inf)
+  if sp.min_p > 0.0:
+    top1 = jnp.max(x, axis=-1, keepdims=True)
+    x = jnp.where(x >= top1 + jnp.log(jnp.float32(sp.min_p)), x, -jnp.inf)
+  return x
+
+
+def _is_identity(sp: SamplingParams, vocab: int) -> bool:
+  return (sp.temperature == 1.0 and not 0 < sp.top_k < vocab and sp.top_p >= 1.0
+          and sp.min_p == 0.0)
+
+
+def _take(x, idx):
+  return jnp.take_along_axis(x, idx[..., None], axis=-1)[..., 0]
+
+
+def pick_tokens(logits: jax.Array, key: jax.Array, sp: SamplingParams):
+  """Sample one token per row. logits [B, V] -> (tokens [B] int32, logp [B], sampler_logp [B]).
+
+  ``logp`` is under ``log_softmax(logits)`` (the policy), ``sampler_logp`` under the processed
+  distribution (0 for greedy).
+  """
+  logits = logits.astype(jnp.float32)
+  logp_all_norm = jax.nn.logsumexp(logits, axis=-1)
+  if sp.is_greedy:
+    tokens = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    slogp = jnp.zeros(tokens.shape, jnp.float32)
+  else:
+    x = process_logits(logits, sp)
+    tokens = jax.random.categorical(key, x, axis=-1).astype(jnp.int32)
+    if _is_identity(sp, logits.shape[-1]):  # the sampling distribution is the policy
+      slogp = None
+    else:
+      slogp = _take(x, tokens) - jax.nn.logsumexp(x, axis=-1)
+  logp = _take(logits, tokens) - logp_all_norm
+  return tokens, logp, (logp if slogp is None else slogp)
+
+
+# --- the sampler ---------------------------------------------------------------------------------
+
+def _segments(p: int, t: int) -> list[tuple[int, int, int]]:
+  """Decode steps 1..T-1 split into (first, end, cache slots) segments; step s needs P+s slots."""
+  if t <= 1:
+    return []
+  n = int(min(_MAX_SEGMENTS, max(1, round((t - 1) / _SEGMENT_STEPS))))
+  bounds = sorted(set(np.linspace(1, t, n + 1).round().astype(int).tolist()))
+  return [(a, b, p + b - 1) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def _grow_cache(cache, slots: int):
+  """Pad every head-major cache array [B, G, K, Dh] to ``slots`` slots."""
+  return jax.tree.map(lambda x: jnp.pad(x, ((0, 0), (0, 0), (0, slots - x.shape[2]), (0, 0))),
+                      cache)
+
+
+def _sample_impl(params, prompt_tokens, prompt_mask, key, *, cfg: ModelConfig,
+                 sp: SamplingParams, group_size: int, batch_sharding=None) -> Rollout:
+  chex.assert_rank([prompt_tokens, prompt_mask], 2)
+  chex.assert_equal_shape([prompt_tokens, prompt_mask])
+  if group_size < 1:
+    raise ValueError(f"group_size must be >= 1, got {group_size}")
+  n_prompts, p = prompt_tokens.shape
+  g, t_max = group_size, sp.max_new_tokens
+  b = n_prompts * g
+
+  def constrain(tree):
+    if batch_sharding is None:
+      return tree
+    return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, batch_sharding), tree)
+
+  prompt_tokens = prompt_tokens.astype(jnp.int32)
+  prompt_mask = prompt_mask.astype(jnp.int32)
+  weights = decode.fuse_weights(cfg, params)  # once per call, outside the loop
+
+  # Prefill the distinct prompts once (the model's own cached forward, P slots).
+  positions = llama.positions_from_mask(prompt_mask)
+  cache = llama.init_cache(cfg, n_prompts, p)
+  hidden, cache = llama.cached_step(cfg, params, prompt_tokens, positions, cache, 0, prompt_mask)
+  last_logits = jnp.dot(hidden[:, -1], weights["head"]).astype(jnp.float32)  # [Pn, V]
+
+  # Group sampling: repeat prompt rows (and their cache) G times, groups contiguous.
+  rep = lambda x: jnp.repeat(x, g, axis=0) if g > 1 else x
+  prompt_tokens_b, prompt_mask_b = constrain((rep(prompt_tokens), rep(prompt_mask)))
+  cache = constrain(jax.tree.map(rep, decode.head_major(cache)))
+  last_logits = constrain(rep(last_logits))
+  next_pos = rep(positions[:, -1]) + 1  # [B] position of the first completion token
+
+  stop_ids = jnp.asarray(sp.stop_ids or (-1,), jnp.int32)
+  pad = jnp.int32(sp.pad_id)
+
+  def record(state, t, logits):
+    """Sample token t from logits [B, V] and write it (padding for rows already stopped)."""
+    tokens, logp, slogp, done, length = state
+    tok, lp, slp = pick_tokens(logits, jax.random.fold_in(key, t), sp)
+    live = ~done
+    col = lambda x, v: jax.lax.dynamic_update_slice_in_dim(x, v[:, None], t, axis=1)
+    tokens = col(tokens, jnp.where(live, tok, pad))
+    logp = col(logp, jnp.where(live, lp, 0.0))
+    slogp = col(slogp, jnp.where(live, slp, 0.0))
+    length = length + live.astype(jnp.int32)
+    if sp.stop_ids:
+      done = done | jnp.any(tok[:, None] == stop_ids[None, :], axis=-1)
+    return (tokens, logp, slogp, done, length), tok
+
+  out = (jnp.full((b, t_max), pad, jnp.int32), jnp.zeros((b, t_max), jnp.float32),
+         jnp.zeros((b, t_max), jnp.float32), jnp.zeros((b,), bool), jnp.zeros((b,), jnp.int32))
+  out = constrain(out)
+  out, tok = record(out, 0, last_logits)
+
+  for first, end, slots in _segments(p, t_max):
+    cache = _grow_cache(cache, slots)
+    kv_valid = jnp.concatenate([prompt_mask_b.astype(bool), jnp.ones((b, slots - p), bool)], 1)
+
+    def cond(carry, end=end):
+      t, _, _, out = carry
+      return (t < end) & ~jnp.all(out[3])
+
+    def body(carry, kv_valid=kv_valid):
+      t, cache, tok, out = carry
+      # Feed token t-1 at slot P+t-1 (position next_pos + t-1) and sample token t.
+      hidden, cache = decode.decode_step(cfg, weights, tok, next_pos + t - 1, cache, p + t - 1,
+                                         kv_valid)
+      out, tok = record(out, t, jnp.dot(hidden, weights["head"]))
+      return t + 1, cache, tok, out
+
+    _, cache, tok, out = jax.lax.while_loop(cond, body, (jnp.int32(first), cache, tok, out))
+
+  tokens, logp, slogp, done, length = out
+  mask = (jnp.arange(t_max)[None, :] < length[:, None]).astype(jnp.int32)
+  return Rollout(prompt_tokens=prompt_tokens_b, prompt_mask=prompt_mask_b, tokens=tokens,
+                 mask=mask, logp=logp, sampler_logp=slogp, lengths=length, truncated=~done)
+
+
+_sample_jit = jax.jit(_sample_impl, static_argnames=("cfg", "sp", "group_size"))
+
+
+def sample(cfg: ModelConfig, params: Any, prompt_tokens: jax.Array, prompt_mask: jax.Array,
+           key: jax.Array, sp: SamplingParams, group_size: int = 1) -> Rollout:
+  """Sample ``group_size`` completions for each of ``Pn`` left-padded prompts (jitted).
+
+  Args:
+    cfg: the model's config (static).
+    params: the policy's parameter pytree (``llama.init_params`` / ``load_hf`` layout).
+    prompt_tokens: [Pn, P] int, left-padded; each row must hold at least one real token.
+    prompt_mask: [Pn, P], 1 on real tokens.
+    key: a ``jax.random`` key; all randomness comes from it.
+    sp: ``SamplingParams`` (static).
+    group_size: ``G`` (static); the result has ``B = Pn * G`` rows, groups contiguous.
+
+  Returns:
+    A ``Rollout`` with ``T = sp.max_new_tokens`` completion slots per row.
+
+  One compilation per distinct ``(cfg, sp, group_size, Pn, P)``, however the arguments are
+  passed (positionally or by keyword).
+  """
+  return _sample_jit(params, prompt_tokens, prompt_mask, key, cfg=cfg, sp=sp,
+                     group_size=int(group_size))
+
+
+def make_sampler(cfg: ModelConfig, sp: SamplingParams, group_size: int = 1, mesh=None,
+                 data_axis: str | Sequence[str] = ("data",), param_sharding=None):
+  """A jitted ``fn(params, prompt_tokens, prompt_mask, key) -> Rollout`` for fixed cfg / sp / G.
+
+  Without a mesh this is ``sample`` with the static arguments bound. With a mesh, the prompt
+  batch (``Pn`` must divide evenly) and every ``[B, ...]`` output are sharded along ``data_axis``
+  (groups stay on one device), the key is replicated, and params are replicated unless
+  ``param_sharding`` (a sharding or a pytree of them, e.g. from the partition rules) is given.
+  """
+  if mesh is None:
+    return jax.jit(functools.partial(_sample_impl, cfg=cfg, sp=sp, group_size=group_size))
+  axis = tuple(data_axis) if not isinstance(data_axis, str) else (data_axis,)
+  batch = NamedSharding(mesh, PartitionSpec(axis))
+  replicated = NamedSharding(mesh, PartitionSpec())
+  fn = functools.partial(_sample_impl, cfg=cfg, sp=sp, group_size=group_size,
+                         batch_sharding=batch)
+  return jax.jit(fn, in_shardings=(param_sharding or replicated, batch, batch, replicated),
+                 out_shardings=batch)
