@@ -1,4 +1,4 @@
-"""The device mesh: three named axes ``('data', 'fsdp', 'tensor')`` over every device of every process.
+"""The device mesh: axes ``('data', 'fsdp', 'tensor')`` over every device of every process.
 
 - ``data``:   pure data parallelism; parameters are replicated across it, batch rows split.
 - ``fsdp``:   data parallelism that also shards parameters and optimizer state (ZeRO-3 style);

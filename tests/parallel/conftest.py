@@ -40,5 +40,6 @@ def run_script(name: str, *args, num_devices: int = 8, timeout: float = 120) -> 
                         env=device_env(num_devices), cwd=REPO, capture_output=True, text=True,
                         timeout=timeout)
   if proc.returncode:
-    raise AssertionError(f"{name} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr[-4000:]}")
+    raise AssertionError(f"{name} failed ({proc.returncode}):\n{proc.stdout}\n"
+                         f"{proc.stderr[-4000:]}")
   return proc.stdout
