@@ -320,10 +320,13 @@ def _gae(algo_cfg, *, rewards, mask, group_size, values, token_rewards):
   lam = algo_cfg.lam
   if algo_cfg.lam_alpha is not None:
     lam = length_adaptive_lam(mask, algo_cfg.lam_alpha)
-  # lam_critic=None: the critic bootstraps with the policy's lambda (adaptive one included).
-  lam_critic = lam if algo_cfg.lam_critic is None else algo_cfg.lam_critic
   adv = gae_advantages(token_rewards, values, mask, gamma=algo_cfg.gamma, lam=lam)
-  returns = gae_returns(token_rewards, values, mask, gamma=algo_cfg.gamma, lam=lam_critic)
+  if algo_cfg.lam_critic is None:
+    # The critic bootstraps with the policy's lambda (the adaptive one included): reuse the scan.
+    returns = jnp.where(mask > 0, adv + values.astype(adv.dtype), 0)
+  else:
+    returns = gae_returns(token_rewards, values, mask, gamma=algo_cfg.gamma,
+                          lam=algo_cfg.lam_critic)
   return adv, returns
 
 

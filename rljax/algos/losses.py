@@ -76,6 +76,9 @@ def ppo_clip_loss(ratio: chex.Array, advantages: chex.Array, *, eps_low: float, 
   ``A < 0``: ``min(l, -A c)``. Returns ``(l, clipped_low, clipped_high, dual_clipped)`` where a
   clip indicator is True where that clip is active (the loss is flat in ``r``).
   """
+  if dual_clip_c is not None and dual_clip_c <= 1.0:
+    raise ValueError(f"algo.dual_clip_c must be > 1 (a lower bound on -A r for A < 0), "
+                     f"got {dual_clip_c}")
   surrogate = -advantages * ratio
   clipped = -advantages * jnp.clip(ratio, 1.0 - eps_low, 1.0 + eps_high)
   loss = jnp.maximum(surrogate, clipped)

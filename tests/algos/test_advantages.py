@@ -1,4 +1,5 @@
 """Advantage estimators (ALGORITHMS.md section 2) against NumPy float64 references."""
+import ml_collections
 import numpy as np
 import pytest
 
@@ -122,19 +123,23 @@ def make_inputs(seed, group_size, dtype):
   return rewards, mask, token_rewards, values
 
 
+_COMPILED = {}
+
+
 def run(algo_cfg, name, rewards, mask, group_size, values=None, token_rewards=None, **keys):
   """``compute_advantages`` under jit: it must trace, and one compilation is faster than
-  dispatching each op eagerly."""
+  dispatching each op eagerly. Compiled functions are reused for the same config values."""
   algo_cfg.advantage = name
   for key, value in keys.items():
     setattr(algo_cfg, key, value)
-
-  @jit
-  def f(rewards, mask, values, token_rewards):
-    return compute_advantages(algo_cfg, rewards=rewards, mask=mask, group_size=group_size,
-                              values=values, token_rewards=token_rewards)
-
-  return f(rewards, mask, values, token_rewards)
+  frozen = ml_collections.FrozenConfigDict(algo_cfg)
+  cache_key = (frozen, group_size)
+  if cache_key not in _COMPILED:
+    _COMPILED[cache_key] = jit(
+        lambda rewards, mask, values, token_rewards: compute_advantages(
+            frozen, rewards=rewards, mask=mask, group_size=group_size, values=values,
+            token_rewards=token_rewards))
+  return _COMPILED[cache_key](rewards, mask, values, token_rewards)
 
 
 def assert_close(actual, expected, prec):
