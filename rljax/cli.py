@@ -5,7 +5,7 @@
   eval              --config X [--samples K] [--checkpoint RUN_DIR | --config.model.source=hf:P]
   check-conversion  PATH                   rljax vs transformers logits on a HF directory
   convert           RUN_DIR OUT            latest checkpoint of a run -> Hugging Face directory
-  plan              --config X [--device v5p|h100-80g|NUMBER_GiB]   memory plan on the mesh
+  plan              --config X [--device v5p-64|8xh100-80g|8x80GB]   memory plan on the mesh
   components                               the registered algorithm components
 """
 from __future__ import annotations
@@ -93,7 +93,8 @@ def cmd_convert(argv):
 def cmd_plan(argv):
   config, rest = _config(argv)
   parser = argparse.ArgumentParser(prog="rljax plan")
-  parser.add_argument("--device", default="h100-80g")
+  parser.add_argument("--device", default=None,
+                      help="v5p-64 | 8xh100-80g | cpu | 8x80GB (default: the config's plan.device)")
   args = parser.parse_args(rest)
   from rljax.parallel import plan
   report = plan.plan_main(config, args.device)

@@ -43,8 +43,11 @@ class LoadedModel:
     cache_key = (self.cfg, sampling, group_size, self.mesh)
     fn = _SAMPLERS.get(cache_key)
     if fn is None:
-      fn = _SAMPLERS[cache_key] = rollout_lib.make_sampler(self.cfg, sampling, group_size,
-                                                           mesh=self.mesh)
+      # Weights stay sharded by the partition rules; prompts split over data x fsdp.
+      fn = _SAMPLERS[cache_key] = rollout_lib.make_sampler(
+          self.cfg, sampling, group_size, mesh=self.mesh, data_axis=("data", "fsdp"),
+          param_sharding=rules.param_shardings(self.mesh, llama.logical_axes(self.cfg),
+                                               llama.param_shapes(self.cfg)))
     return fn(params, tokens, mask, key)
 
 
