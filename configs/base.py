@@ -112,7 +112,7 @@ def get_config():
   # --- optimizer -------------------------------------------------------------------------------
   c.optim = ml_collections.ConfigDict()
   c.optim.lr = 1e-6
-  c.optim.warmup_steps = 0
+  c.optim.warmup_steps = 0  # counted in optimizer updates: RL steps x epochs x minibatches
   c.optim.schedule = "constant"  # constant | cosine
   c.optim.weight_decay = 0.0
   c.optim.b1 = 0.9

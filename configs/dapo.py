@@ -12,7 +12,9 @@ def get_config():
   c.algo.kl_placement = "none"
   c.algo.dynamic_sampling = True
   c.algo.max_gen_batches = 10
-  c.reward.overlong_buffer = c.rollout.max_new_tokens // 4
+  # 16 tokens, a quarter of the base budget of 64 (lengths count the stop token). It is a number,
+  # not a formula: when you change rollout.max_new_tokens, set reward.overlong_buffer too.
+  c.reward.overlong_buffer = 16
   c.reward.overlong_penalty = 1.0
   c.rollout.group_size = 16
   return c

@@ -44,7 +44,7 @@ def make_batch(tokenizer, problems, width: int):
     ids, learn = encode_example(tokenizer, p)
     if len(ids) > width:
       raise ValueError(f"SFT example of {len(ids)} tokens exceeds the width {width} "
-                       "(data.prompt_bucket + rollout.max_new_tokens): {p.prompt!r}")
+                       f"(data.prompt_bucket + rollout.max_new_tokens): {p.prompt!r}")
     tokens[i, width - len(ids):] = ids
     attn[i, width - len(ids):] = 1
     loss[i, width - len(ids):] = learn

@@ -279,7 +279,8 @@ def build_step_fns(config, model_cfg: ModelConfig, actor_tx: optax.GradientTrans
       state = state.replace(kl_coef=kl_lib.adaptive_kl_coef(
           state.kl_coef, measured, target=algo.kl_target, horizon=algo.kl_horizon,
           n=batch.mask.shape[0]))
-    metrics["kl_coef"] = _scalar_metric(state.kl_coef)
+    if placement != "none":
+      metrics["kl_coef"] = _scalar_metric(state.kl_coef)
     return state.replace(step=state.step + 1), metrics
 
   def critic_step(state: TrainState, batch: TrainBatch):
