@@ -1,0 +1,201 @@
+"""Run with 8 simulated CPU devices (XLA_FLAGS set by the test): one rljax GRPO train_step and a
+greedy sampling run on several (data, fsdp, tensor) meshes, compared with a 1-device mesh.
+
+Prints one JSON line per mesh ("kind": "train" or "sample").
+"""
+import dataclasses
+import json
+import os
+import sys
+
+import jax
+
+jax.config.update("jax_default_matmul_precision", "highest")
+
+import numpy as np  # noqa: E402
+
+from rljax import config_loader  # noqa: E402
+from rljax.data.tokenizer import load_tokenizer  # noqa: E402
+from rljax.models import llama, tiny_config  # noqa: E402
+from rljax.parallel import mesh as mesh_lib, rules  # noqa: E402
+from rljax.rollout import left_pad  # noqa: E402
+from rljax.train import build, step as step_lib  # noqa: E402
+
+assert jax.device_count() == 8, jax.devices()
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+B, PW, T = 8, 8, 8
+TOK = load_tokenizer("char")
+VOCAB = TOK.vocab_size
+
+
+def config_for(mesh):
+  d, f, t = mesh
+  overrides = {
+      # 4 query and 4 kv heads: both divide tensor=4, so (1, 2, 4) really splits the heads.
+      "model.hidden_size": "32", "model.intermediate_size": "64", "model.num_layers": "1",
+      "model.num_heads": "4", "model.num_kv_heads": "4",
+      "rollout.max_new_tokens": str(T), "rollout.prompts_per_step": "2",
+      "rollout.group_size": "4", "optim.lr": "1e-3",
+      "algo.minibatches": "1", "algo.micro_batches": "1", "algo.epochs": "1",
+      "algo.kl_placement": "loss", "algo.entropy_coef": "0.01",
+      "mesh.data": str(d), "mesh.fsdp": str(f), "mesh.tensor": str(t),
+  }
+  return config_loader.load_config(os.path.join(ROOT, "configs", "grpo.py"),
+                                   list(overrides.items()))
+
+
+def rollout_arrays(seed=0):
+  rng = np.random.default_rng(seed)
+  prompt_len = rng.integers(2, PW + 1, B)
+  comp_len = rng.integers(1, T + 1, B)
+  comp_len[3] = 0  # a row with no valid completion token
+  tokens = rng.integers(3, VOCAB, (B, PW + T)).astype(np.int32)
+  attn = np.zeros((B, PW + T), np.int32)
+  mask = np.zeros((B, T), np.float32)
+  for i in range(B):
+    attn[i, PW - prompt_len[i]:PW] = 1
+    attn[i, PW:PW + comp_len[i]] = 1
+    mask[i, :comp_len[i]] = 1
+  rewards = np.array([1, 0, 0, 1, 1, 1, 0, 0], np.float32)  # both groups have a reward spread
+  sampler_logp = np.zeros((B, T), np.float32)
+  return tokens, attn, mask, sampler_logp, rewards, np.zeros(B, np.float32), np.ones(B, np.float32)
+
+
+def devices_for(mesh):
+  n = mesh[0] * mesh[1] * mesh[2]
+  return jax.devices()[:n]
+
+
+def model_config(config):
+  return tiny_config(config.model, VOCAB, eos_token_id=TOK.eos_id, pad_token_id=TOK.pad_id)
+
+
+def spec(sh):
+  return str(sh.spec)
+
+
+def train_once(mesh_shape):
+  config = config_for(mesh_shape)
+  mesh = mesh_lib.make_mesh(config.mesh, devices_for(mesh_shape))
+  model_cfg = model_config(config)
+  params = llama.init_params(model_cfg, seed=0)
+  shapes, make = build.abstract_state(config, model_cfg)
+  sharding = build.state_shardings(mesh, model_cfg, shapes)
+  state = jax.jit(make, out_shardings=sharding)(params)
+  fns = step_lib.compile_step_fns(
+      step_lib.build_step_fns(config, model_cfg, *build.optimizers(config)),
+      state_sharding=sharding, data_sharding=lambda n: rules.batch_sharding(mesh, n),
+      replicated=rules.replicated(mesh))
+  batch, _ = fns.prepare_batch(state, *rollout_arrays())
+  # Perturb old log-probs so ratios differ from 1 and clipping is exercised.
+  # (An eager op's result is not row-sharded, so put it back where train_step expects it.)
+  old_logp = batch.old_logp + 0.3 * np.sin(np.arange(T))[None].astype(np.float32)
+  batch = batch.replace(old_logp=jax.device_put(old_logp, rules.batch_sharding(mesh, 2)))
+  # Fields of prepare_batch's output that are not row-sharded the way train_step's in_shardings
+  # demand (compile_step_fns jits prepare_batch without out_shardings; the loop feeds its output
+  # straight to train_step, which raises on a committed array with another sharding).
+  data_sh = lambda x: rules.batch_sharding(mesh, x.ndim)  # noqa: E731
+  prepare_bad = [f"{name}: {spec(x.sharding)}" for name, x in
+                 ((f.name, getattr(batch, f.name)) for f in dataclasses.fields(batch))
+                 if not x.sharding.is_equivalent_to(data_sh(x), x.ndim)]
+  direct_error = None
+  if prepare_bad:
+    try:  # the loop's path, on a throwaway copy (train_step donates its state)
+      fns.train_step(jax.tree.map(lambda x: x.copy(), state), batch)
+    except ValueError as e:
+      direct_error = str(e).splitlines()[0][:200]
+    batch = jax.device_put(batch, jax.tree.map(data_sh, batch))  # work around it here
+  new_state, metrics = fns.train_step(state, batch)
+  loss_sum, loss_count = (float(x) for x in metrics["loss"])
+
+  # Placement after the step, against the rules directly (not via build.state_shardings).
+  want = rules.param_shardings(mesh, llama.logical_axes(model_cfg), llama.param_shapes(model_cfg))
+  param_bad = []
+  for (path, x), w in zip(jax.tree_util.tree_leaves_with_path(new_state.params),
+                          jax.tree.leaves(want)):
+    if not x.sharding.is_equivalent_to(w, x.ndim):
+      param_bad.append(f"{jax.tree_util.keystr(path)}: {spec(x.sharding)} != {spec(w)}")
+  want_opt = rules.opt_state_shardings(mesh, shapes.opt_state, want)
+  opt_bad = []
+  opt_leaves = jax.tree_util.tree_leaves_with_path(new_state.opt_state)
+  want_opt_leaves = jax.tree.leaves(want_opt)
+  assert len(opt_leaves) == len(want_opt_leaves)
+  for (path, x), w in zip(opt_leaves, want_opt_leaves):
+    if not x.sharding.is_equivalent_to(w, x.ndim):
+      opt_bad.append(f"{jax.tree_util.keystr(path)}: {spec(x.sharding)} != {spec(w)}")
+  # Adam moments mirror the params' placement (e.g. mu of the q kernel is split like q).
+  mu_q_spec = None
+  for path, x in opt_leaves:
+    k = jax.tree_util.keystr(path)
+    if ".mu" in k and "q_proj" in k and "kernel" in k:
+      mu_q_spec = spec(x.sharding)
+      break
+  q_spec = None
+  for path, x in jax.tree_util.tree_leaves_with_path(new_state.params):
+    k = jax.tree_util.keystr(path)
+    if "q_proj" in k and "kernel" in k:
+      q_spec = spec(x.sharding)
+      break
+  host_params = jax.tree.map(np.asarray, new_state.params)
+  moved = max(float(np.abs(a - np.asarray(b)).max())
+              for a, b in zip(jax.tree.leaves(host_params), jax.tree.leaves(params)))
+  return dict(loss_sum=loss_sum, loss_count=loss_count, params=host_params, param_bad=param_bad,
+              opt_bad=opt_bad, q_spec=q_spec, mu_q_spec=mu_q_spec, moved=moved,
+              n_opt_leaves=len(opt_leaves), prepare_bad=prepare_bad, direct_error=direct_error)
+
+
+def sample_once(mesh_shape):
+  config = config_for(mesh_shape)
+  mesh = mesh_lib.make_mesh(config.mesh, devices_for(mesh_shape))
+  model_cfg = model_config(config)
+  params = llama.init_params(model_cfg, seed=0)
+  sh = rules.param_shardings(mesh, llama.logical_axes(model_cfg), llama.param_shapes(model_cfg))
+  on_mesh = rules.shard_params(params, sh)
+  prompts = ["1+1=", "hello", "abc", "what is 7*6?"]
+  tokens, mask = left_pad([TOK.encode(p) for p in prompts], 8, TOK.pad_id)
+  sampling = build.sampling_params(config, TOK, greedy=True)
+  out = build.LoadedModel(model_cfg, mesh).sample(on_mesh, tokens, mask, jax.random.key(0),
+                                                   sampling, 2)
+  return out
+
+
+def main(args):
+  train_meshes = [tuple(map(int, a.split(","))) for a in args if not a.startswith("s")]
+  sample_meshes = [tuple(map(int, a[1:].split(","))) for a in args if a.startswith("s")]
+  if train_meshes:
+    ref = train_once((1, 1, 1))
+    for m in train_meshes:
+      r = train_once(m)
+      loss_ref = ref["loss_sum"] / ref["loss_count"]
+      loss = r["loss_sum"] / r["loss_count"]
+      pdiff, prel = 0.0, 0.0
+      for a, b in zip(jax.tree.leaves(r["params"]), jax.tree.leaves(ref["params"])):
+        d = np.abs(a.astype(np.float64) - b.astype(np.float64))
+        pdiff = max(pdiff, float(d.max()))
+        prel = max(prel, float((d / (np.abs(b) + 1e-6)).max()))
+      print(json.dumps(dict(
+          kind="train", mesh=list(m), loss=loss, loss_ref=loss_ref,
+          loss_abs_diff=abs(loss - loss_ref), loss_rel_diff=abs(loss - loss_ref) / abs(loss_ref),
+          count=r["loss_count"], count_ref=ref["loss_count"], param_max_abs_diff=pdiff,
+          param_max_rel_diff=prel, moved=ref["moved"], param_bad=r["param_bad"],
+          opt_bad=r["opt_bad"], q_spec=r["q_spec"], mu_q_spec=r["mu_q_spec"],
+          n_opt_leaves=r["n_opt_leaves"], prepare_bad=r["prepare_bad"],
+          direct_error=r["direct_error"])), flush=True)
+  if sample_meshes:
+    ref = sample_once((1, 1, 1))
+    for m in sample_meshes:
+      out = sample_once(m)
+      toks, toks_ref = np.asarray(out.tokens), np.asarray(ref.tokens)
+      print(json.dumps(dict(
+          kind="sample", mesh=list(m), shape=list(toks.shape),
+          tokens_equal=bool(np.array_equal(toks, toks_ref)),
+          mismatches=int((toks != toks_ref).sum()),
+          mask_equal=bool(np.array_equal(np.asarray(out.mask), np.asarray(ref.mask))),
+          logp_max_diff=float(np.abs(np.asarray(out.logp) - np.asarray(ref.logp)).max()),
+          lengths=np.asarray(ref.lengths).tolist(),
+          distinct_tokens=int(len(np.unique(toks_ref))))), flush=True)
+
+
+if __name__ == "__main__":
+  main(sys.argv[1:])
