@@ -32,7 +32,7 @@ def test_train_step_matches_one_device(results, mesh):
   assert r["count"] == r["count_ref"]
   assert r["loss_abs_diff"] <= 1e-6 + 1e-5 * abs(r["loss_ref"]), r
   # AdamW (lr 1e-3) is kept: its first step is ~lr * sign(g), so reduction-order noise could in
-  # principle flip a near-zero gradient's update; measured max |diff| 2e-7..8e-7 against moves of 1e-3.
+  # principle flip a near-zero gradient's update; measured max |diff| 2e-7..8e-7, moves are 1e-3.
   assert r["param_max_abs_diff"] < 1e-5, r
   assert r["moved"] > 1e-4  # the step really changed the parameters: the comparison is not vacuous
 
