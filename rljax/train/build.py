@@ -200,16 +200,15 @@ def build_run(config):
       f.write(config.to_json_best_effort(indent=2))
 
   fns = step_lib.build_step_fns(config, model_cfg, actor_tx, critic_tx)
-  data_sh = lambda ndim: rules.batch_sharding(mesh, ndim)
-  rep = rules.replicated(mesh)
-  compiled = step_lib.compile_step_fns(fns, state_sharding=sharding, data_sharding=data_sh,
-                                       replicated=rep)
   if config.critic.enabled and config.critic.pretrain_steps:
+    # Value pretraining scores rollouts with Monte-Carlo returns (lam_critic = 1).
     mc = ml_collections.ConfigDict(config.to_dict())
     mc.algo.lam_critic = 1.0
-    mc_fns = step_lib.build_step_fns(mc, model_cfg, actor_tx, critic_tx)
-    compiled = dataclasses.replace(compiled, prepare_batch_mc=step_lib.compile_step_fns(
-        mc_fns, state_sharding=sharding, data_sharding=data_sh, replicated=rep).prepare_batch)
+    fns = dataclasses.replace(fns, prepare_batch_mc=step_lib.build_step_fns(
+        mc, model_cfg, actor_tx, critic_tx).prepare_batch)
+  compiled = step_lib.compile_step_fns(
+      fns, state_sharding=sharding, data_sharding=lambda ndim: rules.batch_sharding(mesh, ndim),
+      replicated=rules.replicated(mesh))
   return Run(config=config, model=LoadedModel(model_cfg, mesh), tokenizer=tokenizer,
              source=source, task_verifier=make_task_verifier(config, source), mesh=mesh,
              fns=compiled, state=state, sampling=sampling_params(config, tokenizer),

@@ -296,18 +296,21 @@ def compile_step_fns(fns: StepFns, *, state_sharding, data_sharding, replicated)
 
   ``data_sharding(ndim)`` gives the sharding of a batch array (rows on the data axes).
   """
-  def batch_sharding(tree):
-    return jax.tree.map(lambda x: data_sharding(x.ndim), tree)
-
-  prepare = jax.jit(fns.prepare_batch,
-                    in_shardings=(state_sharding, data_sharding(2), data_sharding(2),
-                                  data_sharding(2), data_sharding(2), data_sharding(1),
-                                  data_sharding(1), data_sharding(1)))
   batch_sh = TrainBatch(*(data_sharding(2),) * 9, data_sharding(1))
+  rollout_in = (data_sharding(2),) * 4 + (data_sharding(1),) * 3
+  # out_shardings: every TrainBatch field leaves on the row sharding train_step expects, also
+  # the ones XLA would otherwise replicate (zeros for returns / values without a critic).
+  prepare = jax.jit(fns.prepare_batch, in_shardings=(state_sharding,) + rollout_in,
+                    out_shardings=(batch_sh, replicated))
+  prepare_mc = None
+  if fns.prepare_batch_mc is not None:
+    prepare_mc = jax.jit(fns.prepare_batch_mc, in_shardings=(state_sharding,) + rollout_in,
+                         out_shardings=(batch_sh, replicated))
   train = jax.jit(fns.train_step, in_shardings=(state_sharding, batch_sh),
                   out_shardings=(state_sharding, replicated), donate_argnums=0)
   critic = None
   if fns.critic_step is not None:
     critic = jax.jit(fns.critic_step, in_shardings=(state_sharding, batch_sh),
                      out_shardings=(state_sharding, replicated), donate_argnums=0)
-  return StepFns(prepare_batch=prepare, train_step=train, critic_step=critic)
+  return StepFns(prepare_batch=prepare, train_step=train, critic_step=critic,
+                 prepare_batch_mc=prepare_mc)

@@ -50,9 +50,6 @@ def test_params_and_opt_state_placed_by_rules_after_step(results, mesh):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="compile_step_fns jits prepare_batch without out_shardings: "
-                   "with no critic, TrainBatch.returns / old_values come out replicated (P()) and "
-                   "train_step's in_shardings reject them on any mesh with data*fsdp > 1")
 @pytest.mark.parametrize("mesh", TRAIN_MESHES)
 def test_prepare_batch_output_feeds_train_step_directly(results, mesh):
   r = results[("train", mesh)]
