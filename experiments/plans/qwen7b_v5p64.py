@@ -5,22 +5,16 @@
 The same file launches the run once ``model.source`` points at the weights (see
 docs/scale_out.md); ``plan.*`` is read only by ``rljax plan``.
 """
-import importlib.util
 import os
 
 import ml_collections
 
-
-def _base():
-  path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "configs", "base.py")
-  spec = importlib.util.spec_from_file_location("rljax_base_config", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config()
+from rljax.config_loader import load_config_file
 
 
 def get_config():
-  c = _base()
+  c = load_config_file(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                                    "configs", "base.py"))
   c.model.source = "hf:/models/Qwen2.5-7B-Instruct"  # override with the real directory
   c.model.dtype = "bfloat16"
   c.model.param_dtype = "bfloat16"
