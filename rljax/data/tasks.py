@@ -128,6 +128,7 @@ class ArithmeticLevel:
   max_operand: int
   ops: str
   paren_prob: float  # chance that one adjacent pair is parenthesised (evaluated first)
+  max_abs_value: int  # cap on every intermediate result (keeps solutions short)
 
 
 _APPLY = {
@@ -145,22 +146,27 @@ class Arithmetic(Task):
   """
 
   name = "arithmetic"
+  # Calibrated with the default tiny policy (hidden 128, 4 layers) after the default SFT cold
+  # start (600 steps x 64): greedy eval accuracy about 0.78 at level 0 and 0.51 at level 1, where
+  # pass@8 at T=1 is 0.66, which leaves RL room to improve. Higher levels are harder.
   levels = {
-      0: ArithmeticLevel(2, 9, "+-*", 0.0),
-      1: ArithmeticLevel(3, 9, "+-*", 0.0),
-      2: ArithmeticLevel(3, 9, "+-*", 0.5),
-      3: ArithmeticLevel(4, 9, "+-*", 0.5),
-      4: ArithmeticLevel(3, 99, "+-", 0.5),
-      5: ArithmeticLevel(4, 19, "+-*", 0.5),
+      0: ArithmeticLevel(3, 9, "+-*", 0.0, 999),
+      1: ArithmeticLevel(4, 9, "+-*", 0.5, 9999),
+      2: ArithmeticLevel(4, 19, "+-*", 0.5, 999),
+      3: ArithmeticLevel(5, 19, "+-*", 0.5, 999),
   }
   _FORMAT = re.compile(r"(-?\d+[-+*]-?\d+=-?\d+)(,-?\d+[-+*]-?\d+=-?\d+)* #-?\d+\s*")
 
   def sample(self, rng: random.Random) -> Problem:
     lv = self.level
-    nums = [rng.randint(0, lv.max_operand) for _ in range(lv.num_operands)]
-    ops = [rng.choice(lv.ops) for _ in range(lv.num_operands - 1)]
-    paren = rng.randrange(len(ops)) if rng.random() < lv.paren_prob else None
-    steps, answer = _evaluate_steps(nums, ops, paren)
+    while True:  # redraw expressions whose intermediate results exceed the level's cap
+      nums = [rng.randint(0, lv.max_operand) for _ in range(lv.num_operands)]
+      ops = [rng.choice(lv.ops) for _ in range(lv.num_operands - 1)]
+      paren = rng.randrange(len(ops)) if rng.random() < lv.paren_prob else None
+      steps, values = _evaluate_steps(nums, ops, paren)
+      if max(abs(v) for v in values) <= lv.max_abs_value:
+        break
+    answer = values[-1]
     return Problem(
         prompt=_render_expression(nums, ops, paren) + "=",
         answer=str(answer),
@@ -191,16 +197,20 @@ def _render_expression(nums: list[int], ops: list[str], paren: int | None) -> st
 
 
 def _evaluate_steps(nums: list[int], ops: list[str], paren: int | None):
-  """Reduce the expression one operator at a time; returns (step strings, final value)."""
-  nums, ops, steps = list(nums), list(ops), []
+  """Reduce the expression one operator at a time; returns (step strings, step results).
+
+  The last step result is the value of the expression.
+  """
+  nums, ops, steps, values = list(nums), list(ops), [], []
   while ops:
     k = _next_operator(ops, paren)
     a, op, b = nums[k], ops[k], nums[k + 1]
     value = _APPLY[op](a, b)
     steps.append(f"{a}{op}{b}={value}")
+    values.append(value)
     nums[k:k + 2], paren = [value], None
     del ops[k]
-  return steps, nums[0]
+  return steps, values
 
 
 def _next_operator(ops: list[str], paren: int | None) -> int:
@@ -232,11 +242,10 @@ class Countdown(Task):
 
   name = "countdown"
   levels = {
-      0: CountdownLevel(2, 9, "+-*", 99),
-      1: CountdownLevel(3, 12, "+-*", 144),
-      2: CountdownLevel(3, 20, "+-*/", 199),
-      3: CountdownLevel(4, 9, "+-*", 199),
-      4: CountdownLevel(4, 20, "+-*/", 499),
+      0: CountdownLevel(3, 12, "+-*", 144),
+      1: CountdownLevel(3, 20, "+-*/", 199),
+      2: CountdownLevel(4, 9, "+-*", 199),
+      3: CountdownLevel(4, 20, "+-*/", 499),
   }
   _PROMPT = re.compile(r"(\d+(?: \d+)*)>(\d+):")
   _STEP = re.compile(r"\s*(\d+)([-+*/])(\d+)=(\d+)\s*")
