@@ -49,7 +49,7 @@ batch, info = loop.collect_batch(run, step=0)
 print(batch.completions[:4], info["reward_mean"])
 
 # %%
-prepared, score_metrics = fns.prepare_batch(state, *loop.device_batch(batch))
+prepared, score_metrics = fns.prepare_batch(state, *loop.device_batch(run, batch))
 assert np.isfinite(np.asarray(prepared.advantages)).all()
 state, metrics = fns.train_step(state, prepared)
 print({k: float(s / max(c, 1)) for k, (s, c) in jax.device_get(metrics).items()})

@@ -172,6 +172,10 @@ def build_run(config):
   source = datasets.make_prompt_source(config.data)
   model_cfg, params = load_policy(config, tokenizer)
   mesh = mesh_lib.make_mesh(config.mesh)
+  divisor = rules.batch_divisor(mesh)
+  if config.rollout.prompts_per_step % divisor:
+    raise ValueError(f"rollout.prompts_per_step={config.rollout.prompts_per_step} must be a "
+                     f"multiple of the data-parallel width (mesh data x fsdp = {divisor})")
   actor_tx, critic_tx = optimizers(config)
   shapes, make = abstract_state(config, model_cfg)
   sharding = state_shardings(mesh, model_cfg, shapes)
@@ -222,16 +226,17 @@ def checkpoint_extra(run) -> dict:
 def finish(run) -> None:
   """Final checkpoint, Hugging Face export of the policy, plot, and closing the sinks."""
   cfg = run.config
-  steps = int(run.state.step)
+  steps = int(distributed.to_host(run.state.step))
   if run.checkpointer is not None:
     if run.checkpointer.latest_step() != steps:
       run.checkpointer.save(steps, run.state, checkpoint_extra(run), force=True)
     run.checkpointer.wait()
     run.checkpointer.close()
+  # A collective: every process takes part in gathering the (possibly sharded) policy.
+  params = distributed.to_host(run.state.params) if cfg.train.export_hf else None
   if distributed.is_main_process():
     if cfg.train.export_hf:
-      models.save_hf(os.path.join(cfg.train.run_dir, "hf"), run.model.cfg,
-                     jax.device_get(run.state.params))
+      models.save_hf(os.path.join(cfg.train.run_dir, "hf"), run.model.cfg, params)
     from rljax.train.plot import plot_run
     plot_run(os.path.join(cfg.train.run_dir, "metrics.jsonl"),
              os.path.join(cfg.train.run_dir, "curves.png"))

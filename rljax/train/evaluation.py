@@ -50,8 +50,9 @@ def evaluate_config(config, *, samples: int = 1, checkpoint: str | None = None) 
     model_cfg, params = build.load_policy(config, tokenizer)
   from rljax.parallel import mesh as mesh_lib
   source = datasets.make_prompt_source(config.data)
+  mesh = mesh_lib.make_mesh(config.mesh)
   ctx = types.SimpleNamespace(
-      config=config, model=build.LoadedModel(model_cfg, mesh_lib.make_mesh(config.mesh)),
+      config=config, model=build.LoadedModel(model_cfg, mesh), mesh=mesh,
       tokenizer=tokenizer, source=source, task_verifier=build.make_task_verifier(config, source),
       sampling=build.sampling_params(config, tokenizer))
   problems = source.eval_set(config.data.num_eval)

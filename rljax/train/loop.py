@@ -7,19 +7,14 @@ checkpointed ``TrainState.rng``, so a resumed run replays exactly the steps it h
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
 import time
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from rljax import rollout as rollout_lib
-from rljax.algos import kl as kl_lib
-from rljax.parallel import mesh as mesh_lib
-from rljax.parallel import rules
+from rljax.parallel import distributed, rules
 from rljax.rewards import shaping, verifiers
 from rljax.train import build, filters
 from rljax.train.checkpoint import Checkpointer
@@ -53,8 +48,12 @@ def rollout_round(run: Run, params, problems, key, sampling, group_size) -> filt
   prompt_ids = [run.tokenizer.encode_prompt(p.prompt) for p in problems]
   tokens, mask = rollout_lib.left_pad(prompt_ids, cfg.data.prompt_bucket,
                                       run.tokenizer.pad_id)
-  out = run.model.sample(params, tokens, mask, key, sampling, group_size)
-  out = jax.device_get(out)
+  # Every process holds the same prompts; each feeds its own rows of the global batch, and
+  # every process gets all completions back (the verifiers see the whole batch).
+  rows = rules.batch_sharding(run.mesh, 2)
+  tokens, mask, key = distributed.from_host((tokens, mask, np.asarray(key)),
+                                            (rows, rows, rules.replicated(run.mesh)))
+  out = distributed.to_host(run.model.sample(params, tokens, mask, key, sampling, group_size))
   completions = [run.tokenizer.decode(row[:n]) for row, n in zip(out.tokens, out.lengths)]
   rows_problems = [p for p in problems for _ in range(group_size)]
   rewards, correct = run.task_verifier(completions, rows_problems)
@@ -121,13 +120,16 @@ def collect_batch(run: Run, step: int, stream: int = 0) -> tuple[filters.Rollout
   return batch, info
 
 
-def device_batch(batch: filters.RolloutGroups):
-  """Host rollout groups -> the arrays ``prepare_batch`` takes (prompt+completion concatenated)."""
+def device_batch(run: Run, batch: filters.RolloutGroups):
+  """Host rollout groups -> the row-sharded arrays ``prepare_batch`` takes (prompt+completion
+  concatenated). The host batch is identical on every process; each places its own rows."""
   tokens = np.concatenate([batch.prompt_tokens, batch.tokens], axis=1).astype(np.int32)
   attn = np.concatenate([batch.prompt_mask, batch.mask], axis=1).astype(np.int32)
-  return (tokens, attn, batch.mask.astype(np.float32), batch.logp.astype(np.float32),
-          batch.rewards.astype(np.float32), batch.truncated.astype(np.float32),
-          batch.row_valid.astype(np.float32))
+  arrays = (tokens, attn, batch.mask.astype(np.float32), batch.logp.astype(np.float32),
+            batch.rewards.astype(np.float32), batch.truncated.astype(np.float32),
+            batch.row_valid.astype(np.float32))
+  return distributed.from_host(arrays, tuple(rules.batch_sharding(run.mesh, x.ndim)
+                                             for x in arrays))
 
 
 # --- evaluation ----------------------------------------------------------------------------------
@@ -140,7 +142,9 @@ def evaluate(run: Run, params, problems, *, samples: int = 1, greedy: bool = Tru
   sampling = dataclasses.replace(run.sampling, greedy=greedy)
   key = jax.random.PRNGKey(cfg.seed + 1) if key is None else key
   correct, answers = [], []
-  width = min(_EVAL_BATCH, len(problems))
+  # A multiple of the data-parallel width, so that every device decodes the same number of rows.
+  divisor = rules.batch_divisor(run.mesh)
+  width = min(_EVAL_BATCH, -(-len(problems) // divisor) * divisor)
   for start in range(0, len(problems), width):
     chunk = problems[start:start + width]
     # Pad the last chunk with repeats so every eval call has the same shape (one compilation).
@@ -177,9 +181,9 @@ def pretrain_critic(run: Run) -> None:
   cfg = run.config
   for i in range(cfg.critic.pretrain_steps):
     batch, info = collect_batch(run, step=i, stream=1)
-    prepared, _ = run.fns.prepare_batch_mc(run.state, *device_batch(batch))
+    prepared, _ = run.fns.prepare_batch_mc(run.state, *device_batch(run, batch))
     run.state, metrics = run.fns.critic_step(run.state, prepared)
-    values = summarize(jax.device_get(metrics))
+    values = summarize(distributed.to_host(metrics))
     run.writer.log(f"value pretraining {i + 1}/{cfg.critic.pretrain_steps}: "
                    f"value_loss={values.get('value_loss', float('nan')):.4f}")
     run.writer.write_named("pretrain", i, values)
@@ -200,7 +204,7 @@ def train(config) -> dict:
 
 def _train(run: Run) -> dict:
   cfg = run.config
-  start = int(run.state.step)
+  start = int(distributed.to_host(run.state.step))
   eval_problems = run.source.eval_set(cfg.data.num_eval)
   result: dict = {}
   if start == 0:
@@ -215,14 +219,14 @@ def _train(run: Run) -> dict:
     t0 = time.perf_counter()
     batch, info = collect_batch(run, step)
     t1 = time.perf_counter()
-    prepared, score_metrics = run.fns.prepare_batch(run.state, *device_batch(batch))
+    prepared, score_metrics = run.fns.prepare_batch(run.state, *device_batch(run, batch))
     run.state, metrics = run.fns.train_step(run.state, prepared)
-    metrics = summarize(jax.device_get({**score_metrics, **metrics}))
+    metrics = summarize(distributed.to_host({**score_metrics, **metrics}))
     t2 = time.perf_counter()
     metrics.update(info)
     metrics.update(sec_rollout=t1 - t0, sec_update=t2 - t1, sec_step=t2 - t0,
                    tokens_per_sec=info["generated_tokens"] / max(t2 - t0, 1e-9),
-                   skipped_updates=float(run.state.skipped_updates))
+                   skipped_updates=float(distributed.to_host(run.state.skipped_updates)))
     done = step + 1
     if cfg.train.eval_every and done % cfg.train.eval_every == 0 and done < cfg.train.steps:
       metrics["eval_accuracy"] = evaluate(run, run.state.params, eval_problems)["pass@1"]
