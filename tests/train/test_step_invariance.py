@@ -16,20 +16,8 @@ B, PW, T, VOCAB = 8, 8, 8, 40
 
 
 def _rollout_arrays(seed=0):
-  rng = np.random.default_rng(seed)
-  prompt_len = rng.integers(2, PW + 1, B)
-  comp_len = rng.integers(1, T + 1, B)
-  comp_len[3] = 0  # a row with no valid completion token
-  tokens = rng.integers(3, VOCAB, (B, PW + T)).astype(np.int32)
-  attn = np.zeros((B, PW + T), np.int32)
-  mask = np.zeros((B, T), np.float32)
-  for i in range(B):
-    attn[i, PW - prompt_len[i]:PW] = 1
-    attn[i, PW:PW + comp_len[i]] = 1
-    mask[i, :comp_len[i]] = 1
-  rewards = rng.integers(0, 2, B).astype(np.float32)
-  sampler_logp = np.zeros((B, T), np.float32)
-  return tokens, attn, mask, sampler_logp, rewards, np.zeros(B, np.float32), np.ones(B, np.float32)
+  rewards = np.random.default_rng(seed + 1).integers(0, 2, B)
+  return tiny.synthetic_rollout(B, PW, T, VOCAB, rewards, seed)
 
 
 def _config(loss_agg, micro):

@@ -1,6 +1,8 @@
 """Tiny run settings shared by the trainer tests (few shapes, so compiled functions are reused)."""
 import os
 
+import numpy as np
+
 from rljax.rewards import verifiers
 
 REWARD = "test_first_char_mod4"
@@ -31,3 +33,22 @@ def args(preset: str, run_dir: str, extra: dict | None = None) -> list[str]:
   merged = dict(OVERRIDES, **{"train.run_dir": run_dir}, **(extra or {}))
   return (["train", "--config", os.path.join(ROOT, "configs", f"{preset}.py")]
           + [f"--config.{k}={v}" for k, v in merged.items()])
+
+
+def synthetic_rollout(rows: int, prompt_width: int, completion: int, vocab: int, rewards,
+                      seed: int = 0):
+  """Arrays as ``prepare_batch`` takes them: random left-padded prompts and completions of random
+  lengths (row 3 has no valid completion token), the given ``rewards`` [rows]."""
+  rng = np.random.default_rng(seed)
+  prompt_len = rng.integers(2, prompt_width + 1, rows)
+  comp_len = rng.integers(1, completion + 1, rows)
+  comp_len[3] = 0
+  tokens = rng.integers(3, vocab, (rows, prompt_width + completion)).astype(np.int32)
+  attn = np.zeros((rows, prompt_width + completion), np.int32)
+  mask = np.zeros((rows, completion), np.float32)
+  for i in range(rows):
+    attn[i, prompt_width - prompt_len[i]:prompt_width] = 1
+    attn[i, prompt_width:prompt_width + comp_len[i]] = 1
+    mask[i, :comp_len[i]] = 1
+  return (tokens, attn, mask, np.zeros((rows, completion), np.float32),
+          np.asarray(rewards, np.float32), np.zeros(rows, np.float32), np.ones(rows, np.float32))

@@ -14,6 +14,7 @@ jax.config.update("jax_default_matmul_precision", "highest")
 
 import numpy as np  # noqa: E402
 
+from tests.train import tiny  # noqa: E402
 from rljax import config_loader  # noqa: E402
 from rljax.data.tokenizer import load_tokenizer  # noqa: E402
 from rljax.models import llama, tiny_config  # noqa: E402
@@ -46,20 +47,8 @@ def config_for(mesh):
 
 
 def rollout_arrays(seed=0):
-  rng = np.random.default_rng(seed)
-  prompt_len = rng.integers(2, PW + 1, B)
-  comp_len = rng.integers(1, T + 1, B)
-  comp_len[3] = 0  # a row with no valid completion token
-  tokens = rng.integers(3, VOCAB, (B, PW + T)).astype(np.int32)
-  attn = np.zeros((B, PW + T), np.int32)
-  mask = np.zeros((B, T), np.float32)
-  for i in range(B):
-    attn[i, PW - prompt_len[i]:PW] = 1
-    attn[i, PW:PW + comp_len[i]] = 1
-    mask[i, :comp_len[i]] = 1
-  rewards = np.array([1, 0, 0, 1, 1, 1, 0, 0], np.float32)  # both groups have a reward spread
-  sampler_logp = np.zeros((B, T), np.float32)
-  return tokens, attn, mask, sampler_logp, rewards, np.zeros(B, np.float32), np.ones(B, np.float32)
+  # Both groups have a reward spread.
+  return tiny.synthetic_rollout(B, PW, T, VOCAB, [1, 0, 0, 1, 1, 1, 0, 0], seed)
 
 
 def devices_for(mesh):
