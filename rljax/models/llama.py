@@ -25,6 +25,7 @@ from flax import nnx
 from rljax.models.config import ModelConfig
 
 _MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
+_ONE_HOT_EMBED_MAX_VOCAB = 1024
 
 
 def _dtype(name: str):
@@ -42,7 +43,11 @@ class Linear(nnx.Module):
     self.dtype = _dtype(cfg.dtype)
 
   def __call__(self, x):
-    y = jnp.dot(x.astype(self.dtype), self.kernel[...].astype(self.dtype))
+    # Flattened to a 2-D GEMM: XLA:CPU runs the weight gradient of a dot contracting two leading
+    # axes ([B, S, in] x [B, S, out]) several times slower than the same [B*S] contraction.
+    kernel = self.kernel[...].astype(self.dtype)
+    y = jnp.dot(x.astype(self.dtype).reshape(-1, x.shape[-1]), kernel)
+    y = y.reshape(x.shape[:-1] + (kernel.shape[-1],))
     if self.bias is not None:
       y = y + self.bias[...].astype(self.dtype)
     return y
@@ -201,8 +206,7 @@ class Transformer(nnx.Module):
     written at slots ``cache_index .. cache_index+S-1`` and attend to every slot marked in
     ``kv_mask`` [B, K] up to their own. Returns (hidden [B, S, D], new cache or None).
     """
-    dtype = _dtype(self.cfg.dtype)
-    x = jnp.take(self.embed_tokens[...], tokens, axis=0).astype(dtype)
+    x = self.embed(tokens)
     s = tokens.shape[1]
     if cache is None:
       if attn_mask is None:
@@ -223,6 +227,19 @@ class Transformer(nnx.Module):
         x, layer_cache = block(x, positions, k_valid, q_slots, layer_cache, cache_index)
       new_cache.append(layer_cache)
     return self.norm(x), (None if cache is None else tuple(new_cache))
+
+  def embed(self, tokens):
+    """Token embeddings [B, S, D] in the compute dtype.
+
+    Small vocabularies use a one-hot matmul: its gradient is a GEMM, while the gather's gradient
+    is a scatter-add, which XLA:CPU runs an order of magnitude slower. Both are exact.
+    """
+    dtype = _dtype(self.cfg.dtype)
+    table = self.embed_tokens[...].astype(dtype)
+    if self.cfg.vocab_size <= _ONE_HOT_EMBED_MAX_VOCAB:
+      one_hot = jax.nn.one_hot(tokens.reshape(-1), self.cfg.vocab_size, dtype=dtype)
+      return jnp.dot(one_hot, table).reshape(tokens.shape + (table.shape[-1],))
+    return jnp.take(table, tokens, axis=0)
 
   def head_weight(self):
     """Output projection [D, V] in the compute dtype."""
