@@ -1,0 +1,59 @@
+"""The command line: config overrides, components, check-conversion, eval and convert."""
+import os
+
+import jax
+import numpy as np
+import pytest
+
+from rljax import cli, config_loader
+from rljax.models import llama
+from tests import hf_models
+from tests.train import tiny
+
+BASE = os.path.join(tiny.ROOT, "configs", "base.py")
+
+
+def test_override_types_and_unknown_keys():
+  config = config_loader.load_config(BASE, [("algo.clip_eps_high", "0.28"),
+                                            ("algo.dual_clip_c", "3"),
+                                            ("algo.keep_pass_rate", "(0.1, 0.9)"),
+                                            ("train.progress", "false")])
+  assert config.algo.clip_eps_high == 0.28 and config.algo.dual_clip_c == 3.0
+  assert config.algo.keep_pass_rate == (0.1, 0.9) and config.train.progress is False
+  with pytest.raises(KeyError, match=r"algo\.clip_eps_hgh.*clip_eps_high"):
+    config_loader.load_config(BASE, [("algo.clip_eps_hgh", "0.3")])
+  with pytest.raises(TypeError, match=r"rollout\.group_size"):
+    config_loader.load_config(BASE, [("rollout.group_size", "eight")])
+  with pytest.raises(AttributeError, match="locked"):  # code cannot add keys either
+    config_loader.load_config(BASE).algo.new_key = 1
+
+
+def test_components_lists_every_family(capsys):
+  table = cli.main(["components"])
+  assert {"advantage", "policy_loss", "loss_agg", "kl_estimator", "reward_fn"} <= set(table)
+  assert "cispo" in capsys.readouterr().out
+
+
+def test_check_conversion_command(hf_dirs, capsys):
+  report = cli.main(["check-conversion", hf_dirs["qwen2"]])
+  assert report["max_abs_diff"] <= 1e-4
+  assert "max abs logit diff" in capsys.readouterr().out
+
+
+def test_eval_and_convert_a_run(tmp_path):
+  run_dir = str(tmp_path / "run")
+  cli.main(tiny.args("grpo", run_dir, {"train.steps": "1"}))
+  config_path = os.path.join(tiny.ROOT, "configs", "grpo.py")
+  overrides = [f"--config.{k}={v}" for k, v in tiny.OVERRIDES.items()]
+  result = cli.main(["eval", "--config", config_path, *overrides, "--checkpoint", run_dir,
+                     "--samples", "2"])
+  assert result["num_problems"] == 4
+  assert 0 <= result["pass@1"] <= result["pass@2"] <= 1 and "maj@2" in result
+  out = str(tmp_path / "hf")
+  cli.main(["convert", run_dir, out])
+  from rljax.train import evaluation
+  model_cfg, params = evaluation.load_run_params(run_dir)
+  tokens, mask = hf_models.left_padded([5, 3], width=5, vocab=model_cfg.vocab_size, seed=1)
+  ours = np.asarray(llama.logits(model_cfg, params, tokens, mask))
+  theirs = hf_models.hf_logits(out, tokens, mask)
+  assert np.abs(ours - theirs)[mask.astype(bool)].max() <= 1e-4
