@@ -57,3 +57,15 @@ def test_eval_and_convert_a_run(tmp_path):
   ours = np.asarray(llama.logits(model_cfg, params, tokens, mask))
   theirs = hf_models.hf_logits(out, tokens, mask)
   assert np.abs(ours - theirs)[mask.astype(bool)].max() <= 1e-4
+
+
+def test_training_on_a_jsonl_file_with_math_verify(tmp_path):
+  data = tmp_path / "problems.jsonl"
+  rows = [f'{{"prompt": "what is {a}+{b}? ", "answer": "#### {a + b}"}}'
+          for a in range(10) for b in range(10)]
+  data.write_text("\n".join(rows) + "\n")
+  run_dir = str(tmp_path / "run")
+  result = cli.main(tiny.args("grpo", run_dir, {"data.source": f"jsonl:{data}",
+                                                "reward.fn": "math_verify"}))
+  assert result["last"]["reward_mean"] >= 0 and np.isfinite(result["last"]["loss"])
+  assert int(result["state"].step) == 2
