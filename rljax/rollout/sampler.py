@@ -47,7 +47,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from rljax.models import llama
 from rljax.models.config import ModelConfig
-from rljax.rollout import decode
+from rljax.rollout import decode, noise
 
 # The decode loop is split into segments of about this many steps (the cache grows between
 # them); at most ``_MAX_SEGMENTS`` segments, since each one is a separately compiled loop body.
@@ -169,24 +169,39 @@ def _is_identity(sp: SamplingParams, vocab: int) -> bool:
           and sp.min_p == 0.0)
 
 
+def _argmax(x):
+  """``jnp.argmax`` over the last axis (first index of the maximum), as max + min-index: two
+  plain reductions, several times faster on XLA:CPU than the variadic argmax reduce."""
+  vocab = x.shape[-1]
+  top = jnp.max(x, axis=-1, keepdims=True)
+  idx = jnp.min(jnp.where(x == top, jax.lax.iota(jnp.int32, vocab), vocab), axis=-1)
+  return jnp.minimum(idx, vocab - 1)
+
+
 def _take(x, idx):
   return jnp.take_along_axis(x, idx[..., None], axis=-1)[..., 0]
 
 
-def pick_tokens(logits: jax.Array, key: jax.Array, sp: SamplingParams):
+def pick_tokens(logits: jax.Array, key: jax.Array, sp: SamplingParams, row_offset=0):
   """Sample one token per row. logits [B, V] -> (tokens [B] int32, logp [B], sampler_logp [B]).
 
   ``logp`` is under ``log_softmax(logits)`` (the policy), ``sampler_logp`` under the processed
-  distribution (0 for greedy).
+  distribution (0 for greedy). ``key``: a ``jax.random`` key (or the uint32[2] words of a threefry
+  key); the draw equals ``jax.random.categorical(key, processed_logits)``. ``row_offset``: index
+  of the first row in the whole batch (a shard's rows draw what they would draw unsharded).
   """
   logits = logits.astype(jnp.float32)
   logp_all_norm = jax.nn.logsumexp(logits, axis=-1)
   if sp.is_greedy:
-    tokens = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    tokens = _argmax(logits)
     slogp = jnp.zeros(tokens.shape, jnp.float32)
   else:
     x = process_logits(logits, sp)
-    tokens = jax.random.categorical(key, x, axis=-1).astype(jnp.int32)
+    if noise.is_threefry(key):  # same draw as jax.random.categorical, without inner loops
+      gumbel = noise.gumbel(key, x.shape, offset=row_offset * x.shape[-1])
+      tokens = _argmax(x + gumbel)
+    else:
+      tokens = jax.random.categorical(key, x, axis=-1).astype(jnp.int32)
     if _is_identity(sp, logits.shape[-1]):  # the sampling distribution is the policy
       slogp = None
     else:
@@ -213,7 +228,8 @@ def _grow_cache(cache, slots: int):
 
 
 def _sample_impl(params, prompt_tokens, prompt_mask, key, *, cfg: ModelConfig,
-                 sp: SamplingParams, group_size: int, batch_sharding=None) -> Rollout:
+                 sp: SamplingParams, group_size: int, shard_axes=None) -> Rollout:
+  """The sampler on one device's rows; ``shard_axes``: the mesh axes it runs under (shard_map)."""
   chex.assert_rank([prompt_tokens, prompt_mask], 2)
   chex.assert_equal_shape([prompt_tokens, prompt_mask])
   if group_size < 1:
@@ -222,10 +238,11 @@ def _sample_impl(params, prompt_tokens, prompt_mask, key, *, cfg: ModelConfig,
   g, t_max = group_size, sp.max_new_tokens
   b = n_prompts * g
 
-  def constrain(tree):
-    if batch_sharding is None:
-      return tree
-    return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, batch_sharding), tree)
+  row_offset = 0
+  if shard_axes is not None:  # this shard's first row in the whole batch
+    row_offset = jax.lax.axis_index(shard_axes) * b
+    if not noise.is_threefry(key):  # no counter offset for other RNGs: decorrelate the shards
+      key = jax.random.fold_in(key, jax.lax.axis_index(shard_axes))
 
   prompt_tokens = prompt_tokens.astype(jnp.int32)
   prompt_mask = prompt_mask.astype(jnp.int32)
@@ -239,18 +256,26 @@ def _sample_impl(params, prompt_tokens, prompt_mask, key, *, cfg: ModelConfig,
 
   # Group sampling: repeat prompt rows (and their cache) G times, groups contiguous.
   rep = lambda x: jnp.repeat(x, g, axis=0) if g > 1 else x
-  prompt_tokens_b, prompt_mask_b = constrain((rep(prompt_tokens), rep(prompt_mask)))
-  cache = constrain(jax.tree.map(rep, decode.head_major(cache)))
-  last_logits = constrain(rep(last_logits))
+  prompt_tokens_b, prompt_mask_b = rep(prompt_tokens), rep(prompt_mask)
+  cache = jax.tree.map(rep, decode.head_major(cache))
+  last_logits = rep(last_logits)
   next_pos = rep(positions[:, -1]) + 1  # [B] position of the first completion token
 
   stop_ids = jnp.asarray(sp.stop_ids or (-1,), jnp.int32)
   pad = jnp.int32(sp.pad_id)
 
+  # Step t draws with fold_in(key, t); threefry keys are folded for every step up front.
+  if noise.is_threefry(key):
+    step_keys = jax.vmap(lambda t: noise.key_data(jax.random.fold_in(key, t)))(
+        jnp.arange(t_max))
+    key_at = lambda t: step_keys[t]
+  else:
+    key_at = lambda t: jax.random.fold_in(key, t)
+
   def record(state, t, logits):
     """Sample token t from logits [B, V] and write it (padding for rows already stopped)."""
     tokens, logp, slogp, done, length = state
-    tok, lp, slp = pick_tokens(logits, jax.random.fold_in(key, t), sp)
+    tok, lp, slp = pick_tokens(logits, key_at(t), sp, row_offset)
     live = ~done
     col = lambda x, v: jax.lax.dynamic_update_slice_in_dim(x, v[:, None], t, axis=1)
     tokens = col(tokens, jnp.where(live, tok, pad))
@@ -263,7 +288,6 @@ def _sample_impl(params, prompt_tokens, prompt_mask, key, *, cfg: ModelConfig,
 
   out = (jnp.full((b, t_max), pad, jnp.int32), jnp.zeros((b, t_max), jnp.float32),
          jnp.zeros((b, t_max), jnp.float32), jnp.zeros((b,), bool), jnp.zeros((b,), jnp.int32))
-  out = constrain(out)
   out, tok = record(out, 0, last_logits)
 
   for first, end, slots in _segments(p, t_max):
@@ -320,17 +344,37 @@ def make_sampler(cfg: ModelConfig, sp: SamplingParams, group_size: int = 1, mesh
                  data_axis: str | Sequence[str] = ("data",), param_sharding=None):
   """A jitted ``fn(params, prompt_tokens, prompt_mask, key) -> Rollout`` for fixed cfg / sp / G.
 
-  Without a mesh this is ``sample`` with the static arguments bound. With a mesh, the prompt
-  batch (``Pn`` must divide evenly) and every ``[B, ...]`` output are sharded along ``data_axis``
-  (groups stay on one device), the key is replicated, and params are replicated unless
-  ``param_sharding`` (a sharding or a pytree of them, e.g. from the partition rules) is given.
+  Without a mesh this is ``sample`` with the static arguments bound. With a mesh, decoding is
+  data parallel: ``shard_map`` over ``data_axis`` gives every shard its own prompts (``Pn`` must
+  divide evenly) and its own decode loop, which stops when *its* rows are done; there is no
+  collective inside the loop. Prompts and every ``[B, ...]`` output are sharded along
+  ``data_axis`` (a group never straddles shards), the key is replicated, and params are taken
+  replicated (``param_sharding``, e.g. from the partition rules, says how they arrive; they are
+  gathered once per call). Other mesh axes hold replicas of the computation. The result equals
+  the unsharded ``sample`` for threefry keys (noise is indexed by the global row).
+
+  On a multi-core CPU host, ``XLA_FLAGS=--xla_force_host_platform_device_count=<cores>`` and a
+  mesh over those devices run one decode loop per core.
   """
   if mesh is None:
     return jax.jit(functools.partial(_sample_impl, cfg=cfg, sp=sp, group_size=group_size))
-  axis = tuple(data_axis) if not isinstance(data_axis, str) else (data_axis,)
-  batch = NamedSharding(mesh, PartitionSpec(axis))
+  axes = (data_axis,) if isinstance(data_axis, str) else tuple(data_axis)
+  n_shards = int(np.prod([mesh.shape[a] for a in axes]))
+  spec = PartitionSpec(axes)
+  local = functools.partial(_sample_impl, cfg=cfg, sp=sp, group_size=group_size,
+                            shard_axes=axes)
+  mapped = jax.shard_map(local, mesh=mesh, in_specs=(PartitionSpec(), spec, spec, PartitionSpec()),
+                         out_specs=spec, check_vma=False)
   replicated = NamedSharding(mesh, PartitionSpec())
-  fn = functools.partial(_sample_impl, cfg=cfg, sp=sp, group_size=group_size,
-                         batch_sharding=batch)
-  return jax.jit(fn, in_shardings=(param_sharding or replicated, batch, batch, replicated),
-                 out_shardings=batch)
+  batch = NamedSharding(mesh, spec)
+  jitted = jax.jit(mapped, in_shardings=(param_sharding or replicated, batch, batch, replicated),
+                   out_shardings=batch)
+
+  def fn(params, prompt_tokens, prompt_mask, key):
+    if prompt_tokens.shape[0] % n_shards:
+      raise ValueError(f"{prompt_tokens.shape[0]} prompts do not split evenly over the "
+                       f"{n_shards} shards of mesh axes {axes}")
+    return jitted(params, prompt_tokens, prompt_mask, key)
+
+  fn.jitted = jitted
+  return fn

@@ -251,3 +251,13 @@ def test_make_sampler_shards_the_batch_on_data():
   out = subprocess.run([sys.executable, "-c", _SHARDED], env=env, capture_output=True, text=True,
                        timeout=300)
   assert out.returncode == 0 and "OK" in out.stdout, out.stderr[-3000:]
+
+
+def test_fused_gumbel_noise_is_jax_random_gumbel():
+  from rljax.rollout import noise
+  for key in (jax.random.key(3), jax.random.PRNGKey(11)):
+    full = np.asarray(jax.random.gumbel(key, (6, 10)))
+    got = jax.jit(noise.gumbel, static_argnums=1)(key, (6, 10))
+    np.testing.assert_array_equal(np.asarray(got), full)
+    part = jax.jit(noise.gumbel, static_argnums=1)(key, (2, 10), 40)  # rows 4..5
+    np.testing.assert_array_equal(np.asarray(part), full[4:])

@@ -1,0 +1,246 @@
+"""Sampler throughput: rljax's jitted KV-cache sampler against ``transformers`` ``generate``.
+
+Both run in this one process on the CPU, on the same weights (rljax's random init exported with
+``save_hf`` and loaded by ``transformers``), with plain sampling (temperature 1, ``top_k=0``, top-p
+off), prompts of 32 tokens and exactly 64 new tokens forced on both sides (no stop token).
+
+For each model and batch size it prints tokens/s (generated tokens / wall time of the whole call,
+prefill included; median of ``--runs`` timed runs after a warm-up, with min-max), the ratio
+rljax / transformers, rljax's compile time (reported separately, never in the throughput), peak
+memory, and the fraction of the machine's compute ceiling reached:
+
+  ceiling [tokens/s] = matmul FLOP/s / FLOPs per generated token
+
+- matmul FLOP/s: the best of a 2048x2048 float32 matmul measured in this run with XLA and with
+  torch (the higher of the two);
+- FLOPs per generated token: the useful model FLOPs of the call (prefill of the prompt, one
+  forward per generated token but the last, causal attention over the filled context only, the
+  output head only where a token is sampled) divided by the number of generated tokens.
+
+Peak memory: ``xla`` is XLA's own accounting of the compiled sampler (arguments + outputs +
+temporaries, i.e. weights, KV cache and buffers); ``rss`` is the growth of the process's resident
+memory during one call (sampled every 0.2 ms in a separate, untimed call), for both frameworks.
+
+No XLA flag is set. Usage::
+
+  python benchmarks/sampler.py                       # both models, batch 8, 64, 256
+  python benchmarks/sampler.py --models 1M --batches 64 --runs 3
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _parse(argv=None):
+  ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  ap.add_argument("--models", default="1M,6M")
+  ap.add_argument("--batches", default="8,64,256")
+  ap.add_argument("--runs", type=int, default=5, help="timed runs per side (after a warm-up)")
+  ap.add_argument("--devices", type=int, default=1, help="CPU devices for the rljax sampler")
+  ap.add_argument("--no-hf", action="store_true", help="rljax only")
+  return ap.parse_args(argv)
+
+
+if __name__ == "__main__":
+  ARGS = _parse()
+  if ARGS.devices > 1:  # must happen before JAX initialises its CPU backend
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                               f" --xla_force_host_platform_device_count={ARGS.devices}")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from jax.sharding import Mesh  # noqa: E402
+
+from rljax.models import ModelConfig, llama, save_hf  # noqa: E402
+from rljax.rollout import SamplingParams, make_sampler, sampler  # noqa: E402
+
+PROMPT, NEW, VOCAB = 32, 64, 64
+MODELS = {
+    "1M": dict(hidden_size=128, num_layers=4, num_heads=4, intermediate_size=512),
+    "6M": dict(hidden_size=256, num_layers=6, num_heads=4, intermediate_size=1024),
+}
+
+
+def model_config(name: str) -> ModelConfig:
+  m = MODELS[name]
+  return ModelConfig(vocab_size=VOCAB, num_kv_heads=m["num_heads"],
+                     head_dim=m["hidden_size"] // m["num_heads"], max_position_embeddings=256,
+                     **m)
+
+
+def flops_per_generated_token(cfg: ModelConfig, p: int = PROMPT, t: int = NEW) -> float:
+  """Useful FLOPs of one row's generate call (prefill + t-1 decode steps) / t."""
+  d, f, h, g, dh = (cfg.hidden_size, cfg.intermediate_size, cfg.num_heads, cfg.num_kv_heads,
+                    cfg.head_dim)
+  per_position = 2 * cfg.num_layers * (d * (h + 2 * g) * dh + h * dh * d + 3 * d * f)
+  attn_per_key = 4 * cfg.num_layers * h * dh  # q.k and p.v
+  head = 2 * d * cfg.vocab_size
+  prefill = p * per_position + attn_per_key * p * (p + 1) / 2 + head
+  decode = sum(per_position + attn_per_key * (p + s) + head for s in range(1, t))
+  return (prefill + decode) / t
+
+
+def matmul_flops(n: int = 2048, reps: int = 5) -> dict:
+  a = jnp.asarray(np.random.default_rng(0).standard_normal((n, n)), jnp.float32)
+  mm = jax.jit(lambda x, y: x @ y)
+  mm(a, a).block_until_ready()
+  best = min(_timed(lambda: mm(a, a).block_until_ready()) for _ in range(reps))
+  out = {"xla": 2 * n ** 3 / best}
+  import torch
+  x = torch.randn(n, n)
+  x @ x
+  out["torch"] = 2 * n ** 3 / min(_timed(lambda: x @ x) for _ in range(reps))
+  return out
+
+
+def _timed(fn) -> float:
+  t0 = time.perf_counter()
+  fn()
+  return time.perf_counter() - t0
+
+
+def _rss() -> int:
+  with open("/proc/self/statm") as f:
+    return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def peak_rss_growth(fn) -> int:
+  """Peak growth of the resident set while ``fn`` runs (polled every 0.2 ms)."""
+  base, peak, stop = _rss(), [0], threading.Event()
+
+  def poll():
+    while not stop.is_set():
+      peak[0] = max(peak[0], _rss())
+      time.sleep(0.0002)
+
+  th = threading.Thread(target=poll)
+  th.start()
+  try:
+    fn()
+  finally:
+    stop.set()
+    th.join()
+  return max(0, max(peak[0], _rss()) - base)
+
+
+class Rljax:
+
+  def __init__(self, cfg, params, batch, devices=1):
+    self.sp = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=NEW,
+                             stop_ids=())
+    self.params = params
+    rng = np.random.default_rng(batch)
+    self.tokens = rng.integers(0, VOCAB, (batch, PROMPT)).astype(np.int32)
+    self.mask = np.ones_like(self.tokens)
+    if devices > 1:
+      mesh = Mesh(np.array(jax.devices()[:devices]), ("data",))
+      jitted = make_sampler(cfg, self.sp, 1, mesh=mesh).jitted
+      lowered = jitted.lower(params, self.tokens, self.mask, jax.random.key(0))
+    else:
+      lowered = sampler._sample_jit.lower(params, self.tokens, self.mask, jax.random.key(0),
+                                          cfg=cfg, sp=self.sp, group_size=1)
+    t0 = time.perf_counter()
+    self.compiled = lowered.compile()
+    self.compile_s = time.perf_counter() - t0
+    mem = self.compiled.memory_analysis()
+    self.xla_bytes = None if mem is None else (mem.argument_size_in_bytes +
+                                               mem.output_size_in_bytes + mem.temp_size_in_bytes)
+    self.calls = 0
+
+  def __call__(self):
+    self.calls += 1
+    r = self.compiled(self.params, self.tokens, self.mask, jax.random.key(self.calls))
+    jax.block_until_ready(r)
+    assert r.tokens.shape == (self.tokens.shape[0], NEW)
+
+
+class HF:
+
+  def __init__(self, path, batch):
+    import torch
+    import transformers
+    self.torch = torch
+    self.model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    self.model.eval()
+    rng = np.random.default_rng(batch)
+    self.tokens = torch.tensor(rng.integers(0, VOCAB, (batch, PROMPT)), dtype=torch.long)
+    self.mask = torch.ones_like(self.tokens)
+
+  def __call__(self):
+    with self.torch.inference_mode():
+      out = self.model.generate(input_ids=self.tokens, attention_mask=self.mask, do_sample=True,
+                                temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=NEW,
+                                min_new_tokens=NEW, eos_token_id=None, pad_token_id=0)
+    assert out.shape == (self.tokens.shape[0], PROMPT + NEW), out.shape
+
+
+def _stats(times, batch):
+  tps = sorted(batch * NEW / t for t in times)
+  return statistics.median(tps), tps[0], tps[-1]
+
+
+def main(args):
+  import torch
+  import transformers
+
+  flops = matmul_flops()
+  peak = max(flops.values())
+  print(f"# machine: {os.cpu_count()} CPU cores; rljax on {args.devices} CPU device(s); "
+        f"jax {jax.__version__} ({jax.default_backend()}), "
+        f"torch {torch.__version__} ({torch.get_num_threads()} threads), transformers "
+        f"{transformers.__version__}")
+  print(f"# float32 2048^3 matmul: XLA {flops['xla'] / 1e9:.0f} GFLOP/s, torch "
+        f"{flops['torch'] / 1e9:.0f} GFLOP/s -> ceiling uses {peak / 1e9:.0f} GFLOP/s")
+  print(f"# prompt {PROMPT} tokens, {NEW} new tokens forced, vocab {VOCAB}; tokens/s = median "
+        f"[min-max] of {args.runs} runs")
+  header = ("| model | params | batch | rljax tok/s | transformers tok/s | ratio | % ceiling | "
+            "rljax compile s | rljax mem xla / rss MB | transformers rss MB |")
+  print(header)
+  print("|---" * (header.count("|") - 1) + "|")
+  with tempfile.TemporaryDirectory() as tmp:
+    for name in args.models.split(","):
+      cfg = model_config(name)
+      params = llama.init_params(cfg, seed=0)
+      path = os.path.join(tmp, name)
+      save_hf(path, cfg, params)
+      ceiling = peak / flops_per_generated_token(cfg)
+      for batch in [int(b) for b in args.batches.split(",")]:
+        ours = Rljax(cfg, params, batch, args.devices)
+        ours()  # warm-up
+        theirs = None if args.no_hf else HF(path, batch)
+        if theirs is not None:
+          theirs()
+        t_ours, t_theirs = [], []
+        for _ in range(args.runs):  # interleaved, so both sides see the same machine load
+          t_ours.append(_timed(ours))
+          if theirs is not None:
+            t_theirs.append(_timed(theirs))
+        o_med, o_lo, o_hi = _stats(t_ours, batch)
+        rss_ours = peak_rss_growth(ours) / 2 ** 20
+        xla_mb = float("nan") if ours.xla_bytes is None else ours.xla_bytes / 2 ** 20
+        if theirs is not None:
+          h_med, h_lo, h_hi = _stats(t_theirs, batch)
+          rss_theirs = peak_rss_growth(theirs) / 2 ** 20
+          hf_col = f"{h_med:,.0f} [{h_lo:,.0f}-{h_hi:,.0f}]"
+          ratio = f"{o_med / h_med:.2f}x"
+          hf_mem = f"{rss_theirs:.1f}"
+        else:
+          hf_col, ratio, hf_mem = "-", "-", "-"
+        print(f"| {name} | {cfg.num_params() / 1e6:.2f}M | {batch} | "
+              f"{o_med:,.0f} [{o_lo:,.0f}-{o_hi:,.0f}] | {hf_col} | {ratio} | "
+              f"{100 * o_med / ceiling:.0f}% | {ours.compile_s:.1f} | "
+              f"{xla_mb:.1f} / {rss_ours:.1f} | {hf_mem} |", flush=True)
+
+
+if __name__ == "__main__":
+  main(ARGS)
