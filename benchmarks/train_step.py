@@ -22,9 +22,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from rljax import config_loader  # noqa: E402
 from rljax.models import tiny_config, llama  # noqa: E402
-from rljax.parallel import mesh as mesh_lib, rules  # noqa: E402
+from rljax.parallel import mesh as mesh_lib  # noqa: E402
 from rljax.rollout import SamplingParams, make_sampler  # noqa: E402
-from rljax.train import build, step as step_lib  # noqa: E402
+from rljax.train import build  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VOCAB, PROMPTS, GROUP, PROMPT_LEN = 48, 8, 8, 8
@@ -36,14 +36,8 @@ def rljax_step_fn(new_tokens: int):
       ("rollout.max_new_tokens", str(new_tokens)), ("data.prompt_bucket", str(PROMPT_LEN))])
   model_cfg = tiny_config(config.model, VOCAB)
   params = llama.init_params(model_cfg, seed=0)
-  mesh = mesh_lib.make_mesh(config.mesh)
-  shapes, make = build.abstract_state(config, model_cfg)
-  sharding = build.state_shardings(mesh, model_cfg, shapes)
-  state = jax.jit(make, out_shardings=sharding)(params)
-  fns = step_lib.compile_step_fns(
-      step_lib.build_step_fns(config, model_cfg, *build.optimizers(config)),
-      state_sharding=sharding, data_sharding=lambda n: rules.batch_sharding(mesh, n),
-      replicated=rules.replicated(mesh))
+  state, fns, _ = build.sharded_state_and_fns(config, model_cfg, params,
+                                              mesh_lib.make_mesh(config.mesh))
   # stop_ids=() : exactly new_tokens tokens, as the peer is forced to generate.
   sp = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, greedy=False,
                       max_new_tokens=new_tokens, stop_ids=(), pad_id=0)

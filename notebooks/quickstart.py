@@ -10,8 +10,8 @@ import numpy as np
 
 from rljax import config_loader
 from rljax.data import datasets, tokenizer as tokenizer_lib
-from rljax.parallel import mesh as mesh_lib, rules
-from rljax.train import build, loop, step as step_lib
+from rljax.parallel import mesh as mesh_lib
+from rljax.train import build, loop
 
 config = config_loader.load_config("configs/grpo.py", [
     ("model.hidden_size", "32"), ("model.intermediate_size", "64"), ("model.num_layers", "1"),
@@ -26,14 +26,7 @@ print(f"{model_cfg.num_params():,} parameters")
 
 # %%
 mesh = mesh_lib.make_mesh(config.mesh)
-shapes, make = build.abstract_state(config, model_cfg)
-sharding = build.state_shardings(mesh, model_cfg, shapes)
-state = jax.jit(make, out_shardings=sharding)(params)
-actor_tx, critic_tx = build.optimizers(config)
-fns = step_lib.compile_step_fns(step_lib.build_step_fns(config, model_cfg, actor_tx, critic_tx),
-                                state_sharding=sharding,
-                                data_sharding=lambda ndim: rules.batch_sharding(mesh, ndim),
-                                replicated=rules.replicated(mesh))
+state, fns, sharding = build.sharded_state_and_fns(config, model_cfg, params, mesh)
 
 # %% [markdown]
 # Rollout + rewards on the host (an untrained policy is never right: rewards are all 0 and the

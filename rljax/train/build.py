@@ -165,6 +165,29 @@ def make_task_verifier(config, source) -> Callable:
   return verify
 
 
+def sharded_state_and_fns(config, model_cfg: ModelConfig, params, mesh):
+  """(initial TrainState placed by the partition rules, compiled StepFns, state shardings).
+
+  The one way a TrainState and its jitted prepare_batch / train_step are made: the RL loop,
+  notebooks, benchmarks and tests all call this.
+  """
+  actor_tx, critic_tx = optimizers(config)
+  shapes, make = abstract_state(config, model_cfg)
+  sharding = state_shardings(mesh, model_cfg, shapes)
+  state = jax.jit(make, out_shardings=sharding)(params)
+  fns = step_lib.build_step_fns(config, model_cfg, actor_tx, critic_tx)
+  if config.critic.enabled and config.critic.pretrain_steps:
+    # Value pretraining scores rollouts with Monte-Carlo returns (lam_critic = 1).
+    mc = ml_collections.ConfigDict(config.to_dict())
+    mc.algo.lam_critic = 1.0
+    fns = dataclasses.replace(fns, prepare_batch_mc=step_lib.build_step_fns(
+        mc, model_cfg, actor_tx, critic_tx).prepare_batch)
+  compiled = step_lib.compile_step_fns(
+      fns, state_sharding=sharding, data_sharding=lambda ndim: rules.batch_sharding(mesh, ndim),
+      replicated=rules.replicated(mesh))
+  return state, compiled, sharding
+
+
 def build_run(config):
   from rljax.train.loop import Run
   distributed.initialize(config.dist)
@@ -176,10 +199,7 @@ def build_run(config):
   if config.rollout.prompts_per_step % divisor:
     raise ValueError(f"rollout.prompts_per_step={config.rollout.prompts_per_step} must be a "
                      f"multiple of the data-parallel width (mesh data x fsdp = {divisor})")
-  actor_tx, critic_tx = optimizers(config)
-  shapes, make = abstract_state(config, model_cfg)
-  sharding = state_shardings(mesh, model_cfg, shapes)
-  state = jax.jit(make, out_shardings=sharding)(params)
+  state, compiled, sharding = sharded_state_and_fns(config, model_cfg, params, mesh)
   del params
 
   run_dir = config.train.run_dir
@@ -189,7 +209,7 @@ def build_run(config):
   if config.train.resume and checkpointer.latest_step() is not None:
     start = checkpointer.latest_step()
     abstract = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
-                            shapes, sharding)
+                            state, sharding)
     state, extra = checkpointer.restore(start, abstract)
     source.load_state_dict(extra["data"])
   elif checkpointer.latest_step() is not None:
@@ -203,16 +223,6 @@ def build_run(config):
     with open(os.path.join(run_dir, "config.json"), "w") as f:
       f.write(config.to_json_best_effort(indent=2))
 
-  fns = step_lib.build_step_fns(config, model_cfg, actor_tx, critic_tx)
-  if config.critic.enabled and config.critic.pretrain_steps:
-    # Value pretraining scores rollouts with Monte-Carlo returns (lam_critic = 1).
-    mc = ml_collections.ConfigDict(config.to_dict())
-    mc.algo.lam_critic = 1.0
-    fns = dataclasses.replace(fns, prepare_batch_mc=step_lib.build_step_fns(
-        mc, model_cfg, actor_tx, critic_tx).prepare_batch)
-  compiled = step_lib.compile_step_fns(
-      fns, state_sharding=sharding, data_sharding=lambda ndim: rules.batch_sharding(mesh, ndim),
-      replicated=rules.replicated(mesh))
   return Run(config=config, model=LoadedModel(model_cfg, mesh), tokenizer=tokenizer,
              source=source, task_verifier=make_task_verifier(config, source), mesh=mesh,
              fns=compiled, state=state, sampling=sampling_params(config, tokenizer),

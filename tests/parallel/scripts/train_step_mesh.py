@@ -20,7 +20,7 @@ from rljax.data.tokenizer import load_tokenizer  # noqa: E402
 from rljax.models import llama, tiny_config  # noqa: E402
 from rljax.parallel import mesh as mesh_lib, rules  # noqa: E402
 from rljax.rollout import left_pad  # noqa: E402
-from rljax.train import build, step as step_lib  # noqa: E402
+from rljax.train import build  # noqa: E402
 
 assert jax.device_count() == 8, jax.devices()
 
@@ -69,21 +69,14 @@ def train_once(mesh_shape):
   mesh = mesh_lib.make_mesh(config.mesh, devices_for(mesh_shape))
   model_cfg = model_config(config)
   params = llama.init_params(model_cfg, seed=0)
-  shapes, make = build.abstract_state(config, model_cfg)
-  sharding = build.state_shardings(mesh, model_cfg, shapes)
-  state = jax.jit(make, out_shardings=sharding)(params)
-  fns = step_lib.compile_step_fns(
-      step_lib.build_step_fns(config, model_cfg, *build.optimizers(config)),
-      state_sharding=sharding, data_sharding=lambda n: rules.batch_sharding(mesh, n),
-      replicated=rules.replicated(mesh))
+  state, fns, sharding = build.sharded_state_and_fns(config, model_cfg, params, mesh)
   batch, _ = fns.prepare_batch(state, *rollout_arrays())
   # Perturb old log-probs so ratios differ from 1 and clipping is exercised.
   # (An eager op's result is not row-sharded, so put it back where train_step expects it.)
   old_logp = batch.old_logp + 0.3 * np.sin(np.arange(T))[None].astype(np.float32)
   batch = batch.replace(old_logp=jax.device_put(old_logp, rules.batch_sharding(mesh, 2)))
-  # Fields of prepare_batch's output that are not row-sharded the way train_step's in_shardings
-  # demand (compile_step_fns jits prepare_batch without out_shardings; the loop feeds its output
-  # straight to train_step, which raises on a committed array with another sharding).
+  # Every field of prepare_batch's output must leave row-sharded as train_step's in_shardings
+  # demand: the loop feeds one straight into the other, and jit rejects another sharding.
   data_sh = lambda x: rules.batch_sharding(mesh, x.ndim)  # noqa: E731
   prepare_bad = [f"{name}: {spec(x.sharding)}" for name, x in
                  ((f.name, getattr(batch, f.name)) for f in dataclasses.fields(batch))
@@ -105,7 +98,7 @@ def train_once(mesh_shape):
                           jax.tree.leaves(want)):
     if not x.sharding.is_equivalent_to(w, x.ndim):
       param_bad.append(f"{jax.tree_util.keystr(path)}: {spec(x.sharding)} != {spec(w)}")
-  want_opt = rules.opt_state_shardings(mesh, shapes.opt_state, want)
+  want_opt = rules.opt_state_shardings(mesh, jax.eval_shape(lambda: state.opt_state), want)
   opt_bad = []
   opt_leaves = jax.tree_util.tree_leaves_with_path(new_state.opt_state)
   want_opt_leaves = jax.tree.leaves(want_opt)
