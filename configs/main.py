@@ -3,7 +3,9 @@
   python -m rljax train --config configs/main.py
 
 A ~1M-parameter character-level Llama first learns the answer format from reference solutions
-(``sft``), then DAPO improves its held-out accuracy. ``--config.train.steps=3`` for a smoke run.
+(``sft``), then DAPO improves its held-out greedy accuracy by about 20 points (40.6% -> 60.5% in
+400 steps while tuning; docs/main_job_results.md has the measured run). ``--config.train.steps=3``
+for a smoke run.
 """
 from rljax.config_loader import preset
 
@@ -12,23 +14,33 @@ def get_config():
   c = preset(__file__, "dapo.py")
   c.model.source = "sft"
   c.data.source = "embedded:arithmetic"
-  c.data.difficulty = 1
+  # Level 0: three single-digit operands, + - *, no parentheses (e.g. '7+8*2=' ->
+  # '8*2=16,7+16=23 #23'); reference solutions are at most 20 characters. (Level 1 has four
+  # operands and parentheses, solutions up to 32 characters: it would not fit 24 new tokens.)
+  c.data.difficulty = 0
   c.data.prompt_bucket = 8
   c.data.num_eval = 256
   c.rollout.max_new_tokens = 24
   c.rollout.prompts_per_step = 16
   c.rollout.group_size = 8
-  # Soft overlong punishment from 21 tokens on: the longest reference solution is 20 characters
-  # plus EOS, so a correct answer is never penalised (a buffer of 4 would start at 20).
+  c.rollout.temperature = 1.0
+  # Soft overlong punishment from 22 tokens on: the longest reference solution is 20 characters
+  # plus EOS (21 tokens), so a correct answer is never penalised.
   c.reward.overlong_buffer = 3
-  # Tuned on 2 CPU cores (experiments/tune_main.sh): 1e-4 x 2 minibatches stayed flat over 60
-  # steps, 3e-4 x 4 collapsed (43% -> 19%), 3e-5 x 4 rose steadily (43% -> 48% in 60 steps).
+  # Tuned on 2 CPU cores (experiments/tune_main.sh, table in docs/main_job_results.md). RL here
+  # has to teach arithmetic facts, not only sharpen (maj@8 ~ greedy pass@1 at the start), and
+  # only a small step does that without first breaking what SFT taught: 3e-5 x 4 minibatches
+  # rises steadily (+20 points in 400 steps); 1e-4..2e-4 (also with 16 completions, T=0.6 or a
+  # positive-example LM loss) stays flat or drops, 3e-4 collapses.
   c.optim.lr = 3e-5
   c.optim.warmup_steps = 5
+  c.optim.max_grad_norm = 1.0
   c.algo.minibatches = 4
-  c.train.steps = 150
-  c.train.eval_every = 25
+  c.algo.epochs = 1
+  c.train.steps = 600
+  c.train.eval_every = 50
   c.train.run_dir = "runs/main"
-  c.sft.steps = 250  # 100 steps: 9% eval accuracy, 300: 43%
+  # 150 steps: 21% greedy (pass@8 49%), 200: 29%, 250: 41% (pass@8 71%, maj@8 42%), 300: 59%.
+  c.sft.steps = 250
   c.sft.out_dir = "runs/sft"
   return c
