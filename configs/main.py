@@ -3,9 +3,9 @@
   python -m rljax train --config configs/main.py
 
 A ~1M-parameter character-level Llama first learns the answer format from reference solutions
-(``sft``), then DAPO improves its held-out greedy accuracy by about 20 points (40.6% -> 60.5% in
-400 steps while tuning; docs/main_job_results.md has the measured run). ``--config.train.steps=3``
-for a smoke run.
+(``sft``), then DAPO improves its held-out greedy accuracy: 40.6% -> 66.0% after 600 steps, 5:45
+wall clock on the 2-core CPU machine with SFT and compilation (docs/main_job_results.md).
+``--config.train.steps=3`` for a smoke run.
 """
 from rljax.config_loader import preset
 
