@@ -1,13 +1,16 @@
-"""One-token decode step of the Llama-family model, specialised for the sampler's inner loop.
+"""Prefill and one-token decode of the Llama-family model, specialised for the sampler.
 
-Numerically the same computation as ``llama.cached_step`` with ``S = 1`` (the tests check the
-sampler's log-probs against a teacher-forced ``llama.forward``), organised for speed:
+Numerically the same computation as ``llama.cached_step`` (the tests check the sampler's
+log-probs against a teacher-forced ``llama.forward`` and its greedy tokens against
+``transformers``), organised for speed:
 
 - the KV cache is **head-major**, ``k, v [B, G, K, Dh]``: attention is then a batched matmul with
   the batch dimensions leading, so XLA does not transpose the whole cache on every step (with the
   model's ``[B, K, G, Dh]`` layout it does, which costs more than the rest of the step on CPU);
 - the q/k/v projections and the gate/up projections are each one matmul on kernels concatenated
-  once per ``sample`` call (``fuse_weights``, outside the loop).
+  once per ``sample`` call (``fuse_weights``, outside the loop);
+- only the last position is normalised and returned (prefill needs the next-token logits of the
+  last prompt token only).
 
 Norms, RoPE and the residual structure reuse ``rljax.models.llama`` (``RMSNorm`` semantics,
 ``apply_rope``, ``rope_inv_freq``); the parameter tree is the model's, unchanged.
@@ -69,45 +72,54 @@ def _dense(x, kernel, bias=None):
   return y if bias is None else y + bias
 
 
-def head_major(cache) -> tuple:
-  """The model's cache ``[B, K, G, Dh]`` per layer -> ``(k, v)`` pairs ``[B, G, K, Dh]``."""
-  return tuple((c.k.transpose(0, 2, 1, 3), c.v.transpose(0, 2, 1, 3)) for c in cache)
+def init_cache(cfg: ModelConfig, batch: int, slots: int) -> tuple:
+  """Zeroed head-major cache: per layer ``(k, v)`` [B, G, K, Dh] in the compute dtype."""
+  shape = (batch, cfg.num_kv_heads, slots, cfg.head_dim)
+  dtype = jnp.dtype(cfg.dtype)
+  return tuple((jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)) for _ in range(cfg.num_layers))
 
 
-def decode_step(cfg: ModelConfig, w: dict, tokens, positions, cache, slot, kv_valid):
-  """Feed one token per row at cache slot ``slot``; return (final-norm hidden [B, D], cache).
+def step(cfg: ModelConfig, w: dict, tokens, positions, cache, slot, kv_valid):
+  """Feed ``S`` tokens per row at cache slots ``slot .. slot+S-1``: prefill (S = P) or decode
+  (S = 1). Returns (final-norm hidden of the *last* token [B, D], cache).
 
-  tokens, positions: [B] int. cache: per layer ``(k, v)`` [B, G, K, Dh]. kv_valid: [B, K] bool,
-  the slots (prompt tokens and completion slots) a query may attend to, up to its own slot.
+  tokens, positions: [B, S] int. cache: per layer ``(k, v)`` [B, G, K, Dh]. kv_valid: [B, K]
+  bool, the slots a query may attend to (prompt tokens and completion slots), each query only up
+  to its own slot. Only the last position goes through the final norm: the sampler needs nothing
+  else, and ``[B, S, V]`` logits are never formed.
   """
   dtype = jnp.dtype(cfg.dtype)
-  b = tokens.shape[0]
+  b, s = tokens.shape
   h, g, dh = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+  r = h // g
   inv_freq = llama.rope_inv_freq(cfg)
   k_slots = cache[0][0].shape[2]
-  allowed = kv_valid & (jnp.arange(k_slots)[None, :] <= slot)  # [B, K]
-  allowed = allowed[:, None, None, :]
-  pos = positions[:, None]
-  x = jnp.take(w["embed"], tokens, axis=0).astype(dtype)  # [B, D]
+  q_slots = slot + jnp.arange(s)
+  allowed = kv_valid[:, None, :] & (jnp.arange(k_slots)[None, None, :] <= q_slots[None, :, None])
+  allowed = allowed[:, None, None]  # [B, 1, 1, S, K]
+  x = jnp.take(w["embed"], tokens.reshape(-1), axis=0).astype(dtype)  # [B*S, D]
   new_cache = []
   for lw, (ck, cv) in zip(w["layers"], cache):
     y = _rms_norm(cfg, lw["ln1"], x)
-    qkv = _dense(y, lw["qkv"], lw.get("qkv_b"))
-    q = qkv[:, :h * dh].reshape(b, 1, h, dh)
-    k = qkv[:, h * dh:(h + g) * dh].reshape(b, 1, g, dh)
-    v = qkv[:, (h + g) * dh:].reshape(b, g, 1, dh)
-    q = llama.apply_rope(q, pos, inv_freq).reshape(b, g, h // g, dh)
-    k = llama.apply_rope(k, pos, inv_freq).reshape(b, g, 1, dh)
+    qkv = _dense(y, lw["qkv"], lw.get("qkv_b")).reshape(b, s, h + 2 * g, dh)
+    q = llama.apply_rope(qkv[:, :, :h], positions, inv_freq)  # [B, S, H, Dh]
+    k = llama.apply_rope(qkv[:, :, h:h + g], positions, inv_freq)  # [B, S, G, Dh]
+    v = qkv[:, :, h + g:]
+    # Head-major: [B, G, S, Dh] (a free reshape when S = 1).
+    k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
     ck = jax.lax.dynamic_update_slice(ck, k.astype(ck.dtype), (0, 0, slot, 0))
     cv = jax.lax.dynamic_update_slice(cv, v.astype(cv.dtype), (0, 0, slot, 0))
     new_cache.append((ck, cv))
-    scores = jnp.einsum("bgrd,bgkd->bgrk", q, ck.astype(q.dtype)).astype(jnp.float32)
-    scores = scores / np.float32(math.sqrt(dh))
+    q = q.reshape(b, s, g, r, dh).transpose(0, 2, 3, 1, 4).reshape(b, g, r * s, dh)
+    scores = jnp.einsum("bgqd,bgkd->bgqk", q, ck.astype(q.dtype)).astype(jnp.float32)
+    scores = scores.reshape(b, g, r, s, k_slots) / np.float32(math.sqrt(dh))
     scores = jnp.where(allowed, scores, llama._MASK_VALUE)
-    probs = jax.nn.softmax(scores, axis=-1).astype(cv.dtype)
-    attn = jnp.einsum("bgrk,bgkd->bgrd", probs, cv).reshape(b, h * dh)
+    probs = jax.nn.softmax(scores, axis=-1).astype(cv.dtype).reshape(b, g, r * s, k_slots)
+    attn = jnp.einsum("bgqk,bgkd->bgqd", probs, cv).reshape(b, g, r, s, dh)
+    attn = attn.transpose(0, 3, 1, 2, 4).reshape(b * s, h * dh)
     x = x + _dense(attn, lw["o"], lw.get("o_b"))
     y = _rms_norm(cfg, lw["ln2"], x)
     gate, up = jnp.split(_dense(y, lw["gate_up"], lw.get("gate_up_b")), 2, axis=-1)
     x = x + _dense(jax.nn.silu(gate) * up, lw["down"], lw.get("down_b"))
-  return _rms_norm(cfg, w["norm"], x), tuple(new_cache)
+  last = x.reshape(b, s, -1)[:, -1]
+  return _rms_norm(cfg, w["norm"], last), tuple(new_cache)

@@ -261,3 +261,27 @@ def test_fused_gumbel_noise_is_jax_random_gumbel():
     np.testing.assert_array_equal(np.asarray(got), full)
     part = jax.jit(noise.gumbel, static_argnums=1)(key, (2, 10), 40)  # rows 4..5
     np.testing.assert_array_equal(np.asarray(part), full[4:])
+
+
+def test_chunked_decoding_equals_the_whole_batch(monkeypatch):
+  """Decoding the rows in sequential chunks (CPU cache blocking) changes nothing."""
+  import functools
+  from rljax.rollout import sampler
+  cfg, _ = controlled_model(LOGITS)
+  params = jax.device_get(llama.init_params(cfg, 2))  # a random model: the cache matters
+  params["lm_head"]["kernel"] = params["lm_head"]["kernel"] * 30
+  tokens, mask = _prompts(4, p=8)
+  sp = SamplingParams(max_new_tokens=12, stop_ids=(STOP, 3, 11), temperature=1.5, top_p=0.95)
+  run = lambda: jax.device_get(jax.jit(functools.partial(
+      sampler._sample_impl, cfg=cfg, sp=sp, group_size=3))(params, tokens, mask,
+                                                            jax.random.key(9)))
+  monkeypatch.setattr(sampler, "CPU_CHUNK_BYTES", 1 << 40)
+  assert sampler.prompts_per_chunk(cfg, 4, 8, 3, 12) == 4
+  whole = run()
+  per_row = sampler._cache_bytes_per_row(cfg, 8 + 12)
+  monkeypatch.setattr(sampler, "CPU_CHUNK_BYTES", 6 * per_row)  # 2 prompts x 3 rows per chunk
+  assert sampler.prompts_per_chunk(cfg, 4, 8, 3, 12) == 2
+  chunked = run()
+  for x, y in zip(jax.tree.leaves(whole), jax.tree.leaves(chunked)):
+    np.testing.assert_allclose(x, y, atol=1e-6)
+  assert whole.truncated.any() and not whole.truncated.all()
