@@ -108,6 +108,10 @@ def main():
     name, value = item.split("=", 1)
     seconds, _, sft_flag = value.partition(":")
     times[name] = {"wall_s": float(seconds), "trained_sft": sft_flag == "sft"}
+  if args.record:  # kept for later --reuse invocations even when nothing runs now
+    os.makedirs(os.path.dirname(TIMES), exist_ok=True)
+    with open(TIMES, "w") as f:
+      json.dump(times, f, indent=2)
   configs = {name: load_config(os.path.join(ROOT, path)) for name, path in RUNS.items()}
   for name in args.only.split(","):
     cfg = configs[name]
