@@ -12,8 +12,9 @@ log-probs against a teacher-forced ``llama.forward`` and its greedy tokens again
 - only the last position is normalised and returned (prefill needs the next-token logits of the
   last prompt token only).
 
-Norms, RoPE and the residual structure reuse ``rljax.models.llama`` (``RMSNorm`` semantics,
-``apply_rope``, ``rope_inv_freq``); the parameter tree is the model's, unchanged.
+Norms, RoPE and the residual structure follow ``rljax.models.llama`` (``RMSNorm`` semantics,
+``apply_rope`` with its ``rope_inv_freq``, looked up from a table built once per call); the
+parameter tree is the model's, unchanged.
 """
 from __future__ import annotations
 
@@ -39,9 +40,26 @@ def _cat(parts, dtype):
   return jnp.concatenate([p.astype(dtype) for p in parts], axis=-1)
 
 
-def fuse_weights(cfg: ModelConfig, params: dict) -> dict:
+def rope_tables(cfg: ModelConfig, n_positions: int):
+  """``cos, sin`` [n_positions, Dh] of ``llama.apply_rope`` for positions 0 .. n_positions-1."""
+  inv_freq = jnp.asarray(llama.rope_inv_freq(cfg))
+  freqs = jnp.arange(n_positions, dtype=jnp.float32)[:, None] * inv_freq[None, :]
+  emb = jnp.concatenate([freqs, freqs], axis=-1)
+  return jnp.cos(emb), jnp.sin(emb)
+
+
+def _rope(x, cos, sin):
+  """``llama.apply_rope`` with the rotation looked up, not recomputed. x [B, S, N, Dh]; cos, sin
+  [B, S, Dh]. (Computed inside a fusion, the cos/sin would be re-evaluated for every head.)"""
+  half = x.shape[-1] // 2
+  rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+  return x * cos[:, :, None].astype(x.dtype) + rotated * sin[:, :, None].astype(x.dtype)
+
+
+def fuse_weights(cfg: ModelConfig, params: dict, n_positions: int) -> dict:
   """Decode-ready weights: per layer fused ``qkv`` [D, (H+2G) Dh] and ``gate_up`` [D, 2F] kernels
-  (and biases), all in the compute dtype; ``embed`` [V, D] and ``head`` [D, V]."""
+  (and biases), all in the compute dtype; ``embed`` [V, D], ``head`` [D, V], and RoPE tables
+  ``cos``/``sin`` for positions below ``n_positions``."""
   dtype = jnp.dtype(cfg.dtype)
   layers = []
   for i in range(cfg.num_layers):
@@ -63,8 +81,9 @@ def fuse_weights(cfg: ModelConfig, params: dict) -> dict:
       w["gate_up_b"] = _cat([mlp["gate_proj"]["bias"], mlp["up_proj"]["bias"]], dtype)
       w["down_b"] = mlp["down_proj"]["bias"].astype(dtype)
     layers.append(w)
+  cos, sin = rope_tables(cfg, n_positions)
   return {"layers": tuple(layers), "embed": params["embed_tokens"], "norm": params["norm"]["scale"],
-          "head": llama.head_weight(cfg, params)}
+          "head": llama.head_weight(cfg, params), "cos": cos, "sin": sin}
 
 
 def _dense(x, kernel, bias=None):
@@ -92,7 +111,7 @@ def step(cfg: ModelConfig, w: dict, tokens, positions, cache, slot, kv_valid):
   b, s = tokens.shape
   h, g, dh = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
   r = h // g
-  inv_freq = llama.rope_inv_freq(cfg)
+  cos, sin = jnp.take(w["cos"], positions, axis=0), jnp.take(w["sin"], positions, axis=0)
   k_slots = cache[0][0].shape[2]
   q_slots = slot + jnp.arange(s)
   allowed = kv_valid[:, None, :] & (jnp.arange(k_slots)[None, None, :] <= q_slots[None, :, None])
@@ -102,8 +121,8 @@ def step(cfg: ModelConfig, w: dict, tokens, positions, cache, slot, kv_valid):
   for lw, (ck, cv) in zip(w["layers"], cache):
     y = _rms_norm(cfg, lw["ln1"], x)
     qkv = _dense(y, lw["qkv"], lw.get("qkv_b")).reshape(b, s, h + 2 * g, dh)
-    q = llama.apply_rope(qkv[:, :, :h], positions, inv_freq)  # [B, S, H, Dh]
-    k = llama.apply_rope(qkv[:, :, h:h + g], positions, inv_freq)  # [B, S, G, Dh]
+    q = _rope(qkv[:, :, :h], cos, sin)  # [B, S, H, Dh]
+    k = _rope(qkv[:, :, h:h + g], cos, sin)  # [B, S, G, Dh]
     v = qkv[:, :, h + g:]
     # Head-major: [B, G, S, Dh] (a free reshape when S = 1).
     k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)

@@ -283,7 +283,7 @@ def _sample_impl(params, prompt_tokens, prompt_mask, key, *, cfg: ModelConfig,
 
   prompt_tokens = prompt_tokens.astype(jnp.int32)
   prompt_mask = prompt_mask.astype(jnp.int32)
-  weights = decode.fuse_weights(cfg, params)  # once per call, outside the loops
+  weights = decode.fuse_weights(cfg, params, p + t_max)  # once per call, outside the loops
   rows = functools.partial(_sample_rows, weights, key_at=key_at, cfg=cfg, sp=sp, g=g)
   pc = prompts_per_chunk(cfg, n_prompts, p, g, t_max)
   if pc == n_prompts:
