@@ -17,9 +17,11 @@ memory, and the fraction of the machine's compute ceiling reached:
   forward per generated token but the last, causal attention over the filled context only, the
   output head only where a token is sampled) divided by the number of generated tokens.
 
-Peak memory: ``xla`` is XLA's own accounting of the compiled sampler (arguments + outputs +
-temporaries, i.e. weights, KV cache and buffers); ``rss`` is the growth of the process's resident
-memory during one call (sampled every 0.2 ms in a separate, untimed call), for both frameworks.
+Peak memory: ``rss`` is the growth of the process's resident memory during one call (polled every
+0.2 ms during the warm-up call and one more untimed call, the larger of the two; glibc is told to return buffers of 64 KiB or more to the OS on
+free, so the growth is the peak of what the call itself held), for both frameworks; ``xla`` is
+XLA's own accounting of the compiled sampler per device (arguments + outputs + temporaries:
+weights, KV cache, buffers).
 
 No XLA flag is set. Usage::
 
@@ -45,12 +47,26 @@ def _parse(argv=None):
   ap.add_argument("--models", default="1M,6M")
   ap.add_argument("--batches", default="8,64,256")
   ap.add_argument("--runs", type=int, default=5, help="timed runs per side (after a warm-up)")
-  ap.add_argument("--devices", type=int, default=1, help="CPU devices for the rljax sampler")
+  ap.add_argument("--devices", type=int, default=os.cpu_count(),
+                  help="CPU devices for the rljax sampler (default: one per core)")
   ap.add_argument("--no-hf", action="store_true", help="rljax only")
   return ap.parse_args(argv)
 
 
+def _unpooled_malloc():
+  """Make glibc return every buffer of 64 KiB or more to the OS when it is freed (fixed mmap
+  threshold), so that the resident-set growth during a call is the peak of what the call held."""
+  try:
+    import ctypes
+    libc = ctypes.CDLL("libc.so.6")
+    libc.mallopt(-3, 64 << 10)  # M_MMAP_THRESHOLD (a fixed value also stops its auto-tuning)
+    libc.mallopt(-1, 64 << 10)  # M_TRIM_THRESHOLD
+  except OSError:
+    pass
+
+
 if __name__ == "__main__":
+  _unpooled_malloc()
   ARGS = _parse()
   if ARGS.devices > 1:  # must happen before JAX initialises its CPU backend
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
@@ -204,7 +220,7 @@ def main(args):
   print(f"# prompt {PROMPT} tokens, {NEW} new tokens forced, vocab {VOCAB}; tokens/s = median "
         f"[min-max] of {args.runs} runs")
   header = ("| model | params | batch | rljax tok/s | transformers tok/s | ratio | % ceiling | "
-            "rljax compile s | rljax mem xla / rss MB | transformers rss MB |")
+            "rljax compile s | rljax peak MB rss (xla/device) | transformers peak MB rss |")
   print(header)
   print("|---" * (header.count("|") - 1) + "|")
   with tempfile.TemporaryDirectory() as tmp:
@@ -216,21 +232,21 @@ def main(args):
       ceiling = peak / flops_per_generated_token(cfg)
       for batch in [int(b) for b in args.batches.split(",")]:
         ours = Rljax(cfg, params, batch, args.devices)
-        ours()  # warm-up
+        rss_ours = peak_rss_growth(ours)  # the warm-up call
         theirs = None if args.no_hf else HF(path, batch)
         if theirs is not None:
-          theirs()
+          rss_theirs = peak_rss_growth(theirs)
         t_ours, t_theirs = [], []
         for _ in range(args.runs):  # interleaved, so both sides see the same machine load
           t_ours.append(_timed(ours))
           if theirs is not None:
             t_theirs.append(_timed(theirs))
         o_med, o_lo, o_hi = _stats(t_ours, batch)
-        rss_ours = peak_rss_growth(ours) / 2 ** 20
+        rss_ours = max(rss_ours, peak_rss_growth(ours)) / 2 ** 20
         xla_mb = float("nan") if ours.xla_bytes is None else ours.xla_bytes / 2 ** 20
         if theirs is not None:
           h_med, h_lo, h_hi = _stats(t_theirs, batch)
-          rss_theirs = peak_rss_growth(theirs) / 2 ** 20
+          rss_theirs = max(rss_theirs, peak_rss_growth(theirs)) / 2 ** 20
           hf_col = f"{h_med:,.0f} [{h_lo:,.0f}-{h_hi:,.0f}]"
           ratio = f"{o_med / h_med:.2f}x"
           hf_mem = f"{rss_theirs:.1f}"
@@ -239,7 +255,7 @@ def main(args):
         print(f"| {name} | {cfg.num_params() / 1e6:.2f}M | {batch} | "
               f"{o_med:,.0f} [{o_lo:,.0f}-{o_hi:,.0f}] | {hf_col} | {ratio} | "
               f"{100 * o_med / ceiling:.0f}% | {ours.compile_s:.1f} | "
-              f"{xla_mb:.1f} / {rss_ours:.1f} | {hf_mem} |", flush=True)
+              f"{rss_ours:.1f} ({xla_mb:.1f}) | {hf_mem} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -320,6 +320,7 @@ def _sample_rows(weights, prompt_tokens, prompt_mask, row_offset, *, key_at, cfg
 
   stop_ids = jnp.asarray(sp.stop_ids or (-1,), jnp.int32)
   pad = jnp.int32(sp.pad_id)
+  own_slogp = not (sp.is_greedy or _is_identity(sp, cfg.vocab_size))
 
   def record(state, t, logits):
     """Sample token t from logits [B, V] and write it (padding for rows already stopped)."""
@@ -329,7 +330,8 @@ def _sample_rows(weights, prompt_tokens, prompt_mask, row_offset, *, key_at, cfg
     col = lambda x, v: jax.lax.dynamic_update_slice_in_dim(x, v[:, None], t, axis=1)
     tokens = col(tokens, jnp.where(live, tok, pad))
     logp = col(logp, jnp.where(live, lp, 0.0))
-    slogp = col(slogp, jnp.where(live, slp, 0.0))
+    if own_slogp:  # otherwise it is 0 (greedy) or logp (no transform): filled in at the end
+      slogp = col(slogp, jnp.where(live, slp, 0.0))
     length = length + live.astype(jnp.int32)
     if sp.stop_ids:
       done = done | jnp.any(tok[:, None] == stop_ids[None, :], axis=-1)
@@ -358,6 +360,8 @@ def _sample_rows(weights, prompt_tokens, prompt_mask, row_offset, *, key_at, cfg
     _, cache, tok, out = jax.lax.while_loop(cond, body, (jnp.int32(first), cache, tok, out))
 
   tokens, logp, slogp, done, length = out
+  if not own_slogp:
+    slogp = jnp.zeros_like(logp) if sp.is_greedy else logp
   mask = (jnp.arange(t_max)[None, :] < length[:, None]).astype(jnp.int32)
   return Rollout(prompt_tokens=prompt_tokens_b, prompt_mask=prompt_mask_b, tokens=tokens,
                  mask=mask, logp=logp, sampler_logp=slogp, lengths=length, truncated=~done)
