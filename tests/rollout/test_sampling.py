@@ -230,11 +230,16 @@ params = llama.init_params(cfg, 0)
 tokens = np.random.default_rng(0).integers(1, 32, (4, 6)).astype(np.int32)
 mask = np.ones_like(tokens); mask[1, :3] = 0
 sp = SamplingParams(max_new_tokens=8, temperature=0.9, top_k=10, stop_ids=(3,))
-mesh = Mesh(np.array(jax.devices()).reshape(4), ("data",))
-fn = make_sampler(cfg, sp, group_size=2, mesh=mesh)
+mesh = Mesh(np.array(jax.devices()).reshape(2, 2), ("data", "fsdp"))
+fn = make_sampler(cfg, sp, group_size=2, mesh=mesh, data_axis=("data", "fsdp"))
 got = fn(params, tokens, mask, jax.random.key(1))
-assert got.tokens.sharding.spec[0] == "data" or got.tokens.sharding.spec[0] == ("data",), got.tokens.sharding
-assert len(got.tokens.addressable_shards) == 4
+assert got.tokens.sharding.spec[0] == ("data", "fsdp"), got.tokens.sharding
+assert {s.data.shape for s in got.tokens.addressable_shards} == {(2, 8)}
+try:
+  fn(params, tokens[:3], mask[:3], jax.random.key(1))
+  raise AssertionError("3 prompts on 4 shards must fail")
+except ValueError as e:
+  assert "split evenly" in str(e)
 want = sample(cfg, params, tokens, mask, jax.random.key(1), sp, group_size=2)
 np.testing.assert_array_equal(np.asarray(got.tokens), np.asarray(want.tokens))
 np.testing.assert_allclose(np.asarray(got.logp), np.asarray(want.logp), atol=1e-5)
