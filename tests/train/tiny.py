@@ -5,13 +5,13 @@ import numpy as np
 
 from rljax.rewards import verifiers
 
-REWARD = "test_first_char_mod4"
+REWARD = "test_char_sum_mod4"
 if REWARD not in verifiers.REWARD_FNS:
   # A reward a random policy earns about a quarter of the time, so that group estimators see a
   # reward spread (every preset really updates) and dynamic sampling has groups to drop.
   @verifiers.register_reward(REWARD)
-  def _first_char_mod4(completion, problem):
-    return float(bool(completion) and ord(completion[0]) % 4 == 0)
+  def _char_sum_mod4(completion, problem):
+    return float(sum(map(ord, completion)) % 4 == 0)
 
 OVERRIDES = {
     "model.hidden_size": "32", "model.intermediate_size": "64", "model.num_layers": "1",
