@@ -17,11 +17,11 @@ memory, and the fraction of the machine's compute ceiling reached:
   forward per generated token but the last, causal attention over the filled context only, the
   output head only where a token is sampled) divided by the number of generated tokens.
 
-Peak memory: ``rss`` is the growth of the process's resident memory during one call (polled every
-0.2 ms during the warm-up call and one more untimed call, the larger of the two; glibc is told to return buffers of 64 KiB or more to the OS on
-free, so the growth is the peak of what the call itself held), for both frameworks; ``xla`` is
-XLA's own accounting of the compiled sampler per device (arguments + outputs + temporaries:
-weights, KV cache, buffers).
+Peak memory: ``rss`` is the growth of the process's resident memory during a call (polled every
+0.2 ms, in the warm-up call and one more untimed call, the larger of the two; glibc is told to
+return buffers of 64 KiB or more to the OS on free, so the growth is the peak of what the call
+itself held), for both frameworks; ``xla`` is XLA's own accounting of the compiled sampler per
+device (arguments + outputs + temporaries: weights, KV cache, buffers).
 
 No XLA flag is set. Usage::
 

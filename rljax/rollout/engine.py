@@ -6,6 +6,7 @@ the sampler at most ``ceil(max_prompt_tokens / bucket)`` times (once per width a
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Sequence
 
 import jax
@@ -62,7 +63,7 @@ def generate_text(cfg: ModelConfig, params, tokenizer, prompts: Sequence[str], k
   encode = getattr(tokenizer, "encode_prompt", None) or tokenizer.encode
   ids = [encode(p) for p in prompts]
   stop = sp.stop_ids if tokenizer.eos_id in sp.stop_ids else sp.stop_ids + (tokenizer.eos_id,)
-  sp = SamplingParams(**{**sp.__dict__, "stop_ids": stop, "pad_id": tokenizer.pad_id})
+  sp = dataclasses.replace(sp, stop_ids=stop, pad_id=tokenizer.pad_id)
   tokens, mask = left_pad(ids, bucket, tokenizer.pad_id)
   rollout = sample(cfg, params, tokens, mask, key, sp, group_size)
   texts = [tokenizer.decode(c) for c in completion_ids(rollout)]

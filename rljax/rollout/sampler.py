@@ -64,6 +64,7 @@ _MAX_SEGMENTS = 4
 CPU_CHUNK_BYTES = 8 << 20
 CPU_CHUNK_MAX_WEIGHT_BYTES = 8 << 20  # larger models: re-reading weights per chunk costs more
 
+
 @struct.dataclass
 class Rollout:
   """Completions of a batch of prompts; a pytree of arrays, ``B = Pn * G`` rows, groups contiguous.
@@ -110,7 +111,8 @@ def _grow_cache(cache, slots: int):
 
 
 def _cache_bytes_per_row(cfg: ModelConfig, slots: int) -> int:
-  return 2 * cfg.num_layers * cfg.num_kv_heads * slots * cfg.head_dim * jnp.dtype(cfg.dtype).itemsize
+  itemsize = jnp.dtype(cfg.dtype).itemsize
+  return 2 * cfg.num_layers * cfg.num_kv_heads * slots * cfg.head_dim * itemsize
 
 
 def prompts_per_chunk(cfg: ModelConfig, n_prompts: int, p: int, group_size: int,
@@ -119,9 +121,10 @@ def prompts_per_chunk(cfg: ModelConfig, n_prompts: int, p: int, group_size: int,
 
   A decode step reads the whole KV cache and all the weights. On CPU, when the weights are small
   (at most ``CPU_CHUNK_MAX_WEIGHT_BYTES``), the rows are decoded in sequential chunks whose cache
-  is about ``CPU_CHUNK_BYTES``: the chunk's cache then stays in the CPU caches for all its steps instead of
-  streaming from DRAM at every step, which costs only re-reading the (cache-resident) weights once
-  per chunk and step. Larger models, and other backends, decode the whole batch at once.
+  is about ``CPU_CHUNK_BYTES``: the chunk's cache then stays in the CPU caches for all its steps
+  instead of streaming from DRAM at every step, which costs only re-reading the (cache-resident)
+  weights once per chunk and step. Larger models, and other backends, decode the whole batch at
+  once. A chunk always holds whole groups.
   """
   if jax.default_backend() != "cpu":
     return n_prompts
