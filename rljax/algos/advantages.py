@@ -273,28 +273,18 @@ def _grpo(algo_cfg, *, rewards, mask, group_size, values, token_rewards):
   return grpo_advantages(rewards, mask, group_size, std_mode=algo_cfg.adv_std), None
 
 
-@register_advantage("dr_grpo")
-def _dr_grpo(algo_cfg, *, rewards, mask, group_size, values, token_rewards):
-  del algo_cfg, values, token_rewards
-  return dr_grpo_advantages(rewards, mask, group_size), None
+def _outcome_estimator(estimator):
+  """Registry adapter for estimators of outcome rewards alone: ``estimator(rewards, mask, G)``."""
+  def adapter(algo_cfg, *, rewards, mask, group_size, values, token_rewards):
+    del algo_cfg, values, token_rewards
+    return estimator(rewards, mask, group_size), None
+  adapter.__doc__ = estimator.__doc__
+  return adapter
 
 
-@register_advantage("rloo")
-def _rloo(algo_cfg, *, rewards, mask, group_size, values, token_rewards):
-  del algo_cfg, values, token_rewards
-  return rloo_advantages(rewards, mask, group_size), None
-
-
-@register_advantage("opo")
-def _opo(algo_cfg, *, rewards, mask, group_size, values, token_rewards):
-  del algo_cfg, values, token_rewards
-  return opo_advantages(rewards, mask, group_size), None
-
-
-@register_advantage("gpg")
-def _gpg(algo_cfg, *, rewards, mask, group_size, values, token_rewards):
-  del algo_cfg, values, token_rewards
-  return gpg_advantages(rewards, mask, group_size), None
+for _name, _estimator in (("dr_grpo", dr_grpo_advantages), ("rloo", rloo_advantages),
+                          ("opo", opo_advantages), ("gpg", gpg_advantages)):
+  register_advantage(_name)(_outcome_estimator(_estimator))
 
 
 @register_advantage("reinforce_pp", whitened=True)
