@@ -27,6 +27,15 @@ No XLA flag is set. Usage::
 
   python benchmarks/sampler.py                       # both models, batch 8, 64, 256
   python benchmarks/sampler.py --models 1M --batches 64 --runs 3
+  python benchmarks/sampler.py --backend gpu --batches 8,64,256,1024
+
+On a GPU (``--backend gpu``, or ``auto`` when JAX's default backend is the GPU) rljax runs on one
+GPU (no host devices are forced) and transformers on torch CUDA, each call synchronised before the
+clock stops; the matmul of the ceiling is 8192^3 float32 on the GPU with both frameworks (each at
+its default precision, printed: XLA may use TF32 for float32 dots, torch does not unless
+``allow_tf32`` is set); memory is device memory: XLA's accounting of the compiled sampler, JAX's
+peak bytes in use over the process so far, and torch's peak allocated bytes during the first call
+(weights included).
 """
 from __future__ import annotations
 
@@ -50,6 +59,8 @@ def _parse(argv=None):
   ap.add_argument("--devices", type=int, default=os.cpu_count(),
                   help="CPU devices for the rljax sampler (default: one per core)")
   ap.add_argument("--no-hf", action="store_true", help="rljax only")
+  ap.add_argument("--backend", choices=("auto", "cpu", "gpu"), default="auto",
+                  help="auto: JAX's default backend; gpu: rljax on one GPU, transformers on CUDA")
   return ap.parse_args(argv)
 
 
@@ -66,9 +77,12 @@ def _unpooled_malloc():
 
 
 if __name__ == "__main__":
-  _unpooled_malloc()
   ARGS = _parse()
-  if ARGS.devices > 1:  # must happen before JAX initialises its CPU backend
+  if ARGS.backend == "cpu":
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+  if ARGS.backend != "gpu":  # host memory is what is measured on the CPU
+    _unpooled_malloc()
+  if ARGS.backend != "gpu" and ARGS.devices > 1:  # before JAX initialises its CPU backend
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                                f" --xla_force_host_platform_device_count={ARGS.devices}")
 
@@ -106,16 +120,31 @@ def flops_per_generated_token(cfg: ModelConfig, p: int = PROMPT, t: int = NEW) -
   return (prefill + decode) / t
 
 
-def matmul_flops(n: int = 2048, reps: int = 5) -> dict:
-  a = jnp.asarray(np.random.default_rng(0).standard_normal((n, n)), jnp.float32)
+def matmul_flops(n: int = 2048, reps: int = 5, gpu: bool = False) -> dict:
+  if gpu:
+    a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
+  else:
+    a = jnp.asarray(np.random.default_rng(0).standard_normal((n, n)), jnp.float32)
   mm = jax.jit(lambda x, y: x @ y)
   mm(a, a).block_until_ready()
   best = min(_timed(lambda: mm(a, a).block_until_ready()) for _ in range(reps))
   out = {"xla": 2 * n ** 3 / best}
+  del a
   import torch
-  x = torch.randn(n, n)
-  x @ x
-  out["torch"] = 2 * n ** 3 / min(_timed(lambda: x @ x) for _ in range(reps))
+  if gpu:
+    x = torch.randn(n, n, device="cuda")
+
+    def torch_mm():
+      x @ x
+      torch.cuda.synchronize()
+  else:
+    x = torch.randn(n, n)
+
+    def torch_mm():
+      x @ x
+  torch_mm()
+  out["torch"] = 2 * n ** 3 / min(_timed(torch_mm) for _ in range(reps))
+  del x
   return out
 
 
@@ -151,20 +180,23 @@ def peak_rss_growth(fn) -> int:
 
 class Rljax:
 
-  def __init__(self, cfg, params, batch, devices=1):
+  def __init__(self, cfg, params, batch, devices=1, device=None):
     self.sp = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=NEW,
                              stop_ids=())
     self.params = params
     rng = np.random.default_rng(batch)
     self.tokens = rng.integers(0, VOCAB, (batch, PROMPT)).astype(np.int32)
     self.mask = np.ones_like(self.tokens)
+    if device is not None:  # everything on the accelerator before the clock starts
+      self.params, self.tokens, self.mask = jax.device_put((params, self.tokens, self.mask),
+                                                           device)
     if devices > 1:
       mesh = Mesh(np.array(jax.devices()[:devices]), ("data",))
       jitted = make_sampler(cfg, self.sp, 1, mesh=mesh).jitted
       lowered = jitted.lower(params, self.tokens, self.mask, jax.random.key(0))
     else:
-      lowered = sampler._sample_jit.lower(params, self.tokens, self.mask, jax.random.key(0),
-                                          cfg=cfg, sp=self.sp, group_size=1)
+      lowered = sampler._sample_jit.lower(self.params, self.tokens, self.mask,
+                                          jax.random.key(0), cfg=cfg, sp=self.sp, group_size=1)
     t0 = time.perf_counter()
     self.compiled = lowered.compile()
     self.compile_s = time.perf_counter() - t0
@@ -182,21 +214,25 @@ class Rljax:
 
 class HF:
 
-  def __init__(self, path, batch):
+  def __init__(self, path, batch, device="cpu"):
     import torch
     import transformers
     self.torch = torch
     self.model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    self.model.to(device)
     self.model.eval()
     rng = np.random.default_rng(batch)
-    self.tokens = torch.tensor(rng.integers(0, VOCAB, (batch, PROMPT)), dtype=torch.long)
+    self.tokens = torch.tensor(rng.integers(0, VOCAB, (batch, PROMPT)), dtype=torch.long,
+                               device=device)
     self.mask = torch.ones_like(self.tokens)
+    self.sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
 
   def __call__(self):
     with self.torch.inference_mode():
       out = self.model.generate(input_ids=self.tokens, attention_mask=self.mask, do_sample=True,
                                 temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=NEW,
                                 min_new_tokens=NEW, eos_token_id=None, pad_token_id=0)
+    self.sync()  # inside the timed call: CUDA kernels run asynchronously
     assert out.shape == (self.tokens.shape[0], PROMPT + NEW), out.shape
 
 
@@ -206,6 +242,11 @@ def _stats(times, batch):
 
 
 def main(args):
+  if args.backend == "gpu" and jax.default_backend() != "gpu":
+    raise SystemExit(f"--backend gpu: JAX's default backend is {jax.default_backend()!r} "
+                     f"({jax.devices()})")
+  if jax.default_backend() == "gpu":
+    return main_gpu(args)
   import torch
   import transformers
 
@@ -256,6 +297,89 @@ def main(args):
               f"{o_med:,.0f} [{o_lo:,.0f}-{o_hi:,.0f}] | {hf_col} | {ratio} | "
               f"{100 * o_med / ceiling:.0f}% | {ours.compile_s:.1f} | "
               f"{rss_ours:.1f} ({xla_mb:.1f}) | {hf_mem} |", flush=True)
+
+
+def _precisions(torch) -> str:
+  """The float32 matmul precision each framework uses on the GPU (None: XLA's default, TF32)."""
+  jp = getattr(jax.config, "jax_default_matmul_precision", "?")
+  try:
+    tp = (f"allow_tf32={torch.backends.cuda.matmul.allow_tf32} (float32_matmul_precision="
+          f"{torch.get_float32_matmul_precision()})")
+  except Exception as e:  # noqa: BLE001 (an API that moved: report it, do not fail)
+    tp = f"? ({type(e).__name__}: {e})"
+  return f"jax_default_matmul_precision={jp}, torch {tp}"
+
+
+def _jax_peak_mb(device) -> float:
+  """JAX's peak device bytes in use over the process so far (nan where not reported)."""
+  stats = device.memory_stats() or {}
+  peak = stats.get("peak_bytes_in_use")
+  return float("nan") if peak is None else peak / 2 ** 20
+
+
+def main_gpu(args):
+  """The same table on one GPU: rljax on JAX's first GPU, transformers on torch CUDA."""
+  import gc
+
+  import torch
+  import transformers
+
+  if not torch.cuda.is_available():
+    raise SystemExit("JAX sees a GPU but torch.cuda does not: the peer would run on the CPU")
+  device = jax.devices()[0]
+  n = 8192
+  flops = matmul_flops(n, gpu=True)
+  peak = max(flops.values())
+  print(f"# machine: {device.device_kind} (torch: {torch.cuda.get_device_name(0)}); rljax on 1 "
+        f"GPU; jax {jax.__version__} ({jax.default_backend()}), torch {torch.__version__} "
+        f"(CUDA {torch.version.cuda}), transformers {transformers.__version__}")
+  print(f"# matmul precision: {_precisions(torch)}")
+  print(f"# float32 {n}^3 matmul: XLA {flops['xla'] / 1e12:.1f} TFLOP/s, torch "
+        f"{flops['torch'] / 1e12:.1f} TFLOP/s -> ceiling uses {peak / 1e12:.1f} TFLOP/s")
+  print(f"# prompt {PROMPT} tokens, {NEW} new tokens forced, vocab {VOCAB}; tokens/s = median "
+        f"[min-max] of {args.runs} runs")
+  header = ("| model | params | batch | rljax tok/s | transformers tok/s | ratio | % ceiling | "
+            "rljax compile s | rljax MB xla (jax peak so far) | transformers peak MB cuda |")
+  print(header)
+  print("|---" * (header.count("|") - 1) + "|")
+  with tempfile.TemporaryDirectory() as tmp:
+    for name in args.models.split(","):
+      cfg = model_config(name)
+      params = jax.device_put(llama.init_params(cfg, seed=0), device)
+      path = os.path.join(tmp, name)
+      save_hf(path, cfg, jax.device_get(params))
+      ceiling = peak / flops_per_generated_token(cfg)
+      for batch in [int(b) for b in args.batches.split(",")]:
+        ours = Rljax(cfg, params, batch, 1, device)
+        ours()  # warm-up
+        theirs = None
+        gc.collect()  # the previous peer's weights leave the device before this one is counted
+        if not args.no_hf:
+          torch.cuda.synchronize()
+          base = torch.cuda.memory_allocated()
+          torch.cuda.reset_peak_memory_stats()
+          theirs = HF(path, batch, "cuda")
+          theirs()  # warm-up
+          cuda_mb = (torch.cuda.max_memory_allocated() - base) / 2 ** 20
+        t_ours, t_theirs = [], []
+        for _ in range(args.runs):  # interleaved, as on the CPU
+          t_ours.append(_timed(ours))
+          if theirs is not None:
+            t_theirs.append(_timed(theirs))
+        o_med, o_lo, o_hi = _stats(t_ours, batch)
+        xla_mb = float("nan") if ours.xla_bytes is None else ours.xla_bytes / 2 ** 20
+        if theirs is not None:
+          h_med, h_lo, h_hi = _stats(t_theirs, batch)
+          hf_col = f"{h_med:,.0f} [{h_lo:,.0f}-{h_hi:,.0f}]"
+          ratio = f"{o_med / h_med:.2f}x"
+          hf_mem = f"{cuda_mb:.1f}"
+        else:
+          hf_col, ratio, hf_mem = "-", "-", "-"
+        print(f"| {name} | {cfg.num_params() / 1e6:.2f}M | {batch} | "
+              f"{o_med:,.0f} [{o_lo:,.0f}-{o_hi:,.0f}] | {hf_col} | {ratio} | "
+              f"{100 * o_med / ceiling:.1f}% | {ours.compile_s:.1f} | "
+              f"{xla_mb:.1f} ({_jax_peak_mb(device):.1f}) | {hf_mem} |", flush=True)
+        del ours
 
 
 if __name__ == "__main__":

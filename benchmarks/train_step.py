@@ -8,6 +8,11 @@ sampled tokens (no early stop), then old/ref log-probs, a clipped GRPO loss with
 and AdamW. Rewards are random (verifiers are Python on both sides and not what is measured).
 Prints seconds per phase (median over steps after a warm-up), the compile time of rljax's first
 step, and the ratio peer / rljax.
+
+Where JAX's default backend is a GPU, rljax runs on one GPU and the peer on torch CUDA (every phase
+synchronised before its clock stops), and the GPU, the matmul precisions (XLA may use TF32 for
+float32 dots, torch does not unless ``allow_tf32`` is set) and both peak device memories are
+printed too.
 """
 import argparse
 import os
@@ -68,11 +73,12 @@ def rljax_step_fn(new_tokens: int):
   return step, model_cfg
 
 
-def torch_step_fn(new_tokens: int, model_cfg):
+def torch_step_fn(new_tokens: int, model_cfg, device: str = "cpu"):
   import copy
 
   import torch
   import transformers
+  sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
   torch.manual_seed(0)
   hf = transformers.LlamaConfig(
       vocab_size=VOCAB, hidden_size=model_cfg.hidden_size,
@@ -80,11 +86,11 @@ def torch_step_fn(new_tokens: int, model_cfg):
       num_attention_heads=model_cfg.num_heads, num_key_value_heads=model_cfg.num_kv_heads,
       tie_word_embeddings=model_cfg.tie_embeddings, pad_token_id=0, eos_token_id=1,
       bos_token_id=2)
-  policy = transformers.LlamaForCausalLM(hf)
+  policy = transformers.LlamaForCausalLM(hf).to(device)
   ref = copy.deepcopy(policy).eval()
   opt = torch.optim.AdamW(policy.parameters(), lr=1e-6, weight_decay=0.0)
   rng = np.random.default_rng(0)
-  prompts = torch.tensor(rng.integers(3, VOCAB, (PROMPTS, PROMPT_LEN)))
+  prompts = torch.tensor(rng.integers(3, VOCAB, (PROMPTS, PROMPT_LEN)), device=device)
   prompts = prompts.repeat_interleave(GROUP, 0)
 
   def token_logp(model, seq):
@@ -98,9 +104,10 @@ def torch_step_fn(new_tokens: int, model_cfg):
       seq = policy.generate(prompts, attention_mask=torch.ones_like(prompts), do_sample=True,
                             top_k=0, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
                             pad_token_id=0)
+    sync()
     t1 = time.perf_counter()
     rewards = torch.tensor(np.random.default_rng(i).integers(0, 2, PROMPTS * GROUP),
-                           dtype=torch.float32).view(PROMPTS, GROUP)
+                           dtype=torch.float32, device=device).view(PROMPTS, GROUP)
     adv = ((rewards - rewards.mean(1, keepdim=True))
            / (rewards.std(1, keepdim=True) + 1e-6)).view(-1, 1)
     with torch.no_grad():
@@ -117,6 +124,7 @@ def torch_step_fn(new_tokens: int, model_cfg):
     loss.backward()
     torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)
     opt.step()
+    sync()
     t2 = time.perf_counter()
     return {"rollout": t1 - t0, "update": t2 - t1, "step": t2 - t0}
 
@@ -128,6 +136,17 @@ def median_times(step, steps):
   return {k: statistics.median(r[k] for r in runs) for k in runs[0]}, runs
 
 
+def _precisions(torch) -> str:
+  """The float32 matmul precision each framework uses on the GPU (None: XLA's default, TF32)."""
+  jp = getattr(jax.config, "jax_default_matmul_precision", "?")
+  try:
+    tp = (f"allow_tf32={torch.backends.cuda.matmul.allow_tf32} (float32_matmul_precision="
+          f"{torch.get_float32_matmul_precision()})")
+  except Exception as e:  # noqa: BLE001 (an API that moved: report it, do not fail)
+    tp = f"? ({type(e).__name__}: {e})"
+  return f"jax_default_matmul_precision={jp}, torch {tp}"
+
+
 def main():
   parser = argparse.ArgumentParser()
   parser.add_argument("--steps", type=int, default=10)
@@ -135,17 +154,32 @@ def main():
   args = parser.parse_args()
   import torch
   torch.set_num_threads(os.cpu_count())
+  gpu = jax.default_backend() == "gpu"
+  if gpu and not torch.cuda.is_available():
+    raise SystemExit("JAX sees a GPU but torch.cuda does not: the peer would run on the CPU")
   ours, model_cfg = rljax_step_fn(args.new_tokens)
   t = time.perf_counter()
   ours(10_000)  # compile
   compile_s = time.perf_counter() - t
-  peer = torch_step_fn(args.new_tokens, model_cfg)
+  peer = torch_step_fn(args.new_tokens, model_cfg, "cuda" if gpu else "cpu")
   peer(10_000)  # warm-up
   ours_med, _ = median_times(ours, args.steps)
   peer_med, _ = median_times(peer, args.steps)
+  if gpu:
+    device = jax.devices()[0]
+    where = (f"1 GPU: {device.device_kind} (torch: {torch.cuda.get_device_name(0)}, CUDA "
+             f"{torch.version.cuda})")
+  else:
+    where = f"{os.cpu_count()} CPU threads"
   print(f"model: {model_cfg.num_params():,} params; {PROMPTS} prompts x {GROUP} completions x "
         f"{args.new_tokens} new tokens; jax {jax.__version__}, torch {torch.__version__}, "
-        f"{os.cpu_count()} CPU threads")
+        f"{where}")
+  if gpu:
+    peak = (device.memory_stats() or {}).get("peak_bytes_in_use")
+    jax_mb = "n/a" if peak is None else f"{peak / 2 ** 20:.1f} MB"
+    print(f"matmul precision: {_precisions(torch)}")
+    print(f"peak device memory: jax {jax_mb} (peak bytes in use), torch "
+          f"{torch.cuda.max_memory_allocated() / 2 ** 20:.1f} MB (max allocated)")
   print(f"rljax first step (compilation included): {compile_s:.1f} s")
   print(f"{'phase':<8} {'rljax s':>9} {'torch s':>9} {'torch/rljax':>12}")
   for k in ("rollout", "update", "step"):

@@ -1,0 +1,151 @@
+#!/usr/bin/env bash
+# GPU check of rljax on a borrowed one-GPU machine (H100/H200) with no network, in under 8 minutes:
+#   a. the model / rollout / algorithm tests on the GPU          (budget A_S, default 130 s)
+#   b. the sampler benchmark against transformers on CUDA        (B_S, 110 s)
+#   c. the GRPO train-step benchmark against the torch peer      (C_S, 45 s per setting)
+#   d. the main job (SFT cold start + DAPO), short, timed        (D_S, 120 s)
+# Every step has its own timeout, logs under $OUT and the script goes on when one fails.
+#
+# Run it in the repository root, with the pinned pure-python wheels in .whl/ (git-ignored through
+# .git/info/exclude; the image's jax/jaxlib (CUDA plugin), torch and transformers are used as they
+# are), fetched beforehand on a machine with network:
+#   for p in flax==0.12.8 optax==0.2.8 orbax-checkpoint==0.12.8 chex==0.1.92 ml_collections==1.1.0 \
+#            tensorboardX==2.6.5 etils==1.15.0 toolz==1.2.0; do
+#     python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
+#       --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+#       --platform manylinux2014_x86_64 -d .whl "$p"; done
+# then (OUT: the folder whose files come back; at most 7 files are written there):
+#   OUT=/tmp/out bash scripts/device_check.sh
+# STEPS=bd runs only steps b and d; D_EXTRA adds config overrides to d (a CPU smoke run:
+# STEPS=d D_EXTRA='--config.sft.steps=3 --config.train.steps=2' bash scripts/device_check.sh).
+set -u
+
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/device_check_out}
+PY=${PY:-python3}
+A_S=${A_S:-130}
+B_S=${B_S:-110}
+C_S=${C_S:-45}
+D_S=${D_S:-120}
+STEPS=${STEPS:-abcd}
+D_EXTRA=${D_EXTRA:-}
+mkdir -p "$OUT"
+WORK=$(mktemp -d /tmp/rljax_device_check.XXXXXX)
+
+stamp() { echo "=== $(date -u +%FT%TZ) (+${SECONDS}s) $*"; }
+
+# Runs "$@" under `timeout`, its output (stdout + stderr) to the terminal and to $OUT/$1.log.
+step() {
+  local name=$1 limit=$2
+  shift 2
+  stamp "$name: start (timeout ${limit}s): $*"
+  timeout -k 10 "$limit" "$@" 2>&1 | tee "$OUT/$name.log"
+  local rc=${PIPESTATUS[0]}
+  if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
+    stamp "$name: TIMED OUT after ${limit}s (rc $rc)"
+  else
+    stamp "$name: done, rc $rc"
+  fi
+}
+
+main() {
+  stamp "setup in $PWD, output in $OUT"
+  # The pinned flax / optax / orbax / chex / ml_collections / tensorboardX (+ etils, toolz) in front
+  # of whatever the image has; jax, jaxlib, torch, transformers stay the image's.
+  if ls .whl/*.whl >/dev/null 2>&1 &&
+     $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+       --target /tmp/site .whl/*.whl; then
+    export PYTHONPATH=/tmp/site:$PWD
+  else
+    echo "WARNING: no wheels installed from .whl/: using the image's packages"
+    export PYTHONPATH=$PWD
+  fi
+  export TF_CPP_MIN_LOG_LEVEL=3 PYTHONUNBUFFERED=1
+  nvidia-smi -L
+  nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv 2>/dev/null
+  $PY - <<'EOF' 2>&1
+import importlib, sys
+print("python", sys.version.split()[0])
+for name in ("jax", "jaxlib", "flax", "optax", "orbax.checkpoint", "chex", "ml_collections",
+             "tensorboardX", "transformers", "torch", "numpy", "etils"):
+  try:
+    m = importlib.import_module(name)
+    print(f"{name:18s} {getattr(m, '__version__', '?'):14s} {getattr(m, '__file__', '?')}")
+  except Exception as e:  # noqa: BLE001
+    print(f"{name:18s} MISSING: {type(e).__name__}: {e}")
+import jax
+print("jax.devices():", jax.devices(), "default backend:", jax.default_backend())
+import torch
+print("torch.cuda:", torch.cuda.is_available(), torch.version.cuda,
+      torch.cuda.get_device_name(0) if torch.cuda.is_available() else "-")
+EOF
+
+  # a. Tests. GPU float32 matmuls default to TF32 (10-bit mantissa), which breaks the 1e-5 parity
+  # tolerances of these tests: they run at full float32 here. Nothing in them forces the CPU,
+  # except test_make_sampler_shards_the_batch_on_data (tests/rollout/test_sampling.py), which
+  # spawns a subprocess with JAX_PLATFORMS=cpu and 4 forced host devices: it runs on the CPU.
+  # The transformers references of the parity tests are built on CPU torch (tests/hf_models.py).
+  [[ $STEPS == *a* ]] && step a_pytest "$A_S" env JAX_DEFAULT_MATMUL_PRECISION=highest \
+    $PY -m pytest -x -q tests/models tests/rollout tests/algos -p no:cacheprovider --durations=10
+
+  # b. Sampler throughput (default precision on both sides, as a user would run them; printed).
+  [[ $STEPS == *b* ]] && step b_sampler "$B_S" $PY benchmarks/sampler.py --backend gpu \
+    --models 1M,6M --batches 8,64,256,1024 --runs 5
+
+  # c. One GRPO step, rljax against the torch peer (both on the GPU).
+  [[ $STEPS == *c* ]] && step c_train_step "$C_S" $PY benchmarks/train_step.py
+  [[ $STEPS == *c* ]] && step c_train_step_32 "$C_S" $PY benchmarks/train_step.py --new-tokens 32
+
+  # d. The main job, shortened: the full SFT cold start (250 steps), 100 DAPO steps, eval only
+  # before and after; every line timestamped for the SFT seconds/step.
+  [[ $STEPS == *d* ]] || { stamp "all done"; return; }
+  stamp "d_main: start (timeout ${D_S}s)"
+  timeout -k 10 "$D_S" $PY -m rljax train --config configs/main.py \
+      --config.train.steps=100 --config.train.eval_every=0 --config.train.progress=false \
+      --config.train.run_dir="$WORK/run" --config.sft.out_dir="$WORK/sft" $D_EXTRA 2>&1 |
+    $PY -u -c 'import sys, time
+for line in sys.stdin:
+  print(f"{time.time():.3f} {line}", end="", flush=True)' | tee "$OUT/d_main.log"
+  stamp "d_main: done, rc ${PIPESTATUS[0]}"
+  cp "$WORK/run/metrics.jsonl" "$OUT/d_metrics.jsonl" 2>/dev/null
+  $PY - "$OUT/d_main.log" "$WORK/run/metrics.jsonl" <<'EOF'
+import json, re, statistics, sys
+log, metrics = sys.argv[1:3]
+sft = []
+for line in open(log, errors="replace"):
+  m = re.match(r"(\d+\.\d+) sft step (\d+)/(\d+) ", line)
+  if m:
+    sft.append((float(m[1]), int(m[2])))
+if len(sft) >= 2:
+  (t0, s0), (t1, s1) = sft[0], sft[-1]
+  print(f"SFT: {(t1 - t0) / (s1 - s0) * 1e3:.2f} ms/step over steps {s0 + 1}-{s1} "
+        f"(after the first, compiled, step)")
+else:
+  print("SFT: no timing (fewer than two 'sft step' lines)")
+rows = []
+try:
+  for line in open(metrics):
+    try:
+      rows.append(json.loads(line))
+    except ValueError:  # a torn last line when the run was killed
+      pass
+except OSError as e:
+  sys.exit(f"RL: no metrics ({e})")
+steps = [r for r in rows if "sec_step" in r]
+if len(steps) < 2:
+  sys.exit(f"RL: only {len(steps)} step(s) recorded")
+first, rest = steps[0], steps[1:]
+for key in ("sec_step", "sec_rollout", "sec_update", "tokens_per_sec"):
+  vals = [r[key] for r in rest if isinstance(r.get(key), (int, float))]
+  if vals:
+    print(f"RL {key}: median {statistics.median(vals):.4f}, mean {statistics.mean(vals):.4f} "
+          f"over steps 2-{steps[-1]['step']} (first step, compilation included: "
+          f"{first.get(key) or float('nan'):.3f})")
+evals = [(r["step"], r["eval_accuracy"]) for r in rows if "eval_accuracy" in r]
+print("eval accuracy (step, pass@1):", evals)
+EOF
+  stamp "all done"
+}
+
+main 2>&1 | tee "$OUT/device_check.log"
+rm -rf "$WORK"
