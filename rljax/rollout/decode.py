@@ -36,8 +36,27 @@ def _rms_norm(cfg: ModelConfig, scale, x):
   return scale.astype(dtype) * x32.astype(dtype)
 
 
+# On the CPU backend a matmul whose kernel exceeds about this many bytes runs at about half the
+# FLOP/s of smaller ones (XLA:CPU's matmul library, measured for the few rows a decode step has:
+# [16, 128] @ [128, 512] 224 GFLOP/s, @ [128, 1024] 116 GFLOP/s on one EPYC core). Projections are
+# fused into one matmul only while the fused kernel stays within it; elsewhere always.
+CPU_MAX_FUSED_KERNEL_BYTES = 256 << 10
+# The backends that this CPU tuning (and the sampler's cache blocking) applies to; the tests add
+# the backend they run on, to exercise those paths on any machine.
+CPU_TUNED_BACKENDS = ("cpu",)
+
+
 def _cat(parts, dtype):
   return jnp.concatenate([p.astype(dtype) for p in parts], axis=-1)
+
+
+def _fuse_or_keep(parts, dtype) -> tuple:
+  """``parts`` (kernels [D, N_i] or biases [N_i]) as one concatenated array, or kept apart on
+  CPU when the fused kernel would be too large to run fast (``CPU_MAX_FUSED_KERNEL_BYTES``)."""
+  fused_bytes = sum(p.size for p in parts) * jnp.dtype(dtype).itemsize
+  if jax.default_backend() in CPU_TUNED_BACKENDS and fused_bytes > CPU_MAX_FUSED_KERNEL_BYTES:
+    return tuple(p.astype(dtype) for p in parts)
+  return (_cat(parts, dtype),)
 
 
 def rope_tables(cfg: ModelConfig, n_positions: int):
@@ -57,29 +76,31 @@ def _rope(x, cos, sin):
 
 
 def fuse_weights(cfg: ModelConfig, params: dict, n_positions: int) -> dict:
-  """Decode-ready weights: per layer fused ``qkv`` [D, (H+2G) Dh] and ``gate_up`` [D, 2F] kernels
-  (and biases), all in the compute dtype; ``embed`` [V, D], ``head`` [D, V], and RoPE tables
-  ``cos``/``sin`` for positions below ``n_positions``."""
+  """Decode-ready weights, all in the compute dtype: per layer ``qkv`` (the q, k, v kernels
+  [D, (H+2G) Dh] as one fused kernel, or three) and ``gate_up`` (gate and up [D, 2F], fused or
+  two), with biases alike (``None`` where the model has none); ``embed`` [V, D], ``head`` [D, V],
+  and RoPE tables ``cos``/``sin`` for positions below ``n_positions``."""
   dtype = jnp.dtype(cfg.dtype)
   layers = []
   for i in range(cfg.num_layers):
     lp = params[f"layers_{i}"]
     attn, mlp = lp["self_attn"], lp["mlp"]
+    qkv = [attn[f"{n}_proj"] for n in "qkv"]
+    gate_up = [mlp["gate_proj"], mlp["up_proj"]]
+    fused = lambda mods, name, on: (_fuse_or_keep([m[name] for m in mods], dtype) if on
+                                    else None)
     w = {
         "ln1": lp["input_layernorm"]["scale"],
         "ln2": lp["post_attention_layernorm"]["scale"],
-        "qkv": _cat([attn[f"{n}_proj"]["kernel"] for n in "qkv"], dtype),
+        "qkv": fused(qkv, "kernel", True),
+        "qkv_b": fused(qkv, "bias", cfg.qkv_bias),
         "o": attn["o_proj"]["kernel"].astype(dtype),
-        "gate_up": _cat([mlp["gate_proj"]["kernel"], mlp["up_proj"]["kernel"]], dtype),
+        "o_b": attn["o_proj"]["bias"].astype(dtype) if cfg.o_bias else None,
+        "gate_up": fused(gate_up, "kernel", True),
+        "gate_up_b": fused(gate_up, "bias", cfg.mlp_bias),
         "down": mlp["down_proj"]["kernel"].astype(dtype),
+        "down_b": mlp["down_proj"]["bias"].astype(dtype) if cfg.mlp_bias else None,
     }
-    if cfg.qkv_bias:
-      w["qkv_b"] = _cat([attn[f"{n}_proj"]["bias"] for n in "qkv"], dtype)
-    if cfg.o_bias:
-      w["o_b"] = attn["o_proj"]["bias"].astype(dtype)
-    if cfg.mlp_bias:
-      w["gate_up_b"] = _cat([mlp["gate_proj"]["bias"], mlp["up_proj"]["bias"]], dtype)
-      w["down_b"] = mlp["down_proj"]["bias"].astype(dtype)
     layers.append(w)
   cos, sin = rope_tables(cfg, n_positions)
   return {"layers": tuple(layers), "embed": params["embed_tokens"], "norm": params["norm"]["scale"],
@@ -89,6 +110,16 @@ def fuse_weights(cfg: ModelConfig, params: dict, n_positions: int) -> dict:
 def _dense(x, kernel, bias=None):
   y = jnp.dot(x.astype(kernel.dtype), kernel)
   return y if bias is None else y + bias
+
+
+def _projections(x, kernels: tuple, biases, sizes: list[int]) -> list:
+  """The outputs of ``len(sizes)`` projections of ``x`` [N, D] (widths ``sizes``), computed by
+  one fused matmul and split, or by one matmul each (``fuse_weights``)."""
+  biases = biases or (None,) * len(kernels)
+  outs = [_dense(x, k, b) for k, b in zip(kernels, biases)]
+  if len(outs) == len(sizes):
+    return outs
+  return jnp.split(outs[0], np.cumsum(sizes)[:-1].tolist(), axis=-1)
 
 
 def init_cache(cfg: ModelConfig, batch: int, slots: int) -> tuple:
@@ -112,23 +143,29 @@ def step(cfg: ModelConfig, w: dict, tokens, positions, cache, slot, kv_valid):
   h, g, dh = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
   r = h // g
   cos, sin = jnp.take(w["cos"], positions, axis=0), jnp.take(w["sin"], positions, axis=0)
-  k_slots = cache[0][0].shape[2]
+  # A prefill into an empty cache (``slot`` the static 0) attends to its own S keys only, not to
+  # the empty slots that the cache holds for decoding.
+  from_empty = isinstance(slot, int) and slot == 0
+  k_slots = s if from_empty else cache[0][0].shape[2]
   q_slots = slot + jnp.arange(s)
-  allowed = kv_valid[:, None, :] & (jnp.arange(k_slots)[None, None, :] <= q_slots[None, :, None])
+  allowed = (kv_valid[:, None, :k_slots]
+             & (jnp.arange(k_slots)[None, None, :] <= q_slots[None, :, None]))
   allowed = allowed[:, None, None]  # [B, 1, 1, S, K]
   x = jnp.take(w["embed"], tokens.reshape(-1), axis=0).astype(dtype)  # [B*S, D]
   new_cache = []
   for lw, (ck, cv) in zip(w["layers"], cache):
     y = _rms_norm(cfg, lw["ln1"], x)
-    qkv = _dense(y, lw["qkv"], lw.get("qkv_b")).reshape(b, s, h + 2 * g, dh)
-    q = _rope(qkv[:, :, :h], cos, sin)  # [B, S, H, Dh]
-    k = _rope(qkv[:, :, h:h + g], cos, sin)  # [B, S, G, Dh]
-    v = qkv[:, :, h + g:]
+    q, k, v = _projections(y, lw["qkv"], lw["qkv_b"], [h * dh, g * dh, g * dh])
+    q = _rope(q.reshape(b, s, h, dh), cos, sin)  # [B, S, H, Dh]
+    k = _rope(k.reshape(b, s, g, dh), cos, sin)  # [B, S, G, Dh]
+    v = v.reshape(b, s, g, dh)
     # Head-major: [B, G, S, Dh] (a free reshape when S = 1).
     k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
     ck = jax.lax.dynamic_update_slice(ck, k.astype(ck.dtype), (0, 0, slot, 0))
     cv = jax.lax.dynamic_update_slice(cv, v.astype(cv.dtype), (0, 0, slot, 0))
     new_cache.append((ck, cv))
+    if from_empty:
+      ck, cv = k.astype(ck.dtype), v.astype(cv.dtype)
     q = q.reshape(b, s, g, r, dh).transpose(0, 2, 3, 1, 4).reshape(b, g, r * s, dh)
     scores = jnp.einsum("bgqd,bgkd->bgqk", q, ck.astype(q.dtype)).astype(jnp.float32)
     scores = scores.reshape(b, g, r, s, k_slots) / np.float32(math.sqrt(dh))
@@ -136,9 +173,10 @@ def step(cfg: ModelConfig, w: dict, tokens, positions, cache, slot, kv_valid):
     probs = jax.nn.softmax(scores, axis=-1).astype(cv.dtype).reshape(b, g, r * s, k_slots)
     attn = jnp.einsum("bgqk,bgkd->bgqd", probs, cv).reshape(b, g, r, s, dh)
     attn = attn.transpose(0, 3, 1, 2, 4).reshape(b * s, h * dh)
-    x = x + _dense(attn, lw["o"], lw.get("o_b"))
+    x = x + _dense(attn, lw["o"], lw["o_b"])
     y = _rms_norm(cfg, lw["ln2"], x)
-    gate, up = jnp.split(_dense(y, lw["gate_up"], lw.get("gate_up_b")), 2, axis=-1)
-    x = x + _dense(jax.nn.silu(gate) * up, lw["down"], lw.get("down_b"))
+    f = cfg.intermediate_size
+    gate, up = _projections(y, lw["gate_up"], lw["gate_up_b"], [f, f])
+    x = x + _dense(jax.nn.silu(gate) * up, lw["down"], lw["down_b"])
   last = x.reshape(b, s, -1)[:, -1]
   return _rms_norm(cfg, w["norm"], last), tuple(new_cache)

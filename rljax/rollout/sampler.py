@@ -126,7 +126,7 @@ def prompts_per_chunk(cfg: ModelConfig, n_prompts: int, p: int, group_size: int,
   weights once per chunk and step. Larger models, and other backends, decode the whole batch at
   once. A chunk always holds whole groups.
   """
-  if jax.default_backend() != "cpu":
+  if jax.default_backend() not in decode.CPU_TUNED_BACKENDS:
     return n_prompts
   weight_bytes = cfg.num_params() * jnp.dtype(cfg.param_dtype).itemsize
   if weight_bytes > CPU_CHUNK_MAX_WEIGHT_BYTES:

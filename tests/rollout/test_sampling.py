@@ -271,7 +271,7 @@ def test_fused_gumbel_noise_is_jax_random_gumbel():
 def test_chunked_decoding_equals_the_whole_batch(monkeypatch):
   """Decoding the rows in sequential chunks (CPU cache blocking) changes nothing."""
   import functools
-  from rljax.rollout import sampler
+  from rljax.rollout import decode, sampler
   cfg, _ = controlled_model(LOGITS)
   params = jax.device_get(llama.init_params(cfg, 2))  # a random model: the cache matters
   params["lm_head"]["kernel"] = params["lm_head"]["kernel"] * 30
@@ -280,6 +280,7 @@ def test_chunked_decoding_equals_the_whole_batch(monkeypatch):
   run = lambda: jax.device_get(jax.jit(functools.partial(
       sampler._sample_impl, cfg=cfg, sp=sp, group_size=3))(params, tokens, mask,
                                                             jax.random.key(9)))
+  monkeypatch.setattr(decode, "CPU_TUNED_BACKENDS", (jax.default_backend(),))
   monkeypatch.setattr(sampler, "CPU_CHUNK_BYTES", 1 << 40)
   assert sampler.prompts_per_chunk(cfg, 4, 8, 3, 12) == 4
   whole = run()
@@ -290,3 +291,29 @@ def test_chunked_decoding_equals_the_whole_batch(monkeypatch):
   for x, y in zip(jax.tree.leaves(whole), jax.tree.leaves(chunked)):
     np.testing.assert_allclose(x, y, atol=1e-6)
   assert whole.truncated.any() and not whole.truncated.all()
+
+
+def test_unfused_projections_equal_the_fused_ones(monkeypatch):
+  """q/k/v and gate/up as separate matmuls (CPU, large kernels) sample what the fused ones do."""
+  import functools
+  from rljax.rollout import decode, sampler
+  cfg = ModelConfig(vocab_size=32, hidden_size=32, intermediate_size=64, num_layers=2,
+                    num_heads=4, num_kv_heads=2, head_dim=8, qkv_bias=True, mlp_bias=True,
+                    max_position_embeddings=64)
+  params = jax.device_get(llama.init_params(cfg, 4))
+  tokens, mask = _prompts(4, p=8)
+  sp = SamplingParams(max_new_tokens=10, stop_ids=(5,), temperature=1.3)
+  run = lambda: jax.device_get(jax.jit(functools.partial(
+      sampler._sample_impl, cfg=cfg, sp=sp, group_size=2))(params, tokens, mask,
+                                                            jax.random.key(3)))
+  monkeypatch.setattr(decode, "CPU_TUNED_BACKENDS", (jax.default_backend(),))
+  fused = run()
+  w = decode.fuse_weights(cfg, params, 18)["layers"][0]
+  assert len(w["qkv"]) == 1 and len(w["gate_up"]) == 1
+  monkeypatch.setattr(decode, "CPU_MAX_FUSED_KERNEL_BYTES", 0)
+  w = decode.fuse_weights(cfg, params, 18)["layers"][0]
+  assert len(w["qkv"]) == 3 and len(w["gate_up"]) == 2 and len(w["gate_up_b"]) == 2
+  apart = run()
+  for x, y in zip(jax.tree.leaves(fused), jax.tree.leaves(apart)):
+    np.testing.assert_allclose(x, y, atol=1e-5)
+  assert fused.mask.sum() > 8
