@@ -8,9 +8,11 @@ log-probs against a teacher-forced ``llama.forward`` and its greedy tokens again
   the batch dimensions leading, so XLA does not transpose the whole cache on every step (with the
   model's ``[B, K, G, Dh]`` layout it does, which costs more than the rest of the step on CPU);
 - the q/k/v projections and the gate/up projections are each one matmul on kernels concatenated
-  once per ``sample`` call (``fuse_weights``, outside the loop);
-- only the last position is normalised and returned (prefill needs the next-token logits of the
-  last prompt token only).
+  once per ``sample`` call (``fuse_weights``, outside the loop), except on CPU where a fused
+  kernel would exceed ``CPU_MAX_FUSED_KERNEL_BYTES``;
+- prefill needs the next-token logits of the last prompt token only: the last layer runs its
+  attention, o-projection and MLP for that position alone (its keys and values go to the cache
+  for every position), and only that position is normalised and returned.
 
 Norms, RoPE and the residual structure follow ``rljax.models.llama`` (``RMSNorm`` semantics,
 ``apply_rope`` with its ``rope_inv_freq``, looked up from a table built once per call); the
@@ -135,8 +137,8 @@ def step(cfg: ModelConfig, w: dict, tokens, positions, cache, slot, kv_valid):
 
   tokens, positions: [B, S] int. cache: per layer ``(k, v)`` [B, G, K, Dh]. kv_valid: [B, K]
   bool, the slots a query may attend to (prompt tokens and completion slots), each query only up
-  to its own slot. Only the last position goes through the final norm: the sampler needs nothing
-  else, and ``[B, S, V]`` logits are never formed.
+  to its own slot. Only the last position goes through the last layer's attention and MLP and
+  the final norm: the sampler needs nothing else, and ``[B, S, V]`` logits are never formed.
   """
   dtype = jnp.dtype(cfg.dtype)
   b, s = tokens.shape
@@ -153,7 +155,7 @@ def step(cfg: ModelConfig, w: dict, tokens, positions, cache, slot, kv_valid):
   allowed = allowed[:, None, None]  # [B, 1, 1, S, K]
   x = jnp.take(w["embed"], tokens.reshape(-1), axis=0).astype(dtype)  # [B*S, D]
   new_cache = []
-  for lw, (ck, cv) in zip(w["layers"], cache):
+  for i, (lw, (ck, cv)) in enumerate(zip(w["layers"], cache)):
     y = _rms_norm(cfg, lw["ln1"], x)
     q, k, v = _projections(y, lw["qkv"], lw["qkv_b"], [h * dh, g * dh, g * dh])
     q = _rope(q.reshape(b, s, h, dh), cos, sin)  # [B, S, H, Dh]
@@ -166,17 +168,23 @@ def step(cfg: ModelConfig, w: dict, tokens, positions, cache, slot, kv_valid):
     new_cache.append((ck, cv))
     if from_empty:
       ck, cv = k.astype(ck.dtype), v.astype(cv.dtype)
-    q = q.reshape(b, s, g, r, dh).transpose(0, 2, 3, 1, 4).reshape(b, g, r * s, dh)
+    sq, mask = s, allowed  # queries
+    if i == cfg.num_layers - 1 and s > 1:
+      # The last layer's keys and values are needed at every position (the cache), its output
+      # only at the last one: attention, o-projection and MLP run for that query alone.
+      sq, mask, q = 1, allowed[:, :, :, -1:], q[:, -1:]
+      x = x.reshape(b, s, -1)[:, -1]
+    q = q.reshape(b, sq, g, r, dh).transpose(0, 2, 3, 1, 4).reshape(b, g, r * sq, dh)
     scores = jnp.einsum("bgqd,bgkd->bgqk", q, ck.astype(q.dtype)).astype(jnp.float32)
-    scores = scores.reshape(b, g, r, s, k_slots) / np.float32(math.sqrt(dh))
-    scores = jnp.where(allowed, scores, llama._MASK_VALUE)
-    probs = jax.nn.softmax(scores, axis=-1).astype(cv.dtype).reshape(b, g, r * s, k_slots)
-    attn = jnp.einsum("bgqk,bgkd->bgqd", probs, cv).reshape(b, g, r, s, dh)
-    attn = attn.transpose(0, 3, 1, 2, 4).reshape(b * s, h * dh)
+    scores = scores.reshape(b, g, r, sq, k_slots) / np.float32(math.sqrt(dh))
+    scores = jnp.where(mask, scores, llama._MASK_VALUE)
+    probs = jax.nn.softmax(scores, axis=-1).astype(cv.dtype).reshape(b, g, r * sq, k_slots)
+    attn = jnp.einsum("bgqk,bgkd->bgqd", probs, cv).reshape(b, g, r, sq, dh)
+    attn = attn.transpose(0, 3, 1, 2, 4).reshape(b * sq, h * dh)
     x = x + _dense(attn, lw["o"], lw["o_b"])
     y = _rms_norm(cfg, lw["ln2"], x)
     f = cfg.intermediate_size
     gate, up = _projections(y, lw["gate_up"], lw["gate_up_b"], [f, f])
     x = x + _dense(jax.nn.silu(gate) * up, lw["down"], lw["down_b"])
-  last = x.reshape(b, s, -1)[:, -1]
+  last = x.reshape(b, sq, -1)[:, -1]
   return _rms_norm(cfg, w["norm"], last), tuple(new_cache)
