@@ -26,6 +26,9 @@ def get_config():
   c.model.dtype = "float32"  # compute dtype: bfloat16 on accelerators
   c.model.param_dtype = "float32"
   c.model.remat = False  # rematerialise each layer in the backward pass
+  # float32 matmul precision of the run: default (JAX's: TF32 on GPUs, bfloat16 passes on TPUs) |
+  # high | highest (float32 parity with transformers on an accelerator; no effect on CPU or bf16)
+  c.model.matmul_precision = "default"
   c.model.logits_chunk = 512  # sequence chunk for log-prob/entropy (never [B, T, V] at once)
 
   # --- data ------------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """Model configuration for the Llama family (Llama 1-3, Mistral, Qwen2), read from HF config.json."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -8,6 +9,7 @@ from typing import Any, Mapping
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+MATMUL_PRECISIONS = ("default", "high", "highest")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,3 +168,19 @@ def tiny_config(model_cfg, vocab_size: int, **overrides) -> ModelConfig:
       param_dtype=model_cfg.param_dtype,
       remat=model_cfg.remat,
       **overrides)
+
+
+def matmul_precision(model_section):
+  """The context a run traces its functions in: ``model.matmul_precision`` of the config.
+
+  ``'default'`` leaves JAX's setting as it is (on GPUs float32 matmuls then use TF32, on TPUs
+  bfloat16 passes); ``'high'`` and ``'highest'`` ask for more float32 precision, ``'highest'`` for
+  parity with ``transformers`` in float32 on an accelerator. bfloat16 models are not affected.
+  """
+  value = model_section.matmul_precision
+  if value not in MATMUL_PRECISIONS:
+    raise ValueError(f"model.matmul_precision={value!r}: expected one of {MATMUL_PRECISIONS}")
+  if value == "default":
+    return contextlib.nullcontext()
+  import jax
+  return jax.default_matmul_precision(value)

@@ -12,6 +12,7 @@ import types
 import jax
 import ml_collections
 
+from rljax import models
 from rljax.data import datasets, tokenizer as tokenizer_lib
 from rljax.train import build, loop
 from rljax.train.checkpoint import Checkpointer
@@ -43,6 +44,11 @@ def load_run_params(run_dir: str, config=None):
 
 
 def evaluate_config(config, *, samples: int = 1, checkpoint: str | None = None) -> dict:
+  with models.matmul_precision(config.model):
+    return _evaluate_config(config, samples=samples, checkpoint=checkpoint)
+
+
+def _evaluate_config(config, *, samples: int, checkpoint: str | None) -> dict:
   tokenizer = tokenizer_lib.load_tokenizer(config.data.tokenizer, config.data.chat_template)
   if checkpoint:
     model_cfg, params = load_run_params(checkpoint)

@@ -13,6 +13,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from rljax import models
 from rljax import rollout as rollout_lib
 from rljax.parallel import distributed, rules
 from rljax.rewards import shaping, verifiers
@@ -191,15 +192,16 @@ def pretrain_critic(run: Run) -> None:
 
 def train(config) -> dict:
   """Run ``config`` end to end; returns the final eval and the last step's metrics."""
-  run = build.build_run(config)
-  try:
-    return _train(run)
-  except BaseException:
-    # Whatever stops the loop, checkpoints already started are completed, not left half-written.
-    if run.checkpointer is not None:
-      run.checkpointer.close()
-    run.writer.close()
-    raise
+  with models.matmul_precision(config.model):
+    run = build.build_run(config)
+    try:
+      return _train(run)
+    except BaseException:
+      # Whatever stops the loop, checkpoints already started are completed, not left half-written.
+      if run.checkpointer is not None:
+        run.checkpointer.close()
+      run.writer.close()
+      raise
 
 
 def _train(run: Run) -> dict:

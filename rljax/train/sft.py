@@ -109,7 +109,8 @@ def ensure_sft_checkpoint(config, tokenizer, *, log=print) -> str:
     raise FileExistsError(f"sft.out_dir={out!r} holds files that are not an rljax SFT cold start; "
                           "choose another sft.out_dir")
   log(f"training the SFT cold start into {out}")
-  model_cfg, params = train_sft(config, tokenizer, log=log)
+  with models.matmul_precision(config.model):
+    model_cfg, params = train_sft(config, tokenizer, log=log)
   models.save_hf(out, model_cfg, jax.device_get(params))
   with open(stamp_path, "w") as f:
     json.dump(want, f, indent=2)
