@@ -62,6 +62,13 @@ def _zero_spread(groups: chex.Array) -> chex.Array:
   return (groups.max(axis=1, keepdims=True) == groups.min(axis=1, keepdims=True))
 
 
+def _group_present(mask: chex.Array, num_groups: int) -> chex.Array:
+  """``[P, 1]`` True for groups with at least one valid token. A group without any is padding
+  (dynamic sampling fills a short batch with zero-mask groups) and is left out of batch-level
+  statistics, so that padding changes no advantage."""
+  return (mask > 0).reshape(num_groups, -1).any(axis=1, keepdims=True)
+
+
 def _broadcast(adv_rows: chex.Array, mask: chex.Array) -> chex.Array:
   """``A[i, t] = A_i * m[i, t]``: ``[B] x [B, T] -> [B, T]``."""
   chex.assert_rank([adv_rows, mask], [1, 2])
@@ -139,9 +146,9 @@ def grpo_advantages(rewards: chex.Array, mask: chex.Array, group_size: int, *,
                     std_mode: str = "group", eps: float = GRPO_STD_EPS) -> chex.Array:
   """GRPO (arXiv 2402.03300): ``A_i = (R_i - mean_g R) / (std R + eps)``, broadcast to ``[B, T]``.
 
-  ``std_mode``: ``group`` (std of the prompt's group), ``batch`` (std of all ``B`` rewards) or
-  ``none`` (no division: Dr.GRPO, arXiv 2503.20783). Std is Bessel-corrected. Groups with zero
-  reward spread get ``A = 0``.
+  ``std_mode``: ``group`` (std of the prompt's group), ``batch`` (std of all ``B`` rewards; groups
+  without a valid token, i.e. padding, left out) or ``none`` (no division: Dr.GRPO, arXiv
+  2503.20783). Std is Bessel-corrected. Groups with zero reward spread get ``A = 0``.
   """
   if std_mode not in ADV_STD_MODES:
     raise ValueError(f"algo.adv_std must be one of {ADV_STD_MODES}, got {std_mode!r}")
@@ -150,7 +157,11 @@ def grpo_advantages(rewards: chex.Array, mask: chex.Array, group_size: int, *,
   if std_mode == "group":
     adv = centred / (jnp.std(groups, axis=1, ddof=1, keepdims=True) + eps)
   elif std_mode == "batch":
-    adv = centred / (jnp.std(groups, ddof=1) + eps)
+    present = jnp.broadcast_to(_group_present(mask, groups.shape[0]), groups.shape)
+    n = present.sum()
+    mean = jnp.where(present, groups, 0).sum() / jnp.maximum(n, 1)
+    var = jnp.where(present, (groups - mean) ** 2, 0).sum() / jnp.maximum(n - 1, 1)
+    adv = centred / (jnp.sqrt(var) + eps)
   else:
     adv = centred
   adv = jnp.where(_zero_spread(groups), 0, adv)
@@ -190,11 +201,14 @@ def gpg_advantages(rewards: chex.Array, mask: chex.Array, group_size: int) -> ch
 
   ``M`` = groups with zero reward spread, so ``alpha`` rescales the gradient to the valid groups.
   When every group has zero spread all advantages are 0 and ``alpha`` is irrelevant (guarded).
+  ``P`` and ``M`` count the prompts of the batch: groups without a valid token (padding) are not
+  among them.
   """
   groups = to_groups(rewards, group_size)
   flat = _zero_spread(groups)
-  num_prompts = groups.shape[0]
-  num_valid = num_prompts - flat.sum()
+  present = _group_present(mask, groups.shape[0])
+  num_prompts = present.sum()
+  num_valid = num_prompts - (flat & present).sum()
   alpha = num_prompts / jnp.maximum(num_valid, 1).astype(groups.dtype)
   adv = jnp.where(flat, 0, alpha * (groups - groups.mean(axis=1, keepdims=True)))
   return _broadcast(adv.reshape(-1), mask)

@@ -316,6 +316,27 @@ def test_rows_without_tokens_make_no_nan(algo_cfg, name):
       assert np.all(np.isfinite(np.asarray(ret)))
 
 
+@pytest.mark.parametrize("name,keys", [
+    ("grpo", {"adv_std": "group"}), ("grpo", {"adv_std": "batch"}), ("dr_grpo", {}),
+    ("rloo", {}), ("opo", {}), ("gpg", {}), ("reinforce_pp_baseline", {}), ("reinforce_pp", {}),
+    ("grpo", {"adv_std": "batch", "adv_whiten": True})])
+def test_padding_groups_change_no_advantage(x64, algo_cfg, name, keys):
+  """Dynamic sampling fills a short batch with zero-mask copies of its first group: the real
+  rows' advantages must be those of the batch without them (batch std and GPG's alpha included)."""
+  group_size = 4
+  rewards, mask, token_rewards, _ = make_inputs(11, group_size, np.float64)
+  rewards[:group_size] = [1.0, 1.0, 1.0, 1.0]  # a zero-spread group, as GPG counts them
+  pad = lambda x, fill: np.concatenate([x, np.repeat(fill, 2, axis=0)])
+  padded = (pad(rewards, rewards[:group_size]), pad(mask, np.zeros_like(mask[:group_size])),
+            pad(token_rewards, token_rewards[:group_size]))
+  plain, _ = run(algo_cfg, name, rewards, mask, group_size, token_rewards=token_rewards, **keys)
+  with_pad, _ = run(algo_cfg, name, padded[0], padded[1], group_size, token_rewards=padded[2],
+                    **keys)
+  n = len(rewards)
+  np.testing.assert_allclose(np.asarray(with_pad)[:n], np.asarray(plain), rtol=1e-12, atol=1e-12)
+  assert np.all(np.asarray(with_pad)[n:] == 0)
+
+
 def test_outcome_token_rewards(x64):
   mask = np.array([[1, 1, 1, 0], [1, 0, 0, 0], [0, 0, 0, 0], [1, 1, 1, 1]], np.float64)
   rewards = np.array([2.0, -1.0, 5.0, 3.0])
