@@ -23,9 +23,16 @@ from rljax.models import llama
 _STAMP = "rljax_sft_stamp.json"
 
 
+# Keys that choose the evaluation problems only: the eval split is held out by a hash of the prompt,
+# so they do not change what the cold start trains on.
+_EVAL_ONLY_DATA_KEYS = ("eval_seed", "num_eval")
+
+
 def _stamp(config) -> dict:
-  return {"sft": config.sft.to_dict(), "model": config.model.to_dict(),
-          "data": config.data.to_dict(), "seed": config.seed}
+  """What the cold start depends on; a saved one is reused while its stamp is equal."""
+  data = {k: v for k, v in config.data.to_dict().items() if k not in _EVAL_ONLY_DATA_KEYS}
+  return {"sft": config.sft.to_dict(), "model": config.model.to_dict(), "data": data,
+          "seed": config.seed}
 
 
 def encode_example(tokenizer, problem) -> tuple[list[int], list[int]]:

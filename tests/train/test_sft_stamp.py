@@ -1,0 +1,25 @@
+"""The SFT cold start is retrained exactly when something it depends on changes."""
+import pytest
+
+from rljax import config_loader
+from rljax.train import sft
+
+from . import tiny
+
+
+def _stamp(tmp_path, **overrides):
+  args = tiny.args("main", str(tmp_path), {k: str(v) for k, v in overrides.items()})
+  path, parsed, _ = config_loader.split_config_args(args[1:])
+  return sft._stamp(config_loader.load_config(path, parsed))
+
+
+@pytest.mark.parametrize("key,value", [("data.num_eval", 7), ("data.eval_seed", 5),
+                                       ("train.steps", 9), ("rollout.temperature", 0.5)])
+def test_eval_and_rl_keys_keep_the_cold_start(tmp_path, key, value):
+  assert _stamp(tmp_path, **{key: value}) == _stamp(tmp_path)
+
+
+@pytest.mark.parametrize("key,value", [("data.difficulty", 2), ("data.train_seed", 3),
+                                       ("sft.steps", 11), ("model.hidden_size", 48), ("seed", 4)])
+def test_training_keys_retrain_it(tmp_path, key, value):
+  assert _stamp(tmp_path, **{key: value}) != _stamp(tmp_path)
