@@ -93,6 +93,7 @@ from jax.sharding import Mesh  # noqa: E402
 
 from rljax.models import ModelConfig, llama, save_hf  # noqa: E402
 from rljax.rollout import SamplingParams, make_sampler, sampler  # noqa: E402
+from bench_common import matmul_precisions  # noqa: E402
 
 PROMPT, NEW, VOCAB = 32, 64, 64
 MODELS = {
@@ -241,6 +242,36 @@ def _stats(times, batch):
   return statistics.median(tps), tps[0], tps[-1]
 
 
+def _interleaved(ours, theirs, runs: int):
+  """Call times of both sides, alternated run by run so that both see the same machine load."""
+  t_ours, t_theirs = [], []
+  for _ in range(runs):
+    t_ours.append(_timed(ours))
+    if theirs is not None:
+      t_theirs.append(_timed(theirs))
+  return t_ours, t_theirs
+
+
+def _xla_mb(ours) -> float:
+  return float("nan") if ours.xla_bytes is None else ours.xla_bytes / 2 ** 20
+
+
+def _print_row(name, cfg, batch, t_ours, t_theirs, ceiling, ours, ours_mem: str, hf_mb,
+               pct_digits: int):
+  """One table row: tokens/s of both sides (median [min-max]), ratio, % ceiling, memory."""
+  o_med, o_lo, o_hi = _stats(t_ours, batch)
+  hf_col, ratio, hf_mem = "-", "-", "-"
+  if t_theirs:
+    h_med, h_lo, h_hi = _stats(t_theirs, batch)
+    hf_col = f"{h_med:,.0f} [{h_lo:,.0f}-{h_hi:,.0f}]"
+    ratio = f"{o_med / h_med:.2f}x"
+    hf_mem = f"{hf_mb:.1f}"
+  print(f"| {name} | {cfg.num_params() / 1e6:.2f}M | {batch} | "
+        f"{o_med:,.0f} [{o_lo:,.0f}-{o_hi:,.0f}] | {hf_col} | {ratio} | "
+        f"{100 * o_med / ceiling:.{pct_digits}f}% | {ours.compile_s:.1f} | "
+        f"{ours_mem} | {hf_mem} |", flush=True)
+
+
 def main(args):
   if args.backend == "gpu" and jax.default_backend() != "gpu":
     raise SystemExit(f"--backend gpu: JAX's default backend is {jax.default_backend()!r} "
@@ -277,37 +308,13 @@ def main(args):
         theirs = None if args.no_hf else HF(path, batch)
         if theirs is not None:
           rss_theirs = peak_rss_growth(theirs)
-        t_ours, t_theirs = [], []
-        for _ in range(args.runs):  # interleaved, so both sides see the same machine load
-          t_ours.append(_timed(ours))
-          if theirs is not None:
-            t_theirs.append(_timed(theirs))
-        o_med, o_lo, o_hi = _stats(t_ours, batch)
+        t_ours, t_theirs = _interleaved(ours, theirs, args.runs)
         rss_ours = max(rss_ours, peak_rss_growth(ours)) / 2 ** 20
-        xla_mb = float("nan") if ours.xla_bytes is None else ours.xla_bytes / 2 ** 20
+        hf_mem = None
         if theirs is not None:
-          h_med, h_lo, h_hi = _stats(t_theirs, batch)
-          rss_theirs = max(rss_theirs, peak_rss_growth(theirs)) / 2 ** 20
-          hf_col = f"{h_med:,.0f} [{h_lo:,.0f}-{h_hi:,.0f}]"
-          ratio = f"{o_med / h_med:.2f}x"
-          hf_mem = f"{rss_theirs:.1f}"
-        else:
-          hf_col, ratio, hf_mem = "-", "-", "-"
-        print(f"| {name} | {cfg.num_params() / 1e6:.2f}M | {batch} | "
-              f"{o_med:,.0f} [{o_lo:,.0f}-{o_hi:,.0f}] | {hf_col} | {ratio} | "
-              f"{100 * o_med / ceiling:.0f}% | {ours.compile_s:.1f} | "
-              f"{rss_ours:.1f} ({xla_mb:.1f}) | {hf_mem} |", flush=True)
-
-
-def _precisions(torch) -> str:
-  """The float32 matmul precision each framework uses on the GPU (None: XLA's default, TF32)."""
-  jp = getattr(jax.config, "jax_default_matmul_precision", "?")
-  try:
-    tp = (f"allow_tf32={torch.backends.cuda.matmul.allow_tf32} (float32_matmul_precision="
-          f"{torch.get_float32_matmul_precision()})")
-  except Exception as e:  # noqa: BLE001 (an API that moved: report it, do not fail)
-    tp = f"? ({type(e).__name__}: {e})"
-  return f"jax_default_matmul_precision={jp}, torch {tp}"
+          hf_mem = max(rss_theirs, peak_rss_growth(theirs)) / 2 ** 20
+        _print_row(name, cfg, batch, t_ours, t_theirs, ceiling, ours,
+                   f"{rss_ours:.1f} ({_xla_mb(ours):.1f})", hf_mem, pct_digits=0)
 
 
 def _jax_peak_mb(device) -> float:
@@ -333,7 +340,7 @@ def main_gpu(args):
   print(f"# machine: {device.device_kind} (torch: {torch.cuda.get_device_name(0)}); rljax on 1 "
         f"GPU; jax {jax.__version__} ({jax.default_backend()}), torch {torch.__version__} "
         f"(CUDA {torch.version.cuda}), transformers {transformers.__version__}")
-  print(f"# matmul precision: {_precisions(torch)}")
+  print(f"# matmul precision: {matmul_precisions(torch)}")
   print(f"# float32 {n}^3 matmul: XLA {flops['xla'] / 1e12:.1f} TFLOP/s, torch "
         f"{flops['torch'] / 1e12:.1f} TFLOP/s -> ceiling uses {peak / 1e12:.1f} TFLOP/s")
   print(f"# prompt {PROMPT} tokens, {NEW} new tokens forced, vocab {VOCAB}; tokens/s = median "
@@ -361,24 +368,10 @@ def main_gpu(args):
           theirs = HF(path, batch, "cuda")
           theirs()  # warm-up
           cuda_mb = (torch.cuda.max_memory_allocated() - base) / 2 ** 20
-        t_ours, t_theirs = [], []
-        for _ in range(args.runs):  # interleaved, as on the CPU
-          t_ours.append(_timed(ours))
-          if theirs is not None:
-            t_theirs.append(_timed(theirs))
-        o_med, o_lo, o_hi = _stats(t_ours, batch)
-        xla_mb = float("nan") if ours.xla_bytes is None else ours.xla_bytes / 2 ** 20
-        if theirs is not None:
-          h_med, h_lo, h_hi = _stats(t_theirs, batch)
-          hf_col = f"{h_med:,.0f} [{h_lo:,.0f}-{h_hi:,.0f}]"
-          ratio = f"{o_med / h_med:.2f}x"
-          hf_mem = f"{cuda_mb:.1f}"
-        else:
-          hf_col, ratio, hf_mem = "-", "-", "-"
-        print(f"| {name} | {cfg.num_params() / 1e6:.2f}M | {batch} | "
-              f"{o_med:,.0f} [{o_lo:,.0f}-{o_hi:,.0f}] | {hf_col} | {ratio} | "
-              f"{100 * o_med / ceiling:.1f}% | {ours.compile_s:.1f} | "
-              f"{xla_mb:.1f} ({_jax_peak_mb(device):.1f}) | {hf_mem} |", flush=True)
+        t_ours, t_theirs = _interleaved(ours, theirs, args.runs)
+        _print_row(name, cfg, batch, t_ours, t_theirs, ceiling, ours,
+                   f"{_xla_mb(ours):.1f} ({_jax_peak_mb(device):.1f})",
+                   None if theirs is None else cuda_mb, pct_digits=1)
         del ours
 
 

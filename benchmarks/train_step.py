@@ -30,6 +30,7 @@ from rljax.models import tiny_config, llama  # noqa: E402
 from rljax.parallel import mesh as mesh_lib  # noqa: E402
 from rljax.rollout import SamplingParams, make_sampler  # noqa: E402
 from rljax.train import build  # noqa: E402
+from bench_common import matmul_precisions  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VOCAB, PROMPTS, GROUP, PROMPT_LEN = 48, 8, 8, 8
@@ -136,17 +137,6 @@ def median_times(step, steps):
   return {k: statistics.median(r[k] for r in runs) for k in runs[0]}, runs
 
 
-def _precisions(torch) -> str:
-  """The float32 matmul precision each framework uses on the GPU (None: XLA's default, TF32)."""
-  jp = getattr(jax.config, "jax_default_matmul_precision", "?")
-  try:
-    tp = (f"allow_tf32={torch.backends.cuda.matmul.allow_tf32} (float32_matmul_precision="
-          f"{torch.get_float32_matmul_precision()})")
-  except Exception as e:  # noqa: BLE001 (an API that moved: report it, do not fail)
-    tp = f"? ({type(e).__name__}: {e})"
-  return f"jax_default_matmul_precision={jp}, torch {tp}"
-
-
 def main():
   parser = argparse.ArgumentParser()
   parser.add_argument("--steps", type=int, default=10)
@@ -177,7 +167,7 @@ def main():
   if gpu:
     peak = (device.memory_stats() or {}).get("peak_bytes_in_use")
     jax_mb = "n/a" if peak is None else f"{peak / 2 ** 20:.1f} MB"
-    print(f"matmul precision: {_precisions(torch)}")
+    print(f"matmul precision: {matmul_precisions(torch)}")
     print(f"peak device memory: jax {jax_mb} (peak bytes in use), torch "
           f"{torch.cuda.max_memory_allocated() / 2 ** 20:.1f} MB (max allocated)")
   print(f"rljax first step (compilation included): {compile_s:.1f} s")
