@@ -242,6 +242,15 @@ def _stats(times, batch):
   return statistics.median(tps), tps[0], tps[-1]
 
 
+def _print_header(runs: int, memory_columns: str):
+  print(f"# prompt {PROMPT} tokens, {NEW} new tokens forced, vocab {VOCAB}; tokens/s = median "
+        f"[min-max] of {runs} runs")
+  header = ("| model | params | batch | rljax tok/s | transformers tok/s | ratio | % ceiling | "
+            f"rljax compile s | {memory_columns} |")
+  print(header)
+  print("|---" * (header.count("|") - 1) + "|")
+
+
 def _interleaved(ours, theirs, runs: int):
   """Call times of both sides, alternated run by run so that both see the same machine load."""
   t_ours, t_theirs = [], []
@@ -289,12 +298,7 @@ def main(args):
         f"{transformers.__version__}")
   print(f"# float32 2048^3 matmul: XLA {flops['xla'] / 1e9:.0f} GFLOP/s, torch "
         f"{flops['torch'] / 1e9:.0f} GFLOP/s -> ceiling uses {peak / 1e9:.0f} GFLOP/s")
-  print(f"# prompt {PROMPT} tokens, {NEW} new tokens forced, vocab {VOCAB}; tokens/s = median "
-        f"[min-max] of {args.runs} runs")
-  header = ("| model | params | batch | rljax tok/s | transformers tok/s | ratio | % ceiling | "
-            "rljax compile s | rljax peak MB rss (xla/device) | transformers peak MB rss |")
-  print(header)
-  print("|---" * (header.count("|") - 1) + "|")
+  _print_header(args.runs, "rljax peak MB rss (xla/device) | transformers peak MB rss")
   with tempfile.TemporaryDirectory() as tmp:
     for name in args.models.split(","):
       cfg = model_config(name)
@@ -343,12 +347,7 @@ def main_gpu(args):
   print(f"# matmul precision: {matmul_precisions(torch)}")
   print(f"# float32 {n}^3 matmul: XLA {flops['xla'] / 1e12:.1f} TFLOP/s, torch "
         f"{flops['torch'] / 1e12:.1f} TFLOP/s -> ceiling uses {peak / 1e12:.1f} TFLOP/s")
-  print(f"# prompt {PROMPT} tokens, {NEW} new tokens forced, vocab {VOCAB}; tokens/s = median "
-        f"[min-max] of {args.runs} runs")
-  header = ("| model | params | batch | rljax tok/s | transformers tok/s | ratio | % ceiling | "
-            "rljax compile s | rljax MB xla (jax peak so far) | transformers peak MB cuda |")
-  print(header)
-  print("|---" * (header.count("|") - 1) + "|")
+  _print_header(args.runs, "rljax MB xla (jax peak so far) | transformers peak MB cuda")
   with tempfile.TemporaryDirectory() as tmp:
     for name in args.models.split(","):
       cfg = model_config(name)
