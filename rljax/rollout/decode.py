@@ -52,13 +52,19 @@ def _cat(parts, dtype):
   return jnp.concatenate([p.astype(dtype) for p in parts], axis=-1)
 
 
-def _fuse_or_keep(parts, dtype) -> tuple:
-  """``parts`` (kernels [D, N_i] or biases [N_i]) as one concatenated array, or kept apart on
-  CPU when the fused kernel would be too large to run fast (``CPU_MAX_FUSED_KERNEL_BYTES``)."""
-  fused_bytes = sum(p.size for p in parts) * jnp.dtype(dtype).itemsize
+def _fuse_or_keep(modules, dtype) -> tuple:
+  """(kernels, biases) of projection ``modules``: one concatenated kernel [D, sum N_i] (and bias),
+  or the kernels [D, N_i] (and biases) kept apart on CPU when the fused kernel would be too large
+  to run fast (``CPU_MAX_FUSED_KERNEL_BYTES``). Biases are ``None`` where the modules have none."""
+  kernels = [m["kernel"] for m in modules]
+  biases = [m.get("bias") for m in modules]
+  biases = None if biases[0] is None else biases
+  fused_bytes = sum(k.size for k in kernels) * jnp.dtype(dtype).itemsize
   if jax.default_backend() in CPU_TUNED_BACKENDS and fused_bytes > CPU_MAX_FUSED_KERNEL_BYTES:
-    return tuple(p.astype(dtype) for p in parts)
-  return (_cat(parts, dtype),)
+    keep = lambda parts: tuple(p.astype(dtype) for p in parts)
+  else:
+    keep = lambda parts: (_cat(parts, dtype),)
+  return keep(kernels), None if biases is None else keep(biases)
 
 
 def rope_tables(cfg: ModelConfig, n_positions: int):
@@ -87,19 +93,17 @@ def fuse_weights(cfg: ModelConfig, params: dict, n_positions: int) -> dict:
   for i in range(cfg.num_layers):
     lp = params[f"layers_{i}"]
     attn, mlp = lp["self_attn"], lp["mlp"]
-    qkv = [attn[f"{n}_proj"] for n in "qkv"]
-    gate_up = [mlp["gate_proj"], mlp["up_proj"]]
-    fused = lambda mods, name, on: (_fuse_or_keep([m[name] for m in mods], dtype) if on
-                                    else None)
+    qkv, qkv_b = _fuse_or_keep([attn[f"{n}_proj"] for n in "qkv"], dtype)
+    gate_up, gate_up_b = _fuse_or_keep([mlp["gate_proj"], mlp["up_proj"]], dtype)
     w = {
         "ln1": lp["input_layernorm"]["scale"],
         "ln2": lp["post_attention_layernorm"]["scale"],
-        "qkv": fused(qkv, "kernel", True),
-        "qkv_b": fused(qkv, "bias", cfg.qkv_bias),
+        "qkv": qkv,
+        "qkv_b": qkv_b,
         "o": attn["o_proj"]["kernel"].astype(dtype),
         "o_b": attn["o_proj"]["bias"].astype(dtype) if cfg.o_bias else None,
-        "gate_up": fused(gate_up, "kernel", True),
-        "gate_up_b": fused(gate_up, "bias", cfg.mlp_bias),
+        "gate_up": gate_up,
+        "gate_up_b": gate_up_b,
         "down": mlp["down_proj"]["kernel"].astype(dtype),
         "down_b": mlp["down_proj"]["bias"].astype(dtype) if cfg.mlp_bias else None,
     }

@@ -310,9 +310,11 @@ def test_unfused_projections_equal_the_fused_ones(monkeypatch):
   fused = run()
   w = decode.fuse_weights(cfg, params, 18)["layers"][0]
   assert len(w["qkv"]) == 1 and len(w["gate_up"]) == 1
-  monkeypatch.setattr(decode, "CPU_MAX_FUSED_KERNEL_BYTES", 0)
+  # Below the fused kernels' size (8 KiB for q/k/v) but above their biases' (256 bytes): kernels
+  # and biases must be kept apart together.
+  monkeypatch.setattr(decode, "CPU_MAX_FUSED_KERNEL_BYTES", 1 << 10)
   w = decode.fuse_weights(cfg, params, 18)["layers"][0]
-  assert len(w["qkv"]) == 3 and len(w["gate_up"]) == 2 and len(w["gate_up_b"]) == 2
+  assert len(w["qkv"]) == len(w["qkv_b"]) == 3 and len(w["gate_up"]) == len(w["gate_up_b"]) == 2
   apart = run()
   for x, y in zip(jax.tree.leaves(fused), jax.tree.leaves(apart)):
     np.testing.assert_allclose(x, y, atol=1e-5)
