@@ -1,7 +1,9 @@
 """The compiled part of an RL step: scoring a rollout, and the train_step.
 
 ``prepare_batch`` runs one forward of each model (policy -> old log-probs, reference -> ref
-log-probs, critic -> values), then shaping and advantages, all in one jit. ``train_step`` runs
+log-probs, critic -> values), then shaping and advantages, all in one jit; with one optimizer
+update per batch the policy's forward is left to the loss, whose own forward gives the same
+log-probs. ``train_step`` runs
 ``algo.epochs x algo.minibatches`` optimizer updates inside ``lax.scan``, each accumulating
 gradients over ``algo.micro_batches`` with exact ``(sum, count)`` aggregation: every loss term's
 denominator is computed once over the whole minibatch, so how the minibatch is split never
@@ -76,6 +78,27 @@ def build_step_fns(config, model_cfg: ModelConfig, actor_tx: optax.GradientTrans
   placement = kl_lib.kl_placement(algo) or "none"
   has_critic = config.critic.enabled
   value_clip = config.critic.value_clip
+  # One optimizer update per batch (epochs = minibatches = micro_batches = 1) starts from the
+  # policy that scored the batch: its old log-probs are the ones the loss computes anyway (ratio
+  # 1, gradient that of logp), so prepare_batch skips the policy forward and the loss reports the
+  # metrics that forward gave. Not when the old log-probs are needed before the update (KL in the
+  # reward, the adaptive KL coefficient) or the loss sees another mask (overlong filter).
+  reuse_policy_forward = (algo.epochs == 1 and algo.minibatches == 1 and algo.micro_batches == 1
+                          and placement != "reward" and algo.kl_target is None
+                          and not algo.overlong_filter)
+
+  def scoring_metrics(mask, logp, entropy, sampler_logp, ref_logp) -> Metrics:
+    """Entropy, the sampler / policy log-prob gap and the KL estimate over the valid tokens."""
+    gap = jnp.abs(logp - sampler_logp)
+    metrics = {
+        "entropy": loss_lib.token_metrics(mask, entropy=entropy)["entropy"],
+        "logp_gap_mean": loss_lib.token_metrics(mask, gap=gap)["gap"],
+        "logp_gap_max": _scalar_metric(jax.lax.stop_gradient(jnp.where(mask > 0, gap, 0).max())),
+    }
+    if placement != "none":
+      metrics["kl"] = loss_lib.token_metrics(
+          mask, kl=kl_lib.kl_estimate(algo.kl_estimator, logp, ref_logp))["kl"]
+    return metrics
 
   # --- scoring ---------------------------------------------------------------------------------
 
@@ -88,18 +111,22 @@ def build_step_fns(config, model_cfg: ModelConfig, actor_tx: optax.GradientTrans
     """
     num_completion = completion_mask.shape[1]
     mask = completion_mask.astype(jnp.float32) * row_valid.astype(jnp.float32)[:, None]
-    old_logp, entropy = completion_stats(model_cfg, state.params, rollout_tokens, rollout_attn,
-                                         num_completion, chunk)
+    zeros = jnp.zeros(mask.shape, jnp.float32)
+    if reuse_policy_forward:
+      old_logp = entropy = None  # the train_step's forward gives them
+    else:
+      old_logp, entropy = completion_stats(model_cfg, state.params, rollout_tokens, rollout_attn,
+                                           num_completion, chunk)
     if state.ref_params is not None:
       ref_logp, _ = completion_stats(model_cfg, state.ref_params, rollout_tokens, rollout_attn,
                                      num_completion, chunk)
     else:
-      ref_logp = jnp.zeros_like(old_logp)
+      ref_logp = zeros
     if has_critic:
       values = completion_values(model_cfg, state.critic_params, rollout_tokens, rollout_attn,
                                  num_completion)
     else:
-      values = jnp.zeros_like(old_logp)
+      values = zeros
     if placement == "reward":
       token_rewards = kl_lib.kl_reward_tokens(rewards, mask, old_logp, ref_logp,
                                               kl_coef=state.kl_coef,
@@ -112,23 +139,17 @@ def build_step_fns(config, model_cfg: ModelConfig, actor_tx: optax.GradientTrans
     if returns is None:
       returns = jnp.zeros_like(advantages)
     loss_mask = shaping.overlong_filter_mask(mask, truncated) if algo.overlong_filter else mask
-    gap = jnp.abs(old_logp - sampler_logp)
-    metrics = {
-        "entropy": loss_lib.token_metrics(mask, entropy=entropy)["entropy"],
-        "logp_gap_mean": loss_lib.token_metrics(mask, gap=gap)["gap"],
-        "logp_gap_max": _scalar_metric(jnp.where(mask > 0, gap, 0).max()),
-        "advantage_mean": loss_lib.token_metrics(loss_mask, a=advantages)["a"],
-    }
+    metrics = {"advantage_mean": loss_lib.token_metrics(loss_mask, a=advantages)["a"]}
+    if not reuse_policy_forward:
+      metrics.update(scoring_metrics(mask, old_logp, entropy, sampler_logp, ref_logp))
     if has_critic:
       # How much of the return variance the critic explained before this update.
       metrics["explained_variance"] = _scalar_metric(
           value_lib.explained_variance(values, returns, mask))
-    if placement != "none":
-      metrics["kl"] = loss_lib.token_metrics(
-          mask, kl=kl_lib.kl_estimate(algo.kl_estimator, old_logp, ref_logp))["kl"]
     batch = TrainBatch(
         tokens=rollout_tokens, attn_mask=rollout_attn, mask=loss_mask,
-        old_logp=old_logp, ref_logp=ref_logp, sampler_logp=sampler_logp,
+        old_logp=zeros if reuse_policy_forward else old_logp, ref_logp=ref_logp,
+        sampler_logp=sampler_logp,
         advantages=advantages, returns=returns, old_values=values,
         positive=value_lib.positive_example_rows(
             jnp.where(row_valid > 0, rewards, rewards.min())).astype(jnp.float32)
@@ -141,11 +162,15 @@ def build_step_fns(config, model_cfg: ModelConfig, actor_tx: optax.GradientTrans
     num_completion = micro.mask.shape[1]
     logp, entropy = completion_stats(model_cfg, params, micro.tokens, micro.attn_mask,
                                      num_completion, chunk)
+    old_logp = jax.lax.stop_gradient(logp) if reuse_policy_forward else micro.old_logp
     loss_sum, metrics = algos.policy_loss_sum(
-        algo, logp=logp, old_logp=micro.old_logp, advantages=micro.advantages, mask=micro.mask,
+        algo, logp=logp, old_logp=old_logp, advantages=micro.advantages, mask=micro.mask,
         sampler_logp=micro.sampler_logp if algo.tis_cap is not None else None)
     total = loss_sum / counts["policy"]
     metrics = dict(metrics)
+    if reuse_policy_forward:  # the metrics prepare_batch left out, from the same forward
+      metrics.update(scoring_metrics(micro.mask, jax.lax.stop_gradient(logp), entropy,
+                                     micro.sampler_logp, micro.ref_logp))
     metrics["policy_loss"] = (loss_sum, counts["policy"] / counts["micro"])
     if placement == "loss":
       kl_sum, kl_metrics = kl_lib.kl_loss_sum(algo, logp=logp, ref_logp=micro.ref_logp,

@@ -61,3 +61,41 @@ def test_micro_batches_leave_loss_and_params_unchanged(loss_agg):
   moved = max(float(jnp.abs(a - b).max()) for a, b in
               zip(jax.tree.leaves(ref_state.params), jax.tree.leaves(initial)))
   assert moved > 1e-4
+
+
+def _on_policy_step(micro, **extra):
+  """One GRPO step with one optimizer update per batch: (state, prepare metrics, step metrics)."""
+  overrides = dict(tiny.OVERRIDES)
+  overrides.update({"algo.micro_batches": str(micro), "algo.minibatches": "1",
+                    "algo.epochs": "1", "rollout.group_size": "4", "algo.kl_placement": "loss",
+                    "algo.entropy_coef": "0.01", "algo.tis_cap": "2.0"}, **extra)
+  config = config_loader.load_config(os.path.join(tiny.ROOT, "configs", "grpo.py"),
+                                     list(overrides.items()))
+  model_cfg = tiny_config(config.model, VOCAB)
+  _, make = build.abstract_state(config, model_cfg)
+  state = make(llama.init_params(model_cfg, seed=0))
+  # A reference away from the policy, so that the KL term and its metric are not zero.
+  state = state.replace(ref_params=jax.tree.map(lambda p: p * 1.1, state.ref_params))
+  actor_tx, critic_tx = build.optimizers(config)
+  fns = step_lib.build_step_fns(config, model_cfg, actor_tx, critic_tx)
+  batch, scored = jax.jit(fns.prepare_batch)(state, *_rollout_arrays(3))
+  new_state, metrics = jax.jit(fns.train_step)(state, batch)
+  return new_state, scored, metrics
+
+
+@pytest.mark.slow
+def test_one_update_per_batch_reuses_the_policy_forward():
+  """With one update per batch the loss takes the old log-probs from its own forward (prepare_batch
+  skips the policy): same update and same metrics as scoring first (micro_batches=2 does)."""
+  reused_state, reused_scored, reused = _on_policy_step(1)
+  state, scored, metrics = _on_policy_step(2)
+  assert "entropy" not in reused_scored and "entropy" in scored  # the forward was skipped
+  merged_reused, merged = {**reused_scored, **reused}, {**scored, **metrics}
+  assert set(merged_reused) == set(merged)
+  for name in ("entropy", "logp_gap_mean", "logp_gap_max", "kl", "loss", "kl_loss"):
+    value = lambda m: float(m[name][0]) / float(m[name][1])
+    np.testing.assert_allclose(value(merged_reused), value(merged), rtol=1e-5, atol=1e-6,
+                               err_msg=name)
+  assert float(merged["kl"][0]) > 0 and float(merged["entropy"][0]) > 0
+  for a, b in zip(jax.tree.leaves(reused_state.params), jax.tree.leaves(state.params)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
