@@ -3,11 +3,10 @@
 ``prepare_batch`` runs one forward of each model (policy -> old log-probs, reference -> ref
 log-probs, critic -> values), then shaping and advantages, all in one jit; with one optimizer
 update per batch the policy's forward is left to the loss, whose own forward gives the same
-log-probs. ``train_step`` runs
-``algo.epochs x algo.minibatches`` optimizer updates inside ``lax.scan``, each accumulating
-gradients over ``algo.micro_batches`` with exact ``(sum, count)`` aggregation: every loss term's
-denominator is computed once over the whole minibatch, so how the minibatch is split never
-changes the gradient. Both are jitted with explicit shardings by ``compile_step_fns``.
+log-probs. ``train_step`` runs ``algo.epochs x algo.minibatches`` optimizer updates inside
+``lax.scan``, each accumulating gradients over ``algo.micro_batches`` with exact ``(sum, count)``
+aggregation: every loss term's denominator is computed once over the whole minibatch, so how the
+minibatch is split never changes the gradient. Both are jitted with explicit shardings by ``compile_step_fns``.
 """
 from __future__ import annotations
 
