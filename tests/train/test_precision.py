@@ -29,6 +29,7 @@ def _record(monkeypatch, module, name, seen):
 @pytest.mark.parametrize("precision", ["highest", "high"])
 def test_train_sft_and_eval_trace_under_the_configured_precision(monkeypatch, tmp_path, precision):
   config = _config(precision, tmp_path)
+  before = jax.config.jax_default_matmul_precision  # e.g. set by JAX_DEFAULT_MATMUL_PRECISION
   seen = []
   _record(monkeypatch, build, "build_run", seen)
   _record(monkeypatch, sft, "train_sft", seen)
@@ -39,7 +40,7 @@ def test_train_sft_and_eval_trace_under_the_configured_precision(monkeypatch, tm
     with pytest.raises(_Seen):
       entry()
   assert seen == [precision] * 3
-  assert jax.config.jax_default_matmul_precision is None  # restored afterwards
+  assert jax.config.jax_default_matmul_precision == before  # restored afterwards
 
 
 def test_default_leaves_jax_setting_alone():
