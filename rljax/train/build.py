@@ -190,6 +190,7 @@ def sharded_state_and_fns(config, model_cfg: ModelConfig, params, mesh):
 
 def build_run(config):
   from rljax.train.loop import Run
+  step_lib.check_update_schedule(config)  # before any model is loaded or trained
   distributed.initialize(config.dist)
   tokenizer = tokenizer_lib.load_tokenizer(config.data.tokenizer, config.data.chat_template)
   source = datasets.make_prompt_source(config.data)

@@ -68,9 +68,27 @@ class StepFns:
   prepare_batch_mc: Callable | None = None  # prepare_batch with lam_critic=1 (value pretraining)
 
 
+def check_update_schedule(config) -> None:
+  """Raises a ``ValueError`` naming the keys when the update schedule cannot run: ``algo.epochs``,
+  ``algo.minibatches`` and ``algo.micro_batches`` must be at least 1, and the ``P x G`` rows of a
+  step must split into ``minibatches x micro_batches`` equal parts."""
+  algo, r = config.algo, config.rollout
+  for key in ("epochs", "minibatches", "micro_batches"):
+    value = algo[key]
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+      raise ValueError(f"algo.{key}={value!r} must be an integer >= 1")
+  rows = r.prompts_per_step * r.group_size
+  if rows % (algo.minibatches * algo.micro_batches):
+    raise ValueError(
+        f"rollout.prompts_per_step x rollout.group_size = {rows} rows do not split into "
+        f"algo.minibatches={algo.minibatches} x algo.micro_batches={algo.micro_batches} equal "
+        "parts")
+
+
 def build_step_fns(config, model_cfg: ModelConfig, actor_tx: optax.GradientTransformation,
                    critic_tx: optax.GradientTransformation | None) -> StepFns:
   """Pure (unjitted) prepare_batch / train_step / critic_step closed over the configuration."""
+  check_update_schedule(config)
   algo = config.algo
   group_size = config.rollout.group_size
   chunk = config.model.logits_chunk
