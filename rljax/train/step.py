@@ -69,14 +69,16 @@ class StepFns:
 
 
 def check_update_schedule(config) -> None:
-  """Raises a ``ValueError`` naming the keys when the update schedule cannot run: ``algo.epochs``,
-  ``algo.minibatches`` and ``algo.micro_batches`` must be at least 1, and the ``P x G`` rows of a
-  step must split into ``minibatches x micro_batches`` equal parts."""
+  """Raises a ``ValueError`` naming the keys when the update schedule cannot run:
+  ``rollout.prompts_per_step``, ``rollout.group_size``, ``algo.epochs``, ``algo.minibatches`` and
+  ``algo.micro_batches`` must be at least 1, and the ``P x G`` rows of a step must split into
+  ``minibatches x micro_batches`` equal parts."""
   algo, r = config.algo, config.rollout
-  for key in ("epochs", "minibatches", "micro_batches"):
-    value = algo[key]
+  for section, key in (("rollout", "prompts_per_step"), ("rollout", "group_size"),
+                       ("algo", "epochs"), ("algo", "minibatches"), ("algo", "micro_batches")):
+    value = config[section][key]
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-      raise ValueError(f"algo.{key}={value!r} must be an integer >= 1")
+      raise ValueError(f"{section}.{key}={value!r} must be an integer >= 1")
   rows = r.prompts_per_step * r.group_size
   if rows % (algo.minibatches * algo.micro_batches):
     raise ValueError(

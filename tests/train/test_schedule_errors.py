@@ -16,6 +16,7 @@ def _config(tmp_path, **overrides):
 @pytest.mark.parametrize("overrides,message", [
     ({"algo.micro_batches": 0}, r"algo.micro_batches=0 must be an integer >= 1"),
     ({"algo.epochs": -1}, r"algo.epochs=-1 must be an integer >= 1"),
+    ({"rollout.prompts_per_step": 0}, r"rollout.prompts_per_step=0 must be an integer >= 1"),
     ({"algo.minibatches": 3},
      r"= 8 rows do not split into algo.minibatches=3 x algo.micro_batches=1"),
     ({"algo.minibatches": 2, "algo.micro_batches": 8}, r"8 rows do not split"),
