@@ -133,6 +133,8 @@ def get_config():
   c.train.resume = False
   c.train.progress = True  # live progress bar
   c.train.export_hf = True  # export the final policy in Hugging Face format
+  # stop after this many consecutive steps whose every update was skipped as non-finite (0 = never)
+  c.train.max_skipped_steps = 10
 
   # --- supervised cold start (model.source='sft') -----------------------------------------------
   c.sft = ml_collections.ConfigDict()

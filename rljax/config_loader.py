@@ -83,6 +83,28 @@ def apply_override(config: ml_collections.ConfigDict, dotted: str, text: str) ->
     raise TypeError(f"--config.{dotted}: {e}") from None
 
 
+def set_value(config: ml_collections.ConfigDict, dotted: str, value) -> None:
+  """Sets an existing key ``a.b.c`` to a Python value (an int where a float is declared is
+  accepted); an unknown key or a value of the wrong type is an error naming the key."""
+  parent, key = dotted.rpartition(".")[::2] if "." in dotted else ("", dotted)
+  node = config
+  for part in [p for p in parent.split(".") if p]:
+    if part not in node or not isinstance(node[part], ml_collections.ConfigDict):
+      raise KeyError(f"unknown config key {dotted!r}: no section {part!r}")
+    node = node[part]
+  if key not in node:
+    raise KeyError(f"unknown config key {dotted!r}; keys there: {sorted(node.keys())}")
+  kind = _field_type(node, key)
+  if kind is float and isinstance(value, int) and not isinstance(value, bool):
+    value = float(value)
+  if kind is tuple and isinstance(value, list):
+    value = tuple(value)
+  if value is not None and kind is not None and not isinstance(value, kind):
+    raise TypeError(f"config key {dotted!r}: expected {kind.__name__}, got {value!r}")
+  with node.unlocked():
+    node[key] = value
+
+
 def load_config(path: str, overrides: list[tuple[str, str]] = ()) -> ml_collections.ConfigDict:
   config = load_config_file(path)
   for dotted, text in overrides:
