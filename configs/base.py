@@ -60,8 +60,9 @@ def get_config():
   c.reward.wrong_value = 0.0  # reward of a wrong answer (0 or -1)
   c.reward.overlong_buffer = 0  # tokens; 0 = off
   c.reward.overlong_penalty = 1.0
-  c.reward.timeout_s = 5.0  # per verifier call
-  c.reward.workers = 4  # verifier thread pool
+  c.reward.timeout_s = 5.0  # per verifier call: a hard bound (the worker process is killed)
+  c.reward.workers = 4  # verifier worker processes
+  c.reward.max_logged_failures = 100  # failed calls sampled into run_dir/reward_failures.jsonl
 
   # --- algorithm (sections 2-5, 7) ------------------------------------------------------------
   c.algo = ml_collections.ConfigDict()

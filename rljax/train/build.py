@@ -154,15 +154,8 @@ def state_shardings(mesh, model_cfg: ModelConfig, state_shapes: TrainState) -> T
       kl_coef=rep, rng=rep, skipped_updates=rep)
 
 
-def make_task_verifier(config, source) -> Callable:
-  fn = verifiers.get_reward_fn(config.reward.fn)
-  r = config.reward
-
-  def verify(completions, problems):
-    return verifiers.score_completions(fn, completions, problems, wrong_value=r.wrong_value,
-                                       format_weight=r.format_weight, timeout_s=r.timeout_s,
-                                       workers=r.workers)
-  return verify
+def make_task_verifier(config, source, failure_log: str | None = None) -> Callable:
+  return verifiers.task_verifier(config.reward, failure_log)  # reliability: isolated verifiers
 
 
 def sharded_state_and_fns(config, model_cfg: ModelConfig, params, mesh):
@@ -225,7 +218,8 @@ def build_run(config):
       f.write(config.to_json_best_effort(indent=2))
 
   return Run(config=config, model=LoadedModel(model_cfg, mesh), tokenizer=tokenizer,
-             source=source, task_verifier=make_task_verifier(config, source), mesh=mesh,
+             source=source, mesh=mesh, task_verifier=make_task_verifier(
+                 config, source, os.path.join(run_dir, verifiers.FAILURE_LOG)),
              fns=compiled, state=state, sampling=sampling_params(config, tokenizer),
              writer=writer, checkpointer=checkpointer)
 
