@@ -50,6 +50,10 @@ def parse_value(text: str, kind, key: str):
     raise TypeError(f"--config.{key}: expected a bool (true/false), got {text!r}")
   if text.lower() in ("none", "null"):
     return None
+  if kind is float and text.strip().lower().lstrip("+-") in ("nan", "inf", "infinity"):
+    # A float the user meant, which literal_eval cannot read: rljax.config_checks then says what
+    # is wrong with the value (e.g. optim.lr must be finite) instead of "expected float".
+    return float(text)
   try:
     value = ast.literal_eval(text)
   except (ValueError, SyntaxError):
