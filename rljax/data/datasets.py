@@ -38,8 +38,15 @@ def parse_source(source: str) -> tuple[str, str]:
 def read_jsonl(path: str) -> list[Problem]:
   """Problems of a JSONL file; a bad line raises an error naming the line and the field."""
   problems = []
-  with open(path, encoding="utf-8") as f:
-    for line_number, line in enumerate(f, start=1):
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"data.source file {path!r} does not exist")
+  with open(path, "rb") as f:
+    for line_number, raw in enumerate(f, start=1):
+      try:
+        line = raw.decode("utf-8")
+      except UnicodeDecodeError as e:
+        raise ValueError(f"{path}:{line_number}: not UTF-8 text (byte {raw[e.start]:#04x} at "
+                         f"column {e.start + 1})") from None
       if not line.strip():
         continue
       try:
@@ -160,11 +167,35 @@ class PromptSource:
         raise ValueError(f"eval_source={eval_source!r} must be a file source (jsonl: or hf:)")
       self._eval_rows = load_problems(eval_source, split="all")
     self._epoch_order: tuple[int, list[int]] | None = None
+    self._keep = lambda problem: True
+    self.dropped_prompts = 0
+
+  def set_prompt_filter(self, keep) -> None:
+    """Leave out problems for which ``keep(problem)`` is False (``keep`` may raise instead: see
+    ``rljax.data.prompt_policy``). File rows are filtered now, all of them (so a bad prompt is
+    found at start-up); an embedded task's prompts as they are drawn. ``dropped_prompts`` counts
+    what was left out."""
+    self._keep = keep
+    if self._task is None:
+      before = len(self._rows) + len(self._eval_rows)
+      self._rows = [p for p in self._rows if keep(p)]
+      self._eval_rows = [p for p in self._eval_rows if keep(p)]
+      self.dropped_prompts += before - len(self._rows) - len(self._eval_rows)
+      self._epoch_order = None
+      if not self._rows:
+        raise ValueError(f"data.source={self.source!r}: every training prompt was dropped as too "
+                         "long (data.max_prompt_tokens, data.overlong_prompts)")
 
   def next_batch(self, n: int) -> list[Problem]:
-    """The next ``n`` training problems; advances the position."""
-    batch = [self._train_problem(self.position + i) for i in range(n)]
-    self.position += n
+    """The next ``n`` training problems; advances the position (past dropped ones too)."""
+    batch = []
+    while len(batch) < n:
+      problem = self._train_problem(self.position)
+      self.position += 1
+      if self._task is None or self._keep(problem):
+        batch.append(problem)
+      else:
+        self.dropped_prompts += 1
     return batch
 
   def _train_problem(self, position: int) -> Problem:
@@ -180,11 +211,14 @@ class PromptSource:
   def eval_set(self, n: int) -> list[Problem]:
     """``n`` held-out problems (all of them when a file holds fewer)."""
     if self._task is not None:
-      return self._task.eval_set(self.eval_seed, n)
+      problems = self._task.eval_set(self.eval_seed, n)
+      return [p for p in problems if self._keep(p)]
     if not self._eval_rows:
       raise ValueError(
-          f"data.source={self.source!r} has no eval rows (about 10% of prompts are held out by "
-          "hash; the file may be too small): pass eval_source= to PromptSource")
+          f"data.source={self.source!r} has no eval rows: about 10% of the prompts are held out "
+          "(by a hash of the prompt) and none of this file's were; the file needs more rows"
+          + (" (or fewer were dropped as too long: data.overlong_prompts)"
+             if self.dropped_prompts else ""))
     rows = list(self._eval_rows)
     random.Random(f"{self.source}/eval/{self.eval_seed}").shuffle(rows)
     return rows[:n]

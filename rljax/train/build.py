@@ -18,7 +18,7 @@ import numpy as np
 from rljax import models
 from rljax import rollout as rollout_lib
 from rljax.algos import kl as kl_lib
-from rljax.data import datasets, tokenizer as tokenizer_lib
+from rljax.data import datasets, prompt_policy, tokenizer as tokenizer_lib
 from rljax.models import ModelConfig, llama
 from rljax.parallel import distributed, mesh as mesh_lib, rules
 from rljax.rewards import verifiers
@@ -187,6 +187,7 @@ def build_run(config):
   distributed.initialize(config.dist)
   tokenizer = tokenizer_lib.load_tokenizer(config.data.tokenizer, config.data.chat_template)
   source = datasets.make_prompt_source(config.data)
+  prompt_policy.apply_prompt_policy(source, config, tokenizer)  # reliability: before SFT/model
   model_cfg, params = load_policy(config, tokenizer)
   mesh = mesh_lib.make_mesh(config.mesh)
   divisor = rules.batch_divisor(mesh)

@@ -13,7 +13,7 @@ import jax
 import ml_collections
 
 from rljax import models
-from rljax.data import datasets, tokenizer as tokenizer_lib
+from rljax.data import datasets, prompt_policy, tokenizer as tokenizer_lib
 from rljax.train import build, loop
 from rljax.train.checkpoint import Checkpointer
 
@@ -56,6 +56,7 @@ def _evaluate_config(config, *, samples: int, checkpoint: str | None) -> dict:
     model_cfg, params = build.load_policy(config, tokenizer)
   from rljax.parallel import mesh as mesh_lib
   source = datasets.make_prompt_source(config.data)
+  prompt_policy.apply_prompt_policy(source, config, tokenizer)  # reliability
   mesh = mesh_lib.make_mesh(config.mesh)
   ctx = types.SimpleNamespace(
       config=config, model=build.LoadedModel(model_cfg, mesh), mesh=mesh,
