@@ -87,8 +87,9 @@ def cmd_convert(argv):
   parser.add_argument("run_dir")
   parser.add_argument("out")
   args = parser.parse_args(argv)
-  from rljax.train import evaluation
+  from rljax.train import evaluation, run_dir
   from rljax import models
+  run_dir.check_convert_target(args.run_dir, args.out)  # reliability: never into a run dir
   model_cfg, params = evaluation.load_run_params(args.run_dir)
   models.save_hf(args.out, model_cfg, params)
   print(args.out)

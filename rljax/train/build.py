@@ -202,10 +202,9 @@ def build_run(config):
                               keep=config.train.keep_checkpoints)
   start = 0
   if config.train.resume and checkpointer.latest_step() is not None:
-    start = checkpointer.latest_step()
     abstract = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
                             state, sharding)
-    state, extra = checkpointer.restore(start, abstract)
+    start, state, extra = checkpointer.restore_latest(abstract)  # reliability: falls back
     source.load_state_dict(extra["data"])
   elif checkpointer.latest_step() is not None:
     raise FileExistsError(f"{run_dir} already holds checkpoints: pass --config.train.resume=True "

@@ -31,14 +31,12 @@ def load_run_params(run_dir: str, config=None):
   config = config or run_config(run_dir)
   tokenizer = tokenizer_lib.load_tokenizer(config.data.tokenizer, config.data.chat_template)
   model_cfg = build.resolve_model_config(config, tokenizer)
-  checkpointer = Checkpointer(os.path.join(run_dir, "checkpoints"), keep=10**6)
-  step = checkpointer.latest_step()
-  if step is None:
-    raise FileNotFoundError(f"no checkpoint in {run_dir}/checkpoints")
+  checkpointer = Checkpointer(os.path.join(run_dir, "checkpoints"), keep=1,
+                              read_only=True)  # reliability: never touches the run's files
   shapes, _ = build.abstract_state(config, model_cfg)
   abstract = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype,
                                                          sharding=build.single_device()), shapes)
-  state, _ = checkpointer.restore(step, abstract)
+  _, state, _ = checkpointer.restore_latest(abstract)
   checkpointer.close()
   return model_cfg, state.params
 

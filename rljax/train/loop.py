@@ -18,6 +18,7 @@ from rljax import rollout as rollout_lib
 from rljax.parallel import distributed, rules
 from rljax.rewards import shaping, verifiers
 from rljax.train import build, filters
+from rljax.train import run_dir as run_dir_lib
 from rljax.train.checkpoint import Checkpointer
 from rljax.train.metrics import MetricsWriter, summarize
 from rljax.train.state import TrainState
@@ -192,7 +193,7 @@ def pretrain_critic(run: Run) -> None:
 
 def train(config) -> dict:
   """Run ``config`` end to end; returns the final eval and the last step's metrics."""
-  with models.matmul_precision(config.model):
+  with models.matmul_precision(config.model), run_dir_lib.claimed(config):  # reliability: lock
     run = build.build_run(config)
     try:
       return _train(run)
