@@ -154,3 +154,27 @@ def test_resume_keeps_one_record_per_step(tmp_path):
     f.write('{"step": 4, "lo')  # torn by a kill
   metrics_lib.truncate_jsonl(path, keep_through=2)  # resuming from checkpoint 2
   assert metrics_lib.read_jsonl(path) == rows[:3]
+
+
+def test_resume_override_names_the_changed_keys(tmp_path):
+  from rljax import config_loader
+  from tests.train import tiny
+  run = str(tmp_path / "run")
+  base = f"{tiny.ROOT}/configs/base.py"
+  saved = config_loader.load_config(base, [("train.run_dir", run)])
+  os.makedirs(run)
+  run_dir_lib.write_config(run, saved.to_json_best_effort())
+
+  def start(*overrides):
+    config = config_loader.load_config(base, [("train.run_dir", run), ("train.resume", "true"),
+                                              *overrides])
+    run_dir_lib.check_start(config, json.loads(config.to_json_best_effort()))
+
+  start(("train.steps", "500"), ("train.eval_every", "7"))  # may change
+  with pytest.raises(run_dir_lib.RunDirError, match=r"differs in algo.kl_coef: 0.04 -> 0.1; "
+                                                    r"optim.lr: 1e-06 -> 0.001\."):
+    start(("optim.lr", "1e-3"), ("algo.kl_coef", "0.1"))
+  with pytest.raises(run_dir_lib.RunDirError, match=r"differs in algo.kl_coef"):
+    start(("optim.lr", "1e-3"), ("algo.kl_coef", "0.1"), ("train.resume_override", "('optim.lr',)"))
+  start(("optim.lr", "1e-3"), ("algo.kl_coef", "0.1"),
+        ("train.resume_override", "('optim.lr', 'algo.kl_coef')"))
