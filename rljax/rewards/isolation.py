@@ -140,9 +140,8 @@ class VerifierPool:
         try:
           worker.conn.send((index, calls[index]))
         except (BrokenPipeError, OSError):  # died between batches: replace and retry the call
-          self._replace(worker)
           pending.append(index)
-          idle.append(self._workers[-1])
+          idle.append(self._replace(worker))
           continue
         worker.task, worker.deadline = index, time.monotonic() + timeout_s
         busy[worker.conn] = worker

@@ -139,3 +139,22 @@ def test_register_reward_checks_its_declaration():
     verifiers.register_reward("test_bad_decl", value_range=(0, 2))
   with pytest.raises(ValueError, match="low < high"):
     verifiers.register_reward("test_bad_decl", binary=False, value_range=(1, 1))
+
+
+def test_worker_killed_between_batches_is_replaced():
+  import os
+  import signal
+
+  def one(completion, problem):
+    return 1.0
+
+  verifiers.score_completions(one, ["a"], [Problem("q", "")], timeout_s=5.0, workers=1)
+  pool = isolation.shared_pool(verifiers._Judge(one), 1)
+  victim = pool._workers[0].process
+  os.kill(victim.pid, signal.SIGKILL)
+  victim.join(5)
+  scores = verifiers.score_completions(one, ["a", "b"], [Problem("q", "")] * 2, timeout_s=5.0,
+                                       workers=1)
+  # Either the dead pipe is noticed on send (retried in a fresh worker) or on receive (an error).
+  assert scores.num_errors + int(scores.rewards.sum()) == 2 and scores.num_errors <= 1
+  assert pool._workers[0].process.is_alive() and pool._workers[0].process.pid != victim.pid
