@@ -14,10 +14,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rljax import models
+from rljax import config_checks, models
 from rljax import rollout as rollout_lib
 from rljax.algos.resolve import Algorithm, resolve
-from rljax.data import datasets, tokenizer as tokenizer_lib
+from rljax.data import datasets, prompt_policy, tokenizer as tokenizer_lib
 from rljax.models import ModelConfig, llama
 from rljax.parallel import distributed, mesh as mesh_lib, rules
 from rljax.rewards import verifiers
@@ -172,15 +172,8 @@ class Run:
     return self.generator.mesh
 
 
-def make_task_verifier(config, source) -> Callable:
-  fn = verifiers.get_reward_fn(config.reward.fn)
-  r = config.reward
-
-  def verify(completions, problems):
-    return verifiers.score_completions(fn, completions, problems, wrong_value=r.wrong_value,
-                                       format_weight=r.format_weight, timeout_s=r.timeout_s,
-                                       workers=r.workers)
-  return verify
+def make_task_verifier(config, source, failure_log: str | None = None) -> Callable:
+  return verifiers.task_verifier(config.reward, failure_log)  # verifiers in killable processes
 
 
 def learner(config, model_cfg: ModelConfig, algo: Algorithm) -> step_lib.Learner:
@@ -215,19 +208,24 @@ def sharded_state_and_fns(config, model_cfg: ModelConfig, params, mesh,
   return state, compiled, sharding
 
 
-def make_generator(config, model: LoadedModel, tokenizer, source) -> Generator:
+def make_generator(config, model: LoadedModel, tokenizer, source,
+                   failure_log: str | None = None) -> Generator:
   r = config.reward
-  return Generator(model=model, tokenizer=tokenizer, verifier=make_task_verifier(config, source),
+  return Generator(model=model, tokenizer=tokenizer,
+                   verifier=make_task_verifier(config, source, failure_log),
                    prompt_bucket=config.data.prompt_bucket, overlong_buffer=r.overlong_buffer,
                    overlong_penalty=r.overlong_penalty)
 
 
 def build_run(config) -> Run:
-  algo = resolve(config)  # every name and range checked before any model is loaded or trained
+  # Every key range-checked and every name resolved before any model is loaded or trained.
+  config_checks.check_config(config)
+  algo = resolve(config)
   step_lib.check_update_schedule(config)
   distributed.initialize(config.dist)
   tokenizer = tokenizer_lib.load_tokenizer(config.data.tokenizer, config.data.chat_template)
   source = datasets.make_prompt_source(config.data)
+  prompt_policy.apply_prompt_policy(source, config, tokenizer)  # before SFT and the model
   model_cfg, params = load_policy(config, tokenizer)
   mesh = mesh_lib.make_mesh(config.mesh)
   divisor = rules.batch_divisor(mesh)
@@ -242,10 +240,9 @@ def build_run(config) -> Run:
                               keep=config.train.keep_checkpoints)
   start = 0
   if config.train.resume and checkpointer.latest_step() is not None:
-    start = checkpointer.latest_step()
     abstract = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
                             state, sharding)
-    state, extra = checkpointer.restore(start, abstract)
+    start, state, extra = checkpointer.restore_latest(abstract)  # falls back past a bad one
     source.load_state_dict(extra["data"])
   elif checkpointer.latest_step() is not None:
     raise FileExistsError(f"{run_dir} already holds checkpoints: pass --config.train.resume=True "
@@ -259,9 +256,10 @@ def build_run(config) -> Run:
       f.write(config.to_json_best_effort(indent=2))
 
   model = LoadedModel(model_cfg, mesh)
-  return Run(config=config, algo=algo, generator=make_generator(config, model, tokenizer, source),
-             source=source, fns=compiled, state=state,
-             sampling=sampling_params(config, tokenizer), writer=writer,
+  generator = make_generator(config, model, tokenizer, source,
+                             failure_log=os.path.join(run_dir, verifiers.FAILURE_LOG))
+  return Run(config=config, algo=algo, generator=generator, source=source, fns=compiled,
+             state=state, sampling=sampling_params(config, tokenizer), writer=writer,
              checkpointer=checkpointer)
 
 

@@ -14,7 +14,7 @@ import ml_collections
 import numpy as np
 
 from rljax import models
-from rljax.data import datasets, tokenizer as tokenizer_lib
+from rljax.data import datasets, prompt_policy, tokenizer as tokenizer_lib
 from rljax.parallel import rules
 from rljax.rewards import verifiers
 from rljax.train import build, generation
@@ -36,14 +36,12 @@ def load_run_params(run_dir: str, config=None):
   config = config or run_config(run_dir)
   tokenizer = tokenizer_lib.load_tokenizer(config.data.tokenizer, config.data.chat_template)
   model_cfg = build.resolve_model_config(config, tokenizer)
-  checkpointer = Checkpointer(os.path.join(run_dir, "checkpoints"), keep=10**6)
-  step = checkpointer.latest_step()
-  if step is None:
-    raise FileNotFoundError(f"no checkpoint in {run_dir}/checkpoints")
+  checkpointer = Checkpointer(os.path.join(run_dir, "checkpoints"), keep=1,
+                              read_only=True)  # never touches the run's files
   shapes, _ = build.abstract_state(config, model_cfg)
   abstract = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype,
                                                          sharding=build.single_device()), shapes)
-  state, _ = checkpointer.restore(step, abstract)
+  _, state, _ = checkpointer.restore_latest(abstract)
   checkpointer.close()
   return model_cfg, state.params
 
@@ -61,6 +59,7 @@ def _evaluate_config(config, *, samples: int, checkpoint: str | None) -> dict:
     model_cfg, params = build.load_policy(config, tokenizer)
   from rljax.parallel import mesh as mesh_lib
   source = datasets.make_prompt_source(config.data)
+  prompt_policy.apply_prompt_policy(source, config, tokenizer)
   generator = build.make_generator(
       config, build.LoadedModel(model_cfg, mesh_lib.make_mesh(config.mesh)), tokenizer, source)
   sampling = build.sampling_params(config, tokenizer)
@@ -89,8 +88,8 @@ def evaluate(generator: generation.Generator, params, problems, *, sampling, see
     chunk = problems[start:start + width]
     # Pad the last chunk with repeats so every eval call has the same shape (one compilation).
     padded = chunk + [chunk[-1]] * (width - len(chunk))
-    part, completions = generation.generate(generator, params, padded, jax.random.fold_in(key, start),
-                                      sampling, samples)
+    part, completions, _ = generation.generate(generator, params, padded,
+                                               jax.random.fold_in(key, start), sampling, samples)
     n = len(chunk) * samples
     correct.append(part.correct[:n])
     answers.extend(verifiers.final_answer(c) for c in completions[:n])

@@ -22,7 +22,7 @@ class Generator:
   verifier, and the reward shaping (``rljax.train.loop.generate``)."""
   model: Any  # rljax.train.build.LoadedModel: sample(params, tokens, mask, key, sampling, G)
   tokenizer: Any
-  verifier: Callable  # (completions, problems) -> (rewards, correct)
+  verifier: Callable  # (completions, problems) -> rljax.rewards.Scores
   prompt_bucket: int
   overlong_buffer: int
   overlong_penalty: float
@@ -34,10 +34,11 @@ class Generator:
 
 
 def generate(gen: Generator, params, problems, key, sampling: rollout_lib.SamplingParams,
-             group_size: int) -> tuple[Rollout, list[str]]:
+             group_size: int) -> tuple[Rollout, list[str], dict]:
   """Sample ``group_size`` completions per problem and score them on the host: the sampler's
-  ``Rollout`` (NumPy) with ``rewards`` (shaped), ``correct`` and ``row_valid`` added, and the
-  decoded completions."""
+  ``Rollout`` (NumPy) with ``rewards`` (shaped), ``correct`` and ``row_valid`` added, the
+  decoded completions, and the verifier's counts (``reward/timeouts``, ``/errors``,
+  ``/invalid``)."""
   prompt_ids = [gen.tokenizer.encode_prompt(p.prompt) for p in problems]
   tokens, mask = rollout_lib.left_pad(prompt_ids, gen.prompt_bucket, gen.tokenizer.pad_id)
   # Every process holds the same prompts; each feeds its own rows of the global batch, and
@@ -48,11 +49,12 @@ def generate(gen: Generator, params, problems, key, sampling: rollout_lib.Sampli
   out = distributed.to_host(gen.model.sample(params, tokens, mask, key, sampling, group_size))
   out = jax.tree.map(np.asarray, out)
   completions = [gen.tokenizer.decode(row[:n]) for row, n in zip(out.tokens, out.lengths)]
-  rewards, correct = gen.verifier(completions, [p for p in problems for _ in range(group_size)])
+  scores = gen.verifier(completions, [p for p in problems for _ in range(group_size)])
+  rewards, correct = scores
   rewards = np.asarray(rewards, np.float32) + np.asarray(
       shaping.overlong_penalty(out.lengths, max_new_tokens=sampling.max_new_tokens,
                                overlong_buffer=gen.overlong_buffer,
                                overlong_penalty=gen.overlong_penalty), np.float32)
   scored = out.replace(rewards=rewards, correct=np.asarray(correct, bool),
                        row_valid=np.ones(len(completions), np.float32))
-  return scored, completions
+  return scored, completions, scores.metrics()

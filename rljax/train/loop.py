@@ -17,6 +17,7 @@ from rljax import models
 from rljax.parallel import distributed, rules
 from rljax.rollout.sampler import Rollout
 from rljax.train import build, evaluation, filters, generation
+from rljax.train import run_dir as run_dir_lib
 from rljax.train.metrics import summarize
 
 # --- rollout and rewards -------------------------------------------------------------------------
@@ -32,12 +33,14 @@ def collect_batch(run: build.Run, step: int, stream: int = 0) -> tuple[Rollout, 
   num_prompts, group_size = cfg.rollout.prompts_per_step, cfg.rollout.group_size
   # stream 0: RL steps; stream 1: value pretraining rollouts.
   base = jax.random.fold_in(jax.random.fold_in(jax.random.PRNGKey(cfg.seed), stream), step)
-  kept, rounds, seen_groups, all_rounds = [], 0, 0, []
+  kept, rounds, seen_groups, all_rounds, verifier_counts = [], 0, 0, [], []
   max_rounds = cfg.algo.max_gen_batches if cfg.algo.dynamic_sampling else 1
   while rounds < max_rounds:
     problems = run.source.next_batch(num_prompts)
-    part, _ = generation.generate(run.generator, run.state.params, problems,
-                       jax.random.fold_in(base, rounds), run.sampling, group_size)
+    part, _, counts = generation.generate(run.generator, run.state.params, problems,
+                                          jax.random.fold_in(base, rounds), run.sampling,
+                                          group_size)
+    verifier_counts.append(counts)
     rounds += 1
     seen_groups += num_prompts
     all_rounds.append(part)
@@ -69,6 +72,8 @@ def collect_batch(run: build.Run, step: int, stream: int = 0) -> tuple[Rollout, 
       "truncation_rate": float(generated.truncated.mean()),
       "generated_tokens": float(generated.lengths.sum()),
   }
+  info.update({k: sum(c[k] for c in verifier_counts) for k in verifier_counts[0]})
+  info["data/dropped_prompts"] = float(getattr(run.source, "dropped_prompts", 0))
   for name, rows in (("correct", generated.correct), ("wrong", ~generated.correct)):
     if rows.any():  # response lengths by outcome (Dr. GRPO's length bias shows in the wrong ones)
       info[f"len_{name}_mean"] = float(generated.lengths[rows].mean())
@@ -99,7 +104,7 @@ def pretrain_critic(run: build.Run) -> None:
 
 def train(config) -> dict:
   """Run ``config`` end to end; returns the final eval and the last step's metrics."""
-  with models.matmul_precision(config.model):
+  with models.matmul_precision(config.model), run_dir_lib.claimed(config):
     run = build.build_run(config)
     try:
       return _train(run)
