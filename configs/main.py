@@ -3,8 +3,8 @@
   python -m rljax train --config configs/main.py
 
 A ~1M-parameter character-level Llama first learns the answer format from reference solutions
-(``sft``), then DAPO improves its held-out greedy accuracy: 40.6% -> 66.0% after 600 steps, 5:45
-wall clock on the 2-core CPU machine with SFT and compilation (docs/main_job_results.md).
+(``sft``), then DAPO improves its held-out greedy accuracy. Measured accuracy and wall time, and
+how the settings below were chosen: README and docs/main_job_results.md.
 ``--config.train.steps=3`` for a smoke run.
 """
 from rljax.config_loader import preset
@@ -27,11 +27,8 @@ def get_config():
   # Soft overlong punishment from 22 tokens on: the longest reference solution is 20 characters
   # plus EOS (21 tokens), so a correct answer is never penalised.
   c.reward.overlong_buffer = 3
-  # Tuned on 2 CPU cores (experiments/tune_main.sh, table in docs/main_job_results.md). RL here
-  # has to teach arithmetic facts, not only sharpen (maj@8 ~ greedy pass@1 at the start), and
-  # only a small step does that without first breaking what SFT taught: 3e-5 x 4 minibatches
-  # rises steadily (+20 points in 400 steps); 1e-4..2e-4 (also with 16 completions, T=0.6 or a
-  # positive-example LM loss) stays flat or drops, 3e-4 collapses.
+  # RL here has to teach arithmetic facts, not only sharpen, and only a small step does that
+  # without first breaking what SFT taught (the sweep: docs/main_job_results.md).
   c.optim.lr = 3e-5
   c.optim.warmup_steps = 5
   c.optim.max_grad_norm = 1.0
@@ -40,7 +37,7 @@ def get_config():
   c.train.steps = 600
   c.train.eval_every = 50
   c.train.run_dir = "runs/main"
-  # 150 steps: 21% greedy (pass@8 49%), 200: 29%, 250: 41% (pass@8 71%, maj@8 42%), 300: 59%.
+  # Enough SFT that RL starts from a policy that is often right (docs/main_job_results.md).
   c.sft.steps = 250
   c.sft.out_dir = "runs/sft"
   return c

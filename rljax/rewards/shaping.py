@@ -28,18 +28,6 @@ def overlong_penalty(lengths: chex.Array, *, max_new_tokens: int, overlong_buffe
                    jnp.where(lengths <= max_new_tokens, ramp, -overlong_penalty)).astype(dtype)
 
 
-def shape_rewards(reward_cfg, *, rewards: chex.Array, lengths: chex.Array,
-                  max_new_tokens: int) -> chex.Array:
-  """``R_i`` + the soft overlong punishment read from ``reward.overlong_buffer`` and
-  ``reward.overlong_penalty``; ``lengths[B]`` in tokens. ``[B] -> [B]``."""
-  chex.assert_rank([rewards, lengths], 1)
-  chex.assert_equal_shape([rewards, lengths])
-  penalty = overlong_penalty(lengths, max_new_tokens=max_new_tokens,
-                             overlong_buffer=reward_cfg.overlong_buffer,
-                             overlong_penalty=reward_cfg.overlong_penalty)
-  return jnp.asarray(rewards).astype(penalty.dtype) + penalty
-
-
 def overlong_filter_mask(mask: chex.Array, truncated: chex.Array) -> chex.Array:
   """DAPO overlong filtering: ``m[i, :] = 0`` for truncated rows; ``[B, T], [B] -> [B, T]``.
 

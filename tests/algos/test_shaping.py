@@ -30,17 +30,6 @@ def test_soft_overlong_punishment_in_tokens(x64, buffer, penalty):
                              rtol=1e-12, atol=1e-15)
 
 
-def test_shape_rewards_reads_the_reward_section():
-  from configs.base import get_config
-  reward_cfg = get_config().reward
-  reward_cfg.overlong_buffer, reward_cfg.overlong_penalty = 4, 1.0
-  rewards = np.array([1.0, 1.0, 0.0], np.float32)
-  lengths = np.array([4, 7, 9])
-  got = jit(lambda r, n: shaping.shape_rewards(reward_cfg, rewards=r, lengths=n,
-                                                   max_new_tokens=8))(rewards, lengths)
-  np.testing.assert_allclose(np.asarray(got), [1.0, 0.25, -1.0], rtol=1e-6)
-
-
 def test_overlong_buffer_is_validated():
   with pytest.raises(ValueError, match="reward.overlong_buffer"):
     shaping.overlong_penalty(jnp.ones(2), max_new_tokens=8, overlong_buffer=9,
