@@ -121,9 +121,18 @@ CHECKS.update(dapo=_dapo, t1=_t1, dr_grpo=_dr_grpo, gspo=_gspo)
 
 
 def test_value_pretraining_leaves_actor_bit_identical(tmp_path):
-  result, steps, run_dir = _run("vc_ppo", tmp_path, {"critic.pretrain_steps": "2",
-                                                      "train.steps": "0"})
-  state = result["state"]
+  from rljax.train import build, loop
+  run_dir = str(tmp_path / "vc_ppo")
+  overrides = dict(tiny.OVERRIDES, **{"critic.pretrain_steps": "2", "train.run_dir": run_dir})
+  config = config_loader.load_config(os.path.join(tiny.ROOT, "configs", "vc_ppo.py"),
+                                     list(overrides.items()))
+  run = build.build_run(config)
+  try:
+    loop.pretrain_critic(run)  # what train() does before the first RL step
+  finally:
+    run.writer.close()
+    run.checkpointer.close()
+  state = run.state
   initial = _initial_params("vc_ppo")
   for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(initial)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
