@@ -221,6 +221,7 @@ def build_run(config) -> Run:
   # Every key range-checked and every name resolved before any model is loaded or trained.
   config_checks.check_config(config)
   algo = resolve(config)
+  verifiers.get_reward_fn(config.reward.fn)
   step_lib.check_update_schedule(config)
   distributed.initialize(config.dist)
   tokenizer = tokenizer_lib.load_tokenizer(config.data.tokenizer, config.data.chat_template)
