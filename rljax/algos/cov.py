@@ -102,11 +102,12 @@ def clip_cov_select(old_logp: chex.Array, advantages: chex.Array, mask: chex.Arr
 
 def clip_cov_loss(logp, old_logp, advantages, mask, *, sel: chex.Array, eps_low: float = 1.0,
                   eps_high: float = 1.0) -> Tuple[chex.Array, Metrics]:
-  """Clip-Cov per-token loss ``[B, T]``: ``l = max(-A r, -A clip(r, 1-eps_low, 1+eps_high)) (1-sel)``.
+  """Clip-Cov per-token loss ``[B, T]``.
 
-  ``sel`` from ``clip_cov_select`` over the whole minibatch; selected tokens are zeroed, not
-  rejected (they stay in every count). No dual clip (verl's ``clip_cov`` ignores it). Metrics:
-  section 3's ``clip_frac_low``/``clip_frac_high``, ``ratio_mean``, ``approx_kl``.
+  ``l = max(-A r, -A clip(r, 1 - eps_low, 1 + eps_high)) (1 - sel)``, with ``sel`` from
+  ``clip_cov_select`` over the whole minibatch; selected tokens are zeroed, not rejected (they
+  stay in every count). No dual clip (verl's ``clip_cov`` ignores it). Metrics: section 3's
+  ``clip_frac_low``/``clip_frac_high``, ``ratio_mean``, ``approx_kl``.
   """
   _check_tokens(logp, old_logp, advantages, mask, sel)
   delta = log_ratio(logp, old_logp)

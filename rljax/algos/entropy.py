@@ -95,7 +95,8 @@ class EntropyCtrlState(NamedTuple):
 
 
 def entropy_ctrl_init(initial_coef: float) -> EntropyCtrlState:
-  """``c = alpha_0 = c_0 = algo.entropy_coef`` (Skywork: the first step uses ``c_0``; TRL's is 0)."""
+  """``c = alpha_0 = c_0 = algo.entropy_coef`` (Skywork: the first step uses ``c_0``; TRL's
+  first is 0)."""
   c = jnp.asarray(initial_coef, jnp.result_type(float))
   return EntropyCtrlState(coef=c, applied=c, measured=jnp.full((), jnp.nan, c.dtype))
 

@@ -44,7 +44,8 @@ def sapo_gate(ratio: chex.Array, advantages: chex.Array, *, tau_pos: float,
 def _sapo_metrics(mask, advantages, ratio, delta, w) -> Metrics:
   valid = mask > 0
   metrics = token_metrics(mask, ratio_mean=ratio, approx_kl=-delta)
-  metrics.update(token_metrics(mask, **{"sapo/soft_clip_frac": (w < SOFT_CLIP_GATE).astype(w.dtype)}))
+  soft_clipped = (w < SOFT_CLIP_GATE).astype(w.dtype)
+  metrics.update(token_metrics(mask, **{"sapo/soft_clip_frac": soft_clipped}))
   metrics.update(token_metrics(valid & (advantages > 0), **{"sapo/gate_w_pos": w}))
   metrics.update(token_metrics(valid & (advantages <= 0), **{"sapo/gate_w_neg": w}))
   return metrics

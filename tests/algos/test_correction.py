@@ -50,7 +50,8 @@ def np_mismatch(old, sampler, m):
       "mismatch/abs_diff_mean": np.abs(old - sampler)[v].mean(),
       "mismatch/abs_diff_max": np.abs(old - sampler)[v].max(),
       "mismatch/train_ppl": rm(np.exp(-row_old)), "mismatch/sampler_ppl": rm(np.exp(-row_s)),
-      "mismatch/log_ppl_diff": rm(row_s - row_old), "mismatch/ppl_ratio": rm(np.exp(row_s - row_old)),
+      "mismatch/log_ppl_diff": rm(row_s - row_old),
+      "mismatch/ppl_ratio": rm(np.exp(row_s - row_old)),
       "mismatch/chi2_token": (rho ** 2)[v].mean() - 1, "mismatch/chi2_seq": rm(np.exp(2 * seq)) - 1,
   }
 
@@ -153,7 +154,8 @@ def test_length_one_rows_sequence_equals_token(x64):
 
 
 def test_trl_mask_mode_differs_by_valid_over_kept(x64):
-  """TRL's ``token_mask`` zeroes the weight and keeps the token in the denominator; rljax rejects."""
+  """TRL's ``token_mask`` zeroes the weight and keeps the token in the denominator; rljax
+  rejects it."""
   old, sampler, m = make_inputs(32, extreme=False)
   sampler = sampler + np.random.default_rng(32).normal(scale=0.5, size=(B, T))
   loss = np.random.default_rng(33).normal(size=(B, T))
@@ -182,8 +184,9 @@ def test_float32_weights_and_empty_batch():
   old, sampler, m = (x.astype(np.float32) for x in make_inputs(41))
   w, _ = correction.rollout_is_weights(old, sampler, m, level="sequence", cap=2.0)
   assert np.asarray(w).dtype == np.float32
-  np.testing.assert_allclose(np.asarray(w), is_weights(*(x.astype(np.float64) for x in (old, sampler, m)),
-                                                       "sequence", 2.0), rtol=1e-5)
+  old64, sampler64, m64 = (x.astype(np.float64) for x in (old, sampler, m))
+  np.testing.assert_allclose(np.asarray(w), is_weights(old64, sampler64, m64, "sequence", 2.0),
+                             rtol=1e-5)
   empty = np.zeros_like(m)
   w, is_m = correction.rollout_is_weights(old, sampler, empty, level="token", cap=2.0,
                                           batch_norm=True)

@@ -157,7 +157,8 @@ def test_same_seed_step_minibatch_gives_same_selection(x64):
   first = np.asarray(select(cov.selection_uniforms(5, 7, 2, (B, T))))
   again = np.asarray(select(cov.selection_uniforms(5, 7, 2, (B, T))))
   np.testing.assert_array_equal(first, again)
-  others = [np.asarray(cov.selection_uniforms(*k, (B, T))) for k in ((5, 7, 3), (5, 8, 2), (6, 7, 2))]
+  others = [np.asarray(cov.selection_uniforms(*k, (B, T)))
+            for k in ((5, 7, 3), (5, 8, 2), (6, 7, 2))]
   base = np.asarray(cov.selection_uniforms(5, 7, 2, (B, T)))
   assert all(not np.array_equal(base, o) for o in others)
 

@@ -1,6 +1,5 @@
 """80/20 entropy mask (ALGORITHMS.md 8.4) and the adaptive entropy coefficient (8.7)."""
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
