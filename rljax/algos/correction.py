@@ -20,6 +20,8 @@ import chex
 import jax
 import jax.numpy as jnp
 
+from rljax.algos.checks import check_range, is_static_number
+
 LOG_RATIO_CLAMP = 20.0
 BATCH_NORM_MIN = 1e-8  # batch normalisation is skipped when the mean weight is at most this
 ROLLOUT_LEVELS = ("token", "sequence", "geometric")
@@ -89,11 +91,10 @@ def rollout_is_weights(old_logp: chex.Array, sampler_logp: chex.Array, mask: che
   ``frac_low`` (``rho < 1/cap``); ``ess = 1/token-mean((w'/token-mean w')^2)`` with
   ``w' = clip(rho, 1/cap, cap)``; ``batch_norm_factor`` (the divisor, 1 when not applied).
   """
-  if not cap > 0:
-    raise ValueError(f"algo.rollout_is_cap must be > 0, got {cap!r}")
-  if floor is not None and not 0 <= floor <= cap:
-    raise ValueError(f"algo.rollout_is_floor must be in [0, algo.rollout_is_cap={cap}] or None, "
-                     f"got {floor!r}")
+  check_range("algo.rollout_is_cap", cap, lo=0, lo_open=True)
+  if floor is not None:
+    check_range("algo.rollout_is_floor", floor, lo=0,
+                hi=cap if is_static_number(cap) else None)
   rho = rollout_ratios(old_logp, sampler_logp, mask, level=level, key="algo.rollout_is")
   valid = mask > 0
   w = jnp.minimum(rho, cap)
@@ -151,15 +152,12 @@ def rollout_rejection_mask(old_logp: chex.Array, sampler_logp: chex.Array, mask:
     if lo is None or hi is None:
       raise ValueError(f"algo.rollout_rs={level!r} needs both algo.rollout_rs_lo and "
                        f"algo.rollout_rs_hi, got lo={lo!r}, hi={hi!r}")
-    if not 0 <= lo <= hi:
-      raise ValueError(f"algo.rollout_rs_lo <= algo.rollout_rs_hi with lo >= 0 required, "
-                       f"got lo={lo!r}, hi={hi!r}")
+    check_range("algo.rollout_rs_lo", lo, lo=0, hi=hi if is_static_number(hi) else None)
     rho = rollout_ratios(old_logp, sampler_logp, mask, level=level, key="algo.rollout_rs")
     keep &= (rho >= lo) & (rho <= hi)
   token_log_ratio = jnp.clip(old_logp - sampler_logp, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
   if veto is not None:
-    if not veto > 0:
-      raise ValueError(f"algo.rollout_rs_veto must be > 0 or None, got {veto!r}")
+    check_range("algo.rollout_rs_veto", veto, lo=0, lo_open=True)
     vetoed = (valid & (token_log_ratio < jnp.log(veto))).any(axis=1, keepdims=True)
     keep &= ~vetoed
   if k3 is not None:

@@ -17,6 +17,7 @@ import chex
 import jax
 import jax.numpy as jnp
 
+from rljax.algos.checks import check_range, is_static_number
 from rljax.algos.losses import Metrics, log_ratio, ppo_clip_loss, token_metrics
 
 
@@ -25,10 +26,9 @@ def _check_tokens(*arrays):
   chex.assert_equal_shape(list(arrays))
 
 
-def _check_ratio(ratio: float, key: str) -> None:
-  if not 0 < ratio <= 1:
-    raise ValueError(f"{key} must be in (0, 1] (a fraction of the minibatch's valid tokens), "
-                     f"got {ratio!r}")
+def _check_ratio(ratio, key: str) -> None:
+  # A fraction of the minibatch's valid tokens; above 1 the top-k would reach padding.
+  check_range(key, ratio, lo=0, lo_open=True, hi=1)
 
 
 def _count_dtype():
@@ -83,7 +83,7 @@ def clip_cov_select(old_logp: chex.Array, advantages: chex.Array, mask: chex.Arr
   """
   _check_tokens(old_logp, advantages, mask, uniforms)
   _check_ratio(ratio, "algo.clip_cov_ratio")
-  if not lb < ub:
+  if is_static_number(lb) and is_static_number(ub) and not lb < ub:
     raise ValueError(f"algo.clip_cov_lb < algo.clip_cov_ub required, got lb={lb!r}, ub={ub!r}")
   valid = mask > 0
   c = token_covariance(advantages, old_logp, mask)
@@ -100,20 +100,20 @@ def clip_cov_select(old_logp: chex.Array, advantages: chex.Array, mask: chex.Arr
   return sel, metrics
 
 
-def clip_cov_loss(logp, old_logp, advantages, mask, *, sel: chex.Array, eps_low: float = 1.0,
+def clip_cov_loss(logp, old_logp, advantages, mask, cov_sel, *, eps_low: float = 1.0,
                   eps_high: float = 1.0) -> Tuple[chex.Array, Metrics]:
   """Clip-Cov per-token loss ``[B, T]``.
 
-  ``l = max(-A r, -A clip(r, 1 - eps_low, 1 + eps_high)) (1 - sel)``, with ``sel`` from
+  ``l = max(-A r, -A clip(r, 1 - eps_low, 1 + eps_high)) (1 - sel)``, with ``sel = cov_sel`` from
   ``clip_cov_select`` over the whole minibatch; selected tokens are zeroed, not rejected (they
   stay in every count). No dual clip (verl's ``clip_cov`` ignores it). Metrics: section 3's
   ``clip_frac_low``/``clip_frac_high``, ``ratio_mean``, ``approx_kl``.
   """
-  _check_tokens(logp, old_logp, advantages, mask, sel)
+  _check_tokens(logp, old_logp, advantages, mask, cov_sel)
   delta = log_ratio(logp, old_logp)
   ratio = jnp.exp(delta)
   loss, low, high, _ = ppo_clip_loss(ratio, advantages, eps_low=eps_low, eps_high=eps_high)
-  loss = jnp.where(sel > 0, jnp.zeros((), loss.dtype), loss)
+  loss = jnp.where(cov_sel > 0, jnp.zeros((), loss.dtype), loss)
   dt = ratio.dtype
   return loss, token_metrics(mask, clip_frac_low=low.astype(dt), clip_frac_high=high.astype(dt),
                              ratio_mean=ratio, approx_kl=-delta)
@@ -140,20 +140,21 @@ def kl_cov_select(old_logp: chex.Array, advantages: chex.Array, mask: chex.Array
   return sel, metrics
 
 
-def kl_cov_loss(logp, old_logp, advantages, mask, *, sel: chex.Array,
+def kl_cov_loss(logp, old_logp, advantages, mask, cov_sel, *,
                 coef: float = 1.0) -> Tuple[chex.Array, Metrics]:
   """KL-Cov per-token loss ``[B, T]``: ``l = -A r + coef |delta| sel``, no clipping at all.
 
+  ``sel = cov_sel`` from ``kl_cov_select`` over the whole minibatch.
   ``|delta|`` is built as ``delta sg(sign(delta))`` so that its gradient is ``sign(delta)``, 0 at
   ``delta = 0`` as in torch (JAX's ``grad(abs)(0)`` is 1). Metrics: ``ratio_mean``, ``approx_kl``,
   ``clip_frac_low``/``clip_frac_high`` (always 0: nothing is clipped) and ``kl_cov/abs_delta``
   (token-mean ``|delta|`` over all valid tokens, verl's ``ppo_kl``).
   """
-  _check_tokens(logp, old_logp, advantages, mask, sel)
+  _check_tokens(logp, old_logp, advantages, mask, cov_sel)
   delta = log_ratio(logp, old_logp)
   ratio = jnp.exp(delta)
   abs_delta = delta * jax.lax.stop_gradient(jnp.sign(delta))
-  loss = -advantages * ratio + coef * abs_delta * (sel > 0).astype(delta.dtype)
+  loss = -advantages * ratio + coef * abs_delta * (cov_sel > 0).astype(delta.dtype)
   zero = jnp.zeros(mask.shape, ratio.dtype)
   return loss, token_metrics(mask, clip_frac_low=zero, clip_frac_high=zero, ratio_mean=ratio,
                              approx_kl=-delta, **{"kl_cov/abs_delta": jnp.abs(delta)})

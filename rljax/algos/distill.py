@@ -16,6 +16,7 @@ import chex
 import jax
 import jax.numpy as jnp
 
+from rljax.algos.checks import check_range, is_static_number
 from rljax.algos.losses import Metrics, token_metrics
 
 LENGTH_NORM_MIN = 1e-12  # the normaliser is >= 1 on valid tokens; this only guards padding
@@ -51,12 +52,12 @@ def opd_advantages(student_logp: chex.Array, teacher_logp: chex.Array, mask: che
   ``teacher_kl``), ``opd/adv_mean`` (token-mean ``A_opd``).
   """
   _check_tokens(student_logp, teacher_logp, mask)
-  if not 0.0 <= discount <= 1.0:
-    raise ValueError(f"algo.opd_discount must be in [0, 1], got {discount!r}")
+  check_range("algo.opd_discount", discount, lo=0, hi=1)
   valid = mask > 0
   rkl = jax.lax.stop_gradient(jnp.where(valid, student_logp - teacher_logp, 0))
   adv = -coef * rkl
-  if discount > 0.0:
+  # A traced discount takes the scan, which is exact at 0 too (acc = a + 0 * acc).
+  if not (is_static_number(discount) and discount == 0):
     adv = discounted_future_sum(adv, discount)
     if length_norm:
       norm = discounted_future_sum(valid.astype(adv.dtype), discount)

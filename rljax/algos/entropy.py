@@ -13,6 +13,7 @@ from typing import NamedTuple, Tuple
 import chex
 import jax.numpy as jnp
 
+from rljax.algos.checks import check_range, is_static_number
 from rljax.algos.losses import Metrics, token_metrics
 
 
@@ -31,8 +32,7 @@ def masked_quantile(values: chex.Array, mask: chex.Array, q: float) -> chex.Arra
   nearer end), so ties between the two neighbours return that value exactly. 0 when ``n = 0``.
   """
   chex.assert_equal_shape([values, mask])
-  if not 0.0 <= q <= 1.0:
-    raise ValueError(f"quantile must be in [0, 1], got {q!r}")
+  check_range("quantile", q, lo=0, hi=1)
   valid = (mask > 0).reshape(-1)
   x = jnp.sort(jnp.where(valid, values.reshape(-1), jnp.inf))
   n = valid.sum()
@@ -62,16 +62,15 @@ def entropy_keep_mask(entropy: chex.Array, mask: chex.Array, *,
   ``H_kept_mean``, ``H_mean``.
   """
   _check_tokens(entropy, mask)
-  if not rho >= 0:
-    raise ValueError(f"algo.entropy_top_rho must be >= 0 (1.0 switches the mask off), got {rho!r}")
+  check_range("algo.entropy_top_rho", rho, lo=0)
   valid = mask > 0
-  if rho >= 1.0:
-    keep = valid
-    tau = jnp.where(valid, entropy, jnp.inf).min()
-    tau = jnp.where(valid.any(), tau, jnp.zeros((), entropy.dtype))
-  else:
-    tau = masked_quantile(entropy, mask, 1.0 - rho)
-    keep = valid & (entropy >= tau)
+  # Written without a Python branch on rho: it may be a traced hyperparameter.
+  off = jnp.asarray(rho) >= 1.0
+  tau = masked_quantile(entropy, mask, jnp.clip(1.0 - jnp.asarray(rho, entropy.dtype), 0.0, 1.0))
+  pool_min = jnp.where(valid.any(), jnp.where(valid, entropy, jnp.inf).min(),
+                       jnp.zeros((), entropy.dtype))
+  tau = jnp.where(off, pool_min, tau)  # rho >= 1: every valid token is kept
+  keep = valid & (off | (entropy >= tau))
   dt = entropy.dtype
   one = jnp.ones((), jnp.result_type(float))
   metrics = {"entropy_mask/tau": (tau.astype(one.dtype), one)}
@@ -110,9 +109,8 @@ def entropy_ctrl_step(state: EntropyCtrlState, measured: chex.Numeric, *, target
   ``c <- clip(c + delta if low else c - delta, c_min, c_max)``; ``alpha = c low``.
   Pure: works on Python floats and on (traced) arrays.
   """
-  if not delta >= 0:
-    raise ValueError(f"algo.entropy_coef_delta must be >= 0, got {delta!r}")
-  if not coef_min <= coef_max:
+  check_range("algo.entropy_coef_delta", delta, lo=0)
+  if is_static_number(coef_min) and is_static_number(coef_max) and not coef_min <= coef_max:
     raise ValueError(f"algo.entropy_coef_min <= algo.entropy_coef_max required, got "
                      f"{coef_min!r} > {coef_max!r}")
   measured = jnp.asarray(measured, state.coef.dtype)

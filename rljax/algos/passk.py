@@ -84,42 +84,51 @@ def _row_metrics(rows_ok, **per_row) -> Metrics:
           for name, v in per_row.items()}
 
 
-def passk_advantages(rewards: chex.Array, mask: chex.Array, group_size: int, *,
-                     k: int) -> Tuple[chex.Array, Metrics]:
-  """Pass@k advantages ``[B, T]`` (``algo.advantage='passk'``, ``algo.passk_k = k``) and metrics.
-
-  ``rewards[B]`` must be binary (an error otherwise; the reference code passes other values
-  through). With ``k = 1`` this equals ``(R - mean_g R)/(std_pop + 1e-6)``, the population std.
-  A group's advantages do not sum to 0 in general.
-
-  Metrics (``(sum, count)``, ``passk/``): ``estimate`` (group-mean ``Rbar``), ``adv_pos_mean`` /
-  ``adv_neg_mean`` (row-mean of ``A`` over correct / wrong rows), ``zero_frac`` (share of rows with
-  ``A = 0``); rows without a valid token are left out, groups without one too.
-  """
+def _passk_rows(rewards, group_size, k):
+  """``(A per row [B], Rbar per group [P], correct per row [B])``."""
   groups = to_groups(rewards, group_size)
   check_binary_rewards(groups)
   a_pos, a_neg, r_bar = (jnp.asarray(t, groups.dtype) for t in passk_table(group_size, k))
   correct = groups == 1
   c = correct.sum(axis=1)
   adv = jnp.where(correct, a_pos[c][:, None], a_neg[c][:, None]).reshape(-1)
+  return adv, r_bar[c], correct.reshape(-1)
+
+
+def passk_advantages(rewards: chex.Array, mask: chex.Array, group_size: int, *,
+                     k: int) -> chex.Array:
+  """Pass@k advantages ``[B, T]`` (``algo.advantage='passk'``, ``algo.passk_k = k``).
+
+  ``rewards[B]`` must be binary (an error otherwise; the reference code passes other values
+  through). With ``k = 1`` this equals ``(R - mean_g R)/(std_pop + 1e-6)``, the population std.
+  A group's advantages do not sum to 0 in general.
+  """
+  adv, _, _ = _passk_rows(rewards, group_size, k)
+  return _broadcast(adv, mask)
+
+
+def passk_metrics(rewards: chex.Array, mask: chex.Array, group_size: int, *,
+                  k: int) -> Metrics:
+  """``passk/`` metrics as ``(sum, count)``: ``estimate`` (group-mean ``Rbar``), ``adv_pos_mean`` /
+  ``adv_neg_mean`` (row-mean of ``A`` over correct / wrong rows), ``zero_frac`` (share of rows
+  with ``A = 0``); rows without a valid token are left out, groups without one too."""
+  adv, r_bar, correct_rows = _passk_rows(rewards, group_size, k)
   rows_ok = (mask > 0).any(axis=1)
-  groups_ok = rows_ok.reshape(groups.shape).any(axis=1)
-  correct_rows = correct.reshape(-1)
-  metrics = _row_metrics(groups_ok, **{"passk/estimate": r_bar[c]})
+  groups_ok = rows_ok.reshape(r_bar.shape[0], -1).any(axis=1)
+  metrics = _row_metrics(groups_ok, **{"passk/estimate": r_bar})
   metrics.update(_row_metrics(rows_ok & correct_rows, **{"passk/adv_pos_mean": adv}))
   metrics.update(_row_metrics(rows_ok & ~correct_rows, **{"passk/adv_neg_mean": adv}))
   metrics.update(_row_metrics(rows_ok, **{"passk/zero_frac": (adv == 0).astype(adv.dtype)}))
-  return _broadcast(adv, mask), metrics
+  return metrics
 
 
 def passk_n_advantages(rewards: chex.Array, mask: chex.Array, group_size: int, *,
-                       std_mode: str = "group") -> Tuple[chex.Array, Metrics]:
-  """verl's ``grpo_passk`` (Tang et al., arXiv 2503.19595) advantages ``[B, T]`` and metrics.
+                       std_mode: str = "group") -> chex.Array:
+  """verl's ``grpo_passk`` (Tang et al., arXiv 2503.19595) advantages ``[B, T]``.
 
   Per group, only the row with the maximum reward (ties: the lowest index) gets
   ``(R_max - R_second)/(std + 1e-6)``, std Bessel-corrected (``std_mode='group'``), or the raw
   difference (``std_mode='none'``, ``algo.adv_std``); every other row gets 0. Any real rewards.
-  Metrics: ``passk/zero_frac`` (share of rows with ``A = 0``).
   """
   if std_mode not in PASSK_N_STD_MODES:
     raise ValueError(f"algo.adv_std must be one of {PASSK_N_STD_MODES} with "
@@ -132,6 +141,4 @@ def passk_n_advantages(rewards: chex.Array, mask: chex.Array, group_size: int, *
   winner = jnp.argmax(groups, axis=1)  # first maximum
   is_winner = jnp.arange(group_size)[None, :] == winner[:, None]
   adv = jnp.where(is_winner, gap[:, None], jnp.zeros((), groups.dtype)).reshape(-1)
-  rows_ok = (mask > 0).any(axis=1)
-  metrics = _row_metrics(rows_ok, **{"passk/zero_frac": (adv == 0).astype(adv.dtype)})
-  return _broadcast(adv, mask), metrics
+  return _broadcast(adv, mask)

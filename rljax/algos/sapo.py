@@ -12,6 +12,7 @@ import chex
 import jax
 import jax.numpy as jnp
 
+from rljax.algos.checks import check_range
 from rljax.algos.losses import Metrics, log_ratio, token_metrics
 
 SOFT_CLIP_GATE = 0.5  # ``sapo/soft_clip_frac`` counts tokens whose gate weight w is below this
@@ -22,10 +23,9 @@ def _check_tokens(*arrays):
   chex.assert_equal_shape(list(arrays))
 
 
-def _check_temperatures(tau_pos: float, tau_neg: float) -> None:
-  for key, tau in (("algo.sapo_tau_pos", tau_pos), ("algo.sapo_tau_neg", tau_neg)):
-    if not tau > 0:
-      raise ValueError(f"{key} must be > 0 (the sigmoid gate's temperature), got {tau!r}")
+def _check_temperatures(tau_pos, tau_neg) -> None:
+  check_range("algo.sapo_tau_pos", tau_pos, lo=0, lo_open=True)
+  check_range("algo.sapo_tau_neg", tau_neg, lo=0, lo_open=True)
 
 
 def sapo_gate(ratio: chex.Array, advantages: chex.Array, *, tau_pos: float,

@@ -41,7 +41,7 @@ def make_inputs(seed):
 
 def clip_cov_total(logp, old, adv, m, u, ratio, lb, ub, eps):
   sel, metrics = cov.clip_cov_select(old, adv, m, u, ratio=ratio, lb=lb, ub=ub)
-  loss, _ = cov.clip_cov_loss(logp, old, adv, m, sel=sel, eps_low=eps, eps_high=eps)
+  loss, _ = cov.clip_cov_loss(logp, old, adv, m, cov_sel=sel, eps_low=eps, eps_high=eps)
   return loss, sel, metrics
 
 
@@ -68,7 +68,7 @@ def test_clip_cov_matches_reference_and_counts(x64, ratio, lb, ub, eps):
 def test_kl_cov_matches_reference_and_k(x64, ratio):
   logp, old, adv, m, _ = make_inputs(100 + int(ratio * 100))
   sel, metrics = cov.kl_cov_select(old, adv, m, ratio=ratio)
-  loss, loss_metrics = cov.kl_cov_loss(logp, old, adv, m, sel=sel, coef=0.7)
+  loss, loss_metrics = cov.kl_cov_loss(logp, old, adv, m, cov_sel=sel, coef=0.7)
   np.testing.assert_allclose(np.asarray(loss), kl_cov_loss(logp, old, adv, m, ratio, 0.7),
                              rtol=1e-6, atol=1e-12)
   k = max(1, int(np.floor(ratio * m.sum())))
@@ -99,7 +99,7 @@ def test_kl_cov_coef_zero_is_unclipped_ratio_pg(x64):
   sel, _ = cov.kl_cov_select(old, adv, m, ratio=0.5)
 
   def total(lp, coef):
-    return jnp.where(m > 0, cov.kl_cov_loss(lp, old, adv, m, sel=sel, coef=coef)[0], 0).sum()
+    return jnp.where(m > 0, cov.kl_cov_loss(lp, old, adv, m, cov_sel=sel, coef=coef)[0], 0).sum()
 
   grad = np.asarray(jax.grad(total)(logp, 0.0))
   raw = logp - old
@@ -113,7 +113,7 @@ def test_abs_delta_gradient_is_zero_at_delta_zero(x64):
   sel = np.ones_like(m, bool)
 
   def total(lp):
-    return jnp.where(m > 0, cov.kl_cov_loss(lp, old, adv, m, sel=sel, coef=5.0)[0], 0).sum()
+    return jnp.where(m > 0, cov.kl_cov_loss(lp, old, adv, m, cov_sel=sel, coef=5.0)[0], 0).sum()
 
   np.testing.assert_array_equal(np.asarray(jax.grad(total)(old)), -adv * m)
 
@@ -138,9 +138,9 @@ def test_gradients_match_central_differences(x64):
   sel_clip, _ = cov.clip_cov_select(old, adv, m, u, ratio=0.3, lb=-10.0, ub=10.0)
   sel_kl, _ = cov.kl_cov_select(old, adv, m, ratio=0.3)
   fns = {
-      "clip_cov": lambda lp: cov.clip_cov_loss(lp, old, adv, m, sel=sel_clip, eps_low=0.7,
+      "clip_cov": lambda lp: cov.clip_cov_loss(lp, old, adv, m, cov_sel=sel_clip, eps_low=0.7,
                                                eps_high=0.9)[0],
-      "kl_cov": lambda lp: cov.kl_cov_loss(lp, old, adv, m, sel=sel_kl, coef=1.0)[0],
+      "kl_cov": lambda lp: cov.kl_cov_loss(lp, old, adv, m, cov_sel=sel_kl, coef=1.0)[0],
   }
   for name, fn in fns.items():
     def total(lp, fn=fn):

@@ -47,7 +47,8 @@ def test_passk_matches_reference(x64, G):
   R = binary_rewards(rng, P, G)
   m = prefix_mask(rng, P * G, T, np.float64)
   for k in range(1, G + 1):
-    adv, metrics = passk.passk_advantages(R, m, G, k=k)
+    adv = passk.passk_advantages(R, m, G, k=k)
+    metrics = passk.passk_metrics(R, m, G, k=k)
     want = passk_advantage(R, G, k)
     np.testing.assert_allclose(np.asarray(adv), want[:, None] * m, rtol=1e-6, atol=1e-12)
     rows = (m > 0).any(1)
@@ -71,14 +72,14 @@ def test_k1_is_grpo_with_population_std(x64):
     m = np.ones((R.size, 1))
     Rg = R.reshape(-1, G)
     want = (Rg - Rg.mean(1, keepdims=True)) / (Rg.std(1, keepdims=True) + 1e-6)  # ddof=0
-    adv, _ = passk.passk_advantages(R, m, G, k=1)
+    adv = passk.passk_advantages(R, m, G, k=1)
     np.testing.assert_allclose(np.asarray(adv)[:, 0], want.reshape(-1), rtol=1e-9, atol=1e-12)
 
 
 def test_degenerate_groups_give_exact_zero(x64):
   G, k = 6, 3
   R = np.array([[1.0] * 6, [0.0] * 6, [1, 0, 0, 0, 0, 0], [1, 1, 1, 1, 0, 0]]).reshape(-1)
-  adv, _ = passk.passk_advantages(R, np.ones((R.size, 2)), G, k=k)
+  adv = passk.passk_advantages(R, np.ones((R.size, 2)), G, k=k)
   adv = np.asarray(adv)[:, 0].reshape(4, G)
   # c = G, c = 0, and G - c = 2 < k: Rbar is 0 or 1, so every advantage is exactly 0.
   assert (adv[[0, 1, 3]] == 0).all()
@@ -98,7 +99,7 @@ def test_float32_and_jit_match_reference():
   rng = np.random.default_rng(2)
   R = binary_rewards(rng, 4, 4).astype(np.float32)
   m = np.ones((16, 3), np.float32)
-  adv, _ = jit(lambda r, m: passk.passk_advantages(r, m, 4, k=2))(R, m)
+  adv = jit(lambda r, m: passk.passk_advantages(r, m, 4, k=2))(R, m)
   assert np.asarray(adv).dtype == np.float32
   np.testing.assert_allclose(np.asarray(adv)[:, 0], passk_advantage(R.astype(np.float64), 4, 2),
                              rtol=1e-6)
@@ -115,7 +116,7 @@ def test_errors_name_the_key():
   with pytest.raises(ValueError, match="binary rewards"):
     passk.passk_advantages(np.array([1.0, 0.5, 0.0, 1.0]), m, 2, k=1)
   with pytest.raises(Exception, match="binary rewards"):  # under jit: raised by a host callback
-    jax.block_until_ready(jit(lambda r: passk.passk_advantages(r, m, 2, k=1)[0])(
+    jax.block_until_ready(jit(lambda r: passk.passk_advantages(r, m, 2, k=1))(
         np.array([1.0, 0.5, 0.0, 1.0], np.float32)))
   with pytest.raises(ValueError, match="algo.adv_std"):
     passk.passk_n_advantages(R, m, 2, std_mode="batch")
@@ -130,7 +131,7 @@ def test_passk_n_matches_verl(x64, std_mode):
     R[1, :2] = 2.0  # a tie at the maximum
     R = R.reshape(-1)
     m = prefix_mask(rng, R.size, 3, np.float64)
-    adv, metrics = passk.passk_n_advantages(R, m, G, std_mode=std_mode)
+    adv = passk.passk_n_advantages(R, m, G, std_mode=std_mode)
     want = np_passk_n(R, G, std_mode == "group")
     np.testing.assert_allclose(np.asarray(adv), want[:, None] * m, rtol=1e-9, atol=1e-12)
     assert (np.asarray(adv)[:G] == 0).all()

@@ -25,7 +25,8 @@ def test_remax_matches_reference(x64, G):
   kl_tokens = -0.05 * rng.uniform(size=(P * G, T))
   token_rewards = np.asarray(advantages.outcome_token_rewards(R, m)) + kl_tokens * m
   b = rng.integers(0, 2, size=P).astype(np.float64)
-  adv, metrics = jit(lambda *a: remax.remax_advantages(*a, G, baseline=b))(R, token_rewards, m)
+  adv = jit(lambda *a: remax.remax_advantages(*a, G, b))(token_rewards, m)
+  metrics = remax.remax_metrics(R, adv, m, G, b)
   np.testing.assert_allclose(np.asarray(adv), remax_advantage(token_rewards, m, b, G),
                              rtol=1e-6, atol=1e-12)
   rows = (m > 0).any(1)
@@ -40,14 +41,13 @@ def test_remax_constant_baseline_is_reward_minus_b(x64):
   G = 2
   m = prefix_mask(rng, B, T, np.float64)
   R = rng.normal(size=B)
-  adv, _ = remax.remax_advantages(R, advantages.outcome_token_rewards(R, m), m, G,
-                                  baseline=np.full(B // G, 0.25))
+  adv = remax.remax_advantages(advantages.outcome_token_rewards(R, m), m, G, np.full(B // G, 0.25))
   np.testing.assert_allclose(np.asarray(adv), (R - 0.25)[:, None] * m, rtol=1e-12, atol=1e-15)
 
 
 def test_remax_shape_errors():
   m = np.ones((4, 3))
   with pytest.raises(ValueError, match="remax baseline has 3 prompts"):
-    remax.remax_advantages(np.zeros(4), m, m, 2, baseline=np.zeros(3))
+    remax.remax_advantages(m, m, 2, np.zeros(3))
   with pytest.raises(ValueError, match="group_size >= 1"):
-    remax.remax_advantages(np.zeros(4), m, m, 0, baseline=np.zeros(4))
+    remax.remax_metrics(np.zeros(4), m, m, 0, np.zeros(4))
