@@ -68,11 +68,13 @@ def rollout_ratios(old_logp: chex.Array, sampler_logp: chex.Array, mask: chex.Ar
 
 
 def _unit_stats(values, mask, level):
-  """``(values per unit, unit is valid)``: per token for ``token``, per non-empty row else."""
+  """``(values per unit, unit is valid)``: per token for ``token``; for row levels the row-mean
+  over valid tokens (the row's value, as rows are constant), per non-empty row."""
   valid = mask > 0
   if level == "token":
     return values, valid
-  return values[:, 0], valid.any(axis=1)
+  lengths = jnp.maximum(valid.sum(axis=1), 1).astype(values.dtype)
+  return jnp.where(valid, values, 0).sum(axis=1) / lengths, valid.any(axis=1)
 
 
 def rollout_is_weights(old_logp: chex.Array, sampler_logp: chex.Array, mask: chex.Array, *,

@@ -209,3 +209,15 @@ def test_config_errors_name_the_key():
     correction.rollout_is_weights(ones, ones, ones, level="token", cap=0.0)
   with pytest.raises(ValueError, match="algo.rollout_rs_veto"):
     correction.rollout_rejection_mask(ones, ones, ones, veto=0.0)
+
+
+def test_row_levels_with_holes_in_the_mask(x64):
+  old, sampler, m = make_inputs(50)
+  m[1] = [0, 1, 1, 0, 1]  # the first token of the row is not valid
+  for level in ("sequence", "geometric"):
+    w, metrics = correction.rollout_is_weights(old, sampler, m, level=level, cap=2.0,
+                                               batch_norm=True)
+    np.testing.assert_allclose(np.asarray(w), is_weights(old, sampler, m, level, 2.0, None, True),
+                               rtol=1e-12)
+    rho = ratios(old, sampler, m, level)[:, 0][(m > 0).any(1)]
+    np.testing.assert_allclose(float(metrics["rollout_is/mean"]), rho.mean(), rtol=1e-12)
