@@ -180,3 +180,23 @@ def test_config_errors_name_the_key():
     cov.kl_cov_select(ones, ones, ones, ratio=1.5)
   with pytest.raises(ValueError, match="algo.clip_cov_lb"):
     cov.clip_cov_select(ones, ones, ones, ones, ratio=0.1, lb=5.0, ub=1.0)
+
+
+def test_minibatch_selection_is_microbatch_invariant(x64):
+  """``sel`` from the whole minibatch, the loss summed over two micro-batches (section 4)."""
+  logp, old, adv, m, u = make_inputs(13)
+  sel_clip, _ = cov.clip_cov_select(old, adv, m, u, ratio=0.2, lb=0.0, ub=50.0)
+  sel_kl, _ = cov.kl_cov_select(old, adv, m, ratio=0.2)
+  count = losses.agg_count("token_mean", m)
+  for fn, sel in ((lambda *a: cov.clip_cov_loss(*a, eps_low=0.2, eps_high=0.2), sel_clip),
+                  (lambda *a: cov.kl_cov_loss(*a, coef=1.0), sel_kl)):
+    def part(lp, rows, fn=fn, sel=sel):
+      loss, _ = fn(lp, old[rows], adv[rows], m[rows], sel[rows])
+      return losses.agg_sum("token_mean", loss, m[rows])
+
+    whole = jit(jax.value_and_grad(lambda lp: part(lp, slice(None)) / count))
+    split = jit(jax.value_and_grad(
+        lambda lp: (part(lp[:3], slice(0, 3)) + part(lp[3:], slice(3, None))) / count))
+    (v1, g1), (v2, g2) = whole(logp), split(logp)
+    np.testing.assert_allclose(float(v1), float(v2), rtol=1e-12)
+    np.testing.assert_allclose(np.asarray(g1), np.asarray(g2), rtol=1e-12, atol=1e-15)
