@@ -30,5 +30,5 @@ setup(
         "tpu": ["jax[tpu]"],
         "gpu": ["jax[cuda12]"],
     },
-    entry_points={"console_scripts": ["rljax=rljax.cli:main"]},
+    entry_points={"console_scripts": ["rljax=rljax.cli:entry"]},
 )

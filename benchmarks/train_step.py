@@ -29,6 +29,7 @@ from rljax import config_loader  # noqa: E402
 from rljax.models import tiny_config, llama  # noqa: E402
 from rljax.parallel import mesh as mesh_lib  # noqa: E402
 from rljax.rollout import SamplingParams, make_sampler  # noqa: E402
+from rljax.algos import resolve  # noqa: E402
 from rljax.train import build  # noqa: E402
 from bench_common import matmul_precisions  # noqa: E402
 
@@ -44,6 +45,7 @@ def rljax_step_fn(new_tokens: int):
   params = llama.init_params(model_cfg, seed=0)
   state, fns, _ = build.sharded_state_and_fns(config, model_cfg, params,
                                               mesh_lib.make_mesh(config.mesh))
+  hp = resolve(config).hparams
   # stop_ids=() : exactly new_tokens tokens, as the peer is forced to generate.
   sp = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, greedy=False,
                       max_new_tokens=new_tokens, stop_ids=(), pad_id=0)
@@ -60,12 +62,9 @@ def rljax_step_fn(new_tokens: int):
     out = jax.device_get(out)
     t1 = time.perf_counter()
     rewards = np.random.default_rng(i).integers(0, 2, PROMPTS * GROUP).astype(np.float32)
-    tokens = np.concatenate([out.prompt_tokens, out.tokens], 1)
-    attn = np.concatenate([out.prompt_mask, out.mask], 1).astype(np.int32)
-    batch, _ = fns.prepare_batch(holder["state"], tokens, attn, out.mask.astype(np.float32),
-                                 out.logp, rewards, np.zeros_like(rewards),
-                                 np.ones_like(rewards))
-    holder["state"], metrics = fns.train_step(holder["state"], batch)
+    rollout = out.replace(rewards=rewards, correct=rewards > 0, row_valid=np.ones_like(rewards))
+    batch, _ = fns.score(holder["state"], rollout, hp)
+    holder["state"], metrics = fns.train_step(holder["state"], batch, hp)
     jax.block_until_ready(jax.device_get(metrics))
     t2 = time.perf_counter()
     times.update(rollout=t1 - t0, update=t2 - t1, step=t2 - t0)

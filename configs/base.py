@@ -42,6 +42,9 @@ def get_config():
   c.data.tokenizer = "char"  # 'char' or a local Hugging Face tokenizer directory
   c.data.chat_template = False
   c.data.prompt_bucket = 32  # prompts are left-padded to a multiple of this (fewer compilations)
+  # Longest prompt in tokens; 0 = only the model's context (max_position_embeddings - new tokens)
+  c.data.max_prompt_tokens = 0
+  c.data.overlong_prompts = "error"  # a longer prompt: 'error' (names it) | 'drop' (counted)
 
   # --- rollout ---------------------------------------------------------------------------------
   c.rollout = ml_collections.ConfigDict()
@@ -60,8 +63,9 @@ def get_config():
   c.reward.wrong_value = 0.0  # reward of a wrong answer (0 or -1)
   c.reward.overlong_buffer = 0  # tokens; 0 = off
   c.reward.overlong_penalty = 1.0
-  c.reward.timeout_s = 5.0  # per verifier call
-  c.reward.workers = 4  # verifier thread pool
+  c.reward.timeout_s = 5.0  # per verifier call: a hard bound (the worker process is killed)
+  c.reward.workers = 4  # verifier worker processes
+  c.reward.max_logged_failures = 100  # failed calls sampled into run_dir/reward_failures.jsonl
 
   # --- algorithm (sections 2-5, 7) ------------------------------------------------------------
   c.algo = ml_collections.ConfigDict()
@@ -131,8 +135,12 @@ def get_config():
   c.train.keep_checkpoints = 3
   c.train.run_dir = "runs/default"
   c.train.resume = False
+  # keys allowed to differ from the run being resumed, e.g. ('optim.lr',); train.steps may grow
+  c.train.resume_override = ()
   c.train.progress = True  # live progress bar
   c.train.export_hf = True  # export the final policy in Hugging Face format
+  # stop after this many consecutive steps whose every update was skipped as non-finite (0 = never)
+  c.train.max_skipped_steps = 10
 
   # --- supervised cold start (model.source='sft') -----------------------------------------------
   c.sft = ml_collections.ConfigDict()

@@ -1,3 +1,3 @@
-from rljax.cli import main
+from rljax.cli import entry
 
-main()
+entry()

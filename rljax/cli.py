@@ -24,7 +24,10 @@ def _config(argv, *, required=True):
     if required:
       raise SystemExit("error: --config PATH is required (e.g. --config configs/dapo.py)")
     return None, rest
-  return config_loader.load_config(path, overrides), rest
+  config = config_loader.load_config(path, overrides)
+  from rljax import config_checks
+  config_checks.check_config(config)  # every value checked before anything is built
+  return config, rest
 
 
 def cmd_train(argv):
@@ -55,6 +58,8 @@ def cmd_eval(argv):
   parser.add_argument("--checkpoint", default=None,
                       help="an rljax run directory: its latest checkpoint is evaluated")
   args = parser.parse_args(rest)
+  from rljax import config_checks
+  config_checks.check_eval_samples(args.samples)
   from rljax.train import evaluation
   result = evaluation.evaluate_config(config, samples=args.samples, checkpoint=args.checkpoint)
   print(json.dumps(result))
@@ -82,8 +87,9 @@ def cmd_convert(argv):
   parser.add_argument("run_dir")
   parser.add_argument("out")
   args = parser.parse_args(argv)
-  from rljax.train import evaluation
+  from rljax.train import evaluation, run_dir
   from rljax import models
+  run_dir.check_convert_target(args.run_dir, args.out)  # never into a run dir
   model_cfg, params = evaluation.load_run_params(args.run_dir)
   models.save_hf(args.out, model_cfg, params)
   print(args.out)
@@ -130,5 +136,14 @@ def main(argv=None):
   return COMMANDS[command](rest)
 
 
+def entry(argv=None):
+  """The console entry point: ``main``, with the user's errors (``RljaxError``) as one line."""
+  from rljax.errors import RljaxError
+  try:
+    return main(argv)
+  except RljaxError as e:
+    raise SystemExit(f"error: {e}") from None
+
+
 if __name__ == "__main__":
-  main()
+  entry()

@@ -13,19 +13,21 @@ import os
 
 import ml_collections
 
+from rljax.errors import ConfigFileError, ConfigKeyError, ConfigTypeError
+
 _TRUE = {"true", "1", "yes"}
 _FALSE = {"false", "0", "no"}
 
 
 def load_config_file(path: str) -> ml_collections.ConfigDict:
   if not os.path.isfile(path):
-    raise FileNotFoundError(f"config file {path!r} does not exist")
+    raise ConfigFileError(f"config file {path!r} does not exist")
   spec = importlib.util.spec_from_file_location(
       f"rljax_config_{abs(hash(os.path.abspath(path)))}", path)
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   if not hasattr(module, "get_config"):
-    raise AttributeError(f"config file {path!r} has no get_config()")
+    raise ConfigFileError(f"config file {path!r} has no get_config()")
   return module.get_config()
 
 
@@ -47,19 +49,23 @@ def parse_value(text: str, kind, key: str):
       return True
     if low in _FALSE:
       return False
-    raise TypeError(f"--config.{key}: expected a bool (true/false), got {text!r}")
+    raise ConfigTypeError(f"--config.{key}: expected a bool (true/false), got {text!r}")
   if text.lower() in ("none", "null"):
     return None
+  if kind is float and text.strip().lower().lstrip("+-") in ("nan", "inf", "infinity"):
+    # A float the user meant, which literal_eval cannot read: rljax.config_checks then says what
+    # is wrong with the value (e.g. optim.lr must be finite) instead of "expected float".
+    return float(text)
   try:
     value = ast.literal_eval(text)
   except (ValueError, SyntaxError):
-    raise TypeError(f"--config.{key}: expected {kind.__name__}, got {text!r}") from None
+    raise ConfigTypeError(f"--config.{key}: expected {kind.__name__}, got {text!r}") from None
   if kind is float and isinstance(value, int) and not isinstance(value, bool):
     value = float(value)
   if kind is tuple and isinstance(value, list):
     value = tuple(value)
   if kind is not None and not isinstance(value, kind):
-    raise TypeError(f"--config.{key}: expected {kind.__name__}, got {text!r}")
+    raise ConfigTypeError(f"--config.{key}: expected {kind.__name__}, got {text!r}")
   return value
 
 
@@ -70,7 +76,7 @@ def apply_override(config: ml_collections.ConfigDict, dotted: str, text: str) ->
     if not isinstance(node, ml_collections.ConfigDict) or part not in node:
       where = ".".join(parts[:i]) or "<root>"
       known = sorted(node.keys()) if isinstance(node, ml_collections.ConfigDict) else []
-      raise KeyError(f"unknown config key {dotted!r}: {where!r} has no {part!r}; "
+      raise ConfigKeyError(f"unknown config key {dotted!r}: {where!r} has no {part!r}; "
                      f"keys there: {known}")
     if i < len(parts) - 1:
       node = node[part]
@@ -80,7 +86,29 @@ def apply_override(config: ml_collections.ConfigDict, dotted: str, text: str) ->
     with node.unlocked():
       node[key] = value
   except TypeError as e:
-    raise TypeError(f"--config.{dotted}: {e}") from None
+    raise ConfigTypeError(f"--config.{dotted}: {e}") from None
+
+
+def set_value(config: ml_collections.ConfigDict, dotted: str, value) -> None:
+  """Sets an existing key ``a.b.c`` to a Python value (an int where a float is declared is
+  accepted); an unknown key or a value of the wrong type is an error naming the key."""
+  parent, key = dotted.rpartition(".")[::2] if "." in dotted else ("", dotted)
+  node = config
+  for part in [p for p in parent.split(".") if p]:
+    if part not in node or not isinstance(node[part], ml_collections.ConfigDict):
+      raise KeyError(f"unknown config key {dotted!r}: no section {part!r}")
+    node = node[part]
+  if key not in node:
+    raise KeyError(f"unknown config key {dotted!r}; keys there: {sorted(node.keys())}")
+  kind = _field_type(node, key)
+  if kind is float and isinstance(value, int) and not isinstance(value, bool):
+    value = float(value)
+  if kind is tuple and isinstance(value, list):
+    value = tuple(value)
+  if value is not None and kind is not None and not isinstance(value, kind):
+    raise TypeError(f"config key {dotted!r}: expected {kind.__name__}, got {value!r}")
+  with node.unlocked():
+    node[key] = value
 
 
 def load_config(path: str, overrides: list[tuple[str, str]] = ()) -> ml_collections.ConfigDict:

@@ -13,6 +13,9 @@ Every estimator returns ``advantages[B, T]`` that are exactly 0 on padding. Whic
 | reinforce_pp            | ``token_rewards[B, T]``, mask          | None                     |
 | gae                     | ``token_rewards[B, T]``, ``values[B,T]``, mask | ``[B, T]``       |
 
+Each estimator is registered as it is (``rljax.algos.registry``): its positional parameters name
+the arrays it reads, its keyword-only ones the ``algo.*`` hyperparameters.
+
 ``token_rewards`` is the per-token reward with the outcome ``R_i`` already on the last valid token
 (and ``-beta k`` on every token when ``algo.kl_placement='reward'``): build it with
 ``rljax.algos.kl.kl_reward_tokens`` or ``outcome_token_rewards``.
@@ -24,7 +27,7 @@ import chex
 import jax
 import jax.numpy as jnp
 
-from rljax.algos.registry import ADVANTAGES, register_advantage
+from rljax.algos.registry import register_advantage
 
 GRPO_STD_EPS = 1e-6
 WHITEN_EPS = 1e-8
@@ -142,6 +145,7 @@ def _reverse_gae(token_rewards, values, mask, gamma, lam):
 
 # --- outcome (group) estimators ------------------------------------------------------------------
 
+@register_advantage("grpo", hparams={"std_mode": "adv_std"})
 def grpo_advantages(rewards: chex.Array, mask: chex.Array, group_size: int, *,
                     std_mode: str = "group", eps: float = GRPO_STD_EPS) -> chex.Array:
   """GRPO (arXiv 2402.03300): ``A_i = (R_i - mean_g R) / (std R + eps)``, broadcast to ``[B, T]``.
@@ -168,11 +172,13 @@ def grpo_advantages(rewards: chex.Array, mask: chex.Array, group_size: int, *,
   return _broadcast(adv.reshape(-1), mask)
 
 
+@register_advantage("dr_grpo")
 def dr_grpo_advantages(rewards: chex.Array, mask: chex.Array, group_size: int) -> chex.Array:
   """Dr.GRPO (arXiv 2503.20783): ``A_i = R_i - mean_g R`` (GRPO without std division)."""
   return grpo_advantages(rewards, mask, group_size, std_mode="none")
 
 
+@register_advantage("rloo")
 def rloo_advantages(rewards: chex.Array, mask: chex.Array, group_size: int) -> chex.Array:
   """RLOO (arXiv 2402.14740): ``A_i = R_i - mean_{j != i} R_j = G/(G-1) (R_i - mean_g R)``."""
   groups = to_groups(rewards, group_size)
@@ -181,6 +187,7 @@ def rloo_advantages(rewards: chex.Array, mask: chex.Array, group_size: int) -> c
   return _broadcast(adv.reshape(-1), mask)
 
 
+@register_advantage("opo")
 def opo_advantages(rewards: chex.Array, mask: chex.Array, group_size: int) -> chex.Array:
   """OPO length-weighted baseline: ``A_i = R_i - sum_j |o_j| R_j / sum_j |o_j|`` within the group.
 
@@ -196,6 +203,7 @@ def opo_advantages(rewards: chex.Array, mask: chex.Array, group_size: int) -> ch
   return _broadcast(adv.reshape(-1), mask)
 
 
+@register_advantage("gpg")
 def gpg_advantages(rewards: chex.Array, mask: chex.Array, group_size: int) -> chex.Array:
   """GPG (arXiv 2504.02546): ``A_i = alpha (R_i - mean_g R)``, ``alpha = P / (P - M)``.
 
@@ -214,6 +222,7 @@ def gpg_advantages(rewards: chex.Array, mask: chex.Array, group_size: int) -> ch
   return _broadcast(adv.reshape(-1), mask)
 
 
+@register_advantage("reinforce_pp_baseline", whitened=True)
 def reinforce_pp_baseline_advantages(rewards: chex.Array, mask: chex.Array,
                                      group_size: int) -> chex.Array:
   """REINFORCE++-baseline (arXiv 2501.03262): ``R_i - mean_g R``, then token-weighted whitening.
@@ -233,6 +242,7 @@ def discounted_returns(token_rewards: chex.Array, mask: chex.Array, gamma: float
   return _reverse_gae(token_rewards, jnp.zeros_like(token_rewards), mask, gamma, 1.0)
 
 
+@register_advantage("reinforce_pp", whitened=True)
 def reinforce_pp_advantages(token_rewards: chex.Array, mask: chex.Array, *,
                             gamma: float) -> chex.Array:
   """REINFORCE++ (arXiv 2501.03262): returns-to-go of the token rewards, whitened over the batch.
@@ -270,91 +280,19 @@ def gae_returns(token_rewards: chex.Array, values: chex.Array, mask: chex.Array,
   return jnp.where(mask > 0, adv + values.astype(adv.dtype), 0)
 
 
-# --- registered estimators (read the algo config section) ----------------------------------------
-# Each takes ``(algo_cfg, *, rewards, mask, group_size, values, token_rewards)`` and returns
-# ``(advantages[B, T], returns[B, T] or None)``. ``whitened=True`` marks estimators that whiten
-# by definition, so ``algo.adv_whiten`` does not whiten them a second time.
+# --- GAE as one registered estimator ---------------------------------------------------------------
 
-def _require(name, estimator, value, hint):
-  if value is None:
-    raise ValueError(f"algo.advantage={estimator!r} needs `{name}` ({hint})")
-  return value
-
-
-@register_advantage("grpo")
-def _grpo(algo_cfg, *, rewards, mask, group_size, values, token_rewards):
-  del values, token_rewards
-  return grpo_advantages(rewards, mask, group_size, std_mode=algo_cfg.adv_std), None
-
-
-def _outcome_estimator(estimator):
-  """Registry adapter for estimators of outcome rewards alone: ``estimator(rewards, mask, G)``."""
-  def adapter(algo_cfg, *, rewards, mask, group_size, values, token_rewards):
-    del algo_cfg, values, token_rewards
-    return estimator(rewards, mask, group_size), None
-  adapter.__doc__ = estimator.__doc__
-  return adapter
-
-
-for _name, _estimator in (("dr_grpo", dr_grpo_advantages), ("rloo", rloo_advantages),
-                          ("opo", opo_advantages), ("gpg", gpg_advantages)):
-  register_advantage(_name)(_outcome_estimator(_estimator))
-
-
-@register_advantage("reinforce_pp", whitened=True)
-def _reinforce_pp(algo_cfg, *, rewards, mask, group_size, values, token_rewards):
-  del rewards, group_size, values
-  token_rewards = _require("token_rewards", "reinforce_pp", token_rewards,
-                           "per-token rewards from kl_reward_tokens / outcome_token_rewards")
-  return reinforce_pp_advantages(token_rewards, mask, gamma=algo_cfg.gamma), None
-
-
-@register_advantage("reinforce_pp_baseline", whitened=True)
-def _reinforce_pp_baseline(algo_cfg, *, rewards, mask, group_size, values, token_rewards):
-  del algo_cfg, values, token_rewards
-  return reinforce_pp_baseline_advantages(rewards, mask, group_size), None
-
-
-@register_advantage("gae")
-def _gae(algo_cfg, *, rewards, mask, group_size, values, token_rewards):
-  del rewards, group_size
-  values = _require("values", "gae", values, "critic values V[B, T]")
-  token_rewards = _require("token_rewards", "gae", token_rewards,
-                           "per-token rewards from kl_reward_tokens / outcome_token_rewards")
-  lam = algo_cfg.lam
-  if algo_cfg.lam_alpha is not None:
-    lam = length_adaptive_lam(mask, algo_cfg.lam_alpha)
-  adv = gae_advantages(token_rewards, values, mask, gamma=algo_cfg.gamma, lam=lam)
-  if algo_cfg.lam_critic is None:
+@register_advantage("gae", critic_targets=True)
+def gae_estimator(token_rewards: chex.Array, values: chex.Array, mask: chex.Array, *,
+                  gamma: chex.Numeric, lam: chex.Numeric, lam_alpha: Optional[chex.Numeric],
+                  lam_critic: Optional[chex.Numeric]) -> Tuple[chex.Array, chex.Array]:
+  """GAE advantages and critic targets ``([B, T], [B, T])``: PPO (``lam_critic=None``: the
+  policy's lambda), decoupled GAE (VC-PPO 2503.01491: ``lam_critic``, 1.0 = Monte-Carlo
+  returns) and length-adaptive GAE (VAPO 2504.05118: ``lam_alpha`` sets a per-row lambda)."""
+  if lam_alpha is not None:
+    lam = length_adaptive_lam(mask, lam_alpha)
+  adv = gae_advantages(token_rewards, values, mask, gamma=gamma, lam=lam)
+  if lam_critic is None:
     # The critic bootstraps with the policy's lambda (the adaptive one included): reuse the scan.
-    returns = jnp.where(mask > 0, adv + values.astype(adv.dtype), 0)
-  else:
-    returns = gae_returns(token_rewards, values, mask, gamma=algo_cfg.gamma,
-                          lam=algo_cfg.lam_critic)
-  return adv, returns
-
-
-def compute_advantages(algo_cfg, *, rewards: chex.Array, mask: chex.Array, group_size: int,
-                       values: Optional[chex.Array] = None,
-                       token_rewards: Optional[chex.Array] = None
-                       ) -> Tuple[chex.Array, Optional[chex.Array]]:
-  """Advantages ``[B, T]`` (0 on padding) and critic returns ``[B, T]`` (``gae`` only, else None).
-
-  Reads ``algo.advantage`` (a registered name), ``algo.adv_std`` (grpo), ``algo.gamma``,
-  ``algo.lam``, ``algo.lam_critic``, ``algo.lam_alpha`` (gae) and ``algo.adv_whiten`` (token-
-  weighted whitening of the final advantages; estimators that whiten by definition are not
-  whitened twice). See the module docstring for which inputs each estimator needs.
-  """
-  chex.assert_rank([rewards, mask], [1, 2])
-  chex.assert_equal_shape_prefix([rewards, mask], 1)
-  if values is not None:
-    chex.assert_equal_shape([values, mask])
-  if token_rewards is not None:
-    chex.assert_equal_shape([token_rewards, mask])
-  name = algo_cfg.advantage
-  estimator = ADVANTAGES.get(name)
-  adv, returns = estimator(algo_cfg, rewards=rewards, mask=mask, group_size=group_size,
-                           values=values, token_rewards=token_rewards)
-  if algo_cfg.adv_whiten and not ADVANTAGES.meta(name).get("whitened", False):
-    adv = whiten(adv, mask)
-  return adv, returns
+    return adv, jnp.where(mask > 0, adv + values.astype(adv.dtype), 0)
+  return adv, gae_returns(token_rewards, values, mask, gamma=gamma, lam=lam_critic)

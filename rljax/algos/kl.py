@@ -4,16 +4,13 @@ Estimators follow Schulman, "Approximating KL divergence" (2020), with the gradi
 arXiv 2506.09477 in mind: each is an elementwise function ``k(logp, ref_logp)`` of the sampled
 tokens' log-probs ``[B, T]`` whose *gradient* w.r.t. ``logp`` is what the loss uses.
 """
-from typing import Optional, Tuple
 
 import chex
 import jax
 import jax.numpy as jnp
 
 from rljax.algos.advantages import outcome_token_rewards
-from rljax.algos.losses import (agg_count, agg_sum, regularizer_loss_agg, token_metrics,
-                                Metrics)
-from rljax.algos.registry import KL_ESTIMATORS, register_kl_estimator
+from rljax.algos.registry import KL_ESTIMATORS, register_kl_estimator, register_regularizer
 
 K3_LOG_RATIO_CLAMP = 20.0
 K3_VALUE_CLAMP = 10.0
@@ -73,32 +70,15 @@ def kl_reward_tokens(rewards: chex.Array, mask: chex.Array, old_logp: chex.Array
   return outcome + jnp.where(mask > 0, penalty, 0).astype(outcome.dtype)
 
 
-def kl_loss_agg(algo_cfg) -> str:
-  """Aggregation of the KL-in-loss term: the policy loss's, or ``token_mean`` when
-  ``algo.kl_normalize`` (T1, arXiv 2501.11651: averaged per valid token so its weight does not
-  grow with length; the paper's exact form is not public, this is the project's reading)."""
-  return "token_mean" if algo_cfg.kl_normalize else regularizer_loss_agg(algo_cfg)
-
-
-def kl_loss_sum(algo_cfg, *, logp: chex.Array, ref_logp: chex.Array, mask: chex.Array
-                ) -> Tuple[chex.Array, Metrics]:
-  """``(sum, metrics)`` of the (unscaled) KL-in-loss term for one micro-batch.
-
-  The term added to the loss is ``beta * sum over micro-batches / kl_loss_count(whole mask)``
-  (``beta`` = ``algo.kl_coef`` or the adaptive controller's value). Reads ``algo.kl_estimator``,
-  ``algo.kl_normalize``, and the policy loss's aggregation keys. ``metrics['kl']`` is the
-  per-valid-token mean of the estimate.
-  """
-  chex.assert_rank([logp, ref_logp, mask], 2)
-  chex.assert_equal_shape([logp, ref_logp, mask])
-  kl = kl_estimate(algo_cfg.kl_estimator, logp, ref_logp)
-  total = agg_sum(kl_loss_agg(algo_cfg), kl, mask, algo_cfg.loss_norm_constant)
-  return total, token_metrics(mask, kl=kl)
-
-
-def kl_loss_count(algo_cfg, mask: chex.Array) -> chex.Array:
-  """Denominator of ``kl_loss_sum`` over the whole minibatch ``mask``."""
-  return agg_count(kl_loss_agg(algo_cfg), mask)
+@register_regularizer("kl", hparams={"estimator": "kl_estimator"}, coef="kl_coef",
+                      agg=lambda algo: "token_mean" if algo["kl_normalize"] else "policy",
+                      enabled=lambda algo: algo["kl_placement"] == "loss")
+def kl_penalty(logp: chex.Array, ref_logp: chex.Array, *, estimator: str) -> chex.Array:
+  """KL in the loss (``algo.kl_placement='loss'``): ``k(logp, ref_logp)`` ``[B, T]``, added as
+  ``beta * agg(k)``. Aggregated like the policy loss, or per valid token (``token_mean``) with
+  ``algo.kl_normalize`` (T1, arXiv 2501.11651: its weight does not grow with length; the paper's
+  exact form is not public, this is the project's reading)."""
+  return kl_estimate(estimator, logp, ref_logp)
 
 
 def adaptive_kl_coef(beta: chex.Numeric, kl: chex.Numeric, *, target: float, horizon: float,
@@ -127,27 +107,3 @@ def ema_update(ref_params: chex.ArrayTree, params: chex.ArrayTree, decay: float
     return mixed.astype(ref.dtype)
 
   return jax.tree.map(update, ref_params, params)
-
-
-def ref_update(algo_cfg, ref_params: chex.ArrayTree, params: chex.ArrayTree
-               ) -> chex.ArrayTree:
-  """``algo.ref_update``: ``frozen`` returns ``ref_params``; ``ema`` applies ``ema_update`` with
-  ``algo.ref_ema_decay``."""
-  mode = algo_cfg.ref_update
-  if mode == "frozen":
-    return ref_params
-  if mode == "ema":
-    return ema_update(ref_params, params, algo_cfg.ref_ema_decay)
-  raise ValueError(f"algo.ref_update must be one of ('frozen', 'ema'), got {mode!r}")
-
-
-def kl_placement(algo_cfg) -> Optional[str]:
-  """Validated ``algo.kl_placement``: ``'loss'``, ``'reward'``, or None for ``'none'`` (no
-  reference model). Also checks ``algo.kl_estimator`` names a registered estimator."""
-  placement = algo_cfg.kl_placement
-  if placement not in ("loss", "reward", "none"):
-    raise ValueError(f"algo.kl_placement must be one of ('loss', 'reward', 'none'), "
-                     f"got {placement!r}")
-  if placement != "none":
-    KL_ESTIMATORS.get(algo_cfg.kl_estimator)
-  return None if placement == "none" else placement

@@ -1,12 +1,15 @@
 """Policy objectives (ALGORITHMS.md section 3) and loss aggregation (section 4).
 
+Each objective is registered as it is: its positional parameters are the arrays it reads, its
+keyword-only ones the hyperparameters (``hparams`` maps them to ``algo.*`` keys).
+
 Shapes: ``[B, T]`` rows x completion tokens; ``mask[B, T]`` is 1 on real completion tokens.
 Per-token losses ``l[i, t]`` are minimised. ``delta = logp - old_logp`` is clamped to [-20, 20]
 before any ``exp``; ``r = exp(delta)``.
 
 Exact reductions: every loss and metric is a ``(sum, count)`` pair. The trainer sums the ``sum``
 parts over micro-batches (split by rows) and devices and divides once by the count of the whole
-minibatch (``policy_loss_count``), so the result and its gradient do not depend on the split.
+minibatch (``Algorithm.policy_loss_count``), so the result and its gradient do not depend on the split.
 """
 from typing import Dict, Optional, Tuple
 
@@ -14,7 +17,8 @@ import chex
 import jax
 import jax.numpy as jnp
 
-from rljax.algos.registry import LOSS_AGGS, POLICY_LOSSES, register_loss_agg, register_policy_loss
+from rljax.algos.registry import (LOSS_AGGS, register_loss_agg, register_policy_loss,
+                                  register_regularizer)
 
 LOG_RATIO_CLAMP = 20.0
 # Aggregation of objectives with one loss per sequence (GMPO): mean over valid sequences.
@@ -76,7 +80,8 @@ def ppo_clip_loss(ratio: chex.Array, advantages: chex.Array, *, eps_low: float, 
   ``A < 0``: ``min(l, -A c)``. Returns ``(l, clipped_low, clipped_high, dual_clipped)`` where a
   clip indicator is True where that clip is active (the loss is flat in ``r``).
   """
-  if dual_clip_c is not None and dual_clip_c <= 1.0:
+  # A traced value was range-checked when the algorithm was resolved.
+  if isinstance(dual_clip_c, (int, float)) and dual_clip_c <= 1.0:
     raise ValueError(f"algo.dual_clip_c must be > 1 (a lower bound on -A r for A < 0), "
                      f"got {dual_clip_c}")
   surrogate = -advantages * ratio
@@ -93,6 +98,7 @@ def ppo_clip_loss(ratio: chex.Array, advantages: chex.Array, *, eps_low: float, 
   return loss, clip_low, clip_high, dual
 
 
+@register_policy_loss("ppo", hparams={"eps_low": "clip_eps_low", "eps_high": "clip_eps_high"})
 def ppo_loss(logp, old_logp, advantages, mask, *, eps_low: float, eps_high: float,
              dual_clip_c: Optional[float] = None) -> Tuple[chex.Array, Metrics]:
   """PPO / DAPO clip-higher (arXiv 1707.06347, 2503.14476): per-token loss ``[B, T]``."""
@@ -105,6 +111,8 @@ def ppo_loss(logp, old_logp, advantages, mask, *, eps_low: float, eps_high: floa
                               dual_clip_frac=dual.astype(ratio.dtype))
 
 
+@register_policy_loss("gspo", hparams={"eps_low": "clip_eps_low", "eps_high": "clip_eps_high"},
+                      loss_agg="seq_mean_token_mean")
 def gspo_loss(logp, old_logp, advantages, mask, *, eps_low: float, eps_high: float,
               dual_clip_c: Optional[float] = None) -> Tuple[chex.Array, Metrics]:
   """GSPO-token (arXiv 2507.18071): per-token loss ``[B, T]``.
@@ -125,6 +133,8 @@ def gspo_loss(logp, old_logp, advantages, mask, *, eps_low: float, eps_high: flo
                               dual_clip_frac=dual.astype(token_ratio.dtype))
 
 
+@register_policy_loss("cispo", hparams={"eps_high": "cispo_eps_high",
+                                        "eps_low": "cispo_eps_low"})
 def cispo_loss(logp, old_logp, advantages, mask, *, eps_high: float,
                eps_low: Optional[float] = None) -> Tuple[chex.Array, Metrics]:
   """CISPO (arXiv 2506.13585): ``l = -sg(clip(r, 1 - eps_low, 1 + eps_high)) A logp`` ``[B, T]``.
@@ -147,6 +157,7 @@ def cispo_loss(logp, old_logp, advantages, mask, *, eps_high: float,
   return loss, _ratio_metrics(mask, ratio, delta, clip_low, clip_high)
 
 
+@register_policy_loss("gmpo", hparams={"eps": "gmpo_eps"}, loss_agg=SEQUENCE_MEAN)
 def gmpo_loss(logp, old_logp, advantages, mask, *, eps: float) -> Tuple[chex.Array, Metrics]:
   """GMPO (arXiv 2507.20673): one loss per sequence ``[B]`` (0 for rows without valid token).
 
@@ -167,6 +178,7 @@ def gmpo_loss(logp, old_logp, advantages, mask, *, eps: float) -> Tuple[chex.Arr
   return loss, _ratio_metrics(mask, jnp.exp(delta), delta, clip_low, clip_high)
 
 
+@register_policy_loss("pg")
 def pg_loss(logp, old_logp, advantages, mask) -> Tuple[chex.Array, Metrics]:
   """REINFORCE / vanilla policy gradient (RLOO 2402.14740, GPG 2504.02546): ``l = -A logp``.
 
@@ -176,39 +188,6 @@ def pg_loss(logp, old_logp, advantages, mask) -> Tuple[chex.Array, Metrics]:
   delta = log_ratio(logp, old_logp)
   no_clip = jnp.zeros(mask.shape, bool)
   return -advantages * logp, _ratio_metrics(mask, jnp.exp(delta), delta, no_clip, no_clip)
-
-
-# --- registered objectives (read the algo config section) ----------------------------------------
-# ``(algo_cfg, *, logp, old_logp, advantages, mask) -> (loss, metrics)``; meta ``loss_agg`` forces
-# an aggregation regardless of ``algo.loss_agg``.
-
-@register_policy_loss("ppo")
-def _ppo(algo_cfg, *, logp, old_logp, advantages, mask):
-  return ppo_loss(logp, old_logp, advantages, mask, eps_low=algo_cfg.clip_eps_low,
-                  eps_high=algo_cfg.clip_eps_high, dual_clip_c=algo_cfg.dual_clip_c)
-
-
-@register_policy_loss("gspo", loss_agg="seq_mean_token_mean")
-def _gspo(algo_cfg, *, logp, old_logp, advantages, mask):
-  return gspo_loss(logp, old_logp, advantages, mask, eps_low=algo_cfg.clip_eps_low,
-                   eps_high=algo_cfg.clip_eps_high, dual_clip_c=algo_cfg.dual_clip_c)
-
-
-@register_policy_loss("cispo")
-def _cispo(algo_cfg, *, logp, old_logp, advantages, mask):
-  return cispo_loss(logp, old_logp, advantages, mask, eps_high=algo_cfg.cispo_eps_high,
-                    eps_low=algo_cfg.cispo_eps_low)
-
-
-@register_policy_loss("gmpo", loss_agg=SEQUENCE_MEAN)
-def _gmpo(algo_cfg, *, logp, old_logp, advantages, mask):
-  return gmpo_loss(logp, old_logp, advantages, mask, eps=algo_cfg.gmpo_eps)
-
-
-@register_policy_loss("pg")
-def _pg(algo_cfg, *, logp, old_logp, advantages, mask):
-  del algo_cfg
-  return pg_loss(logp, old_logp, advantages, mask)
 
 
 # --- aggregation ---------------------------------------------------------------------------------
@@ -251,59 +230,45 @@ def _seq_mean_token_sum_norm(values, mask, norm_constant):
           _valid_rows(mask).sum().astype(_count_dtype()))
 
 
-def _norm_constant(norm_constant, mask):
-  # None means max_new_tokens, which is the padded completion length T by construction.
-  return float(mask.shape[1]) if norm_constant is None else float(norm_constant)
+@register_loss_agg(SEQUENCE_MEAN, per_sequence=True)
+def _sequence_mean(values, mask, norm_constant):
+  """``mean_i L_i`` of per-sequence losses ``values[B]`` over rows with a valid token (GMPO).
+
+  Only for objectives with one loss per sequence (they force it); not a ``[B, T]`` aggregation.
+  """
+  del norm_constant
+  return (jnp.where(_valid_rows(mask), values, 0).sum(),
+          _valid_rows(mask).sum().astype(_count_dtype()))
+
+
+def token_level_agg(mode: str) -> str:
+  """The ``[B, T]`` aggregation closest to ``mode``: ``mode`` itself, or ``seq_mean_token_mean``
+  (a mean over valid sequences) for a per-sequence mode (regularisers under GMPO)."""
+  return "seq_mean_token_mean" if LOSS_AGGS.meta(mode).get("per_sequence") else mode
 
 
 def agg_sum(mode: str, values: chex.Array, mask: chex.Array,
-            norm_constant: Optional[float] = None) -> chex.Array:
-  """The ``sum`` part of aggregation ``mode`` over ``values[B, T]`` (a scalar).
-
-  ``norm_constant`` is ``C`` of ``seq_mean_token_sum_norm`` (None = ``T`` = max_new_tokens).
-  """
-  _check_tokens(values, mask)
-  return LOSS_AGGS.get(mode)(values, mask, _norm_constant(norm_constant, mask))[0]
+            norm_constant: Optional[chex.Numeric] = None) -> chex.Array:
+  """The ``sum`` part of aggregation ``mode`` over ``values[B, T]`` (``[B]`` for a per-sequence
+  mode), a scalar. ``norm_constant`` is ``C`` of ``seq_mean_token_sum_norm`` (None = ``T`` =
+  max_new_tokens, the padded completion length by construction)."""
+  per_sequence = LOSS_AGGS.meta(mode).get("per_sequence", False)
+  chex.assert_rank([values, mask], [1 if per_sequence else 2, 2])
+  chex.assert_equal_shape_prefix([values, mask], values.ndim)
+  if norm_constant is None:
+    norm_constant = float(mask.shape[1])
+  return LOSS_AGGS.get(mode)(values, mask, norm_constant)[0]
 
 
 def agg_count(mode: str, mask: chex.Array) -> chex.Array:
   """The ``count`` part of aggregation ``mode``: valid tokens or valid sequences (a scalar)."""
   chex.assert_rank(mask, 2)
-  return LOSS_AGGS.get(mode)(jnp.zeros(mask.shape, _count_dtype()), mask, 1.0)[1]
+  per_sequence = LOSS_AGGS.meta(mode).get("per_sequence", False)
+  zeros = jnp.zeros(mask.shape[:1] if per_sequence else mask.shape, _count_dtype())
+  return LOSS_AGGS.get(mode)(zeros, mask, 1.0)[1]
 
 
-def aggregate(mode: str, values: chex.Array, mask: chex.Array,
-              norm_constant: Optional[float] = None) -> chex.Array:
-  """The aggregate itself over one (whole) minibatch: ``agg_sum / agg_count``."""
-  return safe_mean(agg_sum(mode, values, mask, norm_constant), agg_count(mode, mask))
-
-
-def sequence_mean_sum(values: chex.Array, mask: chex.Array) -> chex.Array:
-  """Sum of per-sequence losses ``values[B]`` over rows with a valid token (GMPO)."""
-  chex.assert_rank([values, mask], [1, 2])
-  chex.assert_equal_shape_prefix([values, mask], 1)
-  return jnp.where(_valid_rows(mask), values, 0).sum()
-
-
-# --- dispatcher ----------------------------------------------------------------------------------
-
-def policy_loss_agg(algo_cfg) -> str:
-  """The aggregation the policy loss uses: forced by the objective (GSPO ``seq_mean_token_mean``,
-  GMPO ``sequence_mean``) or ``algo.loss_agg``."""
-  configured = algo_cfg.loss_agg
-  LOSS_AGGS.get(configured)  # a typo fails even when the objective overrides it
-  return POLICY_LOSSES.meta(algo_cfg.policy_loss).get("loss_agg") or configured
-
-
-def regularizer_loss_agg(algo_cfg) -> str:
-  """Aggregation for ``[B, T]`` regularisers that follow the policy loss (KL in loss, entropy).
-
-  The policy loss's aggregation; for a per-sequence objective (GMPO) its token-level analogue,
-  ``seq_mean_token_mean`` (a mean over valid sequences).
-  """
-  mode = policy_loss_agg(algo_cfg)
-  return "seq_mean_token_mean" if mode == SEQUENCE_MEAN else mode
-
+# --- rollout correction ------------------------------------------------------------------------
 
 def truncated_is_weights(old_logp: chex.Array, sampler_logp: chex.Array,
                          cap: float) -> chex.Array:
@@ -313,46 +278,10 @@ def truncated_is_weights(old_logp: chex.Array, sampler_logp: chex.Array,
   return jax.lax.stop_gradient(jnp.minimum(jnp.exp(gap), cap))
 
 
-def policy_loss_sum(algo_cfg, *, logp: chex.Array, old_logp: chex.Array,
-                    advantages: chex.Array, mask: chex.Array,
-                    sampler_logp: Optional[chex.Array] = None
-                    ) -> Tuple[chex.Array, Metrics]:
-  """``(loss sum, metrics)`` of one micro-batch for ``algo.policy_loss`` and its aggregation.
+# --- entropy bonus -------------------------------------------------------------------------------
 
-  The policy loss of the minibatch is ``sum over micro-batches / policy_loss_count(whole mask)``.
-  Reads ``algo.policy_loss``, ``algo.loss_agg``, ``algo.loss_norm_constant``, the objective's
-  own keys, and ``algo.tis_cap`` (when set, ``sampler_logp`` is required and each per-token loss
-  is multiplied by ``min(exp(old_logp - sampler_logp), cap)``, detached). Metrics are
-  ``{name: (sum, count)}`` for clip_frac_low, clip_frac_high, ratio_mean, approx_kl (and
-  dual_clip_frac, tis_weight_mean, tis_clip_frac where they apply).
-  """
-  _check_tokens(logp, old_logp, advantages, mask)
-  name = algo_cfg.policy_loss
-  mode = policy_loss_agg(algo_cfg)
-  objective = POLICY_LOSSES.get(name)
-  cap = algo_cfg.tis_cap
-  if cap is not None:
-    if sampler_logp is None:
-      raise ValueError("algo.tis_cap is set: policy_loss_sum needs `sampler_logp`")
-    if mode == SEQUENCE_MEAN:
-      raise ValueError(f"algo.tis_cap weights per-token losses; algo.policy_loss={name!r} has one "
-                       f"loss per sequence. Unset algo.tis_cap or pick a per-token objective")
-  loss, metrics = objective(algo_cfg, logp=logp, old_logp=old_logp, advantages=advantages,
-                            mask=mask)
-  if cap is not None:
-    weights = truncated_is_weights(old_logp, sampler_logp, cap)
-    loss = loss * weights
-    metrics = dict(metrics, **token_metrics(mask, tis_weight_mean=weights,
-                                            tis_clip_frac=(weights >= cap).astype(weights.dtype)))
-  if mode == SEQUENCE_MEAN:
-    return sequence_mean_sum(loss, mask), metrics
-  return agg_sum(mode, loss, mask, algo_cfg.loss_norm_constant), metrics
-
-
-def policy_loss_count(algo_cfg, mask: chex.Array) -> chex.Array:
-  """The denominator of ``policy_loss_sum``, computed once over the whole minibatch ``mask``."""
-  chex.assert_rank(mask, 2)
-  mode = policy_loss_agg(algo_cfg)
-  if mode == SEQUENCE_MEAN:
-    return _valid_rows(mask).sum().astype(_count_dtype())
-  return agg_count(mode, mask)
+@register_regularizer("entropy", coef="entropy_coef")
+def entropy_bonus(entropy: chex.Array) -> chex.Array:
+  """T1 (arXiv 2501.11651) entropy bonus: ``-H[i, t]`` ``[B, T]``, so that ``coef * agg(-H)``
+  added to the loss rewards a high full-vocabulary entropy of the policy."""
+  return -entropy

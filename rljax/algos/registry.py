@@ -1,11 +1,18 @@
 """Name -> function registries for the algorithm components of ALGORITHMS.md.
 
 An algorithm is a configuration: ``configs/<algo>.py`` names an advantage estimator, a policy
-objective, a loss aggregation and a KL estimator, and the trainer looks each name up here. A name
-that is not registered is an error that lists what exists, so a typo in a config fails at start-up
-instead of silently running another algorithm.
+objective, a loss aggregation, a KL estimator and the regularisers' coefficients, and
+``rljax.algos.resolve`` looks each name up once, at start-up. A name that is not registered is
+an error that lists what exists, so a typo in a config fails in the first second instead of
+silently running another algorithm.
+
+A registered component is a plain function. Its positional parameters are its *inputs*, passed
+by name from the arrays the trainer has (``rewards``, ``mask``, ``logp``, ``old_logp``,
+``advantages``, ...); its keyword-only parameters are *hyperparameters*, read from the ``algo``
+config section under the key ``hparams`` maps them to (by default the parameter's own name).
 """
-from typing import Any, Callable, Dict, List
+import inspect
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 
 class UnknownNameError(KeyError, ValueError):
@@ -20,11 +27,33 @@ class UnknownNameError(KeyError, ValueError):
     return str(self.args[0])
 
 
+def signature_of(fn: Callable, hparams: Optional[Mapping[str, str]] = None
+                 ) -> Tuple[Tuple[str, ...], Dict[str, str]]:
+  """``(inputs, {keyword: config key})`` of a component function.
+
+  Inputs are the parameters that can be passed positionally; hyperparameters are the
+  keyword-only ones, each read from the config key ``hparams`` names (default: its own name).
+  A keyword-only parameter with a default that ``hparams`` does not name keeps its default.
+  """
+  hparams = dict(hparams or {})
+  inputs, keys = [], {}
+  for p in inspect.signature(fn).parameters.values():
+    if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+      inputs.append(p.name)
+    elif p.kind == p.KEYWORD_ONLY and (p.name in hparams or p.default is p.empty):
+      keys[p.name] = hparams.pop(p.name, p.name)
+  if hparams:
+    raise ValueError(f"{fn.__name__}: hparams names {sorted(hparams)}, which are not keyword-only "
+                     "parameters of the function")
+  return tuple(inputs), keys
+
+
 class Registry:
   """A named family of interchangeable components (e.g. the advantage estimators).
 
-  ``register(name, **meta)`` is a decorator; ``meta`` holds static facts the dispatcher needs
-  without calling the function (e.g. that GSPO forces its own loss aggregation).
+  ``register(name, hparams=None, **meta)`` is a decorator; ``hparams`` maps the function's
+  keyword-only parameters to config keys, ``meta`` holds static facts the resolver needs without
+  calling the function (e.g. that GSPO forces its own loss aggregation).
   """
 
   def __init__(self, family: str, config_key: str = ""):
@@ -33,18 +62,25 @@ class Registry:
     self._fns: Dict[str, Callable[..., Any]] = {}
     self._meta: Dict[str, Dict[str, Any]] = {}
 
-  def register(self, name: str, **meta) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+  def register(self, name: str, hparams: Optional[Mapping[str, str]] = None, **meta
+               ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     if not isinstance(name, str) or not name:
       raise ValueError(f"{self.family}: a registered name must be a non-empty string, got {name!r}")
 
     def decorator(fn):
       if name in self._fns:
         raise ValueError(f"{self.family}: {name!r} is already registered")
+      inputs, keys = signature_of(fn, hparams)
       self._fns[name] = fn
-      self._meta[name] = dict(meta)
+      self._meta[name] = dict(meta, inputs=inputs, hparams=keys)
       return fn
 
     return decorator
+
+  def unregister(self, name: str) -> None:
+    """Removes ``name`` (a notebook re-running the cell that registered it)."""
+    self._check(name)
+    del self._fns[name], self._meta[name]
 
   def _check(self, name: str) -> None:
     if name not in self._fns:
@@ -75,29 +111,53 @@ ADVANTAGES = Registry("advantage estimator", "algo.advantage")
 POLICY_LOSSES = Registry("policy objective", "algo.policy_loss")
 LOSS_AGGS = Registry("loss aggregation", "algo.loss_agg")
 KL_ESTIMATORS = Registry("KL estimator", "algo.kl_estimator")
+REGULARIZERS = Registry("regulariser", "algo.<name>_coef")
 
 _ALL = {
     "advantage": ADVANTAGES,
     "policy_loss": POLICY_LOSSES,
     "loss_agg": LOSS_AGGS,
     "kl_estimator": KL_ESTIMATORS,
+    "regularizer": REGULARIZERS,
 }
 
 
-def register_advantage(name: str, **meta):
-  return ADVANTAGES.register(name, **meta)
+def register_advantage(name: str, hparams: Optional[Mapping[str, str]] = None, **meta):
+  """Estimator ``fn(<inputs>, *, <hyperparameters>) -> A[B, T]`` (or ``(A, returns)`` with
+  ``critic_targets=True``). Meta: ``whitened`` (never whitened twice), ``min_group_size``."""
+  return ADVANTAGES.register(name, hparams, **meta)
 
 
-def register_policy_loss(name: str, **meta):
-  return POLICY_LOSSES.register(name, **meta)
+def register_policy_loss(name: str, hparams: Optional[Mapping[str, str]] = None, **meta):
+  """Objective ``fn(logp, old_logp, advantages, mask, ..., *, <hyperparameters>) -> (l, metrics)``:
+  per-token losses ``[B, T]`` (per-sequence ``[B]`` with ``loss_agg='sequence_mean'``) and
+  ``{name: (sum, count)}`` metrics. Meta ``loss_agg`` forces an aggregation."""
+  return POLICY_LOSSES.register(name, hparams, **meta)
 
 
 def register_loss_agg(name: str, **meta):
-  return LOSS_AGGS.register(name, **meta)
+  return LOSS_AGGS.register(name, None, **meta)
 
 
 def register_kl_estimator(name: str, **meta):
-  return KL_ESTIMATORS.register(name, **meta)
+  return KL_ESTIMATORS.register(name, None, **meta)
+
+
+def register_regularizer(name: str, hparams: Optional[Mapping[str, str]] = None, *,
+                         coef: str, agg: Any = "policy", token_mask: Optional[Callable] = None,
+                         enabled: Optional[Callable[[Mapping[str, Any]], bool]] = None):
+  """An auxiliary loss ``coef * agg(values)`` added to the policy loss.
+
+  ``fn(<inputs>, *, <hyperparameters>) -> values[B, T]`` (inputs by name: ``logp``, ``entropy``,
+  ``mask`` and any batch field). ``coef``: the config key of its weight (traced, so a sweep over
+  it reuses one compilation; ``kl_coef`` follows the adaptive controller). ``agg``: a loss
+  aggregation name, ``'policy'`` (the policy loss's, token-level for per-sequence objectives), or
+  ``fn(algo settings) -> name``. ``token_mask``: ``fn(<batch fields>) -> mask[B, T]`` restricting
+  the tokens it averages over (default: the loss mask). ``enabled``: ``fn(algo settings) -> bool``
+  (default: ``coef`` is non-zero).
+  """
+  return REGULARIZERS.register(name, hparams, coef=coef, agg=agg, token_mask=token_mask,
+                               enabled=enabled)
 
 
 def list_registries() -> Dict[str, List[str]]:

@@ -10,6 +10,7 @@ import chex
 import jax.numpy as jnp
 
 from rljax.algos.losses import Metrics, token_metrics
+from rljax.algos.registry import register_regularizer
 
 
 def _check_tokens(*arrays):
@@ -78,19 +79,16 @@ def positive_example_rows(rewards: chex.Array) -> chex.Array:
   return (rewards == top) & (top > rewards.min())
 
 
-def positive_lm_loss_sum(logp: chex.Array, mask: chex.Array, positive: chex.Array) -> chex.Array:
-  """VAPO positive-example LM loss, the ``sum`` of a token-mean NLL: ``sum -logp`` over valid
-  tokens of the rows with ``positive[B]`` (see ``positive_example_rows``)."""
-  _check_tokens(logp, mask)
-  chex.assert_rank(positive, 1)
-  chex.assert_equal_shape_prefix([positive, mask], 1)
-  selected = (mask > 0) & (positive[:, None] > 0)
-  return jnp.where(selected, -logp, 0).sum()
-
-
-def positive_lm_loss_count(mask: chex.Array, positive: chex.Array) -> chex.Array:
-  """Denominator of ``positive_lm_loss_sum``: valid tokens of positive rows (0 -> contributes 0
-  via ``losses.safe_mean``)."""
+def positive_rows_mask(mask: chex.Array, positive: chex.Array) -> chex.Array:
+  """The valid tokens of the positive rows ``[B, T]`` (``positive[B]``, see
+  ``positive_example_rows``): the tokens VAPO's positive-example LM loss averages over."""
   chex.assert_rank([mask, positive], [2, 1])
-  selected = (mask > 0) & (positive[:, None] > 0)
-  return selected.sum().astype(jnp.result_type(float))
+  chex.assert_equal_shape_prefix([positive, mask], 1)
+  return jnp.where(positive[:, None] > 0, mask, jnp.zeros((), mask.dtype))
+
+
+@register_regularizer("pos_lm", coef="pos_lm_coef", agg="token_mean", token_mask=positive_rows_mask)
+def positive_lm_nll(logp: chex.Array) -> chex.Array:
+  """VAPO (arXiv 2504.05118) positive-example LM loss: the NLL ``-logp`` ``[B, T]``, averaged
+  over the tokens of the positive rows (``positive_rows_mask``) and added as ``mu * NLL``."""
+  return -logp

@@ -19,6 +19,7 @@ import os
 import random
 
 from rljax.data.tasks import Problem, is_eval_prompt, make_task
+from rljax.errors import DataError, DataFileNotFoundError
 
 SOURCE_KINDS = ("embedded", "jsonl", "hf")
 SPLITS = ("train", "eval", "all")
@@ -29,7 +30,7 @@ def parse_source(source: str) -> tuple[str, str]:
   """``'jsonl:data/x.jsonl'`` -> ``('jsonl', 'data/x.jsonl')``."""
   kind, sep, arg = source.partition(":")
   if not sep or kind not in SOURCE_KINDS or not arg:
-    raise ValueError(
+    raise DataError(
         f"data.source={source!r} must be '<kind>:<name or path>' with kind in {SOURCE_KINDS}, "
         "e.g. 'embedded:arithmetic' or 'jsonl:data/train.jsonl'")
   return kind, arg
@@ -38,14 +39,21 @@ def parse_source(source: str) -> tuple[str, str]:
 def read_jsonl(path: str) -> list[Problem]:
   """Problems of a JSONL file; a bad line raises an error naming the line and the field."""
   problems = []
-  with open(path, encoding="utf-8") as f:
-    for line_number, line in enumerate(f, start=1):
+  if not os.path.isfile(path):
+    raise DataFileNotFoundError(f"data.source file {path!r} does not exist")
+  with open(path, "rb") as f:
+    for line_number, raw in enumerate(f, start=1):
+      try:
+        line = raw.decode("utf-8")
+      except UnicodeDecodeError as e:
+        raise DataError(f"{path}:{line_number}: not UTF-8 text (byte {raw[e.start]:#04x} at "
+                         f"column {e.start + 1})") from None
       if not line.strip():
         continue
       try:
         record = json.loads(line)
       except json.JSONDecodeError as e:
-        raise ValueError(f"{path}:{line_number}: not valid JSON ({e.msg})") from None
+        raise DataError(f"{path}:{line_number}: not valid JSON ({e.msg})") from None
       problems.append(_problem_from_record(record, f"{path}:{line_number}",
                                            {"source": path, "line": line_number}))
   return problems
@@ -64,7 +72,7 @@ def read_hf(path: str) -> list[Problem]:
   table = datasets.load_dataset(builder, data_files=files, split="train")
   missing = [f for f in ("prompt", "answer") if f not in table.column_names]
   if missing:
-    raise ValueError(
+    raise DataError(
         f"hf:{path} has no column {missing[0]!r}; columns: {sorted(table.column_names)}")
   return [_problem_from_record(row, f"hf:{path} row {i}", {"source": path, "row": i})
           for i, row in enumerate(table)]
@@ -77,12 +85,12 @@ def _dataset_files(path: str) -> list[str]:
   elif os.path.isfile(path):
     files = [path]
   else:
-    raise FileNotFoundError(f"data.source path {path!r} does not exist")
+    raise DataFileNotFoundError(f"data.source path {path!r} does not exist")
   if not files:
-    raise ValueError(f"no {sorted(_HF_BUILDERS)} files in directory {path!r}")
+    raise DataError(f"no {sorted(_HF_BUILDERS)} files in directory {path!r}")
   builders = {_HF_BUILDERS.get(os.path.splitext(f)[1]) for f in files}
   if None in builders or len(builders) > 1:
-    raise ValueError(
+    raise DataError(
         f"{path!r}: dataset files must all be one of {sorted(_HF_BUILDERS)}; got {files}")
   return files
 
@@ -90,12 +98,12 @@ def _dataset_files(path: str) -> list[str]:
 def _problem_from_record(record, where: str, meta: dict) -> Problem:
   """A Problem from a ``{'prompt', 'answer'[, 'solution']}`` mapping; ``where`` names it in errors."""
   if not isinstance(record, dict):
-    raise ValueError(f"{where}: expected a JSON object, got {type(record).__name__}")
+    raise DataError(f"{where}: expected a JSON object, got {type(record).__name__}")
   for field in ("prompt", "answer"):
     if field not in record or record[field] is None:
-      raise ValueError(f"{where}: missing field {field!r} (fields: {sorted(record)})")
+      raise DataError(f"{where}: missing field {field!r} (fields: {sorted(record)})")
   if not isinstance(record["prompt"], str):
-    raise ValueError(f"{where}: field 'prompt' must be a string, got {record['prompt']!r}")
+    raise DataError(f"{where}: field 'prompt' must be a string, got {record['prompt']!r}")
   # Numbers are common gold answers in JSON (GSM8K-style); verifiers compare text.
   return Problem(prompt=record["prompt"], answer=str(record["answer"]),
                  solution=str(record.get("solution") or ""), meta=meta)
@@ -103,7 +111,7 @@ def _problem_from_record(record, where: str, meta: dict) -> Problem:
 
 def _split_rows(problems: list[Problem], split: str) -> list[Problem]:
   if split not in SPLITS:
-    raise ValueError(f"split={split!r}; allowed: {SPLITS}")
+    raise DataError(f"split={split!r}; allowed: {SPLITS}")
   if split == "all":
     return problems
   want_eval = split == "eval"
@@ -121,7 +129,7 @@ def load_problems(source: str, *, split: str = "train", seed: int = 0, n: int | 
   kind, arg = parse_source(source)
   if kind == "embedded":
     if n is None or split not in ("train", "eval"):
-      raise ValueError(
+      raise DataError(
           f"embedded sources need n and split in ('train', 'eval'); got n={n}, split={split!r}")
     task = make_task(arg, difficulty)
     if split == "eval":
@@ -152,19 +160,43 @@ class PromptSource:
       split = "all" if eval_source else "train"
       self._rows = load_problems(source, split=split)
       if not self._rows:
-        raise ValueError(f"data.source={source!r} has no training rows")
+        raise DataError(f"data.source={source!r} has no training rows")
       if not eval_source:
         self._eval_rows = load_problems(source, split="eval")
     if eval_source:
       if parse_source(eval_source)[0] == "embedded":
-        raise ValueError(f"eval_source={eval_source!r} must be a file source (jsonl: or hf:)")
+        raise DataError(f"eval_source={eval_source!r} must be a file source (jsonl: or hf:)")
       self._eval_rows = load_problems(eval_source, split="all")
     self._epoch_order: tuple[int, list[int]] | None = None
+    self._keep = lambda problem: True
+    self.dropped_prompts = 0
+
+  def set_prompt_filter(self, keep) -> None:
+    """Leave out problems for which ``keep(problem)`` is False (``keep`` may raise instead: see
+    ``rljax.data.prompt_policy``). File rows are filtered now, all of them (so a bad prompt is
+    found at start-up); an embedded task's prompts as they are drawn. ``dropped_prompts`` counts
+    what was left out."""
+    self._keep = keep
+    if self._task is None:
+      before = len(self._rows) + len(self._eval_rows)
+      self._rows = [p for p in self._rows if keep(p)]
+      self._eval_rows = [p for p in self._eval_rows if keep(p)]
+      self.dropped_prompts += before - len(self._rows) - len(self._eval_rows)
+      self._epoch_order = None
+      if not self._rows:
+        raise DataError(f"data.source={self.source!r}: every training prompt was dropped as too "
+                         "long (data.max_prompt_tokens, data.overlong_prompts)")
 
   def next_batch(self, n: int) -> list[Problem]:
-    """The next ``n`` training problems; advances the position."""
-    batch = [self._train_problem(self.position + i) for i in range(n)]
-    self.position += n
+    """The next ``n`` training problems; advances the position (past dropped ones too)."""
+    batch = []
+    while len(batch) < n:
+      problem = self._train_problem(self.position)
+      self.position += 1
+      if self._task is None or self._keep(problem):
+        batch.append(problem)
+      else:
+        self.dropped_prompts += 1
     return batch
 
   def _train_problem(self, position: int) -> Problem:
@@ -180,11 +212,14 @@ class PromptSource:
   def eval_set(self, n: int) -> list[Problem]:
     """``n`` held-out problems (all of them when a file holds fewer)."""
     if self._task is not None:
-      return self._task.eval_set(self.eval_seed, n)
+      problems = self._task.eval_set(self.eval_seed, n)
+      return [p for p in problems if self._keep(p)]
     if not self._eval_rows:
-      raise ValueError(
-          f"data.source={self.source!r} has no eval rows (about 10% of prompts are held out by "
-          "hash; the file may be too small): pass eval_source= to PromptSource")
+      raise DataError(
+          f"data.source={self.source!r} has no eval rows: about 10% of the prompts are held out "
+          "(by a hash of the prompt) and none of this file's were; the file needs more rows"
+          + (" (or fewer were dropped as too long: data.overlong_prompts)"
+             if self.dropped_prompts else ""))
     rows = list(self._eval_rows)
     random.Random(f"{self.source}/eval/{self.eval_seed}").shuffle(rows)
     return rows[:n]
@@ -197,7 +232,7 @@ class PromptSource:
     """Continue at a saved position; refuses state saved for another source or seed."""
     for key in ("source", "train_seed"):
       if state[key] != getattr(self, key):
-        raise ValueError(
+        raise DataError(
             f"prompt source state was saved with {key}={state[key]!r}, this run has "
             f"{key}={getattr(self, key)!r}: resuming would change the data order")
     self.position = int(state["position"])

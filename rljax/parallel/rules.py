@@ -251,6 +251,12 @@ def batch_sharding(mesh, ndim: int, rules=None) -> NamedSharding:
   return NamedSharding(mesh, batch_spec(mesh, ndim, rules))
 
 
+def batch_shardings(mesh, tree, rules=None):
+  """Row shardings of every array of a record (e.g. a ``Rollout``), by each leaf's rank: the
+  shardings follow from the fields present, whatever they are."""
+  return jax.tree.map(lambda x: batch_sharding(mesh, x.ndim, rules), tree)
+
+
 def batch_divisor(mesh, rules=None) -> int:
   """How many shards batch rows are split into (``data * fsdp`` with the default rules)."""
   spec = batch_spec(mesh, 1, rules)[0]

@@ -1,9 +1,11 @@
 """Verifiable outcome rewards (ALGORITHMS.md section 1, ``reward.fn``) and their safe execution.
 
-A reward function maps ``(completion, problem) -> float`` (1.0 correct, 0.0 wrong), where the
-completion is the decoded text the model produced after the prompt. ``score_completions`` runs
-one over a batch in a pool of daemon threads with a per-call timeout, so a verifier that hangs or
-raises costs one wrong answer (counted), never the training loop.
+A reward function maps ``(completion, problem) -> float``, where the completion is the decoded
+text the model produced after the prompt. Each registered function declares what it returns:
+binary (1.0 correct, 0.0 wrong; the default) or real-valued in a ``value_range``.
+``score_completions`` runs one over a batch in killable worker processes with a hard per-call
+timeout (``rljax.rewards.isolation``), so a verifier that hangs, holds the GIL, raises or returns
+nonsense costs one failed answer (counted as a timeout, error or invalid value), never the run.
 
 Final answers are read, in order of preference, from the last ``\\boxed{...}``, else from what
 follows the last ``#`` marker (which covers GSM8K's ``#### 72`` and the embedded tasks' ``#72``).
@@ -11,15 +13,17 @@ follows the last ``#`` marker (which covers GSM8K's ``#### 72`` and the embedded
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import json
 import logging
-import queue
-import threading
-import time
+import math
+import os
 from typing import Callable, Sequence
 
 import numpy as np
 
 from rljax.data.tasks import MARKER, Problem, make_task, marked_answer
+from rljax.rewards import isolation
 
 RewardFn = Callable[[str, Problem], float]
 
@@ -45,14 +49,76 @@ for _logger in ("math_verify.parser", "math_verify.grader"):
   logging.getLogger(_logger).addFilter(_DropDisabledTimeoutWarning())
 
 
-def register_reward(name: str):
-  """Decorator adding a reward function to ``REWARD_FNS`` under ``name``."""
+@dataclasses.dataclass(frozen=True)
+class RewardSpec:
+  """What a reward function may return: ``binary`` (exactly 0 or 1; booleans count) or any real
+  in ``[low, high]``, where ``high`` is full credit (the answer counts as correct)."""
+  binary: bool = True
+  low: float = 0.0
+  high: float = 1.0
+  preload: tuple[str, ...] = ()  # modules imported before the workers fork (not once per worker)
+
+  def check(self, value) -> tuple[float | None, str | None]:
+    """``(value as float, None)`` when ``value`` is allowed, else ``(None, why)``. A 0.3 from a
+    binary verifier is refused, never rounded."""
+    if isinstance(value, (bool, np.bool_)):
+      value = float(value)
+    if not isinstance(value, (int, float, np.integer, np.floating)):
+      return None, f"returned {type(value).__name__} {value!r:.80}, not a number"
+    value = float(value)
+    if not math.isfinite(value):
+      return None, f"returned {value}"
+    if self.binary and value not in (0.0, 1.0):
+      return None, f"returned {value!r} but is declared binary (0 or 1)"
+    if not self.low <= value <= self.high:
+      return None, f"returned {value!r} outside its declared range [{self.low}, {self.high}]"
+    return value, None
+
+
+BINARY = RewardSpec()
+
+
+def register_reward(name: str, *, binary: bool = True, value_range: tuple[float, float] = (0., 1.),
+                    preload: tuple[str, ...] = ()):
+  """Decorator adding a reward function to ``REWARD_FNS`` under ``name``.
+
+  Args:
+    binary: it returns exactly 0 or 1 (or a bool); anything else is counted invalid.
+    value_range: ``(low, high)`` of a real-valued reward (``binary=False``); ``high`` is full
+      credit. Values outside it are counted invalid.
+    preload: modules the function imports (e.g. sympy-heavy ones), imported in the trainer before
+      the worker processes fork, so that a fresh worker (also one replacing a killed one) does not
+      spend its time budget importing them.
+  """
+  low, high = (float(v) for v in value_range)
+  if not (math.isfinite(low) and math.isfinite(high) and low < high):
+    raise ValueError(f"register_reward({name!r}): value_range={value_range} needs low < high")
+  if binary and (low, high) != (0.0, 1.0):
+    raise ValueError(f"register_reward({name!r}): a binary reward has value_range (0, 1); "
+                     "pass binary=False for a real-valued one")
+
   def add(fn: RewardFn) -> RewardFn:
     if name in REWARD_FNS:
       raise ValueError(f"reward function {name!r} is already registered")
     REWARD_FNS[name] = fn
+    REWARD_SPECS[name] = RewardSpec(binary=binary, low=low, high=high, preload=tuple(preload))
     return fn
   return add
+
+
+REWARD_SPECS: dict[str, RewardSpec] = {}
+
+
+def reward_spec(fn: str | RewardFn) -> RewardSpec:
+  """The declared output of a registered reward (by name or function); an unregistered function
+  is taken as binary."""
+  if isinstance(fn, str):
+    get_reward_fn(fn)
+    return REWARD_SPECS[fn]
+  for name, registered in REWARD_FNS.items():
+    if registered is fn:
+      return REWARD_SPECS[name]
+  return BINARY
 
 
 def get_reward_fn(name: str) -> RewardFn:
@@ -106,7 +172,7 @@ def exact_match(completion: str, problem: Problem) -> float:
   return float(got is not None and got != "" and _normalize(got) == _normalize(gold))
 
 
-@register_reward("math_verify")
+@register_reward("math_verify", preload=("math_verify",))
 def math_verify_reward(completion: str, problem: Problem) -> float:
   """Mathematical equivalence (``math_verify``) of the final answer and the gold answer.
 
@@ -150,31 +216,88 @@ def format_ok(completion: str, problem: Problem) -> bool:
   return answer is not None and answer != ""
 
 
-# --- batched, time-limited scoring -------------------------------------------------------------
+# --- batched, isolated scoring --------------------------------------------------------------
+
+FAILURE_LOG = "reward_failures.jsonl"  # in the run dir
+OUTCOMES = ("timeouts", "errors", "invalid")
+
 
 @dataclasses.dataclass(frozen=True)
 class Scores:
   """Rewards of a batch of completions.
 
   Unpacks as ``rewards, correct = score_completions(...)``; the counts and the per-row format
-  flags are attributes.
+  flags are attributes, ``metrics()`` gives the counts as step metrics.
 
   Attributes:
-    rewards: [B] float32, ``1`` if correct else ``wrong_value``, plus ``format_weight`` if the
-      completion is well formed.
-    correct: [B] bool.
+    rewards: [B] float32. Binary rewards: ``1`` if correct else ``wrong_value``; real-valued: the
+      value. Plus ``format_weight`` if the completion is well formed. A failed call (timeout,
+      error, invalid value) scores ``wrong_value``, unformatted.
+    correct: [B] bool (a binary 1, or a real-valued reward at the top of its range).
     formatted: [B] bool.
-    num_timeouts: verifier calls cut off after ``timeout_s`` (scored wrong and unformatted).
-    num_errors: verifier calls that raised (scored wrong and unformatted).
+    num_timeouts: calls cut off after ``timeout_s`` (their process was killed and replaced).
+    num_errors: calls that raised (or whose process died).
+    num_invalid: calls that returned NaN, None, a non-number or a value outside the declared range.
+    failures: ``[{"outcome", "detail", "completion", "prompt"}]`` of every failed call.
   """
   rewards: np.ndarray
   correct: np.ndarray
   formatted: np.ndarray
   num_timeouts: int
   num_errors: int
+  num_invalid: int = 0
+  failures: tuple = ()
 
   def __iter__(self):
     return iter((self.rewards, self.correct))
+
+  def metrics(self) -> dict[str, float]:
+    """``{'reward/timeouts', 'reward/errors', 'reward/invalid'}``: counts of this batch."""
+    return {"reward/timeouts": float(self.num_timeouts), "reward/errors": float(self.num_errors),
+            "reward/invalid": float(self.num_invalid)}
+
+
+def sum_metrics(batches: Sequence[Scores]) -> dict[str, float]:
+  """The counts of several scored batches of one step (e.g. dynamic-sampling rounds), summed."""
+  total = {f"reward/{k}": 0.0 for k in OUTCOMES}
+  for scores in batches:
+    for key, value in scores.metrics().items():
+      total[key] += value
+  return total
+
+
+@dataclasses.dataclass(frozen=True)
+class _Judge:
+  """What a worker process runs: the reward value and the format flag of one completion.
+  Compared by the reward function, so the worker pool is reused across calls."""
+  reward_fn: RewardFn
+
+  def __call__(self, completion: str, problem: Problem):
+    return self.reward_fn(completion, problem), format_ok(completion, problem)
+
+
+class FailureLog:
+  """A bounded sample of failed verifier calls, appended to a JSON-lines file (``FAILURE_LOG``
+  in the run dir): at most ``limit`` records over the life of the file, so a systematic verifier
+  bug cannot fill the disk. Completions and prompts are cut to ``max_chars``."""
+
+  def __init__(self, path: str, limit: int = 100, max_chars: int = 2000):
+    self.path, self.limit, self.max_chars = path, limit, max_chars
+    self.written = 0
+    if os.path.exists(path):
+      with open(path, "rb") as f:
+        self.written = sum(1 for _ in f)
+
+  def append(self, failures: Sequence[dict]) -> None:
+    room = self.limit - self.written
+    if room <= 0 or not failures:
+      return
+    os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+    with open(self.path, "a", encoding="utf-8") as f:
+      for record in failures[:room]:
+        cut = {k: (v[:self.max_chars] if isinstance(v, str) else v) for k, v in record.items()}
+        f.write(json.dumps(cut) + "\n")
+    self.written += min(room, len(failures))
 
 
 def score_completions(
@@ -186,98 +309,80 @@ def score_completions(
     format_weight: float = 0.0,
     timeout_s: float = 5.0,
     workers: int = 4,
+    spec: RewardSpec | None = None,
+    failure_log: FailureLog | None = None,
 ) -> Scores:
   """Score ``completions[i]`` against ``problems[i]`` with the reward function ``fn``.
+
+  Every call runs in a worker process (``rljax.rewards.isolation``) killed after ``timeout_s``,
+  so the bound holds for verifiers that hold the GIL or never return.
 
   Args:
     fn: a name in ``REWARD_FNS`` or a reward function.
     completions: [B] decoded completions (text after the prompt).
     problems: [B] the matching problems (repeat a problem G times for a group).
-    wrong_value: reward of a wrong, timed-out or failed answer (``reward.wrong_value``).
+    wrong_value: reward of a wrong binary answer and of every failed call (``reward.wrong_value``).
     format_weight: weight of the format term (``reward.format_weight``).
-    timeout_s: per-call limit (``reward.timeout_s``).
-    workers: verifier threads (``reward.workers``).
+    timeout_s: hard per-call limit (``reward.timeout_s``).
+    workers: verifier processes (``reward.workers``).
+    spec: what ``fn`` may return; default: its registered declaration (binary if unregistered).
+    failure_log: where a bounded sample of failed calls is appended (None: nowhere).
   """
   if len(completions) != len(problems):
     raise ValueError(
         f"{len(completions)} completions but {len(problems)} problems; pass one problem per row")
-  if workers < 1 or timeout_s <= 0:
+  if workers < 1 or not timeout_s > 0:
     raise ValueError(f"reward.workers={workers} must be >= 1, reward.timeout_s={timeout_s} > 0")
   reward_fn = get_reward_fn(fn) if isinstance(fn, str) else fn
+  spec = spec or reward_spec(fn)
+  for module in spec.preload:
+    importlib.import_module(module)
+  outcomes = isolation.run_isolated(_Judge(reward_fn), list(zip(completions, problems)),
+                                    timeout_s=timeout_s, workers=workers)
+  n = len(outcomes)
+  values = np.full(n, np.nan)
+  formatted = np.zeros(n, bool)
+  counts = dict.fromkeys(OUTCOMES, 0)
+  failures = []
+  for i, outcome in enumerate(outcomes):
+    status, detail = outcome.status, outcome.value
+    if status == "ok":
+      value, why = spec.check(detail[0])
+      if why is None:
+        values[i], formatted[i] = value, bool(detail[1])
+        continue
+      status, detail = "invalid", why
+    kind = {"timeout": "timeouts", "error": "errors", "invalid": "invalid"}[status]
+    counts[kind] += 1
+    failures.append({"outcome": status, "detail": detail or f"no answer in {timeout_s} s",
+                     "completion": completions[i], "prompt": problems[i].prompt})
+  ok = ~np.isnan(values)
+  correct = ok & (values >= spec.high)
+  if spec.binary:
+    rewards = np.where(correct, 1.0, wrong_value)
+  else:
+    rewards = np.where(ok, values, wrong_value)
+  rewards = rewards + format_weight * formatted
+  if failures:  # one line per batch: a systematic verifier bug would otherwise flood the log
+    logging.warning("%d of %d reward calls failed (%s; scored %s); first: %s", len(failures), n,
+                    ", ".join(f"{v} {k}" for k, v in counts.items() if v), wrong_value,
+                    failures[0]["detail"])
+    if failure_log is not None:
+      failure_log.append(failures)
+  return Scores(rewards=rewards.astype(np.float32), correct=correct, formatted=formatted,
+                num_timeouts=counts["timeouts"], num_errors=counts["errors"],
+                num_invalid=counts["invalid"], failures=tuple(failures))
 
-  def judge(completion: str, problem: Problem) -> tuple[bool, bool]:
-    return reward_fn(completion, problem) > 0.5, format_ok(completion, problem)
 
-  calls = [(lambda c=c, p=p: judge(c, p)) for c, p in zip(completions, problems)]
-  outcomes = run_with_timeouts(calls, timeout_s=timeout_s, workers=workers)
-  correct = np.array([o.status == "ok" and o.value[0] for o in outcomes], dtype=bool)
-  formatted = np.array([o.status == "ok" and o.value[1] for o in outcomes], dtype=bool)
-  rewards = np.where(correct, 1.0, wrong_value) + format_weight * formatted
-  errors = [o.value for o in outcomes if o.status == "error"]
-  if errors:  # one line per batch: a systematic verifier bug would otherwise flood the log
-    logging.warning("%d of %d reward calls raised (scored wrong); first: %r",
-                    len(errors), len(outcomes), errors[0])
-  return Scores(
-      rewards=rewards.astype(np.float32),
-      correct=correct,
-      formatted=formatted,
-      num_timeouts=sum(o.status == "timeout" for o in outcomes),
-      num_errors=len(errors),
-  )
+def task_verifier(reward_config, failure_log_path: str | None = None) -> Callable:
+  """``verify(completions, problems) -> Scores`` for the config's ``reward`` section; failed
+  calls are sampled into ``failure_log_path`` (at most ``reward.max_logged_failures``)."""
+  r = reward_config
+  fn = get_reward_fn(r.fn)
+  log = None if failure_log_path is None else FailureLog(failure_log_path, r.max_logged_failures)
 
-
-@dataclasses.dataclass(frozen=True)
-class Outcome:
-  """Result of one call: status 'ok' (value = return), 'error' (value = exception) or 'timeout'."""
-  status: str
-  value: object = None
-
-
-def run_with_timeouts(calls: Sequence[Callable[[], object]], *, timeout_s: float,
-                      workers: int) -> list[Outcome]:
-  """Run ``calls`` on ``workers`` threads; a call running longer than ``timeout_s`` is abandoned.
-
-  Python cannot kill a thread, so an abandoned call keeps its (daemon) thread and a fresh worker
-  takes its place: a hung verifier never blocks the rest of the batch nor interpreter exit.
-  """
-  n = len(calls)
-  outcomes: list[Outcome | None] = [None] * n
-  started: list[float | None] = [None] * n
-  jobs: queue.SimpleQueue[int] = queue.SimpleQueue()
-  for i in range(n):
-    jobs.put(i)
-  done = threading.Condition()
-
-  def worker():
-    while True:
-      try:
-        i = jobs.get_nowait()
-      except queue.Empty:
-        return
-      with done:
-        started[i] = time.monotonic()
-      try:
-        outcome = Outcome("ok", calls[i]())
-      except Exception as e:  # a verifier bug is one wrong answer, not a crashed run
-        outcome = Outcome("error", e)
-      with done:
-        if outcomes[i] is None:  # None unless it was already declared timed out
-          outcomes[i] = outcome
-          done.notify_all()
-
-  def start_worker():
-    threading.Thread(target=worker, daemon=True, name="rljax-verifier").start()
-
-  for _ in range(min(workers, n)):
-    start_worker()
-  with done:
-    while any(o is None for o in outcomes):
-      now = time.monotonic()
-      running = [i for i in range(n) if outcomes[i] is None and started[i] is not None]
-      for i in running:
-        if now - started[i] >= timeout_s:
-          outcomes[i] = Outcome("timeout")
-          start_worker()  # replaces the thread stuck in call i
-      deadlines = [started[i] + timeout_s for i in running if outcomes[i] is None]
-      done.wait(timeout=max(min(deadlines, default=now + timeout_s) - now, 1e-3))
-  return outcomes
+  def verify(completions, problems) -> Scores:
+    return score_completions(fn, completions, problems, wrong_value=r.wrong_value,
+                             format_weight=r.format_weight, timeout_s=r.timeout_s,
+                             workers=r.workers, failure_log=log)
+  return verify

@@ -24,9 +24,9 @@ head-major cache; the tests pin it to ``llama.logits`` and to ``transformers``.
 
 Log-probabilities returned per completion token (both of the *sampled* token):
 
-- ``Rollout.logp``: under the **policy**, i.e. ``log_softmax`` of the raw, temperature-1 logits.
+- ``Rollout.sampler_logp``: under the **policy**, i.e. ``log_softmax`` of the raw, temperature-1 logits.
   This is what importance ratios and KL terms use; it equals a teacher-forced forward pass.
-- ``Rollout.sampler_logp``: under the **processed sampling distribution** the token was actually
+- ``Rollout.draw_logp``: under the **processed sampling distribution** the token was actually
   drawn from (temperature, top-k, top-p, min-p applied and renormalised). ``0`` for greedy.
 
 Randomness: one ``jax.random`` key; decode step ``t`` uses ``fold_in(key, t)`` and draws
@@ -67,28 +67,58 @@ CPU_CHUNK_MAX_WEIGHT_BYTES = 8 << 20  # larger models: re-reading weights per ch
 
 @struct.dataclass
 class Rollout:
-  """Completions of a batch of prompts; a pytree of arrays, ``B = Pn * G`` rows, groups contiguous.
+  """One rollout batch, a pytree of arrays from the sampler to the update: ``B = Pn * G`` rows,
+  groups contiguous. The sampler fills the first block; the host adds the rewards; scoring adds
+  the log-probs, values and advantages. A field that does not apply stays None (never zeros), so
+  shardings follow from the fields present.
 
-  Attributes:
+  From the sampler:
     prompt_tokens: [B, P] int32, left-padded prompts (each repeated ``G`` times).
     prompt_mask: [B, P] int32, 1 on real prompt tokens.
     tokens: [B, T] int32, completion tokens, ``pad_id`` after the stop token.
     mask: [B, T] int32, 1 on completion tokens including the stop token, 0 on padding.
-    logp: [B, T] float32, log-prob of each token under the policy (raw, temperature-1 logits);
-      0 on padding. Use this one for ratios / KL.
-    sampler_logp: [B, T] float32, log-prob under the processed distribution actually sampled
+    sampler_logp: [B, T] float32, log-prob of each token under the policy (raw, temperature-1
+      logits) as the sampler computed it: ALGORITHMS.md's ``sampler_logp``; 0 on padding.
+    draw_logp: [B, T] float32, log-prob under the processed distribution the token was drawn
       from (temperature / top-k / top-p / min-p); 0 for greedy and on padding.
     lengths: [B] int32, ``sum(mask, -1)``.
     truncated: [B] bool, True exactly for rows that emitted no stop token within ``T``.
+  From the host (``rljax.train.loop``):
+    rewards: [B] float32, shaped outcome rewards ``R_i``.
+    correct: [B] bool, the verifier's verdict.
+    row_valid: [B] float32, 0 on rows that only pad the batch to its shape (dynamic sampling).
+  From scoring (``rljax.train.step.score``):
+    loss_mask: [B, T] float32, the tokens the losses see (mask x row_valid, after the overlong
+      filter).
+    old_logp: [B, T] policy log-probs before the update; None when the loss's own forward
+      gives them (one optimizer update per batch).
+    ref_logp: [B, T] reference log-probs; None without a reference model.
+    values, returns: [B, T] critic values and targets; None without a critic.
+    advantages: [B, T].
+    positive: [B] float32, VAPO's positive examples.
   """
   prompt_tokens: jax.Array
   prompt_mask: jax.Array
   tokens: jax.Array
   mask: jax.Array
-  logp: jax.Array
   sampler_logp: jax.Array
+  draw_logp: jax.Array
   lengths: jax.Array
   truncated: jax.Array
+  rewards: Any = None
+  correct: Any = None
+  row_valid: Any = None
+  loss_mask: Any = None
+  old_logp: Any = None
+  ref_logp: Any = None
+  values: Any = None
+  returns: Any = None
+  advantages: Any = None
+  positive: Any = None
+
+  @property
+  def num_rows(self) -> int:
+    return self.tokens.shape[0]
 
 
 # --- the sampler ---------------------------------------------------------------------------------
@@ -241,7 +271,8 @@ def _sample_rows(weights, prompt_tokens, prompt_mask, row_offset, *, key_at, cfg
     slogp = jnp.zeros_like(logp) if sp.is_greedy else logp
   mask = (jnp.arange(t_max)[None, :] < length[:, None]).astype(jnp.int32)
   return Rollout(prompt_tokens=prompt_tokens_b, prompt_mask=prompt_mask_b, tokens=tokens,
-                 mask=mask, logp=logp, sampler_logp=slogp, lengths=length, truncated=~done)
+                 mask=mask, sampler_logp=logp, draw_logp=slogp, lengths=length,
+                 truncated=~done)
 
 
 _sample_jit = jax.jit(_sample_impl, static_argnames=("cfg", "sp", "group_size"))

@@ -12,17 +12,17 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 
-from rljax import models
+from rljax import config_checks, models
 from rljax import rollout as rollout_lib
-from rljax.algos import kl as kl_lib
-from rljax.data import datasets, tokenizer as tokenizer_lib
+from rljax.algos.resolve import Algorithm, resolve
+from rljax.data import datasets, prompt_policy, tokenizer as tokenizer_lib
 from rljax.models import ModelConfig, llama
 from rljax.parallel import distributed, mesh as mesh_lib, rules
 from rljax.rewards import verifiers
 from rljax.train import step as step_lib
+from rljax.train.generation import Generator
 from rljax.train.checkpoint import Checkpointer
 from rljax.train.metrics import MetricsWriter
 from rljax.train.state import TrainState, create_state, make_optimizer, total_updates
@@ -108,14 +108,13 @@ def optimizers(config):
   return actor_tx, critic_tx
 
 
-def initial_state_fn(config, model_cfg: ModelConfig, params):
+def initial_state_fn(config, model_cfg: ModelConfig, algo: Algorithm):
   """A function creating the initial TrainState from policy ``params`` (jit it with shardings).
 
   The critic starts from the policy trunk with a fresh value head; the reference is a copy of
-  the policy, and exists only when the KL placement is not ``none``.
+  the policy, and exists only when there is a KL term.
   """
   actor_tx, critic_tx = optimizers(config)
-  placement = kl_lib.kl_placement(config.algo) or "none"
 
   def make(params):
     critic_params = None
@@ -124,15 +123,16 @@ def initial_state_fn(config, model_cfg: ModelConfig, params):
       critic_params["value_head"] = llama.init_params(
           model_cfg.replace(num_layers=0, vocab_size=1), seed=config.seed + 7,
           head="value")["value_head"]
-    ref_params = jax.tree.map(jnp.copy, params) if placement != "none" else None
-    return create_state(config, params, critic_params=critic_params, ref_params=ref_params,
-                        actor_tx=actor_tx, critic_tx=critic_tx, seed=config.seed)
+    ref_params = jax.tree.map(jnp.copy, params) if algo.kl_placement is not None else None
+    return create_state(params, critic_params=critic_params, ref_params=ref_params,
+                        actor_tx=actor_tx, critic_tx=critic_tx, kl_coef=config.algo.kl_coef,
+                        seed=config.seed)
   return make
 
 
-def abstract_state(config, model_cfg: ModelConfig):
+def abstract_state(config, model_cfg: ModelConfig, algo: Algorithm | None = None):
   """(TrainState of ShapeDtypeStructs, the function that makes it)."""
-  make = initial_state_fn(config, model_cfg, None)
+  make = initial_state_fn(config, model_cfg, algo or resolve(config))
   return jax.eval_shape(make, llama.param_shapes(model_cfg)), make
 
 
@@ -154,53 +154,85 @@ def state_shardings(mesh, model_cfg: ModelConfig, state_shapes: TrainState) -> T
       kl_coef=rep, rng=rep, skipped_updates=rep)
 
 
-def make_task_verifier(config, source) -> Callable:
-  fn = verifiers.get_reward_fn(config.reward.fn)
-  r = config.reward
+@dataclasses.dataclass
+class Run:
+  """What one training run holds on to between steps (no logic lives here)."""
+  config: Any
+  algo: Algorithm
+  generator: Generator
+  source: Any
+  fns: step_lib.StepFns
+  state: TrainState
+  sampling: rollout_lib.SamplingParams
+  writer: MetricsWriter
+  checkpointer: Checkpointer | None
 
-  def verify(completions, problems):
-    return verifiers.score_completions(fn, completions, problems, wrong_value=r.wrong_value,
-                                       format_weight=r.format_weight, timeout_s=r.timeout_s,
-                                       workers=r.workers)
-  return verify
+  @property
+  def mesh(self):
+    return self.generator.mesh
 
 
-def sharded_state_and_fns(config, model_cfg: ModelConfig, params, mesh):
+def make_task_verifier(config, source, failure_log: str | None = None) -> Callable:
+  return verifiers.task_verifier(config.reward, failure_log)  # verifiers in killable processes
+
+
+def learner(config, model_cfg: ModelConfig, algo: Algorithm) -> step_lib.Learner:
+  actor_tx, critic_tx = optimizers(config)
+  return step_lib.Learner(algo=algo, model_cfg=model_cfg, actor_tx=actor_tx, critic_tx=critic_tx,
+                          logits_chunk=config.model.logits_chunk,
+                          critic_clip=config.critic.value_clip)
+
+
+def sharded_state_and_fns(config, model_cfg: ModelConfig, params, mesh,
+                          algo: Algorithm | None = None):
   """(initial TrainState placed by the partition rules, compiled StepFns, state shardings).
 
-  The one way a TrainState and its jitted prepare_batch / train_step are made: the RL loop,
-  notebooks, benchmarks and tests all call this.
+  The one way a TrainState and its jitted score / train_step are made: the RL loop, notebooks,
+  benchmarks and tests all call this. The compiled functions take ``(state, rollout, hp)`` with
+  ``hp = algo.hparams``.
   """
-  actor_tx, critic_tx = optimizers(config)
-  shapes, make = abstract_state(config, model_cfg)
+  algo = algo or resolve(config)
+  shapes, make = abstract_state(config, model_cfg, algo)
   sharding = state_shardings(mesh, model_cfg, shapes)
   state = jax.jit(make, out_shardings=sharding)(params)
-  fns = step_lib.build_step_fns(config, model_cfg, actor_tx, critic_tx)
+  mc = None
   if config.critic.enabled and config.critic.pretrain_steps:
     # Value pretraining scores rollouts with Monte-Carlo returns (lam_critic = 1).
-    mc = ml_collections.ConfigDict(config.to_dict())
-    mc.algo.lam_critic = 1.0
-    fns = dataclasses.replace(fns, prepare_batch_mc=step_lib.build_step_fns(
-        mc, model_cfg, actor_tx, critic_tx).prepare_batch)
+    settings = config.to_dict()
+    settings["algo"]["lam_critic"] = 1.0
+    mc = learner(config, model_cfg, resolve(settings))
+  fns = step_lib.step_fns(learner(config, model_cfg, algo), mc)
   compiled = step_lib.compile_step_fns(
-      fns, state_sharding=sharding, data_sharding=lambda ndim: rules.batch_sharding(mesh, ndim),
+      fns, state_sharding=sharding, rows=lambda tree: rules.batch_shardings(mesh, tree),
       replicated=rules.replicated(mesh))
   return state, compiled, sharding
 
 
-def build_run(config):
-  from rljax.train.loop import Run
-  step_lib.check_update_schedule(config)  # before any model is loaded or trained
+def make_generator(config, model: LoadedModel, tokenizer, source,
+                   failure_log: str | None = None) -> Generator:
+  r = config.reward
+  return Generator(model=model, tokenizer=tokenizer,
+                   verifier=make_task_verifier(config, source, failure_log),
+                   prompt_bucket=config.data.prompt_bucket, overlong_buffer=r.overlong_buffer,
+                   overlong_penalty=r.overlong_penalty)
+
+
+def build_run(config) -> Run:
+  # Every key range-checked and every name resolved before any model is loaded or trained.
+  config_checks.check_config(config)
+  algo = resolve(config)
+  step_lib.check_update_schedule(config)
   distributed.initialize(config.dist)
   tokenizer = tokenizer_lib.load_tokenizer(config.data.tokenizer, config.data.chat_template)
   source = datasets.make_prompt_source(config.data)
+  prompt_policy.apply_prompt_policy(source, config, tokenizer)  # before SFT and the model
   model_cfg, params = load_policy(config, tokenizer)
   mesh = mesh_lib.make_mesh(config.mesh)
   divisor = rules.batch_divisor(mesh)
   if config.rollout.prompts_per_step % divisor:
     raise ValueError(f"rollout.prompts_per_step={config.rollout.prompts_per_step} must be a "
                      f"multiple of the data-parallel width (mesh data x fsdp = {divisor})")
-  state, compiled, sharding = sharded_state_and_fns(config, model_cfg, params, mesh)
+  state, compiled, sharding = sharded_state_and_fns(config, model_cfg, params, mesh, algo)
   del params
 
   run_dir = config.train.run_dir
@@ -208,10 +240,9 @@ def build_run(config):
                               keep=config.train.keep_checkpoints)
   start = 0
   if config.train.resume and checkpointer.latest_step() is not None:
-    start = checkpointer.latest_step()
     abstract = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
                             state, sharding)
-    state, extra = checkpointer.restore(start, abstract)
+    start, state, extra = checkpointer.restore_latest(abstract)  # falls back past a bad one
     source.load_state_dict(extra["data"])
   elif checkpointer.latest_step() is not None:
     raise FileExistsError(f"{run_dir} already holds checkpoints: pass --config.train.resume=True "
@@ -224,10 +255,12 @@ def build_run(config):
     with open(os.path.join(run_dir, "config.json"), "w") as f:
       f.write(config.to_json_best_effort(indent=2))
 
-  return Run(config=config, model=LoadedModel(model_cfg, mesh), tokenizer=tokenizer,
-             source=source, task_verifier=make_task_verifier(config, source), mesh=mesh,
-             fns=compiled, state=state, sampling=sampling_params(config, tokenizer),
-             writer=writer, checkpointer=checkpointer)
+  model = LoadedModel(model_cfg, mesh)
+  generator = make_generator(config, model, tokenizer, source,
+                             failure_log=os.path.join(run_dir, verifiers.FAILURE_LOG))
+  return Run(config=config, algo=algo, generator=generator, source=source, fns=compiled,
+             state=state, sampling=sampling_params(config, tokenizer), writer=writer,
+             checkpointer=checkpointer)
 
 
 def checkpoint_extra(run) -> dict:
@@ -247,7 +280,7 @@ def finish(run) -> None:
   params = distributed.to_host(run.state.params) if cfg.train.export_hf else None
   if distributed.is_main_process():
     if cfg.train.export_hf:
-      models.save_hf(os.path.join(cfg.train.run_dir, "hf"), run.model.cfg, params)
+      models.save_hf(os.path.join(cfg.train.run_dir, "hf"), run.generator.model.cfg, params)
     from rljax.train.plot import plot_run
     plot_run(os.path.join(cfg.train.run_dir, "metrics.jsonl"),
              os.path.join(cfg.train.run_dir, "curves.png"))

@@ -41,11 +41,17 @@ from etils import epath
 from orbax.checkpoint.path import atomicity
 from orbax.checkpoint.path import step as step_lib
 
+from rljax.errors import RljaxError
+
 logger = logging.getLogger(__name__)
 
 STATE = "state"
 EXTRA = "extra"
 _COMMIT_FILE = "commit_success.txt"
+
+
+class CheckpointError(RljaxError, RuntimeError):
+  """A checkpoint that cannot be read or written; the message names it and the cause."""
 
 
 class Checkpointer:
@@ -57,19 +63,25 @@ class Checkpointer:
     async_save: write in a background thread (``save`` returns after the device-to-host copy).
   """
 
-  def __init__(self, directory: str | os.PathLike, *, keep: int, async_save: bool = True):
+  def __init__(self, directory: str | os.PathLike, *, keep: int, async_save: bool = True,
+               read_only: bool = False):
     if not isinstance(keep, int) or keep < 1:
       raise ValueError(f"train.keep_checkpoints must be an integer >= 1, got {keep!r}")
     self.directory = _absolute(directory)
+    self.read_only = read_only
     self._step_format = _committed_step_format()
+    if read_only and not self.directory.exists():
+      raise CheckpointError(f"no checkpoint directory {self.directory}")
     options = ocp.CheckpointManagerOptions(
         preservation_policy=ocp.checkpoint_managers.LatestN(keep),
         step_name_format=self._step_format,
         # Leftover `<step>.orbax-checkpoint-tmp-*` directories are saves that were killed midway:
-        # they can never be restored, so they are removed rather than accumulating.
-        cleanup_tmp_directories=True,
+        # they can never be restored, so they are removed rather than accumulating. Not by a
+        # reader (eval, convert): in a live run's directory they are saves in progress.
+        cleanup_tmp_directories=not read_only,
         enable_async_checkpointing=async_save,
-        create=True,
+        create=not read_only,
+        read_only=read_only,
     )
     # item_handlers (rather than item_names) also lets `item_metadata` read the saved tree, which
     # `restore` compares with the abstract state.
@@ -110,6 +122,8 @@ class Checkpointer:
     older than the latest checkpoint raises: on resume the newer, stale checkpoint would win and
     this run's progress would be lost.
     """
+    if self.read_only:
+      raise CheckpointError(f"{self.directory} was opened read-only; not saving step {step}")
     step = int(step)
     if step in self._manager.all_steps():
       logger.info("checkpoint %d already exists in %s; not saved again", step, self.directory)
@@ -170,11 +184,61 @@ class Checkpointer:
       raise FileNotFoundError(
           f"no committed checkpoint {step} in {self.directory}; committed: {self.all_steps()}")
     _check_shardings(abstract_state)
-    saved = self._manager.item_metadata(step)[STATE]
+    try:
+      saved = self._manager.item_metadata(step)[STATE]
+    except Exception as e:  # orbax's own errors: one line naming the checkpoint and the cause
+      raise CheckpointError(self._cause(step, "unreadable metadata", e)) from e
+    if saved is None:
+      raise CheckpointError(f"checkpoint {self._path(step)}: no metadata for its state")
     _check_same_arrays(getattr(saved, "tree", saved), abstract_state, step)
-    restored = self._manager.restore(step, args=ocp.args.Composite(**{
-        STATE: ocp.args.StandardRestore(abstract_state), EXTRA: ocp.args.JsonRestore()}))
+    try:
+      restored = self._manager.restore(step, args=ocp.args.Composite(**{
+          STATE: ocp.args.StandardRestore(abstract_state), EXTRA: ocp.args.JsonRestore()}))
+    except Exception as e:
+      raise CheckpointError(self._cause(step, "cannot be restored", e)) from e
     return restored[STATE], restored[EXTRA]
+
+  def restore_latest(self, abstract_state: Any, log=logger.warning) -> tuple[int, Any, dict]:
+    """``(step, state, extra)`` of the newest checkpoint that restores.
+
+    A committed checkpoint that cannot be read (a truncated file, bad metadata) is reported with
+    a warning naming it and the cause, set aside as ``<step>.corrupt-<time>`` (never deleted; not
+    by a read-only reader), and the previous one is tried. Raises ``CheckpointError`` when none
+    restores, and ``FileNotFoundError`` when there is none.
+    """
+    steps = self.all_steps()
+    if not steps:
+      raise FileNotFoundError(f"no committed checkpoint in {self.directory}")
+    failures = []
+    for step in reversed(steps):
+      try:
+        state, extra = self.restore(step, abstract_state)
+      except CheckpointError as e:
+        failures.append(str(e))
+        log(f"{e}; falling back to the previous checkpoint")
+        if not self.read_only:
+          self._set_aside(step, "corrupt")
+        continue
+      return step, state, extra
+    raise CheckpointError(f"no checkpoint of {self.directory} restores: " + " | ".join(failures))
+
+  def _path(self, step: int):
+    return step_lib.build_step_path(self.directory, self._step_format, step)
+
+  def _cause(self, step: int, what: str, error: Exception) -> str:
+    cause = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    return f"checkpoint {self._path(step)} {what}: {type(error).__name__}: {cause[:300]}"
+
+  def _set_aside(self, step: int, why: str) -> None:
+    """Rename checkpoint ``step`` to ``<step>.<why>-<ns>`` (kept for a post-mortem; a later save
+    may reuse the step number) and forget it."""
+    path = self._path(step)
+    if jax.process_index() == 0 and path.exists():
+      aside = path.parent / f"{path.name}.{why}-{time.time_ns()}"
+      logger.warning("checkpoint %s set aside as %s", path, aside)
+      path.rename(aside)
+    ocp.multihost.sync_global_processes(f"rljax_checkpoint_set_aside_{why}_{step}")
+    self._manager.reload()
 
   # --- lifetime -------------------------------------------------------------------------------
 

@@ -5,17 +5,22 @@ the latest checkpoint of an rljax run directory (``--checkpoint RUN_DIR``).
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
-import types
 
 import jax
 import ml_collections
+import numpy as np
 
 from rljax import models
-from rljax.data import datasets, tokenizer as tokenizer_lib
-from rljax.train import build, loop
+from rljax.data import datasets, prompt_policy, tokenizer as tokenizer_lib
+from rljax.parallel import rules
+from rljax.rewards import verifiers
+from rljax.train import build, generation
 from rljax.train.checkpoint import Checkpointer
+
+EVAL_BATCH = 128  # problems per sampler call
 
 
 def run_config(run_dir: str) -> ml_collections.ConfigDict:
@@ -31,14 +36,12 @@ def load_run_params(run_dir: str, config=None):
   config = config or run_config(run_dir)
   tokenizer = tokenizer_lib.load_tokenizer(config.data.tokenizer, config.data.chat_template)
   model_cfg = build.resolve_model_config(config, tokenizer)
-  checkpointer = Checkpointer(os.path.join(run_dir, "checkpoints"), keep=10**6)
-  step = checkpointer.latest_step()
-  if step is None:
-    raise FileNotFoundError(f"no checkpoint in {run_dir}/checkpoints")
+  checkpointer = Checkpointer(os.path.join(run_dir, "checkpoints"), keep=1,
+                              read_only=True)  # never touches the run's files
   shapes, _ = build.abstract_state(config, model_cfg)
   abstract = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype,
                                                          sharding=build.single_device()), shapes)
-  state, _ = checkpointer.restore(step, abstract)
+  _, state, _ = checkpointer.restore_latest(abstract)
   checkpointer.close()
   return model_cfg, state.params
 
@@ -56,16 +59,57 @@ def _evaluate_config(config, *, samples: int, checkpoint: str | None) -> dict:
     model_cfg, params = build.load_policy(config, tokenizer)
   from rljax.parallel import mesh as mesh_lib
   source = datasets.make_prompt_source(config.data)
-  mesh = mesh_lib.make_mesh(config.mesh)
-  ctx = types.SimpleNamespace(
-      config=config, model=build.LoadedModel(model_cfg, mesh), mesh=mesh,
-      tokenizer=tokenizer, source=source, task_verifier=build.make_task_verifier(config, source),
-      sampling=build.sampling_params(config, tokenizer))
+  prompt_policy.apply_prompt_policy(source, config, tokenizer)
+  generator = build.make_generator(
+      config, build.LoadedModel(model_cfg, mesh_lib.make_mesh(config.mesh)), tokenizer, source)
+  sampling = build.sampling_params(config, tokenizer)
   problems = source.eval_set(config.data.num_eval)
   result = {"num_problems": len(problems)}
-  result.update(loop.evaluate(ctx, params, problems, samples=1, greedy=True))
+  result.update(evaluate(generator, params, problems, sampling=sampling, seed=config.seed))
   if samples > 1:
-    sampled = loop.evaluate(ctx, params, problems, samples=samples, greedy=False)
+    sampled = evaluate(generator, params, problems, sampling=sampling, seed=config.seed,
+                       samples=samples, greedy=False)
     result.update({k: v for k, v in sampled.items() if k != "pass@1"})
     result["pass@1_sampled"] = sampled["pass@1"]
   return result
+
+
+def evaluate(generator: generation.Generator, params, problems, *, sampling, seed: int,
+             samples: int = 1, greedy: bool = True, key=None) -> dict:
+  """Accuracy on ``problems``: pass@1 (greedy by default); with ``samples=k`` also pass@k and
+  majority@k over k sampled completions per problem."""
+  sampling = dataclasses.replace(sampling, greedy=greedy)
+  key = jax.random.PRNGKey(seed + 1) if key is None else key
+  correct, answers = [], []
+  # A multiple of the data-parallel width, so that every device decodes the same number of rows.
+  divisor = rules.batch_divisor(generator.mesh)
+  width = min(EVAL_BATCH, -(-len(problems) // divisor) * divisor)
+  for start in range(0, len(problems), width):
+    chunk = problems[start:start + width]
+    # Pad the last chunk with repeats so every eval call has the same shape (one compilation).
+    padded = chunk + [chunk[-1]] * (width - len(chunk))
+    part, completions, _ = generation.generate(generator, params, padded,
+                                               jax.random.fold_in(key, start), sampling, samples)
+    n = len(chunk) * samples
+    correct.append(part.correct[:n])
+    answers.extend(verifiers.final_answer(c) for c in completions[:n])
+  correct = np.concatenate(correct).reshape(len(problems), samples)
+  result = {"pass@1": float(correct[:, 0].mean()) if greedy else float(correct.mean())}
+  if samples > 1:
+    result[f"pass@{samples}"] = float(correct.any(axis=1).mean())
+    votes = np.asarray(answers, dtype=object).reshape(len(problems), samples)
+    result[f"maj@{samples}"] = float(np.mean([_majority_correct(v, c)
+                                              for v, c in zip(votes, correct)]))
+  return result
+
+
+def _majority_correct(votes, correct) -> bool:
+  """Whether the most frequent extracted answer (None never votes) is a correct one."""
+  counts: dict = {}
+  for a in votes:
+    if a is not None:
+      counts[a] = counts.get(a, 0) + 1
+  if not counts:
+    return False
+  top = max(counts, key=counts.get)
+  return bool(correct[list(votes).index(top)])

@@ -6,9 +6,10 @@ exactly what cannot live inside the compiled step.
 """
 from __future__ import annotations
 
-import dataclasses
-
+import jax
 import numpy as np
+
+from rljax.rollout.sampler import Rollout
 
 
 def group_keep_mask(correct: np.ndarray, rewards: np.ndarray, group_size: int,
@@ -29,58 +30,25 @@ def group_keep_mask(correct: np.ndarray, rewards: np.ndarray, group_size: int,
   return spread & (pass_rate >= lo) & (pass_rate <= hi)
 
 
-@dataclasses.dataclass
-class RolloutGroups:
-  """Host copy of scored rollouts, rows grouped by prompt (G contiguous rows per group).
-
-  prompt_tokens/prompt_mask [B, Pw]; tokens/mask/logp [B, T]; lengths, truncated, rewards,
-  correct, row_valid [B]; completions: decoded text per row.
-  """
-  prompt_tokens: np.ndarray
-  prompt_mask: np.ndarray
-  tokens: np.ndarray
-  mask: np.ndarray
-  logp: np.ndarray
-  lengths: np.ndarray
-  truncated: np.ndarray
-  rewards: np.ndarray
-  correct: np.ndarray
-  row_valid: np.ndarray
-  completions: list
-
-  @property
-  def num_rows(self) -> int:
-    return self.tokens.shape[0]
-
-  def take_groups(self, groups: np.ndarray, group_size: int) -> "RolloutGroups":
-    rows = (np.asarray(groups)[:, None] * group_size + np.arange(group_size)).reshape(-1)
-    return RolloutGroups(**{f.name: _take(getattr(self, f.name), rows)
-                            for f in dataclasses.fields(self)})
-
-
-def _take(x, rows):
-  if isinstance(x, list):
-    return [x[i] for i in rows]
-  return x[rows]
+def take_groups(rollout: Rollout, groups: np.ndarray, group_size: int) -> Rollout:
+  """The rows of ``groups`` (indices of groups of ``group_size`` contiguous rows), every field."""
+  rows = (np.asarray(groups)[:, None] * group_size + np.arange(group_size)).reshape(-1)
+  return jax.tree.map(lambda x: x[rows], rollout)
 
 
 def _left_pad_to(x: np.ndarray, width: int) -> np.ndarray:
   return np.pad(x, ((0, 0), (width - x.shape[1], 0)))
 
 
-def concat_groups(parts: list[RolloutGroups]) -> RolloutGroups:
+def concat_groups(parts: list[Rollout]) -> Rollout:
   """Stack rounds; prompts are re-left-padded to the widest round's (bucketed) width."""
   width = max(p.prompt_tokens.shape[1] for p in parts)
-  out = {}
-  for f in dataclasses.fields(RolloutGroups):
-    values = [getattr(p, f.name) for p in parts]
-    if f.name in ("prompt_tokens", "prompt_mask"):
-      values = [_left_pad_to(v, width) for v in values]
-    out[f.name] = sum(values, []) if f.name == "completions" else np.concatenate(values)
-  return RolloutGroups(**out)
+  parts = [p.replace(prompt_tokens=_left_pad_to(p.prompt_tokens, width),
+                     prompt_mask=_left_pad_to(p.prompt_mask, width)) for p in parts]
+  return jax.tree.map(lambda *xs: np.concatenate(xs), *parts)
 
 
-def pad_groups(part: RolloutGroups, num_groups: int, group_size: int) -> RolloutGroups:
+def pad_groups(part: Rollout, num_groups: int, group_size: int) -> Rollout:
   """Fill up to ``num_groups`` with invalid copies of the first group (``row_valid = 0``).
 
   Keeps the train_step's shapes fixed when dynamic sampling hits ``max_gen_batches``: the padded
@@ -88,7 +56,7 @@ def pad_groups(part: RolloutGroups, num_groups: int, group_size: int) -> Rollout
   """
   have = part.num_rows // group_size
   if have >= num_groups:
-    return part.take_groups(np.arange(num_groups), group_size)
-  filler = part.take_groups(np.zeros(num_groups - have, np.int64), group_size)
-  filler.row_valid = np.zeros_like(filler.row_valid)
+    return take_groups(part, np.arange(num_groups), group_size)
+  filler = take_groups(part, np.zeros(num_groups - have, np.int64), group_size)
+  filler = filler.replace(row_valid=np.zeros_like(filler.row_valid))
   return concat_groups([part, filler])

@@ -1,76 +1,28 @@
 """The RL loop: prompts -> rollout -> rewards -> shaping -> filter -> score -> train_step.
 
 Only what cannot be compiled lives here: verifiers (Python), dynamic-sampling decisions,
-metrics, checkpoints. Every random draw comes from ``fold_in(PRNGKey(seed), step, round)`` or the
-checkpointed ``TrainState.rng``, so a resumed run replays exactly the steps it has not done.
+metrics, checkpoints. One ``Rollout`` record travels from the sampler through the host (rewards,
+validity) into scoring and the update. Every random draw comes from ``fold_in(PRNGKey(seed),
+step, round)`` or the checkpointed ``TrainState.rng``, so a resumed run replays exactly the steps
+it has not done.
 """
 from __future__ import annotations
 
-import dataclasses
 import time
-from typing import Any
 
 import jax
 import numpy as np
 
 from rljax import models
-from rljax import rollout as rollout_lib
 from rljax.parallel import distributed, rules
-from rljax.rewards import shaping, verifiers
-from rljax.train import build, filters
-from rljax.train.checkpoint import Checkpointer
-from rljax.train.metrics import MetricsWriter, summarize
-from rljax.train.state import TrainState
-
-_EVAL_BATCH = 128
-
-
-@dataclasses.dataclass
-class Run:
-  """What one training run holds on to between steps (no logic lives here)."""
-  config: Any
-  model: build.LoadedModel
-  tokenizer: Any
-  source: Any
-  task_verifier: Any
-  mesh: Any
-  fns: Any
-  state: TrainState
-  sampling: rollout_lib.SamplingParams
-  writer: MetricsWriter
-  checkpointer: Checkpointer | None
-
+from rljax.rollout.sampler import Rollout
+from rljax.train import build, evaluation, filters, generation
+from rljax.train import run_dir as run_dir_lib
+from rljax.train.metrics import summarize
 
 # --- rollout and rewards -------------------------------------------------------------------------
 
-def rollout_round(run: Run, params, problems, key, sampling, group_size) -> filters.RolloutGroups:
-  """Sample ``group_size`` completions per problem and score them on the host."""
-  cfg = run.config
-  prompt_ids = [run.tokenizer.encode_prompt(p.prompt) for p in problems]
-  tokens, mask = rollout_lib.left_pad(prompt_ids, cfg.data.prompt_bucket,
-                                      run.tokenizer.pad_id)
-  # Every process holds the same prompts; each feeds its own rows of the global batch, and
-  # every process gets all completions back (the verifiers see the whole batch).
-  rows = rules.batch_sharding(run.mesh, 2)
-  tokens, mask, key = distributed.from_host((tokens, mask, np.asarray(key)),
-                                            (rows, rows, rules.replicated(run.mesh)))
-  out = distributed.to_host(run.model.sample(params, tokens, mask, key, sampling, group_size))
-  completions = [run.tokenizer.decode(row[:n]) for row, n in zip(out.tokens, out.lengths)]
-  rows_problems = [p for p in problems for _ in range(group_size)]
-  rewards, correct = run.task_verifier(completions, rows_problems)
-  rewards = np.asarray(rewards, np.float32) + np.asarray(
-      shaping.overlong_penalty(np.asarray(out.lengths), max_new_tokens=sampling.max_new_tokens,
-                               overlong_buffer=cfg.reward.overlong_buffer,
-                               overlong_penalty=cfg.reward.overlong_penalty), np.float32)
-  return filters.RolloutGroups(
-      prompt_tokens=np.asarray(out.prompt_tokens), prompt_mask=np.asarray(out.prompt_mask),
-      tokens=np.asarray(out.tokens), mask=np.asarray(out.mask), logp=np.asarray(out.logp),
-      lengths=np.asarray(out.lengths), truncated=np.asarray(out.truncated),
-      rewards=rewards, correct=np.asarray(correct, bool),
-      row_valid=np.ones(len(completions), np.float32), completions=completions)
-
-
-def collect_batch(run: Run, step: int, stream: int = 0) -> tuple[filters.RolloutGroups, dict]:
+def collect_batch(run: build.Run, step: int, stream: int = 0) -> tuple[Rollout, dict]:
   """P groups of G completions; with dynamic sampling, only groups with a reward spread.
 
   DAPO (arXiv 2503.14476): oversample rounds of P prompts until P groups are kept or
@@ -81,12 +33,14 @@ def collect_batch(run: Run, step: int, stream: int = 0) -> tuple[filters.Rollout
   num_prompts, group_size = cfg.rollout.prompts_per_step, cfg.rollout.group_size
   # stream 0: RL steps; stream 1: value pretraining rollouts.
   base = jax.random.fold_in(jax.random.fold_in(jax.random.PRNGKey(cfg.seed), stream), step)
-  kept, rounds, seen_groups, all_rounds = [], 0, 0, []
+  kept, rounds, seen_groups, all_rounds, verifier_counts = [], 0, 0, [], []
   max_rounds = cfg.algo.max_gen_batches if cfg.algo.dynamic_sampling else 1
   while rounds < max_rounds:
     problems = run.source.next_batch(num_prompts)
-    part = rollout_round(run, run.state.params, problems, jax.random.fold_in(base, rounds),
-                         run.sampling, group_size)
+    part, _, counts = generation.generate(run.generator, run.state.params, problems,
+                                          jax.random.fold_in(base, rounds), run.sampling,
+                                          group_size)
+    verifier_counts.append(counts)
     rounds += 1
     seen_groups += num_prompts
     all_rounds.append(part)
@@ -96,15 +50,15 @@ def collect_batch(run: Run, step: int, stream: int = 0) -> tuple[filters.Rollout
     keep = filters.group_keep_mask(part.correct, part.rewards, group_size,
                                    cfg.algo.keep_pass_rate)
     if keep.any():
-      kept.append(part.take_groups(np.flatnonzero(keep), group_size))
+      kept.append(filters.take_groups(part, np.flatnonzero(keep), group_size))
     if sum(k.num_rows for k in kept) >= num_prompts * group_size:
       break
   generated = filters.concat_groups(all_rounds)
   if kept:
     batch = filters.pad_groups(filters.concat_groups(kept), num_prompts, group_size)
   else:  # nothing had a spread: a batch of zero-weight rows keeps the step's shape
-    batch = generated.take_groups(np.arange(num_prompts), group_size)
-    batch.row_valid = np.zeros_like(batch.row_valid)
+    batch = filters.take_groups(generated, np.arange(num_prompts), group_size)
+    batch = batch.replace(row_valid=np.zeros_like(batch.row_valid))
   info = {
       "gen_rounds": rounds,
       "kept_group_frac": float(sum(k.num_rows for k in kept) / group_size / seen_groups),
@@ -118,72 +72,30 @@ def collect_batch(run: Run, step: int, stream: int = 0) -> tuple[filters.Rollout
       "truncation_rate": float(generated.truncated.mean()),
       "generated_tokens": float(generated.lengths.sum()),
   }
+  info.update({k: sum(c[k] for c in verifier_counts) for k in verifier_counts[0]})
+  info["data/dropped_prompts"] = float(getattr(run.source, "dropped_prompts", 0))
+  for name, rows in (("correct", generated.correct), ("wrong", ~generated.correct)):
+    if rows.any():  # response lengths by outcome (Dr. GRPO's length bias shows in the wrong ones)
+      info[f"len_{name}_mean"] = float(generated.lengths[rows].mean())
   return batch, info
 
 
-def device_batch(run: Run, batch: filters.RolloutGroups):
-  """Host rollout groups -> the row-sharded arrays ``prepare_batch`` takes (prompt+completion
-  concatenated). The host batch is identical on every process; each places its own rows."""
-  tokens = np.concatenate([batch.prompt_tokens, batch.tokens], axis=1).astype(np.int32)
-  attn = np.concatenate([batch.prompt_mask, batch.mask], axis=1).astype(np.int32)
-  arrays = (tokens, attn, batch.mask.astype(np.float32), batch.logp.astype(np.float32),
-            batch.rewards.astype(np.float32), batch.truncated.astype(np.float32),
-            batch.row_valid.astype(np.float32))
-  return distributed.from_host(arrays, tuple(rules.batch_sharding(run.mesh, x.ndim)
-                                             for x in arrays))
-
-
-# --- evaluation ----------------------------------------------------------------------------------
-
-def evaluate(run: Run, params, problems, *, samples: int = 1, greedy: bool = True,
-             key=None) -> dict:
-  """Accuracy on ``problems``: pass@1 (greedy by default); with ``samples=k`` also pass@k and
-  majority@k over k sampled completions per problem."""
-  cfg = run.config
-  sampling = dataclasses.replace(run.sampling, greedy=greedy)
-  key = jax.random.PRNGKey(cfg.seed + 1) if key is None else key
-  correct, answers = [], []
-  # A multiple of the data-parallel width, so that every device decodes the same number of rows.
-  divisor = rules.batch_divisor(run.mesh)
-  width = min(_EVAL_BATCH, -(-len(problems) // divisor) * divisor)
-  for start in range(0, len(problems), width):
-    chunk = problems[start:start + width]
-    # Pad the last chunk with repeats so every eval call has the same shape (one compilation).
-    padded = chunk + [chunk[-1]] * (width - len(chunk))
-    part = rollout_round(run, params, padded, jax.random.fold_in(key, start), sampling, samples)
-    n = len(chunk) * samples
-    correct.append(part.correct[:n])
-    answers.extend(verifiers.final_answer(c) for c in part.completions[:n])
-  correct = np.concatenate(correct).reshape(len(problems), samples)
-  result = {"pass@1": float(correct[:, 0].mean()) if greedy else float(correct.mean())}
-  if samples > 1:
-    result[f"pass@{samples}"] = float(correct.any(axis=1).mean())
-    votes = np.asarray(answers, dtype=object).reshape(len(problems), samples)
-    majority_correct = []
-    for row_votes, row_correct in zip(votes, correct):
-      counts: dict = {}
-      for a in row_votes:
-        if a is not None:
-          counts[a] = counts.get(a, 0) + 1
-      if not counts:
-        majority_correct.append(False)
-        continue
-      top = max(counts, key=counts.get)
-      majority_correct.append(bool(row_correct[list(row_votes).index(top)]))
-    result[f"maj@{samples}"] = float(np.mean(majority_correct))
-  return result
+def to_device(rollout: Rollout, mesh) -> Rollout:
+  """A host rollout (identical on every process) -> row-sharded device arrays, each process
+  placing its own rows; the shardings follow from the record's fields."""
+  return distributed.from_host(rollout, rules.batch_shardings(mesh, rollout))
 
 
 # --- the loop ------------------------------------------------------------------------------------
 
-def pretrain_critic(run: Run) -> None:
+def pretrain_critic(run: build.Run) -> None:
   """Value pretraining (VC-PPO arXiv 2503.01491, VAPO arXiv 2504.05118): ``critic.pretrain_steps``
   critic-only updates on Monte-Carlo returns (lam = 1) of rollouts from the fixed initial policy."""
   cfg = run.config
   for i in range(cfg.critic.pretrain_steps):
     batch, info = collect_batch(run, step=i, stream=1)
-    prepared, _ = run.fns.prepare_batch_mc(run.state, *device_batch(run, batch))
-    run.state, metrics = run.fns.critic_step(run.state, prepared)
+    scored, _ = run.fns.score_mc(run.state, to_device(batch, run.mesh), run.algo.hparams)
+    run.state, metrics = run.fns.critic_step(run.state, scored, run.algo.hparams)
     values = summarize(distributed.to_host(metrics))
     run.writer.log(f"value pretraining {i + 1}/{cfg.critic.pretrain_steps}: "
                    f"value_loss={values.get('value_loss', float('nan')):.4f}")
@@ -192,7 +104,7 @@ def pretrain_critic(run: Run) -> None:
 
 def train(config) -> dict:
   """Run ``config`` end to end; returns the final eval and the last step's metrics."""
-  with models.matmul_precision(config.model):
+  with models.matmul_precision(config.model), run_dir_lib.claimed(config):
     run = build.build_run(config)
     try:
       return _train(run)
@@ -204,25 +116,27 @@ def train(config) -> dict:
       raise
 
 
-def _train(run: Run) -> dict:
+def _train(run: build.Run) -> dict:
   cfg = run.config
   start = int(distributed.to_host(run.state.step))
   eval_problems = run.source.eval_set(cfg.data.num_eval)
+  evaluate = lambda params: evaluation.evaluate(run.generator, params, eval_problems,
+                                                sampling=run.sampling, seed=cfg.seed)
   result: dict = {}
   if start == 0:
-    initial = evaluate(run, run.state.params, eval_problems)
+    initial = evaluate(run.state.params)
     run.writer.log(f"eval before training: accuracy {initial['pass@1']:.3f}")
     run.writer.write(0, {"eval_accuracy": initial["pass@1"]})
     result["eval_before"] = initial["pass@1"]
     if run.fns.critic_step is not None and cfg.critic.pretrain_steps:
       pretrain_critic(run)
-  last = {}
+  last, skipped_in_a_row = {}, 0
   for step in range(start, cfg.train.steps):
     t0 = time.perf_counter()
     batch, info = collect_batch(run, step)
     t1 = time.perf_counter()
-    prepared, score_metrics = run.fns.prepare_batch(run.state, *device_batch(run, batch))
-    run.state, metrics = run.fns.train_step(run.state, prepared)
+    scored, score_metrics = run.fns.score(run.state, to_device(batch, run.mesh), run.algo.hparams)
+    run.state, metrics = run.fns.train_step(run.state, scored, run.algo.hparams)
     metrics = summarize(distributed.to_host({**score_metrics, **metrics}))
     t2 = time.perf_counter()
     metrics.update(info)
@@ -231,12 +145,18 @@ def _train(run: Run) -> dict:
                    skipped_updates=float(distributed.to_host(run.state.skipped_updates)))
     done = step + 1
     if cfg.train.eval_every and done % cfg.train.eval_every == 0 and done < cfg.train.steps:
-      metrics["eval_accuracy"] = evaluate(run, run.state.params, eval_problems)["pass@1"]
+      metrics["eval_accuracy"] = evaluate(run.state.params)["pass@1"]
     run.writer.write(done, metrics)
     last = metrics
+    skipped_in_a_row = skipped_in_a_row + 1 if metrics.get("update_skipped", 0) >= 1 else 0
+    if cfg.train.max_skipped_steps and skipped_in_a_row >= cfg.train.max_skipped_steps:
+      raise FloatingPointError(
+          f"every optimizer update of the last {skipped_in_a_row} steps was skipped (non-finite "
+          f"loss, gradient or parameters; train.max_skipped_steps={cfg.train.max_skipped_steps});"
+          f" stopped at step {done}, the parameters are those of the last good update")
     if run.checkpointer and cfg.train.checkpoint_every and done % cfg.train.checkpoint_every == 0:
       run.checkpointer.save(done, run.state, build.checkpoint_extra(run))
-  final = evaluate(run, run.state.params, eval_problems)
+  final = evaluate(run.state.params)
   run.writer.write(cfg.train.steps, {"eval_accuracy": final["pass@1"]})
   run.writer.log(f"eval after training: accuracy {final['pass@1']:.3f}")
   result.update(eval_after=final["pass@1"], last=last, state=run.state)

@@ -8,9 +8,12 @@ lines (e.g. train metrics, then the final eval at the same step). Named side str
 ``run_dir/tb/<name>``.
 
 Resuming: ``start_step`` tells the writer where the run starts. 0 is a fresh run: existing files
-are replaced. ``s > 0`` resumes from checkpoint ``s``: lines with ``step > s`` (written by the
-interrupted run after its last checkpoint, and about to be written again) are dropped and
-TensorBoard purges its events after ``s``, so the finished files equal an uninterrupted run's.
+are replaced. ``s > 0`` resumes from checkpoint ``s``: the main stream keeps the records before
+step ``s`` and the *first* record at step ``s`` (the step's own record, written before its
+checkpoint was saved); everything after it (later steps, and the final eval written at step ``s``
+by a run that finished or was killed during its final export) is about to be written again and is
+dropped. TensorBoard purges its events after ``s``. So the finished file equals an uninterrupted
+run's record for record, however often the run was killed and resumed.
 """
 from __future__ import annotations
 
@@ -174,11 +177,17 @@ def read_jsonl(path: str) -> list[dict]:
 
 
 def truncate_jsonl(path: str, *, keep_through: int | None) -> None:
-  """Rewrite ``path`` keeping the records with ``step <= keep_through`` (None: all), dropping a
-  torn last line. The rewrite goes through a temporary file and ``os.replace``: atomic."""
+  """Rewrite ``path`` keeping the records with ``step < keep_through`` and the first one with
+  ``step == keep_through`` (None: all), dropping a torn last line. The rewrite goes through a
+  temporary file and ``os.replace``: atomic."""
   records = read_jsonl(path)
   if keep_through is not None:
-    records = [r for r in records if r["step"] <= keep_through]
+    kept, seen_last = [], False
+    for r in records:
+      if r["step"] < keep_through or (r["step"] == keep_through and not seen_last):
+        kept.append(r)
+        seen_last = seen_last or r["step"] == keep_through
+    records = kept
   tmp = path + ".tmp"
   with open(tmp, "w", encoding="utf-8") as f:
     f.writelines(json.dumps(r, allow_nan=False) + "\n" for r in records)

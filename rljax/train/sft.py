@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 
 import jax
@@ -118,7 +119,45 @@ def ensure_sft_checkpoint(config, tokenizer, *, log=print) -> str:
   log(f"training the SFT cold start into {out}")
   with models.matmul_precision(config.model):
     model_cfg, params = train_sft(config, tokenizer, log=log)
-  models.save_hf(out, model_cfg, jax.device_get(params))
-  with open(stamp_path, "w") as f:
-    json.dump(want, f, indent=2)
+  publish_atomically(out, lambda tmp: _write_cold_start(tmp, model_cfg, params, want))
   return out
+
+
+def _write_cold_start(directory: str, model_cfg, params, stamp: dict) -> None:
+  models.save_hf(directory, model_cfg, jax.device_get(params))
+  with open(os.path.join(directory, _STAMP), "w") as f:
+    json.dump(stamp, f, indent=2)
+
+
+def _alive(pid: str) -> bool:
+  """Whether process ``pid`` (of a temporary directory's name) still runs on this host."""
+  try:
+    os.kill(int(pid), 0)
+  except (ValueError, ProcessLookupError):
+    return False
+  except PermissionError:
+    return True
+  return True
+
+
+def publish_atomically(out: str, write) -> None:
+  """``write(tmp)`` fills a fresh sibling directory, which then replaces ``out`` by renames: a
+  kill at any moment leaves either the old ``out`` (or none) or the complete new one, never
+  weights without their stamp. Temporary directories of killed writes are removed (they are
+  ours: ``<out>.tmp-<pid>-<ns>`` of a dead pid); a stale cold start being replaced is removed only after the swap."""
+  parent, name = os.path.split(os.path.abspath(out))
+  os.makedirs(parent, exist_ok=True)
+  for leftover in os.listdir(parent):
+    if ((leftover.startswith(f"{name}.tmp-") and not _alive(leftover.split("-")[-2]))
+        or leftover.startswith(f"{name}.old-")):
+      shutil.rmtree(os.path.join(parent, leftover), ignore_errors=True)
+  tmp = os.path.join(parent, f"{name}.tmp-{os.getpid()}-{time.time_ns()}")
+  os.makedirs(tmp)
+  write(tmp)
+  old = None
+  if os.path.exists(out):  # a stale stamped cold start (an unstamped dir was refused above)
+    old = os.path.join(parent, f"{name}.old-{time.time_ns()}")
+    os.rename(out, old)
+  os.rename(tmp, out)
+  if old is not None:
+    shutil.rmtree(old, ignore_errors=True)

@@ -1,4 +1,4 @@
-"""The training state pytree, its optimizers, and the batch the train_step consumes."""
+"""The training state pytree and its optimizers."""
 from __future__ import annotations
 
 from typing import Any
@@ -25,27 +25,6 @@ class TrainState:
   kl_coef: jax.Array  # float32 []
   rng: jax.Array  # uint32 [2]
   skipped_updates: jax.Array  # int32 [], optimizer steps skipped for a non-finite loss/gradient
-
-
-@flax.struct.dataclass
-class TrainBatch:
-  """One rollout batch, ready for the update. B rows (= P * G), S = prompt width + T.
-
-  ``tokens``/``attn_mask`` [B, S] are prompt+completion for the teacher-forced forward; the
-  other per-token arrays [B, T] are aligned with the completion tokens ``tokens[:, S-T:]``.
-  ``mask`` is the loss mask (completion mask, after overlong filtering and dynamic-sampling
-  padding); ``positive`` [B] marks VAPO's positive examples.
-  """
-  tokens: jax.Array
-  attn_mask: jax.Array
-  mask: jax.Array
-  old_logp: jax.Array
-  ref_logp: jax.Array
-  sampler_logp: jax.Array
-  advantages: jax.Array
-  returns: jax.Array
-  old_values: jax.Array
-  positive: jax.Array
 
 
 def learning_rate_schedule(optim_cfg, peak_lr: float, total_updates: int) -> optax.Schedule:
@@ -77,8 +56,8 @@ def total_updates(config) -> int:
   return config.train.steps * config.algo.epochs * config.algo.minibatches
 
 
-def create_state(config, params, *, critic_params=None, ref_params=None, actor_tx, critic_tx,
-                 seed: int) -> TrainState:
+def create_state(params, *, critic_params=None, ref_params=None, actor_tx, critic_tx,
+                 kl_coef: float, seed: int) -> TrainState:
   """A fresh TrainState; the reference starts as a copy of the policy when one is needed."""
   return TrainState(
       step=jnp.zeros((), jnp.int32),
@@ -87,6 +66,6 @@ def create_state(config, params, *, critic_params=None, ref_params=None, actor_t
       critic_params=critic_params,
       critic_opt_state=None if critic_params is None else critic_tx.init(critic_params),
       ref_params=ref_params,
-      kl_coef=jnp.asarray(config.algo.kl_coef, jnp.float32),
+      kl_coef=jnp.asarray(kl_coef, jnp.float32),
       rng=jax.random.PRNGKey(seed),
       skipped_updates=jnp.zeros((), jnp.int32))

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from rljax.algos import advantages as adv_lib
-from rljax.algos import compute_advantages
+from rljax.algos import resolve
 
 from .helpers import cast, group_rewards, jit, prefix_mask
 
@@ -135,10 +135,10 @@ def run(algo_cfg, name, rewards, mask, group_size, values=None, token_rewards=No
   frozen = ml_collections.FrozenConfigDict(algo_cfg)
   cache_key = (frozen, group_size)
   if cache_key not in _COMPILED:
+    algo = resolve(algo_cfg, group_size=group_size, critic=values is not None)
     _COMPILED[cache_key] = jit(
-        lambda rewards, mask, values, token_rewards: compute_advantages(
-            frozen, rewards=rewards, mask=mask, group_size=group_size, values=values,
-            token_rewards=token_rewards))
+        lambda rewards, mask, values, token_rewards: algo.advantages(
+            rewards=rewards, mask=mask, values=values, token_rewards=token_rewards))
   return _COMPILED[cache_key](rewards, mask, values, token_rewards)
 
 
@@ -350,8 +350,14 @@ def test_dispatcher_errors(algo_cfg):
   rewards, mask = np.ones(4, np.float32), np.ones((4, 3), np.float32)
   with pytest.raises(KeyError, match="algo.advantage.*grpo, opo"):
     run(algo_cfg, "grpoo", rewards, mask, 2)
-  with pytest.raises(ValueError, match="needs `values`"):
+  with pytest.raises(ValueError, match="needs critic values: set critic.enabled=True"):
     run(algo_cfg, "gae", rewards, mask, 2, token_rewards=mask)
-  with pytest.raises(ValueError, match="needs `token_rewards`"):
-    run(algo_cfg, "reinforce_pp", rewards, mask, 2)
+
+
+def test_token_rewards_default_to_the_outcome_on_the_last_token(x64, algo_cfg):
+  rewards, mask, _, _ = make_inputs(9, 2, np.float64)
+  outcome = np.asarray(adv_lib.outcome_token_rewards(rewards, mask))
+  implicit, _ = run(algo_cfg, "reinforce_pp", rewards, mask, 2)
+  explicit, _ = run(algo_cfg, "reinforce_pp", rewards, mask, 2, token_rewards=outcome)
+  np.testing.assert_array_equal(np.asarray(implicit), np.asarray(explicit))
 

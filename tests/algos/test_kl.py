@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from rljax.algos import kl as kl_lib
+from rljax.algos import resolve
 
 from .helpers import cast, jit, prefix_mask
 
@@ -108,14 +109,15 @@ def test_ema_reference_over_a_pytree(algo_cfg):
   assert out["b"][1].dtype == jnp.bfloat16
   np.testing.assert_allclose(np.asarray(out["b"][1], np.float32), 1.1, rtol=1e-2)
   algo_cfg.ref_update = "frozen"
-  assert kl_lib.ref_update(algo_cfg, ref, new) is ref
+  assert resolve(algo_cfg).ref_update(ref, new) is ref
   algo_cfg.ref_update, algo_cfg.ref_ema_decay = "ema", 0.9
+  algo = resolve(algo_cfg)
   np.testing.assert_allclose(
-      np.asarray(jit(lambda r, n: kl_lib.ref_update(algo_cfg, r, n))(ref, new)["a"]),
-      np.asarray(out["a"]))
+      np.asarray(jit(lambda r, n, hp: algo.ref_update(r, n, hp))(ref, new, algo.hparams)["a"]),
+      np.asarray(out["a"]), rtol=1e-6)
   algo_cfg.ref_update = "emaa"
   with pytest.raises(ValueError, match="algo.ref_update"):
-    kl_lib.ref_update(algo_cfg, ref, new)
+    resolve(algo_cfg)
 
 
 @pytest.mark.parametrize("objective,loss_agg,normalize,expected_mode", [
@@ -129,13 +131,15 @@ def test_kl_in_loss_aggregation(x64, algo_cfg, objective, loss_agg, normalize, e
   """KL follows the policy loss's aggregation; with T1 normalisation a per-valid-token mean."""
   algo_cfg.policy_loss, algo_cfg.loss_agg, algo_cfg.kl_normalize = objective, loss_agg, normalize
   algo_cfg.kl_estimator = "k3"
-  assert kl_lib.kl_loss_agg(algo_cfg) == expected_mode
+  algo = resolve(algo_cfg)
+  kl_term, = [r for r in algo.regularizers if r.name == "kl"]
+  assert kl_term.agg == expected_mode and kl_term.coef == "kl_coef"
   rng = np.random.default_rng(4)
   mask = prefix_mask(rng, 6, 5, np.float64)
   logp, ref = make_pair(4, np.float64, shape=(6, 5))
-  (total, metrics), count = jit(lambda lp, rf, m: (
-      kl_lib.kl_loss_sum(algo_cfg, logp=lp, ref_logp=rf, mask=m),
-      kl_lib.kl_loss_count(algo_cfg, m)))(logp, ref, mask)
+  total, count = jit(lambda lp, rf, m: (
+      algo.regularizer_sum(kl_term, logp=lp, ref_logp=rf, mask=m),
+      kl_term.count(mask=m)))(logp, ref, mask)
   k, _ = np_kl("k3", logp, ref)
   valid = mask > 0
   rows = valid.any(1)
@@ -147,18 +151,18 @@ def test_kl_in_loss_aggregation(x64, algo_cfg, objective, loss_agg, normalize, e
       "seq_mean_token_sum_norm": per_row_sum[rows].mean() / mask.shape[1],
   }[expected_mode]
   np.testing.assert_allclose(float(total) / float(count), expected, rtol=1e-10)
-  np.testing.assert_allclose(float(metrics["kl"][0]) / float(metrics["kl"][1]),
-                             (k * valid).sum() / valid.sum(), rtol=1e-10)
 
 
 def test_placement_and_estimator_names_are_checked(algo_cfg):
   algo_cfg.kl_placement = "none"
-  assert kl_lib.kl_placement(algo_cfg) is None
+  algo = resolve(algo_cfg)
+  assert algo.kl_placement is None and "kl" not in [r.name for r in algo.regularizers]
   algo_cfg.kl_placement = "reward"
-  assert kl_lib.kl_placement(algo_cfg) == "reward"
+  algo = resolve(algo_cfg)
+  assert algo.kl_placement == "reward" and "kl" not in [r.name for r in algo.regularizers]
   algo_cfg.kl_estimator = "k4"
   with pytest.raises(KeyError, match="algo.kl_estimator.*k1, k2, k3, k3\\+, low_var_kl"):
-    kl_lib.kl_placement(algo_cfg)
+    resolve(algo_cfg)
   algo_cfg.kl_placement = "both"
   with pytest.raises(ValueError, match="algo.kl_placement"):
-    kl_lib.kl_placement(algo_cfg)
+    resolve(algo_cfg)

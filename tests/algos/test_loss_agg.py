@@ -5,12 +5,19 @@ import numpy as np
 import pytest
 
 from rljax.algos import kl as kl_lib
+from rljax.algos import resolve
 from rljax.algos import losses
 
 from .helpers import cast, jit, log_ratios, prefix_mask
 
 MODES = ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm"]
 B, T, D = 8, 5, 3
+
+
+def aggregate(mode, values, mask, norm_constant=None):
+  """The aggregate over one whole minibatch, ``agg_sum / agg_count`` (the library's two halves)."""
+  return losses.safe_mean(losses.agg_sum(mode, values, mask, norm_constant),
+                          losses.agg_count(mode, mask))
 
 
 def np_aggregate(mode, values, mask, norm_constant=None):
@@ -36,7 +43,7 @@ def test_aggregation_matches_definition(prec, mode):
   values[mask == 0] = 1e6  # padding must not leak in
   values, mask = cast(prec.dtype, values, mask)
   f = jit(lambda v, m: [(losses.agg_sum(mode, v, m, c), losses.agg_count(mode, m),
-                          losses.aggregate(mode, v, m, c)) for c in (None, 3.0)])
+                          aggregate(mode, v, m, c)) for c in (None, 3.0)])
   # The means are sums with cancellation (about 0.004 from terms of about 10): their error is
   # relative to the terms, not to the result, and depends on the summation order (GPU reductions
   # are ordered differently from NumPy's).
@@ -48,13 +55,13 @@ def test_aggregation_matches_definition(prec, mode):
 
 
 def test_empty_minibatch_aggregates_to_zero():
-  out = jit(lambda v, m: [(losses.aggregate(mode, v, m), losses.agg_count(mode, m))
+  out = jit(lambda v, m: [(aggregate(mode, v, m), losses.agg_count(mode, m))
                           for mode in MODES])(jnp.ones((2, 3)), jnp.zeros((2, 3)))
   assert all(float(mean) == 0.0 and float(count) == 0.0 for mean, count in out)
 
 
 def test_unknown_mode_lists_names():
-  with pytest.raises(KeyError, match="algo.loss_agg.*seq_mean_token_sum_norm, token_mean"):
+  with pytest.raises(KeyError, match="algo.loss_agg.*seq_mean_token_sum_norm, sequence_mean, token_mean"):
     losses.agg_count("mean", jnp.ones((2, 3)))
 
 
@@ -89,20 +96,22 @@ def test_microbatch_split_gives_same_loss_and_gradient(x64, algo_cfg, objective,
   beta = 0.1
   data = tuple(jnp.asarray(a) for a in (feats, old, ref, adv, mask))
 
+  algo = resolve(algo_cfg)
+  kl_term, = [r for r in algo.regularizers if r.name == "kl"]
+
   def part_loss(w, feats, old, ref, adv, mask, pl_count, kl_count):
     lp = jax.nn.log_sigmoid(feats @ w)
-    pl, _ = losses.policy_loss_sum(algo_cfg, logp=lp, old_logp=old, advantages=adv, mask=mask)
-    kl, _ = kl_lib.kl_loss_sum(algo_cfg, logp=lp, ref_logp=ref, mask=mask)
+    pl, _ = algo.policy_loss_sum(logp=lp, old_logp=old, advantages=adv, mask=mask)
+    kl = algo.regularizer_sum(kl_term, logp=lp, ref_logp=ref, mask=mask)
     return pl / pl_count + beta * kl / kl_count
 
   @jit
   def part(w, data, whole_mask):
     """One micro-batch: (its loss share and gradient, its own counts); compiled per part size."""
-    pl_count = losses.policy_loss_count(algo_cfg, whole_mask)
-    kl_count = kl_lib.kl_loss_count(algo_cfg, whole_mask)
+    pl_count = algo.policy_loss_count(whole_mask)
+    kl_count = kl_term.count(mask=whole_mask)
     v, g = jax.value_and_grad(part_loss)(w, *data, pl_count, kl_count)
-    return v, g, losses.policy_loss_count(algo_cfg, data[-1]), kl_lib.kl_loss_count(algo_cfg,
-                                                                                   data[-1])
+    return v, g, algo.policy_loss_count(data[-1]), kl_term.count(mask=data[-1])
 
   def all_splits(w, data):
     out = []

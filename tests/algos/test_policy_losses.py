@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rljax.algos import losses
+from rljax.algos import losses, resolve
 
 from .helpers import cast, jit, log_ratios, prefix_mask
 
@@ -150,13 +150,14 @@ def configure(algo_cfg, case, loss_agg="seq_mean_token_mean", **extra):
 
 def loss_value_and_grad(algo_cfg, logp, old, adv, mask, sampler_logp=None):
   """The minibatch loss ``sum / count``, its gradient w.r.t. logp, and the metrics."""
+  algo = resolve(algo_cfg)
 
   @jit
   def f(logp, old, adv, mask, sampler_logp):
     def total(lp):
-      s, metrics = losses.policy_loss_sum(algo_cfg, logp=lp, old_logp=old, advantages=adv,
-                                          mask=mask, sampler_logp=sampler_logp)
-      return s / losses.policy_loss_count(algo_cfg, mask), metrics
+      s, metrics = algo.policy_loss_sum(logp=lp, old_logp=old, advantages=adv, mask=mask,
+                                        sampler_logp=sampler_logp)
+      return s / algo.policy_loss_count(mask), metrics
     return jax.value_and_grad(total, has_aux=True)(logp)
 
   (value, metrics), grad = f(logp, old, adv, mask, sampler_logp)
@@ -204,13 +205,18 @@ def test_ppo_under_each_aggregation(x64, algo_cfg, mode):
 
 
 def test_forced_aggregations(algo_cfg):
+  algo_cfg.entropy_coef = 0.01
   for objective, forced in [("gspo", "seq_mean_token_mean"), ("gmpo", losses.SEQUENCE_MEAN)]:
     algo_cfg.policy_loss, algo_cfg.loss_agg = objective, "token_mean"
-    assert losses.policy_loss_agg(algo_cfg) == forced
+    assert resolve(algo_cfg).policy_agg == forced
   algo_cfg.policy_loss = "gmpo"
-  assert losses.regularizer_loss_agg(algo_cfg) == "seq_mean_token_mean"
+  entropy, = [r for r in resolve(algo_cfg).regularizers if r.name == "entropy"]
+  assert entropy.agg == "seq_mean_token_mean"
   algo_cfg.policy_loss, algo_cfg.loss_agg = "ppo", "token_mean"
-  assert losses.policy_loss_agg(algo_cfg) == "token_mean"
+  assert resolve(algo_cfg).policy_agg == "token_mean"
+  algo_cfg.loss_agg = losses.SEQUENCE_MEAN  # one loss per sequence, for a per-token objective
+  with pytest.raises(ValueError, match="algo.loss_agg='sequence_mean'"):
+    resolve(algo_cfg)
 
 
 def _sequence_gspo(logp, old, adv_rows, mask, el, eh):
@@ -253,11 +259,13 @@ def test_gradient_matches_central_differences(x64, algo_cfg, case):
   h = 1e-6
   eye = np.eye(B * T).reshape(B * T, B, T) * h
 
+  algo = resolve(algo_cfg)
+
   @jit
   def losses_at(points):
     def one(lp):
-      s, _ = losses.policy_loss_sum(algo_cfg, logp=lp, old_logp=old, advantages=adv, mask=mask)
-      return s / losses.policy_loss_count(algo_cfg, mask)
+      s, _ = algo.policy_loss_sum(logp=lp, old_logp=old, advantages=adv, mask=mask)
+      return s / algo.policy_loss_count(mask)
     return jax.vmap(one)(points)
 
   fd = (np.asarray(losses_at(logp + eye)) - np.asarray(losses_at(logp - eye))) / (2 * h)
@@ -285,11 +293,10 @@ def test_tis_errors(algo_cfg):
   logp, old, adv, mask = make_inputs(7, np.float32, True)
   configure(algo_cfg, "ppo", tis_cap=2.0)
   with pytest.raises(ValueError, match="sampler_logp"):
-    losses.policy_loss_sum(algo_cfg, logp=logp, old_logp=old, advantages=adv, mask=mask)
+    resolve(algo_cfg).policy_loss_sum(logp=logp, old_logp=old, advantages=adv, mask=mask)
   configure(algo_cfg, "gmpo", tis_cap=2.0)
   with pytest.raises(ValueError, match="one loss per sequence"):
-    losses.policy_loss_sum(algo_cfg, logp=logp, old_logp=old, advantages=adv, mask=mask,
-                           sampler_logp=old)
+    resolve(algo_cfg)
 
 
 def test_extreme_ratios_stay_finite(algo_cfg):
@@ -307,13 +314,12 @@ def test_extreme_ratios_stay_finite(algo_cfg):
 
 
 def test_config_errors_name_the_key(algo_cfg):
-  logp, old, adv, mask = make_inputs(8, np.float32, True)
   algo_cfg.policy_loss = "ppoo"
   with pytest.raises(KeyError, match="algo.policy_loss.*cispo, gmpo, gspo, pg, ppo"):
-    losses.policy_loss_sum(algo_cfg, logp=logp, old_logp=old, advantages=adv, mask=mask)
+    resolve(algo_cfg)
   algo_cfg.policy_loss, algo_cfg.loss_agg = "gspo", "tokenmean"
   with pytest.raises(ValueError, match="algo.loss_agg.*seq_mean_token_mean"):
-    losses.policy_loss_count(algo_cfg, mask)
+    resolve(algo_cfg)
   algo_cfg.policy_loss, algo_cfg.loss_agg, algo_cfg.dual_clip_c = "ppo", "token_mean", 0.5
   with pytest.raises(ValueError, match="algo.dual_clip_c"):
-    losses.policy_loss_sum(algo_cfg, logp=logp, old_logp=old, advantages=adv, mask=mask)
+    resolve(algo_cfg)

@@ -9,8 +9,9 @@ EXPECTED = {
                   "reinforce_pp_baseline", "gae"},
     "policy_loss": {"ppo", "gspo", "cispo", "gmpo", "pg"},
     "loss_agg": {"token_mean", "seq_mean_token_mean", "seq_mean_token_sum",
-                 "seq_mean_token_sum_norm"},
+                 "seq_mean_token_sum_norm", "sequence_mean"},
     "kl_estimator": {"k1", "k2", "k3", "low_var_kl", "k3+"},
+    "regularizer": {"kl", "entropy", "pos_lm"},
 }
 
 
@@ -39,9 +40,51 @@ def test_register_get_names_meta_and_duplicates():
 
   reg.register("a")(lambda: 1)
   assert reg.names() == ["a", "b"] and "a" in reg and "c" not in reg
-  assert reg.get("b") is b and reg.meta("b") == {"flavour": "sweet"}
+  assert reg.get("b") is b
+  assert reg.meta("b") == {"flavour": "sweet", "inputs": (), "hparams": {}}
   with pytest.raises(ValueError, match="already registered"):
     reg.register("a")(lambda: 3)
   with pytest.raises(KeyError, match="unknown widget 'c' \\(x.widget\\); registered widget "
                                      "names: a, b"):
     reg.meta("c")
+
+
+def test_inputs_and_hyperparameters_come_from_the_signature():
+  reg = Registry("widget", "x.widget")
+
+  @reg.register("w", hparams={"scale": "widget_scale"})
+  def w(values, mask, *, scale, mode="sum", offset):
+    return values, mask, scale, mode, offset
+
+  meta = reg.meta("w")
+  assert meta["inputs"] == ("values", "mask")
+  # Keyword-only parameters without a default are read from a key of their own name.
+  assert meta["hparams"] == {"scale": "widget_scale", "offset": "offset"}
+  with pytest.raises(ValueError, match="not keyword-only parameters"):
+    reg.register("bad", hparams={"valus": "x"})(lambda values, *, scale: values)
+
+
+def test_floats_are_traced_and_other_settings_static(algo_cfg):
+  from rljax.algos import resolve
+  algo_cfg.policy_loss, algo_cfg.cispo_eps_low = "cispo", None
+  algo = resolve(algo_cfg)
+  assert dict(algo.objective.traced) == {"eps_high": "cispo_eps_high"}
+  assert dict(algo.objective.static) == {"eps_low": None}
+  assert algo.hparams["cispo_eps_high"] == 4.0
+  algo_cfg.advantage, algo_cfg.adv_std = "grpo", "batch"
+  assert dict(resolve(algo_cfg).advantage.static) == {"std_mode": "batch"}
+
+
+def test_a_component_reading_a_missing_key_fails_at_resolve(algo_cfg):
+  from rljax.algos import resolve
+
+  @algos.register_policy_loss("test_needs_missing_key")
+  def needs_missing_key(logp, old_logp, advantages, mask, *, no_such_key):
+    return -advantages * logp, {}
+
+  try:
+    algo_cfg.policy_loss = "test_needs_missing_key"
+    with pytest.raises(KeyError, match="reads algo.no_such_key"):
+      resolve(algo_cfg)
+  finally:
+    algos.POLICY_LOSSES.unregister("test_needs_missing_key")

@@ -4,6 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from rljax.algos import resolve
 from rljax.algos import value as value_lib
 
 from .helpers import cast, jit, prefix_mask
@@ -71,7 +72,17 @@ def test_explained_variance(x64):
   assert float(ev(v, np.ones((B, T)), mask)) == 0.0  # Var[ret] = 0: defined as 0, not NaN
 
 
-def test_positive_examples_and_lm_loss(prec):
+def _pos_lm(algo_cfg):
+  """The resolved algorithm with VAPO's positive-example LM loss on, and that term."""
+  algo_cfg.pos_lm_coef = 0.1
+  algo = resolve(algo_cfg)
+  term, = [r for r in algo.regularizers if r.name == "pos_lm"]
+  assert term.agg == "token_mean" and term.coef == "pos_lm_coef"
+  return algo, term
+
+
+def test_positive_examples_and_lm_loss(prec, algo_cfg):
+  algo, term = _pos_lm(algo_cfg)
   rng = np.random.default_rng(2)
   mask = prefix_mask(rng, B, T, prec.dtype)
   logp = -rng.uniform(0.1, 3.0, size=(B, T)).astype(prec.dtype)
@@ -82,8 +93,8 @@ def test_positive_examples_and_lm_loss(prec):
   def f(logp, mask, rewards):
     positive = value_lib.positive_example_rows(rewards)
     total, grad = jax.value_and_grad(
-        lambda lp: value_lib.positive_lm_loss_sum(lp, mask, positive))(logp)
-    return positive, total, value_lib.positive_lm_loss_count(mask, positive), grad
+        lambda lp: algo.regularizer_sum(term, logp=lp, mask=mask, positive=positive))(logp)
+    return positive, total, term.count(mask=mask, positive=positive), grad
 
   positive, total, count, grad = f(logp, mask, rewards)
   positive = np.asarray(positive)
@@ -94,12 +105,15 @@ def test_positive_examples_and_lm_loss(prec):
   np.testing.assert_array_equal(np.asarray(grad), -sel.astype(prec.dtype))
 
 
-def test_all_equal_rewards_have_no_positive_example():
+def test_all_equal_rewards_have_no_positive_example(algo_cfg):
+  algo, term = _pos_lm(algo_cfg)
+
   @jit
   def f(rewards, mask):
     positive = value_lib.positive_example_rows(rewards)
-    return (positive.any(), value_lib.positive_lm_loss_sum(-jnp.ones((4, 3)), mask, positive),
-            value_lib.positive_lm_loss_count(mask, positive))
+    return (positive.any(),
+            algo.regularizer_sum(term, logp=-jnp.ones((4, 3)), mask=mask, positive=positive),
+            term.count(mask=mask, positive=positive))
 
   for rewards in (np.ones(4, np.float32), np.zeros(4, np.float32)):
     assert [float(x) for x in f(rewards, np.ones((4, 3), np.float32))] == [0.0, 0.0, 0.0]

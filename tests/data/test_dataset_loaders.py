@@ -108,7 +108,7 @@ def test_prompt_source_eval_sets(qa_file, tmp_path):
   assert [p.prompt for p in split.eval_set(10)] == ["Q"]
   tiny = write_jsonl(tmp_path / "tiny.jsonl", [{"prompt": "what is 1+1?", "answer": "2"}])
   if not is_eval_prompt("what is 1+1?"):
-    with pytest.raises(ValueError, match="eval_source"):
+    with pytest.raises(ValueError, match="has no eval rows.*needs more rows"):
       PromptSource("jsonl:" + tiny).eval_set(4)
 
 

@@ -7,7 +7,7 @@ import pytest
 from rljax.data import Problem, make_task
 from rljax.rewards import (REWARD_FNS, exact_match, final_answer, format_ok, get_reward_fn,
                            math_verify_reward, score_completions)
-from rljax.rewards.verifiers import run_with_timeouts
+from rljax.rewards.isolation import run_isolated
 
 
 def test_registry_lists_names_on_error():
@@ -101,10 +101,14 @@ def test_score_completions_cuts_off_slow_and_failing_verifiers():
   assert (scores.num_timeouts, scores.num_errors) == (2, 1)
 
 
-def test_run_with_timeouts_keeps_order_and_handles_empty_batches():
-  outcomes = run_with_timeouts([lambda i=i: i * i for i in range(20)], timeout_s=1.0, workers=3)
+def _square(i):
+  return i * i
+
+
+def test_run_isolated_keeps_order_and_handles_empty_batches():
+  outcomes = run_isolated(_square, [(i,) for i in range(20)], timeout_s=5.0, workers=3)
   assert [o.value for o in outcomes] == [i * i for i in range(20)]
-  assert run_with_timeouts([], timeout_s=1.0, workers=3) == []
+  assert run_isolated(_square, [], timeout_s=1.0, workers=3) == []
   assert score_completions("exact_match", [], []).rewards.shape == (0,)
 
 

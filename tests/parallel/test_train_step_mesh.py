@@ -1,4 +1,4 @@
-"""One rljax GRPO train_step (prepare_batch -> train_step, AdamW) and greedy sampling on 8
+"""One rljax GRPO train_step (score -> train_step, AdamW) and greedy sampling on 8
 simulated CPU devices give the same results as on a 1-device mesh, and leave parameters and
 optimizer state placed by the partition rules.
 
@@ -51,7 +51,7 @@ def test_params_and_opt_state_placed_by_rules_after_step(results, mesh):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("mesh", TRAIN_MESHES)
-def test_prepare_batch_output_feeds_train_step_directly(results, mesh):
+def test_score_output_feeds_train_step_directly(results, mesh):
   r = results[("train", mesh)]
   assert r["prepare_bad"] == [] and r["direct_error"] is None, (r["prepare_bad"], r["direct_error"])
 

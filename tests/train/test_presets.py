@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from rljax import cli, config_loader
+from rljax.algos import resolve
 from rljax.models import llama
 from rljax.train import metrics as metrics_lib
 from tests.train import tiny
@@ -64,6 +65,26 @@ def test_preset_runs_and_applies_its_components(preset, tmp_path):
   if config.algo.kl_placement == "reward":
     assert "kl" in last and "kl_loss" not in last
   CHECKS[preset](config, state, steps)
+  _same_as_before_the_api_refactor(preset, os.path.join(run_dir, "metrics.jsonl"))
+
+
+# Metrics of these runs made with the code before the algorithm was resolved into bound functions
+# (rljax.algos.resolve) and one Rollout record replaced the batch tuples: the refactor changed no
+# number. New metrics may appear; none may change or disappear.
+BEFORE_API = os.path.join(os.path.dirname(__file__), "data", "preset_metrics_before_api.json")
+TIMING = ("sec_", "tokens_per_sec")
+
+
+def _same_as_before_the_api_refactor(preset, metrics_path):
+  with open(BEFORE_API) as f:
+    before = json.load(f)[preset]
+  after = metrics_lib.read_jsonl(metrics_path)
+  assert len(after) == len(before)
+  for old, new in zip(before, after):
+    for key, value in old.items():
+      if value is not None and not key.startswith(TIMING):
+        np.testing.assert_allclose(new[key], value, rtol=1e-4, atol=1e-6,
+                                   err_msg=f"{preset} step {old['step']} {key}")
 
 
 def _dapo(config, state, steps):
@@ -84,13 +105,11 @@ def _t1(config, state, steps):
 
 
 def _dr_grpo(config, state, steps):
-  from rljax.algos import losses
-  assert losses.policy_loss_agg(config.algo) == "seq_mean_token_sum_norm"
+  assert resolve(config).policy_agg == "seq_mean_token_sum_norm"
 
 
 def _gspo(config, state, steps):
-  from rljax.algos import losses
-  assert losses.policy_loss_agg(config.algo) == "seq_mean_token_mean"
+  assert resolve(config).policy_agg == "seq_mean_token_mean"
 
 
 def _nothing(config, state, steps):

@@ -4,7 +4,7 @@ import os
 import pytest
 
 from rljax import cli
-from rljax.train import loop
+from rljax.train import loop, run_dir
 from rljax.train import metrics as metrics_lib
 from tests.train import tiny
 
@@ -40,7 +40,7 @@ def test_kill_and_resume_matches_uninterrupted_run(tmp_path, monkeypatch):
   monkeypatch.setattr(loop, "collect_batch", real_collect)
 
   # A fresh run refuses to overwrite the killed run's checkpoints ...
-  with pytest.raises(FileExistsError, match="resume"):
+  with pytest.raises(run_dir.RunDirError, match="resume"):
     cli.main(tiny.args("grpo", killed_dir, EXTRA))
   # ... and --config.train.resume=True continues it.
   cli.main(tiny.args("grpo", killed_dir, dict(EXTRA, **{"train.resume": "true"})))

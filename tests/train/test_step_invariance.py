@@ -7,6 +7,7 @@ import pytest
 from rljax import config_loader
 from rljax.models import tiny_config
 from rljax.models import llama
+from rljax.algos import resolve
 from rljax.train import build, step as step_lib
 from tests.train import tiny
 
@@ -34,15 +35,19 @@ def _one_step(loss_agg, micro):
   config = _config(loss_agg, micro)
   model_cfg = tiny_config(config.model, VOCAB)
   params = llama.init_params(model_cfg, seed=0)
-  _, make = build.abstract_state(config, model_cfg)
-  state = make(params)
-  actor_tx, critic_tx = build.optimizers(config)
-  fns = step_lib.build_step_fns(config, model_cfg, actor_tx, critic_tx)
-  batch, _ = jax.jit(fns.prepare_batch)(state, *_rollout_arrays())
+  fns, state, hp = _step_fns(config, model_cfg, params)
+  batch, _ = jax.jit(fns.score)(state, _rollout_arrays(), hp)
   # Perturb old log-probs so ratios differ from 1 and clipping is exercised.
   batch = batch.replace(old_logp=batch.old_logp + 0.3 * jnp.sin(jnp.arange(T))[None])
-  new_state, metrics = jax.jit(fns.train_step)(state, batch)
+  new_state, metrics = jax.jit(fns.train_step)(state, batch, hp)
   return new_state, metrics
+
+
+def _step_fns(config, model_cfg, params):
+  """(unjitted StepFns, initial state, hparams) of a config, on one device."""
+  algo = resolve(config)
+  _, make = build.abstract_state(config, model_cfg, algo)
+  return step_lib.step_fns(build.learner(config, model_cfg, algo)), make(params), algo.hparams
 
 
 @pytest.mark.slow
@@ -72,21 +77,19 @@ def _on_policy_step(micro, **extra):
   config = config_loader.load_config(os.path.join(tiny.ROOT, "configs", "grpo.py"),
                                      list(overrides.items()))
   model_cfg = tiny_config(config.model, VOCAB)
-  _, make = build.abstract_state(config, model_cfg)
-  state = make(llama.init_params(model_cfg, seed=0))
+  fns, state, hp = _step_fns(config, model_cfg, llama.init_params(model_cfg, seed=0))
   # A reference away from the policy, so that the KL term and its metric are not zero.
   state = state.replace(ref_params=jax.tree.map(lambda p: p * 1.1, state.ref_params))
-  actor_tx, critic_tx = build.optimizers(config)
-  fns = step_lib.build_step_fns(config, model_cfg, actor_tx, critic_tx)
-  batch, scored = jax.jit(fns.prepare_batch)(state, *_rollout_arrays(3))
-  new_state, metrics = jax.jit(fns.train_step)(state, batch)
+  batch, scored = jax.jit(fns.score)(state, _rollout_arrays(3), hp)
+  new_state, metrics = jax.jit(fns.train_step)(state, batch, hp)
   return new_state, scored, metrics
 
 
 @pytest.mark.slow
 def test_one_update_per_batch_reuses_the_policy_forward():
-  """With one update per batch the loss takes the old log-probs from its own forward (prepare_batch
-  skips the policy): same update and same metrics as scoring first (micro_batches=2 does)."""
+  """With one update per batch the loss takes the old log-probs from its own forward (scoring
+  skips the policy, old_logp stays None): same update and same metrics as scoring first
+  (micro_batches=2 does)."""
   reused_state, reused_scored, reused = _on_policy_step(1)
   state, scored, metrics = _on_policy_step(2)
   assert "entropy" not in reused_scored and "entropy" in scored  # the forward was skipped

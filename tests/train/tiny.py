@@ -37,18 +37,22 @@ def args(preset: str, run_dir: str, extra: dict | None = None) -> list[str]:
 
 def synthetic_rollout(rows: int, prompt_width: int, completion: int, vocab: int, rewards,
                       seed: int = 0):
-  """Arrays as ``prepare_batch`` takes them: random left-padded prompts and completions of random
-  lengths (row 3 has no valid completion token), the given ``rewards`` [rows]."""
+  """A ``Rollout`` record as the host hands it to scoring: random left-padded prompts and
+  completions of random lengths (row 3 has no valid completion token), the given ``rewards``."""
+  from rljax.rollout.sampler import Rollout
   rng = np.random.default_rng(seed)
   prompt_len = rng.integers(2, prompt_width + 1, rows)
   comp_len = rng.integers(1, completion + 1, rows)
   comp_len[3] = 0
   tokens = rng.integers(3, vocab, (rows, prompt_width + completion)).astype(np.int32)
-  attn = np.zeros((rows, prompt_width + completion), np.int32)
-  mask = np.zeros((rows, completion), np.float32)
+  prompt_mask = np.zeros((rows, prompt_width), np.int32)
+  mask = np.zeros((rows, completion), np.int32)
   for i in range(rows):
-    attn[i, prompt_width - prompt_len[i]:prompt_width] = 1
-    attn[i, prompt_width:prompt_width + comp_len[i]] = 1
+    prompt_mask[i, prompt_width - prompt_len[i]:] = 1
     mask[i, :comp_len[i]] = 1
-  return (tokens, attn, mask, np.zeros((rows, completion), np.float32),
-          np.asarray(rewards, np.float32), np.zeros(rows, np.float32), np.ones(rows, np.float32))
+  rewards = np.asarray(rewards, np.float32)
+  zeros = np.zeros((rows, completion), np.float32)
+  return Rollout(prompt_tokens=tokens[:, :prompt_width], prompt_mask=prompt_mask,
+                 tokens=tokens[:, prompt_width:], mask=mask, sampler_logp=zeros, draw_logp=zeros,
+                 lengths=comp_len.astype(np.int32), truncated=np.zeros(rows, bool),
+                 rewards=rewards, correct=rewards > 0, row_valid=np.ones(rows, np.float32))

@@ -20,7 +20,8 @@ from rljax.data.tokenizer import load_tokenizer  # noqa: E402
 from rljax.models import llama, tiny_config  # noqa: E402
 from rljax.parallel import mesh as mesh_lib, rules  # noqa: E402
 from rljax.rollout import left_pad  # noqa: E402
-from rljax.train import build  # noqa: E402
+from rljax.algos import resolve  # noqa: E402
+from rljax.train import build, loop  # noqa: E402
 
 assert jax.device_count() == 8, jax.devices()
 
@@ -70,25 +71,24 @@ def train_once(mesh_shape):
   model_cfg = model_config(config)
   params = llama.init_params(model_cfg, seed=0)
   state, fns, sharding = build.sharded_state_and_fns(config, model_cfg, params, mesh)
-  batch, _ = fns.prepare_batch(state, *rollout_arrays())
-  # Perturb old log-probs so ratios differ from 1 and clipping is exercised.
-  # (An eager op's result is not row-sharded, so put it back where train_step expects it.)
-  old_logp = batch.old_logp + 0.3 * np.sin(np.arange(T))[None].astype(np.float32)
-  batch = batch.replace(old_logp=jax.device_put(old_logp, rules.batch_sharding(mesh, 2)))
-  # Every field of prepare_batch's output must leave row-sharded as train_step's in_shardings
+  hp = resolve(config).hparams
+  batch, _ = fns.score(state, loop.to_device(rollout_arrays(), mesh), hp)
+  # One update per batch: old_logp is None (the loss's forward gives it, ratio 1).
+  assert batch.old_logp is None
+  # Every field of score's output must leave row-sharded as train_step's in_shardings
   # demand: the loop feeds one straight into the other, and jit rejects another sharding.
   data_sh = lambda x: rules.batch_sharding(mesh, x.ndim)  # noqa: E731
   prepare_bad = [f"{name}: {spec(x.sharding)}" for name, x in
                  ((f.name, getattr(batch, f.name)) for f in dataclasses.fields(batch))
-                 if not x.sharding.is_equivalent_to(data_sh(x), x.ndim)]
+                 if x is not None and not x.sharding.is_equivalent_to(data_sh(x), x.ndim)]
   direct_error = None
   if prepare_bad:
     try:  # the loop's path, on a throwaway copy (train_step donates its state)
-      fns.train_step(jax.tree.map(lambda x: x.copy(), state), batch)
+      fns.train_step(jax.tree.map(lambda x: x.copy(), state), batch, hp)
     except ValueError as e:
       direct_error = str(e).splitlines()[0][:200]
     batch = jax.device_put(batch, jax.tree.map(data_sh, batch))  # work around it here
-  new_state, metrics = fns.train_step(state, batch)
+  new_state, metrics = fns.train_step(state, batch, hp)
   loss_sum, loss_count = (float(x) for x in metrics["loss"])
 
   # Placement after the step, against the rules directly (not via build.state_shardings).

@@ -1,0 +1,335 @@
+"""An algorithm resolved once: config names -> function objects with bound hyperparameters.
+
+``resolve(config)`` runs at start-up, before any model is built: it looks up every registered
+name of the ``algo`` section (an unknown one fails listing the registered names), range-checks
+every ``algo.*`` number, and returns an ``Algorithm``. Below this point nothing reads a
+ConfigDict.
+
+Hyperparameters: a float key a component reads is *traced*: it travels as an entry of the
+``hparams`` dict passed to the compiled step, so a sweep over a coefficient (or a ``vmap`` over
+it) reuses one compilation. Everything else (names, modes, ``None`` = off, integers that fix
+shapes) is bound statically.
+
+  algo = resolve(config)
+  adv, returns = algo.advantages(rewards=r, mask=m)                       # [B, T]
+  loss_sum, metrics = algo.policy_loss_sum(logp=lp, old_logp=old, advantages=adv, mask=m)
+  loss = loss_sum / algo.policy_loss_count(m)
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple
+
+import chex
+import jax
+import jax.numpy as jnp
+
+from rljax.algos import advantages as adv_lib
+from rljax.algos import kl as kl_lib
+from rljax.algos import losses as loss_lib
+from rljax.algos.registry import (ADVANTAGES, KL_ESTIMATORS, LOSS_AGGS, POLICY_LOSSES,
+                                  REGULARIZERS, Registry, signature_of)
+
+Hparams = Mapping[str, chex.Numeric]
+KL_PLACEMENTS = ("loss", "reward", "none")
+REF_UPDATES = ("frozen", "ema")
+
+
+def _is_traced_value(value) -> bool:
+  return isinstance(value, float)
+
+
+@dataclasses.dataclass(frozen=True)
+class Bound:
+  """A registered function with its static hyperparameters bound.
+
+  ``bound(hp, **arrays)`` calls the function with its inputs taken by name from ``arrays`` and
+  its traced hyperparameters from ``hp`` (the algorithm's ``hparams`` or a traced copy).
+  """
+  name: str
+  fn: Callable[..., Any]
+  inputs: Tuple[str, ...]
+  static: Tuple[Tuple[str, Any], ...]
+  traced: Tuple[Tuple[str, str], ...]  # (keyword, hparams key)
+
+  def __call__(self, hp: Hparams, **arrays):
+    kwargs = {k: arrays[k] for k in self.inputs if k in arrays}
+    kwargs.update(self.static)
+    kwargs.update({kw: hp[key] for kw, key in self.traced})
+    return self.fn(**kwargs)
+
+
+def bind(registry: Registry, name: str, algo: Mapping[str, Any], hparams: Dict[str, float]
+         ) -> Bound:
+  """Looks ``name`` up in ``registry`` and binds its hyperparameters from the ``algo`` settings;
+  the traced ones are added to ``hparams``."""
+  fn, meta = registry.get(name), registry.meta(name)
+  static, traced = [], []
+  for kw, key in meta["hparams"].items():
+    if key not in algo:
+      raise KeyError(f"{registry.family} {name!r} reads algo.{key}, which the config does not "
+                     f"have: add it to the algo section of the config")
+    value = algo[key]
+    if _is_traced_value(value):
+      hparams[key] = value
+      traced.append((kw, key))
+    else:
+      static.append((kw, value))
+  return Bound(name, fn, meta["inputs"], tuple(static), tuple(traced))
+
+
+@dataclasses.dataclass(frozen=True)
+class Regularizer:
+  """An auxiliary loss ``coef * sum / count`` (sections 5 and 8): its per-token values, the
+  tokens it averages over, its aggregation and the ``hparams`` key of its weight."""
+  values: Bound
+  token_mask: Optional[Callable[..., chex.Array]]
+  agg: str
+  coef: str
+
+  @property
+  def name(self) -> str:
+    return self.values.name
+
+  def mask(self, arrays: Mapping[str, chex.Array]) -> chex.Array:
+    if self.token_mask is None:
+      return arrays["mask"]
+    inputs, _ = signature_of(self.token_mask)
+    return self.token_mask(**{k: arrays[k] for k in inputs})
+
+  def loss_sum(self, hp: Hparams, norm_constant, **arrays) -> chex.Array:
+    return loss_lib.agg_sum(self.agg, self.values(hp, **arrays), self.mask(arrays), norm_constant)
+
+  def count(self, **arrays) -> chex.Array:
+    return loss_lib.agg_count(self.agg, self.mask(arrays))
+
+
+@dataclasses.dataclass(frozen=True)
+class Algorithm:
+  """The ``algo`` section resolved: components, static choices and the traced ``hparams``."""
+  advantage: Bound
+  critic_targets: bool  # the estimator also returns critic targets (GAE)
+  whiten: bool  # algo.adv_whiten, for estimators that do not whiten by definition
+  objective: Bound
+  policy_agg: str  # forced by the objective or algo.loss_agg (may be per-sequence)
+  regularizers: Tuple[Regularizer, ...]
+  kl_placement: Optional[str]  # 'loss' | 'reward' | None (no reference model)
+  kl_estimator: str
+  ref_mode: str  # algo.ref_update: 'frozen' | 'ema'
+  tis: bool  # truncated importance sampling (algo.tis_cap set)
+  overlong_filter: bool
+  group_size: int
+  epochs: int
+  minibatches: int
+  micro_batches: int
+  kl_target: Optional[float]
+  kl_horizon: float
+  hparams: Dict[str, float]
+
+  def _hp(self, hp: Optional[Hparams]) -> Hparams:
+    return self.hparams if hp is None else hp
+
+  @staticmethod
+  def _norm_constant(hp):
+    return hp.get("loss_norm_constant")  # None: max_new_tokens
+
+  # --- advantages ----------------------------------------------------------------------------
+
+  def advantages(self, *, rewards: chex.Array, mask: chex.Array,
+                 values: Optional[chex.Array] = None,
+                 token_rewards: Optional[chex.Array] = None, hp: Optional[Hparams] = None
+                 ) -> Tuple[chex.Array, Optional[chex.Array]]:
+    """Advantages ``[B, T]`` (0 on padding) and critic targets (GAE) or None.
+
+    ``token_rewards`` defaults to the outcome reward on each row's last valid token.
+    """
+    chex.assert_rank([rewards, mask], [1, 2])
+    chex.assert_equal_shape_prefix([rewards, mask], 1)
+    if token_rewards is None:
+      token_rewards = adv_lib.outcome_token_rewards(rewards, mask)
+    out = self.advantage(self._hp(hp), rewards=rewards, mask=mask, group_size=self.group_size,
+                         values=values, token_rewards=token_rewards)
+    adv, returns = out if self.critic_targets else (out, None)
+    if self.whiten:
+      adv = adv_lib.whiten(adv, mask)
+    return adv, returns
+
+  # --- the policy loss -----------------------------------------------------------------------
+
+  def policy_loss_sum(self, *, logp: chex.Array, old_logp: chex.Array, advantages: chex.Array,
+                      mask: chex.Array, hp: Optional[Hparams] = None, **arrays
+                      ) -> Tuple[chex.Array, loss_lib.Metrics]:
+    """``(loss sum, metrics)`` of one micro-batch; the minibatch's policy loss is the sum over
+    its micro-batches divided once by ``policy_loss_count`` of the whole minibatch mask.
+
+    With ``algo.tis_cap`` each per-token loss is multiplied by ``min(exp(old_logp -
+    sampler_logp), cap)`` (detached), so ``sampler_logp`` must be given.
+    """
+    hp = self._hp(hp)
+    loss, metrics = self.objective(hp, logp=logp, old_logp=old_logp, advantages=advantages,
+                                   mask=mask, **arrays)
+    if self.tis:
+      if arrays.get("sampler_logp") is None:
+        raise ValueError("algo.tis_cap is set: policy_loss_sum needs `sampler_logp`")
+      cap = hp["tis_cap"]
+      weights = loss_lib.truncated_is_weights(old_logp, arrays["sampler_logp"], cap)
+      loss = loss * weights
+      metrics = dict(metrics, **loss_lib.token_metrics(
+          mask, tis_weight_mean=weights, tis_clip_frac=(weights >= cap).astype(weights.dtype)))
+    return loss_lib.agg_sum(self.policy_agg, loss, mask, self._norm_constant(hp)), metrics
+
+  def policy_loss_count(self, mask: chex.Array) -> chex.Array:
+    """The denominator of ``policy_loss_sum`` over the whole minibatch ``mask``."""
+    return loss_lib.agg_count(self.policy_agg, mask)
+
+  # --- regularisers and the reference --------------------------------------------------------
+
+  def regularizer_sum(self, reg: Regularizer, hp: Optional[Hparams] = None, **arrays):
+    return reg.loss_sum(self._hp(hp), self._norm_constant(self._hp(hp)), **arrays)
+
+  def ref_update(self, ref_params, params, hp: Optional[Hparams] = None):
+    """``frozen``: ``ref_params``; ``ema``: ``d ref + (1 - d) params`` (T1's dynamic anchor)."""
+    if self.ref_mode == "frozen":
+      return ref_params
+    return kl_lib.ema_update(ref_params, params, self._hp(hp)["ref_ema_decay"])
+
+  def kl(self, logp: chex.Array, ref_logp: chex.Array) -> chex.Array:
+    """The configured KL estimate ``[B, T]`` (for metrics and KL in the reward)."""
+    return kl_lib.kl_estimate(self.kl_estimator, logp, ref_logp)
+
+
+# --- validation ----------------------------------------------------------------------------------
+
+def _number(key, value, *, lo=None, hi=None, lo_open=False, hi_open=False, optional=False):
+  if value is None and optional:
+    return
+  if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+    raise ValueError(f"algo.{key}={value!r} must be a finite number")
+  low_bad = lo is not None and (value <= lo if lo_open else value < lo)
+  high_bad = hi is not None and (value >= hi if hi_open else value > hi)
+  if low_bad or high_bad:
+    left = "(" if lo_open else "["
+    right = ")" if hi_open else "]"
+    raise ValueError(f"algo.{key}={value!r} is out of range: must be in {left}"
+                     f"{'-inf' if lo is None else lo}, {'inf' if hi is None else hi}{right}")
+
+
+def _choice(key, value, choices):
+  if value not in choices:
+    raise ValueError(f"algo.{key}={value!r} must be one of {tuple(choices)}")
+
+
+def check_algo(algo: Mapping[str, Any]) -> None:
+  """Range checks of the ``algo`` keys every algorithm shares (one error naming the key)."""
+  for key in ("clip_eps_low", "clip_eps_high", "cispo_eps_high", "kl_coef", "pos_lm_coef"):
+    _number(key, algo[key], lo=0)
+  _number("cispo_eps_low", algo["cispo_eps_low"], lo=0, optional=True)
+  _number("gmpo_eps", algo["gmpo_eps"], lo=0, lo_open=True)
+  _number("dual_clip_c", algo["dual_clip_c"], lo=1, lo_open=True, optional=True)
+  for key in ("gamma", "lam", "ref_ema_decay"):
+    _number(key, algo[key], lo=0, hi=1)
+  _number("lam_critic", algo["lam_critic"], lo=0, hi=1, optional=True)
+  _number("lam_alpha", algo["lam_alpha"], lo=0, lo_open=True, optional=True)
+  _number("loss_norm_constant", algo["loss_norm_constant"], lo=0, lo_open=True, optional=True)
+  _number("tis_cap", algo["tis_cap"], lo=0, lo_open=True, optional=True)
+  _number("kl_target", algo["kl_target"], lo=0, lo_open=True, optional=True)
+  _number("kl_horizon", algo["kl_horizon"], lo=0, lo_open=True)
+  _number("entropy_coef", algo["entropy_coef"])
+  _choice("kl_placement", algo["kl_placement"], KL_PLACEMENTS)
+  _choice("ref_update", algo["ref_update"], REF_UPDATES)
+  _choice("adv_std", algo["adv_std"], adv_lib.ADV_STD_MODES)
+  for key in ("epochs", "minibatches", "micro_batches", "max_gen_batches"):
+    value = algo[key]
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+      raise ValueError(f"algo.{key}={value!r} must be an integer >= 1")
+  window = algo["keep_pass_rate"]
+  if window is not None:
+    if (len(window) != 2 or not all(isinstance(v, numbers.Real) for v in window)
+        or not 0 <= window[0] <= window[1] <= 1):
+      raise ValueError(f"algo.keep_pass_rate={window!r} must be (lo, hi) with 0 <= lo <= hi <= 1")
+
+
+def _plain(config) -> Dict[str, Any]:
+  return config.to_dict() if hasattr(config, "to_dict") else dict(config)
+
+
+# --- resolve -------------------------------------------------------------------------------------
+
+def resolve(config, *, group_size: Optional[int] = None, critic: Optional[bool] = None
+            ) -> Algorithm:
+  """The ``Algorithm`` of a whole config (or of an ``algo`` section with ``group_size`` and
+  ``critic`` given). Fails on an unknown name or an out-of-range key, naming it."""
+  settings = _plain(config)
+  if "algo" in settings:
+    algo = _plain(settings["algo"])
+    group_size = settings["rollout"]["group_size"] if group_size is None else group_size
+    critic = settings["critic"]["enabled"] if critic is None else critic
+  else:
+    algo = settings
+    group_size = 2 if group_size is None else group_size
+    critic = False if critic is None else critic
+  check_algo(algo)
+  hparams: Dict[str, float] = {}
+  if algo["loss_norm_constant"] is not None:
+    hparams["loss_norm_constant"] = float(algo["loss_norm_constant"])
+
+  advantage = bind(ADVANTAGES, algo["advantage"], algo, hparams)
+  adv_meta = ADVANTAGES.meta(algo["advantage"])
+  if "group_size" in advantage.inputs:
+    minimum = adv_meta.get("min_group_size", 2)
+    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < minimum:
+      raise ValueError(f"algo.advantage={algo['advantage']!r} needs rollout.group_size >= "
+                       f"{minimum} (a baseline from the other completions of the prompt), got "
+                       f"{group_size!r}")
+  if "values" in advantage.inputs and not critic:
+    raise ValueError(f"algo.advantage={algo['advantage']!r} needs critic values: set "
+                     "critic.enabled=True")
+
+  LOSS_AGGS.get(algo["loss_agg"])  # a typo fails even when the objective overrides it
+  objective = bind(POLICY_LOSSES, algo["policy_loss"], algo, hparams)
+  policy_agg = POLICY_LOSSES.meta(algo["policy_loss"]).get("loss_agg") or algo["loss_agg"]
+  if LOSS_AGGS.meta(policy_agg).get("per_sequence") and not POLICY_LOSSES.meta(
+      algo["policy_loss"]).get("loss_agg"):
+    raise ValueError(f"algo.loss_agg={policy_agg!r} aggregates one loss per sequence; "
+                     f"algo.policy_loss={algo['policy_loss']!r} gives one per token")
+  tis = algo["tis_cap"] is not None
+  if tis:
+    if LOSS_AGGS.meta(policy_agg).get("per_sequence"):
+      raise ValueError(f"algo.tis_cap weights per-token losses; algo.policy_loss="
+                       f"{algo['policy_loss']!r} has one loss per sequence. Unset algo.tis_cap "
+                       "or pick a per-token objective")
+    hparams["tis_cap"] = float(algo["tis_cap"])
+
+  placement = algo["kl_placement"]
+  if placement != "none":
+    KL_ESTIMATORS.get(algo["kl_estimator"])
+  regularizers = []
+  for name in REGULARIZERS.names():
+    meta = REGULARIZERS.meta(name)
+    enabled = meta["enabled"](algo) if meta["enabled"] else bool(algo[meta["coef"]])
+    if not enabled:
+      continue
+    agg = meta["agg"](algo) if callable(meta["agg"]) else meta["agg"]
+    agg = loss_lib.token_level_agg(policy_agg if agg == "policy" else agg)
+    hparams[meta["coef"]] = float(algo[meta["coef"]])
+    regularizers.append(Regularizer(bind(REGULARIZERS, name, algo, hparams),
+                                    meta["token_mask"], agg, meta["coef"]))
+  if algo["ref_update"] == "ema":
+    hparams["ref_ema_decay"] = float(algo["ref_ema_decay"])
+  return Algorithm(
+      advantage=advantage, critic_targets=adv_meta.get("critic_targets", False),
+      whiten=algo["adv_whiten"] and not adv_meta.get("whitened", False),
+      objective=objective, policy_agg=policy_agg, regularizers=tuple(regularizers),
+      kl_placement=None if placement == "none" else placement,
+      kl_estimator=algo["kl_estimator"], ref_mode=algo["ref_update"], tis=tis,
+      overlong_filter=bool(algo["overlong_filter"]), group_size=group_size,
+      epochs=algo["epochs"], minibatches=algo["minibatches"],
+      micro_batches=algo["micro_batches"], kl_target=algo["kl_target"],
+      kl_horizon=float(algo["kl_horizon"]), hparams=hparams)
+
+
+def hparams_tree(algo: Algorithm, dtype=jnp.float32) -> Dict[str, jax.Array]:
+  """``algo.hparams`` as float arrays, the argument the compiled step takes."""
+  return {k: jnp.asarray(v, dtype) for k, v in algo.hparams.items()}

@@ -1,0 +1,103 @@
+"""The short public API for notebooks and scripts.
+
+  import rljax
+  config = rljax.config()                                  # the defaults, from the package
+  config = rljax.config("configs/grpo.py", {"rollout.group_size": 4})
+  model = rljax.load("tiny")                               # or "hf:/path", or a run directory
+  rollout, texts = model.sample(["1+2="], group_size=4)    # stops at the tokenizer's EOS
+  logp, entropy = model.logprobs(rollout)                  # [B, T] each
+  algo = rljax.algos.resolve(config)                       # pure functions, bound
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any, Mapping, Sequence
+
+import jax
+import ml_collections
+
+from rljax import config_loader, models
+from rljax.data import tokenizer as tokenizer_lib
+from rljax.models import ModelConfig, llama
+from rljax.rollout import engine
+from rljax.rollout.sampler import Rollout, SamplingParams
+
+
+def config(path: str | None = None, overrides: Mapping[str, Any] | None = None
+           ) -> ml_collections.ConfigDict:
+  """The default config of the installed package (every key of ALGORITHMS.md with its
+  default), or the ``get_config()`` of a config file, with ``overrides`` ({"a.b": value}) set.
+  Unknown keys and values of the wrong type are errors naming the key."""
+  if path is None:
+    from rljax import defaults
+    result = defaults.get_config()
+  else:
+    result = config_loader.load_config_file(path)
+  for dotted, value in (overrides or {}).items():
+    config_loader.set_value(result, dotted, value)
+  result.lock()
+  return result
+
+
+@dataclasses.dataclass
+class Model:
+  """A policy with its tokenizer: ``logits``, ``sample`` and ``logprobs`` on plain inputs."""
+  cfg: ModelConfig
+  params: Any
+  tokenizer: Any
+
+  def logits(self, tokens, mask=None) -> jax.Array:
+    """Logits ``[B, S, V]`` of left-padded ``tokens [B, S]`` (``mask`` 1 on real tokens)."""
+    mask = (tokens != self.tokenizer.pad_id) if mask is None else mask
+    return llama.logits(self.cfg, self.params, tokens, mask.astype("int32"))
+
+  def sample(self, prompts: Sequence[str], *, group_size: int = 1, max_new_tokens: int = 64,
+             temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, greedy: bool = False,
+             seed: int = 0, bucket: int = 16) -> tuple[Rollout, list[str]]:
+    """``group_size`` completions per prompt (groups contiguous), each stopping at the
+    tokenizer's EOS as ``generate`` does: the ``Rollout`` record and the decoded texts."""
+    sp = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy,
+                        max_new_tokens=max_new_tokens, stop_ids=(self.tokenizer.eos_id,),
+                        pad_id=self.tokenizer.pad_id)
+    return engine.generate_text(self.cfg, self.params, self.tokenizer, list(prompts),
+                                jax.random.PRNGKey(seed), sp, group_size, bucket)
+
+  def logprobs(self, rollout: Rollout, chunk: int = 512) -> tuple[jax.Array, jax.Array]:
+    """Teacher-forced log-probs of a rollout's completion tokens and the full-vocabulary
+    entropies at each position: ``([B, T], [B, T])``."""
+    from rljax.train import step
+    return step.completion_stats(self.cfg, self.params, rollout, chunk)
+
+
+def load(source: str = "tiny", *, tokenizer: str | None = None,
+         model_config: ml_collections.ConfigDict | None = None, seed: int = 0) -> Model:
+  """A ``Model`` from ``source``:
+
+  - ``"tiny"``: a fresh random Llama of the default (or given ``model_config``) sizes with the
+    character tokenizer of the embedded tasks;
+  - ``"hf:PATH"`` or a Hugging Face directory: its weights (safetensors) and, if the directory
+    has one, its tokenizer;
+  - an rljax run directory (``train.run_dir``): the latest checkpoint's policy.
+  """
+  if source == "tiny":
+    tok = tokenizer_lib.load_tokenizer(tokenizer or "char")
+    model_cfg = models.tiny_config(model_config or config().model, tok.vocab_size,
+                                   eos_token_id=tok.eos_id, pad_token_id=tok.pad_id)
+    return Model(model_cfg, llama.init_params(model_cfg, seed=seed), tok)
+  path = source[3:] if source.startswith("hf:") else source
+  if not os.path.isdir(path):
+    raise FileNotFoundError(f"rljax.load: {source!r} is not 'tiny', 'hf:PATH', a Hugging Face "
+                            "directory or an rljax run directory")
+  if os.path.isdir(os.path.join(path, "checkpoints")):
+    from rljax.train import evaluation
+    run_config = evaluation.run_config(path)
+    model_cfg, params = evaluation.load_run_params(path, run_config)
+    tok = tokenizer_lib.load_tokenizer(tokenizer or run_config.data.tokenizer,
+                                       run_config.data.chat_template)
+    return Model(model_cfg, params, tok)
+  model_cfg, params = models.load_hf(path)
+  has_tokenizer = any(os.path.isfile(os.path.join(path, f))
+                      for f in ("tokenizer.json", "tokenizer_config.json"))
+  tok = tokenizer_lib.load_tokenizer(tokenizer or (path if has_tokenizer else "char"))
+  return Model(model_cfg, params, tok)

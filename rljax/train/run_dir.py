@@ -1,0 +1,225 @@
+"""A run directory belongs to one live run: a lock, and the checks that decide fresh vs resume.
+
+``claim(config)`` is called when ``train`` starts, before any model is built:
+
+* **Lock.** ``<run_dir>/run.lock`` is held with ``flock`` for the life of the run and records
+  ``{pid, host, started}``. The kernel releases it when the process dies (kill -9 included), so a
+  lock file left by a dead run is stale: it is reported (who held it, since when) and taken over.
+  A second run into the same directory refuses with one line naming the holder.
+* **Fresh or resume.** ``train.resume=True`` needs a run there (its ``config.json`` or a committed
+  checkpoint): a misspelt path is an error, not a silent fresh start. A fresh run refuses a
+  directory holding committed checkpoints. A resumed run must have the same config as the run
+  that wrote the directory, except the keys in ``RESUMABLE_CHANGES`` and those the user names in
+  ``train.resume_override``; ``train.steps`` may grow but not fall below the latest checkpoint.
+* ``config.json`` is written (atomically) once these checks pass, so a run killed even before its
+  first checkpoint can be resumed.
+
+Only the main process of a multi-process run claims the directory; URLs (``gs://``) are not
+locked (no ``flock`` there).
+"""
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import logging
+import os
+import re
+import socket
+import time
+
+from rljax.errors import RljaxError
+
+logger = logging.getLogger(__name__)
+
+LOCK_FILE = "run.lock"
+CONFIG_FILE = "config.json"
+
+# Keys that may differ between the run that wrote a directory and the run resuming it: where
+# and how often to write, evaluate and show things, and how to lay the same computation out.
+RESUMABLE_CHANGES = (
+    "train.steps", "train.resume", "train.resume_override", "train.run_dir", "train.progress",
+    "train.eval_every", "train.checkpoint_every", "train.keep_checkpoints", "train.export_hf",
+    "reward.workers", "reward.timeout_s", "reward.max_logged_failures", "data.num_eval",
+    "mesh.data", "mesh.fsdp", "mesh.tensor", "dist.mode", "dist.coordinator_address",
+    "dist.num_processes", "dist.process_id", "model.remat", "model.logits_chunk",
+    "sft.out_dir",
+)
+
+
+class RunDirError(RljaxError, RuntimeError):
+  """The run directory is in use, holds no run to resume, or holds a different run."""
+
+
+class RunLock:
+  """An exclusive ``flock`` on ``<run_dir>/run.lock``; ``release()`` (or process death) frees it."""
+
+  def __init__(self, run_dir: str):
+    self.path = os.path.join(run_dir, LOCK_FILE)
+    self.stale: dict | None = None  # the record of a dead holder this lock took over
+    os.makedirs(run_dir, exist_ok=True)
+    while True:
+      fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+      try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+      except OSError as e:
+        holder = _read_record(self.path)
+        os.close(fd)
+        if e.errno not in (errno.EWOULDBLOCK, errno.EACCES):
+          raise
+        raise RunDirError(f"{run_dir} is in use by {_describe(holder)}; wait for it to finish, "
+                          "stop it, or choose another train.run_dir") from None
+      # The holder may have released and unlinked the file between our open and flock.
+      if os.path.exists(self.path) and os.stat(self.path).st_ino == os.fstat(fd).st_ino:
+        break
+      os.close(fd)
+    self.fd = fd
+    previous = _read_record(self.path)
+    if previous:
+      self.stale = previous
+      logger.warning("%s: stale lock of %s (that process is gone); taken over", self.path,
+                     _describe(previous))
+    record = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time()}
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, json.dumps(record).encode(), 0)
+    os.fsync(fd)
+
+  def release(self) -> None:
+    if self.fd is None:
+      return
+    with contextlib.suppress(FileNotFoundError):
+      os.unlink(self.path)  # before unlocking: nobody can lock a file we then delete
+    os.close(self.fd)
+    self.fd = None
+
+
+def _read_record(path: str) -> dict:
+  try:
+    with open(path) as f:
+      text = f.read()
+    return json.loads(text) if text.strip() else {}
+  except (OSError, ValueError):
+    return {}
+
+
+def _describe(record: dict) -> str:
+  if not record:
+    return "another process (lock file being written)"
+  started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(record.get("started", 0)))
+  return f"pid {record.get('pid')} on host {record.get('host')} since {started}"
+
+
+# --- what a directory holds -----------------------------------------------------------------------
+
+def committed_steps(run_dir: str) -> list[int]:
+  """Steps under ``<run_dir>/checkpoints`` that hold orbax's commit marker (no orbax needed)."""
+  root = os.path.join(run_dir, "checkpoints")
+  if not os.path.isdir(root):
+    return []
+  return sorted(int(name) for name in os.listdir(root) if re.fullmatch(r"\d+", name)
+                and os.path.isfile(os.path.join(root, name, "commit_success.txt")))
+
+
+def holds_run(run_dir: str) -> bool:
+  return os.path.isfile(os.path.join(run_dir, CONFIG_FILE)) or bool(committed_steps(run_dir))
+
+
+def _flatten(tree, prefix: str = "") -> dict:
+  out = {}
+  for key, value in tree.items():
+    if isinstance(value, dict):
+      out.update(_flatten(value, f"{prefix}{key}."))
+    else:
+      out[f"{prefix}{key}"] = tuple(value) if isinstance(value, list) else value
+  return out
+
+
+def config_differences(saved: dict, current: dict, allowed=()) -> list[str]:
+  """``'key: saved -> current'`` for every key that differs, except ``RESUMABLE_CHANGES``, the
+  ``allowed`` keys and their sub-keys."""
+  skip = tuple(RESUMABLE_CHANGES) + tuple(allowed)
+  a, b = _flatten(saved), _flatten(current)
+  diffs = []
+  for key in sorted(set(a) | set(b)):
+    if any(key == s or key.startswith(s + ".") for s in skip):
+      continue
+    if a.get(key, "<absent>") != b.get(key, "<absent>"):
+      diffs.append(f"{key}: {a.get(key, '<absent>')!r} -> {b.get(key, '<absent>')!r}")
+  return diffs
+
+
+def check_start(config, current: dict) -> None:
+  """Raise ``RunDirError`` unless ``config`` may start (fresh) or resume in its run dir."""
+  t = config.train
+  run_dir = t.run_dir
+  steps = committed_steps(run_dir)
+  if t.resume:
+    if not holds_run(run_dir):
+      raise RunDirError(f"train.resume=True but {run_dir} holds no run (no {CONFIG_FILE}, no "
+                        "committed checkpoint): check the path, or leave train.resume unset to "
+                        "start a new run there")
+    saved_path = os.path.join(run_dir, CONFIG_FILE)
+    if os.path.isfile(saved_path):
+      with open(saved_path) as f:
+        saved = json.load(f)
+      overrides = tuple(t.resume_override)
+      diffs = config_differences(saved, current, overrides)
+      if diffs:
+        raise RunDirError(
+            f"cannot resume {run_dir}: its config differs in {'; '.join(diffs)}. Resume with the "
+            "same values, or name the keys in train.resume_override, e.g. "
+            f"--config.train.resume_override=\"{tuple(d.split(':')[0] for d in diffs)}\"")
+    if steps and t.steps < steps[-1]:
+      raise RunDirError(f"train.steps={t.steps} is below the latest checkpoint {steps[-1]} of "
+                        f"{run_dir}: a resumed run can only grow train.steps")
+  elif steps:
+    raise RunDirError(f"{run_dir} already holds checkpoints {steps}: pass "
+                      "--config.train.resume=True to continue it, or choose another "
+                      "train.run_dir")
+
+
+def write_config(run_dir: str, config_json: str) -> None:
+  path = os.path.join(run_dir, CONFIG_FILE)
+  tmp = f"{path}.tmp-{os.getpid()}"
+  with open(tmp, "w") as f:
+    f.write(config_json)
+  os.replace(tmp, path)
+
+
+_HELD: dict[str, RunLock] = {}
+
+
+@contextlib.contextmanager
+def claimed(config):
+  """Hold ``train.run_dir`` for a run (module docstring): lock, fresh/resume checks,
+  ``config.json``. Released when the block exits, however it exits."""
+  from rljax.parallel import distributed
+  distributed.initialize(config.dist)
+  run_dir = config.train.run_dir
+  if "://" in run_dir or not distributed.is_main_process():
+    yield None
+    return
+  if config.train.resume and not holds_run(run_dir):  # before the lock creates the directory
+    check_start(config, {})
+  key = os.path.realpath(run_dir)
+  if key in _HELD:  # the same process already runs there (a train() inside a train())
+    raise RunDirError(f"{run_dir} is in use by this process (a run is already training there)")
+  lock = RunLock(run_dir)
+  _HELD[key] = lock
+  try:
+    current = json.loads(config.to_json_best_effort())
+    check_start(config, current)
+    write_config(run_dir, config.to_json_best_effort(indent=2))
+    yield lock
+  finally:
+    _HELD.pop(key, None)
+    lock.release()
+
+
+def check_convert_target(run_dir: str, out: str) -> None:
+  """``rljax convert RUN OUT``: OUT must not be a run directory nor lie inside RUN."""
+  run, target = os.path.realpath(run_dir), os.path.realpath(out)
+  if target == run or target.startswith(run + os.sep) or holds_run(out):
+    raise RunDirError(f"convert: the output {out!r} is (inside) a run directory; write the "
+                      f"Hugging Face export outside {run_dir!r} and outside any run")

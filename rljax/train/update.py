@@ -1,0 +1,98 @@
+"""The parts of an update that any loss reuses: micro-batch gradient accumulation with exact
+``(sum, count)`` aggregation, the guarded optimizer update, and epochs x minibatches in ``scan``.
+
+A custom step (e.g. in a notebook) composes them around its own loss::
+
+  def loss_fn(params, micro, counts):            # -> (loss, {name: (sum, count)})
+    ...
+  loss, grads, metrics = accumulate_gradients(loss_fn, params, minibatch, counts, parts=2)
+  params, opt_state, info = apply_update(tx, params, opt_state, grads, loss)
+
+Every loss term divides its micro-batch sum by a count of the *whole* minibatch (``counts``,
+computed before the split), so how a minibatch is split never changes the gradient.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping
+
+import jax
+import jax.numpy as jnp
+import optax
+
+Metrics = dict  # name -> (sum, count)
+
+
+def scalar_metric(x) -> tuple:
+  """A scalar logged as itself: ``(x, 1)``."""
+  return (jnp.asarray(x, jnp.float32), jnp.ones((), jnp.float32))
+
+
+def split_rows(tree, parts: int):
+  """``[N, ...] -> [parts, N / parts, ...]`` on every leaf; part j holds rows j, j + parts, ...
+  (strided, so each part takes an equal share of every data-parallel shard)."""
+  def split(x):
+    n = x.shape[0]
+    if n % parts:
+      raise ValueError(f"{n} rows do not split into {parts} equal parts")
+    return x.reshape((n // parts, parts) + x.shape[1:]).swapaxes(0, 1)
+  return jax.tree.map(split, tree)
+
+
+def accumulate_gradients(loss_fn: Callable, params, minibatch, counts: Mapping[str, Any], *,
+                         parts: int, extra: tuple = ()):
+  """``(loss, grads, metrics)`` summed over ``parts`` micro-batches of ``minibatch`` (a scan).
+
+  ``loss_fn(params, *extra, micro, counts) -> (loss, metrics)`` with each term already divided
+  by its whole-minibatch count, so the sums are the minibatch's loss and gradient.
+  """
+  micro = split_rows(minibatch, parts)
+  grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+
+  def body(acc, part):
+    (loss, metrics), grads = grad_fn(params, *extra, part, counts)
+    return (jax.tree.map(jnp.add, acc[0], grads), acc[1] + loss,
+            jax.tree.map(jnp.add, acc[2], metrics)), None
+
+  first = jax.tree.map(lambda x: x[0], micro)
+  metric_shapes = jax.eval_shape(grad_fn, params, *extra, first, counts)[0][1]
+  zeros = (jax.tree.map(jnp.zeros_like, params), jnp.zeros(()),
+           jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), metric_shapes))
+  (grads, loss, metrics), _ = jax.lax.scan(body, zeros, micro)
+  return loss, grads, metrics
+
+
+def _all_finite(tree) -> jax.Array:
+  leaves = [jnp.isfinite(x).all() for x in jax.tree.leaves(tree)
+            if jnp.issubdtype(jnp.asarray(x).dtype, jnp.inexact)]
+  return jnp.stack(leaves).all() if leaves else jnp.ones((), bool)
+
+
+def apply_update(tx: optax.GradientTransformation, params, opt_state, grads, loss):
+  """One optimizer step, skipped when anything is non-finite: the loss, the gradient, or the
+  updated parameters and optimizer state (``b2 = 1`` or an overflow can make them NaN from a
+  finite gradient). Returns ``(params, opt_state, grad_norm, applied)``; a skipped step leaves
+  params and optimizer state exactly as they were."""
+  grad_norm = optax.tree.norm(grads)
+  updates, new_opt_state = tx.update(grads, opt_state, params)
+  new_params = optax.apply_updates(params, updates)
+  applied = (jnp.isfinite(loss) & jnp.isfinite(grad_norm) & _all_finite(new_params)
+             & _all_finite(new_opt_state))
+  keep = lambda new, old: jnp.where(applied, new, old)
+  return (jax.tree.map(keep, new_params, params), jax.tree.map(keep, new_opt_state, opt_state),
+          grad_norm, applied)
+
+
+def run_epochs(minibatch_update: Callable, state, batch, key, *, epochs: int, minibatches: int):
+  """``epochs x minibatches`` calls of ``minibatch_update(state, minibatch) -> (state, metrics)``
+  in ``lax.scan``; rows reshuffled each epoch from ``key`` (in order when there is one update).
+  Returns the final state and the metrics summed over all updates."""
+  n = jax.tree.leaves(batch)[0].shape[0]
+
+  def epoch(state, epoch_key):
+    order = (jax.random.permutation(epoch_key, n) if epochs * minibatches > 1
+             else jnp.arange(n))
+    shuffled = jax.tree.map(lambda x: x[order], batch)
+    return jax.lax.scan(minibatch_update, state, split_rows(shuffled, minibatches))
+
+  state, metrics = jax.lax.scan(epoch, state, jax.random.split(key, epochs))
+  return state, jax.tree.map(lambda x: x.sum(axis=(0, 1)), metrics)

@@ -1,0 +1,114 @@
+"""Start-up validation: each bad value fails in under a second with an error naming the key,
+before any model, data or compiled function is built."""
+import os
+import time
+
+import pytest
+
+from rljax import cli, config_checks, config_loader
+from rljax.train import build, loop
+from tests.train import tiny
+
+BASE = os.path.join(tiny.ROOT, "configs", "base.py")
+
+# (preset, overrides, text the one-line error must contain)
+BAD = [
+    ("grpo", {"algo.clip_eps_low": "-0.2"}, "algo.clip_eps_low=-0.2"),
+    ("grpo", {"algo.clip_eps_high": "-0.1"}, "algo.clip_eps_high=-0.1"),
+    ("grpo", {"optim.lr": "0"}, "optim.lr=0.0"),
+    ("grpo", {"optim.lr": "-1e-5"}, "optim.lr=-1e-05"),
+    ("grpo", {"optim.lr": "nan"}, "optim.lr=nan is not allowed: expected a finite number"),
+    ("grpo", {"optim.lr": "inf"}, "optim.lr=inf"),
+    ("grpo", {"optim.eps": "0"}, "optim.eps=0.0"),
+    ("grpo", {"optim.b1": "1.0"}, "optim.b1=1.0"),
+    ("grpo", {"optim.b2": "1.0"}, "optim.b2=1.0 is not allowed: expected a finite number in [0, 1)"),
+    ("grpo", {"optim.b2": "-0.1"}, "optim.b2=-0.1"),
+    ("grpo", {"optim.weight_decay": "-1"}, "optim.weight_decay"),
+    ("grpo", {"optim.warmup_steps": "-3"}, "optim.warmup_steps=-3"),
+    ("grpo", {"optim.schedule": "linear"}, "optim.schedule='linear'"),
+    ("grpo", {"train.steps": "0"}, "train.steps=0"),
+    ("grpo", {"train.steps": "-5"}, "train.steps=-5"),
+    ("grpo", {"train.checkpoint_every": "-1"}, "train.checkpoint_every=-1"),
+    ("grpo", {"train.eval_every": "-2"}, "train.eval_every=-2"),
+    ("grpo", {"train.keep_checkpoints": "0"}, "train.keep_checkpoints=0"),
+    ("grpo", {"rollout.group_size": "1"}, "rollout.group_size=1 with algo.advantage='grpo'"),
+    ("rloo", {"rollout.group_size": "1"}, "rollout.group_size=1 with algo.advantage='rloo'"),
+    ("grpo", {"rollout.group_size": "0"}, "rollout.group_size=0"),
+    ("grpo", {"rollout.temperature": "0"}, "rollout.temperature=0.0"),
+    ("grpo", {"rollout.top_p": "1.5"}, "rollout.top_p=1.5"),
+    ("grpo", {"rollout.top_k": "-1"}, "rollout.top_k=-1"),
+    ("grpo", {"rollout.max_new_tokens": "0"}, "rollout.max_new_tokens=0"),
+    ("grpo", {"reward.timeout_s": "0"}, "reward.timeout_s=0.0"),
+    ("grpo", {"reward.workers": "0"}, "reward.workers=0"),
+    ("grpo", {"algo.kl_coef": "-0.1"}, "algo.kl_coef=-0.1"),
+    ("grpo", {"algo.gamma": "1.5"}, "algo.gamma=1.5"),
+    ("grpo", {"algo.lam": "nan"}, "algo.lam=nan"),
+    ("grpo", {"algo.dual_clip_c": "0.5"}, "algo.dual_clip_c=0.5"),
+    ("grpo", {"algo.ref_ema_decay": "2"}, "algo.ref_ema_decay=2.0"),
+    ("grpo", {"algo.keep_pass_rate": "(0.9, 0.1)"}, "algo.keep_pass_rate=(0.9, 0.1)"),
+    ("grpo", {"algo.epochs": "0"}, "algo.epochs=0"),
+    ("grpo", {"algo.minibatches": "3"}, "do not split into algo.minibatches=3"),
+    ("grpo", {"data.num_eval": "0"}, "data.num_eval=0"),
+    ("grpo", {"data.prompt_bucket": "0"}, "data.prompt_bucket=0"),
+    ("grpo", {"data.max_prompt_tokens": "-1"}, "data.max_prompt_tokens=-1"),
+    ("grpo", {"data.overlong_prompts": "truncate"}, "data.overlong_prompts='truncate'"),
+    ("grpo", {"model.num_heads": "3"}, "model.hidden_size=32 must be a multiple of"),
+    ("grpo", {"model.matmul_precision": "fast"}, "model.matmul_precision='fast'"),
+    ("grpo", {"sft.steps": "0"}, "sft.steps=0"),
+    ("grpo", {"mesh.data": "0"}, "mesh.data=0"),
+    ("grpo", {"critic.lr": "-1"}, "critic.lr=-1.0"),
+    ("grpo", {"seed": "-1"}, "seed=-1"),
+]
+
+
+@pytest.fixture
+def nothing_is_built(monkeypatch):
+  def refuse(*args, **kwargs):
+    raise AssertionError("a model or run was built before the config was checked")
+  monkeypatch.setattr(build, "build_run", refuse)
+  monkeypatch.setattr(build, "load_policy", refuse)
+  monkeypatch.setattr(loop, "train", refuse)
+
+
+@pytest.mark.parametrize("preset,overrides,message", BAD,
+                         ids=[f"{p}-{'-'.join(f'{k}={v}' for k, v in o.items())}" for p, o, _ in BAD])
+def test_bad_value_fails_fast_naming_the_key(preset, overrides, message, nothing_is_built,
+                                             tmp_path):
+  start = time.monotonic()
+  with pytest.raises(config_checks.ConfigError) as info:
+    cli.main(tiny.args(preset, str(tmp_path / "run"), overrides))
+  assert time.monotonic() - start < 1.0
+  assert message in str(info.value)
+  assert "\n" not in str(info.value)
+  assert not os.path.exists(tmp_path / "run")
+
+
+def test_eval_samples_and_one_line_cli_error(nothing_is_built, capsys):
+  with pytest.raises(config_checks.ConfigError, match="--samples=0"):
+    cli.main(["eval", "--config", BASE, "--samples", "0"])
+  with pytest.raises(SystemExit, match=r"^error: optim.b2=1.0 is not allowed"):
+    cli.entry(["train", "--config", BASE, "--config.optim.b2=1.0"])
+
+
+def test_defaults_and_every_preset_pass():
+  configs = sorted(f for f in os.listdir(os.path.join(tiny.ROOT, "configs")) if f.endswith(".py"))
+  for name in configs:
+    config_checks.check_config(config_loader.load_config(
+        os.path.join(tiny.ROOT, "configs", name)))
+
+
+def test_every_rule_names_a_base_key_and_g1_is_fine_without_groups():
+  base = config_loader.load_config(BASE)
+  for key, _ in config_checks.RULES:
+    present, _ = config_checks._lookup(base, key)
+    assert present, key
+  ppo = config_loader.load_config(os.path.join(tiny.ROOT, "configs", "ppo.py"),
+                                  [("rollout.group_size", "1")])
+  config_checks.check_config(ppo)  # GAE needs no group
+
+
+def test_nan_parses_as_a_float_not_a_type_error():
+  config = config_loader.load_config(BASE, [("algo.entropy_coef", "-inf")])
+  assert config.algo.entropy_coef == float("-inf")
+  with pytest.raises(config_checks.ConfigError, match="algo.entropy_coef=-inf"):
+    config_checks.check_config(config)
