@@ -9,6 +9,11 @@ from .helpers import jit, prefix_mask
 B, T = 8, 5
 
 
+def aggregate(mode, values, mask):
+  """The aggregate of one whole minibatch, ``agg_sum / agg_count`` (section 4)."""
+  return losses.agg_sum(mode, values, mask) / losses.agg_count(mode, mask)
+
+
 # --- the sheet's NumPy reference (float64) -------------------------------------------------------
 
 def ratios(old_logp, sampler_logp, m, level):
@@ -162,10 +167,10 @@ def test_trl_mask_mode_differs_by_valid_over_kept(x64):
   c_min, c_max = 0.5, 2.0
   rho = ratios(old, sampler, m, "token")
   trl_w = rho * ((rho >= c_min) & (rho <= c_max)) * m
-  trl = losses.aggregate("token_mean", trl_w * loss, m)
+  trl = aggregate("token_mean", trl_w * loss, m)
   new_m, _ = correction.rollout_rejection_mask(old, sampler, m, level="token", lo=c_min, hi=c_max)
   w, _ = correction.rollout_is_weights(old, sampler, new_m, level="token", cap=c_max)
-  ours = losses.aggregate("token_mean", w * loss, new_m)
+  ours = aggregate("token_mean", w * loss, new_m)
   n_valid, n_kept = m.sum(), np.asarray(new_m).sum()
   assert n_kept < n_valid
   np.testing.assert_allclose(float(ours), float(trl) * n_valid / n_kept, rtol=1e-12)

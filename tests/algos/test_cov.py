@@ -11,6 +11,11 @@ from .helpers import jit, log_ratios, prefix_mask
 B, T = 8, 6
 
 
+def aggregate(mode, values, mask):
+  """The aggregate of one whole minibatch, ``agg_sum / agg_count`` (section 4)."""
+  return losses.agg_sum(mode, values, mask) / losses.agg_count(mode, mask)
+
+
 # --- the sheet's NumPy reference (float64) -------------------------------------------------------
 
 def token_cov(A, lp, m):
@@ -144,7 +149,7 @@ def test_gradients_match_central_differences(x64):
   }
   for name, fn in fns.items():
     def total(lp, fn=fn):
-      return losses.aggregate("token_mean", fn(lp), m)
+      return aggregate("token_mean", fn(lp), m)
     grad = np.asarray(jit(jax.grad(total))(logp))
     total = jit(total)
     np.testing.assert_allclose(grad, _central_difference(lambda lp: float(total(lp)), logp),

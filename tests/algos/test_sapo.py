@@ -11,6 +11,11 @@ from .helpers import jit, log_ratios, prefix_mask
 B, T = 8, 5
 
 
+def aggregate(mode, values, mask):
+  """The aggregate of one whole minibatch, ``agg_sum / agg_count`` (section 4)."""
+  return losses.agg_sum(mode, values, mask) / losses.agg_count(mode, mask)
+
+
 # --- NumPy references (the sheet's, float64) -----------------------------------------------------
 
 def np_sapo_loss(logp, old_logp, A, tau_pos=1.0, tau_neg=1.05):
@@ -132,7 +137,7 @@ def test_gradients_match_central_differences(x64):
   for fn in (sapo.sapo_loss, sapo.sapo_sequence_loss):
     def total(lp, fn=fn):
       loss, _ = fn(lp, old, adv, mask, **TAUS)
-      return losses.aggregate("seq_mean_token_mean", loss, mask)
+      return aggregate("seq_mean_token_mean", loss, mask)
     grad = np.asarray(jit(jax.grad(total))(logp))
     total = jit(total)
     numeric = _central_difference(lambda lp: float(total(lp)), logp)
@@ -146,7 +151,7 @@ def test_sequence_form_value_and_empty_rows(x64):
       logp, old, adv, mask)
   row, expected = np_sapo_sequence(logp, old, adv, mask, 0.8, 1.3)
   np.testing.assert_allclose(np.asarray(loss), row[:, None] * mask, rtol=1e-6, atol=1e-12)
-  np.testing.assert_allclose(float(losses.aggregate("seq_mean_token_mean", loss, mask)),
+  np.testing.assert_allclose(float(aggregate("seq_mean_token_mean", loss, mask)),
                              expected, rtol=1e-6)
   assert float(metrics["ratio_mean"][1]) == mask.sum()
 
@@ -154,7 +159,7 @@ def test_sequence_form_value_and_empty_rows(x64):
 def test_token_form_aggregate_skips_empty_rows(x64):
   logp, old, adv, mask = make_inputs(4)
   loss, _ = sapo.sapo_loss(logp, old, adv, mask, **TAUS)
-  np.testing.assert_allclose(float(losses.aggregate("seq_mean_token_mean", loss, mask)),
+  np.testing.assert_allclose(float(aggregate("seq_mean_token_mean", loss, mask)),
                              np_seq_mean(np_sapo_loss(logp, old, adv), mask), rtol=1e-6)
 
 
