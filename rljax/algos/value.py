@@ -22,9 +22,13 @@ def value_loss_sum(values: chex.Array, old_values: chex.Array, returns: chex.Arr
                    mask: chex.Array, *, clip: Optional[float]) -> Tuple[chex.Array, Metrics]:
   """Clipped value loss (PPO 1707.06347; VC-PPO 2503.01491), the ``sum`` of a ``token_mean``.
 
-  ``0.5 max((V - ret)^2, (V_old + clip(V - V_old, -c, c) - ret)^2)`` summed over valid tokens
+  ``0.5 max((V - ret)^2, (clip(V, V_old - c, V_old + c) - ret)^2)`` summed over valid tokens
   (``clip=None``: the unclipped ``0.5 (V - ret)^2``). Metrics: ``value_clip_frac`` = fraction of
   valid tokens where the clipped term is the larger one (its gradient is then 0).
+
+  The clipped value is built as ``clip(V, V_old - c, V_old + c)`` (verl, TRL), not
+  ``V_old + clip(V - V_old, -c, c)``: the latter differs from ``V`` by one rounding inside the
+  range, so ``clipped > unclipped`` would count tokens that were never clipped.
   """
   _check_tokens(values, old_values, returns, mask)
   unclipped = (values - returns) ** 2
@@ -32,7 +36,7 @@ def value_loss_sum(values: chex.Array, old_values: chex.Array, returns: chex.Arr
     loss = unclipped
     active = jnp.zeros(mask.shape, values.dtype)
   else:
-    clipped_values = old_values + jnp.clip(values - old_values, -clip, clip)
+    clipped_values = jnp.clip(values, old_values - clip, old_values + clip)
     clipped = (clipped_values - returns) ** 2
     loss = jnp.maximum(unclipped, clipped)
     active = (clipped > unclipped).astype(values.dtype)

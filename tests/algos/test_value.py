@@ -22,7 +22,7 @@ def np_value_loss(v, v_old, ret, mask, c):
   if c is None:
     per_token, dv, active = unclipped, dv_unclipped, np.zeros_like(valid)
   else:
-    v_clip = v_old + np.clip(v - v_old, -c, c)
+    v_clip = np.clip(v, v_old - c, v_old + c)
     clipped = (v_clip - ret) ** 2
     dv_clipped = 2 * (v_clip - ret) * (np.abs(v - v_old) < c)
     active = clipped > unclipped
@@ -117,3 +117,23 @@ def test_all_equal_rewards_have_no_positive_example(algo_cfg):
 
   for rewards in (np.ones(4, np.float32), np.zeros(4, np.float32)):
     assert [float(x) for x in f(rewards, np.ones((4, 3), np.float32))] == [0.0, 0.0, 0.0]
+
+
+def test_value_clip_fraction_counts_only_clipped_tokens():
+  """Issue 13 defect 2: ``old + clip(V - old, -c, c)`` differs from ``V`` by a rounding inside the
+  clip range, so ``clipped > unclipped`` counted never-clipped tokens. On a float32 64x64 probe the
+  reported fraction must equal the true one, computed in float64 NumPy from the same inputs."""
+  rng = np.random.default_rng(13)
+  shape, c = (64, 64), 0.5
+  v_old = rng.normal(size=shape).astype(np.float32)
+  v = (v_old + rng.normal(scale=0.3, size=shape)).astype(np.float32)
+  ret = (v + rng.normal(scale=0.3, size=shape)).astype(np.float32)
+  mask = np.ones(shape, np.float32)
+  v64, old64, ret64 = (x.astype(np.float64) for x in (v, v_old, ret))
+  clipped64 = np.clip(v64, old64 - c, old64 + c)
+  true_frac = ((clipped64 - ret64) ** 2 > (v64 - ret64) ** 2).mean()
+  assert 0.01 < true_frac < 0.2
+  with jax.enable_x64(False):
+    _, metrics = jit(lambda *a: value_lib.value_loss_sum(*a, clip=c))(v, v_old, ret, mask)
+  s, n = metrics["value_clip_frac"]
+  assert float(s) / float(n) == true_frac
