@@ -15,6 +15,7 @@ Before dying it writes ``KILLED <point>`` to stderr, so the test knows the point
               <run_dir>/PAUSED, waits for <run_dir>/GO, then goes on
   none        runs normally
 """
+import dataclasses
 import os
 import signal
 import sys
@@ -47,7 +48,7 @@ def nth_call(owner, name: str, k: int, action, point: str) -> None:
 def install(point: str, run_dir: str) -> None:
   kind, _, arg = point.partition(":")
   from rljax import models
-  from rljax.train import checkpoint, loop, sft
+  from rljax.train import checkpoint, generation, loop, sft
 
   def die_before(original, args, kwargs):
     die(point)
@@ -62,12 +63,12 @@ def install(point: str, run_dir: str) -> None:
     def timed(original, args, kwargs):
       after(float(arg), point)
       return original(*args, **kwargs)
-    nth_call(loop, "device_batch", 1, timed, point)
+    nth_call(loop, "to_device", 1, timed, point)
   elif kind == "rollout":
     def sample_then_die(original, args, kwargs):
-      args[0].task_verifier = lambda completions, problems: die(point)
-      return original(*args, **kwargs)
-    nth_call(loop, "rollout_round", int(arg), sample_then_die, point)
+      generator = dataclasses.replace(args[0], verifier=lambda completions, problems: die(point))
+      return original(generator, *args[1:], **kwargs)
+    nth_call(generation, "generate", int(arg), sample_then_die, point)
   elif kind == "update":
     nth_call(loop, "summarize", int(arg), die_before, point)
   elif kind == "save":

@@ -102,3 +102,20 @@ def test_one_update_per_batch_reuses_the_policy_forward():
   assert float(merged["kl"][0]) > 0 and float(merged["entropy"][0]) > 0
   for a, b in zip(jax.tree.leaves(reused_state.params), jax.tree.leaves(state.params)):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_a_hyperparameter_sweep_reuses_one_compilation():
+  """Float hyperparameters are traced arguments: two clip widths, one compiled train_step, two
+  different updates."""
+  config = _config("token_mean", 1)
+  model_cfg = tiny_config(config.model, VOCAB)
+  fns, state, hp = _step_fns(config, model_cfg, llama.init_params(model_cfg, seed=0))
+  batch, _ = jax.jit(fns.score)(state, _rollout_arrays(), hp)
+  batch = batch.replace(old_logp=batch.old_logp + 0.3 * jnp.sin(jnp.arange(T))[None])
+  train = jax.jit(fns.train_step)
+  wide = train(state, batch, dict(hp, clip_eps_high=0.5, clip_eps_low=0.5))[1]
+  narrow = train(state, batch, dict(hp, clip_eps_high=0.01, clip_eps_low=0.01))[1]
+  assert train._cache_size() == 1
+  frac = lambda m: float(m["clip_frac_high"][0] + m["clip_frac_low"][0])
+  assert frac(narrow) > frac(wide)
