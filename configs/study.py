@@ -32,7 +32,7 @@ def get_config():
   c.optim.lr = 3e-5
   c.optim.warmup_steps = 5
   c.optim.max_grad_norm = 1.0
-  c.algo.minibatches = 2
+  c.algo.minibatches = 4  # the main job's schedule (configs/main.py): 4 updates of 16 rows per step
   c.algo.epochs = 1
   c.train.steps = 150
   c.train.eval_every = 25

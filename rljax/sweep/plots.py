@@ -26,6 +26,8 @@ CURVES = (
     ("len_wrong_mean", "length of wrong completions"),
     ("truncation_rate", "truncation rate"),
     ("kl", "KL to the reference"),
+    ("clip_frac_high", "fraction clipped above (ratio > 1 + eps_high)"),
+    ("clip_frac_low", "fraction clipped below (ratio < 1 - eps_low)"),
 )
 
 
