@@ -1,5 +1,6 @@
 """``python -m rljax sweep`` end to end on the smoke study (2 variants x 2 seeds x 2 steps of a
-tiny model): outputs, seeds, resuming only what is missing, re-aggregating a finished study."""
+tiny model): outputs, seeds, resuming only what is missing (and reproducing it), re-aggregating
+a finished study."""
 import csv
 import json
 import os
@@ -25,6 +26,11 @@ def _sweep(root, *extra):
                          *extra], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
   return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _without_timings(records):
+  return [{k: v for k, v in r.items() if not k.startswith("sec_") and k != "tokens_per_sec"}
+          for r in records]
 
 
 def _attempts(root, run):
@@ -75,9 +81,13 @@ def test_seed_changes_the_run_and_the_variant_not_the_first_rollout(finished):
 @pytest.mark.slow
 def test_resume_runs_only_what_is_missing_then_only_aggregates(finished, capsys):
   root, _ = finished
-  shutil.rmtree(os.path.join(root, "smoke", "clip_higher", "seed1"))
+  metrics = os.path.join(root, "smoke", "clip_higher", "seed1", "metrics.jsonl")
+  before = _without_timings(read_jsonl(metrics))
+  shutil.rmtree(os.path.dirname(metrics))
   summary = _sweep(root)
   assert summary["ran"] == ["clip_higher/seed1"]
+  # The same (variant, seed) reproduces its numbers.
+  assert _without_timings(read_jsonl(metrics)) == before
   assert [_attempts(root, run) for run in RUNS] == [1, 1, 1, 1]
   again = _sweep(root)
   assert again["ran"] == [] and os.path.isfile(again["markdown"])
