@@ -30,6 +30,9 @@ CURVES = (
     ("clip_frac_low", "fraction clipped below (ratio < 1 - eps_low)"),
 )
 
+# Fractions: their bands are cut to [0, 1] (a t-band over 2-3 seeds can reach past the range).
+FRACTIONS = {"eval_accuracy", "accuracy", "truncation_rate", "clip_frac_high", "clip_frac_low"}
+
 
 def smooth_window(num_steps: int) -> int:
   """Odd moving-average width: about 5% of the run, at least 1."""
@@ -94,6 +97,8 @@ def plot_study(records: Mapping[tuple[str, int], list], variants: Sequence[str],
       color = colors[i % len(colors)]
       ax.plot(steps, mean, color=color, label=f"{variant} (n={len(curves)})",
               marker="o" if key == "eval_accuracy" else None, markersize=3)
+      if key in FRACTIONS:
+        low, high = np.clip(low, 0, 1), np.clip(high, 0, 1)
       if len(curves) > 1:
         ax.fill_between(steps, low, high, color=color, alpha=0.2, linewidth=0)
     ax.set_title(label)

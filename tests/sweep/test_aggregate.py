@@ -192,3 +192,19 @@ def test_run_state_from_the_run_dir(tmp_path):
   with open(tmp_path / "metrics.jsonl", "a") as f:
     f.write(json.dumps({"step": 2, "eval_accuracy": 0.2}) + "\n")
   assert runner.run_state(spec) == "finished"
+
+
+def test_moving_average_and_seed_band_hand_worked():
+  import numpy as np
+  from rljax.sweep import plots
+  # Centred, window 3; the ends average the part of the window that exists.
+  np.testing.assert_allclose(plots.moving_average(np.arange(1.0, 6.0), 3),
+                             [1.5, 2, 3, 4, 4.5])
+  assert plots.smooth_window(150) == 7 and plots.smooth_window(10) == 1
+  # Two seeds aligned on their common steps (0, 10); at step 10: mean 0.5, s = 0.1 * sqrt(2),
+  # half = 12.706 * s / sqrt(2) = 1.2706.
+  steps, mean, low, high = plots.seed_band([(np.array([0, 5, 10]), np.array([0.1, 0.2, 0.4])),
+                                            (np.array([0, 10]), np.array([0.1, 0.6]))])
+  np.testing.assert_array_equal(steps, [0, 10])
+  np.testing.assert_allclose(mean, [0.1, 0.5])
+  np.testing.assert_allclose(high - mean, [0.0, 12.7062 * 0.1], rtol=1e-4)
