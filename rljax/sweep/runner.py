@@ -175,17 +175,17 @@ def sft_is_ready(spec: RunSpec, config_path: str) -> bool:
 
 def printable(argv: Iterable[str]) -> str:
   """A command line for a shell on another machine: ``python`` and paths relative to the cwd."""
-  cwd = os.getcwd()
+  inside = os.getcwd() + os.sep
   parts = []
   for i, arg in enumerate(argv):
     if i == 0:
       parts.append("python")
       continue
     key, sep, value = arg.partition("=")
-    if os.path.isabs(value) and value.startswith(cwd):
-      arg = key + sep + os.path.relpath(value, cwd)
-    elif os.path.isabs(arg) and arg.startswith(cwd):
-      arg = os.path.relpath(arg, cwd)
+    if value.startswith(inside):
+      arg = key + sep + os.path.relpath(value)
+    elif arg.startswith(inside):
+      arg = os.path.relpath(arg)
     parts.append(arg)
   return shlex.join(parts)
 
