@@ -4,7 +4,7 @@
   python -m rljax sweep experiments/studies/dapo_ladder.py --parallel 2
   python -m rljax sweep experiments/studies/dapo_ladder.py --print-commands > jobs.txt
   python -m rljax sweep experiments/studies/dapo_ladder.py --aggregate-only
-  python -m rljax sweep STUDY --root /tmp/smoke --set train.steps=2        # smoke run
+  python -m rljax sweep STUDY --root /tmp/smoke --set train.steps=2 --seeds 0   # smoke run
 
 Finished runs are skipped, killed ones resume from their last checkpoint, and a finished study
 only re-aggregates (rljax.sweep.runner). Results go to ``<root>/<study>/results/``:
@@ -14,6 +14,7 @@ paired difference to the baseline), ``results.md`` (the tables) and ``curves.png
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 
@@ -32,6 +33,9 @@ def parse_args(argv):
                       help="print one shell line per missing run (cold starts first) and exit")
   parser.add_argument("--aggregate-only", action="store_true",
                       help="run nothing; aggregate the finished runs")
+  parser.add_argument("--seeds", default=None, metavar="K,K,...",
+                      help="only these of the study's seeds (e.g. to split a study across "
+                      "machines, or a one-seed smoke run); the table covers them only")
   parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                       help="an extra config override for every run (e.g. train.steps=2)")
   args = parser.parse_args(argv)
@@ -80,6 +84,8 @@ def aggregate_study(study: study_lib.Study, specs, out_dir: str) -> dict:
 def main(argv) -> dict:
   args = parse_args(argv)
   study = study_lib.load_study(args.study)
+  if args.seeds is not None:
+    study = _with_seeds(study, args.seeds)
   config_path = study.config_path()
   specs = runner.plan_runs(study, args.root, args.extra)
   sft_jobs, train_jobs, states = runner.pending_jobs(specs, config_path)
@@ -109,6 +115,19 @@ def main(argv) -> dict:
     raise SystemExit(f"error: {len(failed)} job(s) failed; logs: "
                      + ", ".join(f["log"] for f in failed))
   return summary
+
+
+def _with_seeds(study: study_lib.Study, text: str) -> study_lib.Study:
+  """``study`` restricted to the comma-separated ``text`` seeds, which must be among its own."""
+  try:
+    seeds = tuple(int(k) for k in text.split(","))
+  except ValueError:
+    raise SystemExit(f"error: --seeds expects comma-separated integers, got {text!r}") from None
+  unknown = [k for k in seeds if k not in study.seeds]
+  if unknown:
+    raise SystemExit(f"error: --seeds {unknown} are not seeds of study {study.name!r}; its seeds: "
+                     f"{list(study.seeds)}")
+  return dataclasses.replace(study, seeds=seeds)
 
 
 def _log(text: str) -> None:

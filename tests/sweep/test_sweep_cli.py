@@ -106,3 +106,12 @@ def test_print_commands_is_the_train_cli_one_line_per_run(tmp_path, capsys):
   assert "--config.seed=1 --config.data.train_seed=1" in lines[1]
   assert lines[2].endswith("--config.train.resume=True")
   assert "--config.algo.clip_eps_high=0.28" in lines[3]
+
+
+def test_seeds_option_restricts_the_study(tmp_path, capsys):
+  assert sweep.main([STUDY, "--root", str(tmp_path), "--print-commands", "--seeds", "1"]) \
+      == {"commands": 2}
+  lines = capsys.readouterr().out.strip().splitlines()
+  assert all("--config.seed=1 " in line for line in lines)
+  with pytest.raises(SystemExit, match=r"\[7\] are not seeds of study 'smoke'"):
+    sweep.main([STUDY, "--root", str(tmp_path), "--print-commands", "--seeds", "0,7"])
