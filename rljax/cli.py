@@ -7,6 +7,7 @@
   convert           RUN_DIR OUT            latest checkpoint of a run -> Hugging Face directory
   plan              --config X [--device v5p-64|8xh100-80g|8x80GB]   memory plan on the mesh
   components                               the registered algorithm components
+  sweep             STUDY [--parallel N] [--print-commands] [--aggregate-only]   an ablation study
 """
 from __future__ import annotations
 
@@ -118,10 +119,15 @@ def cmd_components(argv):
   return table
 
 
+def cmd_sweep(argv):
+  from rljax.sweep import sweep
+  return sweep.main(argv)
+
+
 COMMANDS = {
     "train": cmd_train, "sft": cmd_sft, "eval": cmd_eval,
     "check-conversion": cmd_check_conversion, "convert": cmd_convert, "plan": cmd_plan,
-    "components": cmd_components,
+    "components": cmd_components, "sweep": cmd_sweep,
 }
 
 

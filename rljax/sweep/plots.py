@@ -1,0 +1,115 @@
+"""Study plots: each curve as the mean over seeds with a band, variants overlaid.
+
+The band is the pointwise 95% Student t-interval of the mean over the seeds at that step (the
+same interval as the tables; no band with one seed). Per-step train metrics are first smoothed
+per run by a centred moving average over ``smooth_window(num_steps)`` steps, since one batch of
+64 completions is noisy; the held-out eval curve is not smoothed. Steps are aligned across seeds
+on the steps every seed logged.
+"""
+from __future__ import annotations
+
+import math
+import os
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from rljax.sweep import aggregate
+
+# (metric key in metrics.jsonl, panel title); panels whose key no run logged are left out.
+CURVES = (
+    ("eval_accuracy", "held-out accuracy (greedy)"),
+    ("accuracy", "train accuracy (sampled)"),
+    ("entropy", "policy entropy (nats/token)"),
+    ("len_mean", "completion length (tokens)"),
+    ("len_correct_mean", "length of correct completions"),
+    ("len_wrong_mean", "length of wrong completions"),
+    ("truncation_rate", "truncation rate"),
+    ("kl", "KL to the reference"),
+    ("clip_frac_high", "fraction clipped above (ratio > 1 + eps_high)"),
+    ("clip_frac_low", "fraction clipped below (ratio < 1 - eps_low)"),
+)
+
+# Fractions: their bands are cut to [0, 1] (a t-band over 2-3 seeds can reach past the range).
+FRACTIONS = {"eval_accuracy", "accuracy", "truncation_rate", "clip_frac_high", "clip_frac_low"}
+
+
+def smooth_window(num_steps: int) -> int:
+  """Odd moving-average width: about 5% of the run, at least 1."""
+  return max(1, (num_steps // 20) // 2 * 2 + 1)
+
+
+def moving_average(values: np.ndarray, window: int) -> np.ndarray:
+  """Centred moving average; the ends average over the part of the window that exists."""
+  if window <= 1 or len(values) == 0:
+    return values
+  half = window // 2
+  padded_sum = np.convolve(values, np.ones(window), mode="full")[half:half + len(values)]
+  counts = np.convolve(np.ones_like(values), np.ones(window), mode="full")[half:half + len(values)]
+  return padded_sum / counts
+
+
+def seed_band(curves: Sequence[tuple[np.ndarray, np.ndarray]]):
+  """(steps, mean, low, high) over the runs' (steps, values) on their common steps."""
+  common = curves[0][0]
+  for steps, _ in curves[1:]:
+    common = np.intersect1d(common, steps)
+  stacked = np.stack([values[np.searchsorted(steps, common)] for steps, values in curves])
+  mean = stacked.mean(axis=0)
+  n = stacked.shape[0]
+  if n < 2:
+    return common, mean, mean, mean
+  half = aggregate.t_critical(n - 1) * stacked.std(axis=0, ddof=1) / math.sqrt(n)
+  return common, mean, mean - half, mean + half
+
+
+def plot_study(records: Mapping[tuple[str, int], list], variants: Sequence[str], path: str,
+               title: str) -> list[str]:
+  """One PNG with a panel per logged curve; returns the metric keys drawn."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  panels = [(key, label) for key, label in CURVES
+            if any(aggregate.series(r, key)[0].size for r in records.values())]
+  if not panels:
+    raise ValueError(f"plot_study: no run logged any of {[k for k, _ in CURVES]}")
+  cols = 2 if len(panels) > 1 else 1
+  rows = math.ceil(len(panels) / cols)
+  fig, axes = plt.subplots(rows, cols, figsize=(6 * cols, 3.2 * rows), squeeze=False)
+  colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+  for ax, (key, label) in zip(axes.flat, panels):
+    for i, variant in enumerate(variants):
+      curves = []
+      for (name, _), recs in sorted(records.items()):
+        if name != variant:
+          continue
+        # Train metrics live on train records only (the eval-only records have no `accuracy`).
+        source = recs if key == "eval_accuracy" else [r for r in recs if "accuracy" in r]
+        steps, values = aggregate.series(source, key)
+        if steps.size:
+          if key != "eval_accuracy":
+            values = moving_average(values, smooth_window(len(values)))
+          curves.append((steps, values))
+      if not curves:
+        continue
+      steps, mean, low, high = seed_band(curves)
+      color = colors[i % len(colors)]
+      ax.plot(steps, mean, color=color, label=f"{variant} (n={len(curves)})",
+              marker="o" if key == "eval_accuracy" else None, markersize=3)
+      if key in FRACTIONS:
+        low, high = np.clip(low, 0, 1), np.clip(high, 0, 1)
+      if len(curves) > 1:
+        ax.fill_between(steps, low, high, color=color, alpha=0.2, linewidth=0)
+    ax.set_title(label)
+    ax.set_xlabel("step")
+    ax.grid(alpha=0.3)
+  for ax in list(axes.flat)[len(panels):]:
+    ax.axis("off")
+  axes.flat[0].legend(fontsize=8)
+  fig.suptitle(title)
+  fig.tight_layout()
+  os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+  return [k for k, _ in panels]

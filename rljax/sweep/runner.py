@@ -1,0 +1,258 @@
+"""Run a study: every (variant, seed) as its own ``rljax train`` subprocess, resumably.
+
+Layout under ``root`` (default ``runs/studies``)::
+
+  <root>/<study>/<variant>/seed<k>/   one run dir (metrics.jsonl, checkpoints/, sweep_wall.json)
+  <root>/<study>/results/             the aggregate (CSV, markdown, PNG)
+  <root>/_sft/seed<k>-<hash>/         SFT cold starts, shared by every study and variant whose
+                                      cold start is the same (same stamp as rljax.train.sft)
+
+Seeds: run k sets ``seed=k`` (policy init, rollout sampling, eval sampling) and
+``data.train_seed=k`` (the order of training prompts; without it every seed would see the same
+prompts). The held-out eval set (``data.eval_seed``) stays the same for all runs, so runs are
+compared on the same problems.
+
+A run's state is read from its directory: *finished* when metrics.jsonl holds the final eval (the
+``eval_accuracy`` record at ``train.steps``), *partial* when it has a committed checkpoint (it is
+resumed with ``--config.train.resume=True``, which every command carries: without a checkpoint it
+starts fresh), *new* otherwise. A run dir that holds a run of a different config is an error, so
+that results of another study version are never mixed in.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import hashlib
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from typing import Callable, Iterable
+
+from rljax.sweep import study as study_lib
+
+WALL_FILE = "sweep_wall.json"  # per run dir: wall time and exit status of each attempt
+LOG_FILE = "sweep.log"  # per run dir: stdout and stderr of the train subprocess
+_IGNORED_CONFIG_KEYS = {("train", "resume"), ("train", "progress")}
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSpec:
+  """One (variant, seed) run: where it lives and the overrides that make it."""
+  variant: str
+  seed: int
+  run_dir: str
+  overrides: tuple[tuple[str, str], ...]
+  steps: int
+  sft_dir: str | None  # the cold start it loads (model.source='sft'), else None
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+  """A subprocess to run: a cold start or a train run."""
+  label: str
+  argv: tuple[str, ...]
+  log_path: str
+  wall_path: str | None
+  sft_dir: str | None = None  # the cold start a train job needs (or a cold-start job writes)
+  run: str = ""  # 'variant/seed<k>' of a train job
+
+
+def study_dir(root: str, study: study_lib.Study) -> str:
+  return os.path.join(root, study.name)
+
+
+def plan_runs(study: study_lib.Study, root: str,
+              extra: Iterable[tuple[str, str]] = ()) -> list[RunSpec]:
+  """Every (variant, seed) of ``study`` in table order, its overrides complete (including
+  ``extra``, e.g. ``--set train.steps=2`` for a smoke run). Loads each config, so a misspelt key
+  fails here, before anything runs."""
+  extra = tuple(extra)
+  specs = []
+  for variant in study.variants:
+    for seed in study.seeds:
+      run_dir = os.path.abspath(os.path.join(study_dir(root, study), variant.name, f"seed{seed}"))
+      per_run = extra + (("seed", str(seed)), ("data.train_seed", str(seed)),
+                         ("train.run_dir", run_dir))
+      config = study_lib.variant_config(study, variant, per_run)
+      sft_dir = None
+      if config.model.source == "sft":
+        sft_dir = os.path.abspath(os.path.join(root, "_sft", f"seed{seed}-{_sft_key(config)}"))
+        per_run += (("sft.out_dir", sft_dir),)
+      specs.append(RunSpec(variant.name, seed, run_dir,
+                           study.overrides + variant.overrides + per_run,
+                           int(config.train.steps), sft_dir))
+  return specs
+
+
+def _sft_key(config) -> str:
+  """A short hash of everything the cold start depends on (rljax.train.sft's stamp, less its own
+  directory), so runs share a cold start exactly when the trainer would reuse it."""
+  from rljax.train import sft
+  stamp = sft._stamp(config)
+  stamp["sft"] = {k: v for k, v in stamp["sft"].items() if k != "out_dir"}
+  return hashlib.sha256(json.dumps(stamp, sort_keys=True).encode()).hexdigest()[:10]
+
+
+# --- state of a run dir ---------------------------------------------------------------------------
+
+def run_state(spec: RunSpec) -> str:
+  """'finished', 'partial' (has a committed checkpoint) or 'new' (module docstring)."""
+  metrics = os.path.join(spec.run_dir, "metrics.jsonl")
+  if os.path.isfile(metrics):
+    from rljax.train.metrics import read_jsonl
+    if any(r["step"] == spec.steps and "eval_accuracy" in r for r in read_jsonl(metrics)):
+      return "finished"
+  ckpt = os.path.join(spec.run_dir, "checkpoints")
+  if os.path.isdir(ckpt) and any(
+      name.isdigit() and os.path.isfile(os.path.join(ckpt, name, "commit_success.txt"))
+      for name in os.listdir(ckpt)):
+    return "partial"
+  return "new"
+
+
+def check_same_config(spec: RunSpec, config_path: str) -> None:
+  """Raise if ``spec.run_dir`` holds a run made with another config than ``spec`` asks for."""
+  saved = os.path.join(spec.run_dir, "config.json")
+  if not os.path.isfile(saved):
+    return
+  from rljax import config_loader
+  want = json.loads(config_loader.load_config(config_path, list(spec.overrides))
+                    .to_json_best_effort())
+  with open(saved) as f:
+    have = json.load(f)
+  for section, key in _IGNORED_CONFIG_KEYS:
+    want.get(section, {}).pop(key, None)
+    have.get(section, {}).pop(key, None)
+  if want != have:
+    diff = _first_difference(want, have)
+    raise SystemExit(f"error: {spec.run_dir} holds a run with another config ({diff}); delete "
+                     "that directory to rerun it, or choose another --root")
+
+
+def _first_difference(want, have, prefix="") -> str:
+  if isinstance(want, dict) and isinstance(have, dict):
+    for key in sorted(set(want) | set(have)):
+      if want.get(key, "<missing>") != have.get(key, "<missing>"):
+        return _first_difference(want.get(key, "<missing>"), have.get(key, "<missing>"),
+                                 f"{prefix}{key}.")
+  return f"{prefix.rstrip('.')}: study wants {want!r}, run dir has {have!r}"
+
+
+def read_wall(run_dir: str) -> list[dict]:
+  """The recorded attempts of a run: ``[{'wall_s': float, 'returncode': int}, ...]``."""
+  path = os.path.join(run_dir, WALL_FILE)
+  if not os.path.isfile(path):
+    return []
+  with open(path) as f:
+    return json.load(f)
+
+
+# --- commands ---------------------------------------------------------------------------------------
+
+def train_argv(spec: RunSpec, config_path: str, python: str = sys.executable) -> tuple[str, ...]:
+  return (python, "-m", "rljax", "train", "--config", config_path,
+          *[f"--config.{k}={v}" for k, v in spec.overrides], "--config.train.resume=True")
+
+
+def sft_argv(spec: RunSpec, config_path: str, python: str = sys.executable) -> tuple[str, ...]:
+  return (python, "-m", "rljax", "sft", "--config", config_path,
+          *[f"--config.{k}={v}" for k, v in spec.overrides])
+
+
+def sft_is_ready(spec: RunSpec, config_path: str) -> bool:
+  """Whether the cold start ``spec`` loads is on disk with the stamp the trainer checks."""
+  from rljax import config_loader
+  from rljax.train import sft
+  stamp_path = os.path.join(spec.sft_dir, sft._STAMP)
+  if not os.path.isfile(stamp_path):
+    return False
+  with open(stamp_path) as f:
+    return json.load(f) == sft._stamp(config_loader.load_config(config_path, list(spec.overrides)))
+
+
+def printable(argv: Iterable[str]) -> str:
+  """A command line for a shell on another machine: ``python`` and paths relative to the cwd."""
+  inside = os.getcwd() + os.sep
+  parts = []
+  for i, arg in enumerate(argv):
+    if i == 0:
+      parts.append("python")
+      continue
+    key, sep, value = arg.partition("=")
+    if value.startswith(inside):
+      arg = key + sep + os.path.relpath(value)
+    elif arg.startswith(inside):
+      arg = os.path.relpath(arg)
+    parts.append(arg)
+  return shlex.join(parts)
+
+
+# --- running -----------------------------------------------------------------------------------------
+
+def run_job(job: Job) -> dict:
+  """Run one subprocess, its output appended to ``job.log_path``; records the attempt's wall
+  time in ``job.wall_path``. Returns ``{'label', 'returncode', 'wall_s', 'log'}``."""
+  os.makedirs(os.path.dirname(job.log_path), exist_ok=True)
+  env = dict(os.environ)
+  # The subprocess imports the same rljax as this process, wherever the cwd is.
+  env["PYTHONPATH"] = os.pathsep.join(p for p in (study_lib.REPO_ROOT, env.get("PYTHONPATH"))
+                                      if p)
+  t0 = time.perf_counter()
+  with open(job.log_path, "a", encoding="utf-8") as log:
+    log.write(f"$ {shlex.join(job.argv)}\n")
+    log.flush()
+    returncode = subprocess.run(job.argv, stdout=log, stderr=subprocess.STDOUT, env=env).returncode
+  wall = time.perf_counter() - t0
+  if job.wall_path is not None:
+    attempts = read_wall(os.path.dirname(job.wall_path))
+    attempts.append({"wall_s": wall, "returncode": returncode})
+    tmp = job.wall_path + ".tmp"
+    with open(tmp, "w") as f:
+      json.dump(attempts, f, indent=1)
+    os.replace(tmp, job.wall_path)
+  return {"label": job.label, "returncode": returncode, "wall_s": wall, "log": job.log_path,
+          "job": job}
+
+
+def run_jobs(jobs: list[Job], parallel: int, log: Callable[[str], None] = print) -> list[dict]:
+  """Run ``jobs`` with at most ``parallel`` at once (in list order when sequential)."""
+  def report(result):
+    status = "ok" if result["returncode"] == 0 else f"FAILED (exit {result['returncode']})"
+    log(f"done  {result['label']}: {status} in {result['wall_s']:.0f} s (log {result['log']})")
+    return result
+
+  if parallel <= 1:
+    results = []
+    for job in jobs:
+      log(f"start {job.label}")
+      results.append(report(run_job(job)))
+    return results
+  with concurrent.futures.ThreadPoolExecutor(max_workers=parallel) as pool:
+    for job in jobs:
+      log(f"queue {job.label}")
+    futures = [pool.submit(run_job, job) for job in jobs]
+    return [report(f.result()) for f in concurrent.futures.as_completed(futures)]
+
+
+def pending_jobs(specs: list[RunSpec], config_path: str) -> tuple[list[Job], list[Job], dict]:
+  """(cold-start jobs, train jobs, state of every run) for the runs that are not finished."""
+  states, sft_jobs, train_jobs, sft_seen = {}, [], [], set()
+  for spec in specs:
+    check_same_config(spec, config_path)  # finished ones too: never aggregate another config
+    state = run_state(spec)
+    states[(spec.variant, spec.seed)] = state
+    if state == "finished":
+      continue
+    if spec.sft_dir and spec.sft_dir not in sft_seen and not sft_is_ready(spec, config_path):
+      sft_seen.add(spec.sft_dir)
+      sft_jobs.append(Job(f"cold start {os.path.basename(spec.sft_dir)}",
+                          sft_argv(spec, config_path), spec.sft_dir + ".log", None,
+                          sft_dir=spec.sft_dir))
+    train_jobs.append(Job(f"{spec.variant}/seed{spec.seed} ({state})",
+                          train_argv(spec, config_path), os.path.join(spec.run_dir, LOG_FILE),
+                          os.path.join(spec.run_dir, WALL_FILE), sft_dir=spec.sft_dir,
+                          run=f"{spec.variant}/seed{spec.seed}"))
+  return sft_jobs, train_jobs, states
