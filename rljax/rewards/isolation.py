@@ -15,6 +15,7 @@ the verifier must be importable by reference (a module-level function).
 """
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import logging
 import multiprocessing
@@ -63,6 +64,9 @@ def _worker_main(conn, fn: Callable[..., Any]) -> None:
   """Worker loop: receive ``(index, args)``, answer ``(index, status, value)``; EOF ends it."""
   _die_with_parent()
   signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle
+  # A handler inherited from the trainer (jax.distributed installs one for preemption) would
+  # keep SIGTERM from ending the worker, and the trainer's exit waits for its workers.
+  signal.signal(signal.SIGTERM, signal.SIG_DFL)
   while True:
     try:
       index, args = conn.recv()
@@ -188,8 +192,15 @@ def shared_pool(fn: Callable[..., Any], workers: int) -> VerifierPool:
   if _POOL is None or _POOL.fn != fn or _POOL.num_workers != workers:
     if _POOL is not None:
       _POOL.close()
+    else:
+      atexit.register(_close_shared_pool)  # before multiprocessing's own exit hook joins them
     _POOL = VerifierPool(fn, workers)
   return _POOL
+
+
+def _close_shared_pool() -> None:
+  if _POOL is not None:
+    _POOL.close()
 
 
 def run_isolated(fn: Callable[..., Any], calls: Sequence[tuple], *, timeout_s: float,
