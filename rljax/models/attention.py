@@ -2,7 +2,7 @@
 
 ``attention(q, k, v, k_valid, q_offset=..., window=..., backend=...)`` computes
 
-    out[b, s, h] = sum_k softmax_k(q[b, s, h] . k[b, k, h // R] / sqrt(Dh) | allowed) v[b, k, h // R]
+    out[b, s, h] = sum_k softmax_k(q[b, s, h] . k[b, k, h//R] / sqrt(Dh) | allowed) v[b, k, h//R]
     allowed[b, s, k] = k_valid[b, k]  and  k <= q_offset + s  and  q_offset + s - k < window
 
 i.e. causality *by slot* (query ``s`` sits at slot ``q_offset + s``; keys at slots ``0 .. K-1``),
@@ -184,8 +184,9 @@ def _flash_forward(q, k, v, k_valid, q_offset, bq, bk, r, window):
       pv = jnp.einsum("bgqk,bgkd->bgqd", p.astype(v.dtype), vb, preferred_element_type=jnp.float32)
       return o * alpha[..., None] + pv, m_new, l * alpha + p.sum(-1)
 
-    init = (jnp.zeros((b, g, bq * r, dh), jnp.float32),
-            jnp.full((b, g, bq * r), MASK_VALUE, jnp.float32), jnp.zeros((b, g, bq * r), jnp.float32))
+    rows_b = (b, g, bq * r)
+    init = (jnp.zeros(rows_b + (dh,), jnp.float32), jnp.full(rows_b, MASK_VALUE, jnp.float32),
+            jnp.zeros(rows_b, jnp.float32))
     o, m, l = jax.lax.fori_loop(lo, hi, key_block, init)
     seen = l > 0
     o = o / jnp.where(seen, l, 1.0)[..., None]

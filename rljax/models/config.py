@@ -44,6 +44,7 @@ class ModelConfig:
   param_dtype: str = "float32"
   remat: str = "none"  # 'none' | 'full' | 'dots' (True/False of old configs: 'full'/'none')
   attention: str = "auto"  # backend of rljax.models.attention
+  attention_block: int = 512  # query/key block of the blockwise backend
   sliding_window: int | None = None  # Mistral: a query sees its last ``sliding_window`` slots
 
   def __post_init__(self):
@@ -55,6 +56,8 @@ class ModelConfig:
     if self.attention not in ATTENTION_BACKENDS:
       raise ValueError(f"model.attention={self.attention!r}: expected one of "
                        f"{ATTENTION_BACKENDS}")
+    if self.attention_block < 1:
+      raise ValueError(f"model.attention_block={self.attention_block}: must be >= 1")
     if self.sliding_window is not None and self.sliding_window < 1:
       raise ValueError(f"sliding_window={self.sliding_window}: must be >= 1 or None")
     if self.model_type not in SUPPORTED_MODEL_TYPES:
@@ -188,6 +191,7 @@ def tiny_config(model_cfg, vocab_size: int, **overrides) -> ModelConfig:
       param_dtype=model_cfg.param_dtype,
       remat=model_cfg.remat,
       attention=model_cfg.attention,
+      attention_block=model_cfg.attention_block,
       **overrides)
 
 

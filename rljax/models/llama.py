@@ -145,7 +145,7 @@ class Attention(nnx.Module):
       cache = LayerCache(k, v)
     out = attention_lib.attention(q, k.astype(q.dtype), v.astype(q.dtype), k_valid,
                                   q_offset=q_offset, window=cfg.sliding_window,
-                                  backend=cfg.attention)
+                                  backend=cfg.attention, block=cfg.attention_block)
     out = out.reshape(b, s, h * dh)
     return self.o_proj(out), cache
 

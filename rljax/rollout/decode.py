@@ -194,7 +194,8 @@ def step(cfg: ModelConfig, w: dict, tokens, positions, cache, slot, kv_valid):
       x = x.reshape(b, s, -1)[:, -1]
     if from_empty:
       attn = attention_lib.attention(q, k, v, kv_valid[:, :s], q_offset=s - sq,
-                                     window=cfg.sliding_window, backend=cfg.attention)
+                                     window=cfg.sliding_window, backend=cfg.attention,
+                                     block=cfg.attention_block)
       attn = attn.reshape(b * sq, h * dh)
     else:
       attn = _cache_attention(q, ck, cv, allowed[:, :, :, -sq:])
