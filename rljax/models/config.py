@@ -48,8 +48,12 @@ class ModelConfig:
   sliding_window: int | None = None  # Mistral: a query sees its last ``sliding_window`` slots
 
   def __post_init__(self):
-    if isinstance(self.remat, bool):
-      object.__setattr__(self, "remat", "full" if self.remat else "none")
+    # Old configs and command lines say remat=True/False (``--config.model.remat=True`` now
+    # arrives as the string 'True').
+    old = {True: "full", False: "none", "true": "full", "false": "none"}
+    key = self.remat.lower() if isinstance(self.remat, str) else self.remat
+    if isinstance(key, bool) or key in ("true", "false"):
+      object.__setattr__(self, "remat", old[key])
     if self.remat not in REMAT_CHOICES:
       raise ValueError(f"model.remat={self.remat!r}: expected one of {REMAT_CHOICES} "
                        "(or True/False for 'full'/'none')")

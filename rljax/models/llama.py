@@ -2,7 +2,8 @@
 
 Matches ``transformers``' ``LlamaForCausalLM`` / ``Qwen2ForCausalLM`` numerically: RMSNorm in
 float32, rotate-half RoPE (with Llama-3 / linear scaling), grouped-query attention with the softmax
-in float32, SwiGLU MLP, tied or untied output embedding.
+in float32 and Mistral's sliding window (``rljax.models.attention``: one masking semantics, backends
+by platform), SwiGLU MLP, tied or untied output embedding; per-layer remat policies.
 
 Parameters carry logical axis names (``Param(..., logical_axes=(...))``) that
 ``rljax.parallel`` maps onto mesh axes. The model is used functionally: ``init_params`` returns a
