@@ -26,7 +26,8 @@ Backends (``model.attention``):
 
 ``cudnn`` and ``pallas`` apply to self-attention (``q_offset == 0`` and ``S == K``: the training
 forward and the sampler's prefill) over rows whose valid tokens form one contiguous run, which is
-what every caller passes; queries against a KV cache use ``blockwise`` (or ``xla`` when named).
+what every caller passes; queries against a KV cache use ``xla`` up to one block of queries
+(decode steps: scores ``[S, K]``, linear in K) and ``blockwise`` beyond.
 """
 from __future__ import annotations
 
@@ -45,12 +46,15 @@ _SPLASH_BLOCK = 512
 _SPLASH_MIN_BLOCK = 128
 
 
-def resolve_backend(backend: str, *, dtype, self_attention: bool) -> str:
-  """The backend that ``attention`` runs for ``backend`` on this platform (see module doc)."""
+def resolve_backend(backend: str, *, dtype, self_attention: bool, num_queries: int = 0,
+                    block: int = DEFAULT_BLOCK) -> str:
+  """The backend that ``attention`` runs for ``backend`` on this platform (see module doc).
+  Queries against a cache: up to one block of them materialise their ``[S, K]`` scores (linear
+  in K, and the decode step stays one fused einsum), more go blockwise."""
   if backend not in BACKENDS:
     raise ValueError(f"model.attention={backend!r}: expected one of {BACKENDS}")
   if not self_attention:
-    return "xla" if backend == "xla" else "blockwise"
+    return "xla" if backend == "xla" or num_queries <= block else "blockwise"
   if backend != "auto":
     return backend
   platform = jax.default_backend()
@@ -74,7 +78,8 @@ def attention(q, k, v, k_valid, *, q_offset=0, window: int | None = None,
   if window is not None and window < 1:
     raise ValueError(f"sliding window must be >= 1 (or None), got {window}")
   self_attention = isinstance(q_offset, int) and q_offset == 0 and s == k.shape[1]
-  kind = resolve_backend(backend, dtype=q.dtype, self_attention=self_attention)
+  kind = resolve_backend(backend, dtype=q.dtype, self_attention=self_attention,
+                        num_queries=s, block=block)
   k_valid = k_valid.astype(bool)
   if kind == "xla":
     return reference_attention(q, k, v, k_valid, q_offset=q_offset, window=window)

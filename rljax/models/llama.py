@@ -232,8 +232,10 @@ class Transformer(nnx.Module):
       if policy is None:
         x, layer_cache = block(x, positions, k_valid, q_offset, layer_cache, cache_index)
       else:
-        x, layer_cache = nnx.remat(lambda blk, *a: blk(*a), policy=policy)(
-            block, x, positions, k_valid, q_offset, layer_cache, cache_index)
+        # The query offset is closed over, not an argument: a static 0 must stay a Python int
+        # (it selects the self-attention kernels), and remat would trace it.
+        run = lambda blk, x_, pos, kv, lc: blk(x_, pos, kv, q_offset, lc, cache_index)
+        x, layer_cache = nnx.remat(run, policy=policy)(block, x, positions, k_valid, layer_cache)
       new_cache.append(layer_cache)
     return self.norm(x), (None if cache is None else tuple(new_cache))
 

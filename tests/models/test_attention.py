@@ -107,10 +107,10 @@ def test_queries_at_an_offset_match_numpy(inputs):
   q, k, v, valid, _ = inputs
   offset = 130
   qq = q[:, offset:offset + 3]
-  run = jax.jit(lambda o: attn.attention(qq, k, v, valid, q_offset=o, window=20, block=BLOCK))
-  out = np.asarray(run(jnp.int32(offset)))
   exact = _numpy_attention(qq, k, v, valid, q_offset=offset, window=20)
-  assert np.abs(out - exact).max() <= 1e-5
+  for fn in (attn.attention, attn.blockwise_attention):
+    run = jax.jit(lambda o, fn=fn: fn(qq, k, v, valid, q_offset=o, window=20, block=BLOCK))
+    assert np.abs(np.asarray(run(jnp.int32(offset))) - exact).max() <= 1e-5
 
 
 def test_long_padded_rows_blockwise_equals_reference():
@@ -139,7 +139,10 @@ def test_unknown_backend_is_named():
 def test_auto_picks_blockwise_on_cpu_and_for_cache_queries():
   if jax.default_backend() == "cpu":
     assert attn.resolve_backend("auto", dtype=jnp.bfloat16, self_attention=True) == "blockwise"
-  assert attn.resolve_backend("pallas", dtype=jnp.float32, self_attention=False) == "blockwise"
+  assert attn.resolve_backend("pallas", dtype=jnp.float32, self_attention=False,
+                              num_queries=1) == "xla"
+  assert attn.resolve_backend("pallas", dtype=jnp.float32, self_attention=False,
+                              num_queries=attn.DEFAULT_BLOCK + 1) == "blockwise"
 
 
 # --- inside the model, against transformers --------------------------------------------------
@@ -204,3 +207,24 @@ def test_model_gradients_agree_across_backends_and_remat(hf_dirs, left_padded_ba
     for g, w in zip(got, want):
       scale = max(np.abs(np.asarray(w)).max(), 1e-3)
       assert np.abs(np.asarray(g) - np.asarray(w)).max() <= 1e-5 * scale * 10, (attention, remat)
+
+
+def test_remat_keeps_the_named_self_attention_kernel():
+  """Under remat the training forward still reaches the Pallas kernel (a traced query offset
+  would send it to the blockwise path), and the cached path still accepts a traced offset."""
+  from unittest import mock
+  cfg = models.ModelConfig(vocab_size=50, hidden_size=32, intermediate_size=64, num_layers=1,
+                           num_heads=4, num_kv_heads=2, head_dim=8, remat="full",
+                           attention="pallas")
+  params = llama.init_params(cfg)
+  tokens, mask = jnp.ones((2, 16), jnp.int32), jnp.ones((2, 16), jnp.int32)
+  calls = []
+  kernel = attn.splash_attention
+  with mock.patch.object(attn, "splash_attention",
+                         lambda *a, **k: calls.append(1) or kernel(*a, **k)):
+    llama.logits(cfg, params, tokens, mask)  # remat wraps the forward too
+  assert len(calls) == cfg.num_layers
+  cache = llama.init_cache(cfg, 2, 20)
+  step = jax.jit(lambda p, i: llama.cached_step(cfg, p, tokens[:, :1], jnp.zeros((2, 1), jnp.int32),
+                                                 cache, i, jnp.ones((2, 20), jnp.int32)))
+  assert step(params, 3)[0].shape == (2, 1, 32)
