@@ -1,6 +1,6 @@
 """One GRPO step (sample -> score -> update) of rljax against a PyTorch/transformers peer.
 
-  python benchmarks/train_step.py [--steps 10] [--new-tokens 16]
+  python benchmarks/train_step.py [--steps 10] [--new-tokens 16] [--attention auto,xla]
 
 Both sides, in this one process and on the same CPU threads: a ~0.8M-parameter Llama (hidden 128,
 4 layers, vocab 48), 8 prompts x 8 completions, prompts of 8 tokens, exactly ``--new-tokens``
@@ -12,7 +12,8 @@ step, and the ratio peer / rljax.
 Where JAX's default backend is a GPU, rljax runs on one GPU and the peer on torch CUDA (every phase
 synchronised before its clock stops), and the GPU, the matmul precisions (XLA may use TF32 for
 float32 dots, torch does not unless ``allow_tf32`` is set) and both peak device memories are
-printed too.
+printed too. ``--attention`` runs rljax once per ``model.attention`` backend listed (one column
+each, the first one is the ratio's denominator).
 """
 import argparse
 import os
@@ -37,10 +38,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VOCAB, PROMPTS, GROUP, PROMPT_LEN = 48, 8, 8, 8
 
 
-def rljax_step_fn(new_tokens: int):
+def rljax_step_fn(new_tokens: int, attention: str = "auto"):
   config = config_loader.load_config(os.path.join(ROOT, "configs", "grpo.py"), [
       ("rollout.prompts_per_step", str(PROMPTS)), ("rollout.group_size", str(GROUP)),
-      ("rollout.max_new_tokens", str(new_tokens)), ("data.prompt_bucket", str(PROMPT_LEN))])
+      ("rollout.max_new_tokens", str(new_tokens)), ("data.prompt_bucket", str(PROMPT_LEN)),
+      ("model.attention", attention)])
   model_cfg = tiny_config(config.model, VOCAB)
   params = llama.init_params(model_cfg, seed=0)
   state, fns, _ = build.sharded_state_and_fns(config, model_cfg, params,
@@ -140,19 +142,23 @@ def main():
   parser = argparse.ArgumentParser()
   parser.add_argument("--steps", type=int, default=10)
   parser.add_argument("--new-tokens", type=int, default=16)
+  parser.add_argument("--attention", default="auto", help="comma list of model.attention values")
   args = parser.parse_args()
+  backends = args.attention.split(",")
   import torch
   torch.set_num_threads(os.cpu_count())
   gpu = jax.default_backend() == "gpu"
   if gpu and not torch.cuda.is_available():
     raise SystemExit("JAX sees a GPU but torch.cuda does not: the peer would run on the CPU")
-  ours, model_cfg = rljax_step_fn(args.new_tokens)
-  t = time.perf_counter()
-  ours(10_000)  # compile
-  compile_s = time.perf_counter() - t
+  ours, compile_s = {}, {}
+  for backend in backends:
+    ours[backend], model_cfg = rljax_step_fn(args.new_tokens, backend)
+    t = time.perf_counter()
+    ours[backend](10_000)  # compile
+    compile_s[backend] = time.perf_counter() - t
   peer = torch_step_fn(args.new_tokens, model_cfg, "cuda" if gpu else "cpu")
   peer(10_000)  # warm-up
-  ours_med, _ = median_times(ours, args.steps)
+  ours_med = {b: median_times(ours[b], args.steps)[0] for b in backends}
   peer_med, _ = median_times(peer, args.steps)
   if gpu:
     device = jax.devices()[0]
@@ -169,10 +175,14 @@ def main():
     print(f"matmul precision: {matmul_precisions(torch)}")
     print(f"peak device memory: jax {jax_mb} (peak bytes in use), torch "
           f"{torch.cuda.max_memory_allocated() / 2 ** 20:.1f} MB (max allocated)")
-  print(f"rljax first step (compilation included): {compile_s:.1f} s")
-  print(f"{'phase':<8} {'rljax s':>9} {'torch s':>9} {'torch/rljax':>12}")
+  for b in backends:
+    print(f"rljax first step, attention={b} (compilation included): {compile_s[b]:.1f} s")
+  first = backends[0]
+  head = "".join(f" {'rljax ' + b:>16}" for b in backends)
+  print(f"{'phase':<8}{head} {'torch s':>9} {'torch/rljax ' + first:>18}")
   for k in ("rollout", "update", "step"):
-    print(f"{k:<8} {ours_med[k]:>9.4f} {peer_med[k]:>9.4f} {peer_med[k] / ours_med[k]:>11.2f}x")
+    row = "".join(f" {ours_med[b][k]:>16.4f}" for b in backends)
+    print(f"{k:<8}{row} {peer_med[k]:>9.4f} {peer_med[k] / ours_med[first][k]:>17.2f}x")
 
 
 if __name__ == "__main__":

@@ -26,7 +26,13 @@ def get_config():
   c.model.tie_embeddings = True
   c.model.dtype = "float32"  # compute dtype: bfloat16 on accelerators
   c.model.param_dtype = "float32"
-  c.model.remat = False  # rematerialise each layer in the backward pass
+  # per-layer rematerialisation in the backward pass: none | full (keep each layer's input only)
+  # | dots (also keep the weight matmuls' outputs); True/False read as full/none
+  c.model.remat = "none"
+  # attention backend: auto (cudnn on GPUs for 16-bit dtypes, pallas on TPUs, else blockwise) |
+  # xla (materialised scores, the reference) | blockwise | cudnn | pallas
+  c.model.attention = "auto"
+  c.model.attention_block = 512  # query/key block of the blockwise attention
   # float32 matmul precision of the run: default (JAX's: TF32 on GPUs, bfloat16 passes on TPUs) |
   # high | highest (float32 parity with transformers on an accelerator; no effect on CPU or bf16)
   c.model.matmul_precision = "default"

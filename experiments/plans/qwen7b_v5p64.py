@@ -18,7 +18,7 @@ def get_config():
   c.model.source = "hf:/models/Qwen2.5-7B-Instruct"  # override with the real directory
   c.model.dtype = "bfloat16"
   c.model.param_dtype = "bfloat16"
-  c.model.remat = True
+  c.model.remat = "full"
   c.model.logits_chunk = 512
   c.data.tokenizer = "/models/Qwen2.5-7B-Instruct"
   c.data.chat_template = True

@@ -10,6 +10,8 @@ from typing import Any, Mapping
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 MATMUL_PRECISIONS = ("default", "high", "highest")
+REMAT_CHOICES = ("none", "full", "dots")
+ATTENTION_BACKENDS = ("auto", "xla", "blockwise", "cudnn", "pallas")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,9 +42,28 @@ class ModelConfig:
   pad_token_id: int | None = None
   dtype: str = "float32"  # compute dtype
   param_dtype: str = "float32"
-  remat: bool = False
+  remat: str = "none"  # 'none' | 'full' | 'dots' (True/False of old configs: 'full'/'none')
+  attention: str = "auto"  # backend of rljax.models.attention
+  attention_block: int = 512  # query/key block of the blockwise backend
+  sliding_window: int | None = None  # Mistral: a query sees its last ``sliding_window`` slots
 
   def __post_init__(self):
+    # Old configs and command lines say remat=True/False (``--config.model.remat=True`` now
+    # arrives as the string 'True').
+    old = {True: "full", False: "none", "true": "full", "false": "none"}
+    key = self.remat.lower() if isinstance(self.remat, str) else self.remat
+    if isinstance(key, bool) or key in ("true", "false"):
+      object.__setattr__(self, "remat", old[key])
+    if self.remat not in REMAT_CHOICES:
+      raise ValueError(f"model.remat={self.remat!r}: expected one of {REMAT_CHOICES} "
+                       "(or True/False for 'full'/'none')")
+    if self.attention not in ATTENTION_BACKENDS:
+      raise ValueError(f"model.attention={self.attention!r}: expected one of "
+                       f"{ATTENTION_BACKENDS}")
+    if self.attention_block < 1:
+      raise ValueError(f"model.attention_block={self.attention_block}: must be >= 1")
+    if self.sliding_window is not None and self.sliding_window < 1:
+      raise ValueError(f"sliding_window={self.sliding_window}: must be >= 1 or None")
     if self.model_type not in SUPPORTED_MODEL_TYPES:
       raise ValueError(f"unsupported architecture model_type={self.model_type!r}; "
                        f"supported: {SUPPORTED_MODEL_TYPES}")
@@ -82,6 +103,9 @@ class ModelConfig:
       raise ValueError(f"unsupported hidden_act={hf['hidden_act']!r}; only 'silu' (SwiGLU)")
     if model_type == "qwen2" and hf.get("use_sliding_window"):
       raise ValueError("Qwen2 with use_sliding_window=True is not supported")
+    # Mistral applies its window to every layer (``transformers`` MistralAttention); Llama has
+    # none, and Qwen2's per-layer windows are refused above.
+    window = hf.get("sliding_window") if model_type == "mistral" else None
     # transformers >= 5 writes rope_parameters; earlier versions rope_theta + rope_scaling.
     rope = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
     theta = rope.pop("rope_theta", hf.get("rope_theta", 10000.0))
@@ -110,6 +134,7 @@ class ModelConfig:
         bos_token_id=hf.get("bos_token_id"),
         eos_token_id=hf.get("eos_token_id"),
         pad_token_id=hf.get("pad_token_id"),
+        sliding_window=None if window is None else int(window),
     )
     if rope_type != "default" and "factor" not in rope:
       raise ValueError(f"rope scaling {rope_type!r} needs a 'factor'")
@@ -145,6 +170,8 @@ class ModelConfig:
         pad_token_id=self.pad_token_id)
     if self.model_type == "qwen2":
       hf["use_sliding_window"] = False
+    if self.model_type == "mistral":
+      hf["sliding_window"] = self.sliding_window  # None: full attention (transformers' reading)
     else:
       hf["attention_bias"] = self.qkv_bias
       hf["mlp_bias"] = self.mlp_bias
@@ -167,6 +194,8 @@ def tiny_config(model_cfg, vocab_size: int, **overrides) -> ModelConfig:
       dtype=model_cfg.dtype,
       param_dtype=model_cfg.param_dtype,
       remat=model_cfg.remat,
+      attention=model_cfg.attention,
+      attention_block=model_cfg.attention_block,
       **overrides)
 
 

@@ -2,7 +2,8 @@
 
 Matches ``transformers``' ``LlamaForCausalLM`` / ``Qwen2ForCausalLM`` numerically: RMSNorm in
 float32, rotate-half RoPE (with Llama-3 / linear scaling), grouped-query attention with the softmax
-in float32, SwiGLU MLP, tied or untied output embedding.
+in float32 and Mistral's sliding window (``rljax.models.attention``: one masking semantics, backends
+by platform), SwiGLU MLP, tied or untied output embedding; per-layer remat policies.
 
 Parameters carry logical axis names (``Param(..., logical_axes=(...))``) that
 ``rljax.parallel`` maps onto mesh axes. The model is used functionally: ``init_params`` returns a
@@ -22,9 +23,19 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from rljax.models import attention as attention_lib
 from rljax.models.config import ModelConfig
 
-_MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
+_MASK_VALUE = attention_lib.MASK_VALUE
+# ``model.remat``: what each layer keeps for the backward pass. 'full' keeps only the layer's
+# input and recomputes the rest; 'dots' also keeps the outputs of the weight matmuls (2-D GEMMs:
+# ``Linear`` flattens its input), so the backward recomputes only norms, RoPE, activations and
+# attention, never a projection; attention's batched dots and scores are not kept.
+REMAT_POLICIES = {
+    "none": None,
+    "full": jax.checkpoint_policies.nothing_saveable,
+    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
 _ONE_HOT_EMBED_MAX_VOCAB = 1024
 
 
@@ -119,8 +130,9 @@ class Attention(nnx.Module):
                          rngs=rngs)
     self.cfg = cfg
 
-  def __call__(self, x, positions, k_valid, q_slots, cache: LayerCache | None, cache_index):
-    """x [B, S, D]; k_valid [B, K] bool; q_slots [S] slot of each query (causality by slot)."""
+  def __call__(self, x, positions, k_valid, q_offset, cache: LayerCache | None, cache_index):
+    """x [B, S, D]; k_valid [B, K] bool; query ``s`` sits at slot ``q_offset + s`` (causality
+    and the sliding window by slot; ``rljax.models.attention``)."""
     cfg = self.cfg
     b, s, _ = x.shape
     h, g, dh = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
@@ -132,14 +144,10 @@ class Attention(nnx.Module):
       k = jax.lax.dynamic_update_slice_in_dim(cache.k, k.astype(cache.k.dtype), cache_index, 1)
       v = jax.lax.dynamic_update_slice_in_dim(cache.v, v.astype(cache.v.dtype), cache_index, 1)
       cache = LayerCache(k, v)
-    k_slots = jnp.arange(k.shape[1])
-    allowed = (k_slots[None, :] <= q_slots[:, None])[None] & k_valid[:, None, :]  # [B, S, K]
-    q = q.reshape(b, s, g, h // g, dh)
-    scores = jnp.einsum("bsgrd,bkgd->bgrsk", q, k.astype(q.dtype)).astype(jnp.float32)
-    scores = scores / np.float32(math.sqrt(dh))
-    scores = jnp.where(allowed[:, None, None], scores, _MASK_VALUE)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    out = jnp.einsum("bgrsk,bkgd->bsgrd", probs, v).reshape(b, s, h * dh)
+    out = attention_lib.attention(q, k.astype(q.dtype), v.astype(q.dtype), k_valid,
+                                  q_offset=q_offset, window=cfg.sliding_window,
+                                  backend=cfg.attention, block=cfg.attention_block)
+    out = out.reshape(b, s, h * dh)
     return self.o_proj(out), cache
 
 
@@ -163,8 +171,8 @@ class Block(nnx.Module):
     self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg=cfg)
     self.mlp = MLP(cfg, rngs=rngs)
 
-  def __call__(self, x, positions, k_valid, q_slots, cache, cache_index):
-    attn, cache = self.self_attn(self.input_layernorm(x), positions, k_valid, q_slots, cache,
+  def __call__(self, x, positions, k_valid, q_offset, cache, cache_index):
+    attn, cache = self.self_attn(self.input_layernorm(x), positions, k_valid, q_offset, cache,
                                  cache_index)
     x = x + attn
     return x + self.mlp(self.post_attention_layernorm(x)), cache
@@ -211,20 +219,23 @@ class Transformer(nnx.Module):
     if cache is None:
       if attn_mask is None:
         raise ValueError("attn_mask [B, S] is required without a KV cache")
-      k_valid, q_slots = attn_mask.astype(bool), jnp.arange(s)
+      k_valid, q_offset = attn_mask.astype(bool), 0
     else:
       if kv_mask is None or cache_index is None:
         raise ValueError("kv_mask [B, K] and cache_index are required with a KV cache")
-      k_valid, q_slots = kv_mask.astype(bool), cache_index + jnp.arange(s)
+      k_valid, q_offset = kv_mask.astype(bool), cache_index
     new_cache = []
     for i in range(self.num_layers):
       block = getattr(self, f"layers_{i}")
       layer_cache = None if cache is None else cache[i]
-      if self.cfg.remat:
-        x, layer_cache = nnx.remat(lambda blk, *a: blk(*a))(block, x, positions, k_valid, q_slots,
-                                                            layer_cache, cache_index)
+      policy = REMAT_POLICIES[self.cfg.remat]
+      if policy is None:
+        x, layer_cache = block(x, positions, k_valid, q_offset, layer_cache, cache_index)
       else:
-        x, layer_cache = block(x, positions, k_valid, q_slots, layer_cache, cache_index)
+        # The query offset is closed over, not an argument: a static 0 must stay a Python int
+        # (it selects the self-attention kernels), and remat would trace it.
+        run = lambda blk, x_, pos, kv, lc: blk(x_, pos, kv, q_offset, lc, cache_index)
+        x, layer_cache = nnx.remat(run, policy=policy)(block, x, positions, k_valid, layer_cache)
       new_cache.append(layer_cache)
     return self.norm(x), (None if cache is None else tuple(new_cache))
 

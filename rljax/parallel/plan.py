@@ -20,19 +20,24 @@ What is counted (per device, the device holding the most):
   group_size`` rows split over the batch axes and K = prompt length + ``max_new_tokens``; the
   sampler grows its cache between decode segments, so at the last growth the previous cache
   (~``P + 3T/4`` slots) coexists with the final one; the prefill of one layer materialises
-  ``[Pn, H, P, P]`` attention scores; FSDP-sharded weights are all-gathered for the forward: the
+  ``[Pn, H, P, P]`` attention scores with the materialised backend (blockwise: one block of
+  them; cuDNN/Pallas: none); FSDP-sharded weights are all-gathered for the forward: the
   worst case (XLA hoisting the gather out of the decode loop) is all weights / tensor;
 - train step activations for one micro-batch of ``rows = P*G / minibatches / micro_batches /
   batch shards`` rows of ``S = prompt + max_new_tokens`` tokens, per layer per token
   ``(ACT_D*D + ACT_QKV*(H+2G)*Dh + ACT_F*F) * dtype bytes`` (the tensors this decoder keeps for
   the backward pass: residual, float32 norm copies, q/k/v before and after RoPE, attention out,
-  gate/up/silu/product) plus ``H*S`` attention scores per token at ``ATTN_BYTES`` (float32
-  logits and probabilities plus the compute-dtype probabilities: the model materialises them, no
-  flash attention). Without remat all ``L`` layers are kept; with remat (``model.remat``) only
-  each layer's input ``[rows, S, D]`` is kept and one layer at a time is recomputed
-  (``REMAT_LIVE_LAYERS`` layers' worth live in its backward). Plus the chunked log-prob:
-  ``rows x logits_chunk x V x 4 bytes x LOGITS_COPIES``, and all-gathered weights of
-  ``GATHERED_LAYERS`` layers and the head.
+  gate/up/silu/product) plus attention's own: with the materialised backend
+  (``model.attention='xla'``) ``H*S`` scores per token at ``ATTN_BYTES`` + the compute dtype
+  (float32 logits, softmax, compute-dtype probabilities: a ``T^2`` term); with a flash backend
+  (blockwise, cuDNN, Pallas; what ``auto`` picks on every platform) the output and its
+  log-sum-exp, ``H*(Dh*dtype + 4)`` per token, plus, for the pure-JAX blockwise one, one layer's
+  ``rows x H x block^2`` float32 block temporaries (``BLOCK_TEMPS`` of them). Per
+  ``model.remat``: ``none`` keeps all ``L`` layers; ``full`` only each layer's input
+  ``[rows, S, D]`` and recomputes one layer at a time (``REMAT_LIVE_LAYERS`` layers' worth live in
+  its backward); ``dots`` also keeps the weight matmuls' outputs (``(H+2G)*Dh + 2D + 2F`` per
+  token). Plus the chunked log-prob: ``rows x logits_chunk x V x 4 bytes x LOGITS_COPIES``, and
+  all-gathered weights of ``GATHERED_LAYERS`` layers and the head.
 
 ``peak = resident + max(rollout, train)`` is compared with ``USABLE_FRACTION`` of the device
 memory (room for XLA's own buffers and fragmentation).
@@ -51,7 +56,7 @@ import optax
 from jax.sharding import AbstractMesh
 
 from rljax.models import llama
-from rljax.models.config import ModelConfig, tiny_config
+from rljax.models.config import REMAT_CHOICES, ModelConfig, tiny_config
 from rljax.parallel import mesh as mesh_lib
 from rljax.parallel import rules as rules_lib
 
@@ -63,6 +68,7 @@ ACT_QKV = 2  # q, k, v before and after RoPE
 ACT_F = 4  # gate, up, silu(gate), silu(gate) * up
 ATTN_BYTES = 8  # float32 masked scores + float32 softmax (+ the compute-dtype probs, added below)
 REMAT_LIVE_LAYERS = 2  # a rematerialised layer's forward recompute + its backward temporaries
+BLOCK_TEMPS = 2  # blockwise attention's live float32 [block, block] tiles (XLA fuses the rest)
 LOGITS_COPIES = 3  # float32 logits, softmax / log-softmax, their gradient
 GATHERED_LAYERS = 2  # FSDP all-gathers in flight during the train step
 USABLE_FRACTION = 0.9
@@ -178,7 +184,8 @@ def model_config(config, model: str | None = None) -> tuple[str, ModelConfig]:
   ``model.source`` ('hf:PATH' reads PATH/config.json only; 'tiny' uses ``config.model``)."""
   m = config.model
   source = model or _plan_key(config, "model") or m.source
-  dtypes = dict(dtype=m.dtype, param_dtype=m.param_dtype, remat=m.remat)
+  dtypes = dict(dtype=m.dtype, param_dtype=m.param_dtype, remat=m.remat, attention=m.attention,
+                attention_block=m.attention_block)
   if source in MODEL_SHAPES:
     return source, ModelConfig(**MODEL_SHAPES[source], **dtypes)
   if source.startswith("hf:"):
@@ -201,9 +208,11 @@ def _model_tree(cfg: ModelConfig, head: str = "lm"):
   return llama.logical_axes(cfg, head), llama.param_shapes(cfg, head)
 
 
-def default_optimizer() -> optax.GradientTransformation:
-  """Same state structure as ``rljax.train.state.make_optimizer`` (clip + AdamW)."""
-  return optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-6))
+def run_optimizer(config) -> optax.GradientTransformation:
+  """The optimizer the trainer builds for ``config`` (``rljax.train.build.optimizers``): the plan
+  counts the state the run will really hold."""
+  from rljax.train.state import make_optimizer, total_updates
+  return make_optimizer(config.optim, config.optim.lr, total_updates(config))
 
 
 # --- the plan ------------------------------------------------------------------------------------
@@ -223,7 +232,7 @@ def plan(config, device: str | None = None, *, model: str | None = None,
   """Per-device memory of a run of ``config`` on ``device`` (see module doc). Bytes throughout.
 
   ``device``/``model``/``prompt_len`` default to ``plan.device``/``plan.model``/``plan.prompt_len``
-  when the config has a ``plan`` section; ``optimizer`` to ``default_optimizer()``; ``rules`` to
+  when the config has a ``plan`` section; ``optimizer`` to the run's own (``run_optimizer``); ``rules`` to
   the default rule table.
   """
   device = device or _plan_key(config, "device")
@@ -248,7 +257,7 @@ def plan(config, device: str | None = None, *, model: str | None = None,
   tensor = sizes["tensor"]
   b = np.dtype(cfg.dtype).itemsize
   pb = np.dtype(cfg.param_dtype).itemsize
-  tx = optimizer or default_optimizer()
+  tx = optimizer or run_optimizer(config)
   assumptions, warnings = [], []
 
   # --- resident state ---
@@ -292,7 +301,14 @@ def plan(config, device: str | None = None, *, model: str | None = None,
   batch_shards = rules_lib.batch_divisor(mesh, rules)
   prompts_dev = _split(r.prompts_per_step, batch_shards)
   heads_dev = _split(cfg.num_heads, tensor if cfg.num_heads % tensor == 0 else 1)
-  prefill = prompts_dev * heads_dev * prompt_len * prompt_len * (ATTN_BYTES + b)
+  attention = planned_attention(cfg.attention, dev["kind"], cfg.dtype)
+  blk = cfg.attention_block
+  if attention == "xla":
+    prefill = prompts_dev * heads_dev * prompt_len * prompt_len * (ATTN_BYTES + b)
+  elif attention == "blockwise":
+    prefill = prompts_dev * heads_dev * min(blk, prompt_len) ** 2 * 4 * BLOCK_TEMPS
+  else:
+    prefill = 0
   total_weights = _tree_bytes(shapes) // pb * b  # all weights in the compute dtype
   rollout_gather = total_weights // tensor if sizes["fsdp"] > 1 else 0
   if r.prompts_per_step % batch_shards:
@@ -313,17 +329,25 @@ def plan(config, device: str | None = None, *, model: str | None = None,
   t_div = lambda n: n // tensor if n % tensor == 0 else n
   tokens = train_rows * slots
   lin = (ACT_D * d + ACT_QKV * (t_div(h * dh) + 2 * t_div(g * dh)) + ACT_F * t_div(f)) * b
-  attn = t_div(h) * slots * (ATTN_BYTES + b)
+  if attention == "xla":
+    attn = t_div(h) * slots * (ATTN_BYTES + b)
+  else:
+    attn = t_div(h) * (dh * b + 4)
+  attn_blocks = train_rows * t_div(h) * min(blk, slots) ** 2 * 4 * BLOCK_TEMPS \
+      if attention == "blockwise" else 0
   layer_act = tokens * (lin + attn)
-  act_no_remat = L * layer_act
-  act_remat = L * tokens * d * b + REMAT_LIVE_LAYERS * layer_act
+  dots = (t_div(h * dh) + 2 * t_div(g * dh) + 2 * d + 2 * t_div(f)) * b
+  act_by_remat = {"none": L * layer_act,
+                  "full": L * tokens * d * b + REMAT_LIVE_LAYERS * layer_act,
+                  "dots": L * tokens * (d * b + dots) + REMAT_LIVE_LAYERS * layer_act}
+  act_by_remat = {k: v + attn_blocks for k, v in act_by_remat.items()}
   logits = train_rows * min(config.model.logits_chunk, slots) * t_div(cfg.vocab_size) * 4 \
       * LOGITS_COPIES
   layer_w = (_tree_bytes(shapes) - _tree_bytes({k: v for k, v in shapes.items()
                                                  if not k.startswith("layers_")})) // L // pb * b
   head_w = cfg.vocab_size * d * b
   train_gather = (GATHERED_LAYERS * layer_w + head_w) // tensor if sizes["fsdp"] > 1 else 0
-  activations = act_remat if cfg.remat else act_no_remat
+  activations = act_by_remat[cfg.remat]
 
   resident = params + opt + reference + critic + critic_opt
   rollout_peak = kv_cache + kv_growth + prefill + rollout_gather
@@ -345,7 +369,8 @@ def plan(config, device: str | None = None, *, model: str | None = None,
   return dict(
       model=dict(name=name, num_params=cfg.num_params(), layers=L, hidden=d, heads=h,
                  kv_heads=g, head_dim=dh, intermediate=f, vocab=cfg.vocab_size,
-                 param_dtype=cfg.param_dtype, dtype=cfg.dtype, remat=cfg.remat),
+                 param_dtype=cfg.param_dtype, dtype=cfg.dtype, remat=cfg.remat,
+                 attention=attention),
       device=dict(name=device, kind=dev["kind"], count=count, hosts=dev["hosts"],
                   bytes=dev["bytes"], usable=usable),
       mesh=sizes, batch_shards=batch_shards,
@@ -356,12 +381,13 @@ def plan(config, device: str | None = None, *, model: str | None = None,
                  critic=critic, critic_opt_state=critic_opt, critic_gradients=critic_grads,
                  kv_cache=kv_cache, kv_cache_growth=kv_growth, prefill=prefill,
                  rollout_gathered_weights=rollout_gather, activations=activations,
-                 activations_remat=act_remat, activations_no_remat=act_no_remat,
+                 activations_remat=act_by_remat["full"], activations_dots=act_by_remat["dots"],
+                 activations_no_remat=act_by_remat["none"],
                  logits=logits, train_gathered_weights=train_gather),
       resident=resident, rollout=rollout_peak, train=train_peak, peak=peak,
-      fits=peak <= usable, fits_other_remat=resident + max(
-          rollout_peak, train_peak - activations + (act_no_remat if cfg.remat else act_remat))
-      <= usable,
+      fits=peak <= usable,
+      fits_by_remat={k: resident + max(rollout_peak, train_peak - activations + v) <= usable
+                     for k, v in act_by_remat.items()},
       fallbacks=fallbacks, assumptions=assumptions, warnings=warnings)
 
 
@@ -409,10 +435,12 @@ def format_plan(p: dict) -> str:
       "  = rollout phase".ljust(56) + _gib(p["rollout"]),
       "  train: gradients (+ critic)".ljust(56)
       + _gib(by["gradients"] + by["critic_gradients"]),
-      f"  train: activations, remat={m['remat']} [rows={s['train_rows_per_device']}, "
-      f"S={s['train_seq']}]".ljust(56) + _gib(by["activations"]),
-      f"         (remat=True: {by['activations_remat'] / GiB:.2f} GiB, "
-      f"remat=False: {by['activations_no_remat'] / GiB:.2f} GiB)",
+      f"  train: activations, remat={m['remat']}, attention={m['attention']} "
+      f"[rows={s['train_rows_per_device']}, S={s['train_seq']}]".ljust(56)
+      + _gib(by["activations"]),
+      f"         (remat none: {by['activations_no_remat'] / GiB:.2f} GiB, "
+      f"dots: {by['activations_dots'] / GiB:.2f} GiB, full: {by['activations_remat'] / GiB:.2f}"
+      " GiB)",
       "  train: log-prob chunk".ljust(56) + _gib(by["logits"]),
       "  train: gathered weights".ljust(56) + _gib(by["train_gathered_weights"]),
       "  = train phase".ljust(56) + _gib(p["train"]),
@@ -421,9 +449,10 @@ def format_plan(p: dict) -> str:
       f"{dev['usable'] / GiB:.1f} GiB usable ({USABLE_FRACTION:.0%} of {dev['bytes'] / GiB:.1f})"
       f": {'FITS' if p['fits'] else 'DOES NOT FIT'}",
   ]
-  if p["fits"] != p["fits_other_remat"]:
-    lines.append(f"  (with model.remat={not m['remat']} it would "
-                 f"{'fit' if p['fits_other_remat'] else 'not fit'})")
+  others = [k for k in REMAT_CHOICES if k != m["remat"] and p["fits_by_remat"][k] != p["fits"]]
+  if others:
+    lines.append(f"  (with model.remat in {others} it would "
+                 f"{'not ' if p['fits'] else ''}fit)")
   lines.append("replicated fallbacks: " + ("none" if not p["fallbacks"] else ""))
   lines += [f"  {f}" for f in p["fallbacks"]]
   if p["warnings"]:

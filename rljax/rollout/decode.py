@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rljax.models import attention as attention_lib
 from rljax.models import llama
 from rljax.models.config import ModelConfig
 
@@ -135,6 +136,22 @@ def init_cache(cfg: ModelConfig, batch: int, slots: int) -> tuple:
   return tuple((jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)) for _ in range(cfg.num_layers))
 
 
+def _cache_attention(q, ck, cv, allowed):
+  """Queries q [B, Sq, H, Dh] against the head-major cache ck, cv [B, G, K, Dh] (``allowed``
+  [B, 1, 1, Sq, K]): ``attention.reference_attention`` with batch dimensions leading, so XLA
+  does not transpose the cache every step. Returns [B * Sq, H * Dh]."""
+  b, sq, h, dh = q.shape
+  g, k_slots = ck.shape[1], ck.shape[2]
+  r = h // g
+  q = q.reshape(b, sq, g, r, dh).transpose(0, 2, 3, 1, 4).reshape(b, g, r * sq, dh)
+  scores = jnp.einsum("bgqd,bgkd->bgqk", q, ck.astype(q.dtype)).astype(jnp.float32)
+  scores = scores.reshape(b, g, r, sq, k_slots) / np.float32(math.sqrt(dh))
+  scores = jnp.where(allowed, scores, attention_lib.MASK_VALUE)
+  probs = jax.nn.softmax(scores, axis=-1).astype(cv.dtype).reshape(b, g, r * sq, k_slots)
+  attn = jnp.einsum("bgqk,bgkd->bgqd", probs, cv).reshape(b, g, r, sq, dh)
+  return attn.transpose(0, 3, 1, 2, 4).reshape(b * sq, h * dh)
+
+
 def step(cfg: ModelConfig, w: dict, tokens, positions, cache, slot, kv_valid):
   """Feed ``S`` tokens per row at cache slots ``slot .. slot+S-1``: prefill (S = P) or decode
   (S = 1). Returns (final-norm hidden of the *last* token [B, D], cache).
@@ -147,44 +164,41 @@ def step(cfg: ModelConfig, w: dict, tokens, positions, cache, slot, kv_valid):
   dtype = jnp.dtype(cfg.dtype)
   b, s = tokens.shape
   h, g, dh = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-  r = h // g
   cos, sin = jnp.take(w["cos"], positions, axis=0), jnp.take(w["sin"], positions, axis=0)
   # A prefill into an empty cache (``slot`` the static 0) attends to its own S keys only, not to
-  # the empty slots that the cache holds for decoding.
+  # the empty slots that the cache holds for decoding: that is ``rljax.models.attention`` (the
+  # training forward's attention, whose backend ``cfg.attention`` picks). Decode steps attend to
+  # the head-major cache here.
   from_empty = isinstance(slot, int) and slot == 0
-  k_slots = s if from_empty else cache[0][0].shape[2]
-  q_slots = slot + jnp.arange(s)
-  allowed = (kv_valid[:, None, :k_slots]
-             & (jnp.arange(k_slots)[None, None, :] <= q_slots[None, :, None]))
-  allowed = allowed[:, None, None]  # [B, 1, 1, S, K]
+  k_slots = cache[0][0].shape[2]
+  if not from_empty:
+    allowed = attention_lib.allowed_mask(kv_valid, slot + jnp.arange(s), jnp.arange(k_slots),
+                                         cfg.sliding_window)[:, None, None]  # [B, 1, 1, S, K]
   x = jnp.take(w["embed"], tokens.reshape(-1), axis=0).astype(dtype)  # [B*S, D]
   new_cache = []
   for i, (lw, (ck, cv)) in enumerate(zip(w["layers"], cache)):
     y = _rms_norm(cfg, lw["ln1"], x)
     q, k, v = _projections(y, lw["qkv"], lw["qkv_b"], [h * dh, g * dh, g * dh])
     q = _rope(q.reshape(b, s, h, dh), cos, sin)  # [B, S, H, Dh]
-    k = _rope(k.reshape(b, s, g, dh), cos, sin)  # [B, S, G, Dh]
-    v = v.reshape(b, s, g, dh)
+    k = _rope(k.reshape(b, s, g, dh), cos, sin).astype(ck.dtype)  # [B, S, G, Dh]
+    v = v.reshape(b, s, g, dh).astype(cv.dtype)
     # Head-major: [B, G, S, Dh] (a free reshape when S = 1).
-    k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
-    ck = jax.lax.dynamic_update_slice(ck, k.astype(ck.dtype), (0, 0, slot, 0))
-    cv = jax.lax.dynamic_update_slice(cv, v.astype(cv.dtype), (0, 0, slot, 0))
+    ck = jax.lax.dynamic_update_slice(ck, k.transpose(0, 2, 1, 3), (0, 0, slot, 0))
+    cv = jax.lax.dynamic_update_slice(cv, v.transpose(0, 2, 1, 3), (0, 0, slot, 0))
     new_cache.append((ck, cv))
-    if from_empty:
-      ck, cv = k.astype(ck.dtype), v.astype(cv.dtype)
-    sq, mask = s, allowed  # queries
+    sq = s  # queries
     if i == cfg.num_layers - 1 and s > 1:
       # The last layer's keys and values are needed at every position (the cache), its output
       # only at the last one: attention, o-projection and MLP run for that query alone.
-      sq, mask, q = 1, allowed[:, :, :, -1:], q[:, -1:]
+      sq, q = 1, q[:, -1:]
       x = x.reshape(b, s, -1)[:, -1]
-    q = q.reshape(b, sq, g, r, dh).transpose(0, 2, 3, 1, 4).reshape(b, g, r * sq, dh)
-    scores = jnp.einsum("bgqd,bgkd->bgqk", q, ck.astype(q.dtype)).astype(jnp.float32)
-    scores = scores.reshape(b, g, r, sq, k_slots) / np.float32(math.sqrt(dh))
-    scores = jnp.where(mask, scores, llama._MASK_VALUE)
-    probs = jax.nn.softmax(scores, axis=-1).astype(cv.dtype).reshape(b, g, r * sq, k_slots)
-    attn = jnp.einsum("bgqk,bgkd->bgqd", probs, cv).reshape(b, g, r, sq, dh)
-    attn = attn.transpose(0, 3, 1, 2, 4).reshape(b * sq, h * dh)
+    if from_empty:
+      attn = attention_lib.attention(q, k, v, kv_valid[:, :s], q_offset=s - sq,
+                                     window=cfg.sliding_window, backend=cfg.attention,
+                                     block=cfg.attention_block)
+      attn = attn.reshape(b * sq, h * dh)
+    else:
+      attn = _cache_attention(q, ck, cv, allowed[:, :, :, -sq:])
     x = x + _dense(attn, lw["o"], lw["o_b"])
     y = _rms_norm(cfg, lw["ln2"], x)
     f = cfg.intermediate_size

@@ -72,6 +72,13 @@ def _hf_source(config, tokenizer, *, train_if_missing: bool) -> str | None:
   raise ValueError(f"model.source must be 'tiny', 'sft' or 'hf:PATH', got {source!r}")
 
 
+def model_run_settings(model_section) -> dict:
+  """The ModelConfig fields a run sets whatever the checkpoint: rematerialisation and the
+  attention backend."""
+  m = model_section
+  return dict(remat=m.remat, attention=m.attention, attention_block=m.attention_block)
+
+
 def resolve_model_config(config, tokenizer) -> ModelConfig:
   """The policy's architecture from ``model.source``, without loading any weights."""
   m = config.model
@@ -79,7 +86,8 @@ def resolve_model_config(config, tokenizer) -> ModelConfig:
   if path is None:
     return models.tiny_config(m, tokenizer.vocab_size, eos_token_id=tokenizer.eos_id,
                               pad_token_id=tokenizer.pad_id)
-  return ModelConfig.from_hf_dir(path, dtype=m.dtype, param_dtype=m.param_dtype, remat=m.remat)
+  return ModelConfig.from_hf_dir(path, dtype=m.dtype, param_dtype=m.param_dtype,
+                                 **model_run_settings(m))
 
 
 def load_policy(config, tokenizer) -> tuple[ModelConfig, dict]:
@@ -93,7 +101,7 @@ def load_policy(config, tokenizer) -> tuple[ModelConfig, dict]:
   cfg, params = models.load_hf(path, dtype=m.dtype, param_dtype=m.param_dtype)
   if cfg.vocab_size < tokenizer.vocab_size:
     raise ValueError(f"model vocab {cfg.vocab_size} < tokenizer vocab {tokenizer.vocab_size}")
-  return cfg.replace(remat=m.remat), params
+  return cfg.replace(**model_run_settings(m)), params
 
 
 def single_device():

@@ -1,0 +1,316 @@
+"""Masked grouped-query attention with one meaning and several backends.
+
+``attention(q, k, v, k_valid, q_offset=..., window=..., backend=...)`` computes
+
+    out[b, s, h] = sum_k softmax_k(q[b, s, h] . k[b, k, h//R] / sqrt(Dh) | allowed) v[b, k, h//R]
+    allowed[b, s, k] = k_valid[b, k]  and  k <= q_offset + s  and  q_offset + s - k < window
+
+i.e. causality *by slot* (query ``s`` sits at slot ``q_offset + s``; keys at slots ``0 .. K-1``),
+padding given by the key mask (left-padded prompts, right-padded completions: any row layout),
+and Mistral's sliding window (``transformers``' ``kv_idx > q_idx - sliding_window``) when
+``window`` is set. GQA: ``H = G * R`` query heads share ``G`` key/value heads, and no backend
+repeats K/V in memory. Queries with no allowed key (padding) get an unspecified finite output:
+callers read valid positions only, and no valid query attends to them.
+
+Backends (``model.attention``):
+
+- ``xla``: the reference. Materialises the ``[B, H, S, K]`` float32 scores (today's formula).
+- ``blockwise``: query- and key-chunked online softmax (flash attention, Dao et al. 2022,
+  "FlashAttention", Alg. 1 forward / Alg. 2 backward) in pure JAX with a custom VJP: memory
+  ``O(S + K)`` per head, forward and backward; key blocks outside the causal window are skipped.
+- ``cudnn``: ``jax.nn.dot_product_attention`` (cuDNN flash attention; GPUs, 16-bit dtypes). Rows
+  are rotated so their valid run starts at slot 0, which turns the padding into sequence lengths.
+- ``pallas``: splash attention (``jax.experimental.pallas.ops.tpu``; TPUs, or interpreted on CPU
+  for the tests), padding as segment ids.
+- ``auto``: cudnn on GPUs for 16-bit dtypes, pallas on TPUs, blockwise elsewhere.
+
+``cudnn`` and ``pallas`` apply to self-attention (``q_offset == 0`` and ``S == K``: the training
+forward and the sampler's prefill) over rows whose valid tokens form one contiguous run, which is
+what every caller passes; queries against a KV cache use ``xla`` up to one block of queries
+(decode steps: scores ``[S, K]``, linear in K) and ``blockwise`` beyond.
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rljax.models.config import ATTENTION_BACKENDS as BACKENDS
+MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
+DEFAULT_BLOCK = 512
+_SPLASH_BLOCK = 512
+_SPLASH_MIN_BLOCK = 128
+
+
+def resolve_backend(backend: str, *, dtype, self_attention: bool, num_queries: int = 0,
+                    block: int = DEFAULT_BLOCK) -> str:
+  """The backend that ``attention`` runs for ``backend`` on this platform (see module doc).
+  Queries against a cache: up to one block of them materialise their ``[S, K]`` scores (linear
+  in K, and the decode step stays one fused einsum), more go blockwise."""
+  if backend not in BACKENDS:
+    raise ValueError(f"model.attention={backend!r}: expected one of {BACKENDS}")
+  if not self_attention:
+    return "xla" if backend == "xla" or num_queries <= block else "blockwise"
+  if backend != "auto":
+    return backend
+  platform = jax.default_backend()
+  if platform == "gpu" and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16):
+    return "cudnn"
+  if platform == "tpu":
+    return "pallas"
+  return "blockwise"
+
+
+def attention(q, k, v, k_valid, *, q_offset=0, window: int | None = None,
+              backend: str = "auto", block: int = DEFAULT_BLOCK):
+  """Masked GQA attention (module doc). q [B, S, H, Dh]; k, v [B, K, G, Dh]; k_valid [B, K]
+  bool; ``q_offset`` the slot of query 0 (int or traced scalar). Returns [B, S, H, Dh]."""
+  chex.assert_rank([q, k, v, k_valid], [4, 4, 4, 2])
+  chex.assert_equal_shape([k, v])
+  b, s, h, dh = q.shape
+  if k.shape[0] != b or k.shape[3] != dh or h % k.shape[2]:
+    raise ValueError(f"q {q.shape} and k {k.shape}: need k [B={b}, K, G, Dh={dh}], H % G == 0")
+  chex.assert_shape(k_valid, (b, k.shape[1]))
+  if window is not None and window < 1:
+    raise ValueError(f"sliding window must be >= 1 (or None), got {window}")
+  self_attention = isinstance(q_offset, int) and q_offset == 0 and s == k.shape[1]
+  kind = resolve_backend(backend, dtype=q.dtype, self_attention=self_attention,
+                        num_queries=s, block=block)
+  k_valid = k_valid.astype(bool)
+  if kind == "xla":
+    return reference_attention(q, k, v, k_valid, q_offset=q_offset, window=window)
+  if kind == "blockwise":
+    return blockwise_attention(q, k, v, k_valid, q_offset, window=window, block=block)
+  if kind == "cudnn":
+    if jnp.dtype(q.dtype) not in (jnp.bfloat16, jnp.float16):
+      raise ValueError(f"model.attention='cudnn' needs model.dtype bfloat16 or float16 (cuDNN "
+                       f"has no float32 flash attention), got {q.dtype}")
+    return cudnn_attention(q, k, v, k_valid, window=window)
+  return splash_attention(q, k, v, k_valid, window=window)
+
+
+def allowed_mask(k_valid, q_slots, k_slots, window):
+  """allowed [B, Sq, Kb] from k_valid [B, Kb], q_slots [Sq], k_slots [Kb] (module doc)."""
+  ok = k_slots[None, :] <= q_slots[:, None]
+  if window is not None:
+    ok = ok & (q_slots[:, None] - k_slots[None, :] < window)
+  return ok[None] & k_valid[:, None, :]
+
+
+def reference_attention(q, k, v, k_valid, *, q_offset=0, window=None):
+  """The materialised formula: ``[B, G, R, S, K]`` float32 scores, masked, softmax in float32."""
+  b, s, h, dh = q.shape
+  g = k.shape[2]
+  allowed = allowed_mask(k_valid, q_offset + jnp.arange(s), jnp.arange(k.shape[1]), window)
+  q = q.reshape(b, s, g, h // g, dh)
+  scores = jnp.einsum("bsgrd,bkgd->bgrsk", q, k.astype(q.dtype)).astype(jnp.float32)
+  scores = scores / np.float32(math.sqrt(dh))
+  scores = jnp.where(allowed[:, None, None], scores, MASK_VALUE)
+  probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+  return jnp.einsum("bgrsk,bkgd->bsgrd", probs, v).reshape(b, s, h, dh)
+
+
+# --- blockwise (flash) attention in pure JAX ----------------------------------------------------
+
+def _key_block_range(q_first, q_last, bk, nk, window):
+  """Key blocks ``[lo, hi)`` holding a key some query in slots ``q_first..q_last`` may see."""
+  hi = jnp.clip(q_last // bk + 1, 0, nk)
+  lo = 0 if window is None else jnp.clip((q_first - window + 1) // bk, 0, nk)
+  return lo, hi
+
+
+def _scores(qb, kb, scale):
+  """[B, G, bq*R, Dh] x [B, G, bk, Dh] -> float32 scores [B, G, bq*R, bk]."""
+  s = jnp.einsum("bgqd,bgkd->bgqk", qb, kb.astype(qb.dtype), preferred_element_type=jnp.float32)
+  return s / scale
+
+
+def _block_ok(k_valid, q0, k0, bq, bk, r, window):
+  """allowed of one block as [B, 1, bq*R, bk] (query rows are slot-major, head-minor)."""
+  ok = allowed_mask(jax.lax.dynamic_slice_in_dim(k_valid, k0, bk, 1), q0 + jnp.arange(bq),
+                    k0 + jnp.arange(bk), window)
+  return jnp.repeat(ok, r, axis=1)[:, None]
+
+
+def _layout(q, k, v, k_valid, block):
+  """Head-major, block-padded operands: q [B, G, Sp*R, Dh], k, v [B, G, Kp, Dh], k_valid [B, Kp]."""
+  b, s, h, dh = q.shape
+  kn, g = k.shape[1], k.shape[2]
+  bq, bk = min(block, s), min(block, kn)
+  sp, kp = -(-s // bq) * bq, -(-kn // bk) * bk
+  qh = jnp.pad(q, ((0, 0), (0, sp - s), (0, 0), (0, 0))).reshape(b, sp, g, h // g, dh)
+  qh = qh.transpose(0, 2, 1, 3, 4).reshape(b, g, sp * (h // g), dh)
+  kv_pad = ((0, 0), (0, kp - kn), (0, 0), (0, 0))
+  kh = jnp.pad(k, kv_pad).transpose(0, 2, 1, 3)
+  vh = jnp.pad(v, kv_pad).transpose(0, 2, 1, 3)
+  return qh, kh, vh, jnp.pad(k_valid, ((0, 0), (0, kp - kn))), bq, bk
+
+
+def _unlayout(x, b, s, h, dh, g):
+  """[B, G, Sp*R, Dh] -> [B, S, H, Dh]."""
+  x = x.reshape(b, g, -1, h // g, dh).transpose(0, 2, 1, 3, 4)
+  return x[:, :s].reshape(b, s, h, dh)
+
+
+def blockwise_attention(q, k, v, k_valid, q_offset=0, *, window=None, block=DEFAULT_BLOCK):
+  """``reference_attention`` by blocks of ``block`` queries x ``block`` keys, never ``S x K``."""
+  b, s, h, dh = q.shape
+  g = k.shape[2]
+  qh, kh, vh, kvh, bq, bk = _layout(q, k, v, k_valid, block)
+  out = _flash(qh, kh, vh, kvh, jnp.asarray(q_offset, jnp.int32), bq, bk, h // g, window)
+  return _unlayout(out, b, s, h, dh, g)
+
+
+def _flash_forward(q, k, v, k_valid, q_offset, bq, bk, r, window):
+  """Online-softmax forward: (out [B, G, Sp*R, Dh] in q's dtype, lse [B, G, Sp*R] float32)."""
+  b, g, rows, dh = q.shape
+  nq, nk = rows // (bq * r), k.shape[2] // bk
+  scale = np.float32(math.sqrt(dh))
+
+  def query_block(i, carry):
+    out, lse = carry
+    qb = jax.lax.dynamic_slice_in_dim(q, i * bq * r, bq * r, 2)
+    q0 = q_offset + i * bq
+    lo, hi = _key_block_range(q0, q0 + bq - 1, bk, nk, window)
+
+    def key_block(j, acc):
+      o, m, l = acc
+      s = _scores(qb, jax.lax.dynamic_slice_in_dim(k, j * bk, bk, 2), scale)
+      ok = _block_ok(k_valid, q0, j * bk, bq, bk, r, window)
+      s = jnp.where(ok, s, MASK_VALUE)
+      m_new = jnp.maximum(m, s.max(-1))
+      p = jnp.where(ok, jnp.exp(s - m_new[..., None]), 0.0)
+      alpha = jnp.exp(m - m_new)
+      vb = jax.lax.dynamic_slice_in_dim(v, j * bk, bk, 2)
+      pv = jnp.einsum("bgqk,bgkd->bgqd", p.astype(v.dtype), vb, preferred_element_type=jnp.float32)
+      return o * alpha[..., None] + pv, m_new, l * alpha + p.sum(-1)
+
+    rows_b = (b, g, bq * r)
+    init = (jnp.zeros(rows_b + (dh,), jnp.float32), jnp.full(rows_b, MASK_VALUE, jnp.float32),
+            jnp.zeros(rows_b, jnp.float32))
+    o, m, l = jax.lax.fori_loop(lo, hi, key_block, init)
+    seen = l > 0
+    o = o / jnp.where(seen, l, 1.0)[..., None]
+    block_lse = jnp.where(seen, m + jnp.log(jnp.where(seen, l, 1.0)), 0.0)
+    out = jax.lax.dynamic_update_slice_in_dim(out, o.astype(out.dtype), i * bq * r, 2)
+    return out, jax.lax.dynamic_update_slice_in_dim(lse, block_lse, i * bq * r, 2)
+
+  init = (jnp.zeros(q.shape, q.dtype), jnp.zeros((b, g, rows), jnp.float32))
+  return jax.lax.fori_loop(0, nq, query_block, init)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7, 8))
+def _flash(q, k, v, k_valid, q_offset, bq, bk, r, window):
+  return _flash_forward(q, k, v, k_valid, q_offset, bq, bk, r, window)[0]
+
+
+def _flash_fwd(q, k, v, k_valid, q_offset, bq, bk, r, window):
+  out, lse = _flash_forward(q, k, v, k_valid, q_offset, bq, bk, r, window)
+  return out, (q, k, v, k_valid, q_offset, out, lse)
+
+
+def _flash_bwd(bq, bk, r, window, res, dout):
+  """FlashAttention-2 backward: per key block, recompute ``P = exp(S - lse)`` for the query
+  blocks that see it; ``dV += P^T dO``, ``dS = P (dO V^T - rowsum(dO * O))``, ``dK += dS^T Q``,
+  ``dQ += dS K`` (with the 1/sqrt(Dh) scale)."""
+  q, k, v, k_valid, q_offset, out, lse = res
+  b, g, rows, dh = q.shape
+  nq, nk = rows // (bq * r), k.shape[2] // bk
+  scale = np.float32(math.sqrt(dh))
+  delta = jnp.sum(dout.astype(jnp.float32) * out.astype(jnp.float32), axis=-1)
+
+  def key_block(j, carry):
+    dq, dk, dv = carry
+    k0 = j * bk
+    kb = jax.lax.dynamic_slice_in_dim(k, k0, bk, 2)
+    vb = jax.lax.dynamic_slice_in_dim(v, k0, bk, 2)
+    # Query blocks holding a query at or after slot k0 (and, with a window, before k0+bk-1+window).
+    lo = jnp.clip((k0 - q_offset) // bq, 0, nq)
+    hi = nq if window is None else jnp.clip((k0 + bk - 2 + window - q_offset) // bq + 1, 0, nq)
+
+    def query_block(i, acc):
+      dq, dkb, dvb = acc
+      sl = lambda x: jax.lax.dynamic_slice_in_dim(x, i * bq * r, bq * r, 2)
+      qb, dob = sl(q), sl(dout)
+      ok = _block_ok(k_valid, q_offset + i * bq, k0, bq, bk, r, window)
+      p = jnp.where(ok, jnp.exp(_scores(qb, kb, scale) - sl(lse)[..., None]), 0.0)
+      dvb = dvb + jnp.einsum("bgqk,bgqd->bgkd", p.astype(dob.dtype), dob,
+                             preferred_element_type=jnp.float32)
+      dp = jnp.einsum("bgqd,bgkd->bgqk", dob, vb.astype(dob.dtype),
+                      preferred_element_type=jnp.float32)
+      ds = (p * (dp - sl(delta)[..., None]) / scale)
+      dkb = dkb + jnp.einsum("bgqk,bgqd->bgkd", ds.astype(qb.dtype), qb,
+                             preferred_element_type=jnp.float32)
+      dqb = sl(dq) + jnp.einsum("bgqk,bgkd->bgqd", ds.astype(kb.dtype), kb,
+                                preferred_element_type=jnp.float32)
+      return jax.lax.dynamic_update_slice_in_dim(dq, dqb, i * bq * r, 2), dkb, dvb
+
+    zeros = jnp.zeros((b, g, bk, dh), jnp.float32)
+    dq, dkb, dvb = jax.lax.fori_loop(lo, hi, query_block, (dq, zeros, zeros))
+    dk = jax.lax.dynamic_update_slice_in_dim(dk, dkb, k0, 2)
+    return dq, dk, jax.lax.dynamic_update_slice_in_dim(dv, dvb, k0, 2)
+
+  init = (jnp.zeros(q.shape, jnp.float32), jnp.zeros(k.shape, jnp.float32),
+          jnp.zeros(v.shape, jnp.float32))
+  dq, dk, dv = jax.lax.fori_loop(0, nk, key_block, init)
+  return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None, None
+
+
+_flash.defvjp(_flash_fwd, _flash_bwd)
+
+
+# --- platform kernels ---------------------------------------------------------------------------
+
+def _rotate_rows(x, shift):
+  """Row ``b`` of x [B, T, ...] rotated left by ``shift[b]`` slots (slot t takes t + shift)."""
+  idx = (jnp.arange(x.shape[1])[None, :] + shift[:, None]) % x.shape[1]
+  return jnp.take_along_axis(x, idx.reshape(idx.shape + (1,) * (x.ndim - 2)), axis=1)
+
+
+def cudnn_attention(q, k, v, k_valid, *, window=None, implementation: str | None = "cudnn"):
+  """Self-attention through ``jax.nn.dot_product_attention``. Each row's valid run is rotated to
+  start at slot 0, so padding becomes ``key/query_seq_lengths`` and causality by slot is
+  ``is_causal`` (rotation keeps the order of the run; RoPE was applied before, by position).
+  ``implementation='xla'`` runs the same masking on any platform (tests)."""
+  first = jnp.argmax(k_valid, axis=1).astype(jnp.int32)
+  n_valid = k_valid.sum(axis=1).astype(jnp.int32)
+  q, k, v = (_rotate_rows(x, first) for x in (q, k, v))
+  out = jax.nn.dot_product_attention(
+      q, k, v, is_causal=True, query_seq_lengths=n_valid, key_value_seq_lengths=n_valid,
+      local_window_size=None if window is None else (window - 1, 0),
+      implementation=implementation)
+  return _rotate_rows(out, -first)
+
+
+def splash_attention(q, k, v, k_valid, *, window=None, interpret: bool | None = None):
+  """Self-attention through Pallas splash attention (MQA kernel vmapped over the ``G`` key/value
+  heads and the batch; padding as segment ids). ``interpret`` defaults to "not on a TPU"."""
+  from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
+  from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
+  b, s, h, dh = q.shape
+  g = k.shape[2]
+  r = h // g
+  if interpret is None:
+    interpret = jax.default_backend() != "tpu"
+  blk = _SPLASH_BLOCK if s >= _SPLASH_BLOCK else _SPLASH_MIN_BLOCK
+  sp = -(-s // blk) * blk
+  pad = ((0, 0), (0, sp - s), (0, 0), (0, 0))
+  seg = jnp.pad(k_valid, ((0, 0), (0, sp - s))).astype(jnp.int32)
+  mask = sm.CausalMask((sp, sp)) if window is None else sm.LocalMask(
+      (sp, sp), window_size=(window - 1, 0), offset=0)
+  sizes = sk.BlockSizes(block_q=blk, block_kv=blk, block_kv_compute=blk, block_q_dkv=blk,
+                        block_kv_dkv=blk, block_kv_dkv_compute=blk, block_q_dq=blk, block_kv_dq=blk)
+  kernel = sk.make_splash_mqa_single_device(sm.MultiHeadMask([mask] * r), block_sizes=sizes,
+                                            interpret=interpret)
+  # [B, G, R, Sp, Dh] queries (pre-scaled: splash has no softmax scale), [B, G, Sp, Dh] keys.
+  qh = (jnp.pad(q, pad) / np.asarray(math.sqrt(dh), q.dtype)).reshape(b, sp, g, r, dh)
+  qh = qh.transpose(0, 2, 3, 1, 4)
+  kh, vh = (jnp.pad(x, pad).transpose(0, 2, 1, 3) for x in (k, v))
+  per_head = jax.vmap(kernel, in_axes=(0, 0, 0, None))
+  per_row = jax.vmap(lambda q_, k_, v_, sg: per_head(q_, k_, v_, sk.SegmentIds(q=sg, kv=sg)))
+  out = per_row(qh, kh, vh, seg)  # [B, G, R, Sp, Dh]
+  return out.transpose(0, 3, 1, 2, 4)[:, :s].reshape(b, s, h, dh)
