@@ -215,6 +215,18 @@ def run_optimizer(config) -> optax.GradientTransformation:
   return make_optimizer(config.optim, config.optim.lr, total_updates(config))
 
 
+def planned_attention(backend: str, device_kind: str, dtype: str) -> str:
+  """The attention backend ``model.attention`` resolves to on ``device_kind`` (as
+  ``rljax.models.attention.resolve_backend`` does on the device itself)."""
+  if backend != "auto":
+    return backend
+  if device_kind in _CORES_PER_CHIP:
+    return "pallas"
+  if device_kind != "cpu" and np.dtype(dtype).itemsize == 2:
+    return "cudnn"
+  return "blockwise"
+
+
 # --- the plan ------------------------------------------------------------------------------------
 
 def _tree_bytes(shapes) -> int:
