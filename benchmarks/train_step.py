@@ -63,7 +63,7 @@ def rljax_step_fn(new_tokens: int):
     tokens = np.concatenate([out.prompt_tokens, out.tokens], 1)
     attn = np.concatenate([out.prompt_mask, out.mask], 1).astype(np.int32)
     batch, _ = fns.prepare_batch(holder["state"], tokens, attn, out.mask.astype(np.float32),
-                                 out.logp, rewards, np.zeros_like(rewards),
+                                 out.sampler_logp, rewards, np.zeros_like(rewards),
                                  np.ones_like(rewards))
     holder["state"], metrics = fns.train_step(holder["state"], batch)
     jax.block_until_ready(jax.device_get(metrics))

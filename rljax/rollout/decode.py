@@ -135,13 +135,23 @@ def init_cache(cfg: ModelConfig, batch: int, slots: int) -> tuple:
   return tuple((jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)) for _ in range(cfg.num_layers))
 
 
+def _write(cache, x, slot, per_row: bool):
+  """``x`` [B, G, S, Dh] into ``cache`` [B, G, K, Dh] at slot ``slot`` (or ``slot[b]`` per row)."""
+  x = x.astype(cache.dtype)
+  if per_row:
+    put = lambda c, u, s: jax.lax.dynamic_update_slice(c, u, (0, s, 0))
+    return jax.vmap(put)(cache, x, slot)
+  return jax.lax.dynamic_update_slice(cache, x, (0, 0, slot, 0))
+
+
 def step(cfg: ModelConfig, w: dict, tokens, positions, cache, slot, kv_valid):
   """Feed ``S`` tokens per row at cache slots ``slot .. slot+S-1``: prefill (S = P) or decode
   (S = 1). Returns (final-norm hidden of the *last* token [B, D], cache).
 
   tokens, positions: [B, S] int. cache: per layer ``(k, v)`` [B, G, K, Dh]. kv_valid: [B, K]
   bool, the slots a query may attend to (prompt tokens and completion slots), each query only up
-  to its own slot. Only the last position goes through the last layer's attention and MLP and
+  to its own slot. ``slot``: one int for every row, or a [B] int array (continuous batching:
+  every row writes at its own slot). Only the last position goes through the last layer's attention and MLP and
   the final norm: the sampler needs nothing else, and ``[B, S, V]`` logits are never formed.
   """
   dtype = jnp.dtype(cfg.dtype)
@@ -153,9 +163,10 @@ def step(cfg: ModelConfig, w: dict, tokens, positions, cache, slot, kv_valid):
   # the empty slots that the cache holds for decoding.
   from_empty = isinstance(slot, int) and slot == 0
   k_slots = s if from_empty else cache[0][0].shape[2]
-  q_slots = slot + jnp.arange(s)
+  per_row = jnp.ndim(slot) == 1
+  q_slots = jnp.broadcast_to((slot[:, None] if per_row else slot) + jnp.arange(s), (b, s))
   allowed = (kv_valid[:, None, :k_slots]
-             & (jnp.arange(k_slots)[None, None, :] <= q_slots[None, :, None]))
+             & (jnp.arange(k_slots)[None, None, :] <= q_slots[:, :, None]))
   allowed = allowed[:, None, None]  # [B, 1, 1, S, K]
   x = jnp.take(w["embed"], tokens.reshape(-1), axis=0).astype(dtype)  # [B*S, D]
   new_cache = []
@@ -167,8 +178,7 @@ def step(cfg: ModelConfig, w: dict, tokens, positions, cache, slot, kv_valid):
     v = v.reshape(b, s, g, dh)
     # Head-major: [B, G, S, Dh] (a free reshape when S = 1).
     k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
-    ck = jax.lax.dynamic_update_slice(ck, k.astype(ck.dtype), (0, 0, slot, 0))
-    cv = jax.lax.dynamic_update_slice(cv, v.astype(cv.dtype), (0, 0, slot, 0))
+    ck, cv = _write(ck, k, slot, per_row), _write(cv, v, slot, per_row)
     new_cache.append((ck, cv))
     if from_empty:
       ck, cv = k.astype(ck.dtype), v.astype(cv.dtype)
