@@ -39,15 +39,23 @@ def default_refill_rows(slots: int) -> int:
   return max(1, slots // 8)
 
 
+def drain_widths(slots: int, phases: int = 4) -> list[int]:
+  """Slot counts of the loop's phases: ``S``, then ``S/2, S/4, S/8`` once no row is pending and
+  few enough rows are left (the drain)."""
+  return sorted({max(1, slots >> k) for k in range(phases)}, reverse=True)
+
+
 def decode_rows(weights, prompt_tokens, prompt_mask, row_offset, step_keys, *, cfg: ModelConfig,
-                sp: SamplingParams, stop_ids: tuple, g: int, slots: int, refill_rows: int):
+                sp: SamplingParams, stop_ids: tuple, g: int, slots: int, refill_rows: int,
+                row_budget=None):
   """Prefill ``Pn`` prompts, decode their ``B = Pn * G`` completions through ``slots`` cache slots.
 
   step_keys: [T, ...] the key of token ``t`` (threefry key words [T, 2] or typed keys [T]).
   row_offset: this shard's first row in the whole batch (it picks the rows' noise).
+  row_budget: None, or [B] int per-row caps on the completion length (at most ``T``).
   Returns ``(tokens, sampler_logp, draw_logp [B, T], lengths [B], stopped [B], steps)``: rows
-  in their original order, ``stopped`` True for rows that emitted a stop token, ``steps`` the
-  number of decode steps the loop ran.
+  in their original order, ``stopped`` True for rows that emitted a stop token, ``computed`` the
+  token slots computed (each row's first token, then the loop's width per decode step).
   """
   n_prompts, p = prompt_tokens.shape
   t_max = sp.max_new_tokens
@@ -63,6 +71,8 @@ def decode_rows(weights, prompt_tokens, prompt_mask, row_offset, step_keys, *, c
   stop_arr = jnp.asarray(stop_ids or (-1,), jnp.int32)
   is_stop = lambda tok: (jnp.any(tok[:, None] == stop_arr[None, :], axis=-1) if stop_ids
                          else jnp.zeros(tok.shape, bool))
+  budget = jnp.full((b,), t_max, jnp.int32) if row_budget is None else jnp.minimum(
+      jnp.asarray(row_budget, jnp.int32), t_max)
   head = lambda h: jnp.dot(h, weights["head"], preferred_element_type=jnp.float32)
 
   def refill(state, size: int):
@@ -88,7 +98,8 @@ def decode_rows(weights, prompt_tokens, prompt_mask, row_offset, step_keys, *, c
                stopped=out["stopped"].at[rows].set(stop, mode="drop"))
     put = lambda x, v: x.at[idx].set(v, mode="drop")
     slot = dict(row=put(slot["row"], rows), t=put(slot["t"], jnp.ones_like(rows)),
-                tok=put(slot["tok"], tok), active=put(slot["active"], ~stop & (t_max > 1)),
+                tok=put(slot["tok"], tok),
+                active=put(slot["active"], ~stop & (budget[jnp.minimum(rows, b - 1)] > 1)),
                 pos0=put(slot["pos0"], first_pos[prompt]),
                 prompt_mask=put(slot["prompt_mask"], prompt_mask[prompt].astype(bool)))
     return dict(state, cache=cache, slot=slot, out=out, next_row=next_row + n_take)
@@ -112,8 +123,8 @@ def decode_rows(weights, prompt_tokens, prompt_mask, row_offset, step_keys, *, c
                lengths=out["lengths"].at[rows].add(1, mode="drop"),
                stopped=out["stopped"].at[rows].set(stop, mode="drop"))
     slot = dict(slot, t=t + live, tok=jnp.where(live, tok, slot["tok"]),
-                active=live & ~stop & (t + 1 < t_max))
-    return dict(state, cache=cache, slot=slot, out=out, steps=state["steps"] + 1)
+                active=live & ~stop & (t + 1 < budget[jnp.minimum(slot["row"], b - 1)]))
+    return dict(state, cache=cache, slot=slot, out=out, computed=state["computed"] + t.shape[0])
 
   def body(state):
     free = slots - jnp.sum(state["slot"]["active"])
@@ -122,8 +133,10 @@ def decode_rows(weights, prompt_tokens, prompt_mask, row_offset, step_keys, *, c
     state = jax.lax.cond(due, lambda s: refill(s, refill_rows), lambda s: s, state)
     return decode_step(state)
 
-  def cond(state):
-    return jnp.any(state["slot"]["active"]) | (state["next_row"] < b)
+  def run_phase(state, first: bool, next_width: int):
+    """Decode until no row is pending and at most ``next_width`` slots are active."""
+    cond = lambda s: (s["next_row"] < b) | (jnp.sum(s["slot"]["active"]) > next_width)
+    return jax.lax.while_loop(cond, body if first else decode_step, state)
 
   pad = jnp.int32(sp.pad_id)
   state = dict(
@@ -136,9 +149,15 @@ def decode_rows(weights, prompt_tokens, prompt_mask, row_offset, step_keys, *, c
                sampler_logp=jnp.zeros((b, t_max), jnp.float32),
                draw_logp=jnp.zeros((b, t_max), jnp.float32),
                lengths=jnp.zeros((b,), jnp.int32), stopped=jnp.zeros((b,), bool)),
-      next_row=jnp.int32(0), steps=jnp.int32(0))
+      next_row=jnp.int32(0), computed=jnp.int32(b))
   state = refill(state, slots)  # every slot takes a row
-  state = jax.lax.while_loop(cond, body, state)
+  widths = drain_widths(slots)
+  for i, width in enumerate(widths):
+    if i:  # compact: the active slots move to the first ``width`` slots, the rest are dropped
+      keep = jnp.argsort(~state["slot"]["active"])[:width]  # stable: active slots first
+      state = dict(state, slot=jax.tree.map(lambda x: x[keep], state["slot"]),
+                   cache=jax.tree.map(lambda x: x[keep], state["cache"]))
+    state = run_phase(state, i == 0, widths[i + 1] if i + 1 < len(widths) else 0)
   o = state["out"]
   return (o["tokens"], o["sampler_logp"], o["draw_logp"], o["lengths"], o["stopped"],
-          state["steps"])
+          state["computed"])

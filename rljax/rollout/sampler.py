@@ -186,10 +186,12 @@ def _sample_impl(params, prompt_tokens, prompt_mask, key, *, cfg: ModelConfig,
                  sp: SamplingParams, group_size: int, shard_axes=None,
                  max_concurrent_rows: int | None = None, kv_cache_bytes: int | None = None,
                  dtype: str | None = None, refill_rows: int | None = None,
-                 with_stats: bool = False):
+                 with_stats: bool = False, row_budget=None):
   """The sampler on one device's rows; ``shard_axes``: the mesh axes it runs under (shard_map).
   ``with_stats``: also return ``{"slots", "computed"}``, the rows decoded at a time and the
-  token slots computed (benchmarks: slot utilisation = tokens / computed)."""
+  token slots computed (benchmarks: slot utilisation = tokens / computed). ``row_budget``: [B]
+  int, an optional per-row cap on the completion length below ``T`` (rows reaching it end,
+  flagged truncated): the long-tail benchmark's stop rule."""
   chex.assert_rank([prompt_tokens, prompt_mask], 2)
   chex.assert_equal_shape([prompt_tokens, prompt_mask])
   if group_size < 1:
@@ -214,28 +216,29 @@ def _sample_impl(params, prompt_tokens, prompt_mask, key, *, cfg: ModelConfig,
   weights = decode.fuse_weights(cfg, params, p + t_max)  # once per call, outside the loops
   weights["head"] = weights["head"].astype(cfg.dtype)
   if slots < b:
-    tokens, slp, dlp, length, stopped, steps = continuous.decode_rows(
+    tokens, slp, dlp, length, stopped, computed = continuous.decode_rows(
         weights, prompt_tokens, prompt_mask, row_offset, step_keys, cfg=cfg, sp=sp,
-        stop_ids=stop_ids, g=g, slots=slots,
+        stop_ids=stop_ids, g=g, slots=slots, row_budget=row_budget,
         refill_rows=refill_rows or continuous.default_refill_rows(slots))
     rep = lambda x: jnp.repeat(x, g, axis=0) if g > 1 else x
     out = Rollout(prompt_tokens=rep(prompt_tokens), prompt_mask=rep(prompt_mask), tokens=tokens,
                   mask=(jnp.arange(t_max)[None, :] < length[:, None]).astype(jnp.int32),
                   sampler_logp=slp, draw_logp=dlp, lengths=length, truncated=~stopped)
-    # Token slots computed: every row's first token (from its prompt), then S per decode step.
-    return (out, dict(slots=slots, computed=b + steps * slots)) if with_stats else out
+    return (out, dict(slots=slots, computed=computed)) if with_stats else out
 
+  if row_budget is None:
+    row_budget = jnp.full((b,), t_max, jnp.int32)
   rows = functools.partial(_sample_rows, weights, key_at=lambda t: step_keys[t], cfg=cfg, sp=sp,
                            stop_ids=stop_ids, g=g)
   pc = prompts_per_chunk(cfg, n_prompts, p, g, t_max)
   if pc == n_prompts:
-    out = rows(prompt_tokens, prompt_mask, row_offset)
+    out = rows(prompt_tokens, prompt_mask, row_offset, row_budget)
   else:
     n_chunks = n_prompts // pc
     chunked = jax.lax.map(
-        lambda xs: rows(xs[0], xs[1], row_offset + xs[2] * (pc * g)),
+        lambda xs: rows(xs[0], xs[1], row_offset + xs[2] * (pc * g), xs[3]),
         (prompt_tokens.reshape(n_chunks, pc, p), prompt_mask.reshape(n_chunks, pc, p),
-         jnp.arange(n_chunks)))
+         jnp.arange(n_chunks), row_budget.reshape(n_chunks, pc * g)))
     out = jax.tree.map(lambda x: x.reshape((b,) + x.shape[2:]), chunked)
   # All rows of a chunk at once: every step computes all of them until the last one stops.
   chunk_rows = pc * g
@@ -243,10 +246,10 @@ def _sample_impl(params, prompt_tokens, prompt_mask, key, *, cfg: ModelConfig,
   return (out, dict(slots=chunk_rows, computed=computed)) if with_stats else out
 
 
-def _sample_rows(weights, prompt_tokens, prompt_mask, row_offset, *, key_at, cfg: ModelConfig,
-                 sp: SamplingParams, stop_ids: tuple, g: int) -> Rollout:
+def _sample_rows(weights, prompt_tokens, prompt_mask, row_offset, budget, *, key_at,
+                 cfg: ModelConfig, sp: SamplingParams, stop_ids: tuple, g: int) -> Rollout:
   """Prefill ``Pn`` prompts and decode ``G`` completions of each (rows ``row_offset ..`` of the
-  whole batch, which picks their noise)."""
+  whole batch, which picks their noise); row ``i`` ends after ``budget[i]`` tokens at most."""
   n_prompts, p = prompt_tokens.shape
   t_max = sp.max_new_tokens
   b = n_prompts * g
@@ -274,7 +277,7 @@ def _sample_rows(weights, prompt_tokens, prompt_mask, row_offset, *, key_at, cfg
     """Sample token t from logits [B, V] and write it (padding for rows already stopped)."""
     tokens, logp, slogp, done, length = state
     tok, lp, slp = pick_tokens(logits, key_at(t), sp, row_offset)
-    live = ~done
+    live = ~done & (t < budget)
     col = lambda x, v: jax.lax.dynamic_update_slice_in_dim(x, v[:, None], t, axis=1)
     tokens = col(tokens, jnp.where(live, tok, pad))
     logp = col(logp, jnp.where(live, lp, 0.0))
@@ -282,7 +285,7 @@ def _sample_rows(weights, prompt_tokens, prompt_mask, row_offset, *, key_at, cfg
       slogp = col(slogp, jnp.where(live, slp, 0.0))
     length = length + live.astype(jnp.int32)
     if stop_ids:
-      done = done | jnp.any(tok[:, None] == stop_arr[None, :], axis=-1)
+      done = done | (live & jnp.any(tok[:, None] == stop_arr[None, :], axis=-1))
     return (tokens, logp, slogp, done, length), tok
 
   out = (jnp.full((b, t_max), pad, jnp.int32), jnp.zeros((b, t_max), jnp.float32),
@@ -295,7 +298,7 @@ def _sample_rows(weights, prompt_tokens, prompt_mask, row_offset, *, key_at, cfg
 
     def cond(carry, end=end):
       t, _, _, out = carry
-      return (t < end) & ~jnp.all(out[3])
+      return (t < end) & ~jnp.all(out[3] | (budget <= t))
 
     def body(carry, kv_valid=kv_valid):
       t, cache, tok, out = carry
