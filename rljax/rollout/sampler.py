@@ -216,15 +216,9 @@ def _sample_impl(params, prompt_tokens, prompt_mask, key, *, cfg: ModelConfig,
   weights = decode.fuse_weights(cfg, params, p + t_max)  # once per call, outside the loops
   weights["head"] = weights["head"].astype(cfg.dtype)
   if slots < b:
-    tokens, slp, dlp, length, stopped, computed = continuous.decode_rows(
-        weights, prompt_tokens, prompt_mask, row_offset, step_keys, cfg=cfg, sp=sp,
-        stop_ids=stop_ids, g=g, slots=slots, row_budget=row_budget,
-        refill_rows=refill_rows or continuous.default_refill_rows(slots))
-    rep = lambda x: jnp.repeat(x, g, axis=0) if g > 1 else x
-    out = Rollout(prompt_tokens=rep(prompt_tokens), prompt_mask=rep(prompt_mask), tokens=tokens,
-                  mask=(jnp.arange(t_max)[None, :] < length[:, None]).astype(jnp.int32),
-                  sampler_logp=slp, draw_logp=dlp, lengths=length, truncated=~stopped)
-    return (out, dict(slots=slots, computed=computed)) if with_stats else out
+    return _continuous(weights, prompt_tokens, prompt_mask, row_offset, step_keys, row_budget,
+                       cfg=cfg, sp=sp, stop_ids=stop_ids, g=g, slots=slots,
+                       refill_rows=refill_rows, with_stats=with_stats)
 
   if row_budget is None:
     row_budget = jnp.full((b,), t_max, jnp.int32)
@@ -244,6 +238,51 @@ def _sample_impl(params, prompt_tokens, prompt_mask, key, *, cfg: ModelConfig,
   chunk_rows = pc * g
   computed = jnp.sum(jnp.max(out.lengths.reshape(-1, chunk_rows), axis=1)) * chunk_rows
   return (out, dict(slots=chunk_rows, computed=computed)) if with_stats else out
+
+
+def continuous_chunks(cfg: ModelConfig, n_prompts: int, g: int, slots: int, t_slots: int) -> int:
+  """Sequential chunks of the rows for continuous batching (a divisor of ``n_prompts``), each
+  with ``slots // chunks`` slots: on CPU, small models (``CPU_CHUNK_MAX_WEIGHT_BYTES``) split
+  the slots so that a chunk's cache of ``t_slots`` per row stays near ``CPU_CHUNK_BYTES``, as
+  ``prompts_per_chunk`` does for the all-rows loop; elsewhere one chunk."""
+  if jax.default_backend() not in decode.CPU_TUNED_BACKENDS:
+    return 1
+  if cfg.num_params() * jnp.dtype(cfg.param_dtype).itemsize > CPU_CHUNK_MAX_WEIGHT_BYTES:
+    return 1
+  per_row = _cache_bytes_per_row(cfg, t_slots)
+  fits = [d for d in range(1, n_prompts + 1) if n_prompts % d == 0 and slots // d >= 1]
+  small = [d for d in fits if (slots // d) * per_row <= CPU_CHUNK_BYTES]
+  return small[0] if small else fits[-1]
+
+
+def _continuous(weights, prompt_tokens, prompt_mask, row_offset, step_keys, row_budget, *,
+                cfg: ModelConfig, sp: SamplingParams, stop_ids: tuple, g: int, slots: int,
+                refill_rows, with_stats: bool):
+  """``continuous.decode_rows`` over the rows, in sequential chunks (``continuous_chunks``)."""
+  n_prompts, p = prompt_tokens.shape
+  t_max, b = sp.max_new_tokens, n_prompts * g
+  n_chunks = continuous_chunks(cfg, n_prompts, g, slots, p + t_max)
+  chunk_slots = slots // n_chunks
+  budget = jnp.full((b,), t_max, jnp.int32) if row_budget is None else row_budget
+  run = lambda pt, pm, offset, bud: continuous.decode_rows(
+      weights, pt, pm, offset, step_keys, cfg=cfg, sp=sp, stop_ids=stop_ids, g=g,
+      slots=chunk_slots, row_budget=bud,
+      refill_rows=min(refill_rows or continuous.default_refill_rows(chunk_slots), chunk_slots))
+  if n_chunks == 1:
+    res = run(prompt_tokens, prompt_mask, row_offset, budget)
+  else:
+    rows_per_chunk = b // n_chunks
+    res = jax.lax.map(
+        lambda xs: run(xs[0], xs[1], row_offset + xs[2] * rows_per_chunk, xs[3]),
+        (prompt_tokens.reshape(n_chunks, -1, p), prompt_mask.reshape(n_chunks, -1, p),
+         jnp.arange(n_chunks), budget.reshape(n_chunks, -1)))
+    res = [x.reshape((b,) + x.shape[2:]) for x in res[:5]] + [jnp.sum(res[5])]
+  tokens, slp, dlp, length, stopped, computed = res
+  rep = lambda x: jnp.repeat(x, g, axis=0) if g > 1 else x
+  out = Rollout(prompt_tokens=rep(prompt_tokens), prompt_mask=rep(prompt_mask), tokens=tokens,
+                mask=(jnp.arange(t_max)[None, :] < length[:, None]).astype(jnp.int32),
+                sampler_logp=slp, draw_logp=dlp, lengths=length, truncated=~stopped)
+  return (out, dict(slots=chunk_slots, computed=computed)) if with_stats else out
 
 
 def _sample_rows(weights, prompt_tokens, prompt_mask, row_offset, budget, *, key_at,

@@ -244,6 +244,12 @@ want = sample(cfg, params, tokens, mask, jax.random.key(1), sp, group_size=2)
 np.testing.assert_array_equal(np.asarray(got.tokens), np.asarray(want.tokens))
 np.testing.assert_allclose(np.asarray(got.sampler_logp), np.asarray(want.sampler_logp), atol=1e-5)
 np.testing.assert_array_equal(np.asarray(got.truncated), np.asarray(want.truncated))
+# Continuous batching per shard (2 rows, 1 slot each): the same rollout.
+cont = make_sampler(cfg, sp, group_size=2, mesh=mesh, data_axis=("data", "fsdp"),
+                    max_concurrent_rows=1)(params, tokens, mask, jax.random.key(1))
+np.testing.assert_array_equal(np.asarray(cont.tokens), np.asarray(want.tokens))
+np.testing.assert_array_equal(np.asarray(cont.truncated), np.asarray(want.truncated))
+np.testing.assert_allclose(np.asarray(cont.sampler_logp), np.asarray(want.sampler_logp), atol=1e-5)
 print("OK")
 """
 
