@@ -17,6 +17,9 @@ pending row (the scheme of Orca, Yu et al. 2022, "iteration-level scheduling", r
    ``R`` (``refill_rows``) instead of one per freed slot.
 3. *Decode*: one ``decode.step`` (``S = 1``) for all ``S`` slots, each writing its key/value at
    its own slot ``P + t - 1`` and attending to its prompt and its own ``t`` completion tokens.
+4. *Drain*: once no row is pending, the loop narrows to ``S/2, S/4, S/8`` slots (the active rows
+   compacted into the first ones) whenever they fit, so that the last long rows do not keep all
+   ``S`` slots computing.
 
 Randomness does not depend on slots or steps: the token ``t`` of batch row ``r`` is drawn with
 ``fold_in(key, t)`` at the noise counters of row ``r``, exactly as the all-rows loop draws it, so
