@@ -151,8 +151,9 @@ def step(cfg: ModelConfig, w: dict, tokens, positions, cache, slot, kv_valid):
   tokens, positions: [B, S] int. cache: per layer ``(k, v)`` [B, G, K, Dh]. kv_valid: [B, K]
   bool, the slots a query may attend to (prompt tokens and completion slots), each query only up
   to its own slot. ``slot``: one int for every row, or a [B] int array (continuous batching:
-  every row writes at its own slot). Only the last position goes through the last layer's attention and MLP and
-  the final norm: the sampler needs nothing else, and ``[B, S, V]`` logits are never formed.
+  every row writes at its own slot). Only the last position goes through the last layer's
+  attention and MLP and the final norm: the sampler needs nothing else, and ``[B, S, V]``
+  logits are never formed.
   """
   dtype = jnp.dtype(cfg.dtype)
   b, s = tokens.shape

@@ -91,4 +91,5 @@ def test_logp_equals_teacher_forced_forward(hf_dirs):
   processed = np.asarray(process_logits(logits, sp))
   tf_slogp = np.take_along_axis(_log_softmax(processed), r.tokens[..., None], -1)[..., 0]
   assert np.abs(tf_slogp - r.draw_logp)[valid].max() <= 1e-4
-  assert (r.draw_logp[valid] >= r.sampler_logp[valid] - 1e-4).mean() > 0.5  # sharper than the policy
+  # The processed distribution is sharper than the policy.
+  assert (r.draw_logp[valid] >= r.sampler_logp[valid] - 1e-4).mean() > 0.5
