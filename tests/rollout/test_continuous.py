@@ -188,7 +188,8 @@ def test_slot_budget_from_rows_and_bytes():
 @pytest.mark.slow
 def test_bfloat16_sampling_logp_gap_to_float32_forward_is_bounded():
   """``dtype='bfloat16'`` (weights and KV cache): the sampler's log-probs differ from a float32
-  teacher-forced forward by at most 0.15 (mean 0.03) on this model; float32 sampling by 1e-4."""
+  teacher-forced forward by at most 0.1 (mean 0.02) on this model (measured on CPU: 0.032, mean
+  0.0061, over 245 tokens); float32 sampling by 1e-4."""
   params, (tokens, mask) = _random_model(), _batch()
   sp = SamplingParams(temperature=1.0, max_new_tokens=T_NEW, stop_ids=(3,))
   gaps = {}
@@ -200,7 +201,7 @@ def test_bfloat16_sampling_logp_gap_to_float32_forward_is_bounded():
     gaps[dtype] = np.abs(tf - r.sampler_logp)[r.mask == 1]
     assert gaps[dtype].size > 100
   assert gaps["float32"].max() <= 1e-4
-  assert 1e-3 < gaps["bfloat16"].max() <= 0.15 and gaps["bfloat16"].mean() <= 0.03
+  assert 1e-3 < gaps["bfloat16"].max() <= 0.1 and gaps["bfloat16"].mean() <= 0.02
   with pytest.raises(ValueError, match="rollout.dtype"):
     sample(CFG, params, tokens, mask, jax.random.key(4), sp, dtype="int8")
 
