@@ -222,3 +222,17 @@ def test_default_stop_set_is_the_models_eos():
                                 SamplingParams(max_new_tokens=12, stop_ids=()), group_size=4))
   _assert_same_rollout(default, explicit, atol=0)
   assert (~default.truncated).any() and never.truncated.all() and (never.tokens == STOP).any()
+
+
+def test_cpu_chunks_of_slots_give_the_same_rollout(monkeypatch):
+  """The CPU cache blocking of continuous batching (rows in 2 sequential chunks of S/2 slots)."""
+  from rljax.rollout import decode
+  params, (tokens, mask) = _random_model(), _batch()
+  sp = SamplingParams(temperature=1.2, max_new_tokens=T_NEW, stop_ids=(3, 7))
+  want = jax.device_get(sample(CFG, params, tokens, mask, jax.random.key(1), sp, group_size=G))
+  monkeypatch.setattr(decode, "CPU_TUNED_BACKENDS", (jax.default_backend(),))
+  monkeypatch.setattr(sampler, "CPU_CHUNK_BYTES", 3 * sampler._cache_bytes_per_row(CFG, 8 + T_NEW))
+  assert sampler.continuous_chunks(CFG, 6, G, 6, 8 + T_NEW) == 2  # 3 slots per chunk of 9 rows
+  run = jax.jit(functools.partial(sampler._sample_impl, cfg=CFG, sp=sp, group_size=G,
+                                  max_concurrent_rows=6))
+  _assert_same_rollout(jax.device_get(run(params, tokens, mask, jax.random.key(1))), want)
