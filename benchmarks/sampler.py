@@ -93,20 +93,14 @@ from jax.sharding import Mesh  # noqa: E402
 
 from rljax.models import ModelConfig, llama, save_hf  # noqa: E402
 from rljax.rollout import SamplingParams, make_sampler, sampler  # noqa: E402
+import bench_common  # noqa: E402
 from bench_common import matmul_precisions  # noqa: E402
 
 PROMPT, NEW, VOCAB = 32, 64, 64
-MODELS = {
-    "1M": dict(hidden_size=128, num_layers=4, num_heads=4, intermediate_size=512),
-    "6M": dict(hidden_size=256, num_layers=6, num_heads=4, intermediate_size=1024),
-}
 
 
 def model_config(name: str) -> ModelConfig:
-  m = MODELS[name]
-  return ModelConfig(vocab_size=VOCAB, num_kv_heads=m["num_heads"],
-                     head_dim=m["hidden_size"] // m["num_heads"], max_position_embeddings=256,
-                     **m)
+  return bench_common.model_config(name, VOCAB, max_positions=256)
 
 
 def flops_per_generated_token(cfg: ModelConfig, p: int = PROMPT, t: int = NEW) -> float:

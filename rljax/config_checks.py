@@ -106,6 +106,8 @@ RULES: tuple[tuple[str, Check], ...] = (
     ("model.logits_chunk", integer(1)),
     ("model.attention", choice("auto", "xla", "blockwise", "cudnn", "pallas")),
     ("model.attention_block", integer(1)),
+    ("rollout.max_concurrent_rows", integer(0)), ("rollout.kv_cache_bytes", integer(0)),
+    ("rollout.dtype", choice(None, "float32", "bfloat16", "float16")),
     ("model.remat", choice("none", "full", "dots", True, False, "True", "False", "true", "false")),
     ("data.difficulty", integer(0)), ("data.num_eval", integer(1)),
     ("data.prompt_bucket", integer(1)), ("data.max_prompt_tokens", integer(0)),

@@ -62,6 +62,9 @@ def get_config():
   c.rollout.top_k = 0  # 0 = off
   c.rollout.top_p = 1.0
   c.rollout.min_p = 0.0
+  c.rollout.max_concurrent_rows = 0  # slot budget S per data shard (continuous batching); 0 = all
+  c.rollout.kv_cache_bytes = 0  # KV-cache budget per data shard, caps S too; 0 = no cap
+  c.rollout.dtype = placeholder(str)  # sampler weights + KV cache dtype; None = model.dtype
 
   # --- reward (ALGORITHMS.md section 1) -------------------------------------------------------
   c.reward = ml_collections.ConfigDict()

@@ -152,14 +152,25 @@ def _cache_attention(q, ck, cv, allowed):
   return attn.transpose(0, 3, 1, 2, 4).reshape(b * sq, h * dh)
 
 
+def _write(cache, x, slot, per_row: bool):
+  """``x`` [B, G, S, Dh] into ``cache`` [B, G, K, Dh] at slot ``slot`` (or ``slot[b]`` per row)."""
+  x = x.astype(cache.dtype)
+  if per_row:
+    put = lambda c, u, s: jax.lax.dynamic_update_slice(c, u, (0, s, 0))
+    return jax.vmap(put)(cache, x, slot)
+  return jax.lax.dynamic_update_slice(cache, x, (0, 0, slot, 0))
+
+
 def step(cfg: ModelConfig, w: dict, tokens, positions, cache, slot, kv_valid):
   """Feed ``S`` tokens per row at cache slots ``slot .. slot+S-1``: prefill (S = P) or decode
   (S = 1). Returns (final-norm hidden of the *last* token [B, D], cache).
 
   tokens, positions: [B, S] int. cache: per layer ``(k, v)`` [B, G, K, Dh]. kv_valid: [B, K]
   bool, the slots a query may attend to (prompt tokens and completion slots), each query only up
-  to its own slot. Only the last position goes through the last layer's attention and MLP and
-  the final norm: the sampler needs nothing else, and ``[B, S, V]`` logits are never formed.
+  to its own slot. ``slot``: one int for every row, or a [B] int array (continuous batching:
+  every row writes at its own slot). Only the last position goes through the last layer's
+  attention and MLP and the final norm: the sampler needs nothing else, and ``[B, S, V]``
+  logits are never formed.
   """
   dtype = jnp.dtype(cfg.dtype)
   b, s = tokens.shape
@@ -171,9 +182,14 @@ def step(cfg: ModelConfig, w: dict, tokens, positions, cache, slot, kv_valid):
   # the head-major cache here.
   from_empty = isinstance(slot, int) and slot == 0
   k_slots = cache[0][0].shape[2]
+  per_row = jnp.ndim(slot) == 1  # continuous batching: every row writes at its own slot
   if not from_empty:
-    allowed = attention_lib.allowed_mask(kv_valid, slot + jnp.arange(s), jnp.arange(k_slots),
-                                         cfg.sliding_window)[:, None, None]  # [B, 1, 1, S, K]
+    q_slots = jnp.broadcast_to((slot[:, None] if per_row else slot) + jnp.arange(s), (b, s))
+    k_index = jnp.arange(k_slots)
+    ok = k_index[None, None, :] <= q_slots[:, :, None]
+    if cfg.sliding_window is not None:
+      ok = ok & (q_slots[:, :, None] - k_index[None, None, :] < cfg.sliding_window)
+    allowed = (ok & kv_valid[:, None, :k_slots])[:, None, None]  # [B, 1, 1, S, K]
   x = jnp.take(w["embed"], tokens.reshape(-1), axis=0).astype(dtype)  # [B*S, D]
   new_cache = []
   for i, (lw, (ck, cv)) in enumerate(zip(w["layers"], cache)):
@@ -183,8 +199,8 @@ def step(cfg: ModelConfig, w: dict, tokens, positions, cache, slot, kv_valid):
     k = _rope(k.reshape(b, s, g, dh), cos, sin).astype(ck.dtype)  # [B, S, G, Dh]
     v = v.reshape(b, s, g, dh).astype(cv.dtype)
     # Head-major: [B, G, S, Dh] (a free reshape when S = 1).
-    ck = jax.lax.dynamic_update_slice(ck, k.transpose(0, 2, 1, 3), (0, 0, slot, 0))
-    cv = jax.lax.dynamic_update_slice(cv, v.transpose(0, 2, 1, 3), (0, 0, slot, 0))
+    ck = _write(ck, k.transpose(0, 2, 1, 3), slot, per_row)
+    cv = _write(cv, v.transpose(0, 2, 1, 3), slot, per_row)
     new_cache.append((ck, cv))
     sq = s  # queries
     if i == cfg.num_layers - 1 and s > 1:

@@ -13,7 +13,7 @@ import jax
 import numpy as np
 
 from rljax.models.config import ModelConfig
-from rljax.rollout.sampler import Rollout, SamplingParams, sample
+from rljax.rollout.sampler import Rollout, SamplingParams, resolve_stop_ids, sample
 
 
 def left_pad(seqs: Sequence[Sequence[int]], bucket: int, pad_id: int):
@@ -56,13 +56,15 @@ def generate_text(cfg: ModelConfig, params, tokenizer, prompts: Sequence[str], k
 
   The tokenizer needs ``encode(str) -> list[int]`` (``encode_prompt`` is used instead when it
   has one, to apply its chat template / BOS), ``decode(list[int]) -> str``, ``eos_id`` and
-  ``pad_id``. ``tokenizer.eos_id`` is added to ``sp.stop_ids`` and ``sp.pad_id`` is replaced by
+  ``pad_id``. ``tokenizer.eos_id`` is added to the stop ids (``sp.stop_ids``, or the model's EOS
+  when it is None) and ``sp.pad_id`` is replaced by
   ``tokenizer.pad_id``. Returns ``(rollout, texts)`` with ``len(texts) = len(prompts) *
   group_size`` (groups contiguous); texts exclude the stop token.
   """
   encode = getattr(tokenizer, "encode_prompt", None) or tokenizer.encode
   ids = [encode(p) for p in prompts]
-  stop = sp.stop_ids if tokenizer.eos_id in sp.stop_ids else sp.stop_ids + (tokenizer.eos_id,)
+  stop = resolve_stop_ids(sp, cfg)
+  stop = stop if tokenizer.eos_id in stop else stop + (tokenizer.eos_id,)
   sp = dataclasses.replace(sp, stop_ids=stop, pad_id=tokenizer.pad_id)
   tokens, mask = left_pad(ids, bucket, tokenizer.pad_id)
   rollout = sample(cfg, params, tokens, mask, key, sp, group_size)

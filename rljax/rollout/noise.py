@@ -58,7 +58,22 @@ def gumbel(key, shape: tuple, offset=0) -> jax.Array:
   kd = key_data(key)
   size = int(np.prod(shape))
   lo = jax.lax.iota(jnp.uint32, size).reshape(shape) + jnp.asarray(offset).astype(jnp.uint32)
-  b1, b2 = threefry2x32(kd[0], kd[1], jnp.zeros_like(lo), lo)
+  return _gumbel_at(kd[0], kd[1], lo)
+
+
+def gumbel_rows(key_words, rows, vocab: int) -> jax.Array:
+  """Gumbel noise [R, vocab] float32, row ``i`` drawn with its own key ``key_words[i]`` (uint32
+  [R, 2]) at the counters of row ``rows[i]`` of a [N, vocab] draw: row ``i`` equals
+  ``jax.random.gumbel(key_i, (N, vocab))[rows[i]]``. Continuous batching draws each row's token
+  ``t`` with ``fold_in(key, t)`` whatever slot and step it runs in."""
+  lo = (jnp.asarray(rows).astype(jnp.uint32)[:, None] * np.uint32(vocab)
+        + jax.lax.iota(jnp.uint32, vocab)[None, :])
+  return _gumbel_at(key_words[:, 0:1], key_words[:, 1:2], lo)
+
+
+def _gumbel_at(k1, k2, lo):
+  """Gumbel noise from the threefry hash of counters ``lo`` (uint32) under key words k1, k2."""
+  b1, b2 = threefry2x32(k1, k2, jnp.zeros_like(lo), lo)
   bits = b1 ^ b2
   tiny = np.float32(np.finfo(np.float32).tiny)
   floats = jax.lax.bitcast_convert_type((bits >> np.uint32(9)) | np.uint32(0x3F800000),

@@ -24,10 +24,15 @@ head-major cache; the tests pin it to ``llama.logits`` and to ``transformers``.
 
 Log-probabilities returned per completion token (both of the *sampled* token):
 
-- ``Rollout.sampler_logp``: under the **policy**, i.e. ``log_softmax`` of the raw, temperature-1 logits.
-  This is what importance ratios and KL terms use; it equals a teacher-forced forward pass.
+- ``Rollout.sampler_logp``: under the **policy** as the sampler computed it, i.e. ``log_softmax``
+  of the raw, temperature-1 logits (ALGORITHMS.md's ``sampler_logp``). Importance-sampling
+  corrections use it; in float32 it equals a teacher-forced forward pass.
 - ``Rollout.draw_logp``: under the **processed sampling distribution** the token was actually
   drawn from (temperature, top-k, top-p, min-p applied and renormalised). ``0`` for greedy.
+
+Continuous batching (``max_concurrent_rows`` / ``kv_cache_bytes``): when a shard has more rows
+than its slot budget ``S``, ``continuous.decode_rows`` decodes them through ``S`` cache slots
+instead of all at once (docs/rollout.md gives the rule); the rollout is the same.
 
 Randomness: one ``jax.random`` key; decode step ``t`` uses ``fold_in(key, t)`` and draws
 independent noise per row, so group members differ and the same key reproduces the same rollout
@@ -51,7 +56,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from rljax.models import llama
 from rljax.models.config import ModelConfig
-from rljax.rollout import decode, noise
+from rljax.rollout import continuous, decode, noise
 from rljax.rollout.transforms import (SamplingParams, _is_identity, pick_tokens,  # noqa: F401
                                       process_logits)
 
@@ -78,8 +83,9 @@ class Rollout:
     tokens: [B, T] int32, completion tokens, ``pad_id`` after the stop token.
     mask: [B, T] int32, 1 on completion tokens including the stop token, 0 on padding.
     sampler_logp: [B, T] float32, log-prob of each token under the policy (raw, temperature-1
-      logits) as the sampler computed it: ALGORITHMS.md's ``sampler_logp``; 0 on padding.
-    draw_logp: [B, T] float32, log-prob under the processed distribution the token was drawn
+      logits) as the sampler computed it (in ``dtype``); 0 on padding. Use this one for
+      importance ratios against the trainer's log-probs.
+    draw_logp: [B, T] float32, log-prob under the processed distribution actually sampled
       from (temperature / top-k / top-p / min-p); 0 for greedy and on padding.
     lengths: [B] int32, ``sum(mask, -1)``.
     truncated: [B] bool, True exactly for rows that emitted no stop token within ``T``.
@@ -166,47 +172,153 @@ def prompts_per_chunk(cfg: ModelConfig, n_prompts: int, p: int, group_size: int,
              or d == 1)
 
 
+SAMPLER_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def resolve_stop_ids(sp: SamplingParams, cfg: ModelConfig) -> tuple:
+  """``sp.stop_ids``, or the model's EOS ids (``cfg.eos_token_id``) when it is ``None``."""
+  if sp.stop_ids is not None:
+    return sp.stop_ids
+  eos = cfg.eos_token_id
+  return () if eos is None else tuple(int(e) for e in np.atleast_1d(eos))
+
+
+def slot_budget(cfg: ModelConfig, rows: int, p: int, t_max: int,
+                max_concurrent_rows: int | None, kv_cache_bytes: int | None) -> int:
+  """Rows one decode loop runs at a time: ``rows``, capped by ``max_concurrent_rows`` and by how
+  many rows' KV caches of ``p + t_max`` slots fit in ``kv_cache_bytes`` (None or 0: no cap)."""
+  budget = rows
+  if max_concurrent_rows:
+    budget = min(budget, int(max_concurrent_rows))
+  if kv_cache_bytes:
+    fit = int(kv_cache_bytes) // _cache_bytes_per_row(cfg, p + t_max)
+    if fit < 1:
+      raise ValueError(f"rollout.kv_cache_bytes={kv_cache_bytes} holds no row: one row's cache "
+                       f"of {p + t_max} slots takes {_cache_bytes_per_row(cfg, p + t_max)} bytes")
+    budget = min(budget, fit)
+  if budget < 1:
+    raise ValueError(f"rollout.max_concurrent_rows must be >= 1 (or 0 = no cap), got "
+                     f"{max_concurrent_rows}")
+  return budget
+
+
+def sampler_config(cfg: ModelConfig, dtype: str | None) -> ModelConfig:
+  """The model config the sampler computes with: ``dtype`` (weights and KV cache) if given."""
+  if dtype is None or dtype == cfg.dtype:
+    return cfg
+  if dtype not in SAMPLER_DTYPES:
+    raise ValueError(f"rollout.dtype must be one of {SAMPLER_DTYPES} (or None: the model's "
+                     f"dtype), got {dtype!r}")
+  return cfg.replace(dtype=dtype)
+
+
 def _sample_impl(params, prompt_tokens, prompt_mask, key, *, cfg: ModelConfig,
-                 sp: SamplingParams, group_size: int, shard_axes=None) -> Rollout:
-  """The sampler on one device's rows; ``shard_axes``: the mesh axes it runs under (shard_map)."""
+                 sp: SamplingParams, group_size: int, shard_axes=None,
+                 max_concurrent_rows: int | None = None, kv_cache_bytes: int | None = None,
+                 dtype: str | None = None, refill_rows: int | None = None,
+                 with_stats: bool = False, row_budget=None):
+  """The sampler on one device's rows; ``shard_axes``: the mesh axes it runs under (shard_map).
+  ``with_stats``: also return ``{"slots", "computed"}``, the rows decoded at a time and the
+  token slots computed (benchmarks: slot utilisation = tokens / computed). ``row_budget``: [B]
+  int, an optional per-row cap on the completion length below ``T`` (rows reaching it end,
+  flagged truncated): the long-tail benchmark's stop rule."""
   chex.assert_rank([prompt_tokens, prompt_mask], 2)
   chex.assert_equal_shape([prompt_tokens, prompt_mask])
   if group_size < 1:
     raise ValueError(f"group_size must be >= 1, got {group_size}")
+  cfg = sampler_config(cfg, dtype)
+  stop_ids = resolve_stop_ids(sp, cfg)
   n_prompts, p = prompt_tokens.shape
   g, t_max = group_size, sp.max_new_tokens
   b = n_prompts * g
+  slots = slot_budget(cfg, b, p, t_max, max_concurrent_rows, kv_cache_bytes)
 
   row_offset = 0
   if shard_axes is not None:  # this shard's first row in the whole batch
     row_offset = jax.lax.axis_index(shard_axes) * b
-  # Step t draws with fold_in(key, t); threefry keys are folded for every step up front.
+  # Token t draws with fold_in(key, t); threefry keys are folded for every t up front.
+  step_keys = jax.vmap(lambda t: jax.random.fold_in(key, t))(jnp.arange(t_max))
   if noise.is_threefry(key):
-    step_keys = jax.vmap(lambda t: noise.key_data(jax.random.fold_in(key, t)))(
-        jnp.arange(t_max))
-    key_at = lambda t: step_keys[t]
-  else:
-    key_at = lambda t: jax.random.fold_in(key, t)
+    step_keys = noise.key_data(step_keys)
 
   prompt_tokens = prompt_tokens.astype(jnp.int32)
   prompt_mask = prompt_mask.astype(jnp.int32)
   weights = decode.fuse_weights(cfg, params, p + t_max)  # once per call, outside the loops
-  rows = functools.partial(_sample_rows, weights, key_at=key_at, cfg=cfg, sp=sp, g=g)
+  weights["head"] = weights["head"].astype(cfg.dtype)
+  if slots < b:
+    return _continuous(weights, prompt_tokens, prompt_mask, row_offset, step_keys, row_budget,
+                       cfg=cfg, sp=sp, stop_ids=stop_ids, g=g, slots=slots,
+                       refill_rows=refill_rows, with_stats=with_stats)
+
+  if row_budget is None:
+    row_budget = jnp.full((b,), t_max, jnp.int32)
+  rows = functools.partial(_sample_rows, weights, key_at=lambda t: step_keys[t], cfg=cfg, sp=sp,
+                           stop_ids=stop_ids, g=g)
   pc = prompts_per_chunk(cfg, n_prompts, p, g, t_max)
   if pc == n_prompts:
-    return rows(prompt_tokens, prompt_mask, row_offset)
-  n_chunks = n_prompts // pc
-  chunked = jax.lax.map(
-      lambda xs: rows(xs[0], xs[1], row_offset + xs[2] * (pc * g)),
-      (prompt_tokens.reshape(n_chunks, pc, p), prompt_mask.reshape(n_chunks, pc, p),
-       jnp.arange(n_chunks)))
-  return jax.tree.map(lambda x: x.reshape((b,) + x.shape[2:]), chunked)
+    out = rows(prompt_tokens, prompt_mask, row_offset, row_budget)
+  else:
+    n_chunks = n_prompts // pc
+    chunked = jax.lax.map(
+        lambda xs: rows(xs[0], xs[1], row_offset + xs[2] * (pc * g), xs[3]),
+        (prompt_tokens.reshape(n_chunks, pc, p), prompt_mask.reshape(n_chunks, pc, p),
+         jnp.arange(n_chunks), row_budget.reshape(n_chunks, pc * g)))
+    out = jax.tree.map(lambda x: x.reshape((b,) + x.shape[2:]), chunked)
+  # All rows of a chunk at once: every step computes all of them until the last one stops.
+  chunk_rows = pc * g
+  computed = jnp.sum(jnp.max(out.lengths.reshape(-1, chunk_rows), axis=1)) * chunk_rows
+  return (out, dict(slots=chunk_rows, computed=computed)) if with_stats else out
 
 
-def _sample_rows(weights, prompt_tokens, prompt_mask, row_offset, *, key_at, cfg: ModelConfig,
-                 sp: SamplingParams, g: int) -> Rollout:
+def continuous_chunks(cfg: ModelConfig, n_prompts: int, g: int, slots: int, t_slots: int) -> int:
+  """Sequential chunks of the rows for continuous batching (a divisor of ``n_prompts``), each
+  with ``slots // chunks`` slots: on CPU, small models (``CPU_CHUNK_MAX_WEIGHT_BYTES``) split
+  the slots so that a chunk's cache of ``t_slots`` per row stays near ``CPU_CHUNK_BYTES``, as
+  ``prompts_per_chunk`` does for the all-rows loop; elsewhere one chunk."""
+  if jax.default_backend() not in decode.CPU_TUNED_BACKENDS:
+    return 1
+  if cfg.num_params() * jnp.dtype(cfg.param_dtype).itemsize > CPU_CHUNK_MAX_WEIGHT_BYTES:
+    return 1
+  per_row = _cache_bytes_per_row(cfg, t_slots)
+  fits = [d for d in range(1, n_prompts + 1) if n_prompts % d == 0 and slots // d >= 1]
+  small = [d for d in fits if (slots // d) * per_row <= CPU_CHUNK_BYTES]
+  return small[0] if small else fits[-1]
+
+
+def _continuous(weights, prompt_tokens, prompt_mask, row_offset, step_keys, row_budget, *,
+                cfg: ModelConfig, sp: SamplingParams, stop_ids: tuple, g: int, slots: int,
+                refill_rows, with_stats: bool):
+  """``continuous.decode_rows`` over the rows, in sequential chunks (``continuous_chunks``)."""
+  n_prompts, p = prompt_tokens.shape
+  t_max, b = sp.max_new_tokens, n_prompts * g
+  n_chunks = continuous_chunks(cfg, n_prompts, g, slots, p + t_max)
+  chunk_slots = slots // n_chunks
+  budget = jnp.full((b,), t_max, jnp.int32) if row_budget is None else row_budget
+  run = lambda pt, pm, offset, bud: continuous.decode_rows(
+      weights, pt, pm, offset, step_keys, cfg=cfg, sp=sp, stop_ids=stop_ids, g=g,
+      slots=chunk_slots, row_budget=bud,
+      refill_rows=min(refill_rows or continuous.default_refill_rows(chunk_slots), chunk_slots))
+  if n_chunks == 1:
+    res = run(prompt_tokens, prompt_mask, row_offset, budget)
+  else:
+    rows_per_chunk = b // n_chunks
+    res = jax.lax.map(
+        lambda xs: run(xs[0], xs[1], row_offset + xs[2] * rows_per_chunk, xs[3]),
+        (prompt_tokens.reshape(n_chunks, -1, p), prompt_mask.reshape(n_chunks, -1, p),
+         jnp.arange(n_chunks), budget.reshape(n_chunks, -1)))
+    res = [x.reshape((b,) + x.shape[2:]) for x in res[:5]] + [jnp.sum(res[5])]
+  tokens, slp, dlp, length, stopped, computed = res
+  rep = lambda x: jnp.repeat(x, g, axis=0) if g > 1 else x
+  out = Rollout(prompt_tokens=rep(prompt_tokens), prompt_mask=rep(prompt_mask), tokens=tokens,
+                mask=(jnp.arange(t_max)[None, :] < length[:, None]).astype(jnp.int32),
+                sampler_logp=slp, draw_logp=dlp, lengths=length, truncated=~stopped)
+  return (out, dict(slots=chunk_slots, computed=computed)) if with_stats else out
+
+
+def _sample_rows(weights, prompt_tokens, prompt_mask, row_offset, budget, *, key_at,
+                 cfg: ModelConfig, sp: SamplingParams, stop_ids: tuple, g: int) -> Rollout:
   """Prefill ``Pn`` prompts and decode ``G`` completions of each (rows ``row_offset ..`` of the
-  whole batch, which picks their noise)."""
+  whole batch, which picks their noise); row ``i`` ends after ``budget[i]`` tokens at most."""
   n_prompts, p = prompt_tokens.shape
   t_max = sp.max_new_tokens
   b = n_prompts * g
@@ -216,7 +328,8 @@ def _sample_rows(weights, prompt_tokens, prompt_mask, row_offset, *, key_at, cfg
   cache = decode.init_cache(cfg, n_prompts, segments[0][2] if segments else p)
   kv_valid = jnp.pad(prompt_mask.astype(bool), ((0, 0), (0, cache[0][0].shape[2] - p)))
   hidden, cache = decode.step(cfg, weights, prompt_tokens, positions, cache, 0, kv_valid)
-  last_logits = jnp.dot(hidden, weights["head"]).astype(jnp.float32)  # [Pn, V]
+  head = lambda h: jnp.dot(h, weights["head"], preferred_element_type=jnp.float32)
+  last_logits = head(hidden)  # [Pn, V]
 
   # Group sampling: repeat prompt rows (and their cache) G times, groups contiguous.
   rep = lambda x: jnp.repeat(x, g, axis=0) if g > 1 else x
@@ -225,7 +338,7 @@ def _sample_rows(weights, prompt_tokens, prompt_mask, row_offset, *, key_at, cfg
   last_logits = rep(last_logits)
   next_pos = rep(positions[:, -1]) + 1  # [B] position of the first completion token
 
-  stop_ids = jnp.asarray(sp.stop_ids or (-1,), jnp.int32)
+  stop_arr = jnp.asarray(stop_ids or (-1,), jnp.int32)
   pad = jnp.int32(sp.pad_id)
   own_slogp = not (sp.is_greedy or _is_identity(sp, cfg.vocab_size))
 
@@ -233,15 +346,15 @@ def _sample_rows(weights, prompt_tokens, prompt_mask, row_offset, *, key_at, cfg
     """Sample token t from logits [B, V] and write it (padding for rows already stopped)."""
     tokens, logp, slogp, done, length = state
     tok, lp, slp = pick_tokens(logits, key_at(t), sp, row_offset)
-    live = ~done
+    live = ~done & (t < budget)
     col = lambda x, v: jax.lax.dynamic_update_slice_in_dim(x, v[:, None], t, axis=1)
     tokens = col(tokens, jnp.where(live, tok, pad))
     logp = col(logp, jnp.where(live, lp, 0.0))
-    if own_slogp:  # otherwise it is 0 (greedy) or logp (no transform): filled in at the end
+    if own_slogp:  # otherwise 0 (greedy) or the policy's (no transform): filled in at the end
       slogp = col(slogp, jnp.where(live, slp, 0.0))
     length = length + live.astype(jnp.int32)
-    if sp.stop_ids:
-      done = done | jnp.any(tok[:, None] == stop_ids[None, :], axis=-1)
+    if stop_ids:
+      done = done | (live & jnp.any(tok[:, None] == stop_arr[None, :], axis=-1))
     return (tokens, logp, slogp, done, length), tok
 
   out = (jnp.full((b, t_max), pad, jnp.int32), jnp.zeros((b, t_max), jnp.float32),
@@ -254,14 +367,14 @@ def _sample_rows(weights, prompt_tokens, prompt_mask, row_offset, *, key_at, cfg
 
     def cond(carry, end=end):
       t, _, _, out = carry
-      return (t < end) & ~jnp.all(out[3])
+      return (t < end) & ~jnp.all(out[3] | (budget <= t))
 
     def body(carry, kv_valid=kv_valid):
       t, cache, tok, out = carry
       # Feed token t-1 at slot P+t-1 (position next_pos + t-1) and sample token t.
       hidden, cache = decode.step(cfg, weights, tok[:, None], (next_pos + t - 1)[:, None], cache,
                                   p + t - 1, kv_valid)
-      out, tok = record(out, t, jnp.dot(hidden, weights["head"]))
+      out, tok = record(out, t, head(hidden))
       return t + 1, cache, tok, out
 
     _, cache, tok, out = jax.lax.while_loop(cond, body, (jnp.int32(first), cache, tok, out))
@@ -275,11 +388,15 @@ def _sample_rows(weights, prompt_tokens, prompt_mask, row_offset, *, key_at, cfg
                  truncated=~done)
 
 
-_sample_jit = jax.jit(_sample_impl, static_argnames=("cfg", "sp", "group_size"))
+_ENGINE_ARGS = ("max_concurrent_rows", "kv_cache_bytes", "dtype", "refill_rows")
+_sample_jit = jax.jit(_sample_impl,
+                      static_argnames=("cfg", "sp", "group_size", "with_stats") + _ENGINE_ARGS)
 
 
 def sample(cfg: ModelConfig, params: Any, prompt_tokens: jax.Array, prompt_mask: jax.Array,
-           key: jax.Array, sp: SamplingParams, group_size: int = 1) -> Rollout:
+           key: jax.Array, sp: SamplingParams, group_size: int = 1, *,
+           max_concurrent_rows: int | None = None, kv_cache_bytes: int | None = None,
+           dtype: str | None = None, refill_rows: int | None = None) -> Rollout:
   """Sample ``group_size`` completions for each of ``Pn`` left-padded prompts (jitted).
 
   Args:
@@ -288,21 +405,32 @@ def sample(cfg: ModelConfig, params: Any, prompt_tokens: jax.Array, prompt_mask:
     prompt_tokens: [Pn, P] int, left-padded; each row must hold at least one real token.
     prompt_mask: [Pn, P], 1 on real tokens.
     key: a ``jax.random`` key; all randomness comes from it.
-    sp: ``SamplingParams`` (static).
+    sp: ``SamplingParams`` (static). ``sp.stop_ids=None`` stops at ``cfg.eos_token_id``.
     group_size: ``G`` (static); the result has ``B = Pn * G`` rows, groups contiguous.
+    max_concurrent_rows: the slot budget ``S``: at most this many rows decode at a time
+      (continuous batching when ``B > S``); None or 0: all rows at once.
+    kv_cache_bytes: a KV-cache budget in bytes that caps ``S`` too (rows of ``P + T`` slots in
+      the sampler's dtype); None or 0: no cap.
+    dtype: the sampler's compute dtype (weights, activations and KV cache), e.g. "bfloat16";
+      None: the model's ``cfg.dtype``. Logits and log-probs stay float32.
+    refill_rows: rows per refill of freed slots (continuous batching); None: ``S // 8``.
 
   Returns:
     A ``Rollout`` with ``T = sp.max_new_tokens`` completion slots per row.
 
-  One compilation per distinct ``(cfg, sp, group_size, Pn, P)``, however the arguments are
-  passed (positionally or by keyword).
+  One compilation per distinct ``(cfg, sp, group_size, Pn, P)`` and engine setting, however the
+  arguments are passed (positionally or by keyword).
   """
   return _sample_jit(params, prompt_tokens, prompt_mask, key, cfg=cfg, sp=sp,
-                     group_size=int(group_size))
+                     group_size=int(group_size), max_concurrent_rows=max_concurrent_rows or None,
+                     kv_cache_bytes=kv_cache_bytes or None, dtype=dtype,
+                     refill_rows=refill_rows or None)
 
 
 def make_sampler(cfg: ModelConfig, sp: SamplingParams, group_size: int = 1, mesh=None,
-                 data_axis: str | Sequence[str] = ("data",), param_sharding=None):
+                 data_axis: str | Sequence[str] = ("data",), param_sharding=None, *,
+                 max_concurrent_rows: int | None = None, kv_cache_bytes: int | None = None,
+                 dtype: str | None = None, refill_rows: int | None = None):
   """A jitted ``fn(params, prompt_tokens, prompt_mask, key) -> Rollout`` for fixed cfg / sp / G.
 
   Without a mesh this is ``sample`` with the static arguments bound. With a mesh, decoding is
@@ -313,17 +441,22 @@ def make_sampler(cfg: ModelConfig, sp: SamplingParams, group_size: int = 1, mesh
   replicated (``param_sharding``, e.g. from the partition rules, says how they arrive; they are
   gathered once per call). Other mesh axes hold replicas of the computation. The result equals
   the unsharded ``sample`` for threefry keys (noise is indexed by the global row).
+  ``max_concurrent_rows`` and ``kv_cache_bytes`` are per shard (one decode loop each); see
+  ``sample`` for them and ``dtype``.
 
   On a multi-core CPU host, ``XLA_FLAGS=--xla_force_host_platform_device_count=<cores>`` and a
   mesh over those devices run one decode loop per core.
   """
+  engine = dict(max_concurrent_rows=max_concurrent_rows or None,
+                kv_cache_bytes=kv_cache_bytes or None, dtype=dtype, refill_rows=refill_rows or None)
   if mesh is None:
-    return jax.jit(functools.partial(_sample_impl, cfg=cfg, sp=sp, group_size=group_size))
+    return jax.jit(functools.partial(_sample_impl, cfg=cfg, sp=sp, group_size=group_size,
+                                     **engine))
   axes = (data_axis,) if isinstance(data_axis, str) else tuple(data_axis)
   n_shards = int(np.prod([mesh.shape[a] for a in axes]))
   spec = PartitionSpec(axes)
   local = functools.partial(_sample_impl, cfg=cfg, sp=sp, group_size=group_size,
-                            shard_axes=axes)
+                            shard_axes=axes, **engine)
   mapped = jax.shard_map(local, mesh=mesh, in_specs=(PartitionSpec(), spec, spec, PartitionSpec()),
                          out_specs=spec, check_vma=False)
   replicated = NamedSharding(mesh, PartitionSpec())

@@ -2,7 +2,8 @@
 
 ``SamplingParams`` is static (hashable): transforms that are off are not traced at all.
 ``process_logits`` gives the processed distribution's logits; ``pick_tokens`` draws one token per
-row and reports its log-prob under the policy (raw logits) and under the processed distribution.
+row and reports its log-prob under the policy (raw logits, ``sampler_logp``) and under the
+processed distribution (``draw_logp``); ``pick_tokens_rows`` does the same with a key per row.
 """
 from __future__ import annotations
 
@@ -32,7 +33,9 @@ class SamplingParams:
     greedy: argmax decoding.
     max_new_tokens: ``T``, the completion budget and the padded completion width.
     stop_ids: token ids that end a completion (EOS and any other stop tokens). The stop token is
-      part of the completion (mask 1). Empty: always generate ``T`` tokens.
+      part of the completion (mask 1). ``None`` (the default): the model's EOS ids
+      (``ModelConfig.eos_token_id``), as ``transformers`` ``generate`` does; ``()``: always
+      generate ``T`` tokens.
     pad_id: written after a completion has stopped.
   """
   temperature: float = 1.0
@@ -41,13 +44,14 @@ class SamplingParams:
   min_p: float = 0.0
   greedy: bool = False
   max_new_tokens: int = 64
-  stop_ids: tuple = ()
+  stop_ids: tuple | None = None
   pad_id: int = 0
 
   def __post_init__(self):
     if isinstance(self.stop_ids, (int, np.integer)):
       object.__setattr__(self, "stop_ids", (int(self.stop_ids),))
-    object.__setattr__(self, "stop_ids", tuple(int(s) for s in self.stop_ids))
+    if self.stop_ids is not None:
+      object.__setattr__(self, "stop_ids", tuple(int(s) for s in self.stop_ids))
     if self.temperature < 0:
       raise ValueError(f"SamplingParams.temperature must be >= 0 (0 = greedy), "
                        f"got {self.temperature}")
@@ -115,30 +119,51 @@ def _take(x, idx):
 
 
 def pick_tokens(logits: jax.Array, key: jax.Array, sp: SamplingParams, row_offset=0):
-  """Sample one token per row. logits [B, V] -> (tokens [B] int32, logp [B], sampler_logp [B]).
+  """Sample one token per row. logits [B, V] -> (tokens [B] int32, sampler_logp [B],
+  draw_logp [B]).
 
-  ``logp`` is under ``log_softmax(logits)`` (the policy), ``sampler_logp`` under the processed
-  distribution (0 for greedy). ``key``: a ``jax.random`` key (or the uint32[2] words of a threefry
-  key); the draw equals ``jax.random.categorical(key, processed_logits)``. ``row_offset``: index
-  of the first row in the whole batch (a shard's rows draw what they would draw unsharded).
+  ``sampler_logp`` is under ``log_softmax(logits)`` (the policy at temperature 1), ``draw_logp``
+  under the processed distribution the token was drawn from (0 for greedy). ``key``: a
+  ``jax.random`` key (or the uint32[2] words of a threefry key); the draw equals
+  ``jax.random.categorical(key, processed_logits)``. ``row_offset``: index of the first row in
+  the whole batch (a shard's rows draw what they would draw unsharded).
   """
   logits = logits.astype(jnp.float32)
-  logp_all_norm = jax.nn.logsumexp(logits, axis=-1)
   if sp.is_greedy:
-    tokens = _argmax(logits)
-    slogp = jnp.zeros(tokens.shape, jnp.float32)
+    return _log_probs(logits, None, _argmax(logits), sp)
+  x = process_logits(logits, sp)
+  if noise.is_threefry(key):  # same draw as jax.random.categorical, without inner loops
+    tokens = _argmax(x + noise.gumbel(key, x.shape, offset=row_offset * x.shape[-1]))
+  else:  # other RNGs: no counter offset, so fold the first row's index into the key
+    if not (isinstance(row_offset, int) and row_offset == 0):
+      key = jax.random.fold_in(key, row_offset)
+    tokens = jax.random.categorical(key, x, axis=-1).astype(jnp.int32)
+  return _log_probs(logits, x, tokens, sp)
+
+
+def pick_tokens_rows(logits: jax.Array, keys: jax.Array, rows: jax.Array, sp: SamplingParams):
+  """``pick_tokens`` with a key per row: row ``i`` draws with ``keys[i]`` at the noise counters of
+  batch row ``rows[i]``. logits [R, V]; keys: uint32 [R, 2] threefry key words (row ``i`` then
+  draws exactly what ``pick_tokens(.., keys[i], sp)`` draws for batch row ``rows[i]``), or [R]
+  typed keys of another RNG (row ``i`` draws ``categorical(fold_in(keys[i], rows[i]))``)."""
+  logits = logits.astype(jnp.float32)
+  if sp.is_greedy:
+    return _log_probs(logits, None, _argmax(logits), sp)
+  x = process_logits(logits, sp)
+  if noise.is_threefry(keys):
+    tokens = _argmax(x + noise.gumbel_rows(noise.key_data(keys), rows, x.shape[-1]))
   else:
-    x = process_logits(logits, sp)
-    if noise.is_threefry(key):  # same draw as jax.random.categorical, without inner loops
-      gumbel = noise.gumbel(key, x.shape, offset=row_offset * x.shape[-1])
-      tokens = _argmax(x + gumbel)
-    else:  # other RNGs: no counter offset, so fold the first row's index into the key
-      if not (isinstance(row_offset, int) and row_offset == 0):
-        key = jax.random.fold_in(key, row_offset)
-      tokens = jax.random.categorical(key, x, axis=-1).astype(jnp.int32)
-    if _is_identity(sp, logits.shape[-1]):  # the sampling distribution is the policy
-      slogp = None
-    else:
-      slogp = _take(x, tokens) - jax.nn.logsumexp(x, axis=-1)
-  logp = _take(logits, tokens) - logp_all_norm
-  return tokens, logp, (logp if slogp is None else slogp)
+    draw = lambda k, r, xi: jax.random.categorical(jax.random.fold_in(k, r), xi)
+    tokens = jax.vmap(draw)(keys, rows, x).astype(jnp.int32)
+  return _log_probs(logits, x, tokens, sp)
+
+
+def _log_probs(logits, processed, tokens, sp: SamplingParams):
+  """(tokens, policy log-prob, log-prob under the processed distribution) of drawn ``tokens``."""
+  sampler_logp = _take(logits, tokens) - jax.nn.logsumexp(logits, axis=-1)
+  if processed is None:  # greedy: the processed distribution is a point mass
+    return tokens, sampler_logp, jnp.zeros(tokens.shape, jnp.float32)
+  if _is_identity(sp, logits.shape[-1]):  # the sampling distribution is the policy
+    return tokens, sampler_logp, sampler_logp
+  draw_logp = _take(processed, tokens) - jax.nn.logsumexp(processed, axis=-1)
+  return tokens, sampler_logp, draw_logp

@@ -35,20 +35,35 @@ _SAMPLERS: dict = {}
 
 @dataclasses.dataclass
 class LoadedModel:
-  """A policy architecture on a mesh; ``sample`` uses the compiled sampler for its setting."""
+  """A policy architecture on a mesh; ``sample`` uses the compiled sampler for its setting.
+  ``max_concurrent_rows`` / ``kv_cache_bytes`` (0 = off) bound the slots decoded at once per
+  data shard (continuous batching); ``dtype`` is the sampler's weight and KV-cache dtype
+  (None = the model's)."""
   cfg: ModelConfig
   mesh: Any
+  max_concurrent_rows: int = 0
+  kv_cache_bytes: int = 0
+  dtype: str | None = None
 
   def sample(self, params, tokens, mask, key, sampling, group_size):
-    cache_key = (self.cfg, sampling, group_size, self.mesh)
+    cache_key = (self.cfg, sampling, group_size, self.mesh, self.max_concurrent_rows,
+                 self.kv_cache_bytes, self.dtype)
     fn = _SAMPLERS.get(cache_key)
     if fn is None:
       # Weights stay sharded by the partition rules; prompts split over data x fsdp.
       fn = _SAMPLERS[cache_key] = rollout_lib.make_sampler(
           self.cfg, sampling, group_size, mesh=self.mesh, data_axis=("data", "fsdp"),
           param_sharding=rules.param_shardings(self.mesh, llama.logical_axes(self.cfg),
-                                               llama.param_shapes(self.cfg)))
+                                               llama.param_shapes(self.cfg)),
+          max_concurrent_rows=self.max_concurrent_rows or None,
+          kv_cache_bytes=self.kv_cache_bytes or None, dtype=self.dtype)
     return fn(params, tokens, mask, key)
+
+
+def loaded_model(config, model_cfg: ModelConfig, mesh) -> LoadedModel:
+  r = config.rollout
+  return LoadedModel(model_cfg, mesh, max_concurrent_rows=r.max_concurrent_rows,
+                     kv_cache_bytes=r.kv_cache_bytes, dtype=r.dtype)
 
 
 def sampling_params(config, tokenizer, greedy: bool = False) -> rollout_lib.SamplingParams:
@@ -264,7 +279,7 @@ def build_run(config) -> Run:
     with open(os.path.join(run_dir, "config.json"), "w") as f:
       f.write(config.to_json_best_effort(indent=2))
 
-  model = LoadedModel(model_cfg, mesh)
+  model = loaded_model(config, model_cfg, mesh)
   generator = make_generator(config, model, tokenizer, source,
                              failure_log=os.path.join(run_dir, verifiers.FAILURE_LOG))
   return Run(config=config, algo=algo, generator=generator, source=source, fns=compiled,

@@ -61,7 +61,8 @@ def _evaluate_config(config, *, samples: int, checkpoint: str | None) -> dict:
   source = datasets.make_prompt_source(config.data)
   prompt_policy.apply_prompt_policy(source, config, tokenizer)
   generator = build.make_generator(
-      config, build.LoadedModel(model_cfg, mesh_lib.make_mesh(config.mesh)), tokenizer, source)
+      config, build.loaded_model(config, model_cfg, mesh_lib.make_mesh(config.mesh)), tokenizer,
+      source)
   sampling = build.sampling_params(config, tokenizer)
   problems = source.eval_set(config.data.num_eval)
   result = {"num_problems": len(problems)}

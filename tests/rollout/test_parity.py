@@ -53,11 +53,11 @@ def test_greedy_equals_transformers_generate(arch, hf_dirs):
   np.testing.assert_array_equal(r.mask, (np.arange(T)[None] < first[:, None]).astype(np.int32))
   np.testing.assert_array_equal(r.truncated, ~has_stop)
   assert has_stop.any() and (~has_stop).any() and (first[has_stop] < T).any()
-  assert (r.tokens[r.mask == 0] == 0).all() and (r.logp[r.mask == 0] == 0).all()
-  assert (r.sampler_logp == 0).all()  # greedy: the processed distribution is a point mass
+  assert (r.tokens[r.mask == 0] == 0).all() and (r.sampler_logp[r.mask == 0] == 0).all()
+  assert (r.draw_logp == 0).all()  # greedy: the processed distribution is a point mass
   tf_logp = np.take_along_axis(_log_softmax(_teacher_forced_logits(cfg, params, r)),
                                r.tokens[..., None], -1)[..., 0]
-  assert np.abs(tf_logp - r.logp)[r.mask == 1].max() <= 1e-4
+  assert np.abs(tf_logp - r.sampler_logp)[r.mask == 1].max() <= 1e-4
 
 
 def _teacher_forced_logits(cfg, params, r):
@@ -87,8 +87,9 @@ def test_logp_equals_teacher_forced_forward(hf_dirs):
   valid = r.mask.astype(bool)
   assert valid.sum() > 100
   tf_logp = np.take_along_axis(_log_softmax(logits), r.tokens[..., None], -1)[..., 0]
-  assert np.abs(tf_logp - r.logp)[valid].max() <= 1e-4
+  assert np.abs(tf_logp - r.sampler_logp)[valid].max() <= 1e-4
   processed = np.asarray(process_logits(logits, sp))
   tf_slogp = np.take_along_axis(_log_softmax(processed), r.tokens[..., None], -1)[..., 0]
-  assert np.abs(tf_slogp - r.sampler_logp)[valid].max() <= 1e-4
-  assert (r.sampler_logp[valid] >= r.logp[valid] - 1e-4).mean() > 0.5  # sharper than the policy
+  assert np.abs(tf_slogp - r.draw_logp)[valid].max() <= 1e-4
+  # The processed distribution is sharper than the policy.
+  assert (r.draw_logp[valid] >= r.sampler_logp[valid] - 1e-4).mean() > 0.5

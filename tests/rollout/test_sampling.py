@@ -130,8 +130,8 @@ def test_sampler_frequencies_match_processed_distribution(fixed):
   probs = _reference_probs(LOGITS, **CASES["all"])
   assert _chi_square_pvalue(r.tokens, probs) > 1e-3
   # Reported log-probs: policy = raw logits, sampler = processed distribution.
-  np.testing.assert_allclose(r.logp, np.log(_reference_probs(LOGITS))[r.tokens], atol=1e-5)
-  np.testing.assert_allclose(r.sampler_logp, np.log(probs[r.tokens]), atol=1e-5)
+  np.testing.assert_allclose(r.sampler_logp, np.log(_reference_probs(LOGITS))[r.tokens], atol=1e-5)
+  np.testing.assert_allclose(r.draw_logp, np.log(probs[r.tokens]), atol=1e-5)
 
 
 # One compilation shared by the tests below: same config, SamplingParams and shapes.
@@ -157,8 +157,8 @@ def test_stop_tokens_end_rows_with_padding():
   np.testing.assert_array_equal(r.truncated, ~hit)
   after = r.mask == 0
   assert after.any() and (r.tokens[after] == 0).all()
-  assert (r.logp[after] == 0).all() and (r.sampler_logp[after] == 0).all()
-  assert (r.logp[~after] < 0).all()
+  assert (r.sampler_logp[after] == 0).all() and (r.draw_logp[after] == 0).all()
+  assert (r.sampler_logp[~after] < 0).all()
   assert (is_stop & ~after).sum(1).max() == 1  # exactly one stop token, the last valid one
 
 
@@ -242,8 +242,14 @@ except ValueError as e:
   assert "split evenly" in str(e)
 want = sample(cfg, params, tokens, mask, jax.random.key(1), sp, group_size=2)
 np.testing.assert_array_equal(np.asarray(got.tokens), np.asarray(want.tokens))
-np.testing.assert_allclose(np.asarray(got.logp), np.asarray(want.logp), atol=1e-5)
+np.testing.assert_allclose(np.asarray(got.sampler_logp), np.asarray(want.sampler_logp), atol=1e-5)
 np.testing.assert_array_equal(np.asarray(got.truncated), np.asarray(want.truncated))
+# Continuous batching per shard (2 rows, 1 slot each): the same rollout.
+cont = make_sampler(cfg, sp, group_size=2, mesh=mesh, data_axis=("data", "fsdp"),
+                    max_concurrent_rows=1)(params, tokens, mask, jax.random.key(1))
+np.testing.assert_array_equal(np.asarray(cont.tokens), np.asarray(want.tokens))
+np.testing.assert_array_equal(np.asarray(cont.truncated), np.asarray(want.truncated))
+np.testing.assert_allclose(np.asarray(cont.sampler_logp), np.asarray(want.sampler_logp), atol=1e-5)
 print("OK")
 """
 

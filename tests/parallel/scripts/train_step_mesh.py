@@ -174,7 +174,8 @@ def main(args):
           tokens_equal=bool(np.array_equal(toks, toks_ref)),
           mismatches=int((toks != toks_ref).sum()),
           mask_equal=bool(np.array_equal(np.asarray(out.mask), np.asarray(ref.mask))),
-          logp_max_diff=float(np.abs(np.asarray(out.sampler_logp) - np.asarray(ref.sampler_logp)).max()),
+          logp_max_diff=float(np.abs(np.asarray(out.sampler_logp)
+                                     - np.asarray(ref.sampler_logp)).max()),
           lengths=np.asarray(ref.lengths).tolist(),
           distinct_tokens=int(len(np.unique(toks_ref))))), flush=True)
 
