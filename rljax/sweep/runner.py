@@ -13,9 +13,9 @@ prompts). The held-out eval set (``data.eval_seed``) stays the same for all runs
 compared on the same problems.
 
 A run's state is read from its directory: *finished* when metrics.jsonl holds the final eval (the
-``eval_accuracy`` record at ``train.steps``), *partial* when it has a committed checkpoint (it is
-resumed with ``--config.train.resume=True``, which every command carries: without a checkpoint it
-starts fresh), *new* otherwise. A run dir that holds a run of a different config is an error, so
+``eval_accuracy`` record at ``train.steps``), *partial* when it has a committed checkpoint or the
+config the trainer writes at its start (its command carries ``--config.train.resume=True``), *new*
+otherwise. A run dir that holds a run of a different config is an error, so
 that results of another study version are never mixed in.
 """
 from __future__ import annotations
@@ -153,8 +153,12 @@ def read_wall(run_dir: str) -> list[dict]:
 # --- commands ---------------------------------------------------------------------------------------
 
 def train_argv(spec: RunSpec, config_path: str, python: str = sys.executable) -> tuple[str, ...]:
+  """The run's ``rljax train`` command; it resumes when the run dir already holds a run (the
+  trainer refuses ``resume=True`` on a dir with none, a misspelt path)."""
+  from rljax.train import run_dir as run_dir_lib
+  resume = ("--config.train.resume=True",) if run_dir_lib.holds_run(spec.run_dir) else ()
   return (python, "-m", "rljax", "train", "--config", config_path,
-          *[f"--config.{k}={v}" for k, v in spec.overrides], "--config.train.resume=True")
+          *[f"--config.{k}={v}" for k, v in spec.overrides], *resume)
 
 
 def sft_argv(spec: RunSpec, config_path: str, python: str = sys.executable) -> tuple[str, ...]:

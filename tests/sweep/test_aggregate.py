@@ -176,7 +176,12 @@ def test_plan_sets_seed_data_order_and_per_seed_cold_starts(tmp_path):
   assert specs[0].sft_dir == specs[3].sft_dir != specs[1].sft_dir
   assert os.path.dirname(specs[0].sft_dir) == str(tmp_path / "_sft")
   argv = runner.train_argv(specs[4], study.config_path())
-  assert argv[-1] == "--config.train.resume=True" and "--config.algo.clip_eps_high=0.28" in argv
+  # A new run starts fresh (the trainer refuses resume=True on a dir that holds no run) ...
+  assert "--config.train.resume=True" not in argv and "--config.algo.clip_eps_high=0.28" in argv
+  # ... one that has started resumes.
+  os.makedirs(specs[4].run_dir)
+  open(os.path.join(specs[4].run_dir, "config.json"), "w").close()
+  assert runner.train_argv(specs[4], study.config_path())[-1] == "--config.train.resume=True"
 
 
 def test_run_state_from_the_run_dir(tmp_path):
