@@ -29,6 +29,7 @@ import jax.numpy as jnp
 from rljax.algos import advantages as adv_lib
 from rljax.algos import kl as kl_lib
 from rljax.algos import losses as loss_lib
+from rljax.algos import transforms as transforms_lib
 from rljax.algos.registry import (ADVANTAGES, KL_ESTIMATORS, LOSS_AGGS, POLICY_LOSSES,
                                   REGULARIZERS, Registry, signature_of)
 
@@ -97,7 +98,7 @@ class Regularizer:
     if self.token_mask is None:
       return arrays["mask"]
     inputs, _ = signature_of(self.token_mask)
-    return self.token_mask(**{k: arrays[k] for k in inputs})
+    return self.token_mask(**{k: arrays[k] for k in inputs if k in arrays})
 
   def loss_sum(self, hp: Hparams, norm_constant, **arrays) -> chex.Array:
     return loss_lib.agg_sum(self.agg, self.values(hp, **arrays), self.mask(arrays), norm_constant)
@@ -118,7 +119,7 @@ class Algorithm:
   kl_placement: Optional[str]  # 'loss' | 'reward' | None (no reference model)
   kl_estimator: str
   ref_mode: str  # algo.ref_update: 'frozen' | 'ema'
-  tis: bool  # truncated importance sampling (algo.tis_cap set)
+  transforms: transforms_lib.Transforms  # section 8: rollout correction, token masks, OPD, ...
   overlong_filter: bool
   group_size: int
   epochs: int
@@ -139,18 +140,19 @@ class Algorithm:
 
   def advantages(self, *, rewards: chex.Array, mask: chex.Array,
                  values: Optional[chex.Array] = None,
-                 token_rewards: Optional[chex.Array] = None, hp: Optional[Hparams] = None
-                 ) -> Tuple[chex.Array, Optional[chex.Array]]:
+                 token_rewards: Optional[chex.Array] = None, hp: Optional[Hparams] = None,
+                 **arrays) -> Tuple[chex.Array, Optional[chex.Array]]:
     """Advantages ``[B, T]`` (0 on padding) and critic targets (GAE) or None.
 
-    ``token_rewards`` defaults to the outcome reward on each row's last valid token.
+    ``token_rewards`` defaults to the outcome reward on each row's last valid token; further
+    ``arrays`` reach the estimator by name (e.g. ReMax's ``remax_baseline[P]``).
     """
     chex.assert_rank([rewards, mask], [1, 2])
     chex.assert_equal_shape_prefix([rewards, mask], 1)
     if token_rewards is None:
       token_rewards = adv_lib.outcome_token_rewards(rewards, mask)
     out = self.advantage(self._hp(hp), rewards=rewards, mask=mask, group_size=self.group_size,
-                         values=values, token_rewards=token_rewards)
+                         values=values, token_rewards=token_rewards, **arrays)
     adv, returns = out if self.critic_targets else (out, None)
     if self.whiten:
       adv = adv_lib.whiten(adv, mask)
@@ -159,25 +161,27 @@ class Algorithm:
   # --- the policy loss -----------------------------------------------------------------------
 
   def policy_loss_sum(self, *, logp: chex.Array, old_logp: chex.Array, advantages: chex.Array,
-                      mask: chex.Array, hp: Optional[Hparams] = None, **arrays
+                      mask: chex.Array, hp: Optional[Hparams] = None,
+                      is_weight: Optional[chex.Array] = None,
+                      entropy_keep: Optional[chex.Array] = None, **arrays
                       ) -> Tuple[chex.Array, loss_lib.Metrics]:
     """``(loss sum, metrics)`` of one micro-batch; the minibatch's policy loss is the sum over
     its micro-batches divided once by ``policy_loss_count`` of the whole minibatch mask.
 
-    With ``algo.tis_cap`` each per-token loss is multiplied by ``min(exp(old_logp -
-    sampler_logp), cap)`` (detached), so ``sampler_logp`` must be given.
+    ``is_weight`` (rollout IS weights, 8.2) and ``entropy_keep`` (the 80/20 mask, 8.4) multiply
+    the per-token policy loss (``m`` unchanged, so the counts are too); both are required when
+    their transform is on.
     """
     hp = self._hp(hp)
     loss, metrics = self.objective(hp, logp=logp, old_logp=old_logp, advantages=advantages,
                                    mask=mask, **arrays)
-    if self.tis:
-      if arrays.get("sampler_logp") is None:
-        raise ValueError("algo.tis_cap is set: policy_loss_sum needs `sampler_logp`")
-      cap = hp["tis_cap"]
-      weights = loss_lib.truncated_is_weights(old_logp, arrays["sampler_logp"], cap)
-      loss = loss * weights
-      metrics = dict(metrics, **loss_lib.token_metrics(
-          mask, tis_weight_mean=weights, tis_clip_frac=(weights >= cap).astype(weights.dtype)))
+    tf = self.transforms
+    for name, value, on in (("is_weight", is_weight, tf.rollout_is is not None),
+                            ("entropy_keep", entropy_keep, tf.entropy_mask)):
+      if on and value is None:
+        raise ValueError(f"policy_loss_sum needs `{name}`: its transform is on (section 8)")
+      if value is not None:
+        loss = loss * value
     return loss_lib.agg_sum(self.policy_agg, loss, mask, self._norm_constant(hp)), metrics
 
   def policy_loss_count(self, mask: chex.Array) -> chex.Array:
@@ -294,13 +298,8 @@ def resolve(config, *, group_size: Optional[int] = None, critic: Optional[bool] 
       algo["policy_loss"]).get("loss_agg"):
     raise ValueError(f"algo.loss_agg={policy_agg!r} aggregates one loss per sequence; "
                      f"algo.policy_loss={algo['policy_loss']!r} gives one per token")
-  tis = algo["tis_cap"] is not None
-  if tis:
-    if LOSS_AGGS.meta(policy_agg).get("per_sequence"):
-      raise ValueError(f"algo.tis_cap weights per-token losses; algo.policy_loss="
-                       f"{algo['policy_loss']!r} has one loss per sequence. Unset algo.tis_cap "
-                       "or pick a per-token objective")
-    hparams["tis_cap"] = float(algo["tis_cap"])
+  transforms = transforms_lib.resolve_transforms(
+      algo, hparams, per_sequence=bool(LOSS_AGGS.meta(policy_agg).get("per_sequence")))
 
   placement = algo["kl_placement"]
   if placement != "none":
@@ -309,6 +308,8 @@ def resolve(config, *, group_size: Optional[int] = None, critic: Optional[bool] 
   for name in REGULARIZERS.names():
     meta = REGULARIZERS.meta(name)
     enabled = meta["enabled"](algo) if meta["enabled"] else bool(algo[meta["coef"]])
+    # 8.7: the controller drives the entropy bonus's weight, even from c_0 = 0.
+    enabled = enabled or (meta["coef"] == "entropy_coef" and transforms.entropy_ctrl)
     if not enabled:
       continue
     agg = meta["agg"](algo) if callable(meta["agg"]) else meta["agg"]
@@ -323,7 +324,8 @@ def resolve(config, *, group_size: Optional[int] = None, critic: Optional[bool] 
       whiten=algo["adv_whiten"] and not adv_meta.get("whitened", False),
       objective=objective, policy_agg=policy_agg, regularizers=tuple(regularizers),
       kl_placement=None if placement == "none" else placement,
-      kl_estimator=algo["kl_estimator"], ref_mode=algo["ref_update"], tis=tis,
+      kl_estimator=algo["kl_estimator"], ref_mode=algo["ref_update"],
+      transforms=transforms,
       overlong_filter=bool(algo["overlong_filter"]), group_size=group_size,
       epochs=algo["epochs"], minibatches=algo["minibatches"],
       micro_batches=algo["micro_batches"], kl_target=algo["kl_target"],
