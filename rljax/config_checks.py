@@ -118,7 +118,7 @@ RULES: tuple[tuple[str, Check], ...] = (
     ("reward.max_logged_failures", integer(0)),
     ("algo.gamma", FRACTION), ("algo.lam", FRACTION),
     ("algo.lam_critic", real(0, 1, optional=True)), ("algo.lam_alpha", real(0, optional=True)),
-    ("algo.clip_eps_low", real(0, 1, hi_open=True)), ("algo.clip_eps_high", NONNEG),
+    ("algo.clip_eps_low", real(0, 1)), ("algo.clip_eps_high", NONNEG),
     ("algo.dual_clip_c", real(1, lo_open=True, optional=True)),
     ("algo.cispo_eps_high", NONNEG), ("algo.cispo_eps_low", real(0, optional=True)),
     ("algo.gmpo_eps", NONNEG),
