@@ -177,8 +177,10 @@ def test_micro_batches_leave_the_section8_update_unchanged(case):
   state, metrics = _invariance_step(INVARIANCE[case], 2)
   np.testing.assert_allclose(float(metrics["loss"][0]), float(ref["loss"][0]), rtol=1e-5,
                              atol=1e-6)
+  # atol 1% of the learning rate: Adam normalises an entry whose gradient is ~0 to a step of
+  # up to lr, so float32 summation-order noise there shows at that scale (KL-Cov, no clipping).
   for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(ref_state.params)):
-    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)
   if ref_state.entropy_ctrl is not None:
     for a, b in zip(state.entropy_ctrl, ref_state.entropy_ctrl):
       np.testing.assert_allclose(float(a), float(b), rtol=1e-6)
