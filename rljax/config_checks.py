@@ -201,6 +201,9 @@ def _check_relations(config) -> None:
     raise ConfigError(
         f"rollout.prompts_per_step x rollout.group_size = {rows} rows do not split into "
         f"algo.minibatches={a.minibatches} x algo.micro_batches={a.micro_batches} equal parts")
+  if "teacher" in config and a.opd_coef > 0 and not config.teacher.source:
+    raise ConfigError(f"algo.opd_coef={a.opd_coef!r} needs a distillation teacher: set "
+                      "teacher.source ('hf:PATH', 'run:DIR', 'sft' or 'tiny')")
   if r.group_size == 1 and needs_groups(config.algo):
     raise ConfigError(
         f"rollout.group_size=1 with algo.advantage={a.advantage!r}"

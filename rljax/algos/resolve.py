@@ -30,6 +30,7 @@ from rljax.algos import advantages as adv_lib
 from rljax.algos import kl as kl_lib
 from rljax.algos import losses as loss_lib
 from rljax.algos import transforms as transforms_lib
+from rljax.algos.correction import ROLLOUT_LEVELS
 from rljax.algos.registry import (ADVANTAGES, KL_ESTIMATORS, LOSS_AGGS, POLICY_LOSSES,
                                   REGULARIZERS, Registry, signature_of)
 
@@ -244,6 +245,7 @@ def check_algo(algo: Mapping[str, Any]) -> None:
   _choice("kl_placement", algo["kl_placement"], KL_PLACEMENTS)
   _choice("ref_update", algo["ref_update"], REF_UPDATES)
   _choice("adv_std", algo["adv_std"], adv_lib.ADV_STD_MODES)
+  _check_section8(algo)
   for key in ("epochs", "minibatches", "micro_batches", "max_gen_batches"):
     value = algo[key]
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -253,6 +255,32 @@ def check_algo(algo: Mapping[str, Any]) -> None:
     if (len(window) != 2 or not all(isinstance(v, numbers.Real) for v in window)
         or not 0 <= window[0] <= window[1] <= 1):
       raise ValueError(f"algo.keep_pass_rate={window!r} must be (lo, hi) with 0 <= lo <= hi <= 1")
+
+
+def _check_section8(algo: Mapping[str, Any]) -> None:
+  """Range checks of the section 8 keys (combinations: ``transforms.resolve_transforms``)."""
+  for key in ("rollout_is", "rollout_rs"):
+    _choice(key, algo[key], ("none",) + ROLLOUT_LEVELS)
+  _choice("sapo_level", algo["sapo_level"], ("token", "sequence"))
+  _choice("entropy_mask_source", algo["entropy_mask_source"], ("old", "current"))
+  _choice("entropy_ctrl_estimate", algo["entropy_ctrl_estimate"], ("full", "sampled"))
+  _choice("opd_student_logp", algo["opd_student_logp"], ("old", "sampler"))
+  for key in ("sapo_tau_pos", "sapo_tau_neg", "rollout_is_cap"):
+    _number(key, algo[key], lo=0, lo_open=True)
+  for key in ("clip_cov_ratio", "kl_cov_ratio"):
+    _number(key, algo[key], lo=0, lo_open=True, hi=1)
+  for key in ("kl_cov_coef", "entropy_top_rho", "entropy_coef_delta", "opd_coef"):
+    _number(key, algo[key], lo=0)
+  for key in ("clip_cov_lb", "clip_cov_ub", "entropy_target", "entropy_coef_min",
+              "entropy_coef_max"):
+    _number(key, algo[key])
+  _number("opd_discount", algo["opd_discount"], lo=0, hi=1)
+  for key in ("rollout_is_floor", "rollout_rs_lo", "rollout_rs_hi", "rollout_rs_k3"):
+    _number(key, algo[key], lo=0, optional=True)
+  _number("rollout_rs_veto", algo["rollout_rs_veto"], lo=0, lo_open=True, optional=True)
+  k = algo["passk_k"]
+  if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
+    raise ValueError(f"algo.passk_k={k!r} must be an integer >= 1")
 
 
 def _plain(config) -> Dict[str, Any]:

@@ -62,9 +62,10 @@ def test_sapo_sequence_level_and_a_bad_level():
   loss, _ = algo.objective(algo.hparams, logp=logp, old_logp=old, advantages=adv, mask=m)
   want, _ = sapo.sapo_sequence_loss(logp, old, adv, m, tau_pos=0.9, tau_neg=1.3)
   np.testing.assert_allclose(np.asarray(loss), np.asarray(want), rtol=1e-6)
-  algo = resolve(algo_settings(policy_loss="sapo", sapo_level="row"), group_size=G)
-  with pytest.raises(ValueError, match="algo.sapo_level"):
-    algo.objective(algo.hparams, logp=logp, old_logp=old, advantages=adv, mask=m)
+  with pytest.raises(ValueError, match="algo.sapo_level"):  # at resolve
+    resolve(algo_settings(policy_loss="sapo", sapo_level="row"), group_size=G)
+  with pytest.raises(ValueError, match="algo.sapo_level"):  # and called directly
+    sapo.sapo_objective(logp, old, adv, m, tau_pos=1.0, tau_neg=1.0, level="row")
 
 
 def test_estimators_resolve_and_match_the_pure_functions():

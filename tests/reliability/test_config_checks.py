@@ -66,6 +66,7 @@ BAD = [
     ("grpo", {"algo.opd_discount": "1.5"}, "algo.opd_discount=1.5"),
     ("grpo", {"algo.entropy_ctrl_estimate": "mean"}, "algo.entropy_ctrl_estimate='mean'"),
     ("grpo", {"teacher.dtype": "int8"}, "teacher.dtype='int8'"),
+    ("opd", {"teacher.source": ""}, "algo.opd_coef=1.0 needs a distillation teacher"),
 ]
 
 
