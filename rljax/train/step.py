@@ -7,6 +7,11 @@ whose own forward gives the same log-probs (``old_logp`` stays None). ``train_st
 ``epochs x minibatches`` optimizer updates (``rljax.train.update``), each accumulating gradients
 over micro-batches with exact ``(sum, count)`` aggregation. The algorithm comes in resolved
 (``rljax.algos.resolve``) and its float hyperparameters as a traced ``hp`` dict.
+
+Section 8 (``rljax.algos.transforms``): ``score`` applies what is fixed per rollout batch
+(rejection and IS weights, the distillation teacher's term) and keeps ``H_old``;
+``minibatch_update`` computes what is fixed per minibatch (Clip-Cov / KL-Cov selection, the 80/20
+entropy mask) before splitting it; ``train_step`` steps the entropy controller once per RL step.
 """
 from __future__ import annotations
 
@@ -29,6 +34,7 @@ from rljax.rewards import shaping
 from rljax.rollout.sampler import Rollout
 from rljax.train import update as update_lib
 from rljax.train.batch import TrainBatch, as_train_batch
+from rljax.train.compiled import compile_step_fns  # noqa: F401  (re-exported: build uses it)
 from rljax.train.state import TrainState
 from rljax.train.update import scalar_metric
 
@@ -364,46 +370,6 @@ def step_fns(learner: Learner, mc_learner: Learner | None = None) -> StepFns:
       score_mc=(lambda state, rollout, hp, *teacher: score(mc_learner, state, rollout, hp,
                                                             *teacher))
       if mc_learner is not None else None)
-
-
-class _RowSharded:
-  """``jax.jit`` of ``fn(state, rollout, hp, *extra)`` whose rollout shardings come from the
-  record's fields (rows on the data axes, whatever fields are present): compiled once per
-  structure. ``extra``: further arguments (the teacher's params) with ``extra_shardings``."""
-
-  def __init__(self, fn, *, state_sharding, rows: Callable, replicated, donate: bool,
-               extra_shardings: tuple = ()):
-    self._fn, self._state, self._rows, self._rep = fn, state_sharding, rows, replicated
-    self._donate, self._extra = donate, extra_shardings
-    self._compiled: dict = {}
-
-  def __call__(self, state, rollout, hp, *extra):
-    key = (jax.tree.structure(rollout), len(extra))
-    jitted = self._compiled.get(key)
-    if jitted is None:
-      out_state, _ = jax.eval_shape(self._fn, state, rollout, hp, *extra)
-      out_first = self._state if isinstance(out_state, TrainState) else self._rows(out_state)
-      jitted = self._compiled[key] = jax.jit(
-          self._fn, in_shardings=(self._state, self._rows(rollout), self._rep)
-          + tuple(self._extra[:len(extra)]),
-          out_shardings=(out_first, self._rep), donate_argnums=(0,) if self._donate else ())
-    return jitted(state, rollout, hp, *extra)
-
-
-def compile_step_fns(fns: StepFns, *, state_sharding, rows: Callable, replicated,
-                     teacher_sharding=None) -> StepFns:
-  """``jax.jit`` each function with explicit shardings; the state is donated to the updates.
-
-  ``rows(tree)`` gives the row shardings of a record's arrays; ``teacher_sharding``: the
-  shardings of the distillation teacher's params, the optional last argument of ``score``.
-  """
-  def jit(fn, donate, extra=()):
-    return None if fn is None else _RowSharded(fn, state_sharding=state_sharding, rows=rows,
-                                               replicated=replicated, donate=donate,
-                                               extra_shardings=extra)
-  teacher = () if teacher_sharding is None else (teacher_sharding,)
-  return StepFns(score=jit(fns.score, False, teacher), train_step=jit(fns.train_step, True),
-                 critic_step=jit(fns.critic_step, True), score_mc=jit(fns.score_mc, False, teacher))
 
 
 def check_update_schedule(config) -> None:
