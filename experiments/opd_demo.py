@@ -53,20 +53,31 @@ def main():
   teacher = os.path.join(OUT, "teacher")
   train(teacher, {"sft.out_dir": os.path.join(OUT, "sft_teacher")})
   common = dict(STUDENT, **{"train.steps": STEPS, "train.eval_every": 25})
-  rl_dir, opd_dir = os.path.join(OUT, "student_rl"), os.path.join(OUT, "student_opd")
-  train(rl_dir, common)
-  train(opd_dir, dict(common, **{"algo.opd_coef": 1.0, "teacher.source": f"run:{teacher}"}))
-  curves = {name: curve(d) for name, d in (("teacher", teacher), ("rl", rl_dir),
-                                             ("rl+opd", opd_dir))}
-  budget = min(curves["rl"][-1][0], curves["rl+opd"][-1][0])
+  distill = {"algo.opd_coef": 1.0, "teacher.source": f"run:{teacher}"}
+  # (name, run dir, overrides): the main job's recipe, then with the teacher's term; at the main
+  # job's lr and at a larger one; the last pair also without dynamic sampling for distillation
+  # (DAPO drops every group without a reward spread, and with it the teacher's dense signal).
+  pairs = [
+      ("rl lr 3e-5", "student_rl", {}),
+      ("rl+opd lr 3e-5", "student_opd", distill),
+      ("rl lr 1e-4", "student_rl_lr1e-4", {"optim.lr": 1e-4}),
+      ("rl+opd lr 1e-4, no dyn. sampling", "student_opd_lr1e-4",
+       dict(distill, **{"optim.lr": 1e-4, "algo.dynamic_sampling": False})),
+  ]
+  curves = {"teacher": curve(teacher)}
+  for name, sub, overrides in pairs:
+    train(os.path.join(OUT, sub), dict(common, **overrides))
+    curves[name] = curve(os.path.join(OUT, sub))
   print(f"teacher: eval before {curves['teacher'][0][1]:.3f}, after {curves['teacher'][-1][1]:.3f}")
-  for name in ("rl", "rl+opd"):
-    points = curves[name]
-    within = [p for p in points if p[0] <= budget + 1e-9]
-    print(f"student {name}: eval before {points[0][1]:.3f}; at {budget:.0f} s of steps: "
-          f"{within[-1][1]:.3f} (step {within[-1][2]}); end ({points[-1][0]:.0f} s, step "
-          f"{points[-1][2]}): {points[-1][1]:.3f}")
-    print("  curve (s, acc): " + ", ".join(f"({s:.0f}, {a:.3f})" for s, a, _ in points))
+  for first, second in zip(pairs[::2], pairs[1::2]):
+    budget = min(curves[first[0]][-1][0], curves[second[0]][-1][0])
+    for name in (first[0], second[0]):
+      points = curves[name]
+      within = [p for p in points if p[0] <= budget + 1e-9]
+      print(f"student {name}: eval before {points[0][1]:.3f}; at {budget:.0f} s of steps: "
+            f"{within[-1][1]:.3f} (step {within[-1][2]}); end ({points[-1][0]:.0f} s, step "
+            f"{points[-1][2]}): {points[-1][1]:.3f}")
+      print("  curve (s, acc): " + ", ".join(f"({s:.0f}, {a:.3f})" for s, a, _ in points))
 
 
 if __name__ == "__main__":
