@@ -52,7 +52,7 @@ def curve(run_dir):
 def main():
   teacher = os.path.join(OUT, "teacher")
   train(teacher, {"sft.out_dir": os.path.join(OUT, "sft_teacher")})
-  common = dict(STUDENT, **{"train.steps": STEPS, "train.eval_every": 25})
+  common = dict(STUDENT, **{"train.steps": STEPS, "train.eval_every": max(25, STEPS // 12)})
   distill = {"algo.opd_coef": 1.0, "teacher.source": f"run:{teacher}"}
   # (name, run dir, overrides): the main job's recipe, then with the teacher's term; at the main
   # job's lr and at a larger one; the last pair also without dynamic sampling for distillation
@@ -64,10 +64,15 @@ def main():
       ("rl+opd lr 1e-4, no dyn. sampling", "student_opd_lr1e-4",
        dict(distill, **{"optim.lr": 1e-4, "algo.dynamic_sampling": False})),
   ]
+  # OPD_DEMO_PAIRS=1: only the second pair (e.g. a longer run with OPD_DEMO_STEPS=1200).
+  chosen = os.environ.get("OPD_DEMO_PAIRS")
+  if chosen is not None:
+    pairs = [p for i, p in enumerate(pairs) if str(i // 2) in chosen.split(",")]
   curves = {"teacher": curve(teacher)}
   for name, sub, overrides in pairs:
-    train(os.path.join(OUT, sub), dict(common, **overrides))
-    curves[name] = curve(os.path.join(OUT, sub))
+    run_dir = os.path.join(OUT, f"{sub}_{STEPS}")
+    train(run_dir, dict(common, **overrides))
+    curves[name] = curve(run_dir)
   print(f"teacher: eval before {curves['teacher'][0][1]:.3f}, after {curves['teacher'][-1][1]:.3f}")
   for first, second in zip(pairs[::2], pairs[1::2]):
     budget = min(curves[first[0]][-1][0], curves[second[0]][-1][0])

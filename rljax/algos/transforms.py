@@ -74,6 +74,13 @@ def resolve_transforms(algo: Mapping[str, Any], hparams: Dict[str, float], *,
                        per_sequence: bool) -> Transforms:
   """The switches of the ``algo`` settings; their floats added to ``hparams``. Raises a
   ``ValueError`` naming the key for a combination that cannot run."""
+  return Transforms(**_correction(algo, hparams, per_sequence),
+                    **_token_selection(algo, hparams, per_sequence),
+                    **_entropy_ctrl_and_advantages(algo, hparams))
+
+
+def _correction(algo, hparams, per_sequence) -> Dict[str, Any]:
+  """8.2: ``algo.tis_cap = C`` is ``rollout_is='token'`` with cap C (not both)."""
   rollout_is = _level(algo, "rollout_is")
   if algo["tis_cap"] is not None:
     if rollout_is is not None:
@@ -85,10 +92,13 @@ def resolve_transforms(algo: Mapping[str, Any], hparams: Dict[str, float], *,
   elif rollout_is is not None:
     _traced(hparams, algo, "rollout_is_cap")
   if rollout_is is not None:
-    floor = algo["rollout_is_floor"]
-    cap = hparams["rollout_is_cap"]
+    floor, cap = algo["rollout_is_floor"], hparams["rollout_is_cap"]
     if floor is not None and floor > cap:
       raise ValueError(f"algo.rollout_is_floor={floor!r} must be <= the cap {cap!r}")
+    if per_sequence:
+      raise ValueError(f"algo.rollout_is (or algo.tis_cap) weights per-token losses; "
+                       f"algo.policy_loss={algo['policy_loss']!r} has one loss per sequence. "
+                       "Switch it off or pick a per-token objective")
     _traced(hparams, algo, "rollout_is_floor")
   rollout_rs = _level(algo, "rollout_rs")
   if rollout_rs is not None:
@@ -98,11 +108,15 @@ def resolve_transforms(algo: Mapping[str, Any], hparams: Dict[str, float], *,
                        f"algo.rollout_rs_hi, both set; got lo={lo!r}, hi={hi!r}")
     _traced(hparams, algo, "rollout_rs_lo", "rollout_rs_hi")
   _traced(hparams, algo, "rollout_rs_veto", "rollout_rs_k3")
-  if per_sequence and rollout_is is not None:
-    raise ValueError(f"algo.rollout_is (or algo.tis_cap) weights per-token losses; "
-                     f"algo.policy_loss={algo['policy_loss']!r} has one loss per sequence. Switch "
-                     "it off or pick a per-token objective")
+  return dict(rollout_is=rollout_is,
+              is_floor=rollout_is is not None and algo["rollout_is_floor"] is not None,
+              is_batch_norm=bool(algo["rollout_is_batch_norm"]), rollout_rs=rollout_rs,
+              rs_veto=algo["rollout_rs_veto"] is not None,
+              rs_k3=algo["rollout_rs_k3"] is not None)
 
+
+def _token_selection(algo, hparams, per_sequence) -> Dict[str, Any]:
+  """8.3 (the objective's ``cov_sel``) and 8.4 (the entropy keep mask)."""
   cov_select = algo["policy_loss"] if algo["policy_loss"] in ("clip_cov", "kl_cov") else None
   if cov_select == "clip_cov":
     if not algo["clip_cov_lb"] < algo["clip_cov_ub"]:
@@ -111,7 +125,6 @@ def resolve_transforms(algo: Mapping[str, Any], hparams: Dict[str, float], *,
     _traced(hparams, algo, "clip_cov_ratio", "clip_cov_lb", "clip_cov_ub")
   elif cov_select == "kl_cov":
     _traced(hparams, algo, "kl_cov_ratio")
-
   entropy_mask = algo["entropy_top_rho"] < 1.0
   if entropy_mask:
     if algo["entropy_mask_source"] != "old":
@@ -123,6 +136,11 @@ def resolve_transforms(algo: Mapping[str, Any], hparams: Dict[str, float], *,
       raise ValueError(f"algo.entropy_top_rho masks per-token losses; algo.policy_loss="
                        f"{algo['policy_loss']!r} has one loss per sequence")
     _traced(hparams, algo, "entropy_top_rho")
+  return dict(cov_select=cov_select, entropy_mask=entropy_mask)
+
+
+def _entropy_ctrl_and_advantages(algo, hparams) -> Dict[str, Any]:
+  """8.7 (the controller), 8.6 (the distillation term), 8.5 / 8.8 (their metrics, the loop)."""
   if algo["entropy_ctrl"]:
     if not algo["entropy_coef_min"] <= algo["entropy_coef_max"]:
       raise ValueError(f"algo.entropy_coef_min={algo['entropy_coef_min']!r} must be <= "
@@ -138,14 +156,11 @@ def resolve_transforms(algo: Mapping[str, Any], hparams: Dict[str, float], *,
     if passk_k is None:
       raise ValueError("algo.advantage='passk' needs algo.passk_k (an integer in [1, "
                        "rollout.group_size]); it has no default")
-  return Transforms(
-      rollout_is=rollout_is, is_floor=rollout_is is not None and algo["rollout_is_floor"]
-      is not None, is_batch_norm=bool(algo["rollout_is_batch_norm"]), rollout_rs=rollout_rs,
-      rs_veto=algo["rollout_rs_veto"] is not None, rs_k3=algo["rollout_rs_k3"] is not None,
-      cov_select=cov_select, entropy_mask=entropy_mask, entropy_ctrl=bool(algo["entropy_ctrl"]),
-      entropy_ctrl_estimate=algo["entropy_ctrl_estimate"], opd=opd,
-      opd_length_norm=bool(algo["opd_length_norm"]), opd_student_logp=algo["opd_student_logp"],
-      passk_k=passk_k, remax=algo["advantage"] == "remax")
+  return dict(entropy_ctrl=bool(algo["entropy_ctrl"]),
+              entropy_ctrl_estimate=algo["entropy_ctrl_estimate"], opd=opd,
+              opd_length_norm=bool(algo["opd_length_norm"]),
+              opd_student_logp=algo["opd_student_logp"], passk_k=passk_k,
+              remax=algo["advantage"] == "remax")
 
 
 # --- applied by the trainer ----------------------------------------------------------------------
