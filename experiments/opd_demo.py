@@ -63,6 +63,10 @@ def main():
       ("rl lr 1e-4", "student_rl_lr1e-4", {"optim.lr": 1e-4}),
       ("rl+opd lr 1e-4, no dyn. sampling", "student_opd_lr1e-4",
        dict(distill, **{"optim.lr": 1e-4, "algo.dynamic_sampling": False})),
+      # The main job's recipe unchanged plus a tenth of Tinker's coefficient.
+      ("rl lr 1e-4 ", "student_rl_lr1e-4", {"optim.lr": 1e-4}),
+      ("rl+opd coef 0.1, lr 1e-4", "student_opd0.1_lr1e-4",
+       dict(distill, **{"optim.lr": 1e-4, "algo.opd_coef": 0.1})),
   ]
   # OPD_DEMO_PAIRS=1: only the second pair (e.g. a longer run with OPD_DEMO_STEPS=1200).
   chosen = os.environ.get("OPD_DEMO_PAIRS")
