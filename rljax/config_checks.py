@@ -123,7 +123,7 @@ RULES: tuple[tuple[str, Check], ...] = (
     ("reward.max_logged_failures", integer(0)),
     ("algo.gamma", FRACTION), ("algo.lam", FRACTION),
     ("algo.lam_critic", real(0, 1, optional=True)), ("algo.lam_alpha", real(0, optional=True)),
-    ("algo.clip_eps_low", real(0, 1, hi_open=True)), ("algo.clip_eps_high", NONNEG),
+    ("algo.clip_eps_low", real(0, 1)), ("algo.clip_eps_high", NONNEG),
     ("algo.dual_clip_c", real(1, lo_open=True, optional=True)),
     ("algo.cispo_eps_high", NONNEG), ("algo.cispo_eps_low", real(0, optional=True)),
     ("algo.gmpo_eps", NONNEG),
@@ -134,6 +134,25 @@ RULES: tuple[tuple[str, Check], ...] = (
     ("algo.max_gen_batches", integer(1)), ("algo.keep_pass_rate", pass_rate_window),
     ("algo.epochs", integer(1)), ("algo.minibatches", integer(1)),
     ("algo.micro_batches", integer(1)), ("algo.tis_cap", real(0, lo_open=True, optional=True)),
+    ("algo.sapo_tau_pos", POSITIVE), ("algo.sapo_tau_neg", POSITIVE),
+    ("algo.sapo_level", choice("token", "sequence")),
+    ("algo.clip_cov_ratio", real(0, 1, lo_open=True)), ("algo.clip_cov_lb", real()),
+    ("algo.clip_cov_ub", real()), ("algo.kl_cov_ratio", real(0, 1, lo_open=True)),
+    ("algo.kl_cov_coef", NONNEG), ("algo.passk_k", integer(1, optional=True)),
+    ("algo.rollout_is", choice("none", "token", "sequence", "geometric")),
+    ("algo.rollout_is_cap", POSITIVE), ("algo.rollout_is_floor", real(0, optional=True)),
+    ("algo.rollout_rs", choice("none", "token", "sequence", "geometric")),
+    ("algo.rollout_rs_lo", real(0, optional=True)),
+    ("algo.rollout_rs_hi", real(0, optional=True)),
+    ("algo.rollout_rs_veto", real(0, lo_open=True, optional=True)),
+    ("algo.rollout_rs_k3", real(0, optional=True)),
+    ("algo.entropy_top_rho", NONNEG), ("algo.entropy_mask_source", choice("old", "current")),
+    ("algo.entropy_target", real()), ("algo.entropy_coef_delta", NONNEG),
+    ("algo.entropy_coef_min", real()), ("algo.entropy_coef_max", real()),
+    ("algo.entropy_ctrl_estimate", choice("full", "sampled")),
+    ("algo.opd_coef", NONNEG), ("algo.opd_discount", FRACTION),
+    ("algo.opd_student_logp", choice("old", "sampler")),
+    ("teacher.dtype", choice("", "float32", "bfloat16", "float16")),
     ("critic.lr", POSITIVE), ("critic.value_clip", NONNEG), ("critic.pretrain_steps", integer(0)),
     ("optim.lr", POSITIVE), ("optim.warmup_steps", integer(0)),
     ("optim.schedule", choice("constant", "cosine")), ("optim.weight_decay", NONNEG),
@@ -187,6 +206,9 @@ def _check_relations(config) -> None:
     raise ConfigError(
         f"rollout.prompts_per_step x rollout.group_size = {rows} rows do not split into "
         f"algo.minibatches={a.minibatches} x algo.micro_batches={a.micro_batches} equal parts")
+  if "teacher" in config and a.opd_coef > 0 and not config.teacher.source:
+    raise ConfigError(f"algo.opd_coef={a.opd_coef!r} needs a distillation teacher: set "
+                      "teacher.source ('hf:PATH', 'run:DIR', 'sft' or 'tiny')")
   if r.group_size == 1 and needs_groups(config.algo):
     raise ConfigError(
         f"rollout.group_size=1 with algo.advantage={a.advantage!r}"

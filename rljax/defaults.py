@@ -117,7 +117,47 @@ def get_config():
   c.algo.epochs = 1
   c.algo.minibatches = 1
   c.algo.micro_batches = 1  # gradient accumulation inside each minibatch (exact aggregation)
-  c.algo.tis_cap = placeholder(float)  # truncated importance sampling cap; None = off
+  # alias of rollout_is='token' with rollout_is_cap=tis_cap (setting both is an error); None = off
+  c.algo.tis_cap = placeholder(float)
+
+  # --- section 8 -------------------------------------------------------------------------------
+  c.algo.sapo_tau_pos = 1.0  # SAPO gate temperature where A > 0 (policy_loss='sapo')
+  c.algo.sapo_tau_neg = 1.05  # SAPO gate temperature where A <= 0
+  c.algo.sapo_level = "token"  # token | sequence (gate on GSPO's sequence ratio)
+  c.algo.clip_cov_ratio = 2e-4  # Clip-Cov: share of the minibatch's valid tokens zeroed
+  c.algo.clip_cov_lb = 1.0  # Clip-Cov candidates: lb < token covariance < ub
+  c.algo.clip_cov_ub = 5.0
+  c.algo.kl_cov_ratio = 2e-3  # KL-Cov: share of valid tokens (top covariance) given |delta|
+  c.algo.kl_cov_coef = 1.0  # KL-Cov: weight of |delta| on the selected tokens
+  c.algo.passk_k = placeholder(int)  # pass@k's k; must be set with advantage='passk'
+  c.algo.rollout_is = "none"  # rollout IS weights sampler -> old: none|token|sequence|geometric
+  c.algo.rollout_is_cap = 2.0  # upper truncation of the IS weights
+  c.algo.rollout_is_floor = placeholder(float)  # lower truncation; None = none
+  c.algo.rollout_is_batch_norm = False  # divide the weights by their batch mean
+  c.algo.rollout_rs = "none"  # rollout rejection: none | token | sequence | geometric
+  c.algo.rollout_rs_lo = 0.0  # keep ratios in [lo, hi] (both needed when rollout_rs is on)
+  c.algo.rollout_rs_hi = placeholder(float)
+  c.algo.rollout_rs_veto = placeholder(float)  # reject a row with any token ratio below this
+  c.algo.rollout_rs_k3 = placeholder(float)  # reject a row whose mean k3(rho) exceeds this
+  c.algo.entropy_top_rho = 1.0  # 80/20: only the top-rho highest-entropy tokens train; 1 = off
+  c.algo.entropy_mask_source = "old"  # entropy of the mask: old (scoring forward, H_old)
+  c.algo.entropy_ctrl = False  # Skywork-OR1 adaptive entropy coefficient (from entropy_coef)
+  c.algo.entropy_target = 0.2  # the bonus is on while the measured entropy is below this
+  c.algo.entropy_coef_delta = 1e-4  # controller step per RL step
+  c.algo.entropy_coef_min = 0.0
+  c.algo.entropy_coef_max = 0.005
+  c.algo.entropy_ctrl_estimate = "full"  # full (mean H of the update) | sampled (-mean old_logp)
+  c.algo.opd_coef = 0.0  # on-policy distillation weight of -reverse KL to teacher; 0 = off
+  c.algo.opd_discount = 0.0  # discount of the future reverse KL (Tinker); 0 = per token
+  c.algo.opd_length_norm = False  # divide the discounted sum by its discounted count (MiniLLM)
+  c.algo.opd_student_logp = "old"  # student log-prob in the reverse KL: old | sampler
+
+  # --- teacher of on-policy distillation (algo.opd_coef > 0) -----------------------------------
+  c.teacher = ml_collections.ConfigDict()
+  # '' = none; 'hf:PATH'; 'run:DIR' (a run's exported DIR/hf); 'sft' (sft.out_dir); 'tiny'
+  # (random, model.* sizes, seed + 1: for tests). Same tokenizer as the policy.
+  c.teacher.source = ""
+  c.teacher.dtype = ""  # compute dtype; '' = model.dtype
 
   # --- critic (section 6) ----------------------------------------------------------------------
   c.critic = ml_collections.ConfigDict()

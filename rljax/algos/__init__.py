@@ -33,4 +33,7 @@ from rljax.algos.value import (explained_variance, positive_example_rows, positi
                                positive_rows_mask, value_loss_count, value_loss_sum)
 from rljax.algos.logprobs import (entropy_from_logits, logprobs_from_logits,
                                   token_logprobs_and_entropy)
+# Section 8: their components register themselves on import.
+from rljax.algos import correction, cov, distill, entropy, passk, remax, sapo  # noqa: F401
+from rljax.algos import transforms  # noqa: F401  (how the trainer applies section 8)
 from rljax.algos.resolve import Algorithm, Bound, Regularizer, check_algo, hparams_tree, resolve

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 
 from rljax.algos.checks import check_range, is_static_number
 from rljax.algos.losses import Metrics, log_ratio, ppo_clip_loss, token_metrics
+from rljax.algos.registry import register_policy_loss
 
 
 def _check_tokens(*arrays):
@@ -100,6 +101,7 @@ def clip_cov_select(old_logp: chex.Array, advantages: chex.Array, mask: chex.Arr
   return sel, metrics
 
 
+@register_policy_loss("clip_cov", hparams={"eps_low": "clip_eps_low", "eps_high": "clip_eps_high"})
 def clip_cov_loss(logp, old_logp, advantages, mask, cov_sel, *, eps_low: float = 1.0,
                   eps_high: float = 1.0) -> Tuple[chex.Array, Metrics]:
   """Clip-Cov per-token loss ``[B, T]``.
@@ -140,6 +142,7 @@ def kl_cov_select(old_logp: chex.Array, advantages: chex.Array, mask: chex.Array
   return sel, metrics
 
 
+@register_policy_loss("kl_cov", hparams={"coef": "kl_cov_coef"})
 def kl_cov_loss(logp, old_logp, advantages, mask, cov_sel, *,
                 coef: float = 1.0) -> Tuple[chex.Array, Metrics]:
   """KL-Cov per-token loss ``[B, T]``: ``l = -A r + coef |delta| sel``, no clipping at all.

@@ -280,7 +280,13 @@ def truncated_is_weights(old_logp: chex.Array, sampler_logp: chex.Array,
 
 # --- entropy bonus -------------------------------------------------------------------------------
 
-@register_regularizer("entropy", coef="entropy_coef")
+def entropy_bonus_mask(mask: chex.Array, entropy_keep: Optional[chex.Array] = None) -> chex.Array:
+  """The tokens the entropy bonus averages over: ``m``, or ``m keep`` under the 80/20 mask (8.4,
+  as TRL)."""
+  return mask if entropy_keep is None else mask * entropy_keep
+
+
+@register_regularizer("entropy", coef="entropy_coef", token_mask=entropy_bonus_mask)
 def entropy_bonus(entropy: chex.Array) -> chex.Array:
   """T1 (arXiv 2501.11651) entropy bonus: ``-H[i, t]`` ``[B, T]``, so that ``coef * agg(-H)``
   added to the loss rewards a high full-vocabulary entropy of the policy."""

@@ -22,6 +22,7 @@ import numpy as np
 
 from rljax.algos.advantages import GRPO_STD_EPS, _broadcast, to_groups
 from rljax.algos.losses import Metrics
+from rljax.algos.registry import register_advantage
 
 PASSK_N_STD_MODES = ("group", "none")
 
@@ -95,6 +96,7 @@ def _passk_rows(rewards, group_size, k):
   return adv, r_bar[c], correct.reshape(-1)
 
 
+@register_advantage("passk", hparams={"k": "passk_k"})
 def passk_advantages(rewards: chex.Array, mask: chex.Array, group_size: int, *,
                      k: int) -> chex.Array:
   """Pass@k advantages ``[B, T]`` (``algo.advantage='passk'``, ``algo.passk_k = k``).
@@ -122,6 +124,7 @@ def passk_metrics(rewards: chex.Array, mask: chex.Array, group_size: int, *,
   return metrics
 
 
+@register_advantage("passk_n", hparams={"std_mode": "adv_std"})
 def passk_n_advantages(rewards: chex.Array, mask: chex.Array, group_size: int, *,
                        std_mode: str = "group") -> chex.Array:
   """verl's ``grpo_passk`` (Tang et al., arXiv 2503.19595) advantages ``[B, T]``.

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 
 from rljax.algos.advantages import discounted_returns
 from rljax.algos.losses import Metrics
+from rljax.algos.registry import register_advantage
 
 
 def _row_metric(rows_ok, values):
@@ -29,6 +30,7 @@ def _check_rows(mask, group_size, baseline):
                      f"rollout.group_size={group_size} the batch has {batch} rows")
 
 
+@register_advantage("remax", min_group_size=1)
 def remax_advantages(token_rewards: chex.Array, mask: chex.Array, group_size: int,
                      remax_baseline: chex.Array) -> chex.Array:
   """ReMax advantages ``[B, T]`` (0 on padding).

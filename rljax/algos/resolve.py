@@ -29,6 +29,8 @@ import jax.numpy as jnp
 from rljax.algos import advantages as adv_lib
 from rljax.algos import kl as kl_lib
 from rljax.algos import losses as loss_lib
+from rljax.algos import transforms as transforms_lib
+from rljax.algos.correction import ROLLOUT_LEVELS
 from rljax.algos.registry import (ADVANTAGES, KL_ESTIMATORS, LOSS_AGGS, POLICY_LOSSES,
                                   REGULARIZERS, Registry, signature_of)
 
@@ -97,7 +99,7 @@ class Regularizer:
     if self.token_mask is None:
       return arrays["mask"]
     inputs, _ = signature_of(self.token_mask)
-    return self.token_mask(**{k: arrays[k] for k in inputs})
+    return self.token_mask(**{k: arrays[k] for k in inputs if k in arrays})
 
   def loss_sum(self, hp: Hparams, norm_constant, **arrays) -> chex.Array:
     return loss_lib.agg_sum(self.agg, self.values(hp, **arrays), self.mask(arrays), norm_constant)
@@ -118,7 +120,7 @@ class Algorithm:
   kl_placement: Optional[str]  # 'loss' | 'reward' | None (no reference model)
   kl_estimator: str
   ref_mode: str  # algo.ref_update: 'frozen' | 'ema'
-  tis: bool  # truncated importance sampling (algo.tis_cap set)
+  transforms: transforms_lib.Transforms  # section 8: rollout correction, token masks, OPD, ...
   overlong_filter: bool
   group_size: int
   epochs: int
@@ -139,18 +141,19 @@ class Algorithm:
 
   def advantages(self, *, rewards: chex.Array, mask: chex.Array,
                  values: Optional[chex.Array] = None,
-                 token_rewards: Optional[chex.Array] = None, hp: Optional[Hparams] = None
-                 ) -> Tuple[chex.Array, Optional[chex.Array]]:
+                 token_rewards: Optional[chex.Array] = None, hp: Optional[Hparams] = None,
+                 **arrays) -> Tuple[chex.Array, Optional[chex.Array]]:
     """Advantages ``[B, T]`` (0 on padding) and critic targets (GAE) or None.
 
-    ``token_rewards`` defaults to the outcome reward on each row's last valid token.
+    ``token_rewards`` defaults to the outcome reward on each row's last valid token; further
+    ``arrays`` reach the estimator by name (e.g. ReMax's ``remax_baseline[P]``).
     """
     chex.assert_rank([rewards, mask], [1, 2])
     chex.assert_equal_shape_prefix([rewards, mask], 1)
     if token_rewards is None:
       token_rewards = adv_lib.outcome_token_rewards(rewards, mask)
     out = self.advantage(self._hp(hp), rewards=rewards, mask=mask, group_size=self.group_size,
-                         values=values, token_rewards=token_rewards)
+                         values=values, token_rewards=token_rewards, **arrays)
     adv, returns = out if self.critic_targets else (out, None)
     if self.whiten:
       adv = adv_lib.whiten(adv, mask)
@@ -159,25 +162,27 @@ class Algorithm:
   # --- the policy loss -----------------------------------------------------------------------
 
   def policy_loss_sum(self, *, logp: chex.Array, old_logp: chex.Array, advantages: chex.Array,
-                      mask: chex.Array, hp: Optional[Hparams] = None, **arrays
+                      mask: chex.Array, hp: Optional[Hparams] = None,
+                      is_weight: Optional[chex.Array] = None,
+                      entropy_keep: Optional[chex.Array] = None, **arrays
                       ) -> Tuple[chex.Array, loss_lib.Metrics]:
     """``(loss sum, metrics)`` of one micro-batch; the minibatch's policy loss is the sum over
     its micro-batches divided once by ``policy_loss_count`` of the whole minibatch mask.
 
-    With ``algo.tis_cap`` each per-token loss is multiplied by ``min(exp(old_logp -
-    sampler_logp), cap)`` (detached), so ``sampler_logp`` must be given.
+    ``is_weight`` (rollout IS weights, 8.2) and ``entropy_keep`` (the 80/20 mask, 8.4) multiply
+    the per-token policy loss (``m`` unchanged, so the counts are too); both are required when
+    their transform is on.
     """
     hp = self._hp(hp)
     loss, metrics = self.objective(hp, logp=logp, old_logp=old_logp, advantages=advantages,
                                    mask=mask, **arrays)
-    if self.tis:
-      if arrays.get("sampler_logp") is None:
-        raise ValueError("algo.tis_cap is set: policy_loss_sum needs `sampler_logp`")
-      cap = hp["tis_cap"]
-      weights = loss_lib.truncated_is_weights(old_logp, arrays["sampler_logp"], cap)
-      loss = loss * weights
-      metrics = dict(metrics, **loss_lib.token_metrics(
-          mask, tis_weight_mean=weights, tis_clip_frac=(weights >= cap).astype(weights.dtype)))
+    tf = self.transforms
+    for name, value, on in (("is_weight", is_weight, tf.rollout_is is not None),
+                            ("entropy_keep", entropy_keep, tf.entropy_mask)):
+      if on and value is None:
+        raise ValueError(f"policy_loss_sum needs `{name}`: its transform is on (section 8)")
+      if value is not None:
+        loss = loss * value
     return loss_lib.agg_sum(self.policy_agg, loss, mask, self._norm_constant(hp)), metrics
 
   def policy_loss_count(self, mask: chex.Array) -> chex.Array:
@@ -240,6 +245,7 @@ def check_algo(algo: Mapping[str, Any]) -> None:
   _choice("kl_placement", algo["kl_placement"], KL_PLACEMENTS)
   _choice("ref_update", algo["ref_update"], REF_UPDATES)
   _choice("adv_std", algo["adv_std"], adv_lib.ADV_STD_MODES)
+  _check_section8(algo)
   for key in ("epochs", "minibatches", "micro_batches", "max_gen_batches"):
     value = algo[key]
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -249,6 +255,32 @@ def check_algo(algo: Mapping[str, Any]) -> None:
     if (len(window) != 2 or not all(isinstance(v, numbers.Real) for v in window)
         or not 0 <= window[0] <= window[1] <= 1):
       raise ValueError(f"algo.keep_pass_rate={window!r} must be (lo, hi) with 0 <= lo <= hi <= 1")
+
+
+def _check_section8(algo: Mapping[str, Any]) -> None:
+  """Range checks of the section 8 keys (combinations: ``transforms.resolve_transforms``)."""
+  for key in ("rollout_is", "rollout_rs"):
+    _choice(key, algo[key], ("none",) + ROLLOUT_LEVELS)
+  _choice("sapo_level", algo["sapo_level"], ("token", "sequence"))
+  _choice("entropy_mask_source", algo["entropy_mask_source"], ("old", "current"))
+  _choice("entropy_ctrl_estimate", algo["entropy_ctrl_estimate"], ("full", "sampled"))
+  _choice("opd_student_logp", algo["opd_student_logp"], ("old", "sampler"))
+  for key in ("sapo_tau_pos", "sapo_tau_neg", "rollout_is_cap"):
+    _number(key, algo[key], lo=0, lo_open=True)
+  for key in ("clip_cov_ratio", "kl_cov_ratio"):
+    _number(key, algo[key], lo=0, lo_open=True, hi=1)
+  for key in ("kl_cov_coef", "entropy_top_rho", "entropy_coef_delta", "opd_coef"):
+    _number(key, algo[key], lo=0)
+  for key in ("clip_cov_lb", "clip_cov_ub", "entropy_target", "entropy_coef_min",
+              "entropy_coef_max"):
+    _number(key, algo[key])
+  _number("opd_discount", algo["opd_discount"], lo=0, hi=1)
+  for key in ("rollout_is_floor", "rollout_rs_lo", "rollout_rs_hi", "rollout_rs_k3"):
+    _number(key, algo[key], lo=0, optional=True)
+  _number("rollout_rs_veto", algo["rollout_rs_veto"], lo=0, lo_open=True, optional=True)
+  k = algo["passk_k"]
+  if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
+    raise ValueError(f"algo.passk_k={k!r} must be an integer >= 1")
 
 
 def _plain(config) -> Dict[str, Any]:
@@ -294,13 +326,8 @@ def resolve(config, *, group_size: Optional[int] = None, critic: Optional[bool] 
       algo["policy_loss"]).get("loss_agg"):
     raise ValueError(f"algo.loss_agg={policy_agg!r} aggregates one loss per sequence; "
                      f"algo.policy_loss={algo['policy_loss']!r} gives one per token")
-  tis = algo["tis_cap"] is not None
-  if tis:
-    if LOSS_AGGS.meta(policy_agg).get("per_sequence"):
-      raise ValueError(f"algo.tis_cap weights per-token losses; algo.policy_loss="
-                       f"{algo['policy_loss']!r} has one loss per sequence. Unset algo.tis_cap "
-                       "or pick a per-token objective")
-    hparams["tis_cap"] = float(algo["tis_cap"])
+  transforms = transforms_lib.resolve_transforms(
+      algo, hparams, per_sequence=bool(LOSS_AGGS.meta(policy_agg).get("per_sequence")))
 
   placement = algo["kl_placement"]
   if placement != "none":
@@ -309,6 +336,8 @@ def resolve(config, *, group_size: Optional[int] = None, critic: Optional[bool] 
   for name in REGULARIZERS.names():
     meta = REGULARIZERS.meta(name)
     enabled = meta["enabled"](algo) if meta["enabled"] else bool(algo[meta["coef"]])
+    # 8.7: the controller drives the entropy bonus's weight, even from c_0 = 0.
+    enabled = enabled or (meta["coef"] == "entropy_coef" and transforms.entropy_ctrl)
     if not enabled:
       continue
     agg = meta["agg"](algo) if callable(meta["agg"]) else meta["agg"]
@@ -323,7 +352,8 @@ def resolve(config, *, group_size: Optional[int] = None, critic: Optional[bool] 
       whiten=algo["adv_whiten"] and not adv_meta.get("whitened", False),
       objective=objective, policy_agg=policy_agg, regularizers=tuple(regularizers),
       kl_placement=None if placement == "none" else placement,
-      kl_estimator=algo["kl_estimator"], ref_mode=algo["ref_update"], tis=tis,
+      kl_estimator=algo["kl_estimator"], ref_mode=algo["ref_update"],
+      transforms=transforms,
       overlong_filter=bool(algo["overlong_filter"]), group_size=group_size,
       epochs=algo["epochs"], minibatches=algo["minibatches"],
       micro_batches=algo["micro_batches"], kl_target=algo["kl_target"],

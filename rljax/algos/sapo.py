@@ -14,7 +14,9 @@ import jax.numpy as jnp
 
 from rljax.algos.checks import check_range
 from rljax.algos.losses import Metrics, log_ratio, token_metrics
+from rljax.algos.registry import register_policy_loss
 
+SAPO_LEVELS = ("token", "sequence")
 SOFT_CLIP_GATE = 0.5  # ``sapo/soft_clip_frac`` counts tokens whose gate weight w is below this
 
 
@@ -91,3 +93,16 @@ def sapo_sequence_loss(logp, old_logp, advantages, mask, *, tau_pos: float = 1.0
   broadcast = lambda x: jnp.broadcast_to(x[:, None], mask.shape)
   metrics = _sapo_metrics(mask, broadcast(adv_seq), broadcast(seq_ratio), delta, broadcast(w))
   return per_token, metrics
+
+
+@register_policy_loss("sapo", hparams={"tau_pos": "sapo_tau_pos", "tau_neg": "sapo_tau_neg",
+                                       "level": "sapo_level"},
+                      loss_agg="seq_mean_token_mean")
+def sapo_objective(logp, old_logp, advantages, mask, *, tau_pos, tau_neg, level):
+  """SAPO at ``algo.sapo_level``: the token gate on ``r`` or the sequence gate on GSPO's ``s_i``;
+  aggregation forced to ``seq_mean_token_mean`` (verl, TRL)."""
+  if level == "token":
+    return sapo_loss(logp, old_logp, advantages, mask, tau_pos=tau_pos, tau_neg=tau_neg)
+  if level == "sequence":
+    return sapo_sequence_loss(logp, old_logp, advantages, mask, tau_pos=tau_pos, tau_neg=tau_neg)
+  raise ValueError(f"algo.sapo_level must be one of {SAPO_LEVELS}, got {level!r}")

@@ -8,6 +8,7 @@ it has not done.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import jax
@@ -22,6 +23,26 @@ from rljax.train.metrics import summarize
 
 # --- rollout and rewards -------------------------------------------------------------------------
 
+def greedy_baseline(gen: generation.Generator, params, problems, key, sampling, group_size: int
+                    ) -> tuple[np.ndarray, dict]:
+  """ReMax (ALGORITHMS.md 8.8): one greedy (argmax) completion per prompt, scored by the reward
+  function and the section 1 shaping like the others, then dropped: its reward per row ``[P*G]``
+  (repeated over the prompt's G rows) and its counts."""
+  greedy = dataclasses.replace(sampling, greedy=True)
+  out, _, _ = generation.generate(gen, params, problems, key, greedy, 1)
+  return (np.repeat(np.asarray(out.rewards, np.float32), group_size),
+          {"remax/generated_tokens": float(out.lengths.sum())})
+
+
+def check_binary_rewards(rewards: np.ndarray) -> None:
+  """Pass@k (8.5) is defined for rewards in {0, 1}: anything else fails here, on the host."""
+  bad = ~np.isin(rewards, (0.0, 1.0))
+  if bad.any():
+    raise ValueError(f"algo.advantage='passk' needs binary rewards in {{0, 1}}; reward.fn gave "
+                     f"{np.unique(np.asarray(rewards)[bad])[:5].tolist()} (shaping such as "
+                     "reward.overlong_buffer or reward.format_weight also makes them non-binary)")
+
+
 def collect_batch(run: build.Run, step: int, stream: int = 0) -> tuple[Rollout, dict]:
   """P groups of G completions; with dynamic sampling, only groups with a reward spread.
 
@@ -35,11 +56,22 @@ def collect_batch(run: build.Run, step: int, stream: int = 0) -> tuple[Rollout, 
   base = jax.random.fold_in(jax.random.fold_in(jax.random.PRNGKey(cfg.seed), stream), step)
   kept, rounds, seen_groups, all_rounds, verifier_counts = [], 0, 0, [], []
   max_rounds = cfg.algo.max_gen_batches if cfg.algo.dynamic_sampling else 1
+  remax_seconds, remax_tokens = 0.0, 0.0
   while rounds < max_rounds:
     problems = run.source.next_batch(num_prompts)
     part, _, counts = generation.generate(run.generator, run.state.params, problems,
                                           jax.random.fold_in(base, rounds), run.sampling,
                                           group_size)
+    if run.algo.transforms.passk_k is not None:
+      check_binary_rewards(part.rewards)
+    if run.algo.transforms.remax:
+      t0 = time.perf_counter()
+      baseline, greedy_info = greedy_baseline(run.generator, run.state.params, problems,
+                                             jax.random.fold_in(base, rounds), run.sampling,
+                                             group_size)
+      part = part.replace(remax_baseline=baseline)
+      remax_tokens += greedy_info["remax/generated_tokens"]
+      remax_seconds += time.perf_counter() - t0
     verifier_counts.append(counts)
     rounds += 1
     seen_groups += num_prompts
@@ -73,6 +105,8 @@ def collect_batch(run: build.Run, step: int, stream: int = 0) -> tuple[Rollout, 
       "generated_tokens": float(generated.lengths.sum()),
   }
   info.update({k: sum(c[k] for c in verifier_counts) for k in verifier_counts[0]})
+  if run.algo.transforms.remax:  # timed apart from the sampled rollouts (in sec_rollout too)
+    info.update({"remax/generated_tokens": remax_tokens, "sec_remax": remax_seconds})
   info["data/dropped_prompts"] = float(getattr(run.source, "dropped_prompts", 0))
   for name, rows in (("correct", generated.correct), ("wrong", ~generated.correct)):
     if rows.any():  # response lengths by outcome (Dr. GRPO's length bias shows in the wrong ones)
@@ -94,7 +128,9 @@ def pretrain_critic(run: build.Run) -> None:
   cfg = run.config
   for i in range(cfg.critic.pretrain_steps):
     batch, info = collect_batch(run, step=i, stream=1)
-    scored, _ = run.fns.score_mc(run.state, to_device(batch, run.mesh), run.algo.hparams)
+    teacher = () if run.teacher is None else (run.teacher,)
+    scored, _ = run.fns.score_mc(run.state, to_device(batch, run.mesh), run.algo.hparams,
+                                 *teacher)
     run.state, metrics = run.fns.critic_step(run.state, scored, run.algo.hparams)
     values = summarize(distributed.to_host(metrics))
     run.writer.log(f"value pretraining {i + 1}/{cfg.critic.pretrain_steps}: "
@@ -135,7 +171,9 @@ def _train(run: build.Run) -> dict:
     t0 = time.perf_counter()
     batch, info = collect_batch(run, step)
     t1 = time.perf_counter()
-    scored, score_metrics = run.fns.score(run.state, to_device(batch, run.mesh), run.algo.hparams)
+    teacher = () if run.teacher is None else (run.teacher,)
+    scored, score_metrics = run.fns.score(run.state, to_device(batch, run.mesh), run.algo.hparams,
+                                          *teacher)
     run.state, metrics = run.fns.train_step(run.state, scored, run.algo.hparams)
     metrics = summarize(distributed.to_host({**score_metrics, **metrics}))
     t2 = time.perf_counter()

@@ -8,6 +8,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from rljax.algos.entropy import entropy_ctrl_init
+
 
 @flax.struct.dataclass
 class TrainState:
@@ -25,6 +27,9 @@ class TrainState:
   kl_coef: jax.Array  # float32 []
   rng: jax.Array  # uint32 [2]
   skipped_updates: jax.Array  # int32 [], optimizer steps skipped for a non-finite loss/gradient
+  # Skywork-OR1 adaptive entropy coefficient (ALGORITHMS.md 8.7): an EntropyCtrlState, or None
+  # when algo.entropy_ctrl is off. Checkpointed with the rest, so a resumed run continues it.
+  entropy_ctrl: Any = None
 
 
 def learning_rate_schedule(optim_cfg, peak_lr: float, total_updates: int) -> optax.Schedule:
@@ -57,8 +62,9 @@ def total_updates(config) -> int:
 
 
 def create_state(params, *, critic_params=None, ref_params=None, actor_tx, critic_tx,
-                 kl_coef: float, seed: int) -> TrainState:
-  """A fresh TrainState; the reference starts as a copy of the policy when one is needed."""
+                 kl_coef: float, seed: int, entropy_coef: float | None = None) -> TrainState:
+  """A fresh TrainState; the reference starts as a copy of the policy when one is needed.
+  ``entropy_coef``: the adaptive entropy controller's ``c_0`` (None: no controller)."""
   return TrainState(
       step=jnp.zeros((), jnp.int32),
       params=params,
@@ -68,4 +74,5 @@ def create_state(params, *, critic_params=None, ref_params=None, actor_tx, criti
       ref_params=ref_params,
       kl_coef=jnp.asarray(kl_coef, jnp.float32),
       rng=jax.random.PRNGKey(seed),
-      skipped_updates=jnp.zeros((), jnp.int32))
+      skipped_updates=jnp.zeros((), jnp.int32),
+      entropy_ctrl=None if entropy_coef is None else entropy_ctrl_init(entropy_coef))

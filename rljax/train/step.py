@@ -7,6 +7,11 @@ whose own forward gives the same log-probs (``old_logp`` stays None). ``train_st
 ``epochs x minibatches`` optimizer updates (``rljax.train.update``), each accumulating gradients
 over micro-batches with exact ``(sum, count)`` aggregation. The algorithm comes in resolved
 (``rljax.algos.resolve``) and its float hyperparameters as a traced ``hp`` dict.
+
+Section 8 (``rljax.algos.transforms``): ``score`` applies what is fixed per rollout batch
+(rejection and IS weights, the distillation teacher's term) and keeps ``H_old``;
+``minibatch_update`` computes what is fixed per minibatch (Clip-Cov / KL-Cov selection, the 80/20
+entropy mask) before splitting it; ``train_step`` steps the entropy controller once per RL step.
 """
 from __future__ import annotations
 
@@ -18,13 +23,17 @@ import jax.numpy as jnp
 import optax
 
 from rljax import algos
+from rljax.algos import correction, cov, distill, passk, remax
+from rljax.algos import entropy as entropy_lib
 from rljax.algos import losses as loss_lib
+from rljax.algos import transforms as transforms_lib
 from rljax.algos import value as value_lib
 from rljax.algos.resolve import Algorithm
 from rljax.models import ModelConfig, llama
 from rljax.rewards import shaping
 from rljax.rollout.sampler import Rollout
 from rljax.train import update as update_lib
+from rljax.train.compiled import compile_step_fns  # noqa: F401  (re-exported: build uses it)
 from rljax.train.state import TrainState
 from rljax.train.update import scalar_metric
 
@@ -67,25 +76,35 @@ class Learner:
   optimizers. ``reuse_policy_forward``: one optimizer update per batch, so the loss's forward
   gives the old log-probs (ratio 1) and scoring skips the policy forward; not when the old
   log-probs are needed before the update (KL in the reward, the adaptive KL coefficient) or the
-  loss sees another mask (overlong filter)."""
+  loss sees another mask (overlong filter), nor when a section 8 transform needs them (or
+  ``H_old``) before the loss. ``teacher_cfg``: the distillation teacher's architecture (8.6);
+  ``seed``: the run's, for the per-minibatch uniforms of Clip-Cov (8.0)."""
   algo: Algorithm
   model_cfg: ModelConfig
   actor_tx: optax.GradientTransformation
   critic_tx: optax.GradientTransformation | None
   logits_chunk: int
   critic_clip: float | None = None  # critic.value_clip
+  teacher_cfg: ModelConfig | None = None
+  seed: int = 0
 
   @property
   def reuse_policy_forward(self) -> bool:
     a = self.algo
     return (a.epochs == a.minibatches == a.micro_batches == 1 and a.kl_placement != "reward"
-            and a.kl_target is None and not a.overlong_filter)
+            and a.kl_target is None and not a.overlong_filter
+            and not a.transforms.needs_old_logp)
 
 
 # --- scoring -------------------------------------------------------------------------------------
 
+def scalar_metrics(values: dict) -> Metrics:
+  return {k: scalar_metric(v) for k, v in values.items()}
+
+
 def scoring_metrics(learner: Learner, mask, logp, entropy, sampler_logp, ref_logp) -> Metrics:
-  """Entropy, the sampler / policy log-prob gap and the KL estimate over the valid tokens."""
+  """Entropy, the sampler / policy log-prob gap (and 8.2's ``mismatch/``, over the whole
+  batch: the reused forward has one micro-batch) and the KL estimate over the valid tokens."""
   gap = jnp.abs(logp - sampler_logp)
   metrics = {
       "entropy": loss_lib.token_metrics(mask, v=entropy)["v"],
@@ -94,12 +113,46 @@ def scoring_metrics(learner: Learner, mask, logp, entropy, sampler_logp, ref_log
   }
   if ref_logp is not None:
     metrics["kl"] = loss_lib.token_metrics(mask, v=learner.algo.kl(logp, ref_logp))["v"]
+  if sampler_logp is not None:
+    metrics.update(scalar_metrics(correction.mismatch_metrics(logp, sampler_logp, mask)))
   return metrics
 
 
-def score(learner: Learner, state: TrainState, rollout: Rollout, hp) -> tuple[Rollout, Metrics]:
-  """A rollout with rewards -> the same record with ``loss_mask``, ``old_logp`` (None when the
-  loss provides it), ``ref_logp``, ``values``, ``returns``, ``advantages`` and ``positive``."""
+def transform_scores(learner: Learner, rollout: Rollout, hp, teacher, *, mask, loss_mask,
+                     old_logp, advantages) -> tuple[dict, Metrics]:
+  """Section 8 after the estimator and the overlong filter: rollout rejection and IS weights
+  (8.2), the distillation term (8.6), pass@k and ReMax metrics. Returns the fields to set and
+  the metrics."""
+  algo, tf = learner.algo, learner.algo.transforms
+  fields, metrics = {}, {}
+  if tf.correction:
+    loss_mask, fields["is_weight"], scalars = transforms_lib.correct_rollout(
+        tf, hp, old_logp, rollout.sampler_logp, loss_mask)
+    metrics.update(scalar_metrics(scalars))
+  if tf.opd:
+    teacher_logp, _ = completion_stats(learner.teacher_cfg, teacher, rollout,
+                                       learner.logits_chunk)
+    student = old_logp if tf.opd_student_logp == "old" else rollout.sampler_logp
+    advantages, opd_metrics = distill.add_opd_advantages(
+        advantages, student, teacher_logp, loss_mask, coef=hp["opd_coef"],
+        discount=hp["opd_discount"], length_norm=tf.opd_length_norm)
+    metrics.update(opd_metrics)
+    fields["teacher_logp"] = teacher_logp
+  if tf.passk_k is not None:
+    metrics.update(passk.passk_metrics(rollout.rewards, mask, algo.group_size, k=tf.passk_k))
+  if tf.remax:
+    metrics.update(remax.remax_metrics(rollout.rewards, advantages, mask, algo.group_size,
+                                       rollout.remax_baseline[::algo.group_size]))
+  fields.update(loss_mask=loss_mask, advantages=advantages)
+  return fields, metrics
+
+
+def score(learner: Learner, state: TrainState, rollout: Rollout, hp, teacher=None
+          ) -> tuple[Rollout, Metrics]:
+  """A rollout with rewards -> the same record with ``loss_mask``,
+  ``old_logp`` (None when the loss provides it), ``ref_logp``, ``values``, ``returns``,
+  ``advantages``, ``positive`` and the section 8 fields that are on. ``teacher``: the
+  distillation teacher's params (8.6), an argument so that they stay out of the TrainState."""
   algo, cfg, chunk = learner.algo, learner.model_cfg, learner.logits_chunk
   row_valid = rollout.row_valid.astype(jnp.float32)
   mask = rollout.mask.astype(jnp.float32) * row_valid[:, None]
@@ -113,11 +166,20 @@ def score(learner: Learner, state: TrainState, rollout: Rollout, hp) -> tuple[Ro
   if algo.kl_placement == "reward":
     token_rewards = algos.kl_reward_tokens(rollout.rewards, mask, old_logp, ref_logp,
                                            kl_coef=state.kl_coef, estimator=algo.kl_estimator)
+  extra = {}
+  if algo.transforms.remax:  # one baseline per prompt: the first row of each group
+    extra["remax_baseline"] = rollout.remax_baseline[::algo.group_size]
   advantages, returns = algo.advantages(rewards=rollout.rewards, mask=mask, values=values,
-                                        token_rewards=token_rewards, hp=hp)
+                                        token_rewards=token_rewards, hp=hp, **extra)
   loss_mask = shaping.overlong_filter_mask(mask, rollout.truncated) if algo.overlong_filter \
       else mask
-  metrics = {"advantage_mean": loss_lib.token_metrics(loss_mask, v=advantages)["v"]}
+  fields, metrics = transform_scores(learner, rollout, hp, teacher, mask=mask,
+                                     loss_mask=loss_mask, old_logp=old_logp,
+                                     advantages=advantages)
+  loss_mask, advantages = fields["loss_mask"], fields["advantages"]
+  metrics["advantage_mean"] = loss_lib.token_metrics(loss_mask, v=advantages)["v"]
+  if algo.transforms.entropy_mask:
+    fields["old_entropy"] = entropy
   if old_logp is not None:
     metrics.update(scoring_metrics(learner, mask, old_logp, entropy, rollout.sampler_logp,
                                    ref_logp))
@@ -127,9 +189,8 @@ def score(learner: Learner, state: TrainState, rollout: Rollout, hp) -> tuple[Ro
         value_lib.explained_variance(values, returns, mask))
   positive = value_lib.positive_example_rows(
       jnp.where(row_valid > 0, rollout.rewards, rollout.rewards.min())).astype(jnp.float32)
-  scored = rollout.replace(loss_mask=loss_mask, old_logp=old_logp, ref_logp=ref_logp,
-                           values=values, returns=returns, advantages=advantages,
-                           positive=positive * row_valid)
+  scored = rollout.replace(old_logp=old_logp, ref_logp=ref_logp, values=values,
+                           returns=returns, positive=positive * row_valid, **fields)
   return scored, metrics
 
 
@@ -139,7 +200,8 @@ def _loss_inputs(batch: Rollout) -> dict:
   """The arrays a component may read by name, for the tokens the losses see."""
   return dict(mask=batch.loss_mask, advantages=batch.advantages, old_logp=batch.old_logp,
               sampler_logp=batch.sampler_logp, ref_logp=batch.ref_logp, positive=batch.positive,
-              rewards=batch.rewards)
+              rewards=batch.rewards, is_weight=batch.is_weight, cov_sel=batch.cov_sel,
+              entropy_keep=batch.entropy_keep)
 
 
 def minibatch_counts(learner: Learner, minibatch: Rollout) -> dict:
@@ -172,6 +234,9 @@ def actor_loss(learner: Learner, params, coefs, micro: Rollout, counts):
     reg_sum = algo.regularizer_sum(reg, coefs, **arrays)
     total = total + coefs[reg.coef] * reg_sum / counts[reg.name]
     metrics[f"{reg.name}_loss"] = (reg_sum, counts[reg.name] / counts["micro"])
+  if algo.transforms.entropy_ctrl:  # 8.7's "full" measure: H of every forward (kept tokens)
+    measured = loss_lib.entropy_bonus_mask(micro.loss_mask, micro.entropy_keep)
+    metrics["entropy_ctrl/H_update"] = loss_lib.token_metrics(measured, v=entropy)["v"]
   return total, metrics
 
 
@@ -185,14 +250,36 @@ def critic_loss(learner: Learner, critic_params, micro: Rollout, counts):
 
 # --- updates -------------------------------------------------------------------------------------
 
-def minibatch_update(learner: Learner, hp, state: TrainState, minibatch: Rollout, *,
+def select_tokens(learner: Learner, hp, step, minibatch: Rollout, index
+                  ) -> tuple[Rollout, Metrics]:
+  """8.3 / 8.4: ``cov_sel`` and ``entropy_keep`` over the whole minibatch, before it is split
+  into micro-batches (so the split cannot change them); Clip-Cov's uniforms from
+  ``fold_in(fold_in(PRNGKey(seed), step), index)``."""
+  tf = learner.algo.transforms
+  if tf.cov_select is None and not tf.entropy_mask:
+    return minibatch, {}
+  uniforms = None
+  if tf.cov_select == "clip_cov":
+    uniforms = cov.selection_uniforms(learner.seed, step, index, minibatch.loss_mask.shape)
+  sel, keep, metrics = transforms_lib.minibatch_selection(
+      tf, hp, uniforms, minibatch.old_logp, minibatch.advantages, minibatch.loss_mask,
+      minibatch.old_entropy)
+  return minibatch.replace(cov_sel=sel, entropy_keep=keep), metrics
+
+
+def minibatch_update(learner: Learner, hp, state: TrainState, minibatch: Rollout, index, *,
                      update_actor: bool):
-  """One optimizer step of the actor (and of the critic when there is one) on a minibatch."""
+  """One optimizer step of the actor (and of the critic when there is one) on a minibatch;
+  ``index`` counts the step's optimizer updates (epoch x minibatches + minibatch)."""
   algo = learner.algo
-  counts = minibatch_counts(learner, minibatch)
   metrics, skipped = {}, jnp.zeros((), jnp.int32)
   if update_actor:
+    minibatch, metrics = select_tokens(learner, hp, state.step, minibatch, index)
+  counts = minibatch_counts(learner, minibatch)
+  if update_actor:
     coefs = dict(hp, kl_coef=state.kl_coef)  # the adaptive KL coefficient lives in the state
+    if state.entropy_ctrl is not None:  # and so does the adaptive entropy coefficient (8.7)
+      coefs["entropy_coef"] = state.entropy_ctrl.applied.astype(jnp.float32)
     loss, grads, actor_metrics = update_lib.accumulate_gradients(
         lambda p, mb, c: actor_loss(learner, p, coefs, mb, c), state.params, minibatch, counts,
         parts=algo.micro_batches)
@@ -220,9 +307,9 @@ def minibatch_update(learner: Learner, hp, state: TrainState, minibatch: Rollout
 def _updates(learner: Learner, state: TrainState, batch: Rollout, hp, update_actor: bool):
   rng, shuffle_key = jax.random.split(state.rng)
   return update_lib.run_epochs(
-      lambda s, mb: minibatch_update(learner, hp, s, mb, update_actor=update_actor),
+      lambda s, mb, i: minibatch_update(learner, hp, s, mb, i, update_actor=update_actor),
       state.replace(rng=rng), batch, shuffle_key, epochs=learner.algo.epochs,
-      minibatches=learner.algo.minibatches)
+      minibatches=learner.algo.minibatches, indexed=True)
 
 
 def train_step(learner: Learner, state: TrainState, batch: Rollout, hp):
@@ -237,7 +324,20 @@ def train_step(learner: Learner, state: TrainState, batch: Rollout, hp):
         horizon=algo.kl_horizon, n=batch.loss_mask.shape[0]))
   if algo.kl_placement is not None:
     metrics["kl_coef"] = scalar_metric(state.kl_coef)
+  if state.entropy_ctrl is not None:
+    state, ctrl_metrics = _entropy_ctrl_step(learner, state, batch, hp, metrics)
+    metrics.update(ctrl_metrics)
   return state.replace(step=state.step + 1), metrics
+
+
+def _entropy_ctrl_step(learner: Learner, state: TrainState, batch: Rollout, hp, metrics):
+  """8.7, once per RL step: the controller stepped with this step's measured entropy."""
+  if learner.algo.transforms.entropy_ctrl_estimate == "sampled":
+    measured = entropy_lib.sampled_entropy(batch.old_logp, batch.loss_mask)
+  else:
+    measured = metrics["entropy_ctrl/H_update"]
+  ctrl, scalars = transforms_lib.entropy_ctrl_update(hp, state.entropy_ctrl, *measured)
+  return state.replace(entropy_ctrl=ctrl), scalar_metrics(scalars)
 
 
 def critic_step(learner: Learner, state: TrainState, batch: Rollout, hp):
@@ -261,45 +361,13 @@ def step_fns(learner: Learner, mc_learner: Learner | None = None) -> StepFns:
   """The pure (unjitted) step functions of ``learner``."""
   has_critic = learner.critic_tx is not None
   return StepFns(
-      score=lambda state, rollout, hp: score(learner, state, rollout, hp),
+      score=lambda state, rollout, hp, *teacher: score(learner, state, rollout, hp, *teacher),
       train_step=lambda state, batch, hp: train_step(learner, state, batch, hp),
       critic_step=(lambda state, batch, hp: critic_step(learner, state, batch, hp))
       if has_critic else None,
-      score_mc=(lambda state, rollout, hp: score(mc_learner, state, rollout, hp))
+      score_mc=(lambda state, rollout, hp, *teacher: score(mc_learner, state, rollout, hp,
+                                                            *teacher))
       if mc_learner is not None else None)
-
-
-class _RowSharded:
-  """``jax.jit`` of ``fn(state, rollout, hp)`` whose rollout shardings come from the record's
-  fields (rows on the data axes, whatever fields are present): compiled once per structure."""
-
-  def __init__(self, fn, *, state_sharding, rows: Callable, replicated, donate: bool):
-    self._fn, self._state, self._rows, self._rep = fn, state_sharding, rows, replicated
-    self._donate = donate
-    self._compiled: dict = {}
-
-  def __call__(self, state, rollout, hp):
-    treedef = jax.tree.structure(rollout)
-    jitted = self._compiled.get(treedef)
-    if jitted is None:
-      out_state, _ = jax.eval_shape(self._fn, state, rollout, hp)
-      out_first = self._state if isinstance(out_state, TrainState) else self._rows(out_state)
-      jitted = self._compiled[treedef] = jax.jit(
-          self._fn, in_shardings=(self._state, self._rows(rollout), self._rep),
-          out_shardings=(out_first, self._rep), donate_argnums=(0,) if self._donate else ())
-    return jitted(state, rollout, hp)
-
-
-def compile_step_fns(fns: StepFns, *, state_sharding, rows: Callable, replicated) -> StepFns:
-  """``jax.jit`` each function with explicit shardings; the state is donated to the updates.
-
-  ``rows(tree)`` gives the row shardings of a record's arrays.
-  """
-  def jit(fn, donate):
-    return None if fn is None else _RowSharded(fn, state_sharding=state_sharding, rows=rows,
-                                               replicated=replicated, donate=donate)
-  return StepFns(score=jit(fns.score, False), train_step=jit(fns.train_step, True),
-                 critic_step=jit(fns.critic_step, True), score_mc=jit(fns.score_mc, False))
 
 
 def check_update_schedule(config) -> None:

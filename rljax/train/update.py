@@ -82,17 +82,26 @@ def apply_update(tx: optax.GradientTransformation, params, opt_state, grads, los
           grad_norm, applied)
 
 
-def run_epochs(minibatch_update: Callable, state, batch, key, *, epochs: int, minibatches: int):
+def run_epochs(minibatch_update: Callable, state, batch, key, *, epochs: int, minibatches: int,
+               indexed: bool = False):
   """``epochs x minibatches`` calls of ``minibatch_update(state, minibatch) -> (state, metrics)``
   in ``lax.scan``; rows reshuffled each epoch from ``key`` (in order when there is one update).
-  Returns the final state and the metrics summed over all updates."""
+  With ``indexed``, ``minibatch_update(state, minibatch, index)`` also gets the update's index
+  ``epoch * minibatches + minibatch`` (int32). Returns the final state and the metrics summed
+  over all updates."""
   n = jax.tree.leaves(batch)[0].shape[0]
 
-  def epoch(state, epoch_key):
+  def epoch(state, xs):
+    epoch_key, e = xs
     order = (jax.random.permutation(epoch_key, n) if epochs * minibatches > 1
              else jnp.arange(n))
     shuffled = jax.tree.map(lambda x: x[order], batch)
-    return jax.lax.scan(minibatch_update, state, split_rows(shuffled, minibatches))
+    if not indexed:
+      return jax.lax.scan(minibatch_update, state, split_rows(shuffled, minibatches))
+    index = e * minibatches + jnp.arange(minibatches, dtype=jnp.int32)
+    return jax.lax.scan(lambda s, x: minibatch_update(s, *x), state,
+                        (split_rows(shuffled, minibatches), index))
 
-  state, metrics = jax.lax.scan(epoch, state, jax.random.split(key, epochs))
+  state, metrics = jax.lax.scan(epoch, state, (jax.random.split(key, epochs),
+                                               jnp.arange(epochs, dtype=jnp.int32)))
   return state, jax.tree.map(lambda x: x.sum(axis=(0, 1)), metrics)

@@ -148,19 +148,19 @@ def configure(algo_cfg, case, loss_agg="seq_mean_token_mean", **extra):
   return name, keys
 
 
-def loss_value_and_grad(algo_cfg, logp, old, adv, mask, sampler_logp=None):
+def loss_value_and_grad(algo_cfg, logp, old, adv, mask, is_weight=None):
   """The minibatch loss ``sum / count``, its gradient w.r.t. logp, and the metrics."""
   algo = resolve(algo_cfg)
 
   @jit
-  def f(logp, old, adv, mask, sampler_logp):
+  def f(logp, old, adv, mask, is_weight):
     def total(lp):
       s, metrics = algo.policy_loss_sum(logp=lp, old_logp=old, advantages=adv, mask=mask,
-                                        sampler_logp=sampler_logp)
+                                        is_weight=is_weight)
       return s / algo.policy_loss_count(mask), metrics
     return jax.value_and_grad(total, has_aux=True)(logp)
 
-  (value, metrics), grad = f(logp, old, adv, mask, sampler_logp)
+  (value, metrics), grad = f(logp, old, adv, mask, is_weight)
   return value, grad, metrics
 
 
@@ -277,23 +277,29 @@ def test_truncated_importance_sampling(prec, algo_cfg):
   name, keys = configure(algo_cfg, "ppo", tis_cap=2.0)
   logp, old, adv, mask = make_inputs(6, prec.dtype, False)
   sampler = (old - np.random.default_rng(6).normal(scale=1.0, size=old.shape)).astype(prec.dtype)
-  value, grad, metrics = loss_value_and_grad(algo_cfg, logp, old, adv, mask, sampler)
   weights = np.minimum(np.exp(np.clip(old.astype(np.float64) - sampler, -CLAMP, CLAMP)), 2.0)
+  # tis_cap is the alias of rollout_is='token' (8.2): the trainer computes these weights once
+  # per batch (rljax.algos.transforms.correct_rollout) and the loss multiplies its policy term.
+  algo = resolve(algo_cfg)
+  assert algo.transforms.rollout_is == "token" and algo.hparams["rollout_is_cap"] == 2.0
+  value, grad, _ = loss_value_and_grad(algo_cfg, logp, old, adv, mask,
+                                       (weights * mask).astype(prec.dtype))
   loss, dloss, _ = np_objective(name, logp, old, adv, mask, keys)
   expected_value, expected_grad = np_total(name, loss * weights, dloss * weights, mask,
                                            "seq_mean_token_mean")
   close(value, expected_value, prec, scale=max(1.0, abs(expected_value)))
   close(grad, expected_grad, prec, scale=np.abs(expected_grad).max())
-  valid = mask > 0
-  close(metrics["tis_weight_mean"][0], (weights * valid).sum(), prec, scale=valid.sum())
-  close(metrics["tis_clip_frac"][0], ((weights >= 2.0) * valid).sum(), prec)
 
 
 def test_tis_errors(algo_cfg):
   logp, old, adv, mask = make_inputs(7, np.float32, True)
   configure(algo_cfg, "ppo", tis_cap=2.0)
-  with pytest.raises(ValueError, match="sampler_logp"):
+  with pytest.raises(ValueError, match="is_weight"):
     resolve(algo_cfg).policy_loss_sum(logp=logp, old_logp=old, advantages=adv, mask=mask)
+  configure(algo_cfg, "ppo", tis_cap=2.0, rollout_is="sequence")
+  with pytest.raises(ValueError, match="algo.tis_cap.*alias.*algo.rollout_is"):
+    resolve(algo_cfg)
+  algo_cfg.rollout_is = "none"
   configure(algo_cfg, "gmpo", tis_cap=2.0)
   with pytest.raises(ValueError, match="one loss per sequence"):
     resolve(algo_cfg)
@@ -315,7 +321,7 @@ def test_extreme_ratios_stay_finite(algo_cfg):
 
 def test_config_errors_name_the_key(algo_cfg):
   algo_cfg.policy_loss = "ppoo"
-  with pytest.raises(KeyError, match="algo.policy_loss.*cispo, gmpo, gspo, pg, ppo"):
+  with pytest.raises(KeyError, match="algo.policy_loss.*cispo, clip_cov, gmpo, gspo, kl_cov, pg, ppo, sapo"):
     resolve(algo_cfg)
   algo_cfg.policy_loss, algo_cfg.loss_agg = "gspo", "tokenmean"
   with pytest.raises(ValueError, match="algo.loss_agg.*seq_mean_token_mean"):

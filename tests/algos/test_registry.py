@@ -6,8 +6,8 @@ from rljax.algos.registry import Registry, UnknownNameError
 
 EXPECTED = {
     "advantage": {"grpo", "dr_grpo", "rloo", "opo", "gpg", "reinforce_pp",
-                  "reinforce_pp_baseline", "gae"},
-    "policy_loss": {"ppo", "gspo", "cispo", "gmpo", "pg"},
+                  "reinforce_pp_baseline", "gae", "passk", "passk_n", "remax"},
+    "policy_loss": {"ppo", "gspo", "cispo", "gmpo", "pg", "sapo", "clip_cov", "kl_cov"},
     "loss_agg": {"token_mean", "seq_mean_token_mean", "seq_mean_token_sum",
                  "seq_mean_token_sum_norm", "sequence_mean"},
     "kl_estimator": {"k1", "k2", "k3", "low_var_kl", "k3+"},

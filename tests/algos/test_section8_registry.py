@@ -1,16 +1,9 @@
-"""Section 8 registry entries resolve like the other components and call the pure functions.
-
-``rljax.algos.section8_registry`` is not imported by ``rljax.algos`` yet (the trainer wiring is
-the next step), so this module registers its entries for its own tests and removes them after,
-leaving the registries as ``test_registry`` expects.
-"""
-import importlib
-
+"""Section 8 registry entries (registered where each function is defined, imported by
+``rljax.algos``) resolve like the other components and call the pure functions."""
 import numpy as np
 import pytest
 
 from rljax.algos import cov, passk, remax, sapo
-from rljax.algos.registry import ADVANTAGES, POLICY_LOSSES
 from rljax.algos.resolve import resolve
 
 from .helpers import log_ratios, prefix_mask
@@ -20,20 +13,6 @@ ESTIMATORS = ("passk", "passk_n", "remax")
 NEW_KEYS = dict(sapo_tau_pos=0.9, sapo_tau_neg=1.3, sapo_level="token", kl_cov_coef=0.7,
                 passk_k=2)
 B, T, G = 8, 5, 4
-
-
-@pytest.fixture(scope="module", autouse=True)
-def section8_entries():
-  already = "sapo" in POLICY_LOSSES
-  module = importlib.import_module("rljax.algos.section8_registry")
-  if not already and "sapo" not in POLICY_LOSSES:
-    importlib.reload(module)  # registered by an earlier run of this fixture, then removed
-  yield
-  if not already:
-    for name in OBJECTIVES:
-      POLICY_LOSSES.unregister(name)
-    for name in ESTIMATORS:
-      ADVANTAGES.unregister(name)
 
 
 def algo_settings(**overrides):
@@ -83,9 +62,10 @@ def test_sapo_sequence_level_and_a_bad_level():
   loss, _ = algo.objective(algo.hparams, logp=logp, old_logp=old, advantages=adv, mask=m)
   want, _ = sapo.sapo_sequence_loss(logp, old, adv, m, tau_pos=0.9, tau_neg=1.3)
   np.testing.assert_allclose(np.asarray(loss), np.asarray(want), rtol=1e-6)
-  algo = resolve(algo_settings(policy_loss="sapo", sapo_level="row"), group_size=G)
-  with pytest.raises(ValueError, match="algo.sapo_level"):
-    algo.objective(algo.hparams, logp=logp, old_logp=old, advantages=adv, mask=m)
+  with pytest.raises(ValueError, match="algo.sapo_level"):  # at resolve
+    resolve(algo_settings(policy_loss="sapo", sapo_level="row"), group_size=G)
+  with pytest.raises(ValueError, match="algo.sapo_level"):  # and called directly
+    sapo.sapo_objective(logp, old, adv, m, tau_pos=1.0, tau_neg=1.0, level="row")
 
 
 def test_estimators_resolve_and_match_the_pure_functions():
@@ -117,6 +97,8 @@ def test_remax_allows_one_completion_per_prompt_and_reads_its_baseline():
 
 def test_passk_k_is_required():
   _, _, _, m, rewards = inputs(4)
-  algo = resolve(algo_settings(advantage="passk", passk_k=None), group_size=G)
+  with pytest.raises(ValueError, match="algo.passk_k"):  # at resolve, before anything runs
+    resolve(algo_settings(advantage="passk", passk_k=None), group_size=G)
+  algo = resolve(algo_settings(advantage="passk", passk_k=G + 1), group_size=G)
   with pytest.raises(ValueError, match="algo.passk_k"):
     algo.advantages(rewards=rewards, mask=m)

@@ -58,6 +58,15 @@ BAD = [
     ("grpo", {"mesh.data": "0"}, "mesh.data=0"),
     ("grpo", {"critic.lr": "-1"}, "critic.lr=-1.0"),
     ("grpo", {"seed": "-1"}, "seed=-1"),
+    ("grpo", {"algo.rollout_is": "seq"}, "algo.rollout_is='seq'"),
+    ("grpo", {"algo.rollout_is_cap": "0"}, "algo.rollout_is_cap=0.0"),
+    ("grpo", {"algo.sapo_tau_pos": "0"}, "algo.sapo_tau_pos=0.0"),
+    ("grpo", {"algo.clip_cov_ratio": "2"}, "algo.clip_cov_ratio=2.0"),
+    ("grpo", {"algo.passk_k": "0"}, "algo.passk_k=0"),
+    ("grpo", {"algo.opd_discount": "1.5"}, "algo.opd_discount=1.5"),
+    ("grpo", {"algo.entropy_ctrl_estimate": "mean"}, "algo.entropy_ctrl_estimate='mean'"),
+    ("grpo", {"teacher.dtype": "int8"}, "teacher.dtype='int8'"),
+    ("opd", {"teacher.source": ""}, "algo.opd_coef=1.0 needs a distillation teacher"),
 ]
 
 

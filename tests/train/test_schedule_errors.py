@@ -32,7 +32,7 @@ def test_bad_schedule_is_named_before_loading(monkeypatch, tmp_path, overrides, 
 @pytest.mark.parametrize("overrides,message", [
     ({"algo.advantage": "grpoo"}, r"unknown advantage estimator 'grpoo' \(algo.advantage\); "
                                   r"registered advantage estimator names: dr_grpo, gae"),
-    ({"algo.policy_loss": "ppoo"}, r"unknown policy objective 'ppoo'.*cispo, gmpo"),
+    ({"algo.policy_loss": "ppoo"}, r"unknown policy objective 'ppoo'.*cispo, clip_cov, gmpo"),
     ({"algo.loss_agg": "tokenmean"}, r"unknown loss aggregation 'tokenmean'"),
     ({"algo.kl_estimator": "k4"}, r"unknown KL estimator 'k4'"),
     ({"reward.fn": "exact_mach"}, r"reward.fn='exact_mach' is not registered"),

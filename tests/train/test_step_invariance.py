@@ -73,7 +73,7 @@ def _on_policy_step(micro, **extra):
   overrides = dict(tiny.OVERRIDES)
   overrides.update({"algo.micro_batches": str(micro), "algo.minibatches": "1",
                     "algo.epochs": "1", "rollout.group_size": "4", "algo.kl_placement": "loss",
-                    "algo.entropy_coef": "0.01", "algo.tis_cap": "2.0"}, **extra)
+                    "algo.entropy_coef": "0.01"}, **extra)
   config = config_loader.load_config(os.path.join(tiny.ROOT, "configs", "grpo.py"),
                                      list(overrides.items()))
   model_cfg = tiny_config(config.model, VOCAB)
@@ -95,7 +95,8 @@ def test_one_update_per_batch_reuses_the_policy_forward():
   assert "entropy" not in reused_scored and "entropy" in scored  # the forward was skipped
   merged_reused, merged = {**reused_scored, **reused}, {**scored, **metrics}
   assert set(merged_reused) == set(merged)
-  for name in ("entropy", "logp_gap_mean", "logp_gap_max", "kl", "loss", "kl_loss"):
+  for name in ("entropy", "logp_gap_mean", "logp_gap_max", "kl", "loss", "kl_loss",
+               "mismatch/k1", "mismatch/chi2_seq"):
     value = lambda m: float(m[name][0]) / float(m[name][1])
     np.testing.assert_allclose(value(merged_reused), value(merged), rtol=1e-5, atol=1e-6,
                                err_msg=name)

@@ -1,0 +1,11 @@
+"""ReMax (arXiv 2310.10505): REINFORCE with the reward of one greedy completion per prompt as the
+baseline; no critic, no normalisation, one sample per prompt (ALGORITHMS.md 8.8).
+"""
+from rljax.config_loader import preset
+
+
+def get_config():
+  c = preset(__file__, "grpo.py")
+  c.algo.advantage = "remax"
+  c.rollout.group_size = 1
+  return c

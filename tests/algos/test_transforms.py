@@ -1,0 +1,55 @@
+"""``resolve`` reads the section 8 transform keys once: switches, traced floats, and the
+combinations it refuses, each naming its key."""
+import pytest
+
+from rljax.algos.resolve import resolve
+
+
+def settings(**overrides):
+  from configs.base import get_config
+  algo = get_config().algo.to_dict()
+  algo.update(kl_placement="none", **overrides)
+  return algo
+
+
+def test_tis_cap_is_the_token_level_alias_and_not_both():
+  algo = resolve(settings(tis_cap=3.0))
+  assert algo.transforms.rollout_is == "token" and algo.hparams["rollout_is_cap"] == 3.0
+  with pytest.raises(ValueError, match="algo.tis_cap.*algo.rollout_is='sequence'"):
+    resolve(settings(tis_cap=3.0, rollout_is="sequence"))
+
+
+def test_transforms_that_need_old_logp():
+  assert not resolve(settings()).transforms.needs_old_logp
+  for overrides in (dict(rollout_is="geometric"), dict(rollout_rs="token", rollout_rs_hi=2.0),
+                    dict(rollout_rs_k3=0.01), dict(policy_loss="kl_cov"),
+                    dict(entropy_top_rho=0.2), dict(opd_coef=1.0),
+                    dict(entropy_ctrl=True, entropy_ctrl_estimate="sampled")):
+    assert resolve(settings(**overrides)).transforms.needs_old_logp, overrides
+  assert not resolve(settings(entropy_ctrl=True)).transforms.needs_old_logp
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (dict(rollout_rs="token"), "algo.rollout_rs='token' needs algo.rollout_rs_lo"),
+    (dict(rollout_rs="sequence", rollout_rs_lo=2.0, rollout_rs_hi=1.0), "rollout_rs_lo <="),
+    (dict(rollout_is="token", rollout_is_floor=3.0), "algo.rollout_is_floor=3.0"),
+    (dict(rollout_is="token", policy_loss="gmpo", loss_agg="sequence_mean"),
+     "one loss per sequence"),
+    (dict(entropy_top_rho=0.2, entropy_mask_source="current"),
+     "algo.entropy_mask_source='current' is not supported"),
+    (dict(policy_loss="clip_cov", clip_cov_lb=5.0, clip_cov_ub=1.0), "algo.clip_cov_lb=5.0"),
+    (dict(entropy_ctrl=True, entropy_coef_min=0.1, entropy_coef_max=0.0),
+     "algo.entropy_coef_min=0.1"),
+    (dict(advantage="passk"), "algo.passk_k"),
+])
+def test_refused_combinations_name_the_key(overrides, message):
+  with pytest.raises(ValueError, match=message.replace("(", r"\(").replace("[", r"\[")):
+    resolve(settings(**overrides), group_size=4)
+
+
+def test_entropy_controller_turns_the_bonus_on_from_zero():
+  assert not [r for r in resolve(settings(entropy_coef=0.0)).regularizers if r.name == "entropy"]
+  algo = resolve(settings(entropy_coef=0.0, entropy_ctrl=True))
+  assert [r.coef for r in algo.regularizers if r.name == "entropy"] == ["entropy_coef"]
+  assert {"entropy_target", "entropy_coef_delta", "entropy_coef_min",
+          "entropy_coef_max"} <= set(algo.hparams)
