@@ -19,16 +19,22 @@ _TRUE = {"true", "1", "yes"}
 _FALSE = {"false", "0", "no"}
 
 
-def load_config_file(path: str) -> ml_collections.ConfigDict:
+def call_file_function(path: str, function: str, kind: str = "config"):
+  """Imports the Python file ``path`` and returns ``function()`` (``get_config`` of a config
+  file, ``get_study`` of a study file)."""
   if not os.path.isfile(path):
-    raise ConfigFileError(f"config file {path!r} does not exist")
+    raise ConfigFileError(f"{kind} file {path!r} does not exist")
   spec = importlib.util.spec_from_file_location(
-      f"rljax_config_{abs(hash(os.path.abspath(path)))}", path)
+      f"rljax_{kind}_{abs(hash(os.path.abspath(path)))}", path)
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
-  if not hasattr(module, "get_config"):
-    raise ConfigFileError(f"config file {path!r} has no get_config()")
-  return module.get_config()
+  if not hasattr(module, function):
+    raise ConfigFileError(f"{kind} file {path!r} has no {function}()")
+  return getattr(module, function)()
+
+
+def load_config_file(path: str) -> ml_collections.ConfigDict:
+  return call_file_function(path, "get_config")
 
 
 def _field_type(parent: ml_collections.ConfigDict, key: str):

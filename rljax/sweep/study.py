@@ -22,7 +22,6 @@ the way ``rljax.config_loader.parse_value`` reads them back.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import os
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -134,15 +133,7 @@ def resolve_config_path(path: str) -> str:
 
 def load_study(path: str) -> Study:
   """Import a study file and return its validated ``get_study()``."""
-  if not os.path.isfile(path):
-    raise FileNotFoundError(f"study file {path!r} does not exist")
-  spec = importlib.util.spec_from_file_location(
-      f"rljax_study_{abs(hash(os.path.abspath(path)))}", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  if not hasattr(module, "get_study"):
-    raise AttributeError(f"study file {path!r} has no get_study()")
-  study = module.get_study()
+  study = config_loader.call_file_function(path, "get_study", kind="study")
   if not isinstance(study, Study):
     raise TypeError(f"{path}: get_study() must return rljax.sweep.study.Study, got "
                     f"{type(study).__name__}")

@@ -46,3 +46,14 @@ FAST_COMPILE = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive
 def jit(fn, **kwargs):
   """``jax.jit`` with cheap compilation, for test-sized inputs."""
   return jax.jit(fn, compiler_options=FAST_COMPILE, **kwargs)
+
+
+def central_difference(f, x, eps=1e-6):
+  """Central finite differences of a scalar ``f`` at every entry of the float64 array ``x``."""
+  grad = np.zeros_like(x)
+  for idx in np.ndindex(x.shape):
+    up, down = x.copy(), x.copy()
+    up[idx] += eps
+    down[idx] -= eps
+    grad[idx] = (f(up) - f(down)) / (2 * eps)
+  return grad

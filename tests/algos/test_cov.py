@@ -6,7 +6,7 @@ import pytest
 
 from rljax.algos import cov, losses
 
-from .helpers import jit, log_ratios, prefix_mask
+from .helpers import jit, log_ratios, prefix_mask, central_difference
 
 B, T = 8, 6
 
@@ -123,16 +123,6 @@ def test_abs_delta_gradient_is_zero_at_delta_zero(x64):
   np.testing.assert_array_equal(np.asarray(jax.grad(total)(old)), -adv * m)
 
 
-def _central_difference(f, x, eps=1e-6):
-  grad = np.zeros_like(x)
-  for idx in np.ndindex(x.shape):
-    up, down = x.copy(), x.copy()
-    up[idx] += eps
-    down[idx] -= eps
-    grad[idx] = (f(up) - f(down)) / (2 * eps)
-  return grad
-
-
 def test_gradients_match_central_differences(x64):
   rng = np.random.default_rng(9)
   m = prefix_mask(rng, 4, 3, np.float64)
@@ -152,7 +142,7 @@ def test_gradients_match_central_differences(x64):
       return aggregate("token_mean", fn(lp), m)
     grad = np.asarray(jit(jax.grad(total))(logp))
     total = jit(total)
-    np.testing.assert_allclose(grad, _central_difference(lambda lp: float(total(lp)), logp),
+    np.testing.assert_allclose(grad, central_difference(lambda lp: float(total(lp)), logp),
                                rtol=1e-6, atol=1e-9, err_msg=name)
 
 

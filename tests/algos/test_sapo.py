@@ -6,7 +6,7 @@ import pytest
 
 from rljax.algos import losses, sapo
 
-from .helpers import jit, log_ratios, prefix_mask
+from .helpers import jit, log_ratios, prefix_mask, central_difference
 
 B, T = 8, 5
 
@@ -117,16 +117,6 @@ def test_saturated_gate_is_finite_and_flat(x64):
   np.testing.assert_allclose(np.asarray(loss), np_sapo_loss(logp, old, adv), rtol=1e-12)
 
 
-def _central_difference(f, x, eps=1e-6):
-  grad = np.zeros_like(x)
-  for idx in np.ndindex(x.shape):
-    up, down = x.copy(), x.copy()
-    up[idx] += eps
-    down[idx] -= eps
-    grad[idx] = (f(up) - f(down)) / (2 * eps)
-  return grad
-
-
 def test_gradients_match_central_differences(x64):
   rng = np.random.default_rng(2)
   mask = prefix_mask(rng, 4, 3, np.float64)
@@ -140,7 +130,7 @@ def test_gradients_match_central_differences(x64):
       return aggregate("seq_mean_token_mean", loss, mask)
     grad = np.asarray(jit(jax.grad(total))(logp))
     total = jit(total)
-    numeric = _central_difference(lambda lp: float(total(lp)), logp)
+    numeric = central_difference(lambda lp: float(total(lp)), logp)
     np.testing.assert_allclose(grad, numeric, rtol=1e-6, atol=1e-9, err_msg=fn.__name__)
 
 
