@@ -163,7 +163,9 @@ RULES: tuple[tuple[str, Check], ...] = (
     ("train.run_dir", nonempty_string),
     ("sft.steps", integer(1)), ("sft.batch_size", integer(1)), ("sft.lr", POSITIVE),
     ("sft.warmup_steps", integer(0)), ("sft.seed", integer(0)), ("sft.out_dir", nonempty_string),
-    ("mesh.data", integer(1, also=(-1,))), ("mesh.fsdp", integer(1)), ("mesh.tensor", integer(1)),
+    # any one axis may be -1: the devices the other two leave (rljax.parallel.mesh)
+    ("mesh.data", integer(1, also=(-1,))), ("mesh.fsdp", integer(1, also=(-1,))),
+    ("mesh.tensor", integer(1, also=(-1,))),
     ("dist.mode", choice("auto", "off")),
 )
 
@@ -192,6 +194,10 @@ def check_config(config) -> None:
 
 def _check_relations(config) -> None:
   """Constraints between keys."""
+  fill = [f"mesh.{k}" for k in ("data", "fsdp", "tensor") if config.mesh[k] == -1]
+  if len(fill) > 1:
+    raise ConfigError(f"only one mesh axis may be -1 (the devices the others leave), got "
+                      f"{', '.join(fill)}")
   m = config.model
   if m.source in ("tiny", "sft") and m.hidden_size % m.num_heads:
     raise ConfigError(f"model.hidden_size={m.hidden_size} must be a multiple of "
