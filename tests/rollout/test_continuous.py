@@ -15,7 +15,8 @@ from tests import hf_models
 from tests.rollout.test_parity import (T, _hf_greedy, _log_softmax, _stop_token_in_the_middle,
                                        _teacher_forced_logits)
 from tests.rollout.test_sampling import (CASES, LOGITS, STOP, V, _chi_square_pvalue, _prompts,
-                                         _reference_probs, controlled_model)
+                                         _reference_probs, assert_rows_stop_and_pad,
+                                         controlled_model)
 
 CFG = ModelConfig(vocab_size=32, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
                   num_kv_heads=2, head_dim=8, max_position_embeddings=128)
@@ -113,16 +114,7 @@ def test_stop_tokens_truncation_and_padding_through_slots():
   tokens, mask = _prompts(4, p=8)
   r = jax.device_get(sample(cfg, params, tokens, mask, jax.random.key(3), sp, group_size=16,
                             max_concurrent_rows=5))
-  is_stop = r.tokens == STOP
-  hit = is_stop.any(1)
-  assert hit.any() and (~hit).any()
-  first = np.where(hit, np.argmax(is_stop, 1) + 1, 12)
-  np.testing.assert_array_equal(r.lengths, first)
-  np.testing.assert_array_equal(r.mask, np.arange(12)[None] < first[:, None])
-  np.testing.assert_array_equal(r.truncated, ~hit)
-  after = r.mask == 0
-  assert (r.tokens[after] == 0).all() and (r.sampler_logp[after] == 0).all()
-  assert (r.sampler_logp[~after] < 0).all()
+  assert_rows_stop_and_pad(r, STOP, 12)
 
 
 def _simulate_schedule(lengths, slots, refill_rows):

@@ -148,12 +148,18 @@ def _shared_sample(params, key, prompts=None):
 def test_stop_tokens_end_rows_with_padding():
   _, params = controlled_model(LOGITS + np.eye(V)[STOP] * 1.2)  # stop w.p. ~0.15 per step
   r = _shared_sample(params, jax.random.key(3))
-  is_stop = r.tokens == STOP
+  assert_rows_stop_and_pad(r, STOP, 12)
+
+
+def assert_rows_stop_and_pad(r, stop, t):
+  """Each row ends at its first ``stop`` token (kept) or is truncated at ``t`` and flagged; after
+  the end: pad 0 tokens, mask 0, zero log-probs; before: negative policy log-probs."""
+  is_stop = r.tokens == stop
   hit = is_stop.any(1)
   assert hit.any() and (~hit).any()
-  first = np.where(hit, np.argmax(is_stop, 1) + 1, 12)
+  first = np.where(hit, np.argmax(is_stop, 1) + 1, t)
   np.testing.assert_array_equal(r.lengths, first)
-  np.testing.assert_array_equal(r.mask, np.arange(12)[None] < first[:, None])
+  np.testing.assert_array_equal(r.mask, np.arange(t)[None] < first[:, None])
   np.testing.assert_array_equal(r.truncated, ~hit)
   after = r.mask == 0
   assert after.any() and (r.tokens[after] == 0).all()
