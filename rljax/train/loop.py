@@ -107,7 +107,7 @@ def collect_batch(run: build.Run, step: int, stream: int = 0) -> tuple[Rollout, 
   info.update({k: sum(c[k] for c in verifier_counts) for k in verifier_counts[0]})
   if run.algo.transforms.remax:  # timed apart from the sampled rollouts (in sec_rollout too)
     info.update({"remax/generated_tokens": remax_tokens, "sec_remax": remax_seconds})
-  info["data/dropped_prompts"] = float(getattr(run.source, "dropped_prompts", 0))
+  info["data/dropped_prompts"] = float(run.source.dropped_prompts)
   for name, rows in (("correct", generated.correct), ("wrong", ~generated.correct)):
     if rows.any():  # response lengths by outcome (Dr. GRPO's length bias shows in the wrong ones)
       info[f"len_{name}_mean"] = float(generated.lengths[rows].mean())
