@@ -34,7 +34,7 @@ def get_config():
   c.optim.max_grad_norm = 1.0
   c.algo.minibatches = 4  # the main job's schedule (configs/main.py): 4 updates of 16 rows per step
   c.algo.epochs = 1
-  c.train.steps = 150
+  c.train.steps = 100
   c.train.eval_every = 25
   c.train.checkpoint_every = 50
   c.train.keep_checkpoints = 1
