@@ -88,11 +88,10 @@ def plan_runs(study: study_lib.Study, root: str,
 
 
 def _sft_key(config) -> str:
-  """A short hash of everything the cold start depends on (rljax.train.sft's stamp, less its own
-  directory), so runs share a cold start exactly when the trainer would reuse it."""
+  """A short hash of everything the cold start depends on (rljax.train.sft's stamp), so runs
+  share a cold start exactly when the trainer would reuse it."""
   from rljax.train import sft
-  stamp = sft._stamp(config)
-  stamp["sft"] = {k: v for k, v in stamp["sft"].items() if k != "out_dir"}
+  stamp = sft.cold_start_stamp(config)
   return hashlib.sha256(json.dumps(stamp, sort_keys=True).encode()).hexdigest()[:10]
 
 
@@ -170,11 +169,8 @@ def sft_is_ready(spec: RunSpec, config_path: str) -> bool:
   """Whether the cold start ``spec`` loads is on disk with the stamp the trainer checks."""
   from rljax import config_loader
   from rljax.train import sft
-  stamp_path = os.path.join(spec.sft_dir, sft._STAMP)
-  if not os.path.isfile(stamp_path):
-    return False
-  with open(stamp_path) as f:
-    return json.load(f) == sft._stamp(config_loader.load_config(config_path, list(spec.overrides)))
+  config = config_loader.load_config(config_path, list(spec.overrides))
+  return sft.read_stamp(spec.sft_dir) == sft.cold_start_stamp(config)
 
 
 def printable(argv: Iterable[str]) -> str:

@@ -21,7 +21,7 @@ from rljax import algos, models
 from rljax.data import datasets
 from rljax.models import llama
 
-_STAMP = "rljax_sft_stamp.json"
+STAMP_FILE = "rljax_sft_stamp.json"
 
 
 # Keys that choose the evaluation problems only: the eval split is held out by a hash of the prompt,
@@ -29,11 +29,25 @@ _STAMP = "rljax_sft_stamp.json"
 _EVAL_ONLY_DATA_KEYS = ("eval_seed", "num_eval")
 
 
-def _stamp(config) -> dict:
-  """What the cold start depends on; a saved one is reused while its stamp is equal."""
+def cold_start_stamp(config) -> dict:
+  """What the cold start depends on; a saved one is reused while its stamp is equal. Its own
+  directory is not part of it, so a cold start moved elsewhere, or named by a relative path in one
+  run and an absolute one in another, is still found valid."""
   data = {k: v for k, v in config.data.to_dict().items() if k not in _EVAL_ONLY_DATA_KEYS}
-  return {"sft": config.sft.to_dict(), "model": config.model.to_dict(), "data": data,
-          "seed": config.seed}
+  sft = {k: v for k, v in config.sft.to_dict().items() if k != "out_dir"}
+  return {"sft": sft, "model": config.model.to_dict(), "data": data, "seed": config.seed}
+
+
+def read_stamp(directory: str) -> dict | None:
+  """The stamp saved with the cold start in ``directory`` (None if there is none); one written
+  before the directory was left out of the stamp is read without it."""
+  path = os.path.join(directory, STAMP_FILE)
+  if not os.path.isfile(path):
+    return None
+  with open(path) as f:
+    stamp = json.load(f)
+  stamp.get("sft", {}).pop("out_dir", None)
+  return stamp
 
 
 def encode_example(tokenizer, problem) -> tuple[list[int], list[int]]:
@@ -106,14 +120,12 @@ def train_sft(config, tokenizer, *, log=print):
 def ensure_sft_checkpoint(config, tokenizer, *, log=print) -> str:
   """The cold-start checkpoint directory, trained and saved first if it is missing or stale."""
   out = config.sft.out_dir
-  stamp_path = os.path.join(out, _STAMP)
-  want = _stamp(config)
-  if os.path.isfile(stamp_path):
-    with open(stamp_path) as f:
-      if json.load(f) == want:
-        log(f"using the SFT cold start in {out}")
-        return out
-  if os.path.isdir(out) and os.listdir(out) and not os.path.isfile(stamp_path):
+  want = cold_start_stamp(config)
+  saved = read_stamp(out)
+  if saved == want:
+    log(f"using the SFT cold start in {out}")
+    return out
+  if os.path.isdir(out) and os.listdir(out) and saved is None:
     raise FileExistsError(f"sft.out_dir={out!r} holds files that are not an rljax SFT cold start; "
                           "choose another sft.out_dir")
   log(f"training the SFT cold start into {out}")
@@ -125,7 +137,7 @@ def ensure_sft_checkpoint(config, tokenizer, *, log=print) -> str:
 
 def _write_cold_start(directory: str, model_cfg, params, stamp: dict) -> None:
   models.save_hf(directory, model_cfg, jax.device_get(params))
-  with open(os.path.join(directory, _STAMP), "w") as f:
+  with open(os.path.join(directory, STAMP_FILE), "w") as f:
     json.dump(stamp, f, indent=2)
 
 

@@ -98,7 +98,7 @@ def test_sft_cold_start_is_published_atomically(tmp_path):
   def write(tmp):
     with open(os.path.join(tmp, "weights"), "w") as f:
       f.write("w")
-    with open(os.path.join(tmp, sft._STAMP), "w") as f:
+    with open(os.path.join(tmp, sft.STAMP_FILE), "w") as f:
       f.write("{}")
   # A kill between weights and stamp leaves only a temporary directory of a dead process.
   dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
@@ -108,7 +108,7 @@ def test_sft_cold_start_is_published_atomically(tmp_path):
   (leftover / "weights").write_text("half")
   assert not os.path.exists(out)
   sft.publish_atomically(out, write)
-  assert sorted(os.listdir(out)) == sorted(["weights", sft._STAMP])
+  assert sorted(os.listdir(out)) == sorted(["weights", sft.STAMP_FILE])
   assert sorted(os.listdir(tmp_path)) == ["sft"]  # the dead write's leftover was removed
   sft.publish_atomically(out, write)  # replacing a stale cold start leaves one directory
   assert sorted(os.listdir(tmp_path)) == ["sft"]

@@ -1,4 +1,6 @@
 """The SFT cold start is retrained exactly when something it depends on changes."""
+import json
+
 import pytest
 
 from rljax import config_loader
@@ -10,7 +12,7 @@ from . import tiny
 def _stamp(tmp_path, **overrides):
   args = tiny.args("main", str(tmp_path), {k: str(v) for k, v in overrides.items()})
   path, parsed, _ = config_loader.split_config_args(args[1:])
-  return sft._stamp(config_loader.load_config(path, parsed))
+  return sft.cold_start_stamp(config_loader.load_config(path, parsed))
 
 
 @pytest.mark.parametrize("key,value", [("data.num_eval", 7), ("data.eval_seed", 5),
@@ -23,3 +25,19 @@ def test_eval_and_rl_keys_keep_the_cold_start(tmp_path, key, value):
                                        ("sft.steps", 11), ("model.hidden_size", 48), ("seed", 4)])
 def test_training_keys_retrain_it(tmp_path, key, value):
   assert _stamp(tmp_path, **{key: value}) != _stamp(tmp_path)
+
+
+def test_the_cold_start_directory_is_not_part_of_the_stamp(tmp_path, monkeypatch):
+  # The sweep names cold starts by absolute paths, a user by relative ones; a moved study keeps
+  # its cold starts.
+  monkeypatch.chdir(tmp_path)
+  assert _stamp(tmp_path, **{"sft.out_dir": "runs/sft"}) == \
+      _stamp(tmp_path, **{"sft.out_dir": str(tmp_path / "runs" / "sft")})
+
+
+def test_a_stamp_saved_with_its_directory_is_still_read_as_valid(tmp_path):
+  want = _stamp(tmp_path)
+  saved = {**want, "sft": {**want["sft"], "out_dir": "/somewhere/else"}}
+  (tmp_path / sft.STAMP_FILE).write_text(json.dumps(saved))
+  assert sft.read_stamp(str(tmp_path)) == want
+  assert sft.read_stamp(str(tmp_path / "missing")) is None
