@@ -49,7 +49,8 @@ def opd_advantages(student_logp: chex.Array, teacher_logp: chex.Array, mask: che
   (``'sampler'``, Tinker). ``coef = algo.opd_coef``, ``discount = algo.opd_discount``,
   ``length_norm = algo.opd_length_norm``. Padded entries of ``teacher_logp`` are never read (they
   may be ``-inf``). Metrics (``(sum, count)``): ``opd/reverse_kl`` (token-mean ``rkl``, Tinker's
-  ``teacher_kl``), ``opd/adv_mean`` (token-mean ``A_opd``).
+  ``teacher_kl``), ``opd/adv_mean`` (token-mean ``A_opd``), ``opd/teacher_nonfinite`` (the
+  fraction of valid tokens whose teacher log-prob is NaN or infinite; the trainer stops on any).
   """
   _check_tokens(student_logp, teacher_logp, mask)
   check_range("algo.opd_discount", discount, lo=0, hi=1)
@@ -63,7 +64,9 @@ def opd_advantages(student_logp: chex.Array, teacher_logp: chex.Array, mask: che
       norm = discounted_future_sum(valid.astype(adv.dtype), discount)
       adv = adv / jnp.maximum(norm, LENGTH_NORM_MIN)
   adv = jnp.where(valid, adv, jnp.zeros((), adv.dtype))
-  return adv, token_metrics(mask, **{"opd/reverse_kl": rkl, "opd/adv_mean": adv})
+  nonfinite = (~jnp.isfinite(teacher_logp)).astype(adv.dtype)
+  return adv, token_metrics(mask, **{"opd/reverse_kl": rkl, "opd/adv_mean": adv,
+                                     "opd/teacher_nonfinite": nonfinite})
 
 
 def add_opd_advantages(env_advantages: chex.Array, student_logp: chex.Array,

@@ -43,6 +43,16 @@ def check_binary_rewards(rewards: np.ndarray) -> None:
                      "reward.overlong_buffer or reward.format_weight also makes them non-binary)")
 
 
+def check_teacher_logp(metrics: dict, step: int) -> None:
+  """Stop when the distillation teacher gave a non-finite log-prob to a sampled token (ALGORITHMS.md
+  8.6): its advantages would be NaN, and every update would be skipped without saying why."""
+  bad = metrics.get("opd/teacher_nonfinite", 0.0)
+  if bad > 0:
+    raise FloatingPointError(
+        f"step {step}: the teacher's log-prob is NaN or infinite on {bad:.2%} of the sampled "
+        "tokens (check teacher.source and teacher.dtype: the vocabulary, the weights, a float16 overflow)")
+
+
 def collect_batch(run: build.Run, step: int, stream: int = 0) -> tuple[Rollout, dict]:
   """P groups of G completions; with dynamic sampling, only groups with a reward spread.
 
@@ -186,6 +196,7 @@ def _train(run: build.Run) -> dict:
       metrics["eval_accuracy"] = evaluate(run.state.params)["pass@1"]
     run.writer.write(done, metrics)
     last = metrics
+    check_teacher_logp(metrics, done)
     skipped_in_a_row = skipped_in_a_row + 1 if metrics.get("update_skipped", 0) >= 1 else 0
     if cfg.train.max_skipped_steps and skipped_in_a_row >= cfg.train.max_skipped_steps:
       raise FloatingPointError(

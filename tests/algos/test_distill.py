@@ -79,3 +79,14 @@ def test_opd_bad_discount_names_the_key():
   ones = np.ones((2, 2))
   with pytest.raises(ValueError, match="algo.opd_discount"):
     distill.opd_advantages(ones, ones, ones, coef=1.0, discount=1.5)
+
+
+def test_opd_counts_nonfinite_teacher_logp_on_valid_tokens_only(x64):
+  student, teacher, m = make_logps(22)  # padding already holds -inf
+  _, metrics = distill.opd_advantages(student, teacher, m, coef=1.0)
+  assert float(metrics["opd/teacher_nonfinite"][0]) == 0.0
+  first_valid = tuple(np.argwhere(m > 0)[0])
+  teacher[first_valid] = np.nan
+  teacher[tuple(np.argwhere(m > 0)[1])] = -np.inf
+  total, count = distill.opd_advantages(student, teacher, m, coef=1.0)[1]["opd/teacher_nonfinite"]
+  assert (float(total), float(count)) == (2.0, m.sum())

@@ -144,6 +144,13 @@ def test_passk_refuses_non_binary_rewards_on_the_host():
     loop.check_binary_rewards(np.array([0.0, 0.5, 1.0]))
 
 
+def test_a_nonfinite_teacher_logp_stops_the_run_with_its_step():
+  loop.check_teacher_logp({"opd/teacher_nonfinite": 0.0}, step=3)
+  loop.check_teacher_logp({}, step=3)  # no distillation
+  with pytest.raises(FloatingPointError, match="step 3: .*NaN or infinite on 1.56%"):
+    loop.check_teacher_logp({"opd/teacher_nonfinite": 1 / 64}, step=3)
+
+
 # --- micro-batch invariance of the new objectives and masks ----------------------------------------
 
 INVARIANCE = {
