@@ -24,7 +24,7 @@ def get_study():
           ("high_0.40", {"algo.clip_eps_high": 0.4}),
       ]),
       seeds=(0, 1, 2),
-      metrics=("final_entropy", "final_accuracy", "auc_accuracy", "best_accuracy",
+      metrics=("final_entropy", "final_accuracy", "gain_accuracy", "auc_accuracy", "best_accuracy",
                "wall_time_s"),
       baseline="sym_0.20",
       description="Clip-higher: is the final entropy higher than with symmetric clipping, and "

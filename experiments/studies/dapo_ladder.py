@@ -25,7 +25,7 @@ def get_study():
           ("+dynamic_sampling", {"algo.dynamic_sampling": True}),
       ]),
       seeds=(0, 1, 2),
-      metrics=("final_accuracy", "auc_accuracy", "best_accuracy", "final_entropy",
+      metrics=("final_accuracy", "gain_accuracy", "auc_accuracy", "best_accuracy", "final_entropy",
                "final_truncation_rate", "final_len_wrong", "wall_time_s"),
       baseline="grpo",
       description="DAPO's ladder: does each rung add held-out accuracy on the study task? "

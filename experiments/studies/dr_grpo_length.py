@@ -26,6 +26,6 @@ def get_study():
       ]),
       seeds=(0, 1, 2),
       metrics=("final_len_wrong", "final_len_correct", "final_len_mean", "final_accuracy",
-               "auc_accuracy", "final_truncation_rate"),
+               "gain_accuracy", "auc_accuracy", "final_truncation_rate"),
       baseline="grpo",
       description="Dr. GRPO vs GRPO: are wrong answers shorter at matched accuracy?")

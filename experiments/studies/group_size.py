@@ -20,7 +20,7 @@ def get_study():
           ("G16_P4", {"rollout.group_size": 16, "rollout.prompts_per_step": 4}),
       ]),
       seeds=(0, 1, 2),
-      metrics=("final_accuracy", "auc_accuracy", "best_accuracy", "final_entropy",
+      metrics=("final_accuracy", "gain_accuracy", "auc_accuracy", "best_accuracy", "final_entropy",
                "wall_time_s"),
       baseline="G8_P8",
       description="Group size at 64 completions per step: accuracy against G = 8.")

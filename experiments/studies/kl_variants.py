@@ -25,7 +25,7 @@ def get_study():
                                "algo.ref_ema_decay": 0.99}),
       ]),
       seeds=(0, 1, 2),
-      metrics=("final_accuracy", "auc_accuracy", "final_entropy", "final_len_mean",
+      metrics=("final_accuracy", "gain_accuracy", "auc_accuracy", "final_entropy", "final_len_mean",
                "wall_time_s"),
       baseline="no_kl",
       description="KL variants against no KL: accuracy and entropy over training.")

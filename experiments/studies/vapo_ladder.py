@@ -26,7 +26,7 @@ def get_study():
           ("+pos_lm", {"algo.pos_lm_coef": 0.1}),
       ]),
       seeds=(0, 1, 2),
-      metrics=("final_accuracy", "auc_accuracy", "best_accuracy", "final_entropy",
+      metrics=("final_accuracy", "gain_accuracy", "auc_accuracy", "best_accuracy", "final_entropy",
                "final_len_mean", "wall_time_s"),
       baseline="ppo",
       description="VC-PPO / VAPO ladder: does each rung add held-out accuracy over PPO?")

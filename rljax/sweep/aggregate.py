@@ -3,7 +3,9 @@
 Per run (``run_summary``), from the records of ``rljax.train.metrics``:
 
 * ``final_accuracy``: the held-out greedy accuracy (``eval_accuracy``) of the last eval, at
-  ``train.steps``; ``best_accuracy``: the largest ``eval_accuracy`` of the run, step 0 included.
+  ``train.steps``; ``best_accuracy``: the largest ``eval_accuracy`` of the run, step 0 included;
+  ``gain_accuracy``: the final minus the first eval (step 0: the cold start), what training added
+  (its spread over seeds excludes how good each seed's cold start was).
 * ``auc_accuracy``: the area under the eval curve by the trapezoid rule over the eval steps,
   divided by the step range: ``sum_i (s_{i+1} - s_i) (a_i + a_{i+1}) / 2 / (s_last - s_first)``.
   It is the time-average accuracy over training, in the units of accuracy (a run flat at 0.4 has
@@ -131,6 +133,7 @@ def run_summary(records: Sequence[Mapping], wall_attempts: Sequence[Mapping] = (
   train = [r for r in records if "accuracy" in r]
   out = {
       "final_accuracy": float(acc[-1]) if len(acc) else math.nan,
+      "gain_accuracy": float(acc[-1] - acc[0]) if len(acc) else math.nan,
       "best_accuracy": float(acc.max()) if len(acc) else math.nan,
       "auc_accuracy": area_under_curve(eval_steps, acc),
       "mean_truncation_rate": float(np.mean(series(train, "truncation_rate")[1]))

@@ -16,9 +16,14 @@ import numpy as np
 
 from rljax.sweep import aggregate
 
-# (metric key in metrics.jsonl, panel title); panels whose key no run logged are left out.
+# The held-out curve of each run less its first eval (the cold start): seeds start from cold starts
+# of different accuracy, so this band shows what training changed, which the plain one hides.
+GAIN = "eval_accuracy_gain"
+
+# (metric key in metrics.jsonl, or GAIN; panel title); panels whose key no run logged are left out.
 CURVES = (
     ("eval_accuracy", "held-out accuracy (greedy)"),
+    (GAIN, "held-out accuracy minus the run's step-0 eval"),
     ("accuracy", "train accuracy (sampled)"),
     ("entropy", "policy entropy (nats/token)"),
     ("len_mean", "completion length (tokens)"),
@@ -63,6 +68,21 @@ def seed_band(curves: Sequence[tuple[np.ndarray, np.ndarray]]):
   return common, mean, mean - half, mean + half
 
 
+def _logged_key(key: str) -> str:
+  return "eval_accuracy" if key == GAIN else key
+
+
+def run_curve(records: Sequence[Mapping], key: str) -> tuple[np.ndarray, np.ndarray]:
+  """(steps, values) of one run's panel ``key``: evals as logged (``GAIN``: less the first eval),
+  train metrics smoothed by ``moving_average``."""
+  if key in ("eval_accuracy", GAIN):
+    steps, values = aggregate.series(records, "eval_accuracy")
+    return steps, (values - values[0] if key == GAIN and values.size else values)
+  # Train metrics live on train records only (the eval-only records have no `accuracy`).
+  steps, values = aggregate.series([r for r in records if "accuracy" in r], key)
+  return steps, moving_average(values, smooth_window(len(values)))
+
+
 def plot_study(records: Mapping[tuple[str, int], list], variants: Sequence[str], path: str,
                title: str) -> list[str]:
   """One PNG with a panel per logged curve; returns the metric keys drawn."""
@@ -71,7 +91,7 @@ def plot_study(records: Mapping[tuple[str, int], list], variants: Sequence[str],
   import matplotlib.pyplot as plt
 
   panels = [(key, label) for key, label in CURVES
-            if any(aggregate.series(r, key)[0].size for r in records.values())]
+            if any(aggregate.series(r, _logged_key(key))[0].size for r in records.values())]
   if not panels:
     raise ValueError(f"plot_study: no run logged any of {[k for k, _ in CURVES]}")
   cols = 2 if len(panels) > 1 else 1
@@ -79,24 +99,17 @@ def plot_study(records: Mapping[tuple[str, int], list], variants: Sequence[str],
   fig, axes = plt.subplots(rows, cols, figsize=(6 * cols, 3.2 * rows), squeeze=False)
   colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
   for ax, (key, label) in zip(axes.flat, panels):
+    evals = key in ("eval_accuracy", GAIN)
     for i, variant in enumerate(variants):
-      curves = []
-      for (name, _), recs in sorted(records.items()):
-        if name != variant:
-          continue
-        # Train metrics live on train records only (the eval-only records have no `accuracy`).
-        source = recs if key == "eval_accuracy" else [r for r in recs if "accuracy" in r]
-        steps, values = aggregate.series(source, key)
-        if steps.size:
-          if key != "eval_accuracy":
-            values = moving_average(values, smooth_window(len(values)))
-          curves.append((steps, values))
+      curves = [run_curve(recs, key) for (name, _), recs in sorted(records.items())
+                if name == variant]
+      curves = [c for c in curves if c[0].size]
       if not curves:
         continue
       steps, mean, low, high = seed_band(curves)
       color = colors[i % len(colors)]
       ax.plot(steps, mean, color=color, label=f"{variant} (n={len(curves)})",
-              marker="o" if key == "eval_accuracy" else None, markersize=3)
+              marker="o" if evals else None, markersize=3)
       if key in FRACTIONS:
         low, high = np.clip(low, 0, 1), np.clip(high, 0, 1)
       if len(curves) > 1:

@@ -31,7 +31,8 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__fi
 
 # Summary metrics a study may compare (rljax.sweep.aggregate.run_summary defines each).
 SUMMARY_METRICS = (
-    "final_accuracy", "best_accuracy", "auc_accuracy", "final_entropy", "final_len_mean",
+    "final_accuracy", "gain_accuracy", "best_accuracy", "auc_accuracy", "final_entropy",
+    "final_len_mean",
     "final_len_correct", "final_len_wrong", "final_truncation_rate", "mean_truncation_rate",
     "wall_time_s",
 )

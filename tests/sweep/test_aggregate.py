@@ -3,10 +3,11 @@ import json
 import math
 import os
 
+import numpy as np
 import pytest
 
 from rljax import config_loader
-from rljax.sweep import aggregate, runner
+from rljax.sweep import aggregate, plots, runner
 from rljax.sweep import study as study_lib
 
 # Student t critical values t_{0.975, df} from a printed table (e.g. NIST/SEMATECH 1.3.6.7.2).
@@ -87,6 +88,7 @@ def test_run_summary_hand_worked():
   s = aggregate.run_summary(_records(), [{"wall_s": 10.0, "returncode": 1},
                                          {"wall_s": 5.5, "returncode": 0}])
   assert s["final_accuracy"] == 0.4 and s["best_accuracy"] == 0.6
+  assert s["gain_accuracy"] == pytest.approx(0.4 - 0.2)
   # Evals (0, 0.2), (10, 0.6), (20, 0.4): (10 * 0.4 + 10 * 0.5) / 20 = 0.45.
   assert s["auc_accuracy"] == pytest.approx(0.45)
   # Final window: ceil(0.1 * 20) = 2 steps (19, 20).
@@ -200,8 +202,6 @@ def test_run_state_from_the_run_dir(tmp_path):
 
 
 def test_moving_average_and_seed_band_hand_worked():
-  import numpy as np
-  from rljax.sweep import plots
   # Centred, window 3; the ends average the part of the window that exists.
   np.testing.assert_allclose(plots.moving_average(np.arange(1.0, 6.0), 3),
                              [1.5, 2, 3, 4, 4.5])
@@ -213,3 +213,15 @@ def test_moving_average_and_seed_band_hand_worked():
   np.testing.assert_array_equal(steps, [0, 10])
   np.testing.assert_allclose(mean, [0.1, 0.5])
   np.testing.assert_allclose(high - mean, [0.0, 12.7062 * 0.1], rtol=1e-4)
+
+
+def test_gain_curve_subtracts_each_runs_first_eval(tmp_path):
+  steps, gain = plots.run_curve(_records(), plots.GAIN)  # evals (0, 0.2), (10, 0.6), (20, 0.4)
+  np.testing.assert_array_equal(steps, [0, 10, 20])
+  np.testing.assert_allclose(gain, [0.0, 0.4, 0.2])
+  other = [dict(r, eval_accuracy=r["eval_accuracy"] + 0.3) if "eval_accuracy" in r else r
+           for r in _records()]
+  np.testing.assert_allclose(plots.run_curve(other, plots.GAIN)[1], gain)  # the cold start cancels
+  drawn = plots.plot_study({("a", 0): _records(), ("a", 1): other}, ["a"],
+                           str(tmp_path / "c.png"), title="t")
+  assert drawn[:2] == ["eval_accuracy", plots.GAIN] and (tmp_path / "c.png").stat().st_size > 0
