@@ -1,6 +1,6 @@
 """One GRPO step (sample -> score -> update) of rljax against PyTorch peers, in one process.
 
-  python benchmarks/train_step.py [--steps 5] [--new-tokens 16,128,256] [--attention auto,xla]
+  python benchmarks/train_step.py [--steps 5] [--new-tokens 16,128,256] [--attention auto,auto@512]
                                   [--peers torch,trl]
 
 Every side, in this one process and on the same CPU threads: a ~0.8M-parameter Llama (hidden 128,
@@ -31,7 +31,7 @@ Where JAX's default backend is a GPU, rljax runs on one GPU and the torch peer o
 synchronised before its clock stops), and the GPU, the matmul precisions (XLA may use TF32 for
 float32 dots, torch does not unless ``allow_tf32`` is set) and both peak device memories are
 printed too. ``--attention`` runs rljax once per ``model.attention`` backend listed (one column
-each, the first one is the ratios' denominator).
+each, the first one is the ratios' denominator); ``name@block`` also sets ``model.attention_block``.
 """
 import argparse
 import os
@@ -90,10 +90,14 @@ def update_flops(cfg, new_tokens: int) -> float:
 
 
 def rljax_step_fn(new_tokens: int, attention: str = "auto"):
+  """``attention``: a ``model.attention`` value, optionally ``@block`` (sets
+  ``model.attention_block``)."""
+  backend, _, block = attention.partition("@")
+  overrides = [("model.attention_block", block)] if block else []
   config = config_loader.load_config(os.path.join(ROOT, "configs", "grpo.py"), [
       ("rollout.prompts_per_step", str(PROMPTS)), ("rollout.group_size", str(GROUP)),
       ("rollout.max_new_tokens", str(new_tokens)), ("data.prompt_bucket", str(PROMPT_LEN)),
-      ("model.attention", attention)])
+      ("model.attention", backend)] + overrides)
   model_cfg = tiny_config(config.model, VOCAB)
   params = llama.init_params(model_cfg, seed=0)
   state, fns, _ = build.sharded_state_and_fns(config, model_cfg, params,
@@ -180,10 +184,6 @@ def torch_step_fn(new_tokens: int, model_cfg, device: str = "cpu"):
   return step
 
 
-def median_times(step, steps) -> dict:
-  return medians([step(i) for i in range(steps)])
-
-
 def medians(runs: list) -> dict:
   return {k: statistics.median(r[k] for r in runs) for k in PHASES}
 
@@ -197,24 +197,36 @@ def trl_available() -> bool:
 
 
 def measure(new_tokens: int, args, backends, peers, gpu: bool) -> dict:
-  """Median phases of rljax (per backend) and of each peer at one length, and compile times."""
-  cols, compile_s = {}, {}
+  """Median phases of rljax (per backend) and of each peer at one length, and compile times.
+  After one warm-up step each, the sides take turns step by step (with TRL: between its steps),
+  so that a machine whose load changes slows them alike."""
+  sides, compile_s = {}, {}
   for backend in backends:
     step, model_cfg = rljax_step_fn(new_tokens, backend)
     t = time.perf_counter()
     step(10_000)  # compile
     compile_s[backend] = time.perf_counter() - t
-    cols[f"rljax {backend}"] = median_times(step, args.steps)
+    sides[f"rljax {backend}"] = step
   if "torch" in peers:
-    peer = torch_step_fn(new_tokens, model_cfg, "cuda" if gpu else "cpu")
-    peer(10_000)  # warm-up
-    cols["torch"] = median_times(peer, args.steps)
+    sides["torch"] = torch_step_fn(new_tokens, model_cfg, "cuda" if gpu else "cpu")
+    sides["torch"](10_000)  # warm-up
+  runs = {name: [] for name in sides}
+
+  def one_round(i):
+    for name, step in sides.items():
+      runs[name].append(step(i))
+
   if "trl" in peers:
     from trl_peer import TrlPeer
     trl_peer = TrlPeer(hf_config(model_cfg), new_tokens=new_tokens, prompts=PROMPTS, group=GROUP,
-                       prompt_len=PROMPT_LEN, vocab=VOCAB, steps=args.steps)
-    cols["trl"] = medians(trl_peer.run())
-  return {"cols": cols, "compile": compile_s, "model_cfg": model_cfg}
+                       prompt_len=PROMPT_LEN, vocab=VOCAB, steps=args.steps,
+                       between_steps=lambda i: i > 0 and one_round(i))  # step 0: TRL's warm-up
+    runs["trl"] = trl_peer.run()
+  else:
+    for i in range(args.steps):
+      one_round(i)
+  return {"cols": {name: medians(r) for name, r in runs.items()}, "compile": compile_s,
+          "model_cfg": model_cfg}
 
 
 def print_length(new_tokens: int, result: dict, peak: float):
@@ -243,7 +255,9 @@ def main():
   parser = argparse.ArgumentParser()
   parser.add_argument("--steps", type=int, default=5)
   parser.add_argument("--new-tokens", default="16", help="comma list of lengths")
-  parser.add_argument("--attention", default="auto", help="comma list of model.attention values")
+  parser.add_argument("--attention", default="auto",
+                      help="comma list of model.attention values, each optionally @block "
+                           "(model.attention_block), e.g. auto,auto@512")
   parser.add_argument("--peers", default="torch,trl",
                       help="comma list of torch, trl (trl: where installed, CPU only)")
   args = parser.parse_args()

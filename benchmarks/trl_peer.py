@@ -41,7 +41,9 @@ class TrlPeer:
   """``step(i) -> {phase: seconds}``: one ``GRPOTrainer`` optimizer step per call."""
 
   def __init__(self, hf_config, *, new_tokens: int, prompts: int, group: int, prompt_len: int,
-               vocab: int, steps: int):
+               vocab: int, steps: int, between_steps=None):
+    """``between_steps(i)``: called after each timed step, outside its clock (the other sides'
+    steps, so that all sides see the same machine load)."""
     import datasets
     import torch
     import transformers
@@ -72,9 +74,9 @@ class TrlPeer:
                                    train_dataset=datasets.Dataset.from_dict({"prompt": texts}),
                                    processing_class=tokenizer)
     self.records: list[dict] = []
-    self._wrap()
+    self._wrap(between_steps or (lambda i: None))
 
-  def _wrap(self):
+  def _wrap(self, between_steps):
     import transformers
     trainer, current = self.trainer, {}
 
@@ -102,6 +104,7 @@ class TrlPeer:
         rollout = current.pop("rollout")
         records.append({"rollout": rollout, "scoring": gen_score - rollout,
                         "train": step - gen_score, "update": step - rollout, "step": step})
+        between_steps(len(records) - 1)
 
     trainer.add_callback(Clock())
     trainer.remove_callback(transformers.PrinterCallback)  # the logs are not what is measured
