@@ -8,7 +8,8 @@ the rljax side: ``num_generations = GROUP``, one optimizer step per generation b
 ``PROMPTS x GROUP`` completions, ``beta = 0.04`` (k3 KL in the loss), ``loss_type='grpo'``
 (sequence mean of token means), clip 0.2, group z-score rewards, temperature 1 without top-k /
 top-p, exactly ``new_tokens`` sampled tokens (``min_new_tokens``), float32 on the CPU, AdamW with
-lr 1e-6 and gradient clipping at 1.
+lr 1e-6 and gradient clipping at 1, and no gradient checkpointing (TRL turns it on by default;
+rljax's ``model.remat`` is 'none').
 
 Phases (seconds per optimizer step), from wrappers around the trainer's own methods:
 ``rollout`` = ``GRPOTrainer._generate`` (prompt tokenisation, ``generate``, completion decoding);
@@ -63,6 +64,7 @@ class TrlPeer:
         generation_kwargs={"min_new_tokens": new_tokens}, temperature=1.0, top_k=0, top_p=1.0,
         beta=0.04, loss_type="grpo", epsilon=0.2, scale_rewards="group", learning_rate=1e-6,
         weight_decay=0.0, max_grad_norm=1.0, lr_scheduler_type="constant", warmup_steps=0,
+        gradient_checkpointing=False,  # TRL's default is True; rljax's model.remat is 'none'
         max_steps=steps + 1, logging_steps=10 ** 6, save_strategy="no", report_to="none",
         disable_tqdm=True, seed=0, dataloader_num_workers=0, shuffle_dataset=False)
     reward_rng = np.random.default_rng(1)
