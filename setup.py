@@ -30,6 +30,8 @@ setup(
         "hf": ["torch==2.13.0", "datasets>=3.0"],
         "tpu": ["jax[tpu]"],
         "gpu": ["jax[cuda12]"],
+        # benchmarks/train_step.py's second peer: TRL's GRPOTrainer (CPU).
+        "bench": ["torch==2.13.0", "trl==1.16.0", "datasets>=3.0"],
     },
     entry_points={"console_scripts": ["rljax=rljax.cli:entry"]},
 )

@@ -1,5 +1,9 @@
 """Helpers shared by the benchmark scripts."""
+import time
+
 import jax
+import jax.numpy as jnp
+import numpy as np
 
 from rljax.models import ModelConfig
 
@@ -27,3 +31,38 @@ def matmul_precisions(torch) -> str:
   except Exception as e:  # noqa: BLE001 (an API that moved: report it, do not fail)
     tp = f"? ({type(e).__name__}: {e})"
   return f"jax_default_matmul_precision={jp}, torch {tp}"
+
+
+def matmul_flops(n: int = 2048, reps: int = 5, gpu: bool = False) -> dict:
+  """FLOP/s of an ``n x n`` float32 matmul, the best of ``reps``, with XLA and with torch."""
+  if gpu:
+    a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
+  else:
+    a = jnp.asarray(np.random.default_rng(0).standard_normal((n, n)), jnp.float32)
+  mm = jax.jit(lambda x, y: x @ y)
+  mm(a, a).block_until_ready()
+  best = min(_seconds(lambda: mm(a, a).block_until_ready()) for _ in range(reps))
+  out = {"xla": 2 * n ** 3 / best}
+  del a
+  import torch
+  if gpu:
+    x = torch.randn(n, n, device="cuda")
+
+    def torch_mm():
+      x @ x
+      torch.cuda.synchronize()
+  else:
+    x = torch.randn(n, n)
+
+    def torch_mm():
+      x @ x
+  torch_mm()
+  out["torch"] = 2 * n ** 3 / min(_seconds(torch_mm) for _ in range(reps))
+  del x
+  return out
+
+
+def _seconds(fn) -> float:
+  t0 = time.perf_counter()
+  fn()
+  return time.perf_counter() - t0

@@ -94,7 +94,7 @@ from jax.sharding import Mesh  # noqa: E402
 from rljax.models import ModelConfig, llama, save_hf  # noqa: E402
 from rljax.rollout import SamplingParams, make_sampler, sampler  # noqa: E402
 import bench_common  # noqa: E402
-from bench_common import matmul_precisions  # noqa: E402
+from bench_common import matmul_flops, matmul_precisions  # noqa: E402
 
 PROMPT, NEW, VOCAB = 32, 64, 64
 
@@ -113,34 +113,6 @@ def flops_per_generated_token(cfg: ModelConfig, p: int = PROMPT, t: int = NEW) -
   prefill = p * per_position + attn_per_key * p * (p + 1) / 2 + head
   decode = sum(per_position + attn_per_key * (p + s) + head for s in range(1, t))
   return (prefill + decode) / t
-
-
-def matmul_flops(n: int = 2048, reps: int = 5, gpu: bool = False) -> dict:
-  if gpu:
-    a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
-  else:
-    a = jnp.asarray(np.random.default_rng(0).standard_normal((n, n)), jnp.float32)
-  mm = jax.jit(lambda x, y: x @ y)
-  mm(a, a).block_until_ready()
-  best = min(_timed(lambda: mm(a, a).block_until_ready()) for _ in range(reps))
-  out = {"xla": 2 * n ** 3 / best}
-  del a
-  import torch
-  if gpu:
-    x = torch.randn(n, n, device="cuda")
-
-    def torch_mm():
-      x @ x
-      torch.cuda.synchronize()
-  else:
-    x = torch.randn(n, n)
-
-    def torch_mm():
-      x @ x
-  torch_mm()
-  out["torch"] = 2 * n ** 3 / min(_timed(torch_mm) for _ in range(reps))
-  del x
-  return out
 
 
 def _timed(fn) -> float:

@@ -1,19 +1,37 @@
-"""One GRPO step (sample -> score -> update) of rljax against a PyTorch/transformers peer.
+"""One GRPO step (sample -> score -> update) of rljax against PyTorch peers, in one process.
 
-  python benchmarks/train_step.py [--steps 10] [--new-tokens 16] [--attention auto,xla]
+  python benchmarks/train_step.py [--steps 5] [--new-tokens 16,128,256] [--attention auto,auto@512]
+                                  [--peers torch,trl]
 
-Both sides, in this one process and on the same CPU threads: a ~0.8M-parameter Llama (hidden 128,
-4 layers, vocab 48), 8 prompts x 8 completions, prompts of 8 tokens, exactly ``--new-tokens``
-sampled tokens (no early stop), then old/ref log-probs, a clipped GRPO loss with k3 KL, backward
-and AdamW. Rewards are random (verifiers are Python on both sides and not what is measured).
-Prints seconds per phase (median over steps after a warm-up), the compile time of rljax's first
-step, and the ratio peer / rljax.
+Every side, in this one process and on the same CPU threads: a ~0.8M-parameter Llama (hidden 128,
+4 layers, 4 heads / 2 KV heads, MLP 384, vocab 48), 8 prompts x 8 completions, prompts of 8
+tokens, exactly ``--new-tokens`` sampled tokens (no early stop), a clipped GRPO loss with k3 KL
+(beta 0.04), backward and AdamW, float32. Rewards are random (verifiers are Python on every side
+and not what is measured). Peers:
 
-Where JAX's default backend is a GPU, rljax runs on one GPU and the peer on torch CUDA (every phase
+- ``torch``: a hand-written PyTorch/transformers GRPO step (``generate``, old and reference
+  log-probs in one no-grad forward each, the loss, backward, clipping, AdamW).
+- ``trl``: TRL's ``GRPOTrainer`` (``benchmarks/trl_peer.py``), where TRL is installed (the
+  ``bench`` extra) and on the CPU only. Its phases come from wrappers around its own methods.
+
+Phases (median seconds over ``--steps`` steps after a warm-up step): ``rollout`` (sampling),
+``scoring`` (rljax: ``fns.score``, the reference model's forward and the advantages; torch: the
+old and reference forwards; TRL: rewards, reference forward, advantages), ``train`` (the policy's
+forward and backward and the optimizer), ``update = scoring + train`` (TRL's non-generation part)
+and the whole ``step``. Ratios are peer / rljax (above 1: rljax is faster).
+
+FLOP/s: the useful FLOPs of the update (reference forward + policy forward + backward at 2x the
+forward, counted as ``benchmarks/sampler.py`` counts them: the weight matmuls at every position,
+causal attention over the filled context, the output head at the completion positions) divided by
+the update's seconds, and as a fraction of the float32 2048^3 matmul FLOP/s measured at the
+start of this run (the faster of XLA and torch). The compile time of rljax's first step is
+printed separately.
+
+Where JAX's default backend is a GPU, rljax runs on one GPU and the torch peer on CUDA (every phase
 synchronised before its clock stops), and the GPU, the matmul precisions (XLA may use TF32 for
 float32 dots, torch does not unless ``allow_tf32`` is set) and both peak device memories are
 printed too. ``--attention`` runs rljax once per ``model.attention`` backend listed (one column
-each, the first one is the ratio's denominator).
+each, the first one is the ratios' denominator); ``name@block`` also sets ``model.attention_block``.
 """
 import argparse
 import os
@@ -32,17 +50,54 @@ from rljax.parallel import mesh as mesh_lib  # noqa: E402
 from rljax.rollout import SamplingParams, make_sampler  # noqa: E402
 from rljax.algos import resolve  # noqa: E402
 from rljax.train import build  # noqa: E402
-from bench_common import matmul_precisions  # noqa: E402
+from bench_common import matmul_flops, matmul_precisions  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VOCAB, PROMPTS, GROUP, PROMPT_LEN = 48, 8, 8, 8
 
 
+PHASES = ("rollout", "scoring", "train", "update", "step")
+
+
+def phases(t0, t1, t2, t3) -> dict:
+  """Seconds per phase from the clock at the start, after the rollout, the scoring, the train."""
+  return {"rollout": t1 - t0, "scoring": t2 - t1, "train": t3 - t2, "update": t3 - t1,
+          "step": t3 - t0}
+
+
+def hf_config(model_cfg):
+  import transformers
+  return transformers.LlamaConfig(
+      vocab_size=VOCAB, hidden_size=model_cfg.hidden_size,
+      intermediate_size=model_cfg.intermediate_size, num_hidden_layers=model_cfg.num_layers,
+      num_attention_heads=model_cfg.num_heads, num_key_value_heads=model_cfg.num_kv_heads,
+      tie_word_embeddings=model_cfg.tie_embeddings, pad_token_id=0, eos_token_id=1,
+      bos_token_id=2)
+
+
+def update_flops(cfg, new_tokens: int) -> float:
+  """Useful FLOPs of one update: reference forward + policy forward + backward (2x forward),
+  each over ``PROMPTS x GROUP`` rows of ``PROMPT_LEN + new_tokens`` positions (weight matmuls at
+  every position, causal attention over the filled context, the head at the completion
+  positions; ``benchmarks/sampler.py``'s count)."""
+  d, f, h, g, dh = (cfg.hidden_size, cfg.intermediate_size, cfg.num_heads, cfg.num_kv_heads,
+                    cfg.head_dim)
+  s = PROMPT_LEN + new_tokens
+  per_position = 2 * cfg.num_layers * (d * (h + 2 * g) * dh + h * dh * d + 3 * d * f)
+  attn_per_key = 4 * cfg.num_layers * h * dh  # q.k and p.v
+  forward = s * per_position + attn_per_key * s * (s + 1) / 2 + 2 * d * cfg.vocab_size * new_tokens
+  return 4 * forward * PROMPTS * GROUP
+
+
 def rljax_step_fn(new_tokens: int, attention: str = "auto"):
+  """``attention``: a ``model.attention`` value, optionally ``@block`` (sets
+  ``model.attention_block``)."""
+  backend, _, block = attention.partition("@")
+  overrides = [("model.attention_block", block)] if block else []
   config = config_loader.load_config(os.path.join(ROOT, "configs", "grpo.py"), [
       ("rollout.prompts_per_step", str(PROMPTS)), ("rollout.group_size", str(GROUP)),
       ("rollout.max_new_tokens", str(new_tokens)), ("data.prompt_bucket", str(PROMPT_LEN)),
-      ("model.attention", attention)])
+      ("model.attention", backend)] + overrides)
   model_cfg = tiny_config(config.model, VOCAB)
   params = llama.init_params(model_cfg, seed=0)
   state, fns, _ = build.sharded_state_and_fns(config, model_cfg, params,
@@ -58,7 +113,6 @@ def rljax_step_fn(new_tokens: int, attention: str = "auto"):
   holder = {"state": state}
 
   def step(i):
-    times = {}
     t0 = time.perf_counter()
     out = sampler(holder["state"].params, prompts, prompt_mask, jax.random.PRNGKey(i))
     out = jax.device_get(out)
@@ -66,11 +120,12 @@ def rljax_step_fn(new_tokens: int, attention: str = "auto"):
     rewards = np.random.default_rng(i).integers(0, 2, PROMPTS * GROUP).astype(np.float32)
     rollout = out.replace(rewards=rewards, correct=rewards > 0, row_valid=np.ones_like(rewards))
     batch, _ = fns.score(holder["state"], rollout, hp)
+    jax.block_until_ready(batch)
+    t2 = time.perf_counter()
     holder["state"], metrics = fns.train_step(holder["state"], batch, hp)
     jax.block_until_ready(jax.device_get(metrics))
-    t2 = time.perf_counter()
-    times.update(rollout=t1 - t0, update=t2 - t1, step=t2 - t0)
-    return times
+    t3 = time.perf_counter()
+    return phases(t0, t1, t2, t3)
 
   return step, model_cfg
 
@@ -82,12 +137,7 @@ def torch_step_fn(new_tokens: int, model_cfg, device: str = "cpu"):
   import transformers
   sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
   torch.manual_seed(0)
-  hf = transformers.LlamaConfig(
-      vocab_size=VOCAB, hidden_size=model_cfg.hidden_size,
-      intermediate_size=model_cfg.intermediate_size, num_hidden_layers=model_cfg.num_layers,
-      num_attention_heads=model_cfg.num_heads, num_key_value_heads=model_cfg.num_kv_heads,
-      tie_word_embeddings=model_cfg.tie_embeddings, pad_token_id=0, eos_token_id=1,
-      bos_token_id=2)
+  hf = hf_config(model_cfg)
   policy = transformers.LlamaForCausalLM(hf).to(device)
   ref = copy.deepcopy(policy).eval()
   opt = torch.optim.AdamW(policy.parameters(), lr=1e-6, weight_decay=0.0)
@@ -115,6 +165,8 @@ def torch_step_fn(new_tokens: int, model_cfg, device: str = "cpu"):
     with torch.no_grad():
       old_logp = token_logp(policy, seq)
       ref_logp = token_logp(ref, seq)
+    sync()
+    t2 = time.perf_counter()
     policy.train()
     logp = token_logp(policy, seq)
     ratio = torch.exp(logp - old_logp)
@@ -127,62 +179,129 @@ def torch_step_fn(new_tokens: int, model_cfg, device: str = "cpu"):
     torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)
     opt.step()
     sync()
-    t2 = time.perf_counter()
-    return {"rollout": t1 - t0, "update": t2 - t1, "step": t2 - t0}
+    return phases(t0, t1, t2, time.perf_counter())
 
   return step
 
 
-def median_times(step, steps):
-  runs = [step(i) for i in range(steps)]
-  return {k: statistics.median(r[k] for r in runs) for k in runs[0]}, runs
+def medians(runs: list) -> dict:
+  return {k: statistics.median(r[k] for r in runs) for k in PHASES}
+
+
+def trl_available() -> bool:
+  try:
+    import trl  # noqa: F401
+  except ImportError:
+    return False
+  return True
+
+
+def measure(new_tokens: int, args, backends, peers, gpu: bool) -> dict:
+  """Median phases of rljax (per backend) and of each peer at one length, and compile times.
+  After one warm-up step each, the sides take turns step by step (with TRL: between its steps),
+  so that a machine whose load changes slows them alike."""
+  sides, compile_s = {}, {}
+  for backend in backends:
+    step, model_cfg = rljax_step_fn(new_tokens, backend)
+    t = time.perf_counter()
+    step(10_000)  # compile
+    compile_s[backend] = time.perf_counter() - t
+    sides[f"rljax {backend}"] = step
+  if "torch" in peers:
+    sides["torch"] = torch_step_fn(new_tokens, model_cfg, "cuda" if gpu else "cpu")
+    sides["torch"](10_000)  # warm-up
+  runs = {name: [] for name in sides}
+
+  def one_round(i):
+    for name, step in sides.items():
+      runs[name].append(step(i))
+
+  if "trl" in peers:
+    from trl_peer import TrlPeer
+    trl_peer = TrlPeer(hf_config(model_cfg), new_tokens=new_tokens, prompts=PROMPTS, group=GROUP,
+                       prompt_len=PROMPT_LEN, vocab=VOCAB, steps=args.steps,
+                       between_steps=lambda i: i > 0 and one_round(i))  # step 0: TRL's warm-up
+    runs["trl"] = trl_peer.run()
+  else:
+    for i in range(args.steps):
+      one_round(i)
+  return {"cols": {name: medians(r) for name, r in runs.items()}, "compile": compile_s,
+          "model_cfg": model_cfg}
+
+
+def print_length(new_tokens: int, result: dict, peak: float):
+  cols, cfg = result["cols"], result["model_cfg"]
+  names = list(cols)
+  first = names[0]
+  peers = [n for n in names if not n.startswith("rljax")]
+  print(f"\n## {new_tokens} new tokens ({PROMPTS} x {GROUP} rows of {PROMPT_LEN + new_tokens} "
+        f"positions)")
+  for b, c in result["compile"].items():
+    print(f"rljax first step, attention={b} (compilation included): {c:.1f} s")
+  head = "".join(f" {n:>14}" for n in names) + "".join(f" {p + '/' + first:>20}" for p in peers)
+  print(f"{'phase':<8}{head}")
+  for k in PHASES:
+    row = "".join(f" {cols[n][k]:>14.4f}" for n in names)
+    row += "".join(f" {cols[p][k] / cols[first][k]:>19.2f}x" for p in peers)
+    print(f"{k:<8}{row}")
+  flops = update_flops(cfg, new_tokens)
+  row = "".join(f" {flops / cols[n]['update'] / 1e9:>14.1f}" for n in names)
+  print(f"{'GFLOP/s':<8}{row}   (update: {flops / 1e9:.1f} GFLOP)")
+  row = "".join(f" {100 * flops / cols[n]['update'] / peak:>13.1f}%" for n in names)
+  print(f"{'% peak':<8}{row}")
 
 
 def main():
   parser = argparse.ArgumentParser()
-  parser.add_argument("--steps", type=int, default=10)
-  parser.add_argument("--new-tokens", type=int, default=16)
-  parser.add_argument("--attention", default="auto", help="comma list of model.attention values")
+  parser.add_argument("--steps", type=int, default=5)
+  parser.add_argument("--new-tokens", default="16", help="comma list of lengths")
+  parser.add_argument("--attention", default="auto",
+                      help="comma list of model.attention values, each optionally @block "
+                           "(model.attention_block), e.g. auto,auto@512")
+  parser.add_argument("--peers", default="torch,trl",
+                      help="comma list of torch, trl (trl: where installed, CPU only)")
   args = parser.parse_args()
   backends = args.attention.split(",")
+  lengths = [int(n) for n in args.new_tokens.split(",")]
   import torch
-  torch.set_num_threads(os.cpu_count())
+  threads = len(os.sched_getaffinity(0))  # the cores this process may use (taskset)
+  torch.set_num_threads(threads)
   gpu = jax.default_backend() == "gpu"
   if gpu and not torch.cuda.is_available():
     raise SystemExit("JAX sees a GPU but torch.cuda does not: the peer would run on the CPU")
-  ours, compile_s = {}, {}
-  for backend in backends:
-    ours[backend], model_cfg = rljax_step_fn(args.new_tokens, backend)
-    t = time.perf_counter()
-    ours[backend](10_000)  # compile
-    compile_s[backend] = time.perf_counter() - t
-  peer = torch_step_fn(args.new_tokens, model_cfg, "cuda" if gpu else "cpu")
-  peer(10_000)  # warm-up
-  ours_med = {b: median_times(ours[b], args.steps)[0] for b in backends}
-  peer_med, _ = median_times(peer, args.steps)
+  peers = [p for p in args.peers.split(",") if p]
+  if "trl" in peers and (gpu or not trl_available()):
+    print(f"# trl peer skipped: {'GPU run' if gpu else 'trl is not installed (bench extra)'}")
+    peers.remove("trl")
+  flops = matmul_flops(gpu=gpu)
+  peak = max(flops.values())
   if gpu:
     device = jax.devices()[0]
     where = (f"1 GPU: {device.device_kind} (torch: {torch.cuda.get_device_name(0)}, CUDA "
              f"{torch.version.cuda})")
   else:
-    where = f"{os.cpu_count()} CPU threads"
-  print(f"model: {model_cfg.num_params():,} params; {PROMPTS} prompts x {GROUP} completions x "
-        f"{args.new_tokens} new tokens; jax {jax.__version__}, torch {torch.__version__}, "
-        f"{where}")
+    where = f"{threads} CPU threads (of {os.cpu_count()} cores)"
+  versions = f"jax {jax.__version__}, torch {torch.__version__}"
+  if "trl" in peers:
+    import transformers
+    import trl
+    versions += f", transformers {transformers.__version__}, trl {trl.__version__}"
+  print(f"# {versions}; {where}")
+  print(f"# float32 2048^3 matmul: XLA {flops['xla'] / 1e9:.0f} GFLOP/s, torch "
+        f"{flops['torch'] / 1e9:.0f} GFLOP/s -> peak {peak / 1e9:.0f} GFLOP/s")
+  for n in lengths:
+    result = measure(n, args, backends, peers, gpu)
+    if n == lengths[0]:
+      print(f"# model: {result['model_cfg'].num_params():,} params")
+    print_length(n, result, peak)
+    sys.stdout.flush()
   if gpu:
-    peak = (device.memory_stats() or {}).get("peak_bytes_in_use")
-    jax_mb = "n/a" if peak is None else f"{peak / 2 ** 20:.1f} MB"
+    device = jax.devices()[0]
+    peak_mem = (device.memory_stats() or {}).get("peak_bytes_in_use")
+    jax_mb = "n/a" if peak_mem is None else f"{peak_mem / 2 ** 20:.1f} MB"
     print(f"matmul precision: {matmul_precisions(torch)}")
     print(f"peak device memory: jax {jax_mb} (peak bytes in use), torch "
           f"{torch.cuda.max_memory_allocated() / 2 ** 20:.1f} MB (max allocated)")
-  for b in backends:
-    print(f"rljax first step, attention={b} (compilation included): {compile_s[b]:.1f} s")
-  first = backends[0]
-  head = "".join(f" {'rljax ' + b:>16}" for b in backends)
-  print(f"{'phase':<8}{head} {'torch s':>9} {'torch/rljax ' + first:>18}")
-  for k in ("rollout", "update", "step"):
-    row = "".join(f" {ours_med[b][k]:>16.4f}" for b in backends)
-    print(f"{k:<8}{row} {peer_med[k]:>9.4f} {peer_med[k] / ours_med[first][k]:>17.2f}x")
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ def get_config():
   # attention backend: auto (cudnn on GPUs for 16-bit dtypes, pallas on TPUs, else blockwise) |
   # xla (materialised scores, the reference) | blockwise | cudnn | pallas
   c.model.attention = "auto"
-  c.model.attention_block = 512  # query/key block of the blockwise attention
+  c.model.attention_block = 128  # max query/key block of the blockwise attention (balanced)
   # float32 matmul precision of the run: default (JAX's: TF32 on GPUs, bfloat16 passes on TPUs) |
   # high | highest (float32 parity with transformers on an accelerator; no effect on CPU or bf16)
   c.model.matmul_precision = "default"

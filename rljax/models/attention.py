@@ -18,6 +18,8 @@ Backends (``model.attention``):
 - ``blockwise``: query- and key-chunked online softmax (flash attention, Dao et al. 2022,
   "FlashAttention", Alg. 1 forward / Alg. 2 backward) in pure JAX with a custom VJP: memory
   ``O(S + K)`` per head, forward and backward; key blocks outside the causal window are skipped.
+  ``block`` is the largest block: ``S`` and ``K`` are split into near-equal blocks
+  (``balanced_block``), so the causal skip works at short lengths too.
 - ``cudnn``: ``jax.nn.dot_product_attention`` (cuDNN flash attention; GPUs, 16-bit dtypes). Rows
   are rotated so their valid run starts at slot 0, which turns the padding into sequence lengths.
 - ``pallas``: splash attention (``jax.experimental.pallas.ops.tpu``; TPUs, or interpreted on CPU
@@ -41,7 +43,7 @@ import numpy as np
 
 from rljax.models.config import ATTENTION_BACKENDS as BACKENDS
 MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
-DEFAULT_BLOCK = 512
+DEFAULT_BLOCK = 128
 _SPLASH_BLOCK = 512
 _SPLASH_MIN_BLOCK = 128
 
@@ -136,11 +138,18 @@ def _block_ok(k_valid, q0, k0, bq, bk, r, window):
   return jnp.repeat(ok, r, axis=1)[:, None]
 
 
+def balanced_block(n: int, block: int) -> int:
+  """The block size that splits ``n`` into ``ceil(n / block)`` near-equal blocks: at most
+  ``block``, and padding of less than one block in all (``n=264, block=128``: 3 blocks of 88,
+  where blocks of 128 would pad to 384)."""
+  return -(-n // -(-n // block))
+
+
 def _layout(q, k, v, k_valid, block):
   """Head-major, block-padded operands: q [B, G, Sp*R, Dh], k, v [B, G, Kp, Dh], k_valid [B, Kp]."""
   b, s, h, dh = q.shape
   kn, g = k.shape[1], k.shape[2]
-  bq, bk = min(block, s), min(block, kn)
+  bq, bk = balanced_block(s, block), balanced_block(kn, block)
   sp, kp = -(-s // bq) * bq, -(-kn // bk) * bk
   qh = jnp.pad(q, ((0, 0), (0, sp - s), (0, 0), (0, 0))).reshape(b, sp, g, h // g, dh)
   qh = qh.transpose(0, 2, 1, 3, 4).reshape(b, g, sp * (h // g), dh)

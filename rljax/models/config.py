@@ -44,7 +44,7 @@ class ModelConfig:
   param_dtype: str = "float32"
   remat: str = "none"  # 'none' | 'full' | 'dots' (True/False of old configs: 'full'/'none')
   attention: str = "auto"  # backend of rljax.models.attention
-  attention_block: int = 512  # query/key block of the blockwise backend
+  attention_block: int = 128  # max query/key block of the blockwise backend (balanced)
   sliding_window: int | None = None  # Mistral: a query sees its last ``sliding_window`` slots
 
   def __post_init__(self):

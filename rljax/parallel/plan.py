@@ -55,6 +55,7 @@ import numpy as np
 import optax
 from jax.sharding import AbstractMesh
 
+from rljax.models import attention as attention_lib
 from rljax.models import llama
 from rljax.models.config import REMAT_CHOICES, ModelConfig, tiny_config
 from rljax.parallel import mesh as mesh_lib
@@ -318,7 +319,8 @@ def plan(config, device: str | None = None, *, model: str | None = None,
   if attention == "xla":
     prefill = prompts_dev * heads_dev * prompt_len * prompt_len * (ATTN_BYTES + b)
   elif attention == "blockwise":
-    prefill = prompts_dev * heads_dev * min(blk, prompt_len) ** 2 * 4 * BLOCK_TEMPS
+    prefill = (prompts_dev * heads_dev * attention_lib.balanced_block(prompt_len, blk) ** 2 * 4
+               * BLOCK_TEMPS)
   else:
     prefill = 0
   total_weights = _tree_bytes(shapes) // pb * b  # all weights in the compute dtype
@@ -345,8 +347,8 @@ def plan(config, device: str | None = None, *, model: str | None = None,
     attn = t_div(h) * slots * (ATTN_BYTES + b)
   else:
     attn = t_div(h) * (dh * b + 4)
-  attn_blocks = train_rows * t_div(h) * min(blk, slots) ** 2 * 4 * BLOCK_TEMPS \
-      if attention == "blockwise" else 0
+  attn_blocks = (train_rows * t_div(h) * attention_lib.balanced_block(slots, blk) ** 2 * 4
+                 * BLOCK_TEMPS if attention == "blockwise" else 0)
   layer_act = tokens * (lin + attn)
   dots = (t_div(h * dh) + 2 * t_div(g * dh) + 2 * d + 2 * t_div(f)) * b
   act_by_remat = {"none": L * layer_act,

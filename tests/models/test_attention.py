@@ -15,7 +15,7 @@ from rljax.models import llama
 from tests import hf_models
 
 B, T, H, G, DH = 3, 150, 4, 2, 8
-BLOCK = 32  # blockwise: 5 query x 5 key blocks, the last one partial
+BLOCK = 40  # blockwise: 4 query x 4 key blocks of 38 (balanced), the last one partial
 
 
 def _numpy_attention(q, k, v, valid, q_offset=0, window=None):
@@ -111,6 +111,18 @@ def test_queries_at_an_offset_match_numpy(inputs):
   for fn in (attn.attention, attn.blockwise_attention):
     run = jax.jit(lambda o, fn=fn: fn(qq, k, v, valid, q_offset=o, window=20, block=BLOCK))
     assert np.abs(np.asarray(run(jnp.int32(offset))) - exact).max() <= 1e-5
+
+
+@pytest.mark.parametrize("n, block, want", [
+    (150, 40, 38), (264, 128, 88), (136, 128, 68), (128, 128, 128), (100, 128, 100), (1, 128, 1),
+    (1032, 128, 115)])
+def test_balanced_block_splits_evenly(n, block, want):
+  """ceil(n / block) blocks of near-equal size: never above ``block``, less than one block of
+  padding in all (hand-worked: 264 = 3 x 88 where blocks of 128 would pad to 384)."""
+  got = attn.balanced_block(n, block)
+  blocks = -(-n // got)
+  assert got == want
+  assert got <= block and blocks == -(-n // block) and blocks * got - n < blocks
 
 
 def test_long_padded_rows_blockwise_equals_reference():
