@@ -17,6 +17,8 @@ pending row (the scheme of Orca, Yu et al. 2022, "iteration-level scheduling", r
    ``R`` (``refill_rows``) instead of one per freed slot.
 3. *Decode*: one ``decode.step`` (``S = 1``) for all ``S`` slots, each writing its key/value at
    its own slot ``P + t - 1`` and attending to its prompt and its own ``t`` completion tokens.
+   The cache is kept in blocks (``kv_blocks``): a step reads the prompt block and only the
+   completion blocks that the deepest active slot has reached, not every slot's ``P + T``.
 4. *Drain*: once no row is pending, the loop narrows to ``S/2, S/4, S/8`` slots (the active rows
    compacted into the first ones) whenever they fit, so that the last long rows do not keep all
    ``S`` slots computing.
@@ -58,6 +60,7 @@ def decode_rows(weights, prompt_tokens, prompt_mask, row_offset, step_keys, *, c
   step_keys: [T, ...] the key of token ``t`` (threefry key words [T, 2] or typed keys [T]).
   row_offset: this shard's first row in the whole batch (it picks the rows' noise).
   row_budget: None, or [B] int per-row caps on the completion length (at most ``T``).
+  block_slots: completion positions per cache block; None: ``kv_blocks.BLOCK_SLOTS``.
   Returns ``(tokens, sampler_logp, draw_logp [B, T], lengths [B], stopped [B], steps)``: rows
   in their original order, ``stopped`` True for rows that emitted a stop token, ``computed`` the
   token slots computed (each row's first token, then the loop's width per decode step).
