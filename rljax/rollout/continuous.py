@@ -17,6 +17,8 @@ pending row (the scheme of Orca, Yu et al. 2022, "iteration-level scheduling", r
    ``R`` (``refill_rows``) instead of one per freed slot.
 3. *Decode*: one ``decode.step`` (``S = 1``) for all ``S`` slots, each writing its key/value at
    its own slot ``P + t - 1`` and attending to its prompt and its own ``t`` completion tokens.
+   The cache is kept in blocks (``kv_blocks``): a step reads the prompt block and only the
+   completion blocks that the deepest active slot has reached, not every slot's ``P + T``.
 4. *Drain*: once no row is pending, the loop narrows to ``S/2, S/4, S/8`` slots (the active rows
    compacted into the first ones) whenever they fit, so that the last long rows do not keep all
    ``S`` slots computing.
@@ -27,12 +29,14 @@ both loops give the same rollout (the tests check it) and the result does not de
 """
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
 from rljax.models import llama
 from rljax.models.config import ModelConfig
-from rljax.rollout import decode
+from rljax.rollout import decode, kv_blocks
 from rljax.rollout.transforms import SamplingParams, pick_tokens_rows
 
 
@@ -50,12 +54,13 @@ def drain_widths(slots: int, phases: int = 4) -> list[int]:
 
 def decode_rows(weights, prompt_tokens, prompt_mask, row_offset, step_keys, *, cfg: ModelConfig,
                 sp: SamplingParams, stop_ids: tuple, g: int, slots: int, refill_rows: int,
-                row_budget=None):
+                row_budget=None, block_slots: int | None = None):
   """Prefill ``Pn`` prompts, decode their ``B = Pn * G`` completions through ``slots`` cache slots.
 
   step_keys: [T, ...] the key of token ``t`` (threefry key words [T, 2] or typed keys [T]).
   row_offset: this shard's first row in the whole batch (it picks the rows' noise).
   row_budget: None, or [B] int per-row caps on the completion length (at most ``T``).
+  block_slots: completion positions per cache block; None: ``kv_blocks.BLOCK_SLOTS``.
   Returns ``(tokens, sampler_logp, draw_logp [B, T], lengths [B], stopped [B], steps)``: rows
   in their original order, ``stopped`` True for rows that emitted a stop token, ``computed`` the
   token slots computed (each row's first token, then the loop's width per decode step).
@@ -77,6 +82,7 @@ def decode_rows(weights, prompt_tokens, prompt_mask, row_offset, step_keys, *, c
   budget = jnp.full((b,), t_max, jnp.int32) if row_budget is None else jnp.minimum(
       jnp.asarray(row_budget, jnp.int32), t_max)
   head = lambda h: jnp.dot(h, weights["head"], preferred_element_type=jnp.float32)
+  sizes = kv_blocks.block_sizes(t_max, block_slots or kv_blocks.BLOCK_SLOTS)
 
   def refill(state, size: int):
     """The first ``min(size, free, pending)`` free slots take the next pending rows."""
@@ -88,9 +94,9 @@ def decode_rows(weights, prompt_tokens, prompt_mask, row_offset, step_keys, *, c
     idx = jnp.where(taken, idx, slots)  # out of range: dropped by the scatters below
     rows = jnp.where(taken, next_row + jnp.arange(size), b)
     prompt = jnp.minimum(rows, b - 1) // g
-    cache = tuple((ck.at[idx, :, :p].set(pk[prompt], mode="drop"),
-                   cv.at[idx, :, :p].set(pv[prompt], mode="drop"))
-                  for (ck, cv), (pk, pv) in zip(state["cache"], pcache))
+    cache = tuple(((ck.at[idx].set(pk[prompt], mode="drop"),
+                    cv.at[idx].set(pv[prompt], mode="drop")), blocks)
+                  for ((ck, cv), blocks), (pk, pv) in zip(state["cache"], pcache))
     keys = jnp.broadcast_to(step_keys[0], (size,) + step_keys.shape[1:])
     tok, lp, dlp = pick_tokens_rows(head(prompt_hidden[prompt]), keys, rows + row_offset, sp)
     stop = is_stop(tok)
@@ -111,11 +117,13 @@ def decode_rows(weights, prompt_tokens, prompt_mask, row_offset, step_keys, *, c
     """Feed every slot's last token at its own cache slot ``P + t - 1``; draw token ``t``."""
     slot, out = state["slot"], state["out"]
     t, live = slot["t"], slot["active"]
-    kv_valid = jnp.concatenate([slot["prompt_mask"], jnp.arange(t_max)[None] < t[:, None]], 1)
-    write_at = p + jnp.clip(t - 1, 0, t_max - 1)
+    attend = functools.partial(
+        kv_blocks.attend, t=t, prompt_valid=slot["prompt_mask"], sizes=sizes,
+        window=cfg.sliding_window,
+        n_blocks=kv_blocks.blocks_needed(jnp.max(jnp.where(live, t, 1)), sizes))
     hidden, cache = decode.step(cfg, weights, slot["tok"][:, None],
-                                (slot["pos0"] + t - 1)[:, None], state["cache"], write_at,
-                                kv_valid)
+                                (slot["pos0"] + t - 1)[:, None], state["cache"], None, None,
+                                attend=attend)
     t_draw = jnp.minimum(t, t_max - 1)
     tok, lp, dlp = pick_tokens_rows(head(hidden), step_keys[t_draw], slot["row"] + row_offset, sp)
     rows = jnp.where(live, slot["row"], b)  # finished and empty slots write nothing
@@ -143,7 +151,7 @@ def decode_rows(weights, prompt_tokens, prompt_mask, row_offset, step_keys, *, c
 
   pad = jnp.int32(sp.pad_id)
   state = dict(
-      cache=decode.init_cache(cfg, slots, p + t_max),
+      cache=kv_blocks.init_cache(cfg, slots, p, sizes),
       slot=dict(row=jnp.full((slots,), b, jnp.int32), t=jnp.zeros((slots,), jnp.int32),
                 tok=jnp.zeros((slots,), jnp.int32), active=jnp.zeros((slots,), bool),
                 pos0=jnp.zeros((slots,), jnp.int32),

@@ -161,7 +161,15 @@ def _write(cache, x, slot, per_row: bool):
   return jax.lax.dynamic_update_slice(cache, x, (0, 0, slot, 0))
 
 
-def step(cfg: ModelConfig, w: dict, tokens, positions, cache, slot, kv_valid):
+def _mlp(cfg: ModelConfig, lw: dict, x):
+  """The layer's second half: ``x + down(silu(gate(y)) * up(y))``, ``y = ln2(x)``."""
+  y = _rms_norm(cfg, lw["ln2"], x)
+  f = cfg.intermediate_size
+  gate, up = _projections(y, lw["gate_up"], lw["gate_up_b"], [f, f])
+  return x + _dense(jax.nn.silu(gate) * up, lw["down"], lw["down_b"])
+
+
+def step(cfg: ModelConfig, w: dict, tokens, positions, cache, slot, kv_valid, attend=None):
   """Feed ``S`` tokens per row at cache slots ``slot .. slot+S-1``: prefill (S = P) or decode
   (S = 1). Returns (final-norm hidden of the *last* token [B, D], cache).
 
@@ -171,6 +179,11 @@ def step(cfg: ModelConfig, w: dict, tokens, positions, cache, slot, kv_valid):
   every row writes at its own slot). Only the last position goes through the last layer's
   attention and MLP and the final norm: the sampler needs nothing else, and ``[B, S, V]``
   logits are never formed.
+
+  ``attend``: None, or ``attend(q [B, 1, H, Dh], k, v [B, 1, G, Dh], layer_cache) -> (attn
+  [B, H * Dh], layer_cache)``, a decode step (S = 1) whose cache has another layout: it writes
+  ``k, v`` and attends (continuous batching's cache blocks); ``slot`` and ``kv_valid`` are then
+  unused.
   """
   dtype = jnp.dtype(cfg.dtype)
   b, s = tokens.shape
@@ -181,9 +194,11 @@ def step(cfg: ModelConfig, w: dict, tokens, positions, cache, slot, kv_valid):
   # training forward's attention, whose backend ``cfg.attention`` picks). Decode steps attend to
   # the head-major cache here.
   from_empty = isinstance(slot, int) and slot == 0
-  k_slots = cache[0][0].shape[2]
-  per_row = jnp.ndim(slot) == 1  # continuous batching: every row writes at its own slot
-  if not from_empty:
+  per_row = attend is None and jnp.ndim(slot) == 1  # continuous batching: a slot per row
+  if attend is not None and s != 1:
+    raise ValueError(f"decode.step with attend= feeds one token per row, got {s}")
+  if not from_empty and attend is None:
+    k_slots = cache[0][0].shape[2]
     q_slots = jnp.broadcast_to((slot[:, None] if per_row else slot) + jnp.arange(s), (b, s))
     k_index = jnp.arange(k_slots)
     ok = k_index[None, None, :] <= q_slots[:, :, None]
@@ -192,33 +207,36 @@ def step(cfg: ModelConfig, w: dict, tokens, positions, cache, slot, kv_valid):
     allowed = (ok & kv_valid[:, None, :k_slots])[:, None, None]  # [B, 1, 1, S, K]
   x = jnp.take(w["embed"], tokens.reshape(-1), axis=0).astype(dtype)  # [B*S, D]
   new_cache = []
-  for i, (lw, (ck, cv)) in enumerate(zip(w["layers"], cache)):
+  for i, (lw, layer_cache) in enumerate(zip(w["layers"], cache)):
     y = _rms_norm(cfg, lw["ln1"], x)
     q, k, v = _projections(y, lw["qkv"], lw["qkv_b"], [h * dh, g * dh, g * dh])
     q = _rope(q.reshape(b, s, h, dh), cos, sin)  # [B, S, H, Dh]
-    k = _rope(k.reshape(b, s, g, dh), cos, sin).astype(ck.dtype)  # [B, S, G, Dh]
-    v = v.reshape(b, s, g, dh).astype(cv.dtype)
-    # Head-major: [B, G, S, Dh] (a free reshape when S = 1).
-    ck = _write(ck, k.transpose(0, 2, 1, 3), slot, per_row)
-    cv = _write(cv, v.transpose(0, 2, 1, 3), slot, per_row)
-    new_cache.append((ck, cv))
+    k = _rope(k.reshape(b, s, g, dh), cos, sin)  # [B, S, G, Dh]
+    v = v.reshape(b, s, g, dh)
     sq = s  # queries
-    if i == cfg.num_layers - 1 and s > 1:
-      # The last layer's keys and values are needed at every position (the cache), its output
-      # only at the last one: attention, o-projection and MLP run for that query alone.
-      sq, q = 1, q[:, -1:]
-      x = x.reshape(b, s, -1)[:, -1]
-    if from_empty:
-      attn = attention_lib.attention(q, k, v, kv_valid[:, :s], q_offset=s - sq,
-                                     window=cfg.sliding_window, backend=cfg.attention,
-                                     block=cfg.attention_block)
-      attn = attn.reshape(b * sq, h * dh)
+    if attend is not None:  # the caller's cache layout: it writes k, v and attends
+      attn, layer_cache = attend(q, k, v, layer_cache)
     else:
-      attn = _cache_attention(q, ck, cv, allowed[:, :, :, -sq:])
+      ck, cv = layer_cache
+      k, v = k.astype(ck.dtype), v.astype(cv.dtype)
+      # Head-major: [B, G, S, Dh] (a free reshape when S = 1).
+      ck = _write(ck, k.transpose(0, 2, 1, 3), slot, per_row)
+      cv = _write(cv, v.transpose(0, 2, 1, 3), slot, per_row)
+      layer_cache = (ck, cv)
+      if i == cfg.num_layers - 1 and s > 1:
+        # The last layer's keys and values are needed at every position (the cache), its output
+        # only at the last one: attention, o-projection and MLP run for that query alone.
+        sq, q = 1, q[:, -1:]
+        x = x.reshape(b, s, -1)[:, -1]
+      if from_empty:
+        attn = attention_lib.attention(q, k, v, kv_valid[:, :s], q_offset=s - sq,
+                                       window=cfg.sliding_window, backend=cfg.attention,
+                                       block=cfg.attention_block)
+        attn = attn.reshape(b * sq, h * dh)
+      else:
+        attn = _cache_attention(q, ck, cv, allowed[:, :, :, -sq:])
+    new_cache.append(layer_cache)
     x = x + _dense(attn, lw["o"], lw["o_b"])
-    y = _rms_norm(cfg, lw["ln2"], x)
-    f = cfg.intermediate_size
-    gate, up = _projections(y, lw["gate_up"], lw["gate_up_b"], [f, f])
-    x = x + _dense(jax.nn.silu(gate) * up, lw["down"], lw["down_b"])
+    x = _mlp(cfg, lw, x)
   last = x.reshape(b, sq, -1)[:, -1]
   return _rms_norm(cfg, w["norm"], last), tuple(new_cache)

@@ -51,12 +51,12 @@ import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import struct
 from jax.sharding import NamedSharding, PartitionSpec
 
 from rljax.models import llama
 from rljax.models.config import ModelConfig
 from rljax.rollout import continuous, decode, noise
+from rljax.rollout.record import Rollout  # noqa: F401 (re-exported: the sampler's output)
 from rljax.rollout.transforms import (SamplingParams, _is_identity, pick_tokens,  # noqa: F401
                                       process_logits)
 
@@ -68,76 +68,10 @@ _MAX_SEGMENTS = 4
 # many bytes (``prompts_per_chunk``; tuned on a 2-core EPYC with 2 MiB L2 per core, 32 MiB L3).
 CPU_CHUNK_BYTES = 8 << 20
 CPU_CHUNK_MAX_WEIGHT_BYTES = 8 << 20  # larger models: re-reading weights per chunk costs more
-
-
-@struct.dataclass
-class Rollout:
-  """One rollout batch, a pytree of arrays from the sampler to the update: ``B = Pn * G`` rows,
-  groups contiguous. The sampler fills the first block; the host adds the rewards; scoring adds
-  the log-probs, values and advantages. A field that does not apply stays None (never zeros), so
-  shardings follow from the fields present.
-
-  From the sampler:
-    prompt_tokens: [B, P] int32, left-padded prompts (each repeated ``G`` times).
-    prompt_mask: [B, P] int32, 1 on real prompt tokens.
-    tokens: [B, T] int32, completion tokens, ``pad_id`` after the stop token.
-    mask: [B, T] int32, 1 on completion tokens including the stop token, 0 on padding.
-    sampler_logp: [B, T] float32, log-prob of each token under the policy (raw, temperature-1
-      logits) as the sampler computed it (in ``dtype``); 0 on padding. Use this one for
-      importance ratios against the trainer's log-probs.
-    draw_logp: [B, T] float32, log-prob under the processed distribution actually sampled
-      from (temperature / top-k / top-p / min-p); 0 for greedy and on padding.
-    lengths: [B] int32, ``sum(mask, -1)``.
-    truncated: [B] bool, True exactly for rows that emitted no stop token within ``T``.
-  From the host (``rljax.train.loop``):
-    rewards: [B] float32, shaped outcome rewards ``R_i``.
-    correct: [B] bool, the verifier's verdict.
-    row_valid: [B] float32, 0 on rows that only pad the batch to its shape (dynamic sampling).
-  From scoring (``rljax.train.step.score``):
-    loss_mask: [B, T] float32, the tokens the losses see (mask x row_valid, after the overlong
-      filter).
-    old_logp: [B, T] policy log-probs before the update; None when the loss's own forward
-      gives them (one optimizer update per batch).
-    ref_logp: [B, T] reference log-probs; None without a reference model.
-    values, returns: [B, T] critic values and targets; None without a critic.
-    advantages: [B, T].
-    positive: [B] float32, VAPO's positive examples.
-  Of the section 8 transforms (ALGORITHMS.md 8.2-8.8), None while a transform is off:
-    remax_baseline: [B] float32, the reward of the greedy completion of the row's prompt (host).
-    is_weight: [B, T] rollout IS weights sampler -> old, multiplying the policy term only (score).
-    old_entropy: [B, T] ``H_old``, the full-vocabulary entropy of the scoring forward (score).
-    teacher_logp: [B, T] the teacher's log-probs of the sampled tokens (score).
-    cov_sel: [B, T] 0/1 Clip-Cov / KL-Cov selection (per optimizer minibatch).
-    entropy_keep: [B, T] 0/1 80/20 keep mask (per optimizer minibatch).
-  """
-  prompt_tokens: jax.Array
-  prompt_mask: jax.Array
-  tokens: jax.Array
-  mask: jax.Array
-  sampler_logp: jax.Array
-  draw_logp: jax.Array
-  lengths: jax.Array
-  truncated: jax.Array
-  rewards: Any = None
-  correct: Any = None
-  row_valid: Any = None
-  loss_mask: Any = None
-  old_logp: Any = None
-  ref_logp: Any = None
-  values: Any = None
-  returns: Any = None
-  advantages: Any = None
-  positive: Any = None
-  remax_baseline: Any = None
-  is_weight: Any = None
-  old_entropy: Any = None
-  teacher_logp: Any = None
-  cov_sel: Any = None
-  entropy_keep: Any = None
-
-  @property
-  def num_rows(self) -> int:
-    return self.tokens.shape[0]
+# Continuous batching's CPU chunks keep at least this many slots: with fewer, each chunk's own
+# steps (every one re-reading the weights) and drain tail cost more than its cache residency
+# saves (measured in docs/rollout.md).
+CPU_MIN_CHUNK_SLOTS = 16
 
 
 # --- the sampler ---------------------------------------------------------------------------------
@@ -287,13 +221,15 @@ def continuous_chunks(cfg: ModelConfig, n_prompts: int, g: int, slots: int, t_sl
   """Sequential chunks of the rows for continuous batching (a divisor of ``n_prompts``), each
   with ``slots // chunks`` slots: on CPU, small models (``CPU_CHUNK_MAX_WEIGHT_BYTES``) split
   the slots so that a chunk's cache of ``t_slots`` per row stays near ``CPU_CHUNK_BYTES``, as
-  ``prompts_per_chunk`` does for the all-rows loop; elsewhere one chunk."""
+  ``prompts_per_chunk`` does for the all-rows loop, while a chunk keeps at least
+  ``CPU_MIN_CHUNK_SLOTS`` slots; elsewhere one chunk."""
   if jax.default_backend() not in decode.CPU_TUNED_BACKENDS:
     return 1
   if cfg.num_params() * jnp.dtype(cfg.param_dtype).itemsize > CPU_CHUNK_MAX_WEIGHT_BYTES:
     return 1
   per_row = _cache_bytes_per_row(cfg, t_slots)
-  fits = [d for d in range(1, n_prompts + 1) if n_prompts % d == 0 and slots // d >= 1]
+  fits = [d for d in range(1, n_prompts + 1)
+          if n_prompts % d == 0 and (d == 1 or slots // d >= CPU_MIN_CHUNK_SLOTS)]
   small = [d for d in fits if (slots // d) * per_row <= CPU_CHUNK_BYTES]
   return small[0] if small else fits[-1]
 

@@ -10,7 +10,7 @@ import pytest
 
 from rljax import models
 from rljax.models import ModelConfig, llama
-from rljax.rollout import SamplingParams, continuous, sample, sampler, slot_budget
+from rljax.rollout import SamplingParams, continuous, kv_blocks, sample, sampler, slot_budget
 from tests import hf_models
 from tests.rollout.test_parity import (T, _hf_greedy, _log_softmax, _stop_token_in_the_middle,
                                        _teacher_forced_logits)
@@ -224,7 +224,30 @@ def test_cpu_chunks_of_slots_give_the_same_rollout(monkeypatch):
   want = jax.device_get(sample(CFG, params, tokens, mask, jax.random.key(1), sp, group_size=G))
   monkeypatch.setattr(decode, "CPU_TUNED_BACKENDS", (jax.default_backend(),))
   monkeypatch.setattr(sampler, "CPU_CHUNK_BYTES", 3 * sampler._cache_bytes_per_row(CFG, 8 + T_NEW))
+  assert sampler.continuous_chunks(CFG, 6, G, 6, 8 + T_NEW) == 1  # chunks of 3 < 16 slots
+  monkeypatch.setattr(sampler, "CPU_MIN_CHUNK_SLOTS", 3)
   assert sampler.continuous_chunks(CFG, 6, G, 6, 8 + T_NEW) == 2  # 3 slots per chunk of 9 rows
   run = jax.jit(functools.partial(sampler._sample_impl, cfg=CFG, sp=sp, group_size=G,
                                   max_concurrent_rows=6))
+  _assert_same_rollout(jax.device_get(run(params, tokens, mask, jax.random.key(1))), want)
+
+
+def test_cache_blocks_and_sliding_window_give_the_same_rollout(monkeypatch):
+  """Completion positions in cache blocks of 8 (8, 8, 4 for T = 20: a step reads 1, 2 or 3 of
+  them as the deepest slot goes on) and a sliding window of 6 slots: the same rollout as all
+  rows at once with the same window (which does change the rollout)."""
+  assert kv_blocks.block_sizes(20, 8) == (8, 8, 4)
+  np.testing.assert_array_equal(
+      [int(kv_blocks.blocks_needed(t, (8, 8, 4))) for t in range(1, 21)],
+      [1] * 8 + [2] * 8 + [3] * 4)
+  cfg = CFG.replace(sliding_window=6)
+  params, (tokens, mask) = _random_model(), _batch()
+  sp = SamplingParams(temperature=1.2, max_new_tokens=T_NEW, stop_ids=(3, 7))
+  want = jax.device_get(sample(cfg, params, tokens, mask, jax.random.key(1), sp, group_size=G))
+  unwindowed = jax.device_get(sample(CFG, params, tokens, mask, jax.random.key(1), sp,
+                                     group_size=G))
+  assert (want.tokens != unwindowed.tokens).any()
+  monkeypatch.setattr(kv_blocks, "BLOCK_SLOTS", 8)
+  run = jax.jit(functools.partial(sampler._sample_impl, cfg=cfg, sp=sp, group_size=G,
+                                  max_concurrent_rows=4))
   _assert_same_rollout(jax.device_get(run(params, tokens, mask, jax.random.key(1))), want)
