@@ -16,7 +16,9 @@ A run's state is read from its directory: *finished* when metrics.jsonl holds th
 ``eval_accuracy`` record at ``train.steps``), *partial* when it has a committed checkpoint or the
 config the trainer writes at its start (its command carries ``--config.train.resume=True``), *new*
 otherwise. A run dir that holds a run of a different config is an error, so
-that results of another study version are never mixed in.
+that results of another study version are never mixed in. The one exception is a finished run
+that differs only in framework defaults the study does not set (rljax changed a default after the
+run): it is aggregated with a warning naming the keys, since it ran what the study asked for then.
 """
 from __future__ import annotations
 
@@ -35,7 +37,7 @@ from rljax.sweep import study as study_lib
 
 WALL_FILE = "sweep_wall.json"  # per run dir: wall time and exit status of each attempt
 LOG_FILE = "sweep.log"  # per run dir: stdout and stderr of the train subprocess
-_IGNORED_CONFIG_KEYS = {("train", "resume"), ("train", "progress")}
+_IGNORED_CONFIG_KEYS = {"train.resume", "train.progress"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,32 +114,45 @@ def run_state(spec: RunSpec) -> str:
   return "new"
 
 
-def check_same_config(spec: RunSpec, config_path: str) -> None:
-  """Raise if ``spec.run_dir`` holds a run made with another config than ``spec`` asks for."""
+def check_same_config(spec: RunSpec, config_path: str, finished: bool = False) -> list[str]:
+  """Raise if ``spec.run_dir`` holds a run made with another config than ``spec`` asks for; for a
+  finished run, differences in framework defaults only are returned (module docstring)."""
   saved = os.path.join(spec.run_dir, "config.json")
   if not os.path.isfile(saved):
-    return
-  from rljax import config_loader
-  want = json.loads(config_loader.load_config(config_path, list(spec.overrides))
-                    .to_json_best_effort())
+    return []
+  from rljax import config_loader, defaults
+  want = _flat(json.loads(config_loader.load_config(config_path, list(spec.overrides))
+                          .to_json_best_effort()))
   with open(saved) as f:
-    have = json.load(f)
-  for section, key in _IGNORED_CONFIG_KEYS:
-    want.get(section, {}).pop(key, None)
-    have.get(section, {}).pop(key, None)
-  if want != have:
-    diff = _first_difference(want, have)
-    raise SystemExit(f"error: {spec.run_dir} holds a run with another config ({diff}); delete "
-                     "that directory to rerun it, or choose another --root")
+    have = _flat(json.load(f))
+  default = _flat(json.loads(defaults.get_config().to_json_best_effort()))
+  differing = sorted(k for k in (set(want) | set(have)) - _IGNORED_CONFIG_KEYS
+                     if want.get(k, _MISSING) != have.get(k, _MISSING))
+  chosen = {k for k, _ in spec.overrides}
+  # A key the study leaves at today's default, while the run has another value: the default moved.
+  drift = [k for k in differing
+           if k not in chosen and want.get(k, _MISSING) == default.get(k, _MISSING)]
+  if not differing or (finished and drift == differing):
+    return [f"{k}: run dir has {have.get(k, _MISSING)!r}, today's default {want.get(k, _MISSING)!r}"
+            for k in drift]
+  k = next(k for k in differing if k not in drift or not finished)
+  raise SystemExit(f"error: {spec.run_dir} holds a run with another config ({k}: study wants "
+                   f"{want.get(k, _MISSING)!r}, run dir has {have.get(k, _MISSING)!r}); delete "
+                   "that directory to rerun it, or choose another --root")
 
 
-def _first_difference(want, have, prefix="") -> str:
-  if isinstance(want, dict) and isinstance(have, dict):
-    for key in sorted(set(want) | set(have)):
-      if want.get(key, "<missing>") != have.get(key, "<missing>"):
-        return _first_difference(want.get(key, "<missing>"), have.get(key, "<missing>"),
-                                 f"{prefix}{key}.")
-  return f"{prefix.rstrip('.')}: study wants {want!r}, run dir has {have!r}"
+_MISSING = "<missing>"
+
+
+def _flat(tree: dict, prefix: str = "") -> dict:
+  """{"a.b": leaf} of a nested config dict."""
+  out = {}
+  for key, value in tree.items():
+    if isinstance(value, dict):
+      out.update(_flat(value, f"{prefix}{key}."))
+    else:
+      out[f"{prefix}{key}"] = value
+  return out
 
 
 def read_wall(run_dir: str) -> list[dict]:
@@ -241,8 +256,11 @@ def pending_jobs(specs: list[RunSpec], config_path: str) -> tuple[list[Job], lis
   """(cold-start jobs, train jobs, state of every run) for the runs that are not finished."""
   states, sft_jobs, train_jobs, sft_seen = {}, [], [], set()
   for spec in specs:
-    check_same_config(spec, config_path)  # finished ones too: never aggregate another config
     state = run_state(spec)
+    # Finished ones too: never aggregate another config.
+    for line in check_same_config(spec, config_path, finished=state == "finished"):
+      print(f"warning: {spec.run_dir} ran with another framework default, aggregated as it is "
+            f"({line})", flush=True)
     states[(spec.variant, spec.seed)] = state
     if state == "finished":
       continue

@@ -225,3 +225,35 @@ def test_gain_curve_subtracts_each_runs_first_eval(tmp_path):
   drawn = plots.plot_study({("a", 0): _records(), ("a", 1): other}, ["a"],
                            str(tmp_path / "c.png"), title="t")
   assert drawn[:2] == ["eval_accuracy", plots.GAIN] and (tmp_path / "c.png").stat().st_size > 0
+
+
+def test_a_finished_run_of_an_older_default_is_aggregated_and_a_changed_study_is_refused(tmp_path):
+  study = _study(config="configs/study.py")
+  spec = runner.plan_runs(study, str(tmp_path))[4]  # variant b: algo.clip_eps_high=0.28
+  os.makedirs(spec.run_dir)
+  config = json.loads(config_loader.load_config(study.config_path(), list(spec.overrides))
+                      .to_json_best_effort())
+  saved = os.path.join(spec.run_dir, "config.json")
+
+  def save(**changes):
+    tree = json.loads(json.dumps(config))
+    for key, value in changes.items():
+      section, name = key.split(".")
+      tree[section][name] = value
+    with open(saved, "w") as f:
+      json.dump(tree, f)
+
+  save(**{"train.progress": True})  # ignored keys
+  assert runner.check_same_config(spec, study.config_path(), finished=True) == []
+  # The framework's default of model.attention_block moved after the run: aggregated, with a note.
+  save(**{"model.attention_block": config["model"]["attention_block"] + 1})
+  [note] = runner.check_same_config(spec, study.config_path(), finished=True)
+  assert note.startswith("model.attention_block: run dir has")
+  with pytest.raises(SystemExit, match="model.attention_block"):  # cannot be resumed
+    runner.check_same_config(spec, study.config_path(), finished=False)
+  # What the study sets (its base config's lr, the variant's eps_high) must match.
+  for key in ("optim.lr", "algo.clip_eps_high"):
+    section, name = key.split(".")
+    save(**{key: config[section][name] * 2})
+    with pytest.raises(SystemExit, match=key):
+      runner.check_same_config(spec, study.config_path(), finished=True)
