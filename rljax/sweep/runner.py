@@ -131,7 +131,8 @@ def check_same_config(spec: RunSpec, config_path: str, finished: bool = False) -
   chosen = {k for k, _ in spec.overrides}
   # A key the study leaves at today's default, while the run has another value: the default moved.
   drift = [k for k in differing
-           if k not in chosen and want.get(k, _MISSING) == default.get(k, _MISSING)]
+           if k not in chosen and want.get(k, _MISSING) == default.get(k, _MISSING)
+           or k == "sft.out_dir"]  # named by a hash of the config: it moves with any default
   if not differing or (finished and drift == differing):
     return [f"{k}: run dir has {have.get(k, _MISSING)!r}, today's default {want.get(k, _MISSING)!r}"
             for k in drift]
