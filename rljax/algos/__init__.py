@@ -28,7 +28,7 @@ from rljax.algos.losses import (SEQUENCE_MEAN, agg_count, agg_sum, cispo_loss, e
                                 ppo_loss, safe_mean, token_level_agg, token_metrics,
                                 truncated_is_weights)
 from rljax.algos.kl import (adaptive_kl_coef, ema_update, k1, k2, k3, k3_plus, kl_estimate,
-                            kl_penalty, kl_reward_tokens)
+                            kl_penalty, kl_reward_penalty, kl_reward_tokens)
 from rljax.algos.value import (explained_variance, positive_example_rows, positive_lm_nll,
                                positive_rows_mask, value_loss_count, value_loss_sum)
 from rljax.algos.logprobs import (entropy_from_logits, logprobs_from_logits,

@@ -56,18 +56,25 @@ def kl_estimate(estimator: str, logp: chex.Array, ref_logp: chex.Array) -> chex.
   return KL_ESTIMATORS.get(estimator)(logp, ref_logp)
 
 
-def kl_reward_tokens(rewards: chex.Array, mask: chex.Array, old_logp: chex.Array,
-                     ref_logp: chex.Array, *, kl_coef: float, estimator: str) -> chex.Array:
-  """KL in the reward (``algo.kl_placement='reward'``): per-token rewards ``[B, T]``.
-
-  ``-beta sg(k(old_logp, ref_logp)) m`` on every token plus ``R_i`` on the last valid token. The
-  KL is measured at the rollout policy (``old_logp``) and is a reward: no gradient flows.
-  """
-  chex.assert_rank([rewards, mask, old_logp, ref_logp], [1, 2, 2, 2])
+def kl_reward_penalty(mask: chex.Array, old_logp: chex.Array, ref_logp: chex.Array, *,
+                      kl_coef: float, estimator: str) -> chex.Array:
+  """The per-token KL reward ``-beta sg(k(old_logp, ref_logp)) m`` ``[B, T]``
+  (``algo.kl_placement='reward'``). The KL is measured at the rollout policy (``old_logp``) and is
+  a reward: no gradient flows. Outcome estimators read ``R_i`` plus its sum over the row."""
+  chex.assert_rank([mask, old_logp, ref_logp], [2, 2, 2])
   chex.assert_equal_shape([mask, old_logp, ref_logp])
   penalty = -kl_coef * jax.lax.stop_gradient(kl_estimate(estimator, old_logp, ref_logp))
+  return jnp.where(mask > 0, penalty, 0)
+
+
+def kl_reward_tokens(rewards: chex.Array, mask: chex.Array, old_logp: chex.Array,
+                     ref_logp: chex.Array, *, kl_coef: float, estimator: str) -> chex.Array:
+  """KL in the reward for token-level estimators (GAE, REINFORCE++): per-token rewards
+  ``[B, T]``, ``kl_reward_penalty`` on every token plus ``R_i`` on the last valid token."""
+  chex.assert_rank(rewards, 1)
   outcome = outcome_token_rewards(rewards, mask)
-  return outcome + jnp.where(mask > 0, penalty, 0).astype(outcome.dtype)
+  penalty = kl_reward_penalty(mask, old_logp, ref_logp, kl_coef=kl_coef, estimator=estimator)
+  return outcome + penalty.astype(outcome.dtype)
 
 
 @register_regularizer("kl", hparams={"estimator": "kl_estimator"}, coef="kl_coef",

@@ -163,13 +163,18 @@ def score(learner: Learner, state: TrainState, rollout: Rollout, hp, teacher=Non
     ref_logp, _ = completion_stats(cfg, state.ref_params, rollout, chunk)
   if state.critic_params is not None:
     values = completion_values(cfg, state.critic_params, rollout)
+  rewards = rollout.rewards
   if algo.kl_placement == "reward":
-    token_rewards = algos.kl_reward_tokens(rollout.rewards, mask, old_logp, ref_logp,
-                                           kl_coef=state.kl_coef, estimator=algo.kl_estimator)
+    penalty = algos.kl_reward_penalty(mask, old_logp, ref_logp, kl_coef=state.kl_coef,
+                                      estimator=algo.kl_estimator)
+    token_rewards = algos.outcome_token_rewards(rollout.rewards, mask) + penalty
+    # Outcome estimators (GRPO, RLOO, ...) read one reward per row: R_i plus the row's summed
+    # penalty (RLOO's sequence-level KL reward; verl sums GRPO's token rewards the same way).
+    rewards = rollout.rewards + penalty.sum(axis=1)
   extra = {}
   if algo.transforms.remax:  # one baseline per prompt: the first row of each group
     extra["remax_baseline"] = rollout.remax_baseline[::algo.group_size]
-  advantages, returns = algo.advantages(rewards=rollout.rewards, mask=mask, values=values,
+  advantages, returns = algo.advantages(rewards=rewards, mask=mask, values=values,
                                         token_rewards=token_rewards, hp=hp, **extra)
   loss_mask = shaping.overlong_filter_mask(mask, rollout.truncated) if algo.overlong_filter \
       else mask

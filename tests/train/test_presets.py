@@ -77,6 +77,9 @@ def test_preset_runs_and_applies_its_components(preset, tmp_path):
 # number. New metrics may appear; none may change or disappear.
 BEFORE_API = os.path.join(os.path.dirname(__file__), "data", "preset_metrics_before_api.json")
 TIMING = ("sec_", "tokens_per_sec")
+# RLOO's KL-in-reward was ignored by its outcome estimator until it was fixed after the refactor:
+# only its first step (policy = reference, so KL = 0) still has to match.
+COMPARE_UP_TO_STEP = {"rloo": 1}
 
 
 def _same_as_before_the_api_refactor(preset, metrics_path):
@@ -87,6 +90,8 @@ def _same_as_before_the_api_refactor(preset, metrics_path):
   after = metrics_lib.read_jsonl(metrics_path)
   assert len(after) == len(before)
   for old, new in zip(before, after):
+    if old["step"] > COMPARE_UP_TO_STEP.get(preset, old["step"]):
+      continue
     for key, value in old.items():
       if value is not None and not key.startswith(TIMING):
         np.testing.assert_allclose(new[key], value, rtol=1e-4, atol=1e-6,
