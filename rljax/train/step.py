@@ -370,9 +370,15 @@ def step_fns(learner: Learner, mc_learner: Learner | None = None) -> StepFns:
       train_step=lambda state, batch, hp: train_step(learner, state, batch, hp),
       critic_step=(lambda state, batch, hp: critic_step(learner, state, batch, hp))
       if has_critic else None,
-      score_mc=(lambda state, rollout, hp, *teacher: score(mc_learner, state, rollout, hp,
-                                                            *teacher))
+      score_mc=(lambda state, rollout, hp, *teacher: score(
+          mc_learner, state, rollout, monte_carlo_hparams(hp, mc_learner), *teacher))
       if mc_learner is not None else None)
+
+
+def monte_carlo_hparams(hp, mc_learner: Learner):
+  """The run's ``hp`` with the Monte-Carlo ``lam_critic`` of value pretraining: the run's own
+  ``lam_critic`` may be another number, or unset (then ``hp`` has no entry for it)."""
+  return {**hp, "lam_critic": mc_learner.algo.hparams["lam_critic"]}
 
 
 def check_update_schedule(config) -> None:

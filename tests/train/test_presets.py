@@ -180,3 +180,29 @@ def test_value_pretraining_leaves_actor_bit_identical(tmp_path):
   # ... while the critic did learn.
   critic_init = {k: v for k, v in initial.items() if k != "lm_head"}
   assert _changed({k: state.critic_params[k] for k in critic_init}, critic_init)
+
+
+@pytest.mark.parametrize("lam_critic", [None, "0.5"])
+def test_value_pretraining_targets_are_monte_carlo_whatever_lam_critic(lam_critic):
+  # PPO's lam_critic unset (the VAPO ladder's "+value_pretrain" rung) or another number: the
+  # pretraining targets are the returns at lambda 1, i.e. R_i on every valid token (gamma 1, no KL).
+  from rljax.models import tiny_config
+  from rljax.parallel import mesh as mesh_lib
+  from rljax.train import build
+  from tests.train.test_section8_wiring import _rollout
+  overrides = dict(tiny.OVERRIDES, **{"critic.pretrain_steps": "2", "algo.kl_placement": "none",
+                                      "algo.gamma": "1.0"})
+  if lam_critic is not None:
+    overrides["algo.lam_critic"] = lam_critic
+  config = config_loader.load_config(os.path.join(tiny.ROOT, "configs", "ppo.py"),
+                                     list(overrides.items()))
+  algo = resolve(config)
+  model_cfg = tiny_config(config.model, 40)
+  state, fns, _ = build.sharded_state_and_fns(config, model_cfg,
+                                              llama.init_params(model_cfg, seed=0),
+                                              mesh_lib.make_mesh(config.mesh), algo)
+  rollout = _rollout(4)
+  scored, _ = fns.score_mc(state, rollout, algo.hparams)
+  m = rollout.mask.astype(np.float64)
+  np.testing.assert_allclose(np.asarray(scored.returns) * m, rollout.rewards[:, None] * m,
+                             rtol=1e-6, atol=1e-6)
