@@ -121,11 +121,12 @@ def check_same_config(spec: RunSpec, config_path: str, finished: bool = False) -
   if not os.path.isfile(saved):
     return []
   from rljax import config_loader, defaults
-  want = _flat(json.loads(config_loader.load_config(config_path, list(spec.overrides))
-                          .to_json_best_effort()))
+  from rljax.train.run_dir import flatten_config
+  want = flatten_config(json.loads(
+      config_loader.load_config(config_path, list(spec.overrides)).to_json_best_effort()))
   with open(saved) as f:
-    have = _flat(json.load(f))
-  default = _flat(json.loads(defaults.get_config().to_json_best_effort()))
+    have = flatten_config(json.load(f))
+  default = flatten_config(json.loads(defaults.get_config().to_json_best_effort()))
   differing = sorted(k for k in (set(want) | set(have)) - _IGNORED_CONFIG_KEYS
                      if want.get(k, _MISSING) != have.get(k, _MISSING))
   chosen = {k for k, _ in spec.overrides}
@@ -143,17 +144,6 @@ def check_same_config(spec: RunSpec, config_path: str, finished: bool = False) -
 
 
 _MISSING = "<missing>"
-
-
-def _flat(tree: dict, prefix: str = "") -> dict:
-  """{"a.b": leaf} of a nested config dict."""
-  out = {}
-  for key, value in tree.items():
-    if isinstance(value, dict):
-      out.update(_flat(value, f"{prefix}{key}."))
-    else:
-      out[f"{prefix}{key}"] = value
-  return out
 
 
 def read_wall(run_dir: str) -> list[dict]:

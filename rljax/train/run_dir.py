@@ -125,11 +125,12 @@ def holds_run(run_dir: str) -> bool:
   return os.path.isfile(os.path.join(run_dir, CONFIG_FILE)) or bool(committed_steps(run_dir))
 
 
-def _flatten(tree, prefix: str = "") -> dict:
+def flatten_config(tree, prefix: str = "") -> dict:
+  """``{"a.b": leaf}`` of a nested config dict (lists as tuples)."""
   out = {}
   for key, value in tree.items():
     if isinstance(value, dict):
-      out.update(_flatten(value, f"{prefix}{key}."))
+      out.update(flatten_config(value, f"{prefix}{key}."))
     else:
       out[f"{prefix}{key}"] = tuple(value) if isinstance(value, list) else value
   return out
@@ -139,7 +140,7 @@ def config_differences(saved: dict, current: dict, allowed=()) -> list[str]:
   """``'key: saved -> current'`` for every key that differs, except ``RESUMABLE_CHANGES``, the
   ``allowed`` keys and their sub-keys."""
   skip = tuple(RESUMABLE_CHANGES) + tuple(allowed)
-  a, b = _flatten(saved), _flatten(current)
+  a, b = flatten_config(saved), flatten_config(current)
   diffs = []
   for key in sorted(set(a) | set(b)):
     if any(key == s or key.startswith(s + ".") for s in skip):

@@ -165,12 +165,11 @@ def score(learner: Learner, state: TrainState, rollout: Rollout, hp, teacher=Non
     values = completion_values(cfg, state.critic_params, rollout)
   rewards = rollout.rewards
   if algo.kl_placement == "reward":
-    penalty = algos.kl_reward_penalty(mask, old_logp, ref_logp, kl_coef=state.kl_coef,
-                                      estimator=algo.kl_estimator)
-    token_rewards = algos.outcome_token_rewards(rollout.rewards, mask) + penalty
+    kl = dict(kl_coef=state.kl_coef, estimator=algo.kl_estimator)
+    token_rewards = algos.kl_reward_tokens(rollout.rewards, mask, old_logp, ref_logp, **kl)
     # Outcome estimators (GRPO, RLOO, ...) read one reward per row: R_i plus the row's summed
     # penalty (RLOO's sequence-level KL reward; verl sums GRPO's token rewards the same way).
-    rewards = rollout.rewards + penalty.sum(axis=1)
+    rewards = rollout.rewards + algos.kl_reward_penalty(mask, old_logp, ref_logp, **kl).sum(1)
   extra = {}
   if algo.transforms.remax:  # one baseline per prompt: the first row of each group
     extra["remax_baseline"] = rollout.remax_baseline[::algo.group_size]
