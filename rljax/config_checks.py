@@ -103,7 +103,7 @@ RULES: tuple[tuple[str, Check], ...] = (
     ("model.dtype", choice("float32", "bfloat16", "float16")),
     ("model.param_dtype", choice("float32", "bfloat16", "float16")),
     ("model.matmul_precision", choice("default", "high", "highest")),
-    ("model.logits_chunk", integer(1)),
+    ("model.logits_chunk", integer(1)), ("model.forward_tokens", integer(-1)),
     ("model.attention", choice("auto", "xla", "blockwise", "cudnn", "pallas")),
     ("model.attention_block", integer(1)),
     ("rollout.max_concurrent_rows", integer(0)), ("rollout.kv_cache_bytes", integer(0)),

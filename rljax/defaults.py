@@ -37,6 +37,10 @@ def get_config():
   # high | highest (float32 parity with transformers on an accelerator; no effect on CPU or bf16)
   c.model.matmul_precision = "default"
   c.model.logits_chunk = 512  # sequence chunk for log-prob/entropy (never [B, T, V] at once)
+  # most tokens per data shard in one forward/backward of the train step's scoring and update:
+  # rows go through in chunks (exact accumulation); -1 = auto (1024 on CPU, where a chunk that
+  # stays in cache is faster; no limit on accelerators), 0 = no limit
+  c.model.forward_tokens = -1
 
   # --- data ------------------------------------------------------------------------------------
   c.data = ml_collections.ConfigDict()

@@ -202,13 +202,30 @@ def make_task_verifier(config, source, failure_log: str | None = None) -> Callab
   return verifiers.task_verifier(config.reward, failure_log)  # verifiers in killable processes
 
 
+# ``model.forward_tokens=-1`` on CPU: the measured best chunk (benchmarks/RESULTS.md).
+CPU_FORWARD_TOKENS = 1024
+
+
+def forward_tokens(value: int, platform: str) -> int:
+  """``model.forward_tokens`` resolved: -1 (auto) is ``CPU_FORWARD_TOKENS`` on CPU and no limit
+  (0) on accelerators, where the whole batch in one pass is the fast layout."""
+  if value != -1:
+    return value
+  return CPU_FORWARD_TOKENS if platform == "cpu" else 0
+
+
 def learner(config, model_cfg: ModelConfig, algo: Algorithm,
-            teacher_cfg: ModelConfig | None = None) -> step_lib.Learner:
+            teacher_cfg: ModelConfig | None = None, mesh=None) -> step_lib.Learner:
+  """The step's closure; ``mesh`` (default: one device of the default backend) sets how rows
+  are sharded and the platform that ``model.forward_tokens=-1`` resolves for."""
   actor_tx, critic_tx = optimizers(config)
+  platform = (mesh.devices.flat[0] if mesh is not None else jax.devices()[0]).platform
   return step_lib.Learner(algo=algo, model_cfg=model_cfg, actor_tx=actor_tx, critic_tx=critic_tx,
                           logits_chunk=config.model.logits_chunk,
                           critic_clip=config.critic.value_clip, teacher_cfg=teacher_cfg,
-                          seed=config.seed)
+                          seed=config.seed,
+                          forward_tokens=forward_tokens(config.model.forward_tokens, platform),
+                          row_shards=1 if mesh is None else rules.batch_divisor(mesh))
 
 
 def _teacher_path(config) -> str | None:
@@ -273,8 +290,8 @@ def sharded_state_and_fns(config, model_cfg: ModelConfig, params, mesh,
     # Value pretraining scores rollouts with Monte-Carlo returns (lam_critic = 1).
     settings = config.to_dict()
     settings["algo"]["lam_critic"] = 1.0
-    mc = learner(config, model_cfg, resolve(settings), teacher_cfg)
-  fns = step_lib.step_fns(learner(config, model_cfg, algo, teacher_cfg), mc)
+    mc = learner(config, model_cfg, resolve(settings), teacher_cfg, mesh)
+  fns = step_lib.step_fns(learner(config, model_cfg, algo, teacher_cfg, mesh), mc)
   teacher_sharding = None if teacher_cfg is None else rules.param_shardings(
       mesh, llama.logical_axes(teacher_cfg), llama.param_shapes(teacher_cfg))
   compiled = step_lib.compile_step_fns(

@@ -44,6 +44,7 @@ RESUMABLE_CHANGES = (
     "reward.workers", "reward.timeout_s", "reward.max_logged_failures", "data.num_eval",
     "mesh.data", "mesh.fsdp", "mesh.tensor", "dist.mode", "dist.coordinator_address",
     "dist.num_processes", "dist.process_id", "model.remat", "model.logits_chunk",
+    "model.forward_tokens",
     "sft.out_dir",
 )
 

@@ -47,27 +47,37 @@ def sequence_inputs(rollout: Rollout):
   return tokens, attn
 
 
-def completion_stats(model_cfg: ModelConfig, params, rollout: Rollout, chunk: int):
+def completion_stats(model_cfg: ModelConfig, params, rollout: Rollout, chunk: int,
+                     parts: int = 1):
   """Log-probs and entropies of the completion tokens under ``params``: ([B, T], [B, T]).
 
   The hidden state at position ``s`` predicts token ``s+1``; logits are built in sequence
-  chunks, never as a [B, T, V] array.
+  chunks, never as a [B, T, V] array; the rows go through the model ``parts`` chunks at a time
+  (``update.map_rows``).
   """
   tokens, attn = sequence_inputs(rollout)
   s, t = tokens.shape[1], rollout.tokens.shape[1]
-  model = llama.bind(model_cfg, params)
-  hidden, _ = model(tokens, llama.positions_from_mask(attn), attn_mask=attn)
-  return algos.token_logprobs_and_entropy(hidden[:, s - t - 1:s - 1], model.head_weight(),
-                                          tokens[:, s - t:], chunk=chunk)
+
+  def stats(rows):
+    tokens, attn = rows
+    model = llama.bind(model_cfg, params)
+    hidden, _ = model(tokens, llama.positions_from_mask(attn), attn_mask=attn)
+    return algos.token_logprobs_and_entropy(hidden[:, s - t - 1:s - 1], model.head_weight(),
+                                            tokens[:, s - t:], chunk=chunk)
+  return update_lib.map_rows(stats, (tokens, attn), parts)
 
 
-def completion_values(model_cfg: ModelConfig, critic_params, rollout: Rollout):
+def completion_values(model_cfg: ModelConfig, critic_params, rollout: Rollout, parts: int = 1):
   """``V[i, t]``: the critic's value of the state before completion token t, [B, T]."""
   tokens, attn = sequence_inputs(rollout)
   s, t = tokens.shape[1], rollout.tokens.shape[1]
-  model = llama.bind(model_cfg, critic_params, head="value")
-  hidden, _ = model(tokens, llama.positions_from_mask(attn), attn_mask=attn)
-  return model.values(hidden[:, s - t - 1:s - 1])
+
+  def values(rows):
+    tokens, attn = rows
+    model = llama.bind(model_cfg, critic_params, head="value")
+    hidden, _ = model(tokens, llama.positions_from_mask(attn), attn_mask=attn)
+    return model.values(hidden[:, s - t - 1:s - 1])
+  return update_lib.map_rows(values, (tokens, attn), parts)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,7 +88,9 @@ class Learner:
   log-probs are needed before the update (KL in the reward, the adaptive KL coefficient) or the
   loss sees another mask (overlong filter), nor when a section 8 transform needs them (or
   ``H_old``) before the loss. ``teacher_cfg``: the distillation teacher's architecture (8.6);
-  ``seed``: the run's, for the per-minibatch uniforms of Clip-Cov (8.0)."""
+  ``seed``: the run's, for the per-minibatch uniforms of Clip-Cov (8.0). ``forward_tokens``:
+  the most tokens per data shard that one forward (and backward) takes at a time, 0 for no
+  limit (``row_parts``); ``row_shards``: how many data shards the rows are split over."""
   algo: Algorithm
   model_cfg: ModelConfig
   actor_tx: optax.GradientTransformation
@@ -87,13 +99,21 @@ class Learner:
   critic_clip: float | None = None  # critic.value_clip
   teacher_cfg: ModelConfig | None = None
   seed: int = 0
+  forward_tokens: int = 0
+  row_shards: int = 1
 
   @property
   def reuse_policy_forward(self) -> bool:
     a = self.algo
-    return (a.epochs == a.minibatches == a.micro_batches == 1 and a.kl_placement != "reward"
+    return (a.epochs == a.minibatches == 1 and a.kl_placement != "reward"
             and a.kl_target is None and not a.overlong_filter
             and not a.transforms.needs_old_logp)
+
+  def row_parts(self, rollout: Rollout, at_least: int = 1) -> int:
+    """Row chunks for a forward over ``rollout``'s rows: at least ``at_least`` (the micro-batches),
+    more where a chunk would exceed ``forward_tokens`` (``update.row_parts``)."""
+    rows, seq_len = rollout.tokens.shape[0], rollout.prompt_tokens.shape[1] + rollout.tokens.shape[1]
+    return update_lib.row_parts(rows, self.row_shards, seq_len, self.forward_tokens, at_least)
 
 
 # --- scoring -------------------------------------------------------------------------------------
@@ -104,7 +124,7 @@ def scalar_metrics(values: dict) -> Metrics:
 
 def scoring_metrics(learner: Learner, mask, logp, entropy, sampler_logp, ref_logp) -> Metrics:
   """Entropy, the sampler / policy log-prob gap (and 8.2's ``mismatch/``, over the whole
-  batch: the reused forward has one micro-batch) and the KL estimate over the valid tokens."""
+  batch, from the reused forward's rows) and the KL estimate over the valid tokens."""
   gap = jnp.abs(logp - sampler_logp)
   metrics = {
       "entropy": loss_lib.token_metrics(mask, v=entropy)["v"],
@@ -131,7 +151,7 @@ def transform_scores(learner: Learner, rollout: Rollout, hp, teacher, *, mask, l
     metrics.update(scalar_metrics(scalars))
   if tf.opd:
     teacher_logp, _ = completion_stats(learner.teacher_cfg, teacher, rollout,
-                                       learner.logits_chunk)
+                                       learner.logits_chunk, learner.row_parts(rollout))
     student = old_logp if tf.opd_student_logp == "old" else rollout.sampler_logp
     advantages, opd_metrics = distill.add_opd_advantages(
         advantages, student, teacher_logp, loss_mask, coef=hp["opd_coef"],
@@ -157,12 +177,13 @@ def score(learner: Learner, state: TrainState, rollout: Rollout, hp, teacher=Non
   row_valid = rollout.row_valid.astype(jnp.float32)
   mask = rollout.mask.astype(jnp.float32) * row_valid[:, None]
   old_logp = entropy = ref_logp = values = token_rewards = None
+  parts = learner.row_parts(rollout)
   if not learner.reuse_policy_forward:
-    old_logp, entropy = completion_stats(cfg, state.params, rollout, chunk)
+    old_logp, entropy = completion_stats(cfg, state.params, rollout, chunk, parts)
   if state.ref_params is not None:
-    ref_logp, _ = completion_stats(cfg, state.ref_params, rollout, chunk)
+    ref_logp, _ = completion_stats(cfg, state.ref_params, rollout, chunk, parts)
   if state.critic_params is not None:
-    values = completion_values(cfg, state.critic_params, rollout)
+    values = completion_values(cfg, state.critic_params, rollout, parts)
   rewards = rollout.rewards
   if algo.kl_placement == "reward":
     kl = dict(kl_coef=state.kl_coef, estimator=algo.kl_estimator)
@@ -208,20 +229,22 @@ def _loss_inputs(batch: Rollout) -> dict:
               entropy_keep=batch.entropy_keep)
 
 
-def minibatch_counts(learner: Learner, minibatch: Rollout) -> dict:
+def minibatch_counts(learner: Learner, minibatch: Rollout, parts: int) -> dict:
   """The denominator of every loss term over the whole minibatch (clamped at 1: an all-padding
-  minibatch contributes a zero loss, not NaN)."""
+  minibatch contributes a zero loss, not NaN), and the number of micro-batches ``parts``."""
   algo, arrays = learner.algo, _loss_inputs(minibatch)
   counts = {"policy": algo.policy_loss_count(minibatch.loss_mask),
             "value": value_lib.value_loss_count(minibatch.loss_mask)}
   counts.update({reg.name: reg.count(**arrays) for reg in algo.regularizers})
   counts = {k: jnp.maximum(v.astype(jnp.float32), 1.0) for k, v in counts.items()}
-  counts["micro"] = jnp.asarray(algo.micro_batches, jnp.float32)
+  counts["micro"] = jnp.asarray(parts, jnp.float32)
   return counts
 
 
 def actor_loss(learner: Learner, params, coefs, micro: Rollout, counts):
-  """The policy objective plus every regulariser, each divided by its minibatch count."""
+  """The policy objective plus every regulariser, each divided by its minibatch count:
+  ``(loss, (metrics, rows))``, ``rows`` the forward's ``(logp, entropy)`` when it also gives the
+  old log-probs (the scoring metrics are then computed over the whole minibatch), else None."""
   algo = learner.algo
   logp, entropy = completion_stats(learner.model_cfg, params, micro, learner.logits_chunk)
   arrays = _loss_inputs(micro)
@@ -231,9 +254,6 @@ def actor_loss(learner: Learner, params, coefs, micro: Rollout, counts):
   loss_sum, metrics = algo.policy_loss_sum(hp=coefs, **arrays)
   total = loss_sum / counts["policy"]
   metrics = dict(metrics, policy_loss=(loss_sum, counts["policy"] / counts["micro"]))
-  if micro.old_logp is None:  # the metrics scoring left out, from the same forward
-    metrics.update(scoring_metrics(learner, micro.loss_mask, arrays["old_logp"], entropy,
-                                   micro.sampler_logp, micro.ref_logp))
   for reg in algo.regularizers:
     reg_sum = algo.regularizer_sum(reg, coefs, **arrays)
     total = total + coefs[reg.coef] * reg_sum / counts[reg.name]
@@ -241,7 +261,8 @@ def actor_loss(learner: Learner, params, coefs, micro: Rollout, counts):
   if algo.transforms.entropy_ctrl:  # 8.7's "full" measure: H of every forward (kept tokens)
     measured = loss_lib.entropy_bonus_mask(micro.loss_mask, micro.entropy_keep)
     metrics["entropy_ctrl/H_update"] = loss_lib.token_metrics(measured, v=entropy)["v"]
-  return total, metrics
+  rows = (arrays["old_logp"], jax.lax.stop_gradient(entropy)) if micro.old_logp is None else None
+  return total, (metrics, rows)
 
 
 def critic_loss(learner: Learner, critic_params, micro: Rollout, counts):
@@ -279,14 +300,18 @@ def minibatch_update(learner: Learner, hp, state: TrainState, minibatch: Rollout
   metrics, skipped = {}, jnp.zeros((), jnp.int32)
   if update_actor:
     minibatch, metrics = select_tokens(learner, hp, state.step, minibatch, index)
-  counts = minibatch_counts(learner, minibatch)
+  parts = learner.row_parts(minibatch, at_least=algo.micro_batches)
+  counts = minibatch_counts(learner, minibatch, parts)
   if update_actor:
     coefs = dict(hp, kl_coef=state.kl_coef)  # the adaptive KL coefficient lives in the state
     if state.entropy_ctrl is not None:  # and so does the adaptive entropy coefficient (8.7)
       coefs["entropy_coef"] = state.entropy_ctrl.applied.astype(jnp.float32)
-    loss, grads, actor_metrics = update_lib.accumulate_gradients(
+    loss, grads, actor_metrics, rows = update_lib.accumulate_gradients(
         lambda p, mb, c: actor_loss(learner, p, coefs, mb, c), state.params, minibatch, counts,
-        parts=algo.micro_batches)
+        parts=parts, row_outputs=True)
+    if rows is not None:  # the metrics scoring left out, from the loss's forward
+      actor_metrics.update(scoring_metrics(learner, minibatch.loss_mask, *rows,
+                                           minibatch.sampler_logp, minibatch.ref_logp))
     params, opt_state, grad_norm, applied = update_lib.apply_update(
         learner.actor_tx, state.params, state.opt_state, grads, loss)
     ref_params = state.ref_params
@@ -298,7 +323,7 @@ def minibatch_update(learner: Learner, hp, state: TrainState, minibatch: Rollout
   if state.critic_params is not None:
     closs, cgrads, critic_metrics = update_lib.accumulate_gradients(
         lambda p, mb, c: critic_loss(learner, p, mb, c), state.critic_params, minibatch,
-        counts, parts=algo.micro_batches)
+        counts, parts=parts)
     critic_params, critic_opt_state, cgrad_norm, capplied = update_lib.apply_update(
         learner.critic_tx, state.critic_params, state.critic_opt_state, cgrads, closs)
     state = state.replace(critic_params=critic_params, critic_opt_state=critic_opt_state)

@@ -38,26 +38,59 @@ def split_rows(tree, parts: int):
   return jax.tree.map(split, tree)
 
 
+def merge_rows(tree):
+  """The inverse of ``split_rows``: ``[parts, N / parts, ...] -> [N, ...]`` in row order."""
+  return jax.tree.map(lambda x: x.swapaxes(0, 1).reshape((-1,) + x.shape[2:]), tree)
+
+
+def map_rows(fn: Callable, tree, parts: int):
+  """``fn(tree)`` computed ``parts`` row chunks at a time (``lax.map`` over ``split_rows``) and
+  merged back in row order; for a row-wise ``fn`` the result is ``fn(tree)``."""
+  if parts == 1:
+    return fn(tree)
+  return merge_rows(jax.lax.map(fn, split_rows(tree, parts)))
+
+
+def row_parts(rows: int, shards: int, seq_len: int, max_tokens: int, at_least: int = 1) -> int:
+  """How many parts ``split_rows`` should make of ``rows`` rows of ``seq_len`` tokens, sharded
+  over ``shards``: ``at_least`` times the smallest divisor ``k`` of a shard's
+  ``rows / shards / at_least`` rows for which one part holds at most ``max_tokens`` tokens per
+  shard (one row per part when a row alone is longer). ``max_tokens=0``, or rows that do not
+  divide so, leave ``at_least``. E.g. 64 rows, 1 shard, 136 tokens, 1024: 16 parts of 4 rows."""
+  if not max_tokens or rows % shards or (rows // shards) % at_least:
+    return at_least
+  rest = rows // shards // at_least
+  want = -(-rest * seq_len // max_tokens)
+  return at_least * next(k for k in range(1, rest + 1) if rest % k == 0 and k >= min(want, rest))
+
+
 def accumulate_gradients(loss_fn: Callable, params, minibatch, counts: Mapping[str, Any], *,
-                         parts: int, extra: tuple = ()):
+                         parts: int, extra: tuple = (), row_outputs: bool = False):
   """``(loss, grads, metrics)`` summed over ``parts`` micro-batches of ``minibatch`` (a scan).
 
   ``loss_fn(params, *extra, micro, counts) -> (loss, metrics)`` with each term already divided
-  by its whole-minibatch count, so the sums are the minibatch's loss and gradient.
+  by its whole-minibatch count, so the sums are the minibatch's loss and gradient. With
+  ``row_outputs``, ``loss_fn`` returns ``(loss, (metrics, rows))``, ``rows`` a pytree of per-row
+  arrays of the micro-batch, and the call returns them too, merged back in the minibatch's row
+  order: ``(loss, grads, metrics, rows)`` (e.g. the token log-probs of the loss's forward).
   """
   micro = split_rows(minibatch, parts)
   grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+  aux = (lambda a: a) if row_outputs else (lambda a: (a, None))
 
   def body(acc, part):
-    (loss, metrics), grads = grad_fn(params, *extra, part, counts)
+    (loss, out), grads = grad_fn(params, *extra, part, counts)
+    metrics, rows = aux(out)
     return (jax.tree.map(jnp.add, acc[0], grads), acc[1] + loss,
-            jax.tree.map(jnp.add, acc[2], metrics)), None
+            jax.tree.map(jnp.add, acc[2], metrics)), rows
 
   first = jax.tree.map(lambda x: x[0], micro)
-  metric_shapes = jax.eval_shape(grad_fn, params, *extra, first, counts)[0][1]
+  metric_shapes = aux(jax.eval_shape(grad_fn, params, *extra, first, counts)[0][1])[0]
   zeros = (jax.tree.map(jnp.zeros_like, params), jnp.zeros(()),
            jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), metric_shapes))
-  (grads, loss, metrics), _ = jax.lax.scan(body, zeros, micro)
+  (grads, loss, metrics), rows = jax.lax.scan(body, zeros, micro)
+  if row_outputs:
+    return loss, grads, metrics, merge_rows(rows)
   return loss, grads, metrics
 
 

@@ -8,7 +8,7 @@ from rljax import config_loader
 from rljax.models import tiny_config
 from rljax.models import llama
 from rljax.algos import resolve
-from rljax.train import build, step as step_lib
+from rljax.train import build, step as step_lib, update as update_lib
 from tests.train import tiny
 
 import os
@@ -88,21 +88,27 @@ def _on_policy_step(micro, **extra):
 @pytest.mark.slow
 def test_one_update_per_batch_reuses_the_policy_forward():
   """With one update per batch the loss takes the old log-probs from its own forward (scoring
-  skips the policy, old_logp stays None): same update and same metrics as scoring first
-  (micro_batches=2 does)."""
-  reused_state, reused_scored, reused = _on_policy_step(1)
-  state, scored, metrics = _on_policy_step(2)
-  assert "entropy" not in reused_scored and "entropy" in scored  # the forward was skipped
-  merged_reused, merged = {**reused_scored, **reused}, {**scored, **metrics}
-  assert set(merged_reused) == set(merged)
-  for name in ("entropy", "logp_gap_mean", "logp_gap_max", "kl", "loss", "kl_loss",
-               "mismatch/k1", "mismatch/chi2_seq"):
-    value = lambda m: float(m[name][0]) / float(m[name][1])
-    np.testing.assert_allclose(value(merged_reused), value(merged), rtol=1e-5, atol=1e-6,
-                               err_msg=name)
+  skips the policy, old_logp stays None), whatever the micro-batch split: same update and same
+  metrics as scoring first. Scoring first is forced by the overlong filter, a no-op on these
+  untruncated rows; the reused forward's scoring metrics (a max, row means) are computed over
+  the whole batch, so 4 micro-batches give the batch's values, not a mean of 4 parts'."""
+  scoring_first = _on_policy_step(1, **{"algo.overlong_filter": "True"})
+  state, scored, metrics = scoring_first
+  assert "entropy" in scored
+  merged = {**scored, **metrics}
+  for micro in (1, 4):
+    reused_state, reused_scored, reused = _on_policy_step(micro)
+    assert "entropy" not in reused_scored  # the forward was skipped
+    merged_reused = {**reused_scored, **reused}
+    assert set(merged_reused) == set(merged)
+    for name in ("entropy", "logp_gap_mean", "logp_gap_max", "kl", "loss", "kl_loss",
+                 "mismatch/k1", "mismatch/chi2_seq", "mismatch/abs_diff_max"):
+      value = lambda m: float(m[name][0]) / float(m[name][1])
+      np.testing.assert_allclose(value(merged_reused), value(merged), rtol=1e-5, atol=1e-6,
+                                 err_msg=f"{name}, micro_batches={micro}")
+    for a, b in zip(jax.tree.leaves(reused_state.params), jax.tree.leaves(state.params)):
+      np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
   assert float(merged["kl"][0]) > 0 and float(merged["entropy"][0]) > 0
-  for a, b in zip(jax.tree.leaves(reused_state.params), jax.tree.leaves(state.params)):
-    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.slow
@@ -120,3 +126,35 @@ def test_a_hyperparameter_sweep_reuses_one_compilation():
   assert train._cache_size() == 1
   frac = lambda m: float(m["clip_frac_high"][0] + m["clip_frac_low"][0])
   assert frac(narrow) > frac(wide)
+
+
+def test_row_parts_hand_worked():
+  """64 rows of 136 tokens, 1024 per chunk: 9 wanted, 16 the next divisor of 64 (4 rows each);
+  over 8 shards a shard holds 8 rows: 2 parts (4 x 136 = 544 tokens a part); a row longer than
+  the limit goes alone; no limit, or rows that do not divide, keep the micro-batches."""
+  row_parts = update_lib.row_parts
+  assert row_parts(64, 1, 136, 1024) == 16
+  assert row_parts(64, 8, 136, 1024) == 2
+  assert row_parts(64, 1, 264, 1024) == 32
+  assert row_parts(64, 1, 4096, 1024) == 64
+  assert row_parts(64, 1, 136, 1024, at_least=4) == 16
+  assert row_parts(48, 1, 136, 1024, at_least=2) == 8  # 2 x 4 parts of 6 rows (816 tokens)
+  assert row_parts(64, 1, 136, 0, at_least=2) == 2
+  assert row_parts(64, 1, 136, 1 << 20) == 1
+  assert row_parts(60, 8, 136, 1024) == 1  # 60 rows do not shard evenly over 8
+
+
+@pytest.mark.slow
+def test_forward_tokens_chunk_the_rows_without_changing_the_step():
+  """``model.forward_tokens=16``: every forward of scoring (policy, reference) and the update run
+  one 16-token row at a time (8 chunks); the scored log-probs, the metrics and the updated
+  parameters equal the unchunked step's."""
+  runs = [_on_policy_step(1, **{"algo.overlong_filter": "True", "model.forward_tokens": str(n)})
+          for n in (0, 16)]
+  (state0, scored0, metrics0), (state1, scored1, metrics1) = runs
+  for name in set(scored0) | set(metrics0):
+    a, b = {**scored0, **metrics0}[name], {**scored1, **metrics1}[name]
+    np.testing.assert_allclose(float(a[0]) / float(a[1]), float(b[0]) / float(b[1]), rtol=1e-5,
+                               atol=1e-6, err_msg=name)
+  for a, b in zip(jax.tree.leaves(state0.params), jax.tree.leaves(state1.params)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
