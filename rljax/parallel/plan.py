@@ -14,8 +14,9 @@ What is counted (per device, the device holding the most):
   ``rules.opt_state_shardings``;
 - reference model (same shapes and rules as the policy) unless ``algo.kl_placement == 'none'``;
 - critic (value model + its optimizer state and gradients) when ``critic.enabled``;
-- gradients: one copy in the parameter dtype, two with ``algo.micro_batches > 1`` (accumulator and
-  the current micro-batch's gradients);
+- gradients: one copy in the parameter dtype, two with more than one micro-batch (accumulator and
+  the current micro-batch's gradients; ``algo.micro_batches``, or more where
+  ``model.forward_tokens`` splits the rows: auto on CPU);
 - rollout: KV cache ``2 x L x B x K x G x Dh`` in ``model.dtype`` with B = ``prompts_per_step x
   group_size`` rows split over the batch axes and K = prompt length + ``max_new_tokens``; the
   sampler grows its cache between decode segments, so at the last growth the previous cache
@@ -23,7 +24,7 @@ What is counted (per device, the device holding the most):
   ``[Pn, H, P, P]`` attention scores with the materialised backend (blockwise: one block of
   them; cuDNN/Pallas: none); FSDP-sharded weights are all-gathered for the forward: the
   worst case (XLA hoisting the gather out of the decode loop) is all weights / tensor;
-- train step activations for one micro-batch of ``rows = P*G / minibatches / micro_batches /
+- train step activations for one micro-batch of ``rows = P*G / minibatches / micro-batches /
   batch shards`` rows of ``S = prompt + max_new_tokens`` tokens, per layer per token
   ``(ACT_D*D + ACT_QKV*(H+2G)*Dh + ACT_F*F) * dtype bytes`` (the tensors this decoder keeps for
   the backward pass: residual, float32 norm copies, q/k/v before and after RoPE, attention out,
@@ -60,6 +61,7 @@ from rljax.models import llama
 from rljax.models.config import REMAT_CHOICES, ModelConfig, tiny_config
 from rljax.parallel import mesh as mesh_lib
 from rljax.parallel import rules as rules_lib
+from rljax.train import update as update_lib
 
 GiB = 1024 ** 3
 
@@ -240,6 +242,13 @@ def _split(size: int, parts: int) -> int:
   return -(-size // parts)
 
 
+def train_micro_batches(config, device_kind: str, rows: int, shards: int, seq_len: int) -> int:
+  """The micro-batches of one minibatch of ``rows`` rows that the train step runs:
+  ``algo.micro_batches``, or more where ``model.forward_tokens`` splits the rows further."""
+  limit = update_lib.forward_tokens(config.model.forward_tokens, device_kind)
+  return update_lib.row_parts(rows, shards, seq_len, limit, config.algo.micro_batches)
+
+
 def plan(config, device: str | None = None, *, model: str | None = None,
          prompt_len: int | None = None, optimizer=None, rules=None) -> dict:
   """Per-device memory of a run of ``config`` on ``device`` (see module doc). Bytes throughout.
@@ -281,8 +290,6 @@ def plan(config, device: str | None = None, *, model: str | None = None,
   opt = rules_lib.per_device_bytes(
       opt_shapes, rules_lib.opt_state_shardings(mesh, opt_shapes, p_sh, shapes))
   fallbacks = rules_lib.fallbacks(mesh, axes, shapes, rules)
-  micro = config.algo.micro_batches
-  grads = params * (2 if micro > 1 else 1)
   reference = 0 if config.algo.kl_placement == "none" else params
   critic = critic_opt = critic_grads = 0
   if config.critic.enabled:
@@ -292,7 +299,6 @@ def plan(config, device: str | None = None, *, model: str | None = None,
     c_opt = jax.eval_shape(tx.init, c_shapes)
     critic_opt = rules_lib.per_device_bytes(
         c_opt, rules_lib.opt_state_shardings(mesh, c_opt, c_sh, c_shapes))
-    critic_grads = critic * (2 if micro > 1 else 1)
     fallbacks += [f"critic {f}" for f in rules_lib.fallbacks(mesh, c_axes, c_shapes, rules)]
 
   # --- rollout ---
@@ -334,6 +340,9 @@ def plan(config, device: str | None = None, *, model: str | None = None,
 
   # --- train step ---
   mb = config.algo.minibatches
+  micro = train_micro_batches(config, dev["kind"], rows // mb, batch_shards, slots)
+  grads = params * (2 if micro > 1 else 1)
+  critic_grads = critic * (2 if micro > 1 else 1)
   if rows % (mb * micro * batch_shards):
     warnings.append(f"P*G={rows} rows do not split into minibatches={mb} x micro_batches={micro}"
                     f" x {batch_shards} batch shards; rounded up")

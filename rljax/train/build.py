@@ -22,6 +22,7 @@ from rljax.models import ModelConfig, llama
 from rljax.parallel import distributed, mesh as mesh_lib, rules
 from rljax.rewards import verifiers
 from rljax.train import step as step_lib
+from rljax.train import update as update_lib
 from rljax.train.generation import Generator
 from rljax.train.checkpoint import Checkpointer
 from rljax.train.metrics import MetricsWriter
@@ -202,18 +203,6 @@ def make_task_verifier(config, source, failure_log: str | None = None) -> Callab
   return verifiers.task_verifier(config.reward, failure_log)  # verifiers in killable processes
 
 
-# ``model.forward_tokens=-1`` on CPU: the measured best chunk (benchmarks/RESULTS.md).
-CPU_FORWARD_TOKENS = 1024
-
-
-def forward_tokens(value: int, platform: str) -> int:
-  """``model.forward_tokens`` resolved: -1 (auto) is ``CPU_FORWARD_TOKENS`` on CPU and no limit
-  (0) on accelerators, where the whole batch in one pass is the fast layout."""
-  if value != -1:
-    return value
-  return CPU_FORWARD_TOKENS if platform == "cpu" else 0
-
-
 def learner(config, model_cfg: ModelConfig, algo: Algorithm,
             teacher_cfg: ModelConfig | None = None, mesh=None) -> step_lib.Learner:
   """The step's closure; ``mesh`` (default: one device of the default backend) sets how rows
@@ -224,7 +213,7 @@ def learner(config, model_cfg: ModelConfig, algo: Algorithm,
                           logits_chunk=config.model.logits_chunk,
                           critic_clip=config.critic.value_clip, teacher_cfg=teacher_cfg,
                           seed=config.seed,
-                          forward_tokens=forward_tokens(config.model.forward_tokens, platform),
+                          forward_tokens=update_lib.forward_tokens(config.model.forward_tokens, platform),
                           row_shards=1 if mesh is None else rules.batch_divisor(mesh))
 
 

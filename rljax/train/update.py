@@ -51,6 +51,18 @@ def map_rows(fn: Callable, tree, parts: int):
   return merge_rows(jax.lax.map(fn, split_rows(tree, parts)))
 
 
+# ``model.forward_tokens=-1`` on CPU: the measured best chunk (benchmarks/RESULTS.md).
+CPU_FORWARD_TOKENS = 1024
+
+
+def forward_tokens(value: int, platform: str) -> int:
+  """``model.forward_tokens`` resolved: -1 (auto) is ``CPU_FORWARD_TOKENS`` on CPU and no limit
+  (0) on accelerators, where the whole batch in one pass is the fast layout."""
+  if value != -1:
+    return value
+  return CPU_FORWARD_TOKENS if platform == "cpu" else 0
+
+
 def row_parts(rows: int, shards: int, seq_len: int, max_tokens: int, at_least: int = 1) -> int:
   """How many parts ``split_rows`` should make of ``rows`` rows of ``seq_len`` tokens, sharded
   over ``shards``: ``at_least`` times the smallest divisor ``k`` of a shard's
