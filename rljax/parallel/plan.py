@@ -185,7 +185,8 @@ def model_config(config, model: str | None = None) -> tuple[str, ModelConfig]:
   ``model.source`` ('hf:PATH' reads PATH/config.json only; 'tiny' uses ``config.model``)."""
   m = config.model
   source = model or _plan_key(config, "model") or m.source
-  dtypes = dict(dtype=m.dtype, param_dtype=m.param_dtype, remat=m.remat, attention=m.attention,
+  dtypes = dict(dtype=m.dtype, param_dtype=m.param_dtype, remat=m.remat,
+                scan_layers=m.scan_layers, attention=m.attention,
                 attention_block=m.attention_block)
   if source in MODEL_SHAPES:
     return source, ModelConfig(**MODEL_SHAPES[source], **dtypes)
