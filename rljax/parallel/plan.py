@@ -36,8 +36,8 @@ What is counted (per device, the device holding the most):
   ``model.remat``: ``none`` keeps all ``L`` layers; ``full`` only each layer's input
   ``[rows, S, D]`` and recomputes one layer at a time (``REMAT_LIVE_LAYERS`` layers' worth live in
   its backward); ``dots`` also keeps the weight matmuls' outputs the backward needs
-  (``(H+2G)*Dh + 2F`` per token: q/k/v and gate/up; the o/down projections feed only a residual
-  add, so autodiff saves nothing of theirs). With ``model.scan_layers`` (the layers under ``lax.scan``, remat on the scanned body)
+  (``(H+2G)*Dh + D + 2F`` per token: q/k/v, o and gate/up; the down projection's output feeds
+  only the block's residual add, so autodiff keeps nothing of it). With ``model.scan_layers`` (the layers under ``lax.scan``, remat on the scanned body)
   one layer is live in the backward at ``SCAN_LIVE_LAYERS`` layers' worth, also with remat
   ``none`` (its residuals sliced out of the stacked ones), plus the stacked copy of the layer
   weights and of their gradient (policy and critic). This is what XLA:CPU's accounting
@@ -382,7 +382,7 @@ def plan(config, device: str | None = None, *, model: str | None = None,
   attn_blocks = (train_rows * t_div(h) * attention_lib.balanced_block(slots, blk) ** 2 * 4
                  * BLOCK_TEMPS if attention == "blockwise" else 0)
   layer_act = tokens * (lin + attn)
-  dots = (t_div(h * dh) + 2 * t_div(g * dh) + 2 * t_div(f)) * b
+  dots = (t_div(h * dh) + 2 * t_div(g * dh) + d + 2 * t_div(f)) * b
   act_by_remat = layer_activations(L, tokens * d * b, tokens * dots, layer_act, cfg.scan_layers)
   act_by_remat = {k: v + attn_blocks for k, v in act_by_remat.items()}
   scan_weights = 0
