@@ -109,6 +109,7 @@ RULES: tuple[tuple[str, Check], ...] = (
     ("rollout.max_concurrent_rows", integer(0)), ("rollout.kv_cache_bytes", integer(0)),
     ("rollout.dtype", choice(None, "float32", "bfloat16", "float16")),
     ("model.remat", choice("none", "full", "dots", True, False, "True", "False", "true", "false")),
+    ("model.scan_layers", choice(True, False)),
     ("data.difficulty", integer(0)), ("data.num_eval", integer(1)),
     ("data.prompt_bucket", integer(1)), ("data.max_prompt_tokens", integer(0)),
     ("data.overlong_prompts", choice("error", "drop")),

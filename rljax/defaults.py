@@ -29,6 +29,9 @@ def get_config():
   # per-layer rematerialisation in the backward pass: none | full (keep each layer's input only)
   # | dots (also keep the weight matmuls' outputs); True/False read as full/none
   c.model.remat = "none"
+  # training/scoring forward as a lax.scan over the layers (same parameter tree); remat saves
+  # memory on XLA:CPU only with it (the unrolled loop's recomputation is merged into the forward)
+  c.model.scan_layers = False
   # attention backend: auto (cudnn on GPUs for 16-bit dtypes, pallas on TPUs, else blockwise) |
   # xla (materialised scores, the reference) | blockwise | cudnn | pallas
   c.model.attention = "auto"

@@ -43,6 +43,7 @@ class ModelConfig:
   dtype: str = "float32"  # compute dtype
   param_dtype: str = "float32"
   remat: str = "none"  # 'none' | 'full' | 'dots' (True/False of old configs: 'full'/'none')
+  scan_layers: bool = False  # cache-free forward as a lax.scan over stacked layer weights
   attention: str = "auto"  # backend of rljax.models.attention
   attention_block: int = 128  # max query/key block of the blockwise backend (balanced)
   sliding_window: int | None = None  # Mistral: a query sees its last ``sliding_window`` slots
@@ -57,6 +58,8 @@ class ModelConfig:
     if self.remat not in REMAT_CHOICES:
       raise ValueError(f"model.remat={self.remat!r}: expected one of {REMAT_CHOICES} "
                        "(or True/False for 'full'/'none')")
+    if not isinstance(self.scan_layers, bool):
+      raise ValueError(f"model.scan_layers={self.scan_layers!r}: expected True or False")
     if self.attention not in ATTENTION_BACKENDS:
       raise ValueError(f"model.attention={self.attention!r}: expected one of "
                        f"{ATTENTION_BACKENDS}")
@@ -194,6 +197,7 @@ def tiny_config(model_cfg, vocab_size: int, **overrides) -> ModelConfig:
       dtype=model_cfg.dtype,
       param_dtype=model_cfg.param_dtype,
       remat=model_cfg.remat,
+      scan_layers=model_cfg.scan_layers,
       attention=model_cfg.attention,
       attention_block=model_cfg.attention_block,
       **overrides)

@@ -3,7 +3,8 @@
 Matches ``transformers``' ``LlamaForCausalLM`` / ``Qwen2ForCausalLM`` numerically: RMSNorm in
 float32, rotate-half RoPE (with Llama-3 / linear scaling), grouped-query attention with the softmax
 in float32 and Mistral's sliding window (``rljax.models.attention``: one masking semantics, backends
-by platform), SwiGLU MLP, tied or untied output embedding; per-layer remat policies.
+by platform), SwiGLU MLP, tied or untied output embedding; per-layer remat policies, and
+optionally (``scan_layers``) the cache-free forward as a ``lax.scan`` over the layers.
 
 Parameters carry logical axis names (``Param(..., logical_axes=(...))``) that
 ``rljax.parallel`` maps onto mesh axes. The model is used functionally: ``init_params`` returns a
@@ -224,11 +225,13 @@ class Transformer(nnx.Module):
       if kv_mask is None or cache_index is None:
         raise ValueError("kv_mask [B, K] and cache_index are required with a KV cache")
       k_valid, q_offset = kv_mask.astype(bool), cache_index
+    policy = REMAT_POLICIES[self.cfg.remat]
+    if cache is None and self.cfg.scan_layers:
+      return self.norm(self._scan_blocks(x, positions, k_valid, policy)), None
     new_cache = []
     for i in range(self.num_layers):
       block = getattr(self, f"layers_{i}")
       layer_cache = None if cache is None else cache[i]
-      policy = REMAT_POLICIES[self.cfg.remat]
       if policy is None:
         x, layer_cache = block(x, positions, k_valid, q_offset, layer_cache, cache_index)
       else:
@@ -238,6 +241,31 @@ class Transformer(nnx.Module):
         x, layer_cache = nnx.remat(run, policy=policy)(block, x, positions, k_valid, layer_cache)
       new_cache.append(layer_cache)
     return self.norm(x), (None if cache is None else tuple(new_cache))
+
+  def _scan_blocks(self, x, positions, k_valid, policy):
+    """The blocks without a cache as one ``jax.lax.scan`` over their stacked parameters.
+
+    ``x_{l+1} = block(x_l; W_l)`` for ``l = 0..L-1`` with ``W = stack(W_0..W_{L-1})`` built here,
+    inside the traced function, so the parameter tree keeps its ``layers_i`` entries. The remat
+    policy wraps the scanned body (``jax.checkpoint``): XLA cannot merge a loop body's
+    recomputation back into the forward, which it does with an unrolled loop on CPU, so only
+    this layout makes remat save memory there. Cost: one stacked copy of the layer weights
+    during the step, and in the backward one of their gradients (unstacked into ``layers_i``).
+    """
+    graphdef, first = nnx.split(self.layers_0)
+    states = [first] + [nnx.split(getattr(self, f"layers_{i}"))[1]
+                        for i in range(1, self.num_layers)]
+    stacked = jax.tree.map(lambda *ws: jnp.stack(ws), *states)
+
+    def body(h, layer_state):
+      # Query offset 0 and no cache: a static Python int selects the self-attention kernels.
+      h, _ = nnx.merge(graphdef, layer_state)(h, positions, k_valid, 0, None, None)
+      return h, None
+
+    if policy is not None:
+      body = jax.checkpoint(body, policy=policy)
+    x, _ = jax.lax.scan(body, x, stacked)
+    return x
 
   def embed(self, tokens):
     """Token embeddings [B, S, D] in the compute dtype.

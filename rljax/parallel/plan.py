@@ -36,9 +36,17 @@ What is counted (per device, the device holding the most):
   ``rows x H x block^2`` float32 block temporaries (``BLOCK_TEMPS`` of them). Per
   ``model.remat``: ``none`` keeps all ``L`` layers; ``full`` only each layer's input
   ``[rows, S, D]`` and recomputes one layer at a time (``REMAT_LIVE_LAYERS`` layers' worth live in
-  its backward); ``dots`` also keeps the weight matmuls' outputs (``(H+2G)*Dh + 2D + 2F`` per
-  token). Plus the chunked log-prob: ``rows x logits_chunk x V x 4 bytes x LOGITS_COPIES``, and
-  all-gathered weights of ``GATHERED_LAYERS`` layers and the head.
+  its backward); ``dots`` also keeps the weight matmuls' outputs the backward needs
+  (``(H+2G)*Dh + D + 2F`` per token: q/k/v, o and gate/up; the down projection's output feeds
+  only the block's residual add, so autodiff keeps nothing of it). With ``model.scan_layers`` (the layers under ``lax.scan``, remat on the scanned body)
+  one layer is live in the backward at ``SCAN_LIVE_LAYERS`` layers' worth, also with remat
+  ``none`` (its residuals sliced out of the stacked ones), plus the stacked copy of the layer
+  weights and of their gradient (policy and critic). This is what XLA:CPU's accounting
+  (``tests/models/test_long_sequence.py``) confirms; the unrolled layout's remat figures assume a
+  compiler that keeps the recomputation apart (XLA:CPU merges it back into the forward and saves
+  nothing, benchmarks/RESULTS.md). Plus the chunked log-prob:
+  ``rows x logits_chunk x V x 4 bytes x LOGITS_COPIES``, and all-gathered weights of
+  ``GATHERED_LAYERS`` layers and the head.
 
 ``peak = resident + max(rollout, train)`` is compared with ``USABLE_FRACTION`` of the device
 memory (room for XLA's own buffers and fragmentation).
@@ -71,6 +79,7 @@ ACT_QKV = 2  # q, k, v before and after RoPE
 ACT_F = 4  # gate, up, silu(gate), silu(gate) * up
 ATTN_BYTES = 8  # float32 masked scores + float32 softmax (+ the compute-dtype probs, added below)
 REMAT_LIVE_LAYERS = 2  # a rematerialised layer's forward recompute + its backward temporaries
+SCAN_LIVE_LAYERS = 1.25  # the same under lax.scan (XLA:CPU reuses the buffers across iterations)
 BLOCK_TEMPS = 2  # blockwise attention's live float32 [block, block] tiles (XLA fuses the rest)
 LOGITS_COPIES = 3  # float32 logits, softmax / log-softmax, their gradient
 GATHERED_LAYERS = 2  # FSDP all-gathers in flight during the train step
@@ -187,7 +196,8 @@ def model_config(config, model: str | None = None) -> tuple[str, ModelConfig]:
   ``model.source`` ('hf:PATH' reads PATH/config.json only; 'tiny' uses ``config.model``)."""
   m = config.model
   source = model or _plan_key(config, "model") or m.source
-  dtypes = dict(dtype=m.dtype, param_dtype=m.param_dtype, remat=m.remat, attention=m.attention,
+  dtypes = dict(dtype=m.dtype, param_dtype=m.param_dtype, remat=m.remat,
+                scan_layers=m.scan_layers, attention=m.attention,
                 attention_block=m.attention_block)
   if source in MODEL_SHAPES:
     return source, ModelConfig(**MODEL_SHAPES[source], **dtypes)
@@ -235,6 +245,28 @@ def planned_attention(backend: str, device_kind: str, dtype: str) -> str:
 def _tree_bytes(shapes) -> int:
   return sum(int(np.prod(x.shape, dtype=np.int64)) * np.dtype(x.dtype).itemsize
              for x in jax.tree.leaves(shapes))
+
+
+def _layer_bytes(shapes, shardings) -> int:
+  """Per-device bytes of the ``layers_i`` parameters (what ``scan_layers`` stacks)."""
+  keys = [k for k in shapes if k.startswith("layers_")]
+  return rules_lib.per_device_bytes({k: shapes[k] for k in keys},
+                                    {k: shardings[k] for k in keys})
+
+
+def layer_activations(layers: int, layer_input: int, dots_kept: int, layer_act: int,
+                      scan: bool) -> dict:
+  """Bytes the backward pass needs per ``model.remat`` policy (see the module doc).
+
+  ``layer_input``: one layer's input [rows, S, D]; ``dots_kept``: its weight matmuls' outputs;
+  ``layer_act``: all it keeps without remat. Unrolled: ``none`` keeps ``L`` layers, ``full``
+  ``L`` inputs + ``REMAT_LIVE_LAYERS`` recomputed layers, ``dots`` also the matmul outputs.
+  Scanned: the same kept tensors plus ``SCAN_LIVE_LAYERS`` layers live in the backward body.
+  """
+  live = SCAN_LIVE_LAYERS if scan else REMAT_LIVE_LAYERS
+  return {"none": int(layers * layer_act + (SCAN_LIVE_LAYERS * layer_act if scan else 0)),
+          "full": int(layers * layer_input + live * layer_act),
+          "dots": int(layers * (layer_input + dots_kept) + live * layer_act)}
 
 
 def _split(size: int, parts: int) -> int:
@@ -359,11 +391,14 @@ def plan(config, device: str | None = None, *, model: str | None = None,
   attn_blocks = (train_rows * t_div(h) * attention_lib.balanced_block(slots, blk) ** 2 * 4
                  * BLOCK_TEMPS if attention == "blockwise" else 0)
   layer_act = tokens * (lin + attn)
-  dots = (t_div(h * dh) + 2 * t_div(g * dh) + 2 * d + 2 * t_div(f)) * b
-  act_by_remat = {"none": L * layer_act,
-                  "full": L * tokens * d * b + REMAT_LIVE_LAYERS * layer_act,
-                  "dots": L * tokens * (d * b + dots) + REMAT_LIVE_LAYERS * layer_act}
+  dots = (t_div(h * dh) + 2 * t_div(g * dh) + d + 2 * t_div(f)) * b
+  act_by_remat = layer_activations(L, tokens * d * b, tokens * dots, layer_act, cfg.scan_layers)
   act_by_remat = {k: v + attn_blocks for k, v in act_by_remat.items()}
+  scan_weights = 0
+  if cfg.scan_layers:  # the stacked layer weights and their stacked gradient, per device
+    scan_weights = 2 * _layer_bytes(shapes, p_sh)
+    if config.critic.enabled:
+      scan_weights += 2 * _layer_bytes(c_shapes, c_sh)
   logits = train_rows * min(config.model.logits_chunk, slots) * t_div(cfg.vocab_size) * 4 \
       * LOGITS_COPIES
   layer_w = (_tree_bytes(shapes) - _tree_bytes({k: v for k, v in shapes.items()
@@ -374,7 +409,7 @@ def plan(config, device: str | None = None, *, model: str | None = None,
 
   resident = params + opt + reference + critic + critic_opt
   rollout_peak = kv_cache + kv_growth + prefill + rollout_gather
-  train_peak = grads + critic_grads + activations + logits + train_gather
+  train_peak = grads + critic_grads + activations + logits + train_gather + scan_weights
   peak = resident + max(rollout_peak, train_peak)
   usable = int(dev["bytes"] * USABLE_FRACTION)
   if optimizer is None and pb < 4:
@@ -393,6 +428,7 @@ def plan(config, device: str | None = None, *, model: str | None = None,
       model=dict(name=name, num_params=cfg.num_params(), layers=L, hidden=d, heads=h,
                  kv_heads=g, head_dim=dh, intermediate=f, vocab=cfg.vocab_size,
                  param_dtype=cfg.param_dtype, dtype=cfg.dtype, remat=cfg.remat,
+                 scan_layers=cfg.scan_layers,
                  attention=attention),
       device=dict(name=device, kind=dev["kind"], count=count, hosts=dev["hosts"],
                   bytes=dev["bytes"], usable=usable),
@@ -406,7 +442,8 @@ def plan(config, device: str | None = None, *, model: str | None = None,
                  rollout_gathered_weights=rollout_gather, activations=activations,
                  activations_remat=act_by_remat["full"], activations_dots=act_by_remat["dots"],
                  activations_no_remat=act_by_remat["none"],
-                 logits=logits, train_gathered_weights=train_gather),
+                 logits=logits, train_gathered_weights=train_gather,
+                 scan_stacked_weights=scan_weights),
       resident=resident, rollout=rollout_peak, train=train_peak, peak=peak,
       fits=peak <= usable,
       fits_by_remat={k: resident + max(rollout_peak, train_peak - activations + v) <= usable
@@ -465,6 +502,9 @@ def format_plan(p: dict) -> str:
       f"dots: {by['activations_dots'] / GiB:.2f} GiB, full: {by['activations_remat'] / GiB:.2f}"
       " GiB)",
       "  train: log-prob chunk".ljust(56) + _gib(by["logits"]),
+      "  train: stacked layer weights + gradient (scan_layers)".ljust(56)
+      + (_gib(by["scan_stacked_weights"]) if m["scan_layers"]
+         else "       - (model.scan_layers=False)"),
       "  train: gathered weights".ljust(56) + _gib(by["train_gathered_weights"]),
       "  = train phase".ljust(56) + _gib(p["train"]),
       "",

@@ -89,10 +89,11 @@ def _hf_source(config, tokenizer, *, train_if_missing: bool) -> str | None:
 
 
 def model_run_settings(model_section) -> dict:
-  """The ModelConfig fields a run sets whatever the checkpoint: rematerialisation and the
-  attention backend."""
+  """The ModelConfig fields a run sets whatever the checkpoint: rematerialisation, the layer
+  layout (scan) and the attention backend."""
   m = model_section
-  return dict(remat=m.remat, attention=m.attention, attention_block=m.attention_block)
+  return dict(remat=m.remat, scan_layers=m.scan_layers, attention=m.attention,
+              attention_block=m.attention_block)
 
 
 def resolve_model_config(config, tokenizer) -> ModelConfig:

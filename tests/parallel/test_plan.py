@@ -147,3 +147,28 @@ def test_device_count_must_be_known():
     plan_lib.plan(c, "h100-80g")
   c.mesh.fsdp = 8
   assert plan_lib.plan(c, "h100-80g")["device"]["count"] == 8
+
+
+def test_scan_layers_counts_stacked_weights_and_its_activations():
+  """``model.scan_layers``: the stacked copy of the layer weights and of their gradient, per
+  device (hand count: Qwen2.5-7B without embedding, lm head and final norm, bf16, FSDP over
+  the v5p-64 plan's devices), and one layer's backward live instead of two with remat."""
+  c = load("qwen7b_v5p64")
+  base = plan_lib.plan(c)
+  c.model.scan_layers = True
+  p = plan_lib.plan(c)
+  outer = 2 * 152064 * 3584 + 3584  # embed_tokens, lm_head, final norm
+  layers_total = QWEN7B - outer
+  layers_small = QWEN7B_SMALL - 3584  # the replicated norm scales and biases inside the layers
+  n = p["mesh"]["fsdp"] * p["mesh"]["tensor"]
+  want = 2 * ((layers_total - layers_small) * 2 // n + layers_small * 2)
+  assert close(p["bytes"]["scan_stacked_weights"], want, 0.001), (p["bytes"], want)
+  assert base["bytes"]["scan_stacked_weights"] == 0
+  assert p["train"] - base["train"] == (p["bytes"]["scan_stacked_weights"]
+                                        + p["bytes"]["activations"] - base["bytes"]["activations"])
+  layer_act = base["bytes"]["activations_no_remat"] // 28
+  by, base_by = p["bytes"], base["bytes"]
+  assert close(by["activations_remat"], base_by["activations_remat"]
+               - (plan_lib.REMAT_LIVE_LAYERS - plan_lib.SCAN_LIVE_LAYERS) * layer_act, 0.001)
+  assert close(by["activations_no_remat"],
+               base_by["activations_no_remat"] + plan_lib.SCAN_LIVE_LAYERS * layer_act, 0.001)

@@ -13,15 +13,17 @@ from tests.parallel.conftest import run_script
 
 TRAIN_MESHES = [(8, 1, 1), (1, 8, 1), (2, 2, 2), (1, 2, 4)]
 SAMPLE_MESHES = [(2, 2, 2), (1, 2, 4)]
+SCAN_MESH = (2, 2, 2)  # model.scan_layers=True on the mesh against the unrolled 1-device step
 
 
 @pytest.fixture(scope="module")
 def results():
   args = [",".join(map(str, m)) for m in TRAIN_MESHES]
   args += ["s" + ",".join(map(str, m)) for m in SAMPLE_MESHES]
+  args += ["scan" + ",".join(map(str, SCAN_MESH))]
   out = run_script("train_step_mesh.py", *args, num_devices=8, timeout=900)
   rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-  assert len(rows) == len(TRAIN_MESHES) + len(SAMPLE_MESHES), out
+  assert len(rows) == len(TRAIN_MESHES) + len(SAMPLE_MESHES) + 1, out
   return {(r["kind"], tuple(r["mesh"])): r for r in rows}
 
 
@@ -35,6 +37,18 @@ def test_train_step_matches_one_device(results, mesh):
   # principle flip a near-zero gradient's update; measured max |diff| 2e-7..8e-7, moves are 1e-3.
   assert r["param_max_abs_diff"] < 1e-5, r
   assert r["moved"] > 1e-4  # the step really changed the parameters: the comparison is not vacuous
+
+
+@pytest.mark.slow
+def test_scanned_layers_train_step_matches_unrolled_one_device(results):
+  """The layers under lax.scan (stacked weights inside the step) on a (2, 2, 2) mesh: same loss
+  and updated parameters as the unrolled step on one device, parameters placed by the rules."""
+  r = results[("train_scan", SCAN_MESH)]
+  assert r["count"] == r["count_ref"]
+  assert r["loss_abs_diff"] <= 1e-6 + 1e-5 * abs(r["loss_ref"]), r
+  assert r["param_max_abs_diff"] < 1e-5, r
+  assert r["moved"] > 1e-4
+  assert r["param_bad"] == [] and r["opt_bad"] == [], r
 
 
 @pytest.mark.slow

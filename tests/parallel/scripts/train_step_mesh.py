@@ -1,7 +1,9 @@
 """Run with 8 simulated CPU devices (XLA_FLAGS set by the test): one rljax GRPO train_step and a
 greedy sampling run on several (data, fsdp, tensor) meshes, compared with a 1-device mesh.
 
-Prints one JSON line per mesh ("kind": "train" or "sample").
+Arguments: ``d,f,t`` a train mesh, ``sd,f,t`` a sampling mesh, ``scand,f,t`` a train mesh with
+``model.scan_layers=True`` and 2 layers (compared with the 1-device unrolled 2-layer step).
+Prints one JSON line per mesh ("kind": "train", "train_scan" or "sample").
 """
 import dataclasses
 import json
@@ -31,11 +33,12 @@ TOK = load_tokenizer("char")
 VOCAB = TOK.vocab_size
 
 
-def config_for(mesh):
+def config_for(mesh, scan_layers=False, layers=1):
   d, f, t = mesh
   overrides = {
+      "model.scan_layers": str(scan_layers), "model.num_layers": str(layers),
       # 4 query and 4 kv heads: both divide tensor=4, so (1, 2, 4) really splits the heads.
-      "model.hidden_size": "32", "model.intermediate_size": "64", "model.num_layers": "1",
+      "model.hidden_size": "32", "model.intermediate_size": "64",
       "model.num_heads": "4", "model.num_kv_heads": "4",
       "rollout.max_new_tokens": str(T), "rollout.prompts_per_step": "2",
       "rollout.group_size": "4", "optim.lr": "1e-3",
@@ -65,8 +68,8 @@ def spec(sh):
   return str(sh.spec)
 
 
-def train_once(mesh_shape):
-  config = config_for(mesh_shape)
+def train_once(mesh_shape, scan_layers=False, layers=1):
+  config = config_for(mesh_shape, scan_layers, layers)
   mesh = mesh_lib.make_mesh(config.mesh, devices_for(mesh_shape))
   model_cfg = model_config(config)
   params = llama.init_params(model_cfg, seed=0)
@@ -143,12 +146,19 @@ def sample_once(mesh_shape):
 
 
 def main(args):
-  train_meshes = [tuple(map(int, a.split(","))) for a in args if not a.startswith("s")]
-  sample_meshes = [tuple(map(int, a[1:].split(","))) for a in args if a.startswith("s")]
-  if train_meshes:
-    ref = train_once((1, 1, 1))
-    for m in train_meshes:
-      r = train_once(m)
+  mesh_of = lambda a: tuple(map(int, a.split(",")))  # noqa: E731
+  scan_meshes = [mesh_of(a[len("scan"):]) for a in args if a.startswith("scan")]
+  args = [a for a in args if not a.startswith("scan")]
+  train_meshes = [mesh_of(a) for a in args if not a.startswith("s")]
+  sample_meshes = [mesh_of(a[1:]) for a in args if a.startswith("s")]
+  if train_meshes or scan_meshes:
+    refs = {1: train_once((1, 1, 1))}
+    if scan_meshes:
+      refs[2] = train_once((1, 1, 1), layers=2)
+    runs = [("train", m, False, 1) for m in train_meshes] + [("train_scan", m, True, 2)
+                                                             for m in scan_meshes]
+    for kind, m, scan, layers in runs:
+      r, ref = train_once(m, scan, layers), refs[layers]
       loss_ref = ref["loss_sum"] / ref["loss_count"]
       loss = r["loss_sum"] / r["loss_count"]
       pdiff, prel = 0.0, 0.0
@@ -157,7 +167,7 @@ def main(args):
         pdiff = max(pdiff, float(d.max()))
         prel = max(prel, float((d / (np.abs(b) + 1e-6)).max()))
       print(json.dumps(dict(
-          kind="train", mesh=list(m), loss=loss, loss_ref=loss_ref,
+          kind=kind, mesh=list(m), loss=loss, loss_ref=loss_ref,
           loss_abs_diff=abs(loss - loss_ref), loss_rel_diff=abs(loss - loss_ref) / abs(loss_ref),
           count=r["loss_count"], count_ref=ref["loss_count"], param_max_abs_diff=pdiff,
           param_max_rel_diff=prel, moved=ref["moved"], param_bad=r["param_bad"],
