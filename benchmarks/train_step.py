@@ -1,6 +1,7 @@
 """One GRPO step (sample -> score -> update) of rljax against PyTorch peers, in one process.
 
-  python benchmarks/train_step.py [--steps 5] [--new-tokens 16,128,256] [--attention auto,auto@512]
+  python benchmarks/train_step.py [--steps 5] [--new-tokens 16,128,256]
+                                  [--rljax "default;model.forward_tokens=0"]
                                   [--peers torch,trl]
 
 Every side, in this one process and on the same CPU threads: a ~0.8M-parameter Llama (hidden 128,
@@ -30,8 +31,10 @@ printed separately.
 Where JAX's default backend is a GPU, rljax runs on one GPU and the torch peer on CUDA (every phase
 synchronised before its clock stops), and the GPU, the matmul precisions (XLA may use TF32 for
 float32 dots, torch does not unless ``allow_tf32`` is set) and both peak device memories are
-printed too. ``--attention`` runs rljax once per ``model.attention`` backend listed (one column
-each, the first one is the ratios' denominator); ``name@block`` also sets ``model.attention_block``.
+printed too. ``--rljax`` runs rljax once per ``;``-separated set of config overrides (``key=value``
+pairs separated by ``,``; ``default`` for none), one column each, the first one the ratios'
+denominator: e.g. ``default;model.forward_tokens=0`` against the unchunked update, or
+``default;model.attention_block=512``.
 """
 import argparse
 import os
@@ -89,15 +92,22 @@ def update_flops(cfg, new_tokens: int) -> float:
   return 4 * forward * PROMPTS * GROUP
 
 
-def rljax_step_fn(new_tokens: int, attention: str = "auto"):
-  """``attention``: a ``model.attention`` value, optionally ``@block`` (sets
-  ``model.attention_block``)."""
-  backend, _, block = attention.partition("@")
-  overrides = [("model.attention_block", block)] if block else []
+def parse_overrides(column: str) -> list[tuple[str, str]]:
+  """``"k=v,k2=v2"`` -> ``[(k, v), (k2, v2)]``; ``"default"`` -> no overrides."""
+  if column == "default":
+    return []
+  pairs = [item.split("=", 1) for item in column.split(",")]
+  if any(len(p) != 2 or not p[0] for p in pairs):
+    raise SystemExit(f"--rljax column {column!r}: expected key=value pairs separated by ','")
+  return [(k, v) for k, v in pairs]
+
+
+def rljax_step_fn(new_tokens: int, column: str = "default"):
+  """``column``: config overrides of this rljax side (``parse_overrides``)."""
   config = config_loader.load_config(os.path.join(ROOT, "configs", "grpo.py"), [
       ("rollout.prompts_per_step", str(PROMPTS)), ("rollout.group_size", str(GROUP)),
-      ("rollout.max_new_tokens", str(new_tokens)), ("data.prompt_bucket", str(PROMPT_LEN)),
-      ("model.attention", backend)] + overrides)
+      ("rollout.max_new_tokens", str(new_tokens)), ("data.prompt_bucket", str(PROMPT_LEN))]
+      + parse_overrides(column))
   model_cfg = tiny_config(config.model, VOCAB)
   params = llama.init_params(model_cfg, seed=0)
   state, fns, _ = build.sharded_state_and_fns(config, model_cfg, params,
@@ -196,17 +206,17 @@ def trl_available() -> bool:
   return True
 
 
-def measure(new_tokens: int, args, backends, peers, gpu: bool) -> dict:
-  """Median phases of rljax (per backend) and of each peer at one length, and compile times.
+def measure(new_tokens: int, args, columns, peers, gpu: bool) -> dict:
+  """Median phases of rljax (per column) and of each peer at one length, and compile times.
   After one warm-up step each, the sides take turns step by step (with TRL: between its steps),
   so that a machine whose load changes slows them alike."""
   sides, compile_s = {}, {}
-  for backend in backends:
-    step, model_cfg = rljax_step_fn(new_tokens, backend)
+  for column in columns:
+    step, model_cfg = rljax_step_fn(new_tokens, column)
     t = time.perf_counter()
     step(10_000)  # compile
-    compile_s[backend] = time.perf_counter() - t
-    sides[f"rljax {backend}"] = step
+    compile_s[column] = time.perf_counter() - t
+    sides[f"rljax {column}"] = step
   if "torch" in peers:
     sides["torch"] = torch_step_fn(new_tokens, model_cfg, "cuda" if gpu else "cpu")
     sides["torch"](10_000)  # warm-up
@@ -237,7 +247,7 @@ def print_length(new_tokens: int, result: dict, peak: float):
   print(f"\n## {new_tokens} new tokens ({PROMPTS} x {GROUP} rows of {PROMPT_LEN + new_tokens} "
         f"positions)")
   for b, c in result["compile"].items():
-    print(f"rljax first step, attention={b} (compilation included): {c:.1f} s")
+    print(f"rljax first step, {b} (compilation included): {c:.1f} s")
   head = "".join(f" {n:>14}" for n in names) + "".join(f" {p + '/' + first:>20}" for p in peers)
   print(f"{'phase':<8}{head}")
   for k in PHASES:
@@ -255,13 +265,13 @@ def main():
   parser = argparse.ArgumentParser()
   parser.add_argument("--steps", type=int, default=5)
   parser.add_argument("--new-tokens", default="16", help="comma list of lengths")
-  parser.add_argument("--attention", default="auto",
-                      help="comma list of model.attention values, each optionally @block "
-                           "(model.attention_block), e.g. auto,auto@512")
+  parser.add_argument("--rljax", default="default",
+                      help="';'-separated columns of config overrides (k=v,k2=v2 or default), "
+                           "e.g. 'default;model.forward_tokens=0'")
   parser.add_argument("--peers", default="torch,trl",
                       help="comma list of torch, trl (trl: where installed, CPU only)")
   args = parser.parse_args()
-  backends = args.attention.split(",")
+  columns = args.rljax.split(";")
   lengths = [int(n) for n in args.new_tokens.split(",")]
   import torch
   threads = len(os.sched_getaffinity(0))  # the cores this process may use (taskset)
@@ -290,7 +300,7 @@ def main():
   print(f"# float32 2048^3 matmul: XLA {flops['xla'] / 1e9:.0f} GFLOP/s, torch "
         f"{flops['torch'] / 1e9:.0f} GFLOP/s -> peak {peak / 1e9:.0f} GFLOP/s")
   for n in lengths:
-    result = measure(n, args, backends, peers, gpu)
+    result = measure(n, args, columns, peers, gpu)
     if n == lengths[0]:
       print(f"# model: {result['model_cfg'].num_params():,} params")
     print_length(n, result, peak)
