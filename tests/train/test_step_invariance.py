@@ -55,7 +55,7 @@ def _step_fns(config, model_cfg, params):
                                       "seq_mean_token_sum_norm"])
 def test_micro_batches_leave_loss_and_params_unchanged(loss_agg):
   ref_state, ref_metrics = _one_step(loss_agg, 1)
-  for micro in (2, 4):
+  for micro in (4,):  # 2 parts add nothing that 4 do not test (and each split compiles anew)
     state, metrics = _one_step(loss_agg, micro)
     np.testing.assert_allclose(float(metrics["loss"][0]), float(ref_metrics["loss"][0]),
                                rtol=1e-5, atol=1e-6)
