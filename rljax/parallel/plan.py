@@ -64,6 +64,7 @@ import numpy as np
 import optax
 from jax.sharding import AbstractMesh
 
+from rljax.config_checks import ConfigError
 from rljax.models import attention as attention_lib
 from rljax.models import llama
 from rljax.models.config import REMAT_CHOICES, ModelConfig, tiny_config
@@ -158,7 +159,7 @@ def parse_device(spec: str) -> dict:
     text, mem = text.split(":", 1)
     override = _parse_bytes(mem)
     if override is None:
-      raise ValueError(f"device {spec!r}: cannot read memory {mem!r} (e.g. 70GiB, 8e10)")
+      raise ConfigError(f"device {spec!r}: cannot read memory {mem!r} (e.g. 70GiB, 8e10)")
   m = re.fullmatch(r"(v4|v5p|v5e|v5litepod|v6e)-(\d+)", text)
   if m:
     kind = _ALIASES.get(m.group(1), m.group(1))
@@ -176,7 +177,7 @@ def parse_device(spec: str) -> dict:
   else:
     memory = _parse_bytes(name)
     if memory is None:
-      raise ValueError(f"unknown device {spec!r}: use a TPU type (v5p-64, v4-32, v5e-16, v6e-8), "
+      raise ConfigError(f"unknown device {spec!r}: use a TPU type (v5p-64, v4-32, v5e-16, v6e-8), "
                        f"[N x]NAME with NAME in {sorted(DEVICE_MEMORY) + ['cpu']}, or "
                        "[N x]BYTES (e.g. 8x80GB)")
   hosts = None if count is None or name == "cpu" else max(1, math.ceil(count / 8))
@@ -193,7 +194,8 @@ def _plan_key(config, key, default=None):
 
 def model_config(config, model: str | None = None) -> tuple[str, ModelConfig]:
   """(name, ModelConfig) to plan for: ``model`` argument, else ``plan.model``, else
-  ``model.source`` ('hf:PATH' reads PATH/config.json only; 'tiny' uses ``config.model``)."""
+  ``model.source`` ('hf:PATH' reads PATH/config.json only; 'tiny' uses ``config.model``, and so
+  does 'sft': the cold start is trained with that architecture)."""
   m = config.model
   source = model or _plan_key(config, "model") or m.source
   dtypes = dict(dtype=m.dtype, param_dtype=m.param_dtype, remat=m.remat,
@@ -203,16 +205,16 @@ def model_config(config, model: str | None = None) -> tuple[str, ModelConfig]:
     return source, ModelConfig(**MODEL_SHAPES[source], **dtypes)
   if source.startswith("hf:"):
     return source, ModelConfig.from_hf_dir(source[3:], **dtypes)
-  if source == "tiny":
+  if source in ("tiny", "sft"):
     try:
       from rljax.data import tokenizer as tokenizer_lib
       vocab = tokenizer_lib.load_tokenizer(config.data.tokenizer).vocab_size
     except Exception as e:  # noqa: BLE001 - planning must not need the data stack
-      raise ValueError(f"model.source='tiny': cannot read the vocabulary size from "
-                       f"data.tokenizer={config.data.tokenizer!r} ({e})") from e
-    return "tiny", tiny_config(m, vocab)
-  raise ValueError(f"cannot plan for model {source!r}: use one of {sorted(MODEL_SHAPES)}, "
-                   "'hf:PATH' (a directory with config.json) or model.source='tiny'")
+      raise ConfigError(f"model.source={source!r}: cannot read the vocabulary size from "
+                        f"data.tokenizer={config.data.tokenizer!r} ({e})") from e
+    return source, tiny_config(m, vocab)
+  raise ConfigError(f"cannot plan for model {source!r}: use one of {sorted(MODEL_SHAPES)}, "
+                    "'hf:PATH' (a directory with config.json) or model.source='tiny' or 'sft'")
 
 
 @functools.lru_cache(maxsize=16)
@@ -291,7 +293,7 @@ def plan(config, device: str | None = None, *, model: str | None = None,
   """
   device = device or _plan_key(config, "device")
   if not device:
-    raise ValueError("no device to plan for: pass one (e.g. 'v5p-64', '8xh100-80g', 'cpu') or "
+    raise ConfigError("no device to plan for: pass one (e.g. 'v5p-64', '8xh100-80g', 'cpu') or "
                      "set plan.device")
   dev = parse_device(device)
   name, cfg = model_config(config, model)
@@ -300,7 +302,7 @@ def plan(config, device: str | None = None, *, model: str | None = None,
     sizes = [config.mesh[k] for k in mesh_lib.AXES]
     if -1 in sizes:
       if dev["kind"] != "cpu":
-        raise ValueError(f"device {device!r} does not say how many devices (e.g. '8x{device}') "
+        raise ConfigError(f"device {device!r} does not say how many devices (e.g. '8x{device}') "
                          "and the mesh has a -1 axis")
       count = jax.device_count()
     else:

@@ -172,3 +172,18 @@ def test_scan_layers_counts_stacked_weights_and_its_activations():
                - (plan_lib.REMAT_LIVE_LAYERS - plan_lib.SCAN_LIVE_LAYERS) * layer_act, 0.001)
   assert close(by["activations_no_remat"],
                base_by["activations_no_remat"] + plan_lib.SCAN_LIVE_LAYERS * layer_act, 0.001)
+
+
+def test_the_main_jobs_sft_cold_start_plans_as_its_tiny_architecture(capsys):
+  """``model.source='sft'`` (the main job) is the config's tiny architecture trained first: the
+  plan counts 4 layers of D=128, F=384, H=4/G=2 over the char vocabulary (57 tokens, tied),
+  and a source it cannot plan is a one-line error of the CLI naming it."""
+  from rljax import cli, config_loader
+  config = config_loader.load_config(os.path.join(REPO, "configs", "main.py"))
+  name, cfg = plan_lib.model_config(config)
+  d, f, layers, vocab = 128, 384, 4, 57
+  per_layer = d * d + 2 * d * 64 + d * d + 3 * d * f + 2 * d  # q, k+v (G*Dh=64), o, MLP, norms
+  assert name == "sft" and cfg.num_params() == layers * per_layer + vocab * d + d
+  with pytest.raises(SystemExit, match=r"^error: cannot plan for model 'nope'"):
+    cli.entry(["plan", "--config", os.path.join(REPO, "configs", "main.py"), "--device", "cpu",
+               "--config.model.source=nope"])
