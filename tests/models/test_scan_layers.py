@@ -11,8 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rljax import algos
 from rljax.models import ModelConfig, llama
+from tests.models.test_long_sequence import _loss  # the policy-gradient path, one definition
 
 # Tiny, with GQA (4/2), two blocks of 4 for the blockwise attention, and left padding.
 CFG = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=3, num_heads=4,
@@ -100,15 +100,6 @@ def test_scan_layers_rejects_non_bool():
 MEM_CFG = ModelConfig(vocab_size=512, hidden_size=64, intermediate_size=96, num_layers=4,
                       num_heads=4, num_kv_heads=2, head_dim=16, attention="blockwise")
 MEM_T = 1024
-
-
-def _loss(cfg, params, tokens, mask):
-  """The policy-gradient path (as tests/models/test_long_sequence.py builds it)."""
-  model = llama.bind(cfg, params)
-  hidden, _ = model(tokens, llama.positions_from_mask(mask), attn_mask=mask)
-  logp, _ = algos.token_logprobs_and_entropy(hidden[:, :-1], model.head_weight(), tokens[:, 1:],
-                                             chunk=512)
-  return -(logp * mask[:, 1:]).sum()
 
 
 def _temp_bytes(cfg):
