@@ -41,8 +41,8 @@ def get_config():
   c.model.matmul_precision = "default"
   c.model.logits_chunk = 512  # sequence chunk for log-prob/entropy (never [B, T, V] at once)
   # most tokens per data shard in one forward/backward of the train step's scoring and update:
-  # rows go through in chunks (exact accumulation); -1 = auto (1024 on CPU, where a chunk that
-  # stays in cache is faster; no limit on accelerators), 0 = no limit
+  # rows go through in chunks (exact accumulation); -1 = auto (1024 per CPU thread, where a chunk
+  # that stays in cache is faster; no limit on accelerators), 0 = no limit
   c.model.forward_tokens = -1
 
   # --- data ------------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ computed before the split), so how a minibatch is split never changes the gradie
 """
 from __future__ import annotations
 
+import os
 from typing import Any, Callable, Mapping
 
 import jax
@@ -51,16 +52,23 @@ def map_rows(fn: Callable, tree, parts: int):
   return merge_rows(jax.lax.map(fn, split_rows(tree, parts)))
 
 
-# ``model.forward_tokens=-1`` on CPU: the measured best chunk (benchmarks/RESULTS.md).
-CPU_FORWARD_TOKENS = 1024
+# ``model.forward_tokens=-1`` on CPU: tokens per chunk per thread XLA runs on (benchmarks/RESULTS.md:
+# 1024 measured best on one thread; on two, chunks of 2048-4096 keep both threads busy).
+CPU_FORWARD_TOKENS_PER_THREAD = 1024
+
+
+def cpu_threads() -> int:
+  """The cores this process may run on (``taskset``), which XLA:CPU sizes its thread pool by."""
+  return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def forward_tokens(value: int, platform: str) -> int:
-  """``model.forward_tokens`` resolved: -1 (auto) is ``CPU_FORWARD_TOKENS`` on CPU and no limit
-  (0) on accelerators, where the whole batch in one pass is the fast layout."""
+  """``model.forward_tokens`` resolved: -1 (auto) is ``CPU_FORWARD_TOKENS_PER_THREAD`` per CPU
+  thread on CPU and no limit (0) on accelerators, where the whole batch in one pass is the fast
+  layout."""
   if value != -1:
     return value
-  return CPU_FORWARD_TOKENS if platform == "cpu" else 0
+  return CPU_FORWARD_TOKENS_PER_THREAD * cpu_threads() if platform == "cpu" else 0
 
 
 def row_parts(rows: int, shards: int, seq_len: int, max_tokens: int, at_least: int = 1) -> int:

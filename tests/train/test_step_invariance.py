@@ -144,6 +144,17 @@ def test_row_parts_hand_worked():
   assert row_parts(60, 8, 136, 1024) == 1  # 60 rows do not shard evenly over 8
 
 
+def test_forward_tokens_auto_is_per_cpu_thread(monkeypatch):
+  """-1: 1024 tokens per core this process may use on CPU (1 core: 1024, 2 cores: 2048), no
+  limit on accelerators; a set value is kept."""
+  monkeypatch.setattr(update_lib.os, "sched_getaffinity", lambda pid: {0})
+  assert update_lib.forward_tokens(-1, "cpu") == 1024
+  monkeypatch.setattr(update_lib.os, "sched_getaffinity", lambda pid: {0, 1})
+  assert update_lib.forward_tokens(-1, "cpu") == 2048
+  assert update_lib.forward_tokens(-1, "gpu") == 0 and update_lib.forward_tokens(-1, "tpu") == 0
+  assert update_lib.forward_tokens(512, "cpu") == 512 and update_lib.forward_tokens(0, "cpu") == 0
+
+
 @pytest.mark.slow
 def test_forward_tokens_chunk_the_rows_without_changing_the_step():
   """``model.forward_tokens=16``: every forward of scoring (policy, reference) and the update run
