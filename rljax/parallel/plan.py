@@ -38,7 +38,8 @@ What is counted (per device, the device holding the most):
   ``[rows, S, D]`` and recomputes one layer at a time (``REMAT_LIVE_LAYERS`` layers' worth live in
   its backward); ``dots`` also keeps the weight matmuls' outputs the backward needs
   (``(H+2G)*Dh + D + 2F`` per token: q/k/v, o and gate/up; the down projection's output feeds
-  only the block's residual add, so autodiff keeps nothing of it). With ``model.scan_layers`` (the layers under ``lax.scan``, remat on the scanned body)
+  only the block's residual add, so autodiff keeps nothing of it). With ``model.scan_layers``
+  (the layers under ``lax.scan``, remat on the scanned body)
   one layer is live in the backward at ``SCAN_LIVE_LAYERS`` layers' worth, also with remat
   ``none`` (its residuals sliced out of the stacked ones), plus the stacked copy of the layer
   weights and of their gradient (policy and critic). This is what XLA:CPU's accounting

@@ -210,11 +210,12 @@ def learner(config, model_cfg: ModelConfig, algo: Algorithm,
   are sharded and the platform that ``model.forward_tokens=-1`` resolves for."""
   actor_tx, critic_tx = optimizers(config)
   platform = (mesh.devices.flat[0] if mesh is not None else jax.devices()[0]).platform
+  forward_tokens = update_lib.forward_tokens(config.model.forward_tokens, platform)
   return step_lib.Learner(algo=algo, model_cfg=model_cfg, actor_tx=actor_tx, critic_tx=critic_tx,
                           logits_chunk=config.model.logits_chunk,
                           critic_clip=config.critic.value_clip, teacher_cfg=teacher_cfg,
                           seed=config.seed,
-                          forward_tokens=update_lib.forward_tokens(config.model.forward_tokens, platform),
+                          forward_tokens=forward_tokens,
                           row_shards=1 if mesh is None else rules.batch_divisor(mesh))
 
 

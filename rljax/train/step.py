@@ -47,37 +47,37 @@ def sequence_inputs(rollout: Rollout):
   return tokens, attn
 
 
-def completion_stats(model_cfg: ModelConfig, params, rollout: Rollout, chunk: int,
-                     parts: int = 1):
-  """Log-probs and entropies of the completion tokens under ``params``: ([B, T], [B, T]).
-
-  The hidden state at position ``s`` predicts token ``s+1``; logits are built in sequence
-  chunks, never as a [B, T, V] array; the rows go through the model ``parts`` chunks at a time
-  (``update.map_rows``).
-  """
+def _completion_forward(model_cfg: ModelConfig, params, rollout: Rollout, parts: int, head: str,
+                        out: Callable):
+  """``out(model, hidden, targets)`` of a teacher-forced forward over ``rollout``: ``hidden``
+  [b, T, D] at the positions that predict the completion tokens ``targets`` [b, T] (position
+  ``s`` predicts token ``s+1``); the rows go through the model ``parts`` chunks at a time
+  (``update.map_rows``)."""
   tokens, attn = sequence_inputs(rollout)
   s, t = tokens.shape[1], rollout.tokens.shape[1]
 
-  def stats(rows):
+  def chunk_out(rows):
     tokens, attn = rows
-    model = llama.bind(model_cfg, params)
+    model = llama.bind(model_cfg, params, head)
     hidden, _ = model(tokens, llama.positions_from_mask(attn), attn_mask=attn)
-    return algos.token_logprobs_and_entropy(hidden[:, s - t - 1:s - 1], model.head_weight(),
-                                            tokens[:, s - t:], chunk=chunk)
-  return update_lib.map_rows(stats, (tokens, attn), parts)
+    return out(model, hidden[:, s - t - 1:s - 1], tokens[:, s - t:])
+  return update_lib.map_rows(chunk_out, (tokens, attn), parts)
+
+
+def completion_stats(model_cfg: ModelConfig, params, rollout: Rollout, chunk: int,
+                     parts: int = 1):
+  """Log-probs and entropies of the completion tokens under ``params``: ([B, T], [B, T]);
+  logits are built in sequence chunks of ``chunk``, never as a [B, T, V] array."""
+  return _completion_forward(
+      model_cfg, params, rollout, parts, "lm",
+      lambda model, hidden, targets: algos.token_logprobs_and_entropy(
+          hidden, model.head_weight(), targets, chunk=chunk))
 
 
 def completion_values(model_cfg: ModelConfig, critic_params, rollout: Rollout, parts: int = 1):
   """``V[i, t]``: the critic's value of the state before completion token t, [B, T]."""
-  tokens, attn = sequence_inputs(rollout)
-  s, t = tokens.shape[1], rollout.tokens.shape[1]
-
-  def values(rows):
-    tokens, attn = rows
-    model = llama.bind(model_cfg, critic_params, head="value")
-    hidden, _ = model(tokens, llama.positions_from_mask(attn), attn_mask=attn)
-    return model.values(hidden[:, s - t - 1:s - 1])
-  return update_lib.map_rows(values, (tokens, attn), parts)
+  return _completion_forward(model_cfg, critic_params, rollout, parts, "value",
+                             lambda model, hidden, _: model.values(hidden))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,7 +112,8 @@ class Learner:
   def row_parts(self, rollout: Rollout, at_least: int = 1) -> int:
     """Row chunks for a forward over ``rollout``'s rows: at least ``at_least`` (the micro-batches),
     more where a chunk would exceed ``forward_tokens`` (``update.row_parts``)."""
-    rows, seq_len = rollout.tokens.shape[0], rollout.prompt_tokens.shape[1] + rollout.tokens.shape[1]
+    rows = rollout.tokens.shape[0]
+    seq_len = rollout.prompt_tokens.shape[1] + rollout.tokens.shape[1]
     return update_lib.row_parts(rows, self.row_shards, seq_len, self.forward_tokens, at_least)
 
 

@@ -52,8 +52,8 @@ def map_rows(fn: Callable, tree, parts: int):
   return merge_rows(jax.lax.map(fn, split_rows(tree, parts)))
 
 
-# ``model.forward_tokens=-1`` on CPU: tokens per chunk per thread XLA runs on (benchmarks/RESULTS.md:
-# 1024 measured best on one thread; on two, chunks of 2048-4096 keep both threads busy).
+# ``model.forward_tokens=-1`` on CPU: tokens per chunk per thread XLA runs on (measured in
+# benchmarks/RESULTS.md: 1024 best on one thread; on two, larger chunks keep both busy).
 CPU_FORWARD_TOKENS_PER_THREAD = 1024
 
 
