@@ -28,24 +28,28 @@ class UnknownNameError(KeyError, ValueError):
 
 
 def signature_of(fn: Callable, hparams: Optional[Mapping[str, str]] = None
-                 ) -> Tuple[Tuple[str, ...], Dict[str, str]]:
-  """``(inputs, {keyword: config key})`` of a component function.
+                 ) -> Tuple[Tuple[str, ...], Dict[str, str], Dict[str, Any]]:
+  """``(inputs, {keyword: config key}, {keyword: default})`` of a component function.
 
   Inputs are the parameters that can be passed positionally; hyperparameters are the
   keyword-only ones, each read from the config key ``hparams`` names (default: its own name).
-  A keyword-only parameter with a default that ``hparams`` does not name keeps its default.
+  Every keyword-only parameter is read from the config when the config has its key, default or
+  not: a default applies only where the config has no such key (a notebook component's own
+  setting), never instead of a value the config gives.
   """
   hparams = dict(hparams or {})
-  inputs, keys = [], {}
+  inputs, keys, defaults = [], {}, {}
   for p in inspect.signature(fn).parameters.values():
     if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
       inputs.append(p.name)
-    elif p.kind == p.KEYWORD_ONLY and (p.name in hparams or p.default is p.empty):
+    elif p.kind == p.KEYWORD_ONLY:
       keys[p.name] = hparams.pop(p.name, p.name)
+      if p.default is not p.empty:
+        defaults[p.name] = p.default
   if hparams:
     raise ValueError(f"{fn.__name__}: hparams names {sorted(hparams)}, which are not keyword-only "
                      "parameters of the function")
-  return tuple(inputs), keys
+  return tuple(inputs), keys, defaults
 
 
 class Registry:
@@ -70,9 +74,9 @@ class Registry:
     def decorator(fn):
       if name in self._fns:
         raise ValueError(f"{self.family}: {name!r} is already registered")
-      inputs, keys = signature_of(fn, hparams)
+      inputs, keys, defaults = signature_of(fn, hparams)
       self._fns[name] = fn
-      self._meta[name] = dict(meta, inputs=inputs, hparams=keys)
+      self._meta[name] = dict(meta, inputs=inputs, hparams=keys, defaults=defaults)
       return fn
 
     return decorator

@@ -70,6 +70,9 @@ def bind(registry: Registry, name: str, algo: Mapping[str, Any], hparams: Dict[s
   fn, meta = registry.get(name), registry.meta(name)
   static, traced = [], []
   for kw, key in meta["hparams"].items():
+    if key not in algo and kw in meta["defaults"]:
+      static.append((kw, meta["defaults"][kw]))
+      continue
     if key not in algo:
       raise KeyError(f"{registry.family} {name!r} reads algo.{key}, which the config does not "
                      f"have: add it to the algo section of the config")
@@ -98,7 +101,7 @@ class Regularizer:
   def mask(self, arrays: Mapping[str, chex.Array]) -> chex.Array:
     if self.token_mask is None:
       return arrays["mask"]
-    inputs, _ = signature_of(self.token_mask)
+    inputs = signature_of(self.token_mask)[0]
     return self.token_mask(**{k: arrays[k] for k in inputs if k in arrays})
 
   def loss_sum(self, hp: Hparams, norm_constant, **arrays) -> chex.Array:

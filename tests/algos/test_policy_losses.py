@@ -329,3 +329,37 @@ def test_config_errors_name_the_key(algo_cfg):
   algo_cfg.policy_loss, algo_cfg.loss_agg, algo_cfg.dual_clip_c = "ppo", "token_mean", 0.5
   with pytest.raises(ValueError, match="algo.dual_clip_c"):
     resolve(algo_cfg)
+
+
+@pytest.mark.parametrize("case", ["ppo_dual", "gspo_wide"])
+def test_dual_clip_from_the_config_binds_and_matches_the_formula(prec, algo_cfg, case):
+  """``algo.dual_clip_c`` reaches the objective through ``resolve`` (it was silently dropped by
+  the registry once) on inputs where the dual clip binds on at least a quarter of the tokens:
+  ``A < 0`` and a ratio above ``c``, so ``min(max(-A r, -A clip(r)), -A c) = -A c`` (ALGORITHMS.md
+  section 3)."""
+  name, keys = configure(algo_cfg, case)
+  rng = np.random.default_rng(11)
+  mask = np.ones((B, T))
+  mask[-1, 2:] = 0.0
+  logp = -rng.uniform(0.01, 3.0, size=(B, T))
+  if name == "ppo":
+    adv = np.where(rng.random((B, T)) < 0.5, -rng.uniform(0.5, 2.0, (B, T)), rng.normal(size=(B, T)))
+    old = logp - np.where(adv < 0, np.log(rng.uniform(4.0, 9.0, (B, T))), rng.normal(0, 0.3, (B, T)))
+  else:  # one sequence ratio per row: rows with A < 0 get a mean log-ratio above log c
+    rows = np.arange(B) % 2 == 0
+    adv = np.where(rows, -1.5, 0.7)[:, None] * np.ones((B, T))
+    old = logp - np.where(rows[:, None], np.log(4.0), 0.05)
+  adv = adv * mask
+  logp, old, adv, mask = cast(prec.dtype, logp, old, adv, mask)
+  value, grad, metrics = loss_value_and_grad(algo_cfg, logp, old, adv, mask)
+  dual_sum, dual_count = (float(x) for x in metrics["dual_clip_frac"])
+  assert dual_sum / dual_count >= 0.25, "the inputs must make the dual clip bind"
+  loss, dloss, np_metrics = np_objective(name, logp, old, adv, mask, keys)
+  expected_value, expected_grad = np_total(name, loss, dloss, mask, "seq_mean_token_mean")
+  close(value, expected_value, prec, scale=max(1.0, abs(expected_value)))
+  close(grad, expected_grad, prec, scale=np.abs(expected_grad).max())
+  close(dual_sum, np_metrics["dual_clip_frac"][0], prec)
+  # Without the dual clip the same inputs give another loss: the key is not a no-op.
+  algo_cfg.dual_clip_c = None
+  undual, _, _ = loss_value_and_grad(algo_cfg, logp, old, adv, mask)
+  assert abs(float(undual) - float(value)) > 0.1 * abs(float(value))

@@ -41,7 +41,7 @@ def test_register_get_names_meta_and_duplicates():
   reg.register("a")(lambda: 1)
   assert reg.names() == ["a", "b"] and "a" in reg and "c" not in reg
   assert reg.get("b") is b
-  assert reg.meta("b") == {"flavour": "sweet", "inputs": (), "hparams": {}}
+  assert reg.meta("b") == {"flavour": "sweet", "inputs": (), "hparams": {}, "defaults": {}}
   with pytest.raises(ValueError, match="already registered"):
     reg.register("a")(lambda: 3)
   with pytest.raises(KeyError, match="unknown widget 'c' \\(x.widget\\); registered widget "
@@ -58,8 +58,10 @@ def test_inputs_and_hyperparameters_come_from_the_signature():
 
   meta = reg.meta("w")
   assert meta["inputs"] == ("values", "mask")
-  # Keyword-only parameters without a default are read from a key of their own name.
-  assert meta["hparams"] == {"scale": "widget_scale", "offset": "offset"}
+  # Every keyword-only parameter is read from a key (its own name unless mapped); a default
+  # applies only where the config has no such key.
+  assert meta["hparams"] == {"scale": "widget_scale", "mode": "mode", "offset": "offset"}
+  assert meta["defaults"] == {"mode": "sum"}
   with pytest.raises(ValueError, match="not keyword-only parameters"):
     reg.register("bad", hparams={"valus": "x"})(lambda values, *, scale: values)
 
