@@ -7,6 +7,7 @@
   convert           RUN_DIR OUT            latest checkpoint of a run -> Hugging Face directory
   plan              --config X [--device v5p-64|8xh100-80g|8x80GB]   memory plan on the mesh
   components                               the registered algorithm components
+  keys              [--markdown] [PREFIX]  every config key: default, allowed values, doc
   sweep             STUDY [--parallel N] [--print-commands] [--aggregate-only]   an ablation study
 """
 from __future__ import annotations
@@ -119,6 +120,17 @@ def cmd_components(argv):
   return table
 
 
+def cmd_keys(argv):
+  parser = argparse.ArgumentParser(prog="rljax keys")
+  parser.add_argument("prefix", nargs="?", default="", help="only keys starting with this")
+  parser.add_argument("--markdown", action="store_true", help="the table of docs/config.md")
+  args = parser.parse_args(argv)
+  from rljax import keys
+  text = keys.markdown_table() if args.markdown else keys.text_table(args.prefix)
+  print(text)
+  return text
+
+
 def cmd_sweep(argv):
   from rljax.sweep import sweep
   return sweep.main(argv)
@@ -127,7 +139,7 @@ def cmd_sweep(argv):
 COMMANDS = {
     "train": cmd_train, "sft": cmd_sft, "eval": cmd_eval,
     "check-conversion": cmd_check_conversion, "convert": cmd_convert, "plan": cmd_plan,
-    "components": cmd_components, "sweep": cmd_sweep,
+    "components": cmd_components, "keys": cmd_keys, "sweep": cmd_sweep,
 }
 
 

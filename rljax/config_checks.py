@@ -1,174 +1,33 @@
-"""Start-up validation: every numeric key range-checked before anything is built.
+"""Start-up validation: every key checked against its declaration before anything is built.
 
 ``check_config(config)`` is a pure function of the config: it raises one ``ConfigError`` naming
 the key, its value and what is allowed, or returns None. It runs in well under a second (no model,
 no data, no compilation), so a typo or a negative epsilon costs a second, not an SFT run and an
-eval. Registry names (advantage, objective, reward fn, ...) are resolved by the trainer's own
-start-up; this module checks values.
-
-Each rule is ``(dotted key, check)`` where a check returns None when the value is allowed or the
-text of what is allowed. A key absent from the config is skipped (a config saved by an older
-version); ``tests/reliability/test_config_checks.py`` asserts that every rule names a key of
-``configs/base.py``.
+eval. What each key allows is declared once, in ``rljax/defaults.py`` (``KEYS``); this module
+adds only the constraints between keys. A key absent from the config is skipped (a config saved
+by an older version).
 """
 from __future__ import annotations
 
-import math
-import numbers
-from typing import Any, Callable
-
-from rljax.errors import RljaxError
-
-Check = Callable[[Any], "str | None"]
+from rljax.defaults import KEYS
+from rljax.errors import RljaxError, UnknownNameError
 
 
 class ConfigError(RljaxError, ValueError):
   """A config value outside what the key allows (the message names the key)."""
 
 
-def _is_int(value) -> bool:
-  return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+class UnknownComponentError(ConfigError, UnknownNameError):
+  """A key names no registered component (the message lists the registered names)."""
 
 
-def _is_real(value) -> bool:
-  return isinstance(value, numbers.Real) and not isinstance(value, bool)
-
-
-def integer(lo: int | None = None, hi: int | None = None, *, optional: bool = False,
-            also: tuple = ()) -> Check:
-  """An integer in ``[lo, hi]`` (either bound may be None), or one of ``also``."""
-  def check(value):
-    if (optional and value is None) or value in also and _is_int(value):
-      return None
-    if not _is_int(value) or (lo is not None and value < lo) or (hi is not None and value > hi):
-      bounds = " and ".join(b for b in ((f">= {lo}" if lo is not None else ""),
-                                         (f"<= {hi}" if hi is not None else "")) if b)
-      extra = "".join(f" or {a}" for a in also)
-      return f"an integer{' ' + bounds if bounds else ''}{extra}" + (" (or None)" if optional
-                                                                      else "")
-    return None
-  return check
-
-
-def real(lo: float | None = None, hi: float | None = None, *, lo_open: bool = False,
-         hi_open: bool = False, optional: bool = False) -> Check:
-  """A finite real in the interval (open ends where ``*_open``); None allowed if ``optional``."""
-  def check(value):
-    if optional and value is None:
-      return None
-    ok = _is_real(value) and math.isfinite(value)
-    if ok and lo is not None:
-      ok = value > lo if lo_open else value >= lo
-    if ok and hi is not None:
-      ok = value < hi if hi_open else value <= hi
-    if ok:
-      return None
-    left = "" if lo is None else ("(" if lo_open else "[") + f"{lo}"
-    right = "" if hi is None else f"{hi}" + (")" if hi_open else "]")
-    where = (f" in {left or '(-inf'}, {right or 'inf)'}" if (lo is not None or hi is not None)
-             else "")
-    return f"a finite number{where}" + (" (or None)" if optional else "")
-  return check
-
-
-def choice(*options: str) -> Check:
-  def check(value):
-    return None if value in options else f"one of {list(options)}"
-  return check
-
-
-def nonempty_string(value):
-  return None if isinstance(value, str) and value.strip() else "a non-empty string"
-
-
-def pass_rate_window(value):
-  if value is None:
-    return None
-  if (isinstance(value, (tuple, list)) and len(value) == 2 and all(map(_is_real, value))
-      and 0 <= value[0] <= value[1] <= 1):
-    return None
-  return "None or (lo, hi) with 0 <= lo <= hi <= 1"
-
-
-POSITIVE = real(0, lo_open=True)
-NONNEG = real(0)
-FRACTION = real(0, 1)
-ADAM_BETA = real(0, 1, hi_open=True)
-
-RULES: tuple[tuple[str, Check], ...] = (
-    ("seed", integer(0)),
-    ("model.hidden_size", integer(1)), ("model.intermediate_size", integer(1)),
-    ("model.num_layers", integer(1)), ("model.num_heads", integer(1)),
-    ("model.num_kv_heads", integer(1)), ("model.rope_theta", POSITIVE),
-    ("model.dtype", choice("float32", "bfloat16", "float16")),
-    ("model.param_dtype", choice("float32", "bfloat16", "float16")),
-    ("model.matmul_precision", choice("default", "high", "highest")),
-    ("model.logits_chunk", integer(1)), ("model.forward_tokens", integer(-1)),
-    ("model.attention", choice("auto", "xla", "blockwise", "cudnn", "pallas")),
-    ("model.attention_block", integer(1)),
-    ("rollout.max_concurrent_rows", integer(0)), ("rollout.kv_cache_bytes", integer(0)),
-    ("rollout.dtype", choice(None, "float32", "bfloat16", "float16")),
-    ("model.remat", choice("none", "full", "dots", True, False, "True", "False", "true", "false")),
-    ("model.scan_layers", choice(True, False)),
-    ("data.difficulty", integer(0)), ("data.num_eval", integer(1)),
-    ("data.prompt_bucket", integer(1)), ("data.max_prompt_tokens", integer(0)),
-    ("data.overlong_prompts", choice("error", "drop")),
-    ("data.source", nonempty_string), ("data.tokenizer", nonempty_string),
-    ("rollout.prompts_per_step", integer(1)), ("rollout.group_size", integer(1)),
-    ("rollout.max_new_tokens", integer(1)), ("rollout.temperature", POSITIVE),
-    ("rollout.top_k", integer(0)), ("rollout.top_p", real(0, 1, lo_open=True)),
-    ("rollout.min_p", real(0, 1, hi_open=True)),
-    ("reward.format_weight", real()), ("reward.wrong_value", real()),
-    ("reward.overlong_buffer", integer(0)), ("reward.overlong_penalty", NONNEG),
-    ("reward.timeout_s", POSITIVE), ("reward.workers", integer(1)),
-    ("reward.max_logged_failures", integer(0)),
-    ("algo.gamma", FRACTION), ("algo.lam", FRACTION),
-    ("algo.lam_critic", real(0, 1, optional=True)), ("algo.lam_alpha", real(0, optional=True)),
-    ("algo.clip_eps_low", real(0, 1)), ("algo.clip_eps_high", NONNEG),
-    ("algo.dual_clip_c", real(1, lo_open=True, optional=True)),
-    ("algo.cispo_eps_high", NONNEG), ("algo.cispo_eps_low", real(0, optional=True)),
-    ("algo.gmpo_eps", NONNEG),
-    ("algo.loss_norm_constant", real(0, lo_open=True, optional=True)),
-    ("algo.kl_coef", NONNEG), ("algo.kl_target", real(0, lo_open=True, optional=True)),
-    ("algo.kl_horizon", integer(1)), ("algo.ref_ema_decay", FRACTION),
-    ("algo.entropy_coef", real()), ("algo.pos_lm_coef", NONNEG),
-    ("algo.max_gen_batches", integer(1)), ("algo.keep_pass_rate", pass_rate_window),
-    ("algo.epochs", integer(1)), ("algo.minibatches", integer(1)),
-    ("algo.micro_batches", integer(1)), ("algo.tis_cap", real(0, lo_open=True, optional=True)),
-    ("algo.sapo_tau_pos", POSITIVE), ("algo.sapo_tau_neg", POSITIVE),
-    ("algo.sapo_level", choice("token", "sequence")),
-    ("algo.clip_cov_ratio", real(0, 1, lo_open=True)), ("algo.clip_cov_lb", real()),
-    ("algo.clip_cov_ub", real()), ("algo.kl_cov_ratio", real(0, 1, lo_open=True)),
-    ("algo.kl_cov_coef", NONNEG), ("algo.passk_k", integer(1, optional=True)),
-    ("algo.rollout_is", choice("none", "token", "sequence", "geometric")),
-    ("algo.rollout_is_cap", POSITIVE), ("algo.rollout_is_floor", real(0, optional=True)),
-    ("algo.rollout_rs", choice("none", "token", "sequence", "geometric")),
-    ("algo.rollout_rs_lo", real(0, optional=True)),
-    ("algo.rollout_rs_hi", real(0, optional=True)),
-    ("algo.rollout_rs_veto", real(0, lo_open=True, optional=True)),
-    ("algo.rollout_rs_k3", real(0, optional=True)),
-    ("algo.entropy_top_rho", NONNEG), ("algo.entropy_mask_source", choice("old", "current")),
-    ("algo.entropy_target", real()), ("algo.entropy_coef_delta", NONNEG),
-    ("algo.entropy_coef_min", real()), ("algo.entropy_coef_max", real()),
-    ("algo.entropy_ctrl_estimate", choice("full", "sampled")),
-    ("algo.opd_coef", NONNEG), ("algo.opd_discount", FRACTION),
-    ("algo.opd_student_logp", choice("old", "sampler")),
-    ("teacher.dtype", choice("", "float32", "bfloat16", "float16")),
-    ("critic.lr", POSITIVE), ("critic.value_clip", NONNEG), ("critic.pretrain_steps", integer(0)),
-    ("optim.lr", POSITIVE), ("optim.warmup_steps", integer(0)),
-    ("optim.schedule", choice("constant", "cosine")), ("optim.weight_decay", NONNEG),
-    ("optim.b1", ADAM_BETA), ("optim.b2", ADAM_BETA), ("optim.eps", POSITIVE),
-    ("optim.max_grad_norm", NONNEG),
-    ("train.steps", integer(1)), ("train.eval_every", integer(0)),
-    ("train.checkpoint_every", integer(0)), ("train.keep_checkpoints", integer(1)),
-    ("train.run_dir", nonempty_string),
-    ("sft.steps", integer(1)), ("sft.batch_size", integer(1)), ("sft.lr", POSITIVE),
-    ("sft.warmup_steps", integer(0)), ("sft.seed", integer(0)), ("sft.out_dir", nonempty_string),
-    # any one axis may be -1: the devices the other two leave (rljax.parallel.mesh)
-    ("mesh.data", integer(1, also=(-1,))), ("mesh.fsdp", integer(1, also=(-1,))),
-    ("mesh.tensor", integer(1, also=(-1,))),
-    ("dist.mode", choice("auto", "off")),
-)
+def check_section(section: str, values) -> None:
+  """The declared checks of one section (e.g. ``algo``) on a mapping of its keys, for callers
+  that hold only that section (``rljax.algos.resolve`` of an ``algo`` dict)."""
+  for key in KEYS:
+    if key.section == section and (leaf := key.name[len(section) + 1:]) in values:
+      if (allowed := key.check(values[leaf])) is not None:
+        raise _fail(key.name, values[leaf], allowed)
 
 
 def _lookup(config, dotted: str):
@@ -181,15 +40,17 @@ def _lookup(config, dotted: str):
 
 
 def _fail(key: str, value, allowed: str) -> ConfigError:
-  return ConfigError(f"{key}={value!r} is not allowed: expected {allowed}")
+  from rljax.defaults import KEY_BY_NAME
+  error = UnknownComponentError if KEY_BY_NAME[key].check.family else ConfigError
+  return error(f"{key}={value!r} is not allowed: expected {allowed}")
 
 
 def check_config(config) -> None:
   """Raise ``ConfigError`` (one line: key, value, what is allowed) for the first bad value."""
-  for key, check in RULES:
-    present, value = _lookup(config, key)
-    if present and (allowed := check(value)) is not None:
-      raise _fail(key, value, allowed)
+  for key in KEYS:
+    present, value = _lookup(config, key.name)
+    if present and (allowed := key.check(value)) is not None:
+      raise _fail(key.name, value, allowed)
   _check_relations(config)
 
 
@@ -237,5 +98,5 @@ def needs_groups(algo_cfg) -> bool:
 
 def check_eval_samples(samples) -> None:
   """``rljax eval --samples K``: K >= 1."""
-  if not _is_int(samples) or samples < 1:
+  if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
     raise ConfigError(f"eval --samples={samples!r} is not allowed: expected an integer >= 1")

@@ -1,225 +1,266 @@
-"""The default configuration: every key of ALGORITHMS.md with its default.
+"""Every config key, declared once: default, allowed values, one line of documentation.
 
-``rljax.config()`` returns it; ``configs/base.py`` re-exports it for the presets
-(``configs/<algo>.py``), which change only what makes them that algorithm. Override anything on
+``rljax.config()`` / ``get_config()`` builds the default ConfigDict from ``KEYS``;
+``rljax.config_checks`` checks every value against its declaration at start-up; ``rljax keys``
+prints them and ``docs/config.md`` is generated from them (``python -m rljax keys --markdown``).
+A preset (``configs/<algo>.py``) changes only what makes that algorithm. Override anything on
 the command line with ``--config.section.key=value``.
 """
 import ml_collections
 from ml_collections.config_dict import placeholder
 
+from rljax.keys import (ADAM_BETA, BOOL, FRACTION, KEY_TUPLE, NONEMPTY, NONNEG,
+                        PASS_RATE_WINDOW, POSITIVE, SEED, SIZE, STRING, Key, choice, integer,
+                        optional, real, registered)
 
-def get_config():
-  c = ml_collections.ConfigDict()
-  c.seed = 0
+DTYPES = ("float32", "bfloat16", "float16")
+ROLLOUT_LEVELS = ("none", "token", "sequence", "geometric")
+MESH_AXIS = integer(1, also=(-1,))  # any one axis may be -1: the devices the other two leave
 
-  # --- model -----------------------------------------------------------------------------------
-  c.model = ml_collections.ConfigDict()
-  # 'tiny': a fresh random model with the sizes below; 'hf:PATH': a Hugging Face directory;
-  # 'sft': the supervised cold start of section `sft` (trained first if not on disk yet).
-  c.model.source = "tiny"
-  c.model.hidden_size = 128
-  c.model.intermediate_size = 384
-  c.model.num_layers = 4
-  c.model.num_heads = 4
-  c.model.num_kv_heads = 2
-  c.model.rope_theta = 10000.0
-  c.model.tie_embeddings = True
-  c.model.dtype = "float32"  # compute dtype: bfloat16 on accelerators
-  c.model.param_dtype = "float32"
-  # per-layer rematerialisation in the backward pass: none | full (keep each layer's input only)
-  # | dots (also keep the weight matmuls' outputs); True/False read as full/none
-  c.model.remat = "none"
-  # training/scoring forward as a lax.scan over the layers (same parameter tree); remat saves
-  # memory on XLA:CPU only with it (the unrolled loop's recomputation is merged into the forward)
-  c.model.scan_layers = False
-  # attention backend: auto (cudnn on GPUs for 16-bit dtypes, pallas on TPUs, else blockwise) |
-  # xla (materialised scores, the reference) | blockwise | cudnn | pallas
-  c.model.attention = "auto"
-  c.model.attention_block = 128  # max query/key block of the blockwise attention (balanced)
-  # float32 matmul precision of the run: default (JAX's: TF32 on GPUs, bfloat16 passes on TPUs) |
-  # high | highest (float32 parity with transformers on an accelerator; no effect on CPU or bf16)
-  c.model.matmul_precision = "default"
-  c.model.logits_chunk = 512  # sequence chunk for log-prob/entropy (never [B, T, V] at once)
-  # most tokens per data shard in one forward/backward of the train step's scoring and update:
-  # rows go through in chunks (exact accumulation); -1 = auto (1024 per CPU thread, where a chunk
-  # that stays in cache is faster; no limit on accelerators), 0 = no limit
-  c.model.forward_tokens = -1
+KEYS = (
+    Key("seed", 0, SEED, "the run's seed: model init, sampling, shuffling, Clip-Cov draws"),
+    # --- model ---------------------------------------------------------------------------------
+    Key("model.source", "tiny", NONEMPTY,
+        "'tiny' (random, the sizes below) | 'hf:PATH' (a Hugging Face directory) | 'sft' (the "
+        "supervised cold start of section sft, trained first if not on disk)"),
+    Key("model.hidden_size", 128, SIZE, "width of the 'tiny'/'sft' model"),
+    Key("model.intermediate_size", 384, SIZE, "MLP width of the 'tiny'/'sft' model"),
+    Key("model.num_layers", 4, SIZE, "layers of the 'tiny'/'sft' model"),
+    Key("model.num_heads", 4, SIZE, "query heads of the 'tiny'/'sft' model"),
+    Key("model.num_kv_heads", 2, SIZE, "key/value heads of the 'tiny'/'sft' model (GQA)"),
+    Key("model.rope_theta", 10000.0, POSITIVE, "RoPE base of the 'tiny'/'sft' model"),
+    Key("model.tie_embeddings", True, BOOL, "'tiny'/'sft' model: LM head = embedding matrix"),
+    Key("model.dtype", "float32", choice(*DTYPES), "compute dtype"),
+    Key("model.param_dtype", "float32", choice(*DTYPES), "parameter (master weight) dtype"),
+    Key("model.remat", "none",
+        choice("none", "full", "dots", True, False, "True", "False", "true", "false"),
+        "per-layer rematerialisation: none | full (keep each layer's input) | dots (also the "
+        "weight matmuls' outputs); True/False read as full/none"),
+    Key("model.scan_layers", False, BOOL,
+        "training/scoring forward as a lax.scan over the layers (same parameter tree); remat "
+        "saves memory on XLA:CPU only with it"),
+    Key("model.attention", "auto", choice("auto", "xla", "blockwise", "cudnn", "pallas"),
+        "attention kernel: auto (cudnn on GPUs for 16-bit dtypes, pallas on TPUs, else "
+        "blockwise) | xla (materialised scores, the reference) | blockwise | cudnn | pallas"),
+    Key("model.attention_block", 128, SIZE, "max query/key block of the blockwise attention"),
+    Key("model.matmul_precision", "default", choice("default", "high", "highest"),
+        "float32 matmul precision: default (TF32 on GPUs, bf16 passes on TPUs) | high | highest "
+        "(float32 parity with transformers on an accelerator)"),
+    Key("model.logits_chunk", 512, SIZE,
+        "sequence chunk of the log-prob/entropy head (never [B, T, V] at once)"),
+    Key("model.forward_tokens", -1, integer(-1, 2**31 - 1),
+        "most tokens per data shard in one forward/backward of scoring and the update (rows "
+        "go in chunks, exact accumulation); -1 = auto (1024 per CPU thread, no limit on "
+        "accelerators), 0 = no limit"),
+    # --- data ----------------------------------------------------------------------------------
+    Key("data.source", "embedded:arithmetic", NONEMPTY,
+        "'embedded:arithmetic' | 'embedded:countdown' | 'jsonl:PATH' | 'hf:PATH' (local "
+        "datasets files)"),
+    Key("data.difficulty", 1, integer(0, 1000), "embedded tasks: problem difficulty"),
+    Key("data.train_seed", 0, SEED, "embedded tasks: seed of the training problems"),
+    Key("data.eval_seed", 1, SEED, "embedded tasks: seed of the held-out problems"),
+    Key("data.num_eval", 256, SIZE, "held-out problems evaluated before/after training"),
+    Key("data.tokenizer", "char", NONEMPTY, "'char' or a local Hugging Face tokenizer directory"),
+    Key("data.chat_template", False, BOOL, "wrap prompts in the tokenizer's chat template"),
+    Key("data.prompt_bucket", 32, SIZE,
+        "prompts are left-padded to a multiple of this (fewer compilations)"),
+    Key("data.max_prompt_tokens", 0, integer(0, 2**31 - 1),
+        "longest prompt in tokens; 0 = the model's context less rollout.max_new_tokens"),
+    Key("data.overlong_prompts", "error", choice("error", "drop"),
+        "a longer prompt: 'error' (names it) | 'drop' (counted)"),
+    # --- rollout -------------------------------------------------------------------------------
+    Key("rollout.prompts_per_step", 8, SIZE, "P: prompts per RL step"),
+    Key("rollout.group_size", 8, SIZE, "G: completions per prompt"),
+    Key("rollout.max_new_tokens", 64, SIZE, "T: completion budget in tokens"),
+    Key("rollout.temperature", 1.0, POSITIVE, "sampling temperature"),
+    Key("rollout.top_k", 0, integer(0, 2**31 - 1), "top-k sampling; 0 = off"),
+    Key("rollout.top_p", 1.0, real(0, 1, lo_open=True), "nucleus sampling; 1 = off"),
+    Key("rollout.min_p", 0.0, real(0, 1, hi_open=True), "min-p sampling; 0 = off"),
+    Key("rollout.max_concurrent_rows", 0, integer(0, 2**31 - 1),
+        "slot budget S per data shard (continuous batching); 0 = all rows at once"),
+    Key("rollout.kv_cache_bytes", 0, integer(0),
+        "KV-cache budget per data shard, caps S too; 0 = no cap"),
+    Key("rollout.dtype", None, optional(choice(*DTYPES)),
+        "sampler weights + KV cache dtype; None = model.dtype"),
+    # --- reward (ALGORITHMS.md section 1) ------------------------------------------------------
+    Key("reward.fn", "exact_match", registered("reward_fn"), "the verifier"),
+    Key("reward.format_weight", 0.0, real(), "weight of the format term added to correctness"),
+    Key("reward.wrong_value", 0.0, real(), "reward of a wrong answer (0 or -1)"),
+    Key("reward.overlong_buffer", 0, integer(0, 2**31 - 1),
+        "DAPO soft overlong punishment: buffer in tokens before max_new_tokens; 0 = off"),
+    Key("reward.overlong_penalty", 1.0, NONNEG, "DAPO soft overlong punishment: maximum penalty"),
+    Key("reward.timeout_s", 5.0, POSITIVE,
+        "per verifier call: a hard bound (the worker process is killed)"),
+    Key("reward.workers", 4, integer(1, 1024), "verifier worker processes"),
+    Key("reward.max_logged_failures", 100, integer(0),
+        "failed calls sampled into run_dir/reward_failures.jsonl"),
+    # --- algorithm (sections 2-5, 7) -----------------------------------------------------------
+    Key("algo.advantage", "grpo", registered("advantage"), "advantage estimator"),
+    Key("algo.adv_std", "group", choice("group", "batch", "none"),
+        "grpo/passk_n: divide by the std of the group | batch | none"),
+    Key("algo.adv_whiten", False, BOOL, "whiten advantages over the batch"),
+    Key("algo.gamma", 1.0, FRACTION, "discount"),
+    Key("algo.lam", 0.95, FRACTION, "GAE lambda (the policy's)"),
+    Key("algo.lam_critic", None, optional(FRACTION), "GAE lambda of critic targets; None = lam"),
+    Key("algo.lam_alpha", None, optional(real(0, lo_open=True)),
+        "VAPO length-adaptive lambda = 1 - 1/(alpha l); None = off (VAPO 0.05)"),
+    Key("algo.policy_loss", "ppo", registered("policy_loss"), "policy objective"),
+    Key("algo.clip_eps_low", 0.2, real(0, 1), "PPO clip: ratio >= 1 - eps_low"),
+    Key("algo.clip_eps_high", 0.2, NONNEG, "PPO clip: ratio <= 1 + eps_high (DAPO 0.28)"),
+    Key("algo.dual_clip_c", None, optional(real(1, lo_open=True)),
+        "dual-clip PPO: for A < 0 the loss is at most -A c; None = off"),
+    Key("algo.cispo_eps_high", 4.0, NONNEG, "CISPO: IS weight <= 1 + eps_high"),
+    Key("algo.cispo_eps_low", None, optional(NONNEG),
+        "CISPO: IS weight >= 1 - eps_low; None = no lower bound"),
+    Key("algo.gmpo_eps", 0.4, real(0, lo_open=True), "GMPO: log-ratio clip"),
+    Key("algo.loss_agg", "seq_mean_token_mean", registered("loss_agg"), "loss aggregation"),
+    Key("algo.loss_norm_constant", None, optional(real(0, lo_open=True)),
+        "seq_mean_token_sum_norm's constant; None = rollout.max_new_tokens"),
+    Key("algo.kl_estimator", "k3", registered("kl_estimator"), "KL estimator"),
+    Key("algo.kl_placement", "loss", choice("loss", "reward", "none"),
+        "KL to the reference: in the loss | in the reward | none (no reference model)"),
+    Key("algo.kl_coef", 0.04, NONNEG, "KL weight beta (initial, with kl_target)"),
+    Key("algo.kl_target", None, optional(real(0, lo_open=True)),
+        "adaptive KL (Ziegler et al.): target KL; None = fixed coefficient"),
+    Key("algo.kl_horizon", 10000, integer(1), "adaptive KL: horizon in rows"),
+    Key("algo.ref_update", "frozen", choice("frozen", "ema"),
+        "reference model: frozen | ema of the policy (T1)"),
+    Key("algo.ref_ema_decay", 0.99, FRACTION, "EMA reference: decay d"),
+    Key("algo.kl_normalize", False, BOOL,
+        "T1's normalised KL: the KL term's aggregation is token_mean"),
+    Key("algo.entropy_coef", 0.0, real(), "entropy bonus weight (8.7: the controller's c_0)"),
+    Key("algo.pos_lm_coef", 0.0, NONNEG, "VAPO: LM loss weight on positive examples"),
+    Key("algo.overlong_filter", False, BOOL, "truncated completions get no loss (DAPO ablation)"),
+    Key("algo.dynamic_sampling", False, BOOL,
+        "DAPO: resample until P groups with a reward spread are kept"),
+    Key("algo.max_gen_batches", 10, integer(1, 10**6), "dynamic sampling: most rounds per step"),
+    Key("algo.keep_pass_rate", None, PASS_RATE_WINDOW,
+        "dynamic sampling: keep groups whose pass rate is in [lo, hi]; None = a reward spread"),
+    Key("algo.epochs", 1, integer(1, 10**6), "passes over each rollout batch"),
+    Key("algo.minibatches", 1, integer(1, 10**6), "optimizer steps per epoch"),
+    Key("algo.micro_batches", 1, integer(1, 10**6),
+        "gradient accumulation inside each minibatch (exact aggregation)"),
+    Key("algo.tis_cap", None, optional(real(0, lo_open=True)),
+        "alias of rollout_is='token' with rollout_is_cap=tis_cap (not both); None = off"),
+    # --- section 8 -----------------------------------------------------------------------------
+    Key("algo.sapo_tau_pos", 1.0, POSITIVE, "SAPO gate temperature where A > 0"),
+    Key("algo.sapo_tau_neg", 1.05, POSITIVE, "SAPO gate temperature where A <= 0"),
+    Key("algo.sapo_level", "token", choice("token", "sequence"),
+        "SAPO: gate on the token ratio | on GSPO's sequence ratio"),
+    Key("algo.clip_cov_ratio", 2e-4, real(0, 1, lo_open=True),
+        "Clip-Cov: share of the minibatch's valid tokens zeroed"),
+    Key("algo.clip_cov_lb", 1.0, real(), "Clip-Cov candidates: lb < token covariance"),
+    Key("algo.clip_cov_ub", 5.0, real(), "Clip-Cov candidates: token covariance < ub"),
+    Key("algo.kl_cov_ratio", 2e-3, real(0, 1, lo_open=True),
+        "KL-Cov: share of valid tokens (top covariance) given |delta|"),
+    Key("algo.kl_cov_coef", 1.0, NONNEG, "KL-Cov: weight of |delta| on the selected tokens"),
+    Key("algo.passk_k", None, optional(integer(1, 2**31 - 1)),
+        "pass@k training's k; must be set with advantage='passk'"),
+    Key("algo.rollout_is", "none", choice(*ROLLOUT_LEVELS),
+        "rollout IS weights sampler -> old: none | token | sequence | geometric"),
+    Key("algo.rollout_is_cap", 2.0, POSITIVE, "rollout IS: upper truncation"),
+    Key("algo.rollout_is_floor", None, optional(NONNEG), "rollout IS: lower truncation; None = none"),
+    Key("algo.rollout_is_batch_norm", False, BOOL, "rollout IS: divide by the batch mean"),
+    Key("algo.rollout_rs", "none", choice(*ROLLOUT_LEVELS),
+        "rollout rejection: none | token | sequence | geometric"),
+    Key("algo.rollout_rs_lo", 0.0, optional(NONNEG), "rollout rejection: keep ratios >= lo"),
+    Key("algo.rollout_rs_hi", None, optional(NONNEG), "rollout rejection: keep ratios <= hi"),
+    Key("algo.rollout_rs_veto", None, optional(real(0, lo_open=True)),
+        "reject a row with any token ratio below this; None = off"),
+    Key("algo.rollout_rs_k3", None, optional(NONNEG),
+        "reject a row whose mean k3(rho) exceeds this; None = off"),
+    Key("algo.entropy_top_rho", 1.0, NONNEG,
+        "80/20: only the top-rho highest-entropy tokens train; 1 = off"),
+    Key("algo.entropy_mask_source", "old", choice("old", "current"),
+        "80/20 mask entropy: old (H_old of the scoring forward; 'current' is not implemented)"),
+    Key("algo.entropy_ctrl", False, BOOL,
+        "Skywork-OR1 adaptive entropy coefficient (starts at entropy_coef)"),
+    Key("algo.entropy_target", 0.2, real(), "entropy controller: bonus on below this entropy"),
+    Key("algo.entropy_coef_delta", 1e-4, NONNEG, "entropy controller: step per RL step"),
+    Key("algo.entropy_coef_min", 0.0, real(), "entropy controller: lower clip"),
+    Key("algo.entropy_coef_max", 0.005, real(), "entropy controller: upper clip"),
+    Key("algo.entropy_ctrl_estimate", "full", choice("full", "sampled"),
+        "entropy controller's measure: full (mean H of the update) | sampled (-mean old_logp)"),
+    Key("algo.opd_coef", 0.0, NONNEG,
+        "on-policy distillation: weight of -reverse KL to the teacher; 0 = off"),
+    Key("algo.opd_discount", 0.0, FRACTION,
+        "on-policy distillation: discount of the future reverse KL; 0 = per token"),
+    Key("algo.opd_length_norm", False, BOOL,
+        "on-policy distillation: divide the discounted sum by its discounted count (MiniLLM)"),
+    Key("algo.opd_student_logp", "old", choice("old", "sampler"),
+        "on-policy distillation: student log-prob in the reverse KL"),
+    # --- teacher of on-policy distillation (algo.opd_coef > 0) ---------------------------------
+    Key("teacher.source", "", STRING,
+        "'' = none | 'hf:PATH' | 'run:DIR' (DIR/hf) | 'sft' (sft.out_dir) | 'tiny' (random, "
+        "seed + 1: for tests); same tokenizer as the policy"),
+    Key("teacher.dtype", "", choice("", *DTYPES), "teacher compute dtype; '' = model.dtype"),
+    # --- critic (section 6) --------------------------------------------------------------------
+    Key("critic.enabled", False, BOOL, "train a value model (PPO, VC-PPO, VAPO, ORZ)"),
+    Key("critic.lr", 1e-5, POSITIVE, "critic learning rate"),
+    Key("critic.value_clip", 0.5, NONNEG, "value clip around the old values"),
+    Key("critic.pretrain_steps", 0, integer(0, 10**6),
+        "value pretraining steps on Monte-Carlo returns before RL (VC-PPO)"),
+    # --- optimizer -----------------------------------------------------------------------------
+    Key("optim.lr", 1e-6, POSITIVE, "policy learning rate"),
+    Key("optim.warmup_steps", 0, integer(0),
+        "linear warmup in optimizer updates (RL steps x epochs x minibatches)"),
+    Key("optim.schedule", "constant", choice("constant", "cosine"), "after warmup"),
+    Key("optim.weight_decay", 0.0, NONNEG, "AdamW weight decay"),
+    Key("optim.b1", 0.9, ADAM_BETA, "AdamW beta1"),
+    Key("optim.b2", 0.999, ADAM_BETA, "AdamW beta2"),
+    Key("optim.eps", 1e-8, POSITIVE, "AdamW epsilon"),
+    Key("optim.max_grad_norm", 1.0, NONNEG, "global-norm gradient clip; 0 = off"),
+    # --- training loop -------------------------------------------------------------------------
+    Key("train.steps", 100, integer(1, 10**9), "RL steps"),
+    Key("train.eval_every", 0, integer(0), "held-out eval every N steps; 0 = before and after"),
+    Key("train.checkpoint_every", 0, integer(0), "checkpoint every N steps; 0 = at the end"),
+    Key("train.keep_checkpoints", 3, integer(1), "checkpoints kept"),
+    Key("train.run_dir", "runs/default", NONEMPTY, "where metrics, checkpoints and exports go"),
+    Key("train.resume", False, BOOL, "continue the run in run_dir"),
+    Key("train.resume_override", (), KEY_TUPLE,
+        "keys allowed to differ from the run being resumed, e.g. ('optim.lr',); steps may grow"),
+    Key("train.progress", True, BOOL, "live progress bar"),
+    Key("train.export_hf", True, BOOL, "export the final policy in Hugging Face format"),
+    Key("train.max_skipped_steps", 10, integer(0),
+        "stop after this many consecutive steps whose every update was skipped as non-finite; "
+        "0 = never"),
+    # --- supervised cold start (model.source='sft') --------------------------------------------
+    Key("sft.steps", 600, integer(1, 10**9), "SFT steps"),
+    Key("sft.batch_size", 64, SIZE, "SFT batch"),
+    Key("sft.lr", 3e-3, POSITIVE, "SFT learning rate"),
+    Key("sft.warmup_steps", 50, integer(0), "SFT warmup steps"),
+    Key("sft.seed", 1234, SEED, "SFT examples come from their own stream of the train split"),
+    Key("sft.out_dir", "runs/sft", NONEMPTY,
+        "reused when it holds a checkpoint made with the same sft/model keys"),
+    # --- device mesh ---------------------------------------------------------------------------
+    Key("mesh.data", -1, MESH_AXIS, "data-parallel axis; -1 = the devices the others leave"),
+    Key("mesh.fsdp", 1, MESH_AXIS, "fully sharded data-parallel axis"),
+    Key("mesh.tensor", 1, MESH_AXIS, "tensor-parallel axis"),
+    # --- multi-process start-up (rljax.parallel.distributed) -----------------------------------
+    Key("dist.mode", "auto", choice("auto", "off"),
+        "auto: jax.distributed.initialize() when the environment names a cluster; off"),
+    Key("dist.coordinator_address", "", STRING, "host:port of process 0"),
+    Key("dist.num_processes", None, optional(integer(1)), "processes; None = from the cluster"),
+    Key("dist.process_id", None, optional(integer(0)), "this process; None = from the cluster"),
+)
 
-  # --- data ------------------------------------------------------------------------------------
-  c.data = ml_collections.ConfigDict()
-  # 'embedded:arithmetic', 'embedded:countdown', 'jsonl:PATH', 'hf:PATH' (local datasets files)
-  c.data.source = "embedded:arithmetic"
-  c.data.difficulty = 1
-  c.data.train_seed = 0
-  c.data.eval_seed = 1
-  c.data.num_eval = 256
-  c.data.tokenizer = "char"  # 'char' or a local Hugging Face tokenizer directory
-  c.data.chat_template = False
-  c.data.prompt_bucket = 32  # prompts are left-padded to a multiple of this (fewer compilations)
-  # Longest prompt in tokens; 0 = only the model's context (max_position_embeddings - new tokens)
-  c.data.max_prompt_tokens = 0
-  c.data.overlong_prompts = "error"  # a longer prompt: 'error' (names it) | 'drop' (counted)
+KEY_BY_NAME = {key.name: key for key in KEYS}
 
-  # --- rollout ---------------------------------------------------------------------------------
-  c.rollout = ml_collections.ConfigDict()
-  c.rollout.prompts_per_step = 8  # P
-  c.rollout.group_size = 8  # G
-  c.rollout.max_new_tokens = 64
-  c.rollout.temperature = 1.0
-  c.rollout.top_k = 0  # 0 = off
-  c.rollout.top_p = 1.0
-  c.rollout.min_p = 0.0
-  c.rollout.max_concurrent_rows = 0  # slot budget S per data shard (continuous batching); 0 = all
-  c.rollout.kv_cache_bytes = 0  # KV-cache budget per data shard, caps S too; 0 = no cap
-  c.rollout.dtype = placeholder(str)  # sampler weights + KV cache dtype; None = model.dtype
 
-  # --- reward (ALGORITHMS.md section 1) -------------------------------------------------------
-  c.reward = ml_collections.ConfigDict()
-  c.reward.fn = "exact_match"  # a name in rljax.rewards' registry
-  c.reward.format_weight = 0.0  # optional format term added to correctness
-  c.reward.wrong_value = 0.0  # reward of a wrong answer (0 or -1)
-  c.reward.overlong_buffer = 0  # tokens; 0 = off
-  c.reward.overlong_penalty = 1.0
-  c.reward.timeout_s = 5.0  # per verifier call: a hard bound (the worker process is killed)
-  c.reward.workers = 4  # verifier worker processes
-  c.reward.max_logged_failures = 100  # failed calls sampled into run_dir/reward_failures.jsonl
+def options(name: str) -> tuple:
+  """The values a choice key allows (components check direct calls against the declaration)."""
+  return KEY_BY_NAME[name].check.options
 
-  # --- algorithm (sections 2-5, 7) ------------------------------------------------------------
-  c.algo = ml_collections.ConfigDict()
-  c.algo.advantage = "grpo"
-  c.algo.adv_std = "group"  # group | batch | none
-  c.algo.adv_whiten = False
-  c.algo.gamma = 1.0
-  c.algo.lam = 0.95
-  c.algo.lam_critic = placeholder(float)  # None = same as lam
-  c.algo.lam_alpha = placeholder(float)  # None = off; VAPO 0.05
 
-  c.algo.policy_loss = "ppo"
-  c.algo.clip_eps_low = 0.2
-  c.algo.clip_eps_high = 0.2
-  c.algo.dual_clip_c = placeholder(float)
-  c.algo.cispo_eps_high = 4.0
-  c.algo.cispo_eps_low = placeholder(float)
-  c.algo.gmpo_eps = 0.4
-
-  c.algo.loss_agg = "seq_mean_token_mean"
-  c.algo.loss_norm_constant = placeholder(float)  # None = max_new_tokens
-
-  c.algo.kl_estimator = "k3"
-  c.algo.kl_placement = "loss"  # loss | reward | none
-  c.algo.kl_coef = 0.04
-  c.algo.kl_target = placeholder(float)  # None = fixed coefficient
-  c.algo.kl_horizon = 10000
-  c.algo.ref_update = "frozen"  # frozen | ema
-  c.algo.ref_ema_decay = 0.99
-  c.algo.kl_normalize = False
-  c.algo.entropy_coef = 0.0
-  c.algo.pos_lm_coef = 0.0
-
-  c.algo.overlong_filter = False
-  c.algo.dynamic_sampling = False
-  c.algo.max_gen_batches = 10
-  c.algo.keep_pass_rate = placeholder(tuple)  # (lo, hi) pass-rate window; None = off
-
-  c.algo.epochs = 1
-  c.algo.minibatches = 1
-  c.algo.micro_batches = 1  # gradient accumulation inside each minibatch (exact aggregation)
-  # alias of rollout_is='token' with rollout_is_cap=tis_cap (setting both is an error); None = off
-  c.algo.tis_cap = placeholder(float)
-
-  # --- section 8 -------------------------------------------------------------------------------
-  c.algo.sapo_tau_pos = 1.0  # SAPO gate temperature where A > 0 (policy_loss='sapo')
-  c.algo.sapo_tau_neg = 1.05  # SAPO gate temperature where A <= 0
-  c.algo.sapo_level = "token"  # token | sequence (gate on GSPO's sequence ratio)
-  c.algo.clip_cov_ratio = 2e-4  # Clip-Cov: share of the minibatch's valid tokens zeroed
-  c.algo.clip_cov_lb = 1.0  # Clip-Cov candidates: lb < token covariance < ub
-  c.algo.clip_cov_ub = 5.0
-  c.algo.kl_cov_ratio = 2e-3  # KL-Cov: share of valid tokens (top covariance) given |delta|
-  c.algo.kl_cov_coef = 1.0  # KL-Cov: weight of |delta| on the selected tokens
-  c.algo.passk_k = placeholder(int)  # pass@k's k; must be set with advantage='passk'
-  c.algo.rollout_is = "none"  # rollout IS weights sampler -> old: none|token|sequence|geometric
-  c.algo.rollout_is_cap = 2.0  # upper truncation of the IS weights
-  c.algo.rollout_is_floor = placeholder(float)  # lower truncation; None = none
-  c.algo.rollout_is_batch_norm = False  # divide the weights by their batch mean
-  c.algo.rollout_rs = "none"  # rollout rejection: none | token | sequence | geometric
-  c.algo.rollout_rs_lo = 0.0  # keep ratios in [lo, hi] (both needed when rollout_rs is on)
-  c.algo.rollout_rs_hi = placeholder(float)
-  c.algo.rollout_rs_veto = placeholder(float)  # reject a row with any token ratio below this
-  c.algo.rollout_rs_k3 = placeholder(float)  # reject a row whose mean k3(rho) exceeds this
-  c.algo.entropy_top_rho = 1.0  # 80/20: only the top-rho highest-entropy tokens train; 1 = off
-  c.algo.entropy_mask_source = "old"  # entropy of the mask: old (scoring forward, H_old)
-  c.algo.entropy_ctrl = False  # Skywork-OR1 adaptive entropy coefficient (from entropy_coef)
-  c.algo.entropy_target = 0.2  # the bonus is on while the measured entropy is below this
-  c.algo.entropy_coef_delta = 1e-4  # controller step per RL step
-  c.algo.entropy_coef_min = 0.0
-  c.algo.entropy_coef_max = 0.005
-  c.algo.entropy_ctrl_estimate = "full"  # full (mean H of the update) | sampled (-mean old_logp)
-  c.algo.opd_coef = 0.0  # on-policy distillation weight of -reverse KL to teacher; 0 = off
-  c.algo.opd_discount = 0.0  # discount of the future reverse KL (Tinker); 0 = per token
-  c.algo.opd_length_norm = False  # divide the discounted sum by its discounted count (MiniLLM)
-  c.algo.opd_student_logp = "old"  # student log-prob in the reverse KL: old | sampler
-
-  # --- teacher of on-policy distillation (algo.opd_coef > 0) -----------------------------------
-  c.teacher = ml_collections.ConfigDict()
-  # '' = none; 'hf:PATH'; 'run:DIR' (a run's exported DIR/hf); 'sft' (sft.out_dir); 'tiny'
-  # (random, model.* sizes, seed + 1: for tests). Same tokenizer as the policy.
-  c.teacher.source = ""
-  c.teacher.dtype = ""  # compute dtype; '' = model.dtype
-
-  # --- critic (section 6) ----------------------------------------------------------------------
-  c.critic = ml_collections.ConfigDict()
-  c.critic.enabled = False
-  c.critic.lr = 1e-5
-  c.critic.value_clip = 0.5
-  c.critic.pretrain_steps = 0
-
-  # --- optimizer -------------------------------------------------------------------------------
-  c.optim = ml_collections.ConfigDict()
-  c.optim.lr = 1e-6
-  c.optim.warmup_steps = 0  # counted in optimizer updates: RL steps x epochs x minibatches
-  c.optim.schedule = "constant"  # constant | cosine
-  c.optim.weight_decay = 0.0
-  c.optim.b1 = 0.9
-  c.optim.b2 = 0.999
-  c.optim.eps = 1e-8
-  c.optim.max_grad_norm = 1.0
-
-  # --- training loop ---------------------------------------------------------------------------
-  c.train = ml_collections.ConfigDict()
-  c.train.steps = 100
-  c.train.eval_every = 0  # 0 = only before and after
-  c.train.checkpoint_every = 0  # 0 = only at the end
-  c.train.keep_checkpoints = 3
-  c.train.run_dir = "runs/default"
-  c.train.resume = False
-  # keys allowed to differ from the run being resumed, e.g. ('optim.lr',); train.steps may grow
-  c.train.resume_override = ()
-  c.train.progress = True  # live progress bar
-  c.train.export_hf = True  # export the final policy in Hugging Face format
-  # stop after this many consecutive steps whose every update was skipped as non-finite (0 = never)
-  c.train.max_skipped_steps = 10
-
-  # --- supervised cold start (model.source='sft') -----------------------------------------------
-  c.sft = ml_collections.ConfigDict()
-  c.sft.steps = 600
-  c.sft.batch_size = 64
-  c.sft.lr = 3e-3
-  c.sft.warmup_steps = 50
-  c.sft.seed = 1234  # SFT examples come from their own stream of the train split
-  c.sft.out_dir = "runs/sft"  # reused when it holds a checkpoint made with the same sft/model keys
-
-  # --- device mesh -----------------------------------------------------------------------------
-  c.mesh = ml_collections.ConfigDict()
-  c.mesh.data = -1  # -1 = all devices not used by the other axes
-  c.mesh.fsdp = 1
-  c.mesh.tensor = 1
-
-  # --- multi-process start-up (rljax.parallel.distributed) -------------------------------------
-  c.dist = ml_collections.ConfigDict()
-  # 'auto': jax.distributed.initialize() when the environment names a cluster (TPU pod, SLURM,
-  # or the explicit keys below); 'off': single process.
-  c.dist.mode = "auto"
-  c.dist.coordinator_address = ""  # host:port of process 0
-  c.dist.num_processes = placeholder(int)
-  c.dist.process_id = placeholder(int)
-  return c
+def get_config() -> ml_collections.ConfigDict:
+  """The default configuration: every key of ``KEYS`` with its default."""
+  config = ml_collections.ConfigDict()
+  for key in KEYS:
+    *sections, leaf = key.name.split(".")
+    node = config
+    for section in sections:
+      if section not in node:
+        node[section] = ml_collections.ConfigDict()
+      node = node[section]
+    node[leaf] = placeholder(key.check.type) if key.default is None else key.default
+  return config

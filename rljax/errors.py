@@ -28,3 +28,14 @@ class DataFileNotFoundError(RljaxError, FileNotFoundError):
 
 class ConfigFileError(RljaxError, FileNotFoundError):
   """``--config PATH`` does not exist or defines no ``get_config()``."""
+
+
+class UnknownNameError(RljaxError, KeyError, ValueError):
+  """A config names a component that is not registered (the message lists the registered ones).
+
+  Also a ``KeyError`` (a failed lookup) and a ``ValueError`` (a bad config value), so callers
+  may catch either.
+  """
+
+  def __str__(self):  # KeyError's would print the message's repr
+    return str(self.args[0])

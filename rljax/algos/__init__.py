@@ -36,4 +36,4 @@ from rljax.algos.logprobs import (entropy_from_logits, logprobs_from_logits,
 # Section 8: their components register themselves on import.
 from rljax.algos import correction, cov, distill, entropy, passk, remax, sapo  # noqa: F401
 from rljax.algos import transforms  # noqa: F401  (how the trainer applies section 8)
-from rljax.algos.resolve import Algorithm, Bound, Regularizer, check_algo, hparams_tree, resolve
+from rljax.algos.resolve import Algorithm, Bound, Regularizer, hparams_tree, resolve

@@ -28,10 +28,11 @@ import jax
 import jax.numpy as jnp
 
 from rljax.algos.registry import register_advantage
+from rljax.defaults import options
 
 GRPO_STD_EPS = 1e-6
 WHITEN_EPS = 1e-8
-ADV_STD_MODES = ("group", "batch", "none")
+ADV_STD_MODES = options("algo.adv_std")
 
 
 # --- helpers -------------------------------------------------------------------------------------

@@ -14,17 +14,7 @@ config section under the key ``hparams`` maps them to (by default the parameter'
 import inspect
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
-
-class UnknownNameError(KeyError, ValueError):
-  """A config names a component that is not registered.
-
-  Subclasses both ``KeyError`` (a failed lookup) and ``ValueError`` (a bad config value), so
-  callers may catch either.
-  """
-
-  def __str__(self):
-    # KeyError.__str__ would print the repr of the message, quotes and escapes included.
-    return str(self.args[0])
+from rljax.errors import UnknownNameError  # noqa: F401  (re-exported)
 
 
 def signature_of(fn: Callable, hparams: Optional[Mapping[str, str]] = None

@@ -1,8 +1,8 @@
 """An algorithm resolved once: config names -> function objects with bound hyperparameters.
 
 ``resolve(config)`` runs at start-up, before any model is built: it looks up every registered
-name of the ``algo`` section (an unknown one fails listing the registered names), range-checks
-every ``algo.*`` number, and returns an ``Algorithm``. Below this point nothing reads a
+name of the ``algo`` section (an unknown one fails listing the registered names), checks
+every ``algo.*`` key against its declaration (``rljax/defaults.py``), and returns an ``Algorithm``. Below this point nothing reads a
 ConfigDict.
 
 Hyperparameters: a float key a component reads is *traced*: it travels as an entry of the
@@ -18,8 +18,6 @@ shapes) is bound statically.
 from __future__ import annotations
 
 import dataclasses
-import math
-import numbers
 from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
 import chex
@@ -30,13 +28,11 @@ from rljax.algos import advantages as adv_lib
 from rljax.algos import kl as kl_lib
 from rljax.algos import losses as loss_lib
 from rljax.algos import transforms as transforms_lib
-from rljax.algos.correction import ROLLOUT_LEVELS
+from rljax.config_checks import check_section
 from rljax.algos.registry import (ADVANTAGES, KL_ESTIMATORS, LOSS_AGGS, POLICY_LOSSES,
                                   REGULARIZERS, Registry, signature_of)
 
 Hparams = Mapping[str, chex.Numeric]
-KL_PLACEMENTS = ("loss", "reward", "none")
-REF_UPDATES = ("frozen", "ema")
 
 
 def _is_traced_value(value) -> bool:
@@ -208,84 +204,6 @@ class Algorithm:
     return kl_lib.kl_estimate(self.kl_estimator, logp, ref_logp)
 
 
-# --- validation ----------------------------------------------------------------------------------
-
-def _number(key, value, *, lo=None, hi=None, lo_open=False, hi_open=False, optional=False):
-  if value is None and optional:
-    return
-  if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
-    raise ValueError(f"algo.{key}={value!r} must be a finite number")
-  low_bad = lo is not None and (value <= lo if lo_open else value < lo)
-  high_bad = hi is not None and (value >= hi if hi_open else value > hi)
-  if low_bad or high_bad:
-    left = "(" if lo_open else "["
-    right = ")" if hi_open else "]"
-    raise ValueError(f"algo.{key}={value!r} is out of range: must be in {left}"
-                     f"{'-inf' if lo is None else lo}, {'inf' if hi is None else hi}{right}")
-
-
-def _choice(key, value, choices):
-  if value not in choices:
-    raise ValueError(f"algo.{key}={value!r} must be one of {tuple(choices)}")
-
-
-def check_algo(algo: Mapping[str, Any]) -> None:
-  """Range checks of the ``algo`` keys every algorithm shares (one error naming the key)."""
-  for key in ("clip_eps_low", "clip_eps_high", "cispo_eps_high", "kl_coef", "pos_lm_coef"):
-    _number(key, algo[key], lo=0)
-  _number("cispo_eps_low", algo["cispo_eps_low"], lo=0, optional=True)
-  _number("gmpo_eps", algo["gmpo_eps"], lo=0, lo_open=True)
-  _number("dual_clip_c", algo["dual_clip_c"], lo=1, lo_open=True, optional=True)
-  for key in ("gamma", "lam", "ref_ema_decay"):
-    _number(key, algo[key], lo=0, hi=1)
-  _number("lam_critic", algo["lam_critic"], lo=0, hi=1, optional=True)
-  _number("lam_alpha", algo["lam_alpha"], lo=0, lo_open=True, optional=True)
-  _number("loss_norm_constant", algo["loss_norm_constant"], lo=0, lo_open=True, optional=True)
-  _number("tis_cap", algo["tis_cap"], lo=0, lo_open=True, optional=True)
-  _number("kl_target", algo["kl_target"], lo=0, lo_open=True, optional=True)
-  _number("kl_horizon", algo["kl_horizon"], lo=0, lo_open=True)
-  _number("entropy_coef", algo["entropy_coef"])
-  _choice("kl_placement", algo["kl_placement"], KL_PLACEMENTS)
-  _choice("ref_update", algo["ref_update"], REF_UPDATES)
-  _choice("adv_std", algo["adv_std"], adv_lib.ADV_STD_MODES)
-  _check_section8(algo)
-  for key in ("epochs", "minibatches", "micro_batches", "max_gen_batches"):
-    value = algo[key]
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-      raise ValueError(f"algo.{key}={value!r} must be an integer >= 1")
-  window = algo["keep_pass_rate"]
-  if window is not None:
-    if (len(window) != 2 or not all(isinstance(v, numbers.Real) for v in window)
-        or not 0 <= window[0] <= window[1] <= 1):
-      raise ValueError(f"algo.keep_pass_rate={window!r} must be (lo, hi) with 0 <= lo <= hi <= 1")
-
-
-def _check_section8(algo: Mapping[str, Any]) -> None:
-  """Range checks of the section 8 keys (combinations: ``transforms.resolve_transforms``)."""
-  for key in ("rollout_is", "rollout_rs"):
-    _choice(key, algo[key], ("none",) + ROLLOUT_LEVELS)
-  _choice("sapo_level", algo["sapo_level"], ("token", "sequence"))
-  _choice("entropy_mask_source", algo["entropy_mask_source"], ("old", "current"))
-  _choice("entropy_ctrl_estimate", algo["entropy_ctrl_estimate"], ("full", "sampled"))
-  _choice("opd_student_logp", algo["opd_student_logp"], ("old", "sampler"))
-  for key in ("sapo_tau_pos", "sapo_tau_neg", "rollout_is_cap"):
-    _number(key, algo[key], lo=0, lo_open=True)
-  for key in ("clip_cov_ratio", "kl_cov_ratio"):
-    _number(key, algo[key], lo=0, lo_open=True, hi=1)
-  for key in ("kl_cov_coef", "entropy_top_rho", "entropy_coef_delta", "opd_coef"):
-    _number(key, algo[key], lo=0)
-  for key in ("clip_cov_lb", "clip_cov_ub", "entropy_target", "entropy_coef_min",
-              "entropy_coef_max"):
-    _number(key, algo[key])
-  _number("opd_discount", algo["opd_discount"], lo=0, hi=1)
-  for key in ("rollout_is_floor", "rollout_rs_lo", "rollout_rs_hi", "rollout_rs_k3"):
-    _number(key, algo[key], lo=0, optional=True)
-  _number("rollout_rs_veto", algo["rollout_rs_veto"], lo=0, lo_open=True, optional=True)
-  k = algo["passk_k"]
-  if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
-    raise ValueError(f"algo.passk_k={k!r} must be an integer >= 1")
-
-
 def _plain(config) -> Dict[str, Any]:
   return config.to_dict() if hasattr(config, "to_dict") else dict(config)
 
@@ -305,7 +223,7 @@ def resolve(config, *, group_size: Optional[int] = None, critic: Optional[bool] 
     algo = settings
     group_size = 2 if group_size is None else group_size
     critic = False if critic is None else critic
-  check_algo(algo)
+  check_section("algo", algo)  # each key against its declaration (rljax/defaults.py)
   hparams: Dict[str, float] = {}
   if algo["loss_norm_constant"] is not None:
     hparams["loss_norm_constant"] = float(algo["loss_norm_constant"])

@@ -163,6 +163,9 @@ def test_placement_and_estimator_names_are_checked(algo_cfg):
   algo_cfg.kl_estimator = "k4"
   with pytest.raises(KeyError, match="algo.kl_estimator.*k1, k2, k3, k3\\+, low_var_kl"):
     resolve(algo_cfg)
-  algo_cfg.kl_placement = "both"
+  algo_cfg.kl_placement = "none"  # a misspelt name is an error even where the KL is off
+  with pytest.raises(KeyError, match="algo.kl_estimator"):
+    resolve(algo_cfg)
+  algo_cfg.kl_estimator, algo_cfg.kl_placement = "k3", "both"
   with pytest.raises(ValueError, match="algo.kl_placement"):
     resolve(algo_cfg)
