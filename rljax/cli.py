@@ -126,8 +126,8 @@ def cmd_keys(argv):
   parser.add_argument("--markdown", action="store_true", help="the table of docs/config.md")
   args = parser.parse_args(argv)
   from rljax import keys
-  text = keys.markdown_table() if args.markdown else keys.text_table(args.prefix)
-  print(text)
+  text = keys.markdown_table() if args.markdown else keys.text_table(args.prefix) + "\n"
+  sys.stdout.write(text)
   return text
 
 
