@@ -4,7 +4,7 @@
 
 A ~1M-parameter character-level Llama first learns the answer format from reference solutions
 (``sft``), then DAPO improves its held-out greedy accuracy. Measured accuracy and wall time, and
-how the settings below were chosen: README and docs/main_job_results.md.
+how the settings below were chosen: docs/results/main_job.md and docs/results/main_job_compare.md.
 ``--config.train.steps=3`` for a smoke run.
 """
 from rljax.config_loader import preset
@@ -28,7 +28,7 @@ def get_config():
   # plus EOS (21 tokens), so a correct answer is never penalised.
   c.reward.overlong_buffer = 3
   # RL here has to teach arithmetic facts, not only sharpen, and only a small step does that
-  # without first breaking what SFT taught (the sweep: docs/main_job_results.md).
+  # without first breaking what SFT taught (the sweep: docs/results/main_job_compare.md).
   c.optim.lr = 3e-5
   c.optim.warmup_steps = 5
   c.optim.max_grad_norm = 1.0
@@ -37,7 +37,7 @@ def get_config():
   c.train.steps = 600
   c.train.eval_every = 50
   c.train.run_dir = "runs/main"
-  # Enough SFT that RL starts from a policy that is often right (docs/main_job_results.md).
+  # Enough SFT that RL starts from a policy that is often right (docs/results/main_job_compare.md).
   c.sft.steps = 250
   c.sft.out_dir = "runs/sft"
   return c

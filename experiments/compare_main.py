@@ -4,7 +4,7 @@
 
 Runs ``python -m rljax train --config configs/main{,_grpo,_dr_grpo}.py`` sequentially (the
 machine has 2 cores: never two at once), times each, then writes the overlaid curves to
-docs/main_job_curves.png and a table (eval before/after, wall time) to docs/main_job_results.md.
+docs/results/main_job_curves.png and a table (eval before/after, wall time) to docs/results/main_job_compare.md.
 The first run trains the SFT cold start if runs/sft has none; the others reuse it. ``--reuse``
 skips a run whose wall time was recorded (by an earlier invocation or ``--record``) and whose
 metrics file ends with the final eval, e.g. after the README command was timed separately:

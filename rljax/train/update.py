@@ -53,7 +53,7 @@ def map_rows(fn: Callable, tree, parts: int):
 
 
 # ``model.forward_tokens=-1`` on CPU: tokens per chunk per thread XLA runs on (measured in
-# benchmarks/RESULTS.md: 1024 best on one thread; on two, larger chunks keep both busy).
+# docs/results/benchmarks_train_step.md: 1024 best on one thread; on two, larger chunks keep both busy).
 CPU_FORWARD_TOKENS_PER_THREAD = 1024
 
 
