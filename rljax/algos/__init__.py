@@ -31,9 +31,14 @@ from rljax.algos.kl import (adaptive_kl_coef, ema_update, k1, k2, k3, k3_plus, k
                             kl_penalty, kl_reward_penalty, kl_reward_tokens)
 from rljax.algos.value import (explained_variance, positive_example_rows, positive_lm_nll,
                                positive_rows_mask, value_loss_count, value_loss_sum)
+from rljax.algos.correction import mismatch_metrics
 from rljax.algos.logprobs import (entropy_from_logits, logprobs_from_logits,
                                   token_logprobs_and_entropy)
-# Section 8: their components register themselves on import.
-from rljax.algos import correction, cov, distill, entropy, passk, remax, sapo  # noqa: F401
-from rljax.algos import transforms  # noqa: F401  (how the trainer applies section 8)
+import importlib as _importlib
+import pkgutil as _pkgutil
+
+# Every module of the package is imported, so a component registers itself by existing: none is
+# listed by hand (tests/algos/test_registry.py checks that no registration is left out).
+for _module in _pkgutil.iter_modules(__path__):
+  _importlib.import_module(f"{__name__}.{_module.name}")
 from rljax.algos.resolve import Algorithm, Bound, Regularizer, hparams_tree, resolve

@@ -58,6 +58,11 @@ def token_metrics(mask: chex.Array, **per_token: chex.Array) -> Metrics:
           for name, v in per_token.items()}
 
 
+def scalar_metric(x) -> Tuple[chex.Array, chex.Array]:
+  """A scalar logged as itself: ``(x, 1)``."""
+  return (jnp.asarray(x, jnp.float32), jnp.ones((), jnp.float32))
+
+
 def safe_mean(total: chex.Array, count: chex.Array) -> chex.Array:
   """``total / count``, and 0 when ``count == 0`` (a minibatch with nothing to average)."""
   return jnp.where(count > 0, total / jnp.where(count > 0, count, 1), jnp.zeros_like(total))

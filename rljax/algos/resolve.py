@@ -27,7 +27,6 @@ import jax.numpy as jnp
 from rljax.algos import advantages as adv_lib
 from rljax.algos import kl as kl_lib
 from rljax.algos import losses as loss_lib
-from rljax.algos import transforms as transforms_lib
 from rljax.config_checks import check_section
 from rljax.algos.registry import (ADVANTAGES, KL_ESTIMATORS, LOSS_AGGS, POLICY_LOSSES,
                                   REGULARIZERS, Registry, signature_of)
@@ -119,15 +118,27 @@ class Algorithm:
   kl_placement: Optional[str]  # 'loss' | 'reward' | None (no reference model)
   kl_estimator: str
   ref_mode: str  # algo.ref_update: 'frozen' | 'ema'
-  transforms: transforms_lib.Transforms  # section 8: rollout correction, token masks, OPD, ...
+  transforms: Tuple[Any, ...]  # rljax.transforms.Transform, in hook order
   overlong_filter: bool
   group_size: int
   epochs: int
   minibatches: int
   micro_batches: int
-  kl_target: Optional[float]
-  kl_horizon: float
   hparams: Dict[str, float]
+
+  @property
+  def needs_old_logp(self) -> bool:
+    """Whether a transform needs the policy's log-probs (or H_old) before the update."""
+    return any(t.needs_old_logp for t in self.transforms)
+
+  @property
+  def loss_weights(self) -> Tuple[str, ...]:
+    """Rollout extras that multiply the per-token policy loss (IS weights, the 80/20 mask)."""
+    return tuple(t.loss_weight for t in self.transforms if t.loss_weight)
+
+  def transform(self, name: str):
+    """The resolved transform ``name``, or None when the config leaves it off."""
+    return next((t for t in self.transforms if t.name == name), None)
 
   def _hp(self, hp: Optional[Hparams]) -> Hparams:
     return self.hparams if hp is None else hp
@@ -161,27 +172,22 @@ class Algorithm:
   # --- the policy loss -----------------------------------------------------------------------
 
   def policy_loss_sum(self, *, logp: chex.Array, old_logp: chex.Array, advantages: chex.Array,
-                      mask: chex.Array, hp: Optional[Hparams] = None,
-                      is_weight: Optional[chex.Array] = None,
-                      entropy_keep: Optional[chex.Array] = None, **arrays
+                      mask: chex.Array, hp: Optional[Hparams] = None, **arrays
                       ) -> Tuple[chex.Array, loss_lib.Metrics]:
     """``(loss sum, metrics)`` of one micro-batch; the minibatch's policy loss is the sum over
     its micro-batches divided once by ``policy_loss_count`` of the whole minibatch mask.
 
-    ``is_weight`` (rollout IS weights, 8.2) and ``entropy_keep`` (the 80/20 mask, 8.4) multiply
-    the per-token policy loss (``m`` unchanged, so the counts are too); both are required when
-    their transform is on.
+    The transforms' ``loss_weights`` (rollout IS weights ``is_weight``, 8.2; the 80/20 mask
+    ``entropy_keep``, 8.4) come by name in ``arrays`` and multiply the per-token policy loss
+    (``m`` unchanged, so the counts are too); each is required while its transform is on.
     """
     hp = self._hp(hp)
     loss, metrics = self.objective(hp, logp=logp, old_logp=old_logp, advantages=advantages,
                                    mask=mask, **arrays)
-    tf = self.transforms
-    for name, value, on in (("is_weight", is_weight, tf.rollout_is is not None),
-                            ("entropy_keep", entropy_keep, tf.entropy_mask)):
-      if on and value is None:
+    for name in self.loss_weights:
+      if arrays.get(name) is None:
         raise ValueError(f"policy_loss_sum needs `{name}`: its transform is on (section 8)")
-      if value is not None:
-        loss = loss * value
+      loss = loss * arrays[name]
     return loss_lib.agg_sum(self.policy_agg, loss, mask, self._norm_constant(hp)), metrics
 
   def policy_loss_count(self, mask: chex.Array) -> chex.Array:
@@ -247,8 +253,9 @@ def resolve(config, *, group_size: Optional[int] = None, critic: Optional[bool] 
       algo["policy_loss"]).get("loss_agg"):
     raise ValueError(f"algo.loss_agg={policy_agg!r} aggregates one loss per sequence; "
                      f"algo.policy_loss={algo['policy_loss']!r} gives one per token")
-  transforms = transforms_lib.resolve_transforms(
-      algo, hparams, per_sequence=bool(LOSS_AGGS.meta(policy_agg).get("per_sequence")))
+  from rljax.transforms import resolve_transforms  # imports every transform module
+  transforms = resolve_transforms(algo, hparams)
+  driven = {coef for t in transforms for coef in t.drives}
 
   placement = algo["kl_placement"]
   if placement != "none":
@@ -257,8 +264,8 @@ def resolve(config, *, group_size: Optional[int] = None, critic: Optional[bool] 
   for name in REGULARIZERS.names():
     meta = REGULARIZERS.meta(name)
     enabled = meta["enabled"](algo) if meta["enabled"] else bool(algo[meta["coef"]])
-    # 8.7: the controller drives the entropy bonus's weight, even from c_0 = 0.
-    enabled = enabled or (meta["coef"] == "entropy_coef" and transforms.entropy_ctrl)
+    # A transform that drives the weight (8.7's controller) turns the term on, even from 0.
+    enabled = enabled or meta["coef"] in driven
     if not enabled:
       continue
     agg = meta["agg"](algo) if callable(meta["agg"]) else meta["agg"]
@@ -277,8 +284,7 @@ def resolve(config, *, group_size: Optional[int] = None, critic: Optional[bool] 
       transforms=transforms,
       overlong_filter=bool(algo["overlong_filter"]), group_size=group_size,
       epochs=algo["epochs"], minibatches=algo["minibatches"],
-      micro_batches=algo["micro_batches"], kl_target=algo["kl_target"],
-      kl_horizon=float(algo["kl_horizon"]), hparams=hparams)
+      micro_batches=algo["micro_batches"], hparams=hparams)
 
 
 def hparams_tree(algo: Algorithm, dtype=jnp.float32) -> Dict[str, jax.Array]:

@@ -40,13 +40,11 @@ class Rollout:
     values, returns: [B, T] critic values and targets; None without a critic.
     advantages: [B, T].
     positive: [B] float32, VAPO's positive examples.
-  Of the section 8 transforms (ALGORITHMS.md 8.2-8.8), None while a transform is off:
-    remax_baseline: [B] float32, the reward of the greedy completion of the row's prompt (host).
-    is_weight: [B, T] rollout IS weights sampler -> old, multiplying the policy term only (score).
-    old_entropy: [B, T] ``H_old``, the full-vocabulary entropy of the scoring forward (score).
-    teacher_logp: [B, T] the teacher's log-probs of the sampled tokens (score).
-    cov_sel: [B, T] 0/1 Clip-Cov / KL-Cov selection (per optimizer minibatch).
-    entropy_keep: [B, T] 0/1 80/20 keep mask (per optimizer minibatch).
+  From the transforms (``rljax.transforms``), one mapping whatever they are: ``extras``, ``{name:
+    [B, ...] array}``, e.g. ReMax's ``remax_baseline`` [B] (host), rollout correction's
+    ``is_weight`` [B, T] and the 80/20 mask's ``old_entropy`` [B, T] (score), Clip-Cov's
+    ``cov_sel`` and the 80/20 ``entropy_keep`` [B, T] (per optimizer minibatch). Rows first, so
+    they are sharded like every other field; the losses read them by name.
   """
   prompt_tokens: jax.Array
   prompt_mask: jax.Array
@@ -66,12 +64,7 @@ class Rollout:
   returns: Any = None
   advantages: Any = None
   positive: Any = None
-  remax_baseline: Any = None
-  is_weight: Any = None
-  old_entropy: Any = None
-  teacher_logp: Any = None
-  cov_sel: Any = None
-  entropy_keep: Any = None
+  extras: Any = struct.field(default_factory=dict)
 
   @property
   def num_rows(self) -> int:

@@ -150,9 +150,8 @@ def initial_state_fn(config, model_cfg: ModelConfig, algo: Algorithm):
           head="value")["value_head"]
     ref_params = jax.tree.map(jnp.copy, params) if algo.kl_placement is not None else None
     return create_state(params, critic_params=critic_params, ref_params=ref_params,
-                        actor_tx=actor_tx, critic_tx=critic_tx, kl_coef=config.algo.kl_coef,
-                        seed=config.seed, entropy_coef=config.algo.entropy_coef
-                        if algo.transforms.entropy_ctrl else None)
+                        actor_tx=actor_tx, critic_tx=critic_tx, seed=config.seed,
+                        transforms={t.name: t.init() for t in algo.transforms if t.init})
   return make
 
 
@@ -177,8 +176,8 @@ def state_shardings(mesh, model_cfg: ModelConfig, state_shapes: TrainState) -> T
       step=rep, params=policy, opt_state=opt(state_shapes.opt_state, policy),
       critic_params=critic, critic_opt_state=opt(state_shapes.critic_opt_state, critic),
       ref_params=None if state_shapes.ref_params is None else policy,
-      kl_coef=rep, rng=rep, skipped_updates=rep,
-      entropy_ctrl=jax.tree.map(lambda _: rep, state_shapes.entropy_ctrl))
+      rng=rep, skipped_updates=rep,
+      transforms=jax.tree.map(lambda _: rep, state_shapes.transforms))
 
 
 @dataclasses.dataclass
@@ -193,7 +192,13 @@ class Run:
   sampling: rollout_lib.SamplingParams
   writer: MetricsWriter
   checkpointer: Checkpointer | None
-  teacher: Any = None  # the distillation teacher's params (8.6), never trained or checkpointed
+  # {transform name: params} of the transforms' frozen models (the distillation teacher), never
+  # trained or checkpointed; the last argument of ``fns.score`` when there is one.
+  aux: Any = None
+
+  @property
+  def aux_args(self) -> tuple:
+    return () if not self.aux else (self.aux,)
 
   @property
   def mesh(self):
@@ -204,73 +209,44 @@ def make_task_verifier(config, source, failure_log: str | None = None) -> Callab
   return verifiers.task_verifier(config.reward, failure_log)  # verifiers in killable processes
 
 
-def learner(config, model_cfg: ModelConfig, algo: Algorithm,
-            teacher_cfg: ModelConfig | None = None, mesh=None) -> step_lib.Learner:
-  """The step's closure; ``mesh`` (default: one device of the default backend) sets how rows
-  are sharded and the platform that ``model.forward_tokens=-1`` resolves for."""
+def learner(config, model_cfg: ModelConfig, algo: Algorithm, aux_cfgs: tuple = (),
+            mesh=None) -> step_lib.Learner:
+  """The step's closure; ``aux_cfgs``: ``(transform name, architecture)`` of the transforms'
+  frozen models; ``mesh`` (default: one device of the default backend) sets how rows are sharded
+  and the platform that ``model.forward_tokens=-1`` resolves for."""
   actor_tx, critic_tx = optimizers(config)
   platform = (mesh.devices.flat[0] if mesh is not None else jax.devices()[0]).platform
   forward_tokens = update_lib.forward_tokens(config.model.forward_tokens, platform)
   return step_lib.Learner(algo=algo, model_cfg=model_cfg, actor_tx=actor_tx, critic_tx=critic_tx,
                           logits_chunk=config.model.logits_chunk,
-                          critic_clip=config.critic.value_clip, teacher_cfg=teacher_cfg,
-                          seed=config.seed,
-                          forward_tokens=forward_tokens,
+                          critic_clip=config.critic.value_clip, aux_cfgs=tuple(aux_cfgs),
+                          seed=config.seed, forward_tokens=forward_tokens,
                           row_shards=1 if mesh is None else rules.batch_divisor(mesh))
 
 
-def _teacher_path(config) -> str | None:
-  source = config.teacher.source
-  if source == "tiny":
-    return None
-  if source.startswith("hf:"):
-    return source[3:]
-  if source.startswith("run:"):
-    return os.path.join(source[4:], "hf")
-  if source == "sft":
-    return config.sft.out_dir
-  raise ValueError(f"teacher.source must be '', 'tiny', 'sft', 'hf:PATH' or 'run:DIR', got "
-                   f"{source!r}")
+def load_aux_models(config, algo: Algorithm, tokenizer, model_cfg: ModelConfig, mesh):
+  """The transforms' frozen models: ``((name, ModelConfig), ...)`` and ``{name: params placed
+  by the partition rules}`` (empty when no transform has one)."""
+  cfgs, params = [], {}
+  for t in algo.transforms:
+    if t.aux_model is not None:
+      cfg, weights = t.aux_model(config, tokenizer, model_cfg)
+      cfgs.append((t.name, cfg))
+      params[t.name] = jax.device_put(weights, _param_sharding(mesh, cfg))
+  return tuple(cfgs), params
 
 
-def load_teacher(config, tokenizer, model_cfg: ModelConfig, mesh):
-  """The distillation teacher (8.6): ``(ModelConfig, params placed by the partition rules)``,
-  or ``(None, None)`` when ``algo.opd_coef`` is 0. It must share the policy's tokenizer: the same
-  vocabulary size and special tokens."""
-  if not config.algo.opd_coef > 0:
-    return None, None
-  if not config.teacher.source:
-    raise ValueError("algo.opd_coef > 0 needs a teacher: set teacher.source ('hf:PATH', "
-                     "'run:DIR', 'sft' or 'tiny')")
-  dtype = config.teacher.dtype or config.model.dtype
-  path = _teacher_path(config)
-  if path is None:
-    cfg = model_cfg.replace(dtype=dtype)
-    params = llama.init_params(cfg, seed=config.seed + 1)
-  else:
-    if not os.path.isdir(path):
-      raise FileNotFoundError(f"teacher.source={config.teacher.source!r}: {path} is not a "
-                              "directory")
-    cfg, params = models.load_hf(path, dtype=dtype, param_dtype=config.model.param_dtype)
-  same = (cfg.vocab_size == model_cfg.vocab_size and cfg.eos_token_id == model_cfg.eos_token_id
-          and cfg.pad_token_id == model_cfg.pad_token_id)
-  if not same:
-    raise ValueError(
-        f"teacher.source={config.teacher.source!r} has another tokenizer than the policy "
-        f"(vocab {cfg.vocab_size} / eos {cfg.eos_token_id} / pad {cfg.pad_token_id} vs "
-        f"{model_cfg.vocab_size} / {model_cfg.eos_token_id} / {model_cfg.pad_token_id}): "
-        "on-policy distillation scores the student's tokens, so both must share one")
-  sharding = rules.param_shardings(mesh, llama.logical_axes(cfg), llama.param_shapes(cfg))
-  return cfg, jax.device_put(params, sharding)
+def _param_sharding(mesh, cfg: ModelConfig):
+  return rules.param_shardings(mesh, llama.logical_axes(cfg), llama.param_shapes(cfg))
 
 
 def sharded_state_and_fns(config, model_cfg: ModelConfig, params, mesh,
-                          algo: Algorithm | None = None, teacher_cfg: ModelConfig | None = None):
+                          algo: Algorithm | None = None, aux_cfgs: tuple = ()):
   """(initial TrainState placed by the partition rules, compiled StepFns, state shardings).
 
   The one way a TrainState and its jitted score / train_step are made: the RL loop, notebooks,
   benchmarks and tests all call this. The compiled functions take ``(state, rollout, hp)`` with
-  ``hp = algo.hparams`` (``score`` also the teacher's params when ``teacher_cfg`` is given).
+  ``hp = algo.hparams`` (``score`` also ``{name: params}`` of the frozen models of ``aux_cfgs``).
   """
   algo = algo or resolve(config)
   shapes, make = abstract_state(config, model_cfg, algo)
@@ -281,13 +257,12 @@ def sharded_state_and_fns(config, model_cfg: ModelConfig, params, mesh,
     # Value pretraining scores rollouts with Monte-Carlo returns (lam_critic = 1).
     settings = config.to_dict()
     settings["algo"]["lam_critic"] = 1.0
-    mc = learner(config, model_cfg, resolve(settings), teacher_cfg, mesh)
-  fns = step_lib.step_fns(learner(config, model_cfg, algo, teacher_cfg, mesh), mc)
-  teacher_sharding = None if teacher_cfg is None else rules.param_shardings(
-      mesh, llama.logical_axes(teacher_cfg), llama.param_shapes(teacher_cfg))
+    mc = learner(config, model_cfg, resolve(settings), aux_cfgs, mesh)
+  fns = step_lib.step_fns(learner(config, model_cfg, algo, aux_cfgs, mesh), mc)
+  aux_sharding = {name: _param_sharding(mesh, cfg) for name, cfg in aux_cfgs} or None
   compiled = step_lib.compile_step_fns(
       fns, state_sharding=sharding, rows=lambda tree: rules.batch_shardings(mesh, tree),
-      replicated=rules.replicated(mesh), teacher_sharding=teacher_sharding)
+      replicated=rules.replicated(mesh), aux_sharding=aux_sharding)
   return state, compiled, sharding
 
 
@@ -316,9 +291,9 @@ def build_run(config) -> Run:
   if config.rollout.prompts_per_step % divisor:
     raise ValueError(f"rollout.prompts_per_step={config.rollout.prompts_per_step} must be a "
                      f"multiple of the data-parallel width (mesh data x fsdp = {divisor})")
-  teacher_cfg, teacher = load_teacher(config, tokenizer, model_cfg, mesh)
+  aux_cfgs, aux = load_aux_models(config, algo, tokenizer, model_cfg, mesh)
   state, compiled, sharding = sharded_state_and_fns(config, model_cfg, params, mesh, algo,
-                                                    teacher_cfg)
+                                                    aux_cfgs)
   del params
 
   run_dir = config.train.run_dir
@@ -346,7 +321,7 @@ def build_run(config) -> Run:
                              failure_log=os.path.join(run_dir, verifiers.FAILURE_LOG))
   return Run(config=config, algo=algo, generator=generator, source=source, fns=compiled,
              state=state, sampling=sampling_params(config, tokenizer), writer=writer,
-             checkpointer=checkpointer, teacher=teacher)
+             checkpointer=checkpointer, aux=aux)
 
 
 def checkpoint_extra(run) -> dict:

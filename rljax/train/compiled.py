@@ -33,18 +33,17 @@ class _RowSharded:
     return jitted(state, rollout, hp, *extra)
 
 
-def compile_step_fns(fns, *, state_sharding, rows: Callable, replicated,
-                     teacher_sharding=None):
+def compile_step_fns(fns, *, state_sharding, rows: Callable, replicated, aux_sharding=None):
   """``jax.jit`` each function with explicit shardings; the state is donated to the updates.
 
-  ``rows(tree)`` gives the row shardings of a record's arrays; ``teacher_sharding``: the
-  shardings of the distillation teacher's params, the optional last argument of ``score``.
+  ``rows(tree)`` gives the row shardings of a record's arrays; ``aux_sharding``: ``{name:
+  shardings}`` of the transforms' frozen models, the optional last argument of ``score``.
   """
   def jit(fn, donate, extra=()):
     return None if fn is None else _RowSharded(fn, state_sharding=state_sharding, rows=rows,
                                                replicated=replicated, donate=donate,
                                                extra_shardings=extra)
-  teacher = () if teacher_sharding is None else (teacher_sharding,)
+  aux = () if aux_sharding is None else (aux_sharding,)
   return dataclasses.replace(
-      fns, score=jit(fns.score, False, teacher), train_step=jit(fns.train_step, True),
-      critic_step=jit(fns.critic_step, True), score_mc=jit(fns.score_mc, False, teacher))
+      fns, score=jit(fns.score, False, aux), train_step=jit(fns.train_step, True),
+      critic_step=jit(fns.critic_step, True), score_mc=jit(fns.score_mc, False, aux))

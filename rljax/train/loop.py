@@ -8,7 +8,6 @@ it has not done.
 """
 from __future__ import annotations
 
-import dataclasses
 import time
 
 import jax
@@ -20,37 +19,29 @@ from rljax.rollout.sampler import Rollout
 from rljax.train import build, evaluation, filters, generation
 from rljax.train import run_dir as run_dir_lib
 from rljax.train.metrics import summarize
+from rljax.transforms import HostRollout
 
 # --- rollout and rewards -------------------------------------------------------------------------
 
-def greedy_baseline(gen: generation.Generator, params, problems, key, sampling, group_size: int
-                    ) -> tuple[np.ndarray, dict]:
-  """ReMax (ALGORITHMS.md 8.8): one greedy (argmax) completion per prompt, scored by the reward
-  function and the section 1 shaping like the others, then dropped: its reward per row ``[P*G]``
-  (repeated over the prompt's G rows) and its counts."""
-  greedy = dataclasses.replace(sampling, greedy=True)
-  out, _, _ = generation.generate(gen, params, problems, key, greedy, 1)
-  return (np.repeat(np.asarray(out.rewards, np.float32), group_size),
-          {"remax/generated_tokens": float(out.lengths.sum())})
+def transform_rollout(run: build.Run, part: Rollout, problems, key) -> tuple[Rollout, dict]:
+  """Every transform's host hook on a sampled round (ReMax's greedy baseline, pass@k's check):
+  the round with their extras, and their counts (summed over rounds)."""
+  sample = lambda problems, key, sampling, group_size: generation.generate(
+      run.generator, run.state.params, problems, key, sampling, group_size)[0]
+  counts = {}
+  for t in run.algo.transforms:
+    if t.on_rollout is not None:
+      part, info = t.on_rollout(HostRollout(part, problems, key, run.sampling,
+                                            run.config.rollout.group_size, sample))
+      counts.update(info)
+  return part, counts
 
 
-def check_binary_rewards(rewards: np.ndarray) -> None:
-  """Pass@k (8.5) is defined for rewards in {0, 1}: anything else fails here, on the host."""
-  bad = ~np.isin(rewards, (0.0, 1.0))
-  if bad.any():
-    raise ValueError(f"algo.advantage='passk' needs binary rewards in {{0, 1}}; reward.fn gave "
-                     f"{np.unique(np.asarray(rewards)[bad])[:5].tolist()} (shaping such as "
-                     "reward.overlong_buffer or reward.format_weight also makes them non-binary)")
-
-
-def check_teacher_logp(metrics: dict, step: int) -> None:
-  """Stop when the distillation teacher gave a non-finite log-prob to a sampled token (ALGORITHMS.md
-  8.6): its advantages would be NaN, and every update would be skipped without saying why."""
-  bad = metrics.get("opd/teacher_nonfinite", 0.0)
-  if bad > 0:
-    raise FloatingPointError(
-        f"step {step}: the teacher's log-prob is NaN or infinite on {bad:.2%} of the sampled "
-        "tokens (check teacher.source and teacher.dtype: the vocabulary, the weights, a float16 overflow)")
+def check_step(run: build.Run, metrics: dict, step: int) -> None:
+  """Every transform's host check of a step's metrics (a non-finite teacher stops the run)."""
+  for t in run.algo.transforms:
+    if t.check_step is not None:
+      t.check_step(metrics, step)
 
 
 def collect_batch(run: build.Run, step: int, stream: int = 0) -> tuple[Rollout, dict]:
@@ -66,23 +57,13 @@ def collect_batch(run: build.Run, step: int, stream: int = 0) -> tuple[Rollout, 
   base = jax.random.fold_in(jax.random.fold_in(jax.random.PRNGKey(cfg.seed), stream), step)
   kept, rounds, seen_groups, all_rounds, verifier_counts = [], 0, 0, [], []
   max_rounds = cfg.algo.max_gen_batches if cfg.algo.dynamic_sampling else 1
-  remax_seconds, remax_tokens = 0.0, 0.0
   while rounds < max_rounds:
     problems = run.source.next_batch(num_prompts)
-    part, _, counts = generation.generate(run.generator, run.state.params, problems,
-                                          jax.random.fold_in(base, rounds), run.sampling,
-                                          group_size)
-    if run.algo.transforms.passk_k is not None:
-      check_binary_rewards(part.rewards)
-    if run.algo.transforms.remax:
-      t0 = time.perf_counter()
-      baseline, greedy_info = greedy_baseline(run.generator, run.state.params, problems,
-                                             jax.random.fold_in(base, rounds), run.sampling,
-                                             group_size)
-      part = part.replace(remax_baseline=baseline)
-      remax_tokens += greedy_info["remax/generated_tokens"]
-      remax_seconds += time.perf_counter() - t0
-    verifier_counts.append(counts)
+    key = jax.random.fold_in(base, rounds)
+    part, _, counts = generation.generate(run.generator, run.state.params, problems, key,
+                                          run.sampling, group_size)
+    part, transform_counts = transform_rollout(run, part, problems, key)
+    verifier_counts.append({**counts, **transform_counts})
     rounds += 1
     seen_groups += num_prompts
     all_rounds.append(part)
@@ -115,8 +96,6 @@ def collect_batch(run: build.Run, step: int, stream: int = 0) -> tuple[Rollout, 
       "generated_tokens": float(generated.lengths.sum()),
   }
   info.update({k: sum(c[k] for c in verifier_counts) for k in verifier_counts[0]})
-  if run.algo.transforms.remax:  # timed apart from the sampled rollouts (in sec_rollout too)
-    info.update({"remax/generated_tokens": remax_tokens, "sec_remax": remax_seconds})
   info["data/dropped_prompts"] = float(run.source.dropped_prompts)
   for name, rows in (("correct", generated.correct), ("wrong", ~generated.correct)):
     if rows.any():  # response lengths by outcome (Dr. GRPO's length bias shows in the wrong ones)
@@ -138,9 +117,8 @@ def pretrain_critic(run: build.Run) -> None:
   cfg = run.config
   for i in range(cfg.critic.pretrain_steps):
     batch, info = collect_batch(run, step=i, stream=1)
-    teacher = () if run.teacher is None else (run.teacher,)
     scored, _ = run.fns.score_mc(run.state, to_device(batch, run.mesh), run.algo.hparams,
-                                 *teacher)
+                                 *run.aux_args)
     run.state, metrics = run.fns.critic_step(run.state, scored, run.algo.hparams)
     values = summarize(distributed.to_host(metrics))
     run.writer.log(f"value pretraining {i + 1}/{cfg.critic.pretrain_steps}: "
@@ -181,9 +159,8 @@ def _train(run: build.Run) -> dict:
     t0 = time.perf_counter()
     batch, info = collect_batch(run, step)
     t1 = time.perf_counter()
-    teacher = () if run.teacher is None else (run.teacher,)
     scored, score_metrics = run.fns.score(run.state, to_device(batch, run.mesh), run.algo.hparams,
-                                          *teacher)
+                                          *run.aux_args)
     run.state, metrics = run.fns.train_step(run.state, scored, run.algo.hparams)
     metrics = summarize(distributed.to_host({**score_metrics, **metrics}))
     t2 = time.perf_counter()
@@ -196,7 +173,7 @@ def _train(run: build.Run) -> dict:
       metrics["eval_accuracy"] = evaluate(run.state.params)["pass@1"]
     run.writer.write(done, metrics)
     last = metrics
-    check_teacher_logp(metrics, done)
+    check_step(run, metrics, done)
     skipped_in_a_row = skipped_in_a_row + 1 if metrics.get("update_skipped", 0) >= 1 else 0
     if cfg.train.max_skipped_steps and skipped_in_a_row >= cfg.train.max_skipped_steps:
       raise FloatingPointError(

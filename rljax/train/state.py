@@ -8,7 +8,6 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from rljax.algos.entropy import entropy_ctrl_init
 
 
 @flax.struct.dataclass
@@ -16,7 +15,9 @@ class TrainState:
   """Everything a run needs to continue: a checkpoint is exactly this pytree.
 
   ``critic_*`` are None without a critic; ``ref_params`` is None when ``algo.kl_placement`` is
-  ``none`` (no reference model is even built). ``kl_coef`` is the (possibly adaptive) KL weight.
+  ``none`` (no reference model is even built). ``transforms``: ``{name: state}`` of the resolved
+  transforms that keep state (the KL coefficient, the entropy controller, ...), checkpointed
+  with the rest so that a resumed run continues them.
   """
   step: jax.Array  # int32 [], RL steps completed
   params: Any
@@ -24,12 +25,9 @@ class TrainState:
   critic_params: Any
   critic_opt_state: Any
   ref_params: Any
-  kl_coef: jax.Array  # float32 []
   rng: jax.Array  # uint32 [2]
   skipped_updates: jax.Array  # int32 [], optimizer steps skipped for a non-finite loss/gradient
-  # Skywork-OR1 adaptive entropy coefficient (ALGORITHMS.md 8.7): an EntropyCtrlState, or None
-  # when algo.entropy_ctrl is off. Checkpointed with the rest, so a resumed run continues it.
-  entropy_ctrl: Any = None
+  transforms: Any = flax.struct.field(default_factory=dict)
 
 
 def learning_rate_schedule(optim_cfg, peak_lr: float, total_updates: int) -> optax.Schedule:
@@ -62,9 +60,9 @@ def total_updates(config) -> int:
 
 
 def create_state(params, *, critic_params=None, ref_params=None, actor_tx, critic_tx,
-                 kl_coef: float, seed: int, entropy_coef: float | None = None) -> TrainState:
+                 seed: int, transforms=None) -> TrainState:
   """A fresh TrainState; the reference starts as a copy of the policy when one is needed.
-  ``entropy_coef``: the adaptive entropy controller's ``c_0`` (None: no controller)."""
+  ``transforms``: the initial state of each transform that keeps one."""
   return TrainState(
       step=jnp.zeros((), jnp.int32),
       params=params,
@@ -72,7 +70,6 @@ def create_state(params, *, critic_params=None, ref_params=None, actor_tx, criti
       critic_params=critic_params,
       critic_opt_state=None if critic_params is None else critic_tx.init(critic_params),
       ref_params=ref_params,
-      kl_coef=jnp.asarray(kl_coef, jnp.float32),
       rng=jax.random.PRNGKey(seed),
       skipped_updates=jnp.zeros((), jnp.int32),
-      entropy_ctrl=None if entropy_coef is None else entropy_ctrl_init(entropy_coef))
+      transforms=dict(transforms or {}))

@@ -8,10 +8,11 @@ whose own forward gives the same log-probs (``old_logp`` stays None). ``train_st
 over micro-batches with exact ``(sum, count)`` aggregation. The algorithm comes in resolved
 (``rljax.algos.resolve``) and its float hyperparameters as a traced ``hp`` dict.
 
-Section 8 (``rljax.algos.transforms``): ``score`` applies what is fixed per rollout batch
-(rejection and IS weights, the distillation teacher's term) and keeps ``H_old``;
-``minibatch_update`` computes what is fixed per minibatch (Clip-Cov / KL-Cov selection, the 80/20
-entropy mask) before splitting it; ``train_step`` steps the entropy controller once per RL step.
+Transforms (``rljax.transforms``: controllers, rollout correction, token selections, ...) are
+called through their hooks and never named here: ``score`` runs every ``on_score`` after the
+estimator, ``minibatch_update`` every ``on_minibatch`` before splitting a minibatch and takes the
+coefficients they drive from their state, the actor loss runs every ``on_loss``, and
+``train_step`` every ``on_step`` once per RL step.
 """
 from __future__ import annotations
 
@@ -23,10 +24,7 @@ import jax.numpy as jnp
 import optax
 
 from rljax import algos
-from rljax.algos import correction, cov, distill, passk, remax
-from rljax.algos import entropy as entropy_lib
 from rljax.algos import losses as loss_lib
-from rljax.algos import transforms as transforms_lib
 from rljax.algos import value as value_lib
 from rljax.algos.resolve import Algorithm
 from rljax.models import ModelConfig, llama
@@ -35,6 +33,7 @@ from rljax.rollout.sampler import Rollout
 from rljax.train import update as update_lib
 from rljax.train.compiled import compile_step_fns  # noqa: F401  (re-exported: build uses it)
 from rljax.train.state import TrainState
+from rljax.transforms import Minibatch, Scored
 from rljax.train.update import scalar_metric
 
 Metrics = dict  # name -> (sum, count)
@@ -85,10 +84,10 @@ class Learner:
   """What the compiled step closes over: the resolved algorithm, the architecture, the
   optimizers. ``reuse_policy_forward``: one optimizer update per batch, so the loss's forward
   gives the old log-probs (ratio 1) and scoring skips the policy forward; not when the old
-  log-probs are needed before the update (KL in the reward, the adaptive KL coefficient) or the
-  loss sees another mask (overlong filter), nor when a section 8 transform needs them (or
-  ``H_old``) before the loss. ``teacher_cfg``: the distillation teacher's architecture (8.6);
-  ``seed``: the run's, for the per-minibatch uniforms of Clip-Cov (8.0). ``forward_tokens``:
+  log-probs are needed before the update (KL in the reward) or the loss sees another mask
+  (overlong filter), nor when a transform needs them (or ``H_old``) before the loss.
+  ``aux_cfgs``: ``(transform name, architecture)`` of the transforms' frozen models (the
+  distillation teacher); ``seed``: the run's (Clip-Cov's per-minibatch uniforms). ``forward_tokens``:
   the most tokens per data shard that one forward (and backward) takes at a time, 0 for no
   limit (``row_parts``); ``row_shards``: how many data shards the rows are split over."""
   algo: Algorithm
@@ -97,7 +96,7 @@ class Learner:
   critic_tx: optax.GradientTransformation | None
   logits_chunk: int
   critic_clip: float | None = None  # critic.value_clip
-  teacher_cfg: ModelConfig | None = None
+  aux_cfgs: tuple = ()
   seed: int = 0
   forward_tokens: int = 0
   row_shards: int = 1
@@ -106,8 +105,7 @@ class Learner:
   def reuse_policy_forward(self) -> bool:
     a = self.algo
     return (a.epochs == a.minibatches == 1 and a.kl_placement != "reward"
-            and a.kl_target is None and not a.overlong_filter
-            and not a.transforms.needs_old_logp)
+            and not a.overlong_filter and not a.needs_old_logp)
 
   def row_parts(self, rollout: Rollout, at_least: int = 1) -> int:
     """Row chunks for a forward over ``rollout``'s rows: at least ``at_least`` (the micro-batches),
@@ -135,46 +133,29 @@ def scoring_metrics(learner: Learner, mask, logp, entropy, sampler_logp, ref_log
   if ref_logp is not None:
     metrics["kl"] = loss_lib.token_metrics(mask, v=learner.algo.kl(logp, ref_logp))["v"]
   if sampler_logp is not None:
-    metrics.update(scalar_metrics(correction.mismatch_metrics(logp, sampler_logp, mask)))
+    metrics.update(scalar_metrics(algos.mismatch_metrics(logp, sampler_logp, mask)))
   return metrics
 
 
-def transform_scores(learner: Learner, rollout: Rollout, hp, teacher, *, mask, loss_mask,
-                     old_logp, advantages) -> tuple[dict, Metrics]:
-  """Section 8 after the estimator and the overlong filter: rollout rejection and IS weights
-  (8.2), the distillation term (8.6), pass@k and ReMax metrics. Returns the fields to set and
-  the metrics."""
-  algo, tf = learner.algo, learner.algo.transforms
-  fields, metrics = {}, {}
-  if tf.correction:
-    loss_mask, fields["is_weight"], scalars = transforms_lib.correct_rollout(
-        tf, hp, old_logp, rollout.sampler_logp, loss_mask)
-    metrics.update(scalar_metrics(scalars))
-  if tf.opd:
-    teacher_logp, _ = completion_stats(learner.teacher_cfg, teacher, rollout,
-                                       learner.logits_chunk, learner.row_parts(rollout))
-    student = old_logp if tf.opd_student_logp == "old" else rollout.sampler_logp
-    advantages, opd_metrics = distill.add_opd_advantages(
-        advantages, student, teacher_logp, loss_mask, coef=hp["opd_coef"],
-        discount=hp["opd_discount"], length_norm=tf.opd_length_norm)
-    metrics.update(opd_metrics)
-    fields["teacher_logp"] = teacher_logp
-  if tf.passk_k is not None:
-    metrics.update(passk.passk_metrics(rollout.rewards, mask, algo.group_size, k=tf.passk_k))
-  if tf.remax:
-    metrics.update(remax.remax_metrics(rollout.rewards, advantages, mask, algo.group_size,
-                                       rollout.remax_baseline[::algo.group_size]))
-  fields.update(loss_mask=loss_mask, advantages=advantages)
-  return fields, metrics
+def with_coefs(learner: Learner, state: TrainState, hp):
+  """``hp`` with the coefficients the transforms drive from their state (the adaptive KL and
+  entropy coefficients)."""
+  hp = dict(hp)
+  for t in learner.algo.transforms:
+    if t.coefs is not None:
+      hp.update(t.coefs(state.transforms[t.name]))
+  return hp
 
 
-def score(learner: Learner, state: TrainState, rollout: Rollout, hp, teacher=None
+def score(learner: Learner, state: TrainState, rollout: Rollout, hp, aux=None
           ) -> tuple[Rollout, Metrics]:
   """A rollout with rewards -> the same record with ``loss_mask``,
   ``old_logp`` (None when the loss provides it), ``ref_logp``, ``values``, ``returns``,
-  ``advantages``, ``positive`` and the section 8 fields that are on. ``teacher``: the
-  distillation teacher's params (8.6), an argument so that they stay out of the TrainState."""
+  ``advantages``, ``positive`` and the transforms' ``extras``. ``aux``: ``{transform name:
+  params}`` of the transforms' frozen models (the distillation teacher), an argument so that
+  they stay out of the TrainState."""
   algo, cfg, chunk = learner.algo, learner.model_cfg, learner.logits_chunk
+  hp = with_coefs(learner, state, hp)
   row_valid = rollout.row_valid.astype(jnp.float32)
   mask = rollout.mask.astype(jnp.float32) * row_valid[:, None]
   old_logp = entropy = ref_logp = values = token_rewards = None
@@ -187,25 +168,32 @@ def score(learner: Learner, state: TrainState, rollout: Rollout, hp, teacher=Non
     values = completion_values(cfg, state.critic_params, rollout, parts)
   rewards = rollout.rewards
   if algo.kl_placement == "reward":
-    kl = dict(kl_coef=state.kl_coef, estimator=algo.kl_estimator)
+    kl = dict(kl_coef=hp["kl_coef"], estimator=algo.kl_estimator)
     token_rewards = algos.kl_reward_tokens(rollout.rewards, mask, old_logp, ref_logp, **kl)
     # Outcome estimators (GRPO, RLOO, ...) read one reward per row: R_i plus the row's summed
     # penalty (RLOO's sequence-level KL reward; verl sums GRPO's token rewards the same way).
     rewards = rollout.rewards + algos.kl_reward_penalty(mask, old_logp, ref_logp, **kl).sum(1)
   extra = {}
-  if algo.transforms.remax:  # one baseline per prompt: the first row of each group
-    extra["remax_baseline"] = rollout.remax_baseline[::algo.group_size]
+  for t in algo.transforms:
+    if t.advantage_inputs is not None:
+      extra.update(t.advantage_inputs(rollout, algo.group_size))
   advantages, returns = algo.advantages(rewards=rewards, mask=mask, values=values,
                                         token_rewards=token_rewards, hp=hp, **extra)
   loss_mask = shaping.overlong_filter_mask(mask, rollout.truncated) if algo.overlong_filter \
       else mask
-  fields, metrics = transform_scores(learner, rollout, hp, teacher, mask=mask,
-                                     loss_mask=loss_mask, old_logp=old_logp,
-                                     advantages=advantages)
-  loss_mask, advantages = fields["loss_mask"], fields["advantages"]
+  aux_cfgs = dict(learner.aux_cfgs)
+  view = Scored(rollout=rollout, hp=hp, group_size=algo.group_size, mask=mask,
+                loss_mask=loss_mask, advantages=advantages, old_logp=old_logp, entropy=entropy,
+                aux_logp=lambda name: completion_stats(aux_cfgs[name], aux[name], rollout,
+                                                       chunk, parts)[0])
+  metrics = {}
+  for t in algo.transforms:
+    if t.on_score is not None:
+      changes, transform_metrics = t.on_score(view)
+      view = view.apply(changes)
+      metrics.update(transform_metrics)
+  loss_mask, advantages = view.loss_mask, view.advantages
   metrics["advantage_mean"] = loss_lib.token_metrics(loss_mask, v=advantages)["v"]
-  if algo.transforms.entropy_mask:
-    fields["old_entropy"] = entropy
   if old_logp is not None:
     metrics.update(scoring_metrics(learner, mask, old_logp, entropy, rollout.sampler_logp,
                                    ref_logp))
@@ -215,19 +203,20 @@ def score(learner: Learner, state: TrainState, rollout: Rollout, hp, teacher=Non
         value_lib.explained_variance(values, returns, mask))
   positive = value_lib.positive_example_rows(
       jnp.where(row_valid > 0, rollout.rewards, rollout.rewards.min())).astype(jnp.float32)
-  scored = rollout.replace(old_logp=old_logp, ref_logp=ref_logp, values=values,
-                           returns=returns, positive=positive * row_valid, **fields)
+  scored = view.rollout.replace(loss_mask=loss_mask, old_logp=old_logp, ref_logp=ref_logp,
+                                values=values, returns=returns, advantages=advantages,
+                                positive=positive * row_valid)
   return scored, metrics
 
 
 # --- losses --------------------------------------------------------------------------------------
 
 def _loss_inputs(batch: Rollout) -> dict:
-  """The arrays a component may read by name, for the tokens the losses see."""
-  return dict(mask=batch.loss_mask, advantages=batch.advantages, old_logp=batch.old_logp,
-              sampler_logp=batch.sampler_logp, ref_logp=batch.ref_logp, positive=batch.positive,
-              rewards=batch.rewards, is_weight=batch.is_weight, cov_sel=batch.cov_sel,
-              entropy_keep=batch.entropy_keep)
+  """The arrays a component may read by name, for the tokens the losses see: the record's
+  fields and the transforms' extras (``cov_sel``, ``is_weight``, ``entropy_keep``, ...)."""
+  return dict(batch.extras, mask=batch.loss_mask, advantages=batch.advantages,
+              old_logp=batch.old_logp, sampler_logp=batch.sampler_logp, ref_logp=batch.ref_logp,
+              positive=batch.positive, rewards=batch.rewards)
 
 
 def minibatch_counts(learner: Learner, minibatch: Rollout, parts: int) -> dict:
@@ -259,9 +248,9 @@ def actor_loss(learner: Learner, params, coefs, micro: Rollout, counts):
     reg_sum = algo.regularizer_sum(reg, coefs, **arrays)
     total = total + coefs[reg.coef] * reg_sum / counts[reg.name]
     metrics[f"{reg.name}_loss"] = (reg_sum, counts[reg.name] / counts["micro"])
-  if algo.transforms.entropy_ctrl:  # 8.7's "full" measure: H of every forward (kept tokens)
-    measured = loss_lib.entropy_bonus_mask(micro.loss_mask, micro.entropy_keep)
-    metrics["entropy_ctrl/H_update"] = loss_lib.token_metrics(measured, v=entropy)["v"]
+  for t in algo.transforms:
+    if t.on_loss is not None:
+      metrics.update(t.on_loss(arrays))
   rows = (arrays["old_logp"], jax.lax.stop_gradient(entropy)) if micro.old_logp is None else None
   return total, (metrics, rows)
 
@@ -278,19 +267,16 @@ def critic_loss(learner: Learner, critic_params, micro: Rollout, counts):
 
 def select_tokens(learner: Learner, hp, step, minibatch: Rollout, index
                   ) -> tuple[Rollout, Metrics]:
-  """8.3 / 8.4: ``cov_sel`` and ``entropy_keep`` over the whole minibatch, before it is split
-  into micro-batches (so the split cannot change them); Clip-Cov's uniforms from
-  ``fold_in(fold_in(PRNGKey(seed), step), index)``."""
-  tf = learner.algo.transforms
-  if tf.cov_select is None and not tf.entropy_mask:
-    return minibatch, {}
-  uniforms = None
-  if tf.cov_select == "clip_cov":
-    uniforms = cov.selection_uniforms(learner.seed, step, index, minibatch.loss_mask.shape)
-  sel, keep, metrics = transforms_lib.minibatch_selection(
-      tf, hp, uniforms, minibatch.old_logp, minibatch.advantages, minibatch.loss_mask,
-      minibatch.old_entropy)
-  return minibatch.replace(cov_sel=sel, entropy_keep=keep), metrics
+  """The transforms' per-minibatch extras (Clip-Cov / KL-Cov selection, the 80/20 mask) over
+  the whole minibatch, before it is split into micro-batches (so the split cannot change them)."""
+  metrics = {}
+  for t in learner.algo.transforms:
+    if t.on_minibatch is not None:
+      view = Minibatch(rollout=minibatch, hp=hp, seed=learner.seed, step=step, index=index)
+      extras, transform_metrics = t.on_minibatch(view)
+      minibatch = minibatch.replace(extras={**minibatch.extras, **extras})
+      metrics.update(transform_metrics)
+  return minibatch, metrics
 
 
 def minibatch_update(learner: Learner, hp, state: TrainState, minibatch: Rollout, index, *,
@@ -299,16 +285,14 @@ def minibatch_update(learner: Learner, hp, state: TrainState, minibatch: Rollout
   ``index`` counts the step's optimizer updates (epoch x minibatches + minibatch)."""
   algo = learner.algo
   metrics, skipped = {}, jnp.zeros((), jnp.int32)
+  hp = with_coefs(learner, state, hp)
   if update_actor:
     minibatch, metrics = select_tokens(learner, hp, state.step, minibatch, index)
   parts = learner.row_parts(minibatch, at_least=algo.micro_batches)
   counts = minibatch_counts(learner, minibatch, parts)
   if update_actor:
-    coefs = dict(hp, kl_coef=state.kl_coef)  # the adaptive KL coefficient lives in the state
-    if state.entropy_ctrl is not None:  # and so does the adaptive entropy coefficient (8.7)
-      coefs["entropy_coef"] = state.entropy_ctrl.applied.astype(jnp.float32)
     loss, grads, actor_metrics, rows = update_lib.accumulate_gradients(
-        lambda p, mb, c: actor_loss(learner, p, coefs, mb, c), state.params, minibatch, counts,
+        lambda p, mb, c: actor_loss(learner, p, hp, mb, c), state.params, minibatch, counts,
         parts=parts, row_outputs=True)
     if rows is not None:  # the metrics scoring left out, from the loss's forward
       actor_metrics.update(scoring_metrics(learner, minibatch.loss_mask, *rows,
@@ -343,31 +327,16 @@ def _updates(learner: Learner, state: TrainState, batch: Rollout, hp, update_act
 
 
 def train_step(learner: Learner, state: TrainState, batch: Rollout, hp):
-  """``epochs x minibatches`` updates on a scored batch, then the adaptive KL coefficient."""
-  algo = learner.algo
+  """``epochs x minibatches`` updates on a scored batch, then every transform's ``on_step``
+  (the adaptive KL and entropy coefficients)."""
   state, metrics = _updates(learner, state, batch, hp, update_actor=True)
-  if algo.kl_placement is not None and algo.kl_target is not None:
-    kl_sum, kl_count = loss_lib.token_metrics(
-        batch.loss_mask, v=algo.kl(batch.old_logp, batch.ref_logp))["v"]
-    state = state.replace(kl_coef=algos.adaptive_kl_coef(
-        state.kl_coef, kl_sum / jnp.maximum(kl_count, 1.0), target=algo.kl_target,
-        horizon=algo.kl_horizon, n=batch.loss_mask.shape[0]))
-  if algo.kl_placement is not None:
-    metrics["kl_coef"] = scalar_metric(state.kl_coef)
-  if state.entropy_ctrl is not None:
-    state, ctrl_metrics = _entropy_ctrl_step(learner, state, batch, hp, metrics)
-    metrics.update(ctrl_metrics)
-  return state.replace(step=state.step + 1), metrics
-
-
-def _entropy_ctrl_step(learner: Learner, state: TrainState, batch: Rollout, hp, metrics):
-  """8.7, once per RL step: the controller stepped with this step's measured entropy."""
-  if learner.algo.transforms.entropy_ctrl_estimate == "sampled":
-    measured = entropy_lib.sampled_entropy(batch.old_logp, batch.loss_mask)
-  else:
-    measured = metrics["entropy_ctrl/H_update"]
-  ctrl, scalars = transforms_lib.entropy_ctrl_update(hp, state.entropy_ctrl, *measured)
-  return state.replace(entropy_ctrl=ctrl), scalar_metrics(scalars)
+  transform_state = dict(state.transforms)
+  for t in learner.algo.transforms:
+    if t.on_step is not None:
+      transform_state[t.name], step_metrics = t.on_step(transform_state[t.name], hp, batch,
+                                                        metrics)
+      metrics.update(step_metrics)
+  return state.replace(step=state.step + 1, transforms=transform_state), metrics
 
 
 def critic_step(learner: Learner, state: TrainState, batch: Rollout, hp):
@@ -391,12 +360,12 @@ def step_fns(learner: Learner, mc_learner: Learner | None = None) -> StepFns:
   """The pure (unjitted) step functions of ``learner``."""
   has_critic = learner.critic_tx is not None
   return StepFns(
-      score=lambda state, rollout, hp, *teacher: score(learner, state, rollout, hp, *teacher),
+      score=lambda state, rollout, hp, *aux: score(learner, state, rollout, hp, *aux),
       train_step=lambda state, batch, hp: train_step(learner, state, batch, hp),
       critic_step=(lambda state, batch, hp: critic_step(learner, state, batch, hp))
       if has_critic else None,
-      score_mc=(lambda state, rollout, hp, *teacher: score(
-          mc_learner, state, rollout, monte_carlo_hparams(hp, mc_learner), *teacher))
+      score_mc=(lambda state, rollout, hp, *aux: score(
+          mc_learner, state, rollout, monte_carlo_hparams(hp, mc_learner), *aux))
       if mc_learner is not None else None)
 
 

@@ -20,12 +20,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from rljax.algos.losses import scalar_metric  # noqa: F401  (re-exported)
+
 Metrics = dict  # name -> (sum, count)
-
-
-def scalar_metric(x) -> tuple:
-  """A scalar logged as itself: ``(x, 1)``."""
-  return (jnp.asarray(x, jnp.float32), jnp.ones((), jnp.float32))
 
 
 def split_rows(tree, parts: int):

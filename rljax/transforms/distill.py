@@ -1,0 +1,84 @@
+"""On-policy distillation (ALGORITHMS.md 8.6; Agarwal et al. arXiv 2306.13649, Tinker): minus the
+reverse KL to a frozen teacher added to the advantages (``rljax.algos.distill``). The teacher is
+a second model that is never trained or checkpointed: ``teacher.source``, same tokenizer."""
+import os
+
+from rljax import models
+from rljax.algos import distill
+from rljax.errors import RljaxError
+from rljax.transforms.base import Transform, register_transform, traced
+
+
+class TeacherError(RljaxError, ValueError):
+  """``teacher.source`` cannot serve as this policy's teacher (the message says why)."""
+
+
+def teacher_path(teacher_section, sft_out_dir: str):
+  """The Hugging Face directory of ``teacher.source`` (None for 'tiny': random, for tests)."""
+  source = teacher_section.source
+  if source == "tiny":
+    return None
+  if source.startswith("hf:"):
+    return source[3:]
+  if source.startswith("run:"):
+    return os.path.join(source[4:], "hf")
+  if source == "sft":
+    return sft_out_dir
+  raise TeacherError(f"teacher.source must be '', 'tiny', 'sft', 'hf:PATH' or 'run:DIR', got "
+                     f"{source!r}")
+
+
+def load_teacher(config, tokenizer, policy_cfg):
+  """``(ModelConfig, params)`` of the teacher; it must share the policy's tokenizer."""
+  from rljax.models import llama
+  if not config.teacher.source:
+    raise TeacherError("algo.opd_coef > 0 needs a teacher: set teacher.source ('hf:PATH', "
+                       "'run:DIR', 'sft' or 'tiny')")
+  dtype = config.teacher.dtype or config.model.dtype
+  path = teacher_path(config.teacher, config.sft.out_dir)
+  if path is None:
+    cfg = policy_cfg.replace(dtype=dtype)
+    return cfg, llama.init_params(cfg, seed=config.seed + 1)
+  if not os.path.isdir(path):
+    raise TeacherError(f"teacher.source={config.teacher.source!r}: {path} is not a directory")
+  cfg, params = models.load_hf(path, dtype=dtype, param_dtype=config.model.param_dtype)
+  same = (cfg.vocab_size == policy_cfg.vocab_size and cfg.eos_token_id == policy_cfg.eos_token_id
+          and cfg.pad_token_id == policy_cfg.pad_token_id)
+  if not same:
+    raise TeacherError(
+        f"teacher.source={config.teacher.source!r} has another tokenizer than the policy "
+        f"(vocab {cfg.vocab_size} / eos {cfg.eos_token_id} / pad {cfg.pad_token_id} vs "
+        f"{policy_cfg.vocab_size} / {policy_cfg.eos_token_id} / {policy_cfg.pad_token_id}): "
+        "on-policy distillation scores the student's tokens, so both must share one")
+  return cfg, params
+
+
+def check_teacher_logp(metrics, step: int) -> None:
+  """Stop when the teacher gave a non-finite log-prob to a sampled token: its advantages would be
+  NaN, and every update would be skipped without saying why."""
+  bad = metrics.get("opd/teacher_nonfinite", 0.0)
+  if bad > 0:
+    raise FloatingPointError(
+        f"step {step}: the teacher's log-prob is NaN or infinite on {bad:.2%} of the sampled "
+        "tokens (check teacher.source and teacher.dtype: the vocabulary, the weights, a float16 "
+        "overflow)")
+
+
+@register_transform("opd", order=40)
+def make(algo, hparams):
+  if not algo["opd_coef"] > 0:
+    return None
+  keys = ("opd_length_norm", "opd_student_logp") + traced(hparams, algo, "opd_coef",
+                                                           "opd_discount")
+  length_norm, student = bool(algo["opd_length_norm"]), algo["opd_student_logp"]
+
+  def on_score(view):
+    teacher_logp = view.aux_logp("opd")
+    student_logp = view.old_logp if student == "old" else view.rollout.sampler_logp
+    advantages, metrics = distill.add_opd_advantages(
+        view.advantages, student_logp, teacher_logp, view.loss_mask, coef=view.hp["opd_coef"],
+        discount=view.hp["opd_discount"], length_norm=length_norm)
+    return {"advantages": advantages, "extras": {"teacher_logp": teacher_logp}}, metrics
+
+  return Transform("opd", keys=keys, needs_old_logp=True, on_score=on_score,
+                   check_step=check_teacher_logp, aux_model=load_teacher)
