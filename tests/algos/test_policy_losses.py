@@ -279,9 +279,9 @@ def test_truncated_importance_sampling(prec, algo_cfg):
   sampler = (old - np.random.default_rng(6).normal(scale=1.0, size=old.shape)).astype(prec.dtype)
   weights = np.minimum(np.exp(np.clip(old.astype(np.float64) - sampler, -CLAMP, CLAMP)), 2.0)
   # tis_cap is the alias of rollout_is='token' (8.2): the trainer computes these weights once
-  # per batch (rljax.algos.transforms.correct_rollout) and the loss multiplies its policy term.
+  # per batch (the rollout_correction transform) and the loss multiplies its policy term.
   algo = resolve(algo_cfg)
-  assert algo.transforms.rollout_is == "token" and algo.hparams["rollout_is_cap"] == 2.0
+  assert algo.loss_weights == ("is_weight",) and algo.hparams["rollout_is_cap"] == 2.0
   value, grad, _ = loss_value_and_grad(algo_cfg, logp, old, adv, mask,
                                        (weights * mask).astype(prec.dtype))
   loss, dloss, _ = np_objective(name, logp, old, adv, mask, keys)

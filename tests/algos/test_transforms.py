@@ -1,5 +1,5 @@
-"""``resolve`` reads the section 8 transform keys once: switches, traced floats, and the
-combinations it refuses, each naming its key."""
+"""``resolve`` reads the transforms' keys once: which transforms are on, their traced floats,
+and the combinations they refuse, each naming its key."""
 import pytest
 
 from rljax.algos.resolve import resolve
@@ -8,25 +8,28 @@ from rljax.algos.resolve import resolve
 def settings(**overrides):
   from configs.base import get_config
   algo = get_config().algo.to_dict()
-  algo.update(kl_placement="none", **overrides)
+  algo.update(**{"kl_placement": "none", **overrides})
   return algo
 
 
 def test_tis_cap_is_the_token_level_alias_and_not_both():
   algo = resolve(settings(tis_cap=3.0))
-  assert algo.transforms.rollout_is == "token" and algo.hparams["rollout_is_cap"] == 3.0
+  assert algo.loss_weights == ("is_weight",) and algo.hparams["rollout_is_cap"] == 3.0
+  keys = algo.transform("rollout_correction").keys
+  assert "tis_cap" in keys and "rollout_is" not in keys and "rollout_is_cap" not in keys
   with pytest.raises(ValueError, match="algo.tis_cap.*algo.rollout_is='sequence'"):
     resolve(settings(tis_cap=3.0, rollout_is="sequence"))
 
 
 def test_transforms_that_need_old_logp():
-  assert not resolve(settings()).transforms.needs_old_logp
+  assert not resolve(settings()).needs_old_logp
   for overrides in (dict(rollout_is="geometric"), dict(rollout_rs="token", rollout_rs_hi=2.0),
                     dict(rollout_rs_k3=0.01), dict(policy_loss="kl_cov"),
                     dict(entropy_top_rho=0.2), dict(opd_coef=1.0),
                     dict(entropy_ctrl=True, entropy_ctrl_estimate="sampled")):
-    assert resolve(settings(**overrides)).transforms.needs_old_logp, overrides
-  assert not resolve(settings(entropy_ctrl=True)).transforms.needs_old_logp
+    assert resolve(settings(**overrides)).needs_old_logp, overrides
+  assert not resolve(settings(entropy_ctrl=True)).needs_old_logp
+  assert resolve(settings(kl_placement="loss", kl_target=0.1)).needs_old_logp  # adaptive KL
 
 
 @pytest.mark.parametrize("overrides,message", [

@@ -146,7 +146,7 @@ def _kl_cov(config, state, steps):
 def _opd(config, state, steps):
   # The teacher scored every step; its term moved the advantages.
   assert all(s["opd/reverse_kl"] != 0 and s["opd/adv_mean"] != 0 for s in steps)
-  assert resolve(config).transforms.opd
+  assert resolve(config).transform("opd") is not None
 
 
 def _remax(config, state, steps):
