@@ -1,6 +1,6 @@
 """VAPO (arXiv 2504.05118): VC-PPO + length-adaptive GAE, clip-higher, token-level loss,
 positive-example LM loss and group sampling."""
-from rljax.config_loader import preset
+from rljax.config_loader import preset, reset
 
 
 def get_config():
@@ -11,5 +11,6 @@ def get_config():
   c.algo.loss_agg = "token_mean"
   c.algo.pos_lm_coef = 0.1
   c.algo.kl_placement = "none"
+  reset(c, "algo.kl_coef", "algo.kl_estimator")  # PPO's KL-in-reward settings, now unread
   c.rollout.group_size = 8
   return c

@@ -159,3 +159,17 @@ def preset(config_file: str, base: str = "base.py") -> ml_collections.ConfigDict
   config = load_config_file(os.path.join(os.path.dirname(os.path.abspath(config_file)), base))
   config.lock()  # a preset that misspells a key fails instead of adding it
   return config
+
+
+def reset(config: ml_collections.ConfigDict, *names: str) -> ml_collections.ConfigDict:
+  """Sets the dotted keys ``names`` back to their declared defaults: a preset that switches off
+  what its base switched on (e.g. the KL term) also clears the settings nothing reads any more
+  (a key away from its default that nothing reads is an error at start-up)."""
+  from rljax.defaults import KEY_BY_NAME
+  for name in names:
+    *sections, leaf = name.split(".")
+    node = config
+    for section in sections:
+      node = node[section]
+    node[leaf] = KEY_BY_NAME[name].default
+  return config

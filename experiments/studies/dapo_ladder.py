@@ -15,14 +15,14 @@ def get_study():
   return Study(
       name="dapo_ladder",
       config="configs/study.py",
-      overrides={"algo.kl_placement": "none", "algo.max_gen_batches": 3},
+      overrides={"algo.kl_placement": "none"},
       variants=ladder([
           ("grpo", {}),
           ("+overlong_filter", {"algo.overlong_filter": True}),
           ("+clip_higher", {"algo.clip_eps_high": 0.28}),
           ("+soft_overlong", {"reward.overlong_buffer": 5, "reward.overlong_penalty": 1.0}),
           ("+token_loss", {"algo.loss_agg": "token_mean"}),
-          ("+dynamic_sampling", {"algo.dynamic_sampling": True}),
+          ("+dynamic_sampling", {"algo.dynamic_sampling": True, "algo.max_gen_batches": 3}),
       ]),
       seeds=(0, 1, 2),
       metrics=("final_accuracy", "gain_accuracy", "auc_accuracy", "best_accuracy", "final_entropy",

@@ -50,6 +50,7 @@ class Bound:
   inputs: Tuple[str, ...]
   static: Tuple[Tuple[str, Any], ...]
   traced: Tuple[Tuple[str, str], ...]  # (keyword, hparams key)
+  keys: Tuple[str, ...] = ()  # the algo.* keys it was bound from
 
   def __call__(self, hp: Hparams, **arrays):
     kwargs = {k: arrays[k] for k in self.inputs if k in arrays}
@@ -63,7 +64,7 @@ def bind(registry: Registry, name: str, algo: Mapping[str, Any], hparams: Dict[s
   """Looks ``name`` up in ``registry`` and binds its hyperparameters from the ``algo`` settings;
   the traced ones are added to ``hparams``."""
   fn, meta = registry.get(name), registry.meta(name)
-  static, traced = [], []
+  static, traced, keys = [], [], []
   for kw, key in meta["hparams"].items():
     if key not in algo and kw in meta["defaults"]:
       static.append((kw, meta["defaults"][kw]))
@@ -71,13 +72,14 @@ def bind(registry: Registry, name: str, algo: Mapping[str, Any], hparams: Dict[s
     if key not in algo:
       raise KeyError(f"{registry.family} {name!r} reads algo.{key}, which the config does not "
                      f"have: add it to the algo section of the config")
+    keys.append(key)
     value = algo[key]
     if _is_traced_value(value):
       hparams[key] = value
       traced.append((kw, key))
     else:
       static.append((kw, value))
-  return Bound(name, fn, meta["inputs"], tuple(static), tuple(traced))
+  return Bound(name, fn, meta["inputs"], tuple(static), tuple(traced), tuple(keys))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -219,7 +221,8 @@ def _plain(config) -> Dict[str, Any]:
 def resolve(config, *, group_size: Optional[int] = None, critic: Optional[bool] = None
             ) -> Algorithm:
   """The ``Algorithm`` of a whole config (or of an ``algo`` section with ``group_size`` and
-  ``critic`` given). Fails on an unknown name or an out-of-range key, naming it."""
+  ``critic`` given). Fails on an unknown name, an out-of-range key, a combination that cannot
+  run, or a key set away from its default that nothing resolved reads, naming the key."""
   settings = _plain(config)
   if "algo" in settings:
     algo = _plain(settings["algo"])
@@ -275,7 +278,7 @@ def resolve(config, *, group_size: Optional[int] = None, critic: Optional[bool] 
                                     meta["token_mask"], agg, meta["coef"]))
   if algo["ref_update"] == "ema":
     hparams["ref_ema_decay"] = float(algo["ref_ema_decay"])
-  return Algorithm(
+  algorithm = Algorithm(
       advantage=advantage, critic_targets=adv_meta.get("critic_targets", False),
       whiten=algo["adv_whiten"] and not adv_meta.get("whitened", False),
       objective=objective, policy_agg=policy_agg, regularizers=tuple(regularizers),
@@ -285,6 +288,9 @@ def resolve(config, *, group_size: Optional[int] = None, critic: Optional[bool] 
       overlong_filter=bool(algo["overlong_filter"]), group_size=group_size,
       epochs=algo["epochs"], minibatches=algo["minibatches"],
       micro_batches=algo["micro_batches"], hparams=hparams)
+  from rljax.algos import usage
+  usage.check_unused(algo, algorithm, critic=settings.get("critic"), reward=settings.get("reward"))
+  return algorithm
 
 
 def hparams_tree(algo: Algorithm, dtype=jnp.float32) -> Dict[str, jax.Array]:

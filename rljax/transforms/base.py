@@ -107,9 +107,11 @@ class Minibatch:
 TRANSFORMS = Registry("transform")
 
 
-def register_transform(name: str, *, order: int):
-  """``factory(algo settings, hparams) -> Transform | None`` under ``name``."""
-  return TRANSFORMS.register(name, None, order=order)
+def register_transform(name: str, *, order: int, reads: Tuple[str, ...]):
+  """``factory(algo settings, hparams) -> Transform | None`` under ``name``; ``reads``: every
+  ``algo.*`` key it may read (the resolved ``Transform.keys`` is the part a config uses), named
+  when a key is set that nothing resolved reads."""
+  return TRANSFORMS.register(name, None, order=order, reads=tuple(reads))
 
 
 def resolve_transforms(algo: Mapping[str, Any], hparams: Dict[str, float]

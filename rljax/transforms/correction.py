@@ -7,7 +7,9 @@ from rljax.transforms.base import (Transform, level, per_sequence_objective, reg
                                    traced)
 
 
-@register_transform("rollout_correction", order=30)
+@register_transform("rollout_correction", order=30, reads=(
+    "tis_cap", "rollout_is", "rollout_is_cap", "rollout_is_floor", "rollout_is_batch_norm",
+    "rollout_rs", "rollout_rs_lo", "rollout_rs_hi", "rollout_rs_veto", "rollout_rs_k3"))
 def make(algo, hparams):
   keys = ()
   rollout_is = level(algo, "rollout_is")

@@ -64,7 +64,8 @@ def check_teacher_logp(metrics, step: int) -> None:
         "overflow)")
 
 
-@register_transform("opd", order=40)
+@register_transform("opd", order=40, reads=(
+    "opd_coef", "opd_discount", "opd_length_norm", "opd_student_logp"))
 def make(algo, hparams):
   if not algo["opd_coef"] > 0:
     return None

@@ -9,7 +9,9 @@ from rljax.transforms.base import Transform, register_transform, traced
 H_UPDATE = "entropy_ctrl/H_update"
 
 
-@register_transform("entropy_ctrl", order=20)
+@register_transform("entropy_ctrl", order=20, reads=(
+    "entropy_ctrl", "entropy_ctrl_estimate", "entropy_coef", "entropy_target",
+    "entropy_coef_delta", "entropy_coef_min", "entropy_coef_max"))
 def make(algo, hparams):
   if not algo["entropy_ctrl"]:
     return None

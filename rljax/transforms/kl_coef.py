@@ -8,7 +8,7 @@ from rljax.transforms.base import Transform, register_transform
 from rljax.algos.losses import scalar_metric
 
 
-@register_transform("kl_coef", order=10)
+@register_transform("kl_coef", order=10, reads=("kl_coef", "kl_target", "kl_horizon"))
 def make(algo, hparams):
   if algo["kl_placement"] == "none":
     return None

@@ -15,7 +15,7 @@ def check_binary_rewards(rewards: np.ndarray) -> None:
                      "reward.overlong_buffer or reward.format_weight also makes them non-binary)")
 
 
-@register_transform("passk", order=50)
+@register_transform("passk", order=50, reads=("passk_k",))
 def make(algo, hparams):
   if algo["advantage"] != "passk":
     return None

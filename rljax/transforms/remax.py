@@ -10,7 +10,7 @@ from rljax.algos import remax
 from rljax.transforms.base import Transform, register_transform
 
 
-@register_transform("remax", order=60)
+@register_transform("remax", order=60, reads=())
 def make(algo, hparams):
   if algo["advantage"] != "remax":
     return None

@@ -7,7 +7,8 @@ from rljax.transforms.base import (Transform, per_sequence_objective, register_t
                                    traced)
 
 
-@register_transform("cov_selection", order=70)
+@register_transform("cov_selection", order=70,
+                    reads=("clip_cov_ratio", "clip_cov_lb", "clip_cov_ub", "kl_cov_ratio"))
 def make_cov(algo, hparams):
   objective = algo["policy_loss"]
   if objective == "clip_cov":
@@ -36,7 +37,8 @@ def make_cov(algo, hparams):
   return Transform("cov_selection", keys=keys, needs_old_logp=True, on_minibatch=on_minibatch)
 
 
-@register_transform("entropy_mask", order=80)
+@register_transform("entropy_mask", order=80,
+                    reads=("entropy_top_rho", "entropy_mask_source"))
 def make_entropy_mask(algo, hparams):
   if not algo["entropy_top_rho"] < 1.0:
     return None

@@ -26,7 +26,7 @@ def _run(preset, tmp_path, extra=None):
 
 def _initial_params(preset):
   config = config_loader.load_config(os.path.join(tiny.ROOT, "configs", f"{preset}.py"),
-                                     list(tiny.OVERRIDES.items()))
+                                     list(tiny.overrides(preset).items()))
   from rljax.data import tokenizer as tokenizer_lib
   from rljax.train import build
   tok = tokenizer_lib.load_tokenizer("char")
@@ -162,7 +162,8 @@ CHECKS.update(dapo=_dapo, t1=_t1, dr_grpo=_dr_grpo, gspo=_gspo, sapo=_sapo, clip
 def test_value_pretraining_leaves_actor_bit_identical(tmp_path):
   from rljax.train import build, loop
   run_dir = str(tmp_path / "vc_ppo")
-  overrides = dict(tiny.OVERRIDES, **{"critic.pretrain_steps": "2", "train.run_dir": run_dir})
+  overrides = dict(tiny.overrides("vc_ppo"), **{"critic.pretrain_steps": "2",
+                                                "train.run_dir": run_dir})
   config = config_loader.load_config(os.path.join(tiny.ROOT, "configs", "vc_ppo.py"),
                                      list(overrides.items()))
   run = build.build_run(config)
@@ -190,8 +191,10 @@ def test_value_pretraining_targets_are_monte_carlo_whatever_lam_critic(lam_criti
   from rljax.parallel import mesh as mesh_lib
   from rljax.train import build
   from tests.train.test_section8_wiring import _rollout
-  overrides = dict(tiny.OVERRIDES, **{"critic.pretrain_steps": "2", "algo.kl_placement": "none",
-                                      "algo.gamma": "1.0"})
+  # No KL: PPO's KL-in-reward settings go back to their defaults (nothing reads them).
+  overrides = dict(tiny.overrides("ppo"), **{"critic.pretrain_steps": "2",
+                                             "algo.kl_placement": "none", "algo.kl_coef": "0.04",
+                                             "algo.kl_estimator": "k3", "algo.gamma": "1.0"})
   if lam_critic is not None:
     overrides["algo.lam_critic"] = lam_critic
   config = config_loader.load_config(os.path.join(tiny.ROOT, "configs", "ppo.py"),

@@ -19,18 +19,33 @@ OVERRIDES = {
     "rollout.max_new_tokens": "8", "rollout.prompts_per_step": "2", "rollout.group_size": "4",
     "rollout.temperature": "1.0",
     "data.prompt_bucket": "8", "data.num_eval": "4", "data.difficulty": "0",
-    "reward.fn": REWARD, "optim.lr": "1e-3", "critic.lr": "1e-3", "critic.pretrain_steps": "0",
+    "reward.fn": REWARD, "optim.lr": "1e-3", "critic.pretrain_steps": "0",
     "train.steps": "2", "train.progress": "false", "train.export_hf": "false",
-    "algo.max_gen_batches": "3",
 }
+# Only where something reads them: a key set away from its default that nothing reads is an error.
+CRITIC = {"critic.lr": "1e-3"}
+DYNAMIC_SAMPLING = {"algo.max_gen_batches": "3"}
 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+def overrides(preset: str) -> dict:
+  """The tiny settings for ``configs/<preset>.py``, the critic's and dynamic sampling's where
+  the preset has them."""
+  from rljax import config_loader
+  config = config_loader.load_config(os.path.join(ROOT, "configs", f"{preset}.py"))
+  merged = dict(OVERRIDES)
+  if config.critic.enabled:
+    merged.update(CRITIC)
+  if config.algo.dynamic_sampling:
+    merged.update(DYNAMIC_SAMPLING)
+  return merged
+
+
 def args(preset: str, run_dir: str, extra: dict | None = None) -> list[str]:
   """``rljax train`` arguments for ``configs/<preset>.py`` at the tiny size."""
-  merged = dict(OVERRIDES, **{"train.run_dir": run_dir}, **(extra or {}))
+  merged = dict(overrides(preset), **{"train.run_dir": run_dir}, **(extra or {}))
   return (["train", "--config", os.path.join(ROOT, "configs", f"{preset}.py")]
           + [f"--config.{k}={v}" for k, v in merged.items()])
 
