@@ -283,7 +283,10 @@ def gae_returns(token_rewards: chex.Array, values: chex.Array, mask: chex.Array,
 
 # --- GAE as one registered estimator ---------------------------------------------------------------
 
-@register_advantage("gae", critic_targets=True)
+# With lam_alpha set the length-adaptive lambda replaces lam everywhere (policy and, without
+# lam_critic, critic): lam is then read by nothing.
+@register_advantage("gae", critic_targets=True,
+                    ignored_keys=lambda a: {"lam"} if a["lam_alpha"] is not None else set())
 def gae_estimator(token_rewards: chex.Array, values: chex.Array, mask: chex.Array, *,
                   gamma: chex.Numeric, lam: chex.Numeric, lam_alpha: Optional[chex.Numeric],
                   lam_critic: Optional[chex.Numeric]) -> Tuple[chex.Array, chex.Array]:

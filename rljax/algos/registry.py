@@ -118,7 +118,8 @@ _ALL = {
 
 def register_advantage(name: str, hparams: Optional[Mapping[str, str]] = None, **meta):
   """Estimator ``fn(<inputs>, *, <hyperparameters>) -> A[B, T]`` (or ``(A, returns)`` with
-  ``critic_targets=True``). Meta: ``whitened`` (never whitened twice), ``min_group_size``."""
+  ``critic_targets=True``). Meta: ``whitened`` (never whitened twice), ``min_group_size``,
+  ``ignored_keys(algo settings) -> set`` (hyperparameters another setting overrides)."""
   return ADVANTAGES.register(name, hparams, **meta)
 
 

@@ -248,6 +248,10 @@ def resolve(config, *, group_size: Optional[int] = None, critic: Optional[bool] 
   if "values" in advantage.inputs and not critic:
     raise ValueError(f"algo.advantage={algo['advantage']!r} needs critic values: set "
                      "critic.enabled=True")
+  if critic and not adv_meta.get("critic_targets"):
+    raise ValueError(f"critic.enabled=True with algo.advantage={algo['advantage']!r}: this "
+                     "estimator gives the critic no targets (returns); use an estimator with "
+                     "critic targets (gae) or switch the critic off")
 
   LOSS_AGGS.get(algo["loss_agg"])  # a typo fails even when the objective overrides it
   objective = bind(POLICY_LOSSES, algo["policy_loss"], algo, hparams)

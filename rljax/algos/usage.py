@@ -3,7 +3,8 @@ from its default must be read by what the config resolved to, or the run stops n
 what would read it (``algo.dual_clip_c=3.0 is not used by policy_loss 'cispo'; read by policy_loss
 'gspo', 'ppo'``).
 
-What reads a key: a bound component's hyperparameters (``Bound.keys``), a regulariser's
+What reads a key: a bound component's hyperparameters (``Bound.keys``, less the ones its
+registration's ``ignored_keys(settings)`` says another setting overrides), a regulariser's
 coefficient, a resolved transform's ``keys``, and the few switches below that the trainer itself
 reads under a condition.
 """
@@ -50,7 +51,10 @@ class UnusedKeyError(ConfigError):
 
 def algo_keys_read(algo: Mapping[str, Any], algorithm) -> set:
   """The ``algo.*`` keys (leaf names) the resolved ``algorithm`` reads."""
-  read = set(ALWAYS) | set(algorithm.advantage.keys) | set(algorithm.objective.keys)
+  read = set(ALWAYS)
+  for registry, bound in ((ADVANTAGES, algorithm.advantage), (POLICY_LOSSES, algorithm.objective)):
+    ignored = registry.meta(bound.name).get("ignored_keys")  # read, but overridden by another
+    read |= set(bound.keys) - (ignored(algo) if ignored else set())
   for reg in algorithm.regularizers:
     read |= set(reg.values.keys) | {reg.coef}
   for t in algorithm.transforms:

@@ -69,8 +69,9 @@ def check_teacher_logp(metrics, step: int) -> None:
 def make(algo, hparams):
   if not algo["opd_coef"] > 0:
     return None
-  keys = ("opd_length_norm", "opd_student_logp") + traced(hparams, algo, "opd_coef",
-                                                           "opd_discount")
+  keys = ("opd_student_logp",) + traced(hparams, algo, "opd_coef", "opd_discount")
+  if algo["opd_discount"] > 0:  # the normaliser divides the discounted sum (per token: none)
+    keys += ("opd_length_norm",)
   length_norm, student = bool(algo["opd_length_norm"]), algo["opd_student_logp"]
 
   def on_score(view):
