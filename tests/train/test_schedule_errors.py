@@ -30,12 +30,13 @@ def test_bad_schedule_is_named_before_loading(monkeypatch, tmp_path, overrides, 
 
 
 @pytest.mark.parametrize("overrides,message", [
-    ({"algo.advantage": "grpoo"}, r"unknown advantage estimator 'grpoo' \(algo.advantage\); "
-                                  r"registered advantage estimator names: dr_grpo, gae"),
-    ({"algo.policy_loss": "ppoo"}, r"unknown policy objective 'ppoo'.*cispo, clip_cov, gmpo"),
-    ({"algo.loss_agg": "tokenmean"}, r"unknown loss aggregation 'tokenmean'"),
-    ({"algo.kl_estimator": "k4"}, r"unknown KL estimator 'k4'"),
-    ({"reward.fn": "exact_mach"}, r"reward.fn='exact_mach' is not registered"),
+    ({"algo.advantage": "grpoo"}, r"algo.advantage='grpoo' is not allowed: expected a "
+                                  r"registered advantage name: dr_grpo, gae"),
+    ({"algo.policy_loss": "ppoo"}, r"algo.policy_loss='ppoo' .*cispo, clip_cov, gmpo"),
+    ({"algo.loss_agg": "tokenmean"}, r"algo.loss_agg='tokenmean' is not allowed"),
+    ({"algo.kl_estimator": "k4"}, r"algo.kl_estimator='k4' is not allowed"),
+    ({"reward.fn": "exact_mach"}, r"reward.fn='exact_mach' is not allowed: expected a "
+                                  r"registered reward_fn name: exact_match"),
     ({"algo.clip_eps_low": -0.1}, r"clip_eps_low=-0.1"),
     ({"algo.dual_clip_c": 0.5}, r"algo.dual_clip_c=0.5"),
     ({"algo.ref_ema_decay": 1.5}, r"ref_ema_decay=1.5"),
