@@ -83,6 +83,10 @@ def get_config():
   c.reward.timeout_s = 5.0  # per verifier call: a hard bound (the worker process is killed)
   c.reward.workers = 4  # verifier worker processes
   c.reward.max_logged_failures = 100  # failed calls sampled into run_dir/reward_failures.jsonl
+  # MB a verifier worker may allocate beyond the trainer it forks from (RLIMIT_AS; 0 = no limit):
+  # math_verify runs in < 128 MB, 2 GB bounds a leaking verifier at reward.workers x 2 GB in all
+  c.reward.max_worker_memory_mb = 2048
+  c.reward.worker_max_calls = 0  # replace a verifier worker after this many calls (0 = never)
 
   # --- algorithm (sections 2-5, 7) ------------------------------------------------------------
   c.algo = ml_collections.ConfigDict()
@@ -198,6 +202,8 @@ def get_config():
   c.train.export_hf = True  # export the final policy in Hugging Face format
   # stop after this many consecutive steps whose every update was skipped as non-finite (0 = never)
   c.train.max_skipped_steps = 10
+  # seconds after SIGTERM (preemption) for the in-flight step to end and the checkpoint to save
+  c.train.preempt_grace_s = 30.0
 
   # --- supervised cold start (model.source='sft') -----------------------------------------------
   c.sft = ml_collections.ConfigDict()
