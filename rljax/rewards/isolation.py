@@ -110,10 +110,10 @@ def _limit_memory(memory_mb: int) -> None:
 
 def _describe(error: BaseException) -> str:
   try:
-    text = f"{type(error).__name__}: {error}"
+    message = str(error)
   except BaseException:  # a user exception whose __str__ fails
-    text = f"{type(error).__name__}: <unprintable>"
-  return text[:500]
+    message = "<unprintable>"
+  return (f"{type(error).__name__}: {message}" if message else type(error).__name__)[:500]
 
 
 def _call(fn: Callable[..., Any], args: tuple) -> tuple[str, object, bool]:

@@ -68,7 +68,7 @@ class RewardSpec:
     try:
       value = float(value)
     except (OverflowError, ValueError, TypeError) as e:  # 10**400: no float holds it
-      return None, f"returned {type(value).__name__} that is no float ({type(e).__name__}: {e})"
+      return None, f"returned {type(value).__name__} that no float can hold ({type(e).__name__})"
     if not math.isfinite(value):
       return None, f"returned {value}"
     if self.binary and value not in (0.0, 1.0):

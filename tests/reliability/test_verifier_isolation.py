@@ -234,7 +234,8 @@ def test_strange_return_values_are_invalid():
   assert scores.rewards.tolist() == [-1.0] * 6 + [1.0, 1.0]
   assert (scores.num_invalid, scores.num_errors, scores.num_timeouts) == (6, 0, 0)
   details = _details(scores)
-  assert "OverflowError" in details["huge"] and "returned inf" == details["inf"]
+  assert details["huge"] == "returned int that no float can hold (OverflowError)"
+  assert details["inf"] == "returned inf" and details["array"].startswith("returned ndarray")
   assert details["object"] == "returned _Unprintable <unprintable>, not a number"
   _assert_only_the_pools_workers_remain()
 
@@ -268,6 +269,7 @@ def test_forks_exits_and_base_exceptions_are_errors():
       "the verifier left 1 process(es) running (killed)")
   assert details["os._exit"] == "verifier process died"
   assert details["sys.exit"] == "SystemExit: 0" and details["custom"] == "Custom: x"
+  assert details["KeyboardInterrupt"] == "KeyboardInterrupt"
   _assert_only_the_pools_workers_remain()
 
 
