@@ -140,13 +140,13 @@ def _end_leftovers() -> int:
     if pid:
       left.add(pid)
       continue
-    live = [child for child, (parent, _) in process_table().items() if parent == me]
-    if not live:  # no /proc to find them by (not Linux): they go with the worker's group
+    table = process_table()
+    if not table:  # no /proc to find them by (not Linux): they go with the worker's group
       return len(left) + 1
-    for child in live:
+    for child in [pid for pid, (parent, _) in table.items() if parent == me]:
       left.add(child)
       _kill(child)
-    try:
+    try:  # a child missed by the scan (started after it) ends this wait at the call's deadline
       left.add(os.waitpid(-1, 0)[0])
     except ChildProcessError:
       return len(left)
