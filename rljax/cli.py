@@ -155,12 +155,20 @@ def main(argv=None):
 
 
 def entry(argv=None):
-  """The console entry point: ``main``, with the user's errors (``RljaxError``) as one line."""
+  """The console entry point: ``main``, with the user's errors (``RljaxError``), a preemption
+  (SIGTERM) and Ctrl-C (SIGINT) as one line each."""
   from rljax.errors import RljaxError
+  from rljax.train.preemption import Stop
   try:
     return main(argv)
   except RljaxError as e:
     raise SystemExit(f"error: {e}") from None
+  except Stop as stop:
+    print(stop.line, file=sys.stderr, flush=True)
+    raise SystemExit(stop.code) from None
+  except KeyboardInterrupt:  # outside a training loop (start-up, other commands)
+    print("interrupted (SIGINT)", file=sys.stderr, flush=True)
+    raise SystemExit(130) from None
 
 
 if __name__ == "__main__":

@@ -94,6 +94,11 @@ KEYS = (
     Key("reward.workers", 4, integer(1, 1024), "verifier worker processes"),
     Key("reward.max_logged_failures", 100, integer(0),
         "failed calls sampled into run_dir/reward_failures.jsonl"),
+    Key("reward.max_worker_memory_mb", 2048, integer(0),
+        "address space a verifier worker may add to what it inherited (MB; RLIMIT_AS); 0 = no "
+        "limit"),
+    Key("reward.worker_max_calls", 0, integer(0),
+        "replace a verifier worker after this many calls (a leak's bound); 0 = never"),
     # --- algorithm (sections 2-5, 7) -----------------------------------------------------------
     Key("algo.advantage", "grpo", registered("advantage"), "advantage estimator"),
     Key("algo.adv_std", "group", choice("group", "batch", "none"),
@@ -224,6 +229,8 @@ KEYS = (
     Key("train.max_skipped_steps", 10, integer(0),
         "stop after this many consecutive steps whose every update was skipped as non-finite; "
         "0 = never"),
+    Key("train.preempt_grace_s", 30.0, POSITIVE,
+        "after SIGTERM: seconds for the step in flight and the checkpoint save before exiting"),
     # --- supervised cold start (model.source='sft') --------------------------------------------
     Key("sft.steps", 600, integer(1, 10**9), "SFT steps"),
     Key("sft.batch_size", 64, SIZE, "SFT batch"),

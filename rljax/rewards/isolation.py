@@ -12,6 +12,18 @@ import), so nothing is pickled but the ``(completion, problem)`` arguments and t
 forked child runs only the verifier's pure Python: it never touches JAX, whose threads do not
 exist in the child. Where fork is unavailable (macOS' default, Windows) the pool uses spawn, and
 the verifier must be importable by reference (a module-level function).
+
+Containment. A verifier may do anything its Python can: return a 400-digit integer, fork, exit,
+raise ``SystemExit``, signal itself, start a child that never ends, keep memory. Each worker is
+the leader of its own session and process group (``os.setsid``: the terminal's Ctrl-C does not
+reach it, a timeout kills the whole group), a child subreaper (an orphan of whatever it starts
+stays in its tree instead of moving to init), and may add at most ``max_worker_memory_mb`` of
+address space to what it inherited (``RLIMIT_AS``). After every call it kills and reaps whatever
+processes the call left behind and reports the call as failed; a forked copy of a worker exits
+without answering; the answer it sends holds only plain data. A worker is replaced after a timeout,
+a death, a ``MemoryError`` or ``worker_max_calls`` calls, and a replaced worker takes its whole
+process group and tree with it. So any behaviour of a verifier costs that one answer, never the
+run, and leaves no process behind (short of one that deliberately signals the trainer itself).
 """
 from __future__ import annotations
 
@@ -26,6 +38,11 @@ import time
 import warnings
 from multiprocessing import connection
 from typing import Any, Callable, Sequence
+
+try:
+  import resource  # imported here: a forked worker must not load extension modules
+except ImportError:  # Windows
+  resource = None
 
 logger = logging.getLogger(__name__)
 
@@ -53,33 +70,155 @@ def _load_libc():
 _LIBC = _load_libc()
 
 
-def _die_with_parent() -> None:
-  """Linux: the kernel kills this worker when the trainer dies (kill -9 included), so a verifier
-  stuck in a loop never outlives the run."""
+PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER = 1, 36
+_BLOCKED_WHILE_FORKING = {signal.SIGINT, signal.SIGTERM}
+
+
+def _isolate(trainer_pid: int, memory_mb: int) -> None:
+  """First thing in a new worker (module docstring, Containment)."""
+  os.setsid()
   if _LIBC is not None:
-    _LIBC.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-
-def _worker_main(conn, fn: Callable[..., Any]) -> None:
-  """Worker loop: receive ``(index, args)``, answer ``(index, status, value)``; EOF ends it."""
-  _die_with_parent()
+    _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # dies with the trainer, kill -9 included
+    _LIBC.prctl(PR_SET_CHILD_SUBREAPER, 1)
+  if os.getppid() != trainer_pid:  # the trainer died before the death signal was armed
+    os._exit(0)
   signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle
-  # A handler inherited from the trainer (jax.distributed installs one for preemption) would
-  # keep SIGTERM from ending the worker, and the trainer's exit waits for its workers.
+  # A handler inherited from the trainer (its preemption handler, jax.distributed's) would keep
+  # SIGTERM from ending the worker.
   signal.signal(signal.SIGTERM, signal.SIG_DFL)
+  signal.pthread_sigmask(signal.SIG_UNBLOCK, _BLOCKED_WHILE_FORKING)
+  if memory_mb:
+    _limit_memory(memory_mb)
+
+
+def _limit_memory(memory_mb: int) -> None:
+  """RLIMIT_AS = the address space inherited from the trainer (a JAX process maps many GB it
+  never touches) + ``memory_mb``: a bound on what the verifier adds, not on the trainer's size."""
+  if resource is None:
+    return
+  try:
+    with open("/proc/self/statm") as f:
+      inherited = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+  except OSError:
+    return
+  limit = inherited + memory_mb * 2**20
+  hard = resource.getrlimit(resource.RLIMIT_AS)[1]
+  if hard != resource.RLIM_INFINITY:
+    limit = min(limit, hard)
+  resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+
+def _describe(error: BaseException) -> str:
+  try:
+    message = str(error)
+  except BaseException:  # a user exception whose __str__ fails
+    message = "<unprintable>"
+  return (f"{type(error).__name__}: {message}" if message else type(error).__name__)[:500]
+
+
+def _call(fn: Callable[..., Any], args: tuple) -> tuple[str, object, bool]:
+  """``(status, value, retire)`` of ``fn(*args)``; nothing it raises, SystemExit and
+  KeyboardInterrupt included, escapes."""
+  try:
+    return "ok", fn(*args), False
+  except MemoryError:  # the heap may be left fragmented or full: a fresh worker takes over
+    return "error", "MemoryError (over reward.max_worker_memory_mb; worker replaced)", True
+  except BaseException as e:
+    return "error", _describe(e), False
+
+
+def _end_leftovers() -> int:
+  """Kill and reap every process the last call left behind; returns how many there were. The
+  worker is a subreaper, so grandchildren whose parent dies become its children and are found in
+  the next round. One ``waitpid`` when the call left nothing."""
+  me, left = os.getpid(), set()
+  while True:
+    try:
+      pid, _ = os.waitpid(-1, os.WNOHANG)
+    except ChildProcessError:
+      return len(left)
+    if pid:
+      left.add(pid)
+      continue
+    table = process_table()
+    if not table:  # no /proc to find them by (not Linux): they go with the worker's group
+      return len(left) + 1
+    for child in [pid for pid, (parent, _) in table.items() if parent == me]:
+      left.add(child)
+      _kill(child)
+    try:  # a child missed by the scan (started after it) ends this wait at the call's deadline
+      left.add(os.waitpid(-1, 0)[0])
+    except ChildProcessError:
+      return len(left)
+
+
+def _worker_main(conn, fn: Callable[..., Any], trainer_pid: int, memory_mb: int) -> None:
+  """Worker loop: receive ``(index, args)``, answer ``(index, status, value, retire)``; EOF (or
+  ``retire``) ends it."""
+  _isolate(trainer_pid, memory_mb)
+  me = os.getpid()
   while True:
     try:
       index, args = conn.recv()
-    except (EOFError, OSError):
+    except BaseException:  # EOF: the pool closed
       return
+    status, value, retire = _call(fn, args)
+    if os.getpid() != me:  # a copy made by os.fork() in the verifier: only the worker answers
+      os._exit(0)
+    left = _end_leftovers()
+    if left and status == "ok":
+      status, value = "error", f"the verifier left {left} process(es) running (killed)"
     try:
-      reply = (index, "ok", fn(*args))
-    except Exception as e:  # a verifier bug is one failed call, not a dead worker
-      reply = (index, "error", f"{type(e).__name__}: {e}"[:500])
+      conn.send((index, status, value, retire))
+    except BaseException as e:  # an unpicklable return value
+      try:
+        conn.send((index, "error", f"result not transferable: {_describe(e)}"[:500], retire))
+      except BaseException:
+        os._exit(1)
+    if retire:
+      return
+
+
+# --- processes ------------------------------------------------------------------------------------
+
+def process_table() -> dict[int, tuple[int, int]]:
+  """``{pid: (parent pid, process group)}`` of every process, from ``/proc`` (empty elsewhere).
+  A scan of a few ms: run only when a verifier misbehaved or a worker is replaced."""
+  table = {}
+  try:
+    names = os.listdir("/proc")
+  except OSError:
+    return table
+  for name in names:
+    if not name.isdigit():
+      continue
     try:
-      conn.send(reply)
-    except Exception as e:  # an unpicklable return value
-      conn.send((index, "error", f"result not transferable: {type(e).__name__}: {e}"[:500]))
+      with open(f"/proc/{name}/stat", "rb") as f:
+        fields = f.read().rsplit(b")", 1)[1].split()  # the command name may hold spaces
+      table[int(name)] = (int(fields[1]), int(fields[2]))
+    except (OSError, IndexError, ValueError):  # gone meanwhile
+      continue
+  return table
+
+
+def process_tree(root: int, table: dict[int, tuple[int, int]]) -> set[int]:
+  """``root``, its descendants and the members of its process group."""
+  tree = {root} | {pid for pid, (_, group) in table.items() if group == root}
+  frontier = [root]
+  while frontier:
+    parent = frontier.pop()
+    for pid, (ppid, _) in table.items():
+      if ppid == parent and pid not in tree:
+        tree.add(pid)
+        frontier.append(pid)
+  return tree
+
+
+def _kill(pid: int) -> None:
+  try:
+    os.kill(pid, signal.SIGKILL)
+  except (ProcessLookupError, PermissionError):
+    pass
 
 
 def _start_method() -> str:
@@ -87,24 +226,54 @@ def _start_method() -> str:
 
 
 class _Worker:
-  def __init__(self, ctx, fn):
+  def __init__(self, ctx, fn, memory_mb: int):
     self.conn, child = ctx.Pipe(duplex=True)
-    with warnings.catch_warnings():
-      # Python 3.12 and JAX warn on fork in a threaded process: the child runs only the
-      # verifier's Python (no JAX, no thread-owned lock of the trainer), and a child that did
-      # deadlock would be killed at its deadline and replaced like any hung verifier.
-      warnings.simplefilter("ignore", DeprecationWarning)
-      warnings.simplefilter("ignore", RuntimeWarning)
-      self.process = ctx.Process(target=_worker_main, args=(child, fn), daemon=True,
-                                 name="rljax-verifier")
-      self.process.start()
+    # Ctrl-C or SIGTERM between the fork and the worker's own handlers would otherwise run the
+    # trainer's handlers (a KeyboardInterrupt traceback) in the child; blocked, they wait.
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, _BLOCKED_WHILE_FORKING)
+    try:
+      with warnings.catch_warnings():
+        # Python 3.12 and JAX warn on fork in a threaded process: the child runs only the
+        # verifier's Python (no JAX, no thread-owned lock of the trainer), and a child that did
+        # deadlock would be killed at its deadline and replaced like any hung verifier.
+        warnings.simplefilter("ignore", DeprecationWarning)
+        warnings.simplefilter("ignore", RuntimeWarning)
+        self.process = ctx.Process(target=_worker_main, args=(child, fn, os.getpid(), memory_mb),
+                                   daemon=True, name="rljax-verifier")
+        self.process.start()
+    finally:
+      signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     child.close()
     self.task: int | None = None
     self.deadline = 0.0
+    self.calls = 0
+
+  def receive(self) -> tuple[Outcome, str]:
+    """``(outcome of the call in flight, 'keep' | 'retire' | 'broken')``."""
+    try:
+      index, status, value, retire = self.conn.recv()
+    except (EOFError, OSError):  # the worker died mid-call (os._exit, a signal, the OOM killer)
+      return Outcome("error", "verifier process died"), "broken"
+    except Exception as e:  # bytes on the pipe that are no answer (the verifier wrote to it)
+      return Outcome("error", f"unreadable answer from the verifier process: {_describe(e)}"), \
+          "broken"
+    if index != self.task or status not in ("ok", "error"):
+      return Outcome("error", "the verifier process answered out of turn"), "broken"
+    self.calls += 1
+    return Outcome(status, value), "retire" if retire else "keep"
 
   def kill(self) -> None:
-    if self.process.is_alive():
-      os.kill(self.process.pid, signal.SIGKILL)
+    """SIGKILL the worker, its process group and its process tree (what its verifiers started)."""
+    pid = self.process.pid
+    table = process_table()
+    # Walked only while the worker is still our unreaped child: its pid cannot have been reused.
+    doomed = process_tree(pid, table) if table.get(pid, (None,))[0] == os.getpid() else set()
+    try:
+      os.killpg(pid, signal.SIGKILL)  # no such group if it died before its os.setsid()
+    except (ProcessLookupError, PermissionError):
+      pass
+    for member in doomed:
+      _kill(member)
     self.process.join(timeout=5)
     self.conn.close()
 
@@ -115,18 +284,27 @@ class VerifierPool:
   Args:
     fn: the function every call runs (``fn(*args)``).
     workers: number of worker processes (>= 1).
+    max_worker_memory_mb: address space a worker may add to what it inherited (0: no limit).
+    worker_max_calls: calls after which a worker is replaced by a fresh one (0: never).
   """
 
-  def __init__(self, fn: Callable[..., Any], workers: int):
+  def __init__(self, fn: Callable[..., Any], workers: int, max_worker_memory_mb: int = 0,
+               worker_max_calls: int = 0):
     if workers < 1:
       raise ValueError(f"reward.workers={workers} must be >= 1")
     self.fn, self.num_workers = fn, workers
+    self.memory_mb, self.max_calls = max_worker_memory_mb, worker_max_calls
     self._ctx = multiprocessing.get_context(_start_method())
     self._workers: list[_Worker] = []
-    self.replaced = 0  # workers killed after a timeout or found dead (for tests and logs)
+    self.replaced = 0  # workers killed after a timeout, a death or a broken answer
+    self.recycled = 0  # workers retired after worker_max_calls calls or a MemoryError
+
+  @property
+  def settings(self) -> tuple:
+    return self.fn, self.num_workers, self.memory_mb, self.max_calls
 
   def _spawn(self) -> _Worker:
-    return _Worker(self._ctx, self.fn)
+    return _Worker(self._ctx, self.fn, self.memory_mb)
 
   def map(self, calls: Sequence[tuple], *, timeout_s: float) -> list[Outcome]:
     """``[fn(*args) for args in calls]`` as Outcomes, in order; each call gets ``timeout_s``."""
@@ -152,13 +330,8 @@ class VerifierPool:
       wait_s = max(min(w.deadline for w in busy.values()) - time.monotonic(), 0.0)
       for conn in connection.wait(list(busy), timeout=wait_s):
         worker = busy.pop(conn)
-        try:
-          index, status, value = conn.recv()
-          outcomes[index] = Outcome(status, value)
-          idle.append(worker)
-        except (EOFError, OSError):  # the worker died mid-call (os._exit, segfault, OOM kill)
-          outcomes[worker.task] = Outcome("error", "verifier process died")
-          idle.append(self._replace(worker))
+        outcomes[worker.task], verdict = worker.receive()
+        idle.append(self._after_call(worker, verdict))
         remaining -= 1
       now = time.monotonic()
       for conn, worker in list(busy.items()):
@@ -169,11 +342,20 @@ class VerifierPool:
           remaining -= 1
     return outcomes
 
-  def _replace(self, worker: _Worker) -> _Worker:
+  def _after_call(self, worker: _Worker, verdict: str) -> _Worker:
+    """The worker that serves the next call: this one, or a fresh one."""
+    if verdict == "broken":
+      return self._replace(worker)
+    if verdict == "retire" or (self.max_calls and worker.calls >= self.max_calls):
+      self.recycled += 1
+      return self._replace(worker, count=False)
+    return worker
+
+  def _replace(self, worker: _Worker, count: bool = True) -> _Worker:
     worker.kill()
     fresh = self._spawn()
     self._workers[self._workers.index(worker)] = fresh
-    self.replaced += 1
+    self.replaced += count
     return fresh
 
   def close(self) -> None:
@@ -185,27 +367,38 @@ class VerifierPool:
 _POOL: VerifierPool | None = None
 
 
-def shared_pool(fn: Callable[..., Any], workers: int) -> VerifierPool:
-  """The process-wide pool for ``fn``: reused across steps (the workers are forked once); a call
-  with another function or worker count replaces it (forked anew, so it sees that function)."""
+def shared_pool(fn: Callable[..., Any], workers: int, max_worker_memory_mb: int = 0,
+                worker_max_calls: int = 0) -> VerifierPool:
+  """The process-wide pool for these settings: reused across steps (the workers are forked
+  once); other settings replace it (forked anew, so the workers see a newly defined function)."""
   global _POOL
-  if _POOL is None or _POOL.fn != fn or _POOL.num_workers != workers:
+  settings = (fn, workers, max_worker_memory_mb, worker_max_calls)
+  if _POOL is None or _POOL.settings != settings:
     if _POOL is not None:
       _POOL.close()
     else:
-      atexit.register(_close_shared_pool)  # before multiprocessing's own exit hook joins them
-    _POOL = VerifierPool(fn, workers)
+      atexit.register(close_shared_pool)  # before multiprocessing's own exit hook joins them
+    _POOL = VerifierPool(*settings)
   return _POOL
 
 
-def _close_shared_pool() -> None:
+def current_pool() -> VerifierPool | None:
+  """The shared pool, if one was made (for tests and diagnostics)."""
+  return _POOL
+
+
+def close_shared_pool() -> None:
+  """Kill the shared pool's workers with their process groups and trees (at exit, and by a
+  trainer leaving on a signal)."""
   if _POOL is not None:
     _POOL.close()
 
 
 def run_isolated(fn: Callable[..., Any], calls: Sequence[tuple], *, timeout_s: float,
-                 workers: int) -> list[Outcome]:
+                 workers: int, max_worker_memory_mb: int = 0,
+                 worker_max_calls: int = 0) -> list[Outcome]:
   """``fn(*args)`` for each ``args`` in ``calls`` in the shared worker processes."""
   if not calls:
     return []
-  return shared_pool(fn, workers).map(calls, timeout_s=timeout_s)
+  pool = shared_pool(fn, workers, max_worker_memory_mb, worker_max_calls)
+  return pool.map(calls, timeout_s=timeout_s)

@@ -64,8 +64,11 @@ class RewardSpec:
     if isinstance(value, (bool, np.bool_)):
       value = float(value)
     if not isinstance(value, (int, float, np.integer, np.floating)):
-      return None, f"returned {type(value).__name__} {value!r:.80}, not a number"
-    value = float(value)
+      return None, f"returned {type(value).__name__} {_short_repr(value)}, not a number"
+    try:
+      value = float(value)
+    except (OverflowError, ValueError, TypeError) as e:  # 10**400: no float holds it
+      return None, f"returned {type(value).__name__} that no float can hold ({type(e).__name__})"
     if not math.isfinite(value):
       return None, f"returned {value}"
     if self.binary and value not in (0.0, 1.0):
@@ -73,6 +76,13 @@ class RewardSpec:
     if not self.low <= value <= self.high:
       return None, f"returned {value!r} outside its declared range [{self.low}, {self.high}]"
     return value, None
+
+
+def _short_repr(value) -> str:
+  try:
+    return repr(value)[:80]
+  except BaseException:  # a user object whose __repr__ fails (or an int past repr's digit limit)
+    return "<unprintable>"
 
 
 BINARY = RewardSpec()
@@ -268,12 +278,30 @@ def sum_metrics(batches: Sequence[Scores]) -> dict[str, float]:
 
 @dataclasses.dataclass(frozen=True)
 class _Judge:
-  """What a worker process runs: the reward value and the format flag of one completion.
-  Compared by the reward function, so the worker pool is reused across calls."""
+  """What a worker process runs: the checked reward value and the format flag of one completion.
+  Compared by value, so the worker pool is reused across calls with the same function."""
   reward_fn: RewardFn
+  spec: RewardSpec = BINARY
 
-  def __call__(self, completion: str, problem: Problem):
-    return self.reward_fn(completion, problem), format_ok(completion, problem)
+  def __call__(self, completion: str, problem: Problem) -> tuple:
+    """``(value, None, formatted)`` or ``(None, why, False)``. The check runs here, in the
+    worker, so that whatever the verifier returned (a 400-digit int, an object whose pickling
+    runs code) never reaches the trainer: only floats, bools and strings cross the pipe."""
+    value, why = self.spec.check(self.reward_fn(completion, problem))
+    if why is not None:
+      return None, why, False
+    return value, None, bool(format_ok(completion, problem))
+
+
+def _read_answer(detail) -> tuple[float | None, str | None, bool]:
+  """A worker's ``_Judge`` answer; anything else (a custom pool function) is invalid."""
+  try:
+    value, why, formatted = detail
+    if why is not None:
+      return None, str(why), False
+    return float(value), None, bool(formatted)
+  except Exception:
+    return None, "malformed answer from the verifier process", False
 
 
 class FailureLog:
@@ -311,6 +339,8 @@ def score_completions(
     workers: int = 4,
     spec: RewardSpec | None = None,
     failure_log: FailureLog | None = None,
+    max_worker_memory_mb: int = 0,
+    worker_max_calls: int = 0,
 ) -> Scores:
   """Score ``completions[i]`` against ``problems[i]`` with the reward function ``fn``.
 
@@ -327,6 +357,8 @@ def score_completions(
     workers: verifier processes (``reward.workers``).
     spec: what ``fn`` may return; default: its registered declaration (binary if unregistered).
     failure_log: where a bounded sample of failed calls is appended (None: nowhere).
+    max_worker_memory_mb: memory a worker may add (``reward.max_worker_memory_mb``; 0: no limit).
+    worker_max_calls: calls after which a worker is replaced (``reward.worker_max_calls``).
   """
   if len(completions) != len(problems):
     raise ValueError(
@@ -337,8 +369,10 @@ def score_completions(
   spec = spec or reward_spec(fn)
   for module in spec.preload:
     importlib.import_module(module)
-  outcomes = isolation.run_isolated(_Judge(reward_fn), list(zip(completions, problems)),
-                                    timeout_s=timeout_s, workers=workers)
+  outcomes = isolation.run_isolated(_Judge(reward_fn, spec), list(zip(completions, problems)),
+                                    timeout_s=timeout_s, workers=workers,
+                                    max_worker_memory_mb=max_worker_memory_mb,
+                                    worker_max_calls=worker_max_calls)
   n = len(outcomes)
   values = np.full(n, np.nan)
   formatted = np.zeros(n, bool)
@@ -347,9 +381,9 @@ def score_completions(
   for i, outcome in enumerate(outcomes):
     status, detail = outcome.status, outcome.value
     if status == "ok":
-      value, why = spec.check(detail[0])
+      value, why, formatted[i] = _read_answer(detail)
       if why is None:
-        values[i], formatted[i] = value, bool(detail[1])
+        values[i] = value
         continue
       status, detail = "invalid", why
     kind = {"timeout": "timeouts", "error": "errors", "invalid": "invalid"}[status]
@@ -384,5 +418,7 @@ def task_verifier(reward_config, failure_log_path: str | None = None) -> Callabl
   def verify(completions, problems) -> Scores:
     return score_completions(fn, completions, problems, wrong_value=r.wrong_value,
                              format_weight=r.format_weight, timeout_s=r.timeout_s,
-                             workers=r.workers, failure_log=log)
+                             workers=r.workers, failure_log=log,
+                             max_worker_memory_mb=r.max_worker_memory_mb,
+                             worker_max_calls=r.worker_max_calls)
   return verify

@@ -16,7 +16,7 @@ import numpy as np
 from rljax import models
 from rljax.parallel import distributed, rules
 from rljax.rollout.sampler import Rollout
-from rljax.train import build, evaluation, filters, generation
+from rljax.train import build, evaluation, filters, generation, preemption
 from rljax.train import run_dir as run_dir_lib
 from rljax.train.metrics import summarize
 from rljax.transforms import HostRollout
@@ -127,37 +127,50 @@ def pretrain_critic(run: build.Run) -> None:
 
 
 def train(config) -> dict:
-  """Run ``config`` end to end; returns the final eval and the last step's metrics."""
-  with models.matmul_precision(config.model), run_dir_lib.claimed(config):
-    run = build.build_run(config)
+  """Run ``config`` end to end; returns the final eval and the last step's metrics. SIGTERM and
+  SIGINT end it with ``preemption.Stop`` (SIGTERM after saving the last step)."""
+  with models.matmul_precision(config.model), run_dir_lib.claimed(config), \
+      preemption.guard(config.train.run_dir, config.train.preempt_grace_s) as guard:
+    run = None
     try:
-      return _train(run)
+      with guard.droppable():
+        run = build.build_run(config)
+      return _train(run, guard)
+    except (preemption.Preempted, KeyboardInterrupt) as reason:
+      raise guard.stop(run, reason) from None
     except BaseException:
       # Whatever stops the loop, checkpoints already started are completed, not left half-written.
-      if run.checkpointer is not None:
+      if run is not None and run.checkpointer is not None:
         run.checkpointer.close()
-      run.writer.close()
+      if run is not None:
+        run.writer.close()
       raise
 
 
-def _train(run: build.Run) -> dict:
+def _train(run: build.Run, guard: preemption.Guard) -> dict:
   cfg = run.config
   start = int(distributed.to_host(run.state.step))
   eval_problems = run.source.eval_set(cfg.data.num_eval)
   evaluate = lambda params: evaluation.evaluate(run.generator, params, eval_problems,
                                                 sampling=run.sampling, seed=cfg.seed)
   result: dict = {}
+  guard.at_step(start, None)  # checkpoint `start` exists, or start is 0: nothing to save
   if start == 0:
-    initial = evaluate(run.state.params)
+    with guard.droppable():
+      initial = evaluate(run.state.params)
     run.writer.log(f"eval before training: accuracy {initial['pass@1']:.3f}")
     run.writer.write(0, {"eval_accuracy": initial["pass@1"]})
     result["eval_before"] = initial["pass@1"]
     if run.fns.critic_step is not None and cfg.critic.pretrain_steps:
-      pretrain_critic(run)
+      with guard.droppable():  # the state at step 0 is never saved by a preemption
+        pretrain_critic(run)
   last, skipped_in_a_row = {}, 0
   for step in range(start, cfg.train.steps):
+    if step > start:
+      guard.at_step(step, build.checkpoint_extra(run))
     t0 = time.perf_counter()
-    batch, info = collect_batch(run, step)
+    with guard.droppable():  # the train state is untouched until the update
+      batch, info = collect_batch(run, step)
     t1 = time.perf_counter()
     scored, score_metrics = run.fns.score(run.state, to_device(batch, run.mesh), run.algo.hparams,
                                           *run.aux_args)
@@ -182,7 +195,10 @@ def _train(run: build.Run) -> dict:
           f" stopped at step {done}, the parameters are those of the last good update")
     if run.checkpointer and cfg.train.checkpoint_every and done % cfg.train.checkpoint_every == 0:
       run.checkpointer.save(done, run.state, build.checkpoint_extra(run))
-  final = evaluate(run.state.params)
+  if cfg.train.steps > start:
+    guard.at_step(cfg.train.steps, build.checkpoint_extra(run))
+  with guard.droppable():
+    final = evaluate(run.state.params)
   run.writer.write(cfg.train.steps, {"eval_accuracy": final["pass@1"]})
   run.writer.log(f"eval after training: accuracy {final['pass@1']:.3f}")
   result.update(eval_after=final["pass@1"], last=last, state=run.state)

@@ -11,9 +11,14 @@ Before dying it writes ``KILLED <point>`` to stderr, so the test knows the point
   delete      at the first file orbax deletes of an old checkpoint (half-deleted)
   export      during the final Hugging Face export
   random:S    S seconds after start
+  eval:K      at the K-th eval (the one before training is the 1st of a fresh run)
   pause:K     before step K's rollout (after waiting for pending saves): writes
               <run_dir>/PAUSED, waits for <run_dir>/GO, then goes on
   none        runs normally
+
+``term:POINT`` sends SIGTERM to itself at POINT instead (a preemption) and goes on, writing
+``SIGNALLED <point> <unix time>``; ``int:POINT`` sends SIGINT to its whole process group, as
+Ctrl-C in a terminal does (launch it in a session of its own).
 """
 import dataclasses
 import os
@@ -23,9 +28,18 @@ import threading
 import time
 
 
+SIGNAL = [signal.SIGKILL]  # what die() sends
+
+
 def die(point: str) -> None:
-  os.write(2, f"\nKILLED {point}\n".encode())
-  os.kill(os.getpid(), signal.SIGKILL)
+  if SIGNAL[0] == signal.SIGKILL:
+    os.write(2, f"\nKILLED {point}\n".encode())
+    os.kill(os.getpid(), signal.SIGKILL)
+  os.write(2, f"\nSIGNALLED {point} {time.time()}\n".encode())
+  if SIGNAL[0] == signal.SIGINT:
+    os.killpg(0, signal.SIGINT)
+  else:
+    os.kill(os.getpid(), SIGNAL[0])
 
 
 def after(seconds: float, point: str) -> None:
@@ -46,16 +60,22 @@ def nth_call(owner, name: str, k: int, action, point: str) -> None:
 
 
 def install(point: str, run_dir: str) -> None:
+  mode, _, rest = point.partition(":")
+  if mode in ("term", "int"):
+    SIGNAL[0] = signal.SIGTERM if mode == "term" else signal.SIGINT
+    point = rest
   kind, _, arg = point.partition(":")
   from rljax import models
-  from rljax.train import checkpoint, generation, loop, sft
+  from rljax.train import checkpoint, evaluation, generation, loop, sft
 
   def die_before(original, args, kwargs):
     die(point)
+    return original(*args, **kwargs)  # reached only when die() only signalled
 
   def die_after(original, args, kwargs):
-    original(*args, **kwargs)
+    result = original(*args, **kwargs)
     die(point)
+    return result
 
   if kind == "sft":
     nth_call(sft, "make_batch", int(arg), die_before, point)
@@ -66,9 +86,16 @@ def install(point: str, run_dir: str) -> None:
     nth_call(loop, "to_device", 1, timed, point)
   elif kind == "rollout":
     def sample_then_die(original, args, kwargs):
-      generator = dataclasses.replace(args[0], verifier=lambda completions, problems: die(point))
+      real = args[0].verifier
+
+      def verifier(completions, problems):
+        die(point)
+        return real(completions, problems)
+      generator = dataclasses.replace(args[0], verifier=verifier)
       return original(generator, *args[1:], **kwargs)
     nth_call(generation, "generate", int(arg), sample_then_die, point)
+  elif kind == "eval":
+    nth_call(evaluation, "evaluate", int(arg), die_before, point)
   elif kind == "update":
     nth_call(loop, "summarize", int(arg), die_before, point)
   elif kind == "save":

@@ -1,13 +1,16 @@
-"""kill -9 at many points of a tiny run, then resume: the metrics equal an uninterrupted run's.
+"""kill -9, SIGTERM or Ctrl-C at many points of a tiny run, then resume: the metrics equal an
+uninterrupted run's.
 
 One uninterrupted reference run (in a subprocess, paused once so that a concurrent ``train`` and a
 ``convert`` can be tried against it while it is live), then one chain of launches into a second
 run dir, each killed at the next point by ``tests/reliability/killable.py`` and the next one
 resuming it. A persistent compilation cache shared by the launches keeps each under half a minute.
 """
+import ctypes
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 import time
@@ -36,6 +39,14 @@ def _args(run_dir, resume=False):
   return tiny.args("grpo", run_dir, extra)
 
 
+# (signal at point, the steps the launch ends at): a preemption during the eval before training,
+# a rollout (the step is dropped), Ctrl-C in a rollout, an update (the step is finished), right
+# after a checkpoint save started, the eval after training; then a resume to the end.
+PREEMPT_CHAIN = [("term:eval:1", 0), ("term:rollout:3", 1), ("int:rollout:2", 2),
+                 ("term:update:1", 3), ("term:save:1", 4), ("term:eval:1", 6), ("none", 6)]
+GRACE_S = 30.0  # train.preempt_grace_s's default
+
+
 def _launch(point, args, cache, wait=True):
   env = dict(os.environ, PYTHONPATH=tiny.ROOT, JAX_COMPILATION_CACHE_DIR=cache,
              JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
@@ -44,7 +55,9 @@ def _launch(point, args, cache, wait=True):
   if not wait:
     return subprocess.Popen(cmd, cwd=tiny.ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
-  return subprocess.run(cmd, cwd=tiny.ROOT, env=env, capture_output=True, text=True, timeout=300)
+  # A session of its own: an int: point sends SIGINT to its whole process group, like Ctrl-C.
+  return subprocess.run(cmd, cwd=tiny.ROOT, env=env, capture_output=True, text=True, timeout=300,
+                        start_new_session=True)
 
 
 def _records(run_dir):
@@ -154,3 +167,78 @@ def test_resume_refusals(reference, tmp_path):
   with pytest.raises(run_dir_lib.RunDirError, match="train.steps=4 is below the latest "
                                                     "checkpoint 6"):
     cli.main(_args(ref_dir, resume=True) + ["--config.train.steps=4"])
+
+
+def _processes_below(pid):
+  """Live processes under ``pid`` (from /proc parent links)."""
+  parents = {}
+  for name in filter(str.isdigit, os.listdir("/proc")):
+    try:
+      with open(f"/proc/{name}/stat", "rb") as f:
+        fields = f.read().rsplit(b")", 1)[1].split()
+      if fields[0] != b"Z":
+        parents[int(name)] = int(fields[1])
+    except (OSError, IndexError):
+      pass
+  below, frontier = set(), [pid]
+  while frontier:
+    parent = frontier.pop()
+    children = {p for p, pp in parents.items() if pp == parent} - below
+    below |= children
+    frontier.extend(children)
+  return below
+
+
+def _reap_orphans():
+  while True:
+    try:
+      if os.waitpid(-1, os.WNOHANG)[0] == 0:
+        return
+    except ChildProcessError:
+      return
+
+
+@pytest.mark.slow
+def test_sigterm_and_ctrl_c_anywhere_save_exit_cleanly_and_resume_identically(reference):
+  root, cache, ref_dir, _ = reference
+  run_dir = str(root / "preempted")
+  libc = ctypes.CDLL("libc.so.6")
+  # As a child subreaper this test inherits whatever a launch leaves running (a verifier worker,
+  # a child of one): orphans that would otherwise vanish under init are counted here.
+  assert libc.prctl(36, 1, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER
+  ends = []
+  try:
+    for i, (point, step) in enumerate(PREEMPT_CHAIN):
+      result = _launch(point, _args(run_dir, resume=i > 0), cache)
+      ended = time.time()
+      leftovers = _processes_below(os.getpid())
+      ends.append((point, result.returncode, result.stderr))
+      assert not leftovers, (point, leftovers)
+      assert "Traceback" not in result.stderr and "stale lock" not in result.stderr, (
+          point, result.stderr[-3000:])
+      assert not os.path.exists(os.path.join(run_dir, run_dir_lib.LOCK_FILE)), point
+      if point == "none":
+        assert result.returncode == 0, result.stderr[-3000:]
+        continue
+      signalled = re.search(r"SIGNALLED \S+ ([0-9.]+)", result.stderr)
+      assert signalled and ended - float(signalled.group(1)) < GRACE_S, point
+      last = result.stderr.strip().splitlines()[-1]
+      checkpoints = os.path.join(run_dir, "checkpoints")
+      if point.startswith("int:"):
+        assert result.returncode == 130, (point, result.stderr[-3000:])
+        assert last == (f"interrupted (SIGINT) at step {step}: not saved past the last "
+                        f"checkpoint in {checkpoints}; resume with --config.train.resume=True")
+        continue
+      assert result.returncode == 0, (point, result.stderr[-3000:])
+      if step == 0:
+        assert last == ("preempted (SIGTERM) at step 0: no step had ended, nothing to save; "
+                        "resume with --config.train.resume=True")
+      else:
+        assert last == (f"preempted (SIGTERM) at step {step}: checkpoint saved in {checkpoints}; "
+                        "resume with --config.train.resume=True")
+        assert run_dir_lib.committed_steps(run_dir)[-1] == step
+  finally:
+    libc.prctl(36, 0, 0, 0, 0)
+    _reap_orphans()
+  _assert_same_records(_records(ref_dir), _records(run_dir))
+  assert os.path.isfile(os.path.join(run_dir, "hf", "config.json"))
