@@ -17,13 +17,14 @@ import os
 import sys
 
 from rljax import config_loader
+from rljax.errors import USER_ERROR, UsageError
 
 
 def _config(argv, *, required=True):
   path, overrides, rest = config_loader.split_config_args(argv)
   if path is None:
     if required:
-      raise SystemExit("error: --config PATH is required (e.g. --config configs/dapo.py)")
+      raise UsageError("--config PATH is required (e.g. --config configs/dapo.py)")
     return None, rest
   config = config_loader.load_config(path, overrides)
   from rljax import config_checks
@@ -34,7 +35,8 @@ def _config(argv, *, required=True):
 def cmd_train(argv):
   config, rest = _config(argv)
   if rest:
-    raise SystemExit(f"error: unexpected arguments {rest}")
+    raise UsageError(f"unexpected arguments {rest}; train takes --config PATH and "
+                     "--config.key=value overrides only")
   from rljax.train import loop
   result = loop.train(config)
   printable = {k: v for k, v in result.items() if k not in ("last", "state")}
@@ -138,17 +140,41 @@ def main(argv=None):
     return None
   command, rest = argv[0], argv[1:]
   if command not in COMMANDS:
-    raise SystemExit(f"error: unknown command {command!r}; commands: {sorted(COMMANDS)}")
+    raise UsageError(f"unknown command {command!r}; commands: {sorted(COMMANDS)}")
   return COMMANDS[command](rest)
 
 
+class UserExit(SystemExit):
+  """Exit status ``USER_ERROR``; ``str()`` is the line already printed (for tests)."""
+
+  def __init__(self, message: str):
+    super().__init__(USER_ERROR)
+    self.message = message
+
+  def __str__(self):
+    return self.message
+
+
+def _as_user_error(error: BaseException):
+  from rljax import errors
+  from rljax.algos.registry import UnknownNameError
+  if isinstance(error, UnknownNameError):  # a config naming an unregistered component
+    return error
+  return errors.user_error(error)
+
+
 def entry(argv=None):
-  """The console entry point: ``main``, with the user's errors (``RljaxError``) as one line."""
-  from rljax.errors import RljaxError
+  """The console entry point: ``main``, with the user's errors (``RljaxError``, a full disk) as
+  one line on stderr and exit status 2; internal errors keep their traceback (exit status 1)."""
   try:
     return main(argv)
-  except RljaxError as e:
-    raise SystemExit(f"error: {e}") from None
+  except Exception as e:
+    user = _as_user_error(e)
+    if user is None:
+      raise
+    line = f"error: {' '.join(str(user).split())}"  # one line, whatever the message held
+    print(line, file=sys.stderr)
+    raise UserExit(line) from None
 
 
 if __name__ == "__main__":

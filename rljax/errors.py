@@ -1,6 +1,18 @@
 """Errors that are the user's to fix (a bad config value, a run directory in use, a checkpoint
 that cannot be read): the command line prints them as one line, ``error: <message>``, without a
-traceback."""
+traceback, and exits with ``USER_ERROR`` (2). Anything else is an internal error: Python's
+traceback and exit status 1."""
+from __future__ import annotations
+
+import errno
+
+USER_ERROR = 2  # exit status of a user error (argparse uses 2 for bad arguments too)
+
+# errno values that mean "the disk (or the process's file-size limit) has no room": the user frees
+# space or moves the run, nothing in rljax is wrong.
+_NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+_NO_ROOM_TEXT = ("No space left on device", "Disk quota exceeded", "File too large",
+                 "RESOURCE_EXHAUSTED")
 
 
 class RljaxError(Exception):
@@ -18,6 +30,15 @@ class ConfigTypeError(RljaxError, TypeError):
   """An override's value is not of the key's type."""
 
 
+class UsageError(RljaxError):
+  """The command line itself is malformed (a flag without its value, an unknown command)."""
+
+
+class StartupError(RljaxError, ValueError):
+  """A config value a component refused while the run was being resolved (an unknown name, a
+  combination the algorithm does not allow)."""
+
+
 class DataError(RljaxError, ValueError):
   """A dataset file or line that cannot be read (the message names file and line)."""
 
@@ -28,3 +49,57 @@ class DataFileNotFoundError(RljaxError, FileNotFoundError):
 
 class ConfigFileError(RljaxError, FileNotFoundError):
   """``--config PATH`` does not exist or defines no ``get_config()``."""
+
+
+class ModelFileError(RljaxError, ValueError):
+  """A Hugging Face model directory that cannot be used (missing, unreadable, unsupported)."""
+
+
+class MissingTensorError(ModelFileError, KeyError):
+  """A Hugging Face checkpoint lacks tensors the architecture needs (or has unknown ones)."""
+
+  def __str__(self):
+    return str(self.args[0])
+
+
+class TokenizerError(RljaxError, ValueError):
+  """``data.tokenizer`` cannot be loaded or lacks what the run needs (EOS, a chat template)."""
+
+
+class DiskFullError(RljaxError, OSError):
+  """A write failed because the disk (or the file-size limit) has no room."""
+
+
+def _is_no_room(error: BaseException) -> bool:
+  if isinstance(error, OSError) and error.errno in _NO_ROOM:
+    return True
+  return any(text in str(error) for text in _NO_ROOM_TEXT)
+
+
+def _chain(error: BaseException):
+  seen = set()
+  while error is not None and id(error) not in seen:
+    seen.add(id(error))
+    yield error
+    error = error.__cause__ or error.__context__
+
+
+def disk_full(error: BaseException) -> DiskFullError | None:
+  """A ``DiskFullError`` when ``error`` or anything in its chain is a write that found no room
+  (orbax and tensorstore wrap the ``OSError`` in their own types), else None."""
+  for link in _chain(error):
+    if _is_no_room(link):
+      where = getattr(link, "filename", None)
+      what = f"writing {where}" if where else "writing the run's files"
+      reason = link.strerror if isinstance(link, OSError) and link.strerror else "no space left"
+      return DiskFullError(
+          f"{what}: {reason}. Free space (or raise the quota / file-size limit) and continue "
+          "with --config.train.resume=True, or choose a train.run_dir on another disk")
+  return None
+
+
+def user_error(error: BaseException) -> RljaxError | None:
+  """The user's error that ``error`` is (an ``RljaxError``, or a full disk), else None."""
+  if isinstance(error, RljaxError):
+    return error
+  return disk_full(error)
