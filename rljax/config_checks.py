@@ -94,12 +94,14 @@ POSITIVE = real(0, lo_open=True)
 NONNEG = real(0)
 FRACTION = real(0, 1)
 ADAM_BETA = real(0, 1, hi_open=True)
+SEED = integer(0, 2**32 - 1)  # PRNGKey and numpy take seeds as C integers
+SIZE = integer(1, 2**20)  # a model dimension; larger ones overflow int32 shapes and never fit
 
 RULES: tuple[tuple[str, Check], ...] = (
-    ("seed", integer(0)),
-    ("model.hidden_size", integer(1)), ("model.intermediate_size", integer(1)),
-    ("model.num_layers", integer(1)), ("model.num_heads", integer(1)),
-    ("model.num_kv_heads", integer(1)), ("model.rope_theta", POSITIVE),
+    ("seed", SEED), ("data.train_seed", SEED), ("data.eval_seed", SEED),
+    ("model.hidden_size", SIZE), ("model.intermediate_size", SIZE),
+    ("model.num_layers", SIZE), ("model.num_heads", SIZE),
+    ("model.num_kv_heads", SIZE), ("model.rope_theta", POSITIVE),
     ("model.dtype", choice("float32", "bfloat16", "float16")),
     ("model.param_dtype", choice("float32", "bfloat16", "float16")),
     ("model.matmul_precision", choice("default", "high", "highest")),
@@ -161,9 +163,9 @@ RULES: tuple[tuple[str, Check], ...] = (
     ("optim.max_grad_norm", NONNEG),
     ("train.steps", integer(1)), ("train.eval_every", integer(0)),
     ("train.checkpoint_every", integer(0)), ("train.keep_checkpoints", integer(1)),
-    ("train.run_dir", nonempty_string),
+    ("train.run_dir", nonempty_string), ("train.max_skipped_steps", integer(0)),
     ("sft.steps", integer(1)), ("sft.batch_size", integer(1)), ("sft.lr", POSITIVE),
-    ("sft.warmup_steps", integer(0)), ("sft.seed", integer(0)), ("sft.out_dir", nonempty_string),
+    ("sft.warmup_steps", integer(0)), ("sft.seed", SEED), ("sft.out_dir", nonempty_string),
     # any one axis may be -1: the devices the other two leave (rljax.parallel.mesh)
     ("mesh.data", integer(1, also=(-1,))), ("mesh.fsdp", integer(1, also=(-1,))),
     ("mesh.tensor", integer(1, also=(-1,))),
