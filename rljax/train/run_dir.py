@@ -14,8 +14,10 @@
 * ``config.json`` is written (atomically) once these checks pass, so a run killed even before its
   first checkpoint can be resumed.
 
-Only the main process of a multi-process run claims the directory; URLs (``gs://``) are not
-locked (no ``flock`` there).
+Only the main process of a multi-process run claims the directory. URLs (``gs://``, any
+``scheme://``) are refused with one line until runs go through one path abstraction (no ``flock``
+there: the lock must become a lease file). A path that cannot be created or written (a symlink
+loop, no permission, a full disk) is one line naming it, and no ``run.lock`` is left behind.
 """
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ import re
 import socket
 import time
 
+from rljax import errors
 from rljax.errors import RljaxError
 
 logger = logging.getLogger(__name__)
@@ -81,10 +84,17 @@ class RunLock:
       self.stale = previous
       logger.warning("%s: stale lock of %s (that process is gone); taken over", self.path,
                      _describe(previous))
+    try:
+      self._write_record()
+    except OSError:
+      self.release()  # an empty run.lock left behind would read as "being written" forever
+      raise
+
+  def _write_record(self) -> None:
     record = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time()}
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, json.dumps(record).encode(), 0)
-    os.fsync(fd)
+    os.ftruncate(self.fd, 0)
+    os.pwrite(self.fd, json.dumps(record).encode(), 0)
+    os.fsync(self.fd)
 
   def release(self) -> None:
     if self.fd is None:
@@ -184,9 +194,41 @@ def check_start(config, current: dict) -> None:
 def write_config(run_dir: str, config_json: str) -> None:
   path = os.path.join(run_dir, CONFIG_FILE)
   tmp = f"{path}.tmp-{os.getpid()}"
-  with open(tmp, "w") as f:
-    f.write(config_json)
-  os.replace(tmp, path)
+  try:
+    with open(tmp, "w") as f:
+      f.write(config_json)
+    os.replace(tmp, path)
+  except OSError:
+    with contextlib.suppress(OSError):
+      os.unlink(tmp)  # a partial file the next run would have to explain
+    raise
+
+
+def check_path(run_dir: str) -> None:
+  """Refuse a run dir this version cannot hold: a URL (object storage), or a path that exists
+  as something other than a directory or cannot be looked up (a symlink loop)."""
+  if "://" in run_dir:
+    raise RunDirError(
+        f"train.run_dir={run_dir!r}: run directories on object storage ({run_dir.split('://')[0]}"
+        "://) are not supported yet; use a local or mounted path (e.g. gcsfuse) instead")
+  try:
+    os.stat(run_dir)
+  except FileNotFoundError:
+    return
+  except OSError as e:
+    raise _path_error(run_dir, e) from None
+  if not os.path.isdir(run_dir):
+    raise RunDirError(f"train.run_dir={run_dir!r} exists and is not a directory; choose another "
+                      "train.run_dir")
+
+
+def _path_error(run_dir: str, error: OSError) -> RljaxError:
+  full = errors.disk_full(error)
+  if full is not None:
+    return full
+  where = f" ({error.filename})" if error.filename and error.filename != run_dir else ""
+  return RunDirError(f"cannot use train.run_dir={run_dir!r}: {error.strerror}{where}; fix the "
+                     "path or its permissions, or choose another train.run_dir")
 
 
 _HELD: dict[str, RunLock] = {}
@@ -199,7 +241,8 @@ def claimed(config):
   from rljax.parallel import distributed
   distributed.initialize(config.dist)
   run_dir = config.train.run_dir
-  if "://" in run_dir or not distributed.is_main_process():
+  check_path(run_dir)
+  if not distributed.is_main_process():
     yield None
     return
   if config.train.resume and not holds_run(run_dir):  # before the lock creates the directory
@@ -207,12 +250,18 @@ def claimed(config):
   key = os.path.realpath(run_dir)
   if key in _HELD:  # the same process already runs there (a train() inside a train())
     raise RunDirError(f"{run_dir} is in use by this process (a run is already training there)")
-  lock = RunLock(run_dir)
+  try:
+    lock = RunLock(run_dir)
+  except OSError as e:
+    raise _path_error(run_dir, e) from None
   _HELD[key] = lock
   try:
     current = json.loads(config.to_json_best_effort())
     check_start(config, current)
-    write_config(run_dir, config.to_json_best_effort(indent=2))
+    try:
+      write_config(run_dir, config.to_json_best_effort(indent=2))
+    except OSError as e:
+      raise _path_error(run_dir, e) from None
     yield lock
   finally:
     _HELD.pop(key, None)
