@@ -18,6 +18,7 @@ from rljax import config_checks, models
 from rljax import rollout as rollout_lib
 from rljax.algos.resolve import Algorithm, resolve
 from rljax.data import datasets, prompt_policy, tokenizer as tokenizer_lib
+from rljax.errors import ModelFileError, RljaxError, StartupError
 from rljax.models import ModelConfig, llama
 from rljax.parallel import distributed, mesh as mesh_lib, rules
 from rljax.rewards import verifiers
@@ -85,7 +86,7 @@ def _hf_source(config, tokenizer, *, train_if_missing: bool) -> str | None:
     return source[3:]
   if source == "tiny":
     return None
-  raise ValueError(f"model.source must be 'tiny', 'sft' or 'hf:PATH', got {source!r}")
+  raise StartupError(f"model.source must be 'tiny', 'sft' or 'hf:PATH', got {source!r}")
 
 
 def model_run_settings(model_section) -> dict:
@@ -116,9 +117,16 @@ def load_policy(config, tokenizer) -> tuple[ModelConfig, dict]:
     cfg = resolve_model_config(config, tokenizer)
     return cfg, llama.init_params(cfg, seed=config.seed)
   cfg, params = models.load_hf(path, dtype=m.dtype, param_dtype=m.param_dtype)
-  if cfg.vocab_size < tokenizer.vocab_size:
-    raise ValueError(f"model vocab {cfg.vocab_size} < tokenizer vocab {tokenizer.vocab_size}")
+  check_vocab(config, cfg, tokenizer)
   return cfg.replace(**model_run_settings(m)), params
+
+
+def check_vocab(config, cfg: ModelConfig, tokenizer) -> None:
+  if cfg.vocab_size < tokenizer.vocab_size:
+    raise ModelFileError(
+        f"model.source={config.model.source!r} has a vocabulary of {cfg.vocab_size} tokens, "
+        f"fewer than data.tokenizer={config.data.tokenizer!r} ({tokenizer.vocab_size}): use the "
+        "model's own tokenizer")
 
 
 def single_device():
@@ -229,8 +237,8 @@ def _teacher_path(config) -> str | None:
     return os.path.join(source[4:], "hf")
   if source == "sft":
     return config.sft.out_dir
-  raise ValueError(f"teacher.source must be '', 'tiny', 'sft', 'hf:PATH' or 'run:DIR', got "
-                   f"{source!r}")
+  raise StartupError(f"teacher.source must be '', 'tiny', 'sft', 'hf:PATH' or 'run:DIR', got "
+                     f"{source!r}")
 
 
 def load_teacher(config, tokenizer, model_cfg: ModelConfig, mesh):
@@ -240,8 +248,8 @@ def load_teacher(config, tokenizer, model_cfg: ModelConfig, mesh):
   if not config.algo.opd_coef > 0:
     return None, None
   if not config.teacher.source:
-    raise ValueError("algo.opd_coef > 0 needs a teacher: set teacher.source ('hf:PATH', "
-                     "'run:DIR', 'sft' or 'tiny')")
+    raise StartupError("algo.opd_coef > 0 needs a teacher: set teacher.source ('hf:PATH', "
+                       "'run:DIR', 'sft' or 'tiny')")
   dtype = config.teacher.dtype or config.model.dtype
   path = _teacher_path(config)
   if path is None:
@@ -249,13 +257,13 @@ def load_teacher(config, tokenizer, model_cfg: ModelConfig, mesh):
     params = llama.init_params(cfg, seed=config.seed + 1)
   else:
     if not os.path.isdir(path):
-      raise FileNotFoundError(f"teacher.source={config.teacher.source!r}: {path} is not a "
-                              "directory")
+      raise ModelFileError(f"teacher.source={config.teacher.source!r}: {path} is not a "
+                           "directory")
     cfg, params = models.load_hf(path, dtype=dtype, param_dtype=config.model.param_dtype)
   same = (cfg.vocab_size == model_cfg.vocab_size and cfg.eos_token_id == model_cfg.eos_token_id
           and cfg.pad_token_id == model_cfg.pad_token_id)
   if not same:
-    raise ValueError(
+    raise StartupError(
         f"teacher.source={config.teacher.source!r} has another tokenizer than the policy "
         f"(vocab {cfg.vocab_size} / eos {cfg.eos_token_id} / pad {cfg.pad_token_id} vs "
         f"{model_cfg.vocab_size} / {model_cfg.eos_token_id} / {model_cfg.pad_token_id}): "
@@ -300,22 +308,81 @@ def make_generator(config, model: LoadedModel, tokenizer, source,
                    overlong_penalty=r.overlong_penalty)
 
 
-def build_run(config) -> Run:
-  # Every key range-checked and every name resolved before any model is loaded or trained.
-  config_checks.check_config(config)
-  algo = resolve(config)
-  verifiers.get_reward_fn(config.reward.fn)
-  step_lib.check_update_schedule(config)
-  distributed.initialize(config.dist)
-  tokenizer = tokenizer_lib.load_tokenizer(config.data.tokenizer, config.data.chat_template)
-  source = datasets.make_prompt_source(config.data)
-  prompt_policy.apply_prompt_policy(source, config, tokenizer)  # before SFT and the model
-  model_cfg, params = load_policy(config, tokenizer)
-  mesh = mesh_lib.make_mesh(config.mesh)
+@dataclasses.dataclass
+class Prepared:
+  """What ``prepare`` checked and built without touching the run dir or loading weights."""
+  algo: Algorithm
+  tokenizer: Any
+  source: Any
+  mesh: Any
+
+
+def _startup(fn, *args):
+  """``fn(*args)``, with the ValueError / KeyError a start-up check of the config raises (an
+  unknown name, a combination not allowed) as one ``StartupError`` line."""
+  try:
+    return fn(*args)
+  except (KeyError, ValueError) as e:
+    if isinstance(e, RljaxError):
+      raise
+    text = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
+    raise StartupError(text) from e
+
+
+def _check_model_files(config, tokenizer) -> None:
+  """The policy's and the teacher's Hugging Face directories, from their headers: a missing or
+  empty directory, an unsupported architecture, a truncated file or a wrong shape is found here,
+  before the run dir is claimed, not after minutes of loading."""
+  if config.model.source.startswith("hf:"):
+    check_vocab(config, _named("model.source", config.model.source, config.model.source[3:]),
+                tokenizer)
+  _hf_source(config, tokenizer, train_if_missing=False)  # an unknown model.source
+  if config.algo.opd_coef > 0 and config.teacher.source:
+    path = _teacher_path(config)
+    if path is not None and config.teacher.source != "sft":  # 'sft' may be trained first
+      _named("teacher.source", config.teacher.source, path)
+
+
+def _named(key: str, value: str, path: str) -> ModelConfig:
+  try:
+    return models.check_hf_dir(path)
+  except ModelFileError as e:
+    raise type(e)(f"{key}={value!r}: {e}") from None
+
+
+def _check_rows_split(config, mesh) -> None:
   divisor = rules.batch_divisor(mesh)
   if config.rollout.prompts_per_step % divisor:
-    raise ValueError(f"rollout.prompts_per_step={config.rollout.prompts_per_step} must be a "
-                     f"multiple of the data-parallel width (mesh data x fsdp = {divisor})")
+    raise StartupError(f"rollout.prompts_per_step={config.rollout.prompts_per_step} must be a "
+                       f"multiple of the data-parallel width (mesh data x fsdp = {divisor})")
+
+
+def prepare(config) -> Prepared:
+  """Every check that needs neither the run dir nor the weights, in about a second: values,
+  names, the run dir's path, the tokenizer, every prompt, the model files' headers and the mesh.
+  ``loop.train`` calls it before claiming the run dir, so a mistake there leaves nothing."""
+  from rljax.train import run_dir as run_dir_lib
+  config_checks.check_config(config)
+  run_dir_lib.check_path(config.train.run_dir)
+  algo = _startup(resolve, config)
+  _startup(verifiers.get_reward_fn, config.reward.fn)
+  _startup(step_lib.check_update_schedule, config)
+  distributed.initialize(config.dist)
+  tokenizer = tokenizer_lib.load_tokenizer(config.data.tokenizer, config.data.chat_template)
+  _check_model_files(config, tokenizer)
+  source = datasets.make_prompt_source(config.data)
+  prompt_policy.apply_prompt_policy(source, config, tokenizer)  # before SFT and the model
+  mesh = _startup(mesh_lib.make_mesh, config.mesh)
+  _check_rows_split(config, mesh)
+  return Prepared(algo=algo, tokenizer=tokenizer, source=source, mesh=mesh)
+
+
+def build_run(config, prepared: Prepared | None = None) -> Run:
+  # Every key range-checked and every name resolved before any model is loaded or trained.
+  prepared = prepared or prepare(config)
+  algo, tokenizer, source, mesh = (prepared.algo, prepared.tokenizer, prepared.source,
+                                   prepared.mesh)
+  model_cfg, params = load_policy(config, tokenizer)
   teacher_cfg, teacher = load_teacher(config, tokenizer, model_cfg, mesh)
   state, compiled, sharding = sharded_state_and_fns(config, model_cfg, params, mesh, algo,
                                                     teacher_cfg)

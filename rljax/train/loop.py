@@ -150,8 +150,9 @@ def pretrain_critic(run: build.Run) -> None:
 
 def train(config) -> dict:
   """Run ``config`` end to end; returns the final eval and the last step's metrics."""
+  prepared = build.prepare(config)  # every check that needs no run dir, before claiming it
   with models.matmul_precision(config.model), run_dir_lib.claimed(config):
-    run = build.build_run(config)
+    run = build.build_run(config, prepared)
     try:
       return _train(run)
     except BaseException:
