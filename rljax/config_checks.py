@@ -115,6 +115,7 @@ RULES: tuple[tuple[str, Check], ...] = (
     ("data.difficulty", integer(0)), ("data.num_eval", integer(1)),
     ("data.prompt_bucket", integer(1)), ("data.max_prompt_tokens", integer(0)),
     ("data.overlong_prompts", choice("error", "drop")),
+    ("data.invalid_rows", choice("error", "drop")),
     ("data.source", nonempty_string), ("data.tokenizer", nonempty_string),
     ("rollout.prompts_per_step", integer(1)), ("rollout.group_size", integer(1)),
     ("rollout.max_new_tokens", integer(1)), ("rollout.temperature", POSITIVE),

@@ -59,6 +59,8 @@ def get_config():
   # Longest prompt in tokens; 0 = only the model's context (max_position_embeddings - new tokens)
   c.data.max_prompt_tokens = 0
   c.data.overlong_prompts = "error"  # a longer prompt: 'error' (names it) | 'drop' (counted)
+  # a row with an empty prompt/answer, a NUL byte or a prompt given two answers: 'error' | 'drop'
+  c.data.invalid_rows = "error"
 
   # --- rollout ---------------------------------------------------------------------------------
   c.rollout = ml_collections.ConfigDict()

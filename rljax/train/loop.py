@@ -118,6 +118,7 @@ def collect_batch(run: build.Run, step: int, stream: int = 0) -> tuple[Rollout, 
   if run.algo.transforms.remax:  # timed apart from the sampled rollouts (in sec_rollout too)
     info.update({"remax/generated_tokens": remax_tokens, "sec_remax": remax_seconds})
   info["data/dropped_prompts"] = float(run.source.dropped_prompts)
+  info["data/invalid_rows"] = float(run.source.invalid_rows)
   for name, rows in (("correct", generated.correct), ("wrong", ~generated.correct)):
     if rows.any():  # response lengths by outcome (Dr. GRPO's length bias shows in the wrong ones)
       info[f"len_{name}_mean"] = float(generated.lengths[rows].mean())
