@@ -11,6 +11,9 @@
   directory holding committed checkpoints. A resumed run must have the same config as the run
   that wrote the directory, except the keys in ``RESUMABLE_CHANGES`` and those the user names in
   ``train.resume_override``; ``train.steps`` may grow but not fall below the latest checkpoint.
+* **Same data.** ``data.json`` records the sha256 of the files a file ``data.source`` reads; a
+  resume whose files differ is refused unless ``data.source`` is named in
+  ``train.resume_override`` (the data order and the eval set would change silently).
 * ``config.json`` is written (atomically) once these checks pass, so a run killed even before its
   first checkpoint can be resumed.
 
@@ -38,6 +41,7 @@ logger = logging.getLogger(__name__)
 
 LOCK_FILE = "run.lock"
 CONFIG_FILE = "config.json"
+DATA_FILE = "data.json"
 
 # Keys that may differ between the run that wrote a directory and the run resuming it: where
 # and how often to write, evaluate and show things, and how to lay the same computation out.
@@ -192,11 +196,34 @@ def check_start(config, current: dict) -> None:
 
 
 def write_config(run_dir: str, config_json: str) -> None:
-  path = os.path.join(run_dir, CONFIG_FILE)
+  _write_atomic(os.path.join(run_dir, CONFIG_FILE), config_json)
+
+
+def data_record(config) -> dict:
+  from rljax.data import datasets
+  return {"source": config.data.source, "sha256": datasets.fingerprint(config.data.source)}
+
+
+def check_data(config, record: dict) -> None:
+  """Refuse to resume on data files other than those the run started with (module docstring)."""
+  t = config.train
+  path = os.path.join(t.run_dir, DATA_FILE)
+  if not t.resume or not os.path.isfile(path) or "data.source" in tuple(t.resume_override):
+    return
+  saved = _read_record(path)
+  if saved.get("sha256") != record["sha256"]:
+    raise RunDirError(
+        f"cannot resume {t.run_dir}: its data changed (data.source={saved.get('source')!r}, "
+        f"sha256 {str(saved.get('sha256'))[:12]}...; now {config.data.source!r}, sha256 "
+        f"{str(record['sha256'])[:12]}...). Resume with the original files, or continue on these "
+        "with --config.train.resume_override=\"('data.source',)\"")
+
+
+def _write_atomic(path: str, text: str) -> None:
   tmp = f"{path}.tmp-{os.getpid()}"
   try:
     with open(tmp, "w") as f:
-      f.write(config_json)
+      f.write(text)
     os.replace(tmp, path)
   except OSError:
     with contextlib.suppress(OSError):
@@ -258,7 +285,10 @@ def claimed(config):
   try:
     current = json.loads(config.to_json_best_effort())
     check_start(config, current)
+    record = data_record(config)
+    check_data(config, record)
     try:
+      _write_atomic(os.path.join(run_dir, DATA_FILE), json.dumps(record))
       write_config(run_dir, config.to_json_best_effort(indent=2))
     except OSError as e:
       raise _path_error(run_dir, e) from None
@@ -268,9 +298,16 @@ def claimed(config):
     lock.release()
 
 
-def check_convert_target(run_dir: str, out: str) -> None:
-  """``rljax convert RUN OUT``: OUT must not be a run directory nor lie inside RUN."""
+def check_convert_target(run_dir: str, out: str, force: bool = False) -> None:
+  """``rljax convert RUN OUT``: OUT must not be a run directory nor lie inside RUN, and must be
+  empty or new unless ``force`` (convert never overwrites files it did not write)."""
   run, target = os.path.realpath(run_dir), os.path.realpath(out)
   if target == run or target.startswith(run + os.sep) or holds_run(out):
     raise RunDirError(f"convert: the output {out!r} is (inside) a run directory; write the "
                       f"Hugging Face export outside {run_dir!r} and outside any run")
+  if os.path.exists(out) and not os.path.isdir(out):
+    raise RunDirError(f"convert: the output {out!r} is a file; name a new or empty directory")
+  if not force and os.path.isdir(out) and os.listdir(out):
+    raise RunDirError(f"convert: the output {out!r} is not empty (it holds "
+                      f"{sorted(os.listdir(out))[:3]}...); name a new or empty directory, or pass "
+                      "--force to overwrite what is there")
