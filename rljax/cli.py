@@ -4,7 +4,7 @@
   sft               --config configs/main.py                            supervised cold start
   eval              --config X [--samples K] [--checkpoint RUN_DIR | --config.model.source=hf:P]
   check-conversion  PATH                   rljax vs transformers logits on a HF directory
-  convert           RUN_DIR OUT            latest checkpoint of a run -> Hugging Face directory
+  convert           RUN_DIR OUT [--force]  latest checkpoint of a run -> Hugging Face directory
   plan              --config X [--device v5p-64|8xh100-80g|8x80GB]   memory plan on the mesh
   components                               the registered algorithm components
   sweep             STUDY [--parallel N] [--print-commands] [--aggregate-only]   an ablation study
@@ -82,6 +82,11 @@ def cmd_check_conversion(argv):
   report = check_conversion(args.path)
   print(f"max abs logit diff: {report['max_abs_diff']:.3e}")
   print(f"mean KL(transformers || rljax) per token: {report['mean_kl']:.3e}")
+  if report["nonfinite_logits"]:
+    # A NaN compares false with every tolerance: printing it and exiting 0 passed broken weights.
+    raise UsageError(f"check-conversion {args.path}: {report['nonfinite_logits']} logits are NaN "
+                     "or infinite (rljax or transformers): the weights hold non-finite values; "
+                     "re-export or re-download them")
   return report
 
 
@@ -89,10 +94,12 @@ def cmd_convert(argv):
   parser = argparse.ArgumentParser(prog="rljax convert")
   parser.add_argument("run_dir")
   parser.add_argument("out")
+  parser.add_argument("--force", action="store_true",
+                      help="write into OUT even if it holds files (they may be overwritten)")
   args = parser.parse_args(argv)
   from rljax.train import evaluation, run_dir
   from rljax import models
-  run_dir.check_convert_target(args.run_dir, args.out)  # never into a run dir
+  run_dir.check_convert_target(args.run_dir, args.out, force=args.force)
   model_cfg, params = evaluation.load_run_params(args.run_dir)
   models.save_hf(args.out, model_cfg, params)
   print(args.out)
@@ -166,6 +173,8 @@ def _as_user_error(error: BaseException):
 def entry(argv=None):
   """The console entry point: ``main``, with the user's errors (``RljaxError``, a full disk) as
   one line on stderr and exit status 2; internal errors keep their traceback (exit status 1)."""
+  from rljax import errors
+  errors.quiet_disk_full_logs()
   try:
     return main(argv)
   except Exception as e:

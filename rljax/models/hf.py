@@ -266,7 +266,8 @@ def save_hf(path: str, cfg: ModelConfig, params: dict, *, dtype: str | None = No
 def check_conversion(path: str, prompts: list[list[int]] | None = None, seed: int = 0) -> dict:
   """Compare rljax logits with ``transformers`` logits on a left-padded batch.
 
-  Returns ``{'max_abs_diff', 'mean_kl'}`` over valid positions (KL(hf || rljax) per token).
+  Returns ``{'max_abs_diff', 'mean_kl', 'nonfinite_logits'}`` over valid positions (KL(hf ||
+  rljax) per token; the count of NaN or infinite logits of either side).
   """
   try:
     import torch
@@ -295,11 +296,13 @@ def check_conversion(path: str, prompts: list[list[int]] | None = None, seed: in
                    attention_mask=torch.tensor(mask, dtype=torch.long),
                    position_ids=torch.tensor(pos, dtype=torch.long)).logits.double().numpy()
   valid = mask.astype(bool)
+  nonfinite = int((~np.isfinite(ours[valid])).sum() + (~np.isfinite(theirs[valid])).sum())
   diff = np.abs(ours - theirs)[valid]
   lp_t = theirs - _logsumexp(theirs)
   lp_o = ours - _logsumexp(ours)
   kl = (np.exp(lp_t) * (lp_t - lp_o)).sum(-1)[valid]
-  return {"max_abs_diff": float(diff.max()), "mean_kl": float(kl.mean())}
+  return {"max_abs_diff": float(diff.max()), "mean_kl": float(kl.mean()),
+          "nonfinite_logits": nonfinite}
 
 
 def _logsumexp(x):
