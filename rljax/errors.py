@@ -84,18 +84,43 @@ def _chain(error: BaseException):
     error = error.__cause__ or error.__context__
 
 
+def _reason(error: BaseException) -> str:
+  if isinstance(error, OSError) and error.strerror:
+    return error.strerror
+  return next(text for text in _NO_ROOM_TEXT if text in str(error))
+
+
 def disk_full(error: BaseException) -> DiskFullError | None:
   """A ``DiskFullError`` when ``error`` or anything in its chain is a write that found no room
   (orbax and tensorstore wrap the ``OSError`` in their own types), else None."""
   for link in _chain(error):
     if _is_no_room(link):
       where = getattr(link, "filename", None)
-      what = f"writing {where}" if where else "writing the run's files"
-      reason = link.strerror if isinstance(link, OSError) and link.strerror else "no space left"
+      what = f"writing {where}" if where else "a write of the run"
       return DiskFullError(
-          f"{what}: {reason}. Free space (or raise the quota / file-size limit) and continue "
-          "with --config.train.resume=True, or choose a train.run_dir on another disk")
+          f"{what} failed: {_reason(link)} (the disk is full, or a quota or file-size limit was "
+          "reached). Free space and continue with --config.train.resume=True (checkpoints that "
+          "were not complete are never resumed from), or choose a train.run_dir on another disk")
   return None
+
+
+class _QuietDiskFull:
+  """A logging filter: orbax's and asyncio's background threads log a traceback each for one
+  full disk (five over 460 lines); the main thread reports it once, as one line."""
+
+  def filter(self, record) -> bool:
+    error = record.exc_info[1] if record.exc_info else None
+    if error is not None and disk_full(error) is not None:
+      return False
+    return not any(text in record.getMessage() for text in _NO_ROOM_TEXT)
+
+
+def quiet_disk_full_logs() -> None:
+  import logging
+  for name in ("absl", "asyncio"):
+    logger = logging.getLogger(name)
+    if not any(isinstance(f, _QuietDiskFull) for f in logger.filters):
+      logger.addFilter(_QuietDiskFull())
 
 
 def user_error(error: BaseException) -> RljaxError | None:
