@@ -90,9 +90,9 @@ class RunLock:
                      _describe(previous))
     try:
       self._write_record()
-    except OSError:
+    except OSError as e:
       self.release()  # an empty run.lock left behind would read as "being written" forever
-      raise
+      raise OSError(e.errno, e.strerror, self.path) from None
 
   def _write_record(self) -> None:
     record = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time()}
