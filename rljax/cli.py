@@ -183,12 +183,6 @@ def entry(argv=None):
       raise
     line = f"error: {' '.join(str(user).split())}"  # one line, whatever the message held
     print(line, file=sys.stderr)
-    if isinstance(user, errors.DiskFullError):
-      # orbax's writer threads are still failing: at interpreter shutdown they print tracebacks
-      # ("Event loop is closed") after the line; nothing is left to save, so leave at once.
-      sys.stdout.flush()
-      sys.stderr.flush()
-      os._exit(errors.USER_ERROR)
     raise UserExit(line) from None
 
 

@@ -115,12 +115,30 @@ class _QuietDiskFull:
     return not any(text in record.getMessage() for text in _NO_ROOM_TEXT)
 
 
+def _closed_loop(unraisable) -> bool:
+  return (unraisable.exc_type is RuntimeError
+          and str(unraisable.exc_value) == "Event loop is closed")
+
+
 def quiet_disk_full_logs() -> None:
+  """Filters the background noise of a failed orbax save (see ``_QuietDiskFull``); the error
+  itself still reaches the main thread. Also drops the "Event loop is closed" errors tensorstore's
+  callbacks raise, unraisable, into the event loop orbax closed after the failure."""
   import logging
+  import sys
   for name in ("absl", "asyncio"):
     logger = logging.getLogger(name)
     if not any(isinstance(f, _QuietDiskFull) for f in logger.filters):
       logger.addFilter(_QuietDiskFull())
+  previous = sys.unraisablehook
+  if getattr(previous, "rljax_quiet", False):
+    return
+
+  def hook(unraisable):
+    if not _closed_loop(unraisable):
+      previous(unraisable)
+  hook.rljax_quiet = True
+  sys.unraisablehook = hook
 
 
 def user_error(error: BaseException) -> RljaxError | None:
