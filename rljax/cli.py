@@ -76,7 +76,7 @@ def cmd_check_conversion(argv):
   try:
     import torch  # noqa: F401
   except ImportError:
-    raise SystemExit("check-conversion compares against transformers running on PyTorch, which "
+    raise UsageError("check-conversion compares against transformers running on PyTorch, which "
                      "is not installed: pip install 'rljax[hf]'") from None
   from rljax.models import check_conversion
   report = check_conversion(args.path)

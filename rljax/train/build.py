@@ -329,6 +329,10 @@ def _startup(fn, *args):
     raise StartupError(text) from e
 
 
+def check_reward_fn(config) -> None:
+  _startup(verifiers.get_reward_fn, config.reward.fn)
+
+
 def _check_model_files(config, tokenizer) -> None:
   """The policy's and the teacher's Hugging Face directories, from their headers: a missing or
   empty directory, an unsupported architecture, a truncated file or a wrong shape is found here,
@@ -365,7 +369,7 @@ def prepare(config) -> Prepared:
   config_checks.check_config(config)
   run_dir_lib.check_path(config.train.run_dir)
   algo = _startup(resolve, config)
-  _startup(verifiers.get_reward_fn, config.reward.fn)
+  check_reward_fn(config)
   _startup(step_lib.check_update_schedule, config)
   distributed.initialize(config.dist)
   tokenizer = tokenizer_lib.load_tokenizer(config.data.tokenizer, config.data.chat_template)

@@ -68,6 +68,7 @@ def evaluate_config(config, *, samples: int = 1, checkpoint: str | None = None) 
 
 
 def _evaluate_config(config, *, samples: int, checkpoint: str | None) -> dict:
+  build.check_reward_fn(config)  # before minutes of loading, as train does
   if checkpoint:
     check_same_tokenizer(config, checkpoint)
   tokenizer = tokenizer_lib.load_tokenizer(config.data.tokenizer, config.data.chat_template)

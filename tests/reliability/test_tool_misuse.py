@@ -72,3 +72,19 @@ def test_check_conversion_exits_non_zero_on_a_nan_logit(tmp_path, capsys):
   last = captured.err.splitlines()[-1]  # transformers' progress bars come before it
   assert last.startswith(f"error: check-conversion {tmp_path / 'nan'}: ")
   assert "logits are NaN or infinite" in last
+
+
+@pytest.mark.parametrize("argv,line", [
+    (["eval", "--config", BASE, "--config.reward.fn=nope"],
+     "error: reward.fn='nope' is not registered; available: ['exact_match', 'math_verify'"),
+    (["eval", "--config", BASE, "--checkpoint", "/no/such"],
+     "error: '/no/such' is not an rljax run directory (no config.json)"),
+    (["convert", "/no/such", "{tmp}/out"],
+     "error: '/no/such' is not an rljax run directory (no config.json)"),
+], ids=["eval-reward-fn", "eval-not-a-run", "convert-not-a-run"])
+def test_tool_misuse_is_one_line_exit_2(argv, line, tmp_path, capsys):
+  with pytest.raises(SystemExit) as info:
+    cli.entry([a.format(tmp=tmp_path) for a in argv])
+  assert info.value.code == 2
+  err = capsys.readouterr().err
+  assert err.startswith(line) and err.count("\n") == 1
