@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from rljax import cli, models
+from rljax import cli, config_loader, models
 from rljax.models import llama
 from rljax.train import build
 from tests.train import tiny
@@ -15,7 +15,10 @@ RUN = "{tmp}/run"
 
 def _tiny_hf(path, **config_changes):
   """A Hugging Face directory of the tiny policy (no torch needed), config.json edited."""
-  cfg = models.tiny_config(tiny_model(), 57, eos_token_id=1, pad_token_id=0)
+  config = config_loader.load_config(os.path.join(tiny.ROOT, "configs", "base.py"),
+                                     [(k, v) for k, v in tiny.OVERRIDES.items()
+                                      if k.startswith("model.")])
+  cfg = models.tiny_config(config.model, 57, eos_token_id=1, pad_token_id=0)
   models.save_hf(str(path), cfg, llama.init_params(cfg, seed=0))
   if config_changes:
     with open(path / "config.json") as f:
@@ -24,16 +27,6 @@ def _tiny_hf(path, **config_changes):
     with open(path / "config.json", "w") as f:
       json.dump(hf, f)
   return str(path)
-
-
-def tiny_model():
-  import rljax
-  config = rljax.config()
-  with config.unlocked():
-    for k, v in tiny.OVERRIDES.items():
-      if k.startswith("model."):
-        config.model[k.split(".")[1]] = int(v)
-  return config.model
 
 
 def _truncated(tmp):
@@ -68,8 +61,12 @@ def _not_a_configdict(tmp):
 
 
 def _train(extra):
-  return lambda tmp: tiny.args("grpo", extra.pop("train.run_dir", RUN).format(tmp=tmp),
-                               {k: v(tmp) if callable(v) else v for k, v in extra.items()})
+  """``rljax train`` arguments of the tiny GRPO run with ``extra`` overrides (a callable value
+  is made from the test's tmp dir)."""
+  def argv(tmp):
+    rest = {k: v(tmp) if callable(v) else v for k, v in extra.items() if k != "train.run_dir"}
+    return tiny.args("grpo", extra.get("train.run_dir", RUN).format(tmp=tmp), rest)
+  return argv
 
 
 # probe -> (argv builder, the start of the line the user sees after "error: ")
