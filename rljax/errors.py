@@ -11,8 +11,9 @@ USER_ERROR = 2  # exit status of a user error (argparse uses 2 for bad arguments
 # errno values that mean "the disk (or the process's file-size limit) has no room": the user frees
 # space or moves the run, nothing in rljax is wrong.
 _NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
-_NO_ROOM_TEXT = ("No space left on device", "Disk quota exceeded", "File too large",
-                 "RESOURCE_EXHAUSTED")
+# How tensorstore (under orbax) words the same errno in the ValueError it raises. Never
+# "RESOURCE_EXHAUSTED" alone: XLA says that of device memory, which is no disk problem.
+_NO_ROOM_TEXT = ("No space left on device", "Disk quota exceeded", "File too large")
 
 
 class RljaxError(Exception):

@@ -50,3 +50,22 @@ def test_disk_full_mid_run_is_one_line(tmp_path):
   assert "Traceback" not in done.stderr
   assert not os.path.exists(os.path.join(run, "run.lock"))
   assert os.path.exists(os.path.join(run, "config.json"))  # what was written stays
+
+
+def test_only_a_write_without_room_is_called_a_full_disk():
+  import errno
+  from rljax import errors
+  wrapped = ValueError("OUT_OF_RANGE: Error writing \"params/0\": Failed to write 10 bytes to "
+                       "file 32: No space left on device [os_error_code='28']")
+  assert "No space left on device (the disk is full" in str(errors.disk_full(wrapped))
+  try:
+    try:
+      raise OSError(errno.ENOSPC, "No space left on device", "/r/metrics.jsonl")
+    except OSError as cause:
+      raise RuntimeError("writer failed") from cause
+  except RuntimeError as chained:
+    assert str(errors.disk_full(chained)).startswith("writing /r/metrics.jsonl failed: No space")
+  # Device memory is no disk: XLA's out-of-memory error stays an internal error with traceback.
+  assert errors.disk_full(RuntimeError("RESOURCE_EXHAUSTED: Out of memory allocating 8 GiB")) \
+      is None
+  assert errors.disk_full(OSError(errno.EACCES, "Permission denied")) is None
