@@ -2,6 +2,7 @@
 are read as their decimal text), and empty prompts/answers, NUL bytes and a prompt given two
 answers follow data.invalid_rows (error: file:line; drop: counted); a resume on changed data files
 is refused unless overridden."""
+import hashlib
 import json
 import os
 import re
@@ -97,12 +98,14 @@ def test_resume_on_changed_data_is_refused_unless_overridden(tmp_path):
   with run_dir_lib.claimed(_config(tmp_path, path)):
     pass
   saved = json.load(open(tmp_path / "run" / "data.json"))
-  assert saved["sha256"] == datasets.fingerprint(f"jsonl:{path}")
+  content = open(path, "rb").read()
+  assert saved["sha256"] == hashlib.sha256(b"d.jsonl\0" + content).hexdigest()  # name + bytes
   with run_dir_lib.claimed(_config(tmp_path, path, **{"train.resume": "true"})):
     pass  # the same file resumes
   _write(tmp_path / "d.jsonl", GOOD[:-1])
-  with pytest.raises(run_dir_lib.RunDirError, match=r"cannot resume .*run: its data changed "
-                     r"\(data.source='jsonl:.*d.jsonl', sha256 .*resume_override=\"\('data.source',\)\""):
+  with pytest.raises(run_dir_lib.RunDirError,
+                     match=r"cannot resume .*run: its data changed \(data.source='jsonl:.*"
+                           r"d.jsonl', sha256 .*resume_override=\"\('data.source',\)\""):
     with run_dir_lib.claimed(_config(tmp_path, path, **{"train.resume": "true"})):
       pass
   assert not os.path.exists(tmp_path / "run" / "run.lock")
