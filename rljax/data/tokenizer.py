@@ -90,7 +90,7 @@ class CharTokenizer(Tokenizer):
     try:
       return [self._char_to_id[ch] for ch in text]
     except KeyError as e:
-      raise ValueError(
+      raise TokenizerError(
           f"character {e.args[0]!r} in {text!r} is not in the char tokenizer's vocabulary "
           f"{_CHAR_SYMBOLS!r}") from None
 

@@ -48,6 +48,11 @@ def _wrong_shape(tmp):
   return _tiny_hf(tmp / "shape", intermediate_size=48)  # the tensors say 64
 
 
+def _uppercase_prompt(tmp):
+  (tmp / "d.jsonl").write_text('{"prompt": "What is 2+2?", "answer": "4"}\n')
+  return str(tmp / "d.jsonl")
+
+
 def _symlink_loop(tmp):
   os.symlink(tmp / "b", tmp / "a")
   os.symlink(tmp / "a", tmp / "b")
@@ -114,6 +119,10 @@ PROBES = {
                                  "model.source="),
     "hf-invalid-config.json": (_train({"model.source": lambda tmp: "hf:" + _bad_json(tmp)}),
                                "model.source="),
+    "prompt-the-char-tokenizer-cannot-encode": (
+        _train({"data.source": lambda tmp: "jsonl:" + _uppercase_prompt(tmp)}),
+        "{tmp}/d.jsonl:1: character 'W' in 'What is 2+2?' is not in the char tokenizer's "
+        "vocabulary"),
     "gs-run-dir": (_train({"train.run_dir": "gs://bucket/run"}),
                    "train.run_dir='gs://bucket/run': run directories on object storage (gs://) "
                    "are not supported yet"),
@@ -146,7 +155,7 @@ def test_user_error_is_one_line_with_exit_status_2(probe, tmp_path, capsys, noth
     cli.entry(argv)
   err = capsys.readouterr().err
   assert info.value.code == 2, err
-  assert err.startswith("error: " + expected), err
+  assert err.startswith("error: " + expected.format(tmp=tmp_path)), err
   assert NAMES_FILE.get(probe, "") in err
   assert err.count("\n") == 1 and "Traceback" not in err
   assert not os.path.exists(tmp_path / "run")  # nothing claimed
