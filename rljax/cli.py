@@ -4,7 +4,7 @@
   sft               --config configs/main.py                            supervised cold start
   eval              --config X [--samples K] [--checkpoint RUN_DIR | --config.model.source=hf:P]
   check-conversion  PATH                   rljax vs transformers logits on a HF directory
-  convert           RUN_DIR OUT            latest checkpoint of a run -> Hugging Face directory
+  convert           RUN_DIR OUT [--force]  latest checkpoint of a run -> Hugging Face directory
   plan              --config X [--device v5p-64|8xh100-80g|8x80GB]   memory plan on the mesh
   components                               the registered algorithm components
   keys              [--markdown] [PREFIX]  every config key: default, allowed values, doc
@@ -18,13 +18,14 @@ import os
 import sys
 
 from rljax import config_loader
+from rljax.errors import USER_ERROR, UsageError
 
 
 def _config(argv, *, required=True):
   path, overrides, rest = config_loader.split_config_args(argv)
   if path is None:
     if required:
-      raise SystemExit("error: --config PATH is required (e.g. --config configs/dapo.py)")
+      raise UsageError("--config PATH is required (e.g. --config configs/dapo.py)")
     return None, rest
   config = config_loader.load_config(path, overrides)
   from rljax import config_checks
@@ -35,7 +36,8 @@ def _config(argv, *, required=True):
 def cmd_train(argv):
   config, rest = _config(argv)
   if rest:
-    raise SystemExit(f"error: unexpected arguments {rest}")
+    raise UsageError(f"unexpected arguments {rest}; train takes --config PATH and "
+                     "--config.key=value overrides only")
   from rljax.train import loop
   result = loop.train(config)
   printable = {k: v for k, v in result.items() if k not in ("last", "state")}
@@ -75,12 +77,17 @@ def cmd_check_conversion(argv):
   try:
     import torch  # noqa: F401
   except ImportError:
-    raise SystemExit("check-conversion compares against transformers running on PyTorch, which "
+    raise UsageError("check-conversion compares against transformers running on PyTorch, which "
                      "is not installed: pip install 'rljax[hf]'") from None
   from rljax.models import check_conversion
   report = check_conversion(args.path)
   print(f"max abs logit diff: {report['max_abs_diff']:.3e}")
   print(f"mean KL(transformers || rljax) per token: {report['mean_kl']:.3e}")
+  if report["nonfinite_logits"]:
+    # A NaN compares false with every tolerance: printing it and exiting 0 passed broken weights.
+    raise UsageError(f"check-conversion {args.path}: {report['nonfinite_logits']} logits are NaN "
+                     "or infinite (rljax or transformers): the weights hold non-finite values; "
+                     "re-export or re-download them")
   return report
 
 
@@ -88,10 +95,12 @@ def cmd_convert(argv):
   parser = argparse.ArgumentParser(prog="rljax convert")
   parser.add_argument("run_dir")
   parser.add_argument("out")
+  parser.add_argument("--force", action="store_true",
+                      help="write into OUT even if it holds files (they may be overwritten)")
   args = parser.parse_args(argv)
   from rljax.train import evaluation, run_dir
   from rljax import models
-  run_dir.check_convert_target(args.run_dir, args.out)  # never into a run dir
+  run_dir.check_convert_target(args.run_dir, args.out, force=args.force)
   model_cfg, params = evaluation.load_run_params(args.run_dir)
   models.save_hf(args.out, model_cfg, params)
   print(args.out)
@@ -150,25 +159,51 @@ def main(argv=None):
     return None
   command, rest = argv[0], argv[1:]
   if command not in COMMANDS:
-    raise SystemExit(f"error: unknown command {command!r}; commands: {sorted(COMMANDS)}")
+    raise UsageError(f"unknown command {command!r}; commands: {sorted(COMMANDS)}")
   return COMMANDS[command](rest)
 
 
+class UserExit(SystemExit):
+  """Exit status ``USER_ERROR``; ``str()`` is the line already printed (for tests)."""
+
+  def __init__(self, message: str):
+    super().__init__(USER_ERROR)
+    self.message = message
+
+  def __str__(self):
+    return self.message
+
+
+def _as_user_error(error: BaseException):
+  from rljax import errors
+  from rljax.algos.registry import UnknownNameError
+  if isinstance(error, UnknownNameError):  # a config naming an unregistered component
+    return error
+  return errors.user_error(error)
+
+
 def entry(argv=None):
-  """The console entry point: ``main``, with the user's errors (``RljaxError``), a preemption
-  (SIGTERM) and Ctrl-C (SIGINT) as one line each."""
-  from rljax.errors import RljaxError
+  """The console entry point: ``main``, with the user's errors (``RljaxError``, a full disk) as
+  one line on stderr and exit status 2, a preemption (SIGTERM) and Ctrl-C (SIGINT) as one line
+  each; internal errors keep their traceback (exit status 1)."""
+  from rljax import errors
   from rljax.train.preemption import Stop
+  errors.quiet_disk_full_logs()
   try:
     return main(argv)
-  except RljaxError as e:
-    raise SystemExit(f"error: {e}") from None
   except Stop as stop:
     print(stop.line, file=sys.stderr, flush=True)
     raise SystemExit(stop.code) from None
   except KeyboardInterrupt:  # outside a training loop (start-up, other commands)
     print("interrupted (SIGINT)", file=sys.stderr, flush=True)
     raise SystemExit(130) from None
+  except Exception as e:
+    user = _as_user_error(e)
+    if user is None:
+      raise
+    line = f"error: {' '.join(str(user).split())}"  # one line, whatever the message held
+    print(line, file=sys.stderr)
+    raise UserExit(line) from None
 
 
 if __name__ == "__main__":

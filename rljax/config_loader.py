@@ -13,7 +13,7 @@ import os
 
 import ml_collections
 
-from rljax.errors import ConfigFileError, ConfigKeyError, ConfigTypeError
+from rljax.errors import ConfigFileError, ConfigKeyError, ConfigTypeError, UsageError
 
 _TRUE = {"true", "1", "yes"}
 _FALSE = {"false", "0", "no"}
@@ -34,7 +34,13 @@ def call_file_function(path: str, function: str, kind: str = "config"):
 
 
 def load_config_file(path: str) -> ml_collections.ConfigDict:
-  return call_file_function(path, "get_config")
+  config = call_file_function(path, "get_config")
+  if not isinstance(config, ml_collections.ConfigDict):
+    # Overrides, locking and the checks all need a ConfigDict; a dict would fail far from here.
+    raise ConfigFileError(f"get_config() of config file {path!r} returned a "
+                          f"{type(config).__name__}, not an ml_collections.ConfigDict: build it "
+                          "on rljax.config() (or configs/base.py) and return that")
+  return config
 
 
 def _field_type(parent: ml_collections.ConfigDict, key: str):
@@ -133,7 +139,7 @@ def split_config_args(argv: list[str]) -> tuple[str | None, list[tuple[str, str]
   while i < len(argv):
     arg = argv[i]
     if arg == "--config":
-      path, i = argv[i + 1], i + 2
+      path, i = _flag_value(argv, i, "a config file path, e.g. --config configs/grpo.py"), i + 2
       continue
     if arg.startswith("--config="):
       path, i = arg.split("=", 1)[1], i + 1
@@ -144,14 +150,21 @@ def split_config_args(argv: list[str]) -> tuple[str | None, list[tuple[str, str]
         key, value = body.split("=", 1)
         i += 1
       else:
-        if i + 1 >= len(argv):
-          raise ValueError(f"{arg} needs a value")
-        key, value, i = body, argv[i + 1], i + 2
+        value = _flag_value(argv, i, f"a value, e.g. {arg}=VALUE")
+        key, i = body, i + 2
       overrides.append((key, value))
       continue
     rest.append(arg)
     i += 1
   return path, overrides, rest
+
+
+def _flag_value(argv: list[str], i: int, wanted: str) -> str:
+  """The argument after the flag ``argv[i]``; a missing one, or another flag in its place, is a
+  usage error (a flag taken as the value would fail later and far less clearly)."""
+  if i + 1 >= len(argv) or argv[i + 1].startswith("--config"):
+    raise UsageError(f"{argv[i]} needs {wanted}")
+  return argv[i + 1]
 
 
 def preset(config_file: str, base: str = "base.py") -> ml_collections.ConfigDict:

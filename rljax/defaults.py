@@ -16,6 +16,7 @@ from rljax.keys import (ADAM_BETA, BOOL, FRACTION, KEY_TUPLE, NONEMPTY, NONNEG,
 DTYPES = ("float32", "bfloat16", "float16")
 ROLLOUT_LEVELS = ("none", "token", "sequence", "geometric")
 MESH_AXIS = integer(1, also=(-1,))  # any one axis may be -1: the devices the other two leave
+MODEL_DIM = integer(1, 2**20)  # a model dimension; larger ones overflow int32 shapes, never fit
 
 KEYS = (
     Key("seed", 0, SEED, "the run's seed: model init, sampling, shuffling, Clip-Cov draws"),
@@ -23,11 +24,11 @@ KEYS = (
     Key("model.source", "tiny", NONEMPTY,
         "'tiny' (random, the sizes below) | 'hf:PATH' (a Hugging Face directory) | 'sft' (the "
         "supervised cold start of section sft, trained first if not on disk)"),
-    Key("model.hidden_size", 128, SIZE, "width of the 'tiny'/'sft' model"),
-    Key("model.intermediate_size", 384, SIZE, "MLP width of the 'tiny'/'sft' model"),
-    Key("model.num_layers", 4, SIZE, "layers of the 'tiny'/'sft' model"),
-    Key("model.num_heads", 4, SIZE, "query heads of the 'tiny'/'sft' model"),
-    Key("model.num_kv_heads", 2, SIZE, "key/value heads of the 'tiny'/'sft' model (GQA)"),
+    Key("model.hidden_size", 128, MODEL_DIM, "width of the 'tiny'/'sft' model"),
+    Key("model.intermediate_size", 384, MODEL_DIM, "MLP width of the 'tiny'/'sft' model"),
+    Key("model.num_layers", 4, MODEL_DIM, "layers of the 'tiny'/'sft' model"),
+    Key("model.num_heads", 4, MODEL_DIM, "query heads of the 'tiny'/'sft' model"),
+    Key("model.num_kv_heads", 2, MODEL_DIM, "key/value heads of the 'tiny'/'sft' model (GQA)"),
     Key("model.rope_theta", 10000.0, POSITIVE, "RoPE base of the 'tiny'/'sft' model"),
     Key("model.tie_embeddings", True, BOOL, "'tiny'/'sft' model: LM head = embedding matrix"),
     Key("model.dtype", "float32", choice(*DTYPES), "compute dtype"),
@@ -68,6 +69,9 @@ KEYS = (
         "longest prompt in tokens; 0 = the model's context less rollout.max_new_tokens"),
     Key("data.overlong_prompts", "error", choice("error", "drop"),
         "a longer prompt: 'error' (names it) | 'drop' (counted)"),
+    Key("data.invalid_rows", "error", choice("error", "drop"),
+        "a row with an empty prompt/answer, a NUL byte or a prompt given two answers: 'error' "
+        "(names file:line) | 'drop' (counted)"),
     # --- rollout -------------------------------------------------------------------------------
     Key("rollout.prompts_per_step", 8, SIZE, "P: prompts per RL step"),
     Key("rollout.group_size", 8, SIZE, "G: completions per prompt"),

@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Callable
 
 from rljax.data.tasks import Problem
-from rljax.errors import RljaxError
+from rljax.errors import RljaxError, TokenizerError
 
 POLICIES = ("error", "drop")
 
@@ -72,7 +72,11 @@ def length_check(count_tokens: Callable[[str], int], limit: int, policy: str
     raise RljaxError(f"data.overlong_prompts={policy!r}; allowed: {list(POLICIES)}")
 
   def keep(problem: Problem) -> bool:
-    n = count_tokens(problem.prompt)
+    try:
+      n = count_tokens(problem.prompt)
+    except TokenizerError as e:  # a character the tokenizer cannot encode: name the row
+      raise TokenizerError(
+          f"{where(problem)}: {e}; set data.tokenizer to one that covers it") from None
     if n <= limit:
       return True
     if policy == "error":

@@ -21,6 +21,8 @@ import abc
 import os
 from typing import Sequence
 
+from rljax.errors import TokenizerError
+
 PAD, EOS, BOS = "<pad>", "<eos>", "<bos>"
 
 # Order fixes the ids forever: changing it silently breaks every saved char-level checkpoint.
@@ -88,7 +90,7 @@ class CharTokenizer(Tokenizer):
     try:
       return [self._char_to_id[ch] for ch in text]
     except KeyError as e:
-      raise ValueError(
+      raise TokenizerError(
           f"character {e.args[0]!r} in {text!r} is not in the char tokenizer's vocabulary "
           f"{_CHAR_SYMBOLS!r}") from None
 
@@ -118,11 +120,14 @@ class HFTokenizer(Tokenizer):
     self.path = path
     self._hf = _load_hf_tokenizer(path)
     if self._hf.eos_token_id is None:
-      raise ValueError(f"tokenizer at {path!r} defines no eos_token; generation cannot stop")
+      raise TokenizerError(f"data.tokenizer={path!r} defines no eos_token, so generation cannot "
+                           "stop: set eos_token in its tokenizer_config.json (or use another "
+                           "tokenizer)")
     if chat_template and not getattr(self._hf, "chat_template", None):
-      raise ValueError(
+      raise TokenizerError(
           f"data.chat_template=True but the tokenizer at {path!r} has no chat template "
-          "(tokenizer_config.json 'chat_template' or chat_template.jinja)")
+          "(tokenizer_config.json 'chat_template' or chat_template.jinja): add one, or set "
+          "data.chat_template=False")
     self.use_chat_template = chat_template
     self.eos_id = int(self._hf.eos_token_id)
     pad = self._hf.pad_token_id
@@ -151,21 +156,22 @@ class HFTokenizer(Tokenizer):
 def _load_hf_tokenizer(path: str):
   """``AutoTokenizer.from_pretrained`` on a local directory, with an error that names the path."""
   if not os.path.isdir(path):
-    raise ValueError(
+    raise TokenizerError(
         f"data.tokenizer={path!r} is neither 'char' nor an existing local directory")
   try:
     from transformers import AutoTokenizer  # slow import: only when a HF tokenizer is used
     return AutoTokenizer.from_pretrained(path, local_files_only=True)
   except Exception as e:  # transformers raises many types (OSError, ValueError, KeyError)
-    raise ValueError(
+    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    raise TokenizerError(
         f"data.tokenizer={path!r} is not a Hugging Face tokenizer directory (expected "
-        f"tokenizer.json or tokenizer_config.json with vocabulary files): {e}") from e
+        f"tokenizer.json or tokenizer_config.json with vocabulary files): {first}") from e
 
 
 def load_tokenizer(name_or_path: str, chat_template: bool = False) -> Tokenizer:
   """``'char'`` -> :class:`CharTokenizer`; a local directory -> :class:`HFTokenizer`."""
   if name_or_path == "char":
     if chat_template:
-      raise ValueError("data.chat_template=True needs a Hugging Face tokenizer, not 'char'")
+      raise TokenizerError("data.chat_template=True needs a Hugging Face tokenizer, not 'char'")
     return CharTokenizer()
   return HFTokenizer(name_or_path, chat_template=chat_template)

@@ -7,6 +7,8 @@ import json
 import os
 from typing import Any, Mapping
 
+from rljax.errors import ModelFileError
+
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 MATMUL_PRECISIONS = ("default", "high", "highest")
@@ -100,8 +102,8 @@ class ModelConfig:
     model_type = hf.get("model_type")
     if model_type not in SUPPORTED_MODEL_TYPES:
       archs = hf.get("architectures")
-      raise ValueError(f"unsupported architecture model_type={model_type!r} ({archs}); "
-                       f"supported: {SUPPORTED_MODEL_TYPES}")
+      raise ModelFileError(f"unsupported architecture model_type={model_type!r} ({archs}); "
+                           f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
     if hf.get("hidden_act", "silu") != "silu":
       raise ValueError(f"unsupported hidden_act={hf['hidden_act']!r}; only 'silu' (SwiGLU)")
     if model_type == "qwen2" and hf.get("use_sliding_window"):
@@ -146,11 +148,29 @@ class ModelConfig:
 
   @classmethod
   def from_hf_dir(cls, path: str, **overrides) -> "ModelConfig":
+    """The architecture of a local Hugging Face directory; anything wrong with it is one
+    ``ModelFileError`` naming the directory or its config.json."""
+    if not os.path.isdir(path):
+      raise ModelFileError(f"{path!r} is not a directory: expected a local Hugging Face model "
+                           "directory (config.json + model.safetensors)")
     cfg_path = os.path.join(path, "config.json")
     if not os.path.isfile(cfg_path):
-      raise FileNotFoundError(f"no config.json in {path!r}: not a Hugging Face model directory")
-    with open(cfg_path) as f:
-      return cls.from_hf_dict(json.load(f), **overrides)
+      raise ModelFileError(f"no config.json in {path!r}: not a Hugging Face model directory")
+    try:
+      with open(cfg_path, encoding="utf-8") as f:
+        hf = json.load(f)
+    except (OSError, ValueError) as e:
+      raise ModelFileError(f"{cfg_path} is not readable JSON ({e}); re-download or re-export "
+                           "the model") from None
+    if not isinstance(hf, dict):
+      raise ModelFileError(f"{cfg_path} holds a JSON {type(hf).__name__}, not an object")
+    try:
+      return cls.from_hf_dict(hf, **overrides)
+    except KeyError as e:
+      raise ModelFileError(f"{cfg_path} has no {e.args[0]!r}, which the architecture needs") \
+          from None
+    except (ValueError, TypeError) as e:
+      raise ModelFileError(f"{cfg_path}: {e}") from None
 
   def to_hf_dict(self) -> dict:
     """A config.json that ``transformers`` loads as the same architecture."""

@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rljax.errors import MissingTensorError, ModelFileError
 from rljax.models import llama
 from rljax.models.config import ModelConfig
 
@@ -48,8 +49,8 @@ def hf_name_to_path(name: str) -> tuple[tuple, bool] | None:
   if m and m.group(2) in _LAYER_PARAMS:
     sub, transpose = _LAYER_PARAMS[m.group(2)]
     return (f"layers_{m.group(1)}",) + sub, transpose
-  raise KeyError(f"unexpected tensor {name!r} in the checkpoint (not part of a "
-                 "Llama/Qwen2/Mistral causal LM)")
+  raise MissingTensorError(f"unexpected tensor {name!r} in the checkpoint (not part of a "
+                           "Llama/Qwen2/Mistral causal LM)")
 
 
 def path_to_hf_name(path: tuple) -> tuple[str, bool]:
@@ -70,22 +71,61 @@ def path_to_hf_name(path: tuple) -> tuple[str, bool]:
 def _safetensor_files(path: str) -> list[str]:
   index = os.path.join(path, "model.safetensors.index.json")
   if os.path.isfile(index):
-    with open(index) as f:
-      weight_map = json.load(f)["weight_map"]
-    return [os.path.join(path, f) for f in sorted(set(weight_map.values()))]
+    try:
+      with open(index) as f:
+        weight_map = json.load(f)["weight_map"]
+      return [os.path.join(path, f) for f in sorted(set(weight_map.values()))]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+      raise ModelFileError(f"{index} is not a safetensors index ({type(e).__name__}: {e}); "
+                           "re-download or re-export the model") from None
   single = os.path.join(path, "model.safetensors")
   if os.path.isfile(single):
     return [single]
-  raise FileNotFoundError(f"no model.safetensors or model.safetensors.index.json in {path!r}")
+  raise ModelFileError(f"no model.safetensors or model.safetensors.index.json in {path!r}")
+
+
+def _unreadable(file: str, error: Exception) -> ModelFileError:
+  return ModelFileError(f"{file} is not a readable safetensors file ({type(error).__name__}: "
+                        f"{error}); it may be truncated: re-download or re-export it")
+
+
+def _open_safetensors(file: str):
+  from safetensors import safe_open
+  if not os.path.isfile(file):
+    raise ModelFileError(f"{file} is listed in the safetensors index but does not exist")
+  try:
+    return safe_open(file, framework="numpy")
+  except Exception as e:  # safetensors' own error types (SafetensorError, OSError, ...)
+    raise _unreadable(file, e) from None
 
 
 def iter_hf_tensors(path: str) -> Iterator[tuple[str, np.ndarray]]:
   """(name, array in its stored dtype), one tensor at a time."""
-  from safetensors import safe_open
   for file in _safetensor_files(path):
-    with safe_open(file, framework="numpy") as f:
+    with _open_safetensors(file) as f:
       for name in f.keys():
-        yield name, f.get_tensor(name)
+        try:
+          tensor = f.get_tensor(name)
+        except Exception as e:
+          raise _unreadable(file, e) from None
+        yield name, tensor
+
+
+def iter_hf_shapes(path: str) -> Iterator[tuple[str, tuple]]:
+  """(name, shape) of every tensor, from the files' headers only (nothing is read)."""
+  for file in _safetensor_files(path):
+    with _open_safetensors(file) as f:
+      for name in f.keys():
+        yield name, tuple(f.get_slice(name).get_shape())
+
+
+def check_hf_dir(path: str, head: str = "lm") -> ModelConfig:
+  """What ``load_hf`` would refuse, found from config.json and the safetensors headers in well
+  under a second: an unsupported architecture, a truncated file, a tensor of the wrong shape, a
+  missing one. Returns the architecture."""
+  cfg = ModelConfig.from_hf_dir(path)
+  _match_tensors(path, cfg, head, iter_hf_shapes(path))
+  return cfg
 
 
 def _flat_paths(tree, prefix=()):
@@ -118,20 +158,12 @@ def load_hf(path: str, *, dtype: str | None = None, param_dtype: str | None = No
   place = place or (lambda _, x: jnp.asarray(x))
   params: dict = {}
   for name, tensor in iter_hf_tensors(path):
-    mapped = hf_name_to_path(name)
+    mapped = _target(path, cfg, head, shapes, name, tuple(tensor.shape))
     if mapped is None:
       continue
     target, transpose = mapped
-    if target not in shapes:
-      if target == ("lm_head", "kernel") and (cfg.tie_embeddings or head == "value"):
-        continue  # a tied checkpoint may still store the (identical) output matrix
-      raise KeyError(f"tensor {name!r} has no place in a model with this config.json")
     value = tensor.T if transpose else tensor
-    want = shapes[target]
-    if tuple(value.shape) != tuple(want.shape):
-      raise ValueError(f"tensor {name!r} has shape {tuple(tensor.shape)}, expected "
-                       f"{tuple(want.shape[::-1]) if transpose else tuple(want.shape)}")
-    _set(params, target, place(target, np.asarray(value).astype(want.dtype)))
+    _set(params, target, place(target, np.asarray(value).astype(shapes[target].dtype)))
   loaded = set(p for p, _ in _flat_paths(params))
   if head == "value":
     pdt = np.dtype(shapes[("value_head", "kernel")].dtype)
@@ -140,6 +172,43 @@ def load_hf(path: str, *, dtype: str | None = None, param_dtype: str | None = No
     for key, value in fresh.items():
       _set(params, ("value_head", key), place(("value_head", key), np.asarray(value)))
       loaded.add(("value_head", key))
+  _check_complete(path, shapes, loaded)
+  return cfg, params
+
+
+def _target(path: str, cfg: ModelConfig, head: str, shapes: dict, name: str, shape: tuple):
+  """(param path, transpose) of the HF tensor ``name`` of ``shape``, None if it is ignored;
+  a tensor with no place or of the wrong shape is a ``ModelFileError`` naming it."""
+  mapped = hf_name_to_path(name)
+  if mapped is None:
+    return None
+  target, transpose = mapped
+  if target not in shapes:
+    if target == ("lm_head", "kernel") and (cfg.tie_embeddings or head == "value"):
+      return None  # a tied checkpoint may still store the (identical) output matrix
+    raise MissingTensorError(f"{path}: tensor {name!r} has no place in a model with this "
+                             "config.json")
+  want = tuple(shapes[target].shape)
+  want = want[::-1] if transpose else want
+  if shape != want:
+    raise ModelFileError(f"{path}: tensor {name!r} has shape {shape}, expected {want} by its "
+                         "config.json")
+  return target, transpose
+
+
+def _match_tensors(path: str, cfg: ModelConfig, head: str, named_shapes) -> None:
+  shapes = dict(_flat_paths(llama.param_shapes(cfg, head)))
+  loaded = set()
+  for name, shape in named_shapes:
+    mapped = _target(path, cfg, head, shapes, name, shape)
+    if mapped is not None:
+      loaded.add(mapped[0])
+  if head == "value":
+    loaded |= {("value_head", "kernel"), ("value_head", "bias")}  # made fresh, never loaded
+  _check_complete(path, shapes, loaded)
+
+
+def _check_complete(path: str, shapes: dict, loaded: set) -> None:
   missing = [p for p in shapes if p not in loaded]
   if missing:
     names = []
@@ -148,8 +217,7 @@ def load_hf(path: str, *, dtype: str | None = None, param_dtype: str | None = No
         names.append(path_to_hf_name(p)[0])
       except KeyError:
         names.append("/".join(map(str, p)))
-    raise KeyError(f"checkpoint {path!r} is missing tensors: {names}")
-  return cfg, params
+    raise MissingTensorError(f"checkpoint {path!r} is missing tensors: {names}")
 
 
 def save_hf(path: str, cfg: ModelConfig, params: dict, *, dtype: str | None = None,
@@ -198,7 +266,8 @@ def save_hf(path: str, cfg: ModelConfig, params: dict, *, dtype: str | None = No
 def check_conversion(path: str, prompts: list[list[int]] | None = None, seed: int = 0) -> dict:
   """Compare rljax logits with ``transformers`` logits on a left-padded batch.
 
-  Returns ``{'max_abs_diff', 'mean_kl'}`` over valid positions (KL(hf || rljax) per token).
+  Returns ``{'max_abs_diff', 'mean_kl', 'nonfinite_logits'}`` over valid positions (KL(hf ||
+  rljax) per token; the count of NaN or infinite logits of either side).
   """
   try:
     import torch
@@ -227,11 +296,13 @@ def check_conversion(path: str, prompts: list[list[int]] | None = None, seed: in
                    attention_mask=torch.tensor(mask, dtype=torch.long),
                    position_ids=torch.tensor(pos, dtype=torch.long)).logits.double().numpy()
   valid = mask.astype(bool)
+  nonfinite = int((~np.isfinite(ours[valid])).sum() + (~np.isfinite(theirs[valid])).sum())
   diff = np.abs(ours - theirs)[valid]
   lp_t = theirs - _logsumexp(theirs)
   lp_o = ours - _logsumexp(ours)
   kl = (np.exp(lp_t) * (lp_t - lp_o)).sum(-1)[valid]
-  return {"max_abs_diff": float(diff.max()), "mean_kl": float(kl.mean())}
+  return {"max_abs_diff": float(diff.max()), "mean_kl": float(kl.mean()),
+          "nonfinite_logits": nonfinite}
 
 
 def _logsumexp(x):

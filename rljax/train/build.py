@@ -18,6 +18,7 @@ from rljax import config_checks, models
 from rljax import rollout as rollout_lib
 from rljax.algos.resolve import Algorithm, resolve
 from rljax.data import datasets, prompt_policy, tokenizer as tokenizer_lib
+from rljax.errors import ModelFileError, RljaxError, StartupError
 from rljax.models import ModelConfig, llama
 from rljax.parallel import distributed, mesh as mesh_lib, rules
 from rljax.rewards import verifiers
@@ -85,7 +86,7 @@ def _hf_source(config, tokenizer, *, train_if_missing: bool) -> str | None:
     return source[3:]
   if source == "tiny":
     return None
-  raise ValueError(f"model.source must be 'tiny', 'sft' or 'hf:PATH', got {source!r}")
+  raise StartupError(f"model.source must be 'tiny', 'sft' or 'hf:PATH', got {source!r}")
 
 
 def model_run_settings(model_section) -> dict:
@@ -116,9 +117,16 @@ def load_policy(config, tokenizer) -> tuple[ModelConfig, dict]:
     cfg = resolve_model_config(config, tokenizer)
     return cfg, llama.init_params(cfg, seed=config.seed)
   cfg, params = models.load_hf(path, dtype=m.dtype, param_dtype=m.param_dtype)
-  if cfg.vocab_size < tokenizer.vocab_size:
-    raise ValueError(f"model vocab {cfg.vocab_size} < tokenizer vocab {tokenizer.vocab_size}")
+  check_vocab(config, cfg, tokenizer)
   return cfg.replace(**model_run_settings(m)), params
+
+
+def check_vocab(config, cfg: ModelConfig, tokenizer) -> None:
+  if cfg.vocab_size < tokenizer.vocab_size:
+    raise ModelFileError(
+        f"model.source={config.model.source!r} has a vocabulary of {cfg.vocab_size} tokens, "
+        f"fewer than data.tokenizer={config.data.tokenizer!r} ({tokenizer.vocab_size}): use the "
+        "model's own tokenizer")
 
 
 def single_device():
@@ -275,22 +283,85 @@ def make_generator(config, model: LoadedModel, tokenizer, source,
                    overlong_penalty=r.overlong_penalty)
 
 
-def build_run(config) -> Run:
-  # Every key range-checked and every name resolved before any model is loaded or trained.
-  config_checks.check_config(config)
-  algo = resolve(config)
-  verifiers.get_reward_fn(config.reward.fn)
-  step_lib.check_update_schedule(config)
-  distributed.initialize(config.dist)
-  tokenizer = tokenizer_lib.load_tokenizer(config.data.tokenizer, config.data.chat_template)
-  source = datasets.make_prompt_source(config.data)
-  prompt_policy.apply_prompt_policy(source, config, tokenizer)  # before SFT and the model
-  model_cfg, params = load_policy(config, tokenizer)
-  mesh = mesh_lib.make_mesh(config.mesh)
+@dataclasses.dataclass
+class Prepared:
+  """What ``prepare`` checked and built without touching the run dir or loading weights."""
+  algo: Algorithm
+  tokenizer: Any
+  source: Any
+  mesh: Any
+
+
+def _startup(fn, *args):
+  """``fn(*args)``, with the ValueError / KeyError a start-up check of the config raises (an
+  unknown name, a combination not allowed) as one ``StartupError`` line."""
+  try:
+    return fn(*args)
+  except (KeyError, ValueError) as e:
+    if isinstance(e, RljaxError):
+      raise
+    text = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
+    raise StartupError(text) from e
+
+
+def check_reward_fn(config) -> None:
+  _startup(verifiers.get_reward_fn, config.reward.fn)
+
+
+def _check_model_files(config, algo: Algorithm, tokenizer) -> None:
+  """The policy's Hugging Face directory and the transforms' frozen models, from their headers:
+  a missing or empty directory, an unsupported architecture, a truncated file or a wrong shape is
+  found here, before the run dir is claimed, not after minutes of loading."""
+  if config.model.source.startswith("hf:"):
+    check_vocab(config, _named("model.source", config.model.source, config.model.source[3:]),
+                tokenizer)
+  _hf_source(config, tokenizer, train_if_missing=False)  # an unknown model.source
+  for t in algo.transforms:
+    if t.check_aux is not None:
+      for key, value, path in t.check_aux(config):
+        _named(key, value, path)
+
+
+def _named(key: str, value: str, path: str) -> ModelConfig:
+  try:
+    return models.check_hf_dir(path)
+  except ModelFileError as e:
+    raise type(e)(f"{key}={value!r}: {e}") from None
+
+
+def _check_rows_split(config, mesh) -> None:
   divisor = rules.batch_divisor(mesh)
   if config.rollout.prompts_per_step % divisor:
-    raise ValueError(f"rollout.prompts_per_step={config.rollout.prompts_per_step} must be a "
-                     f"multiple of the data-parallel width (mesh data x fsdp = {divisor})")
+    raise StartupError(f"rollout.prompts_per_step={config.rollout.prompts_per_step} must be a "
+                       f"multiple of the data-parallel width (mesh data x fsdp = {divisor})")
+
+
+def prepare(config) -> Prepared:
+  """Every check that needs neither the run dir nor the weights, in about a second: values,
+  names, the run dir's path, the tokenizer, every prompt, the model files' headers and the mesh.
+  ``loop.train`` calls it before claiming the run dir, so a mistake there leaves nothing."""
+  from rljax.train import run_dir as run_dir_lib
+  config_checks.check_config(config)
+  run_dir_lib.check_path(config.train.run_dir)
+  algo = _startup(resolve, config)
+  check_reward_fn(config)
+  _startup(step_lib.check_update_schedule, config)
+  distributed.initialize(config.dist)
+  tokenizer = tokenizer_lib.load_tokenizer(config.data.tokenizer, config.data.chat_template)
+  _check_model_files(config, algo, tokenizer)
+  source = datasets.make_prompt_source(config.data)
+  prompt_policy.apply_prompt_policy(source, config, tokenizer)  # before SFT and the model
+  mesh = _startup(mesh_lib.make_mesh, config.mesh)
+  _check_rows_split(config, mesh)
+  return Prepared(algo=algo, tokenizer=tokenizer, source=source, mesh=mesh)
+
+
+def build_run(config, prepared: Prepared | None = None) -> Run:
+  # Every key range-checked and every name resolved before any model is loaded or trained.
+  prepared = prepared or prepare(config)
+  algo, tokenizer, source, mesh = (prepared.algo, prepared.tokenizer, prepared.source,
+                                   prepared.mesh)
+  model_cfg, params = load_policy(config, tokenizer)
   aux_cfgs, aux = load_aux_models(config, algo, tokenizer, model_cfg, mesh)
   state, compiled, sharding = sharded_state_and_fns(config, model_cfg, params, mesh, algo,
                                                     aux_cfgs)

@@ -19,6 +19,7 @@ from rljax.parallel import rules
 from rljax.rewards import verifiers
 from rljax.train import build, generation
 from rljax.train.checkpoint import Checkpointer
+from rljax.train.run_dir import RunDirError
 
 EVAL_BATCH = 128  # problems per sampler call
 
@@ -26,9 +27,24 @@ EVAL_BATCH = 128  # problems per sampler call
 def run_config(run_dir: str) -> ml_collections.ConfigDict:
   path = os.path.join(run_dir, "config.json")
   if not os.path.isfile(path):
-    raise FileNotFoundError(f"{run_dir!r} is not an rljax run directory (no config.json)")
-  with open(path) as f:
-    return ml_collections.ConfigDict(json.load(f))
+    raise RunDirError(f"{run_dir!r} is not an rljax run directory (no config.json)")
+  try:
+    with open(path) as f:
+      return ml_collections.ConfigDict(json.load(f))
+  except (OSError, ValueError) as e:
+    raise RunDirError(f"{path} is not readable JSON ({e})") from None
+
+
+def check_same_tokenizer(config, run_dir: str) -> None:
+  """A checkpoint's token ids mean something only with the tokenizer it was trained with: the
+  run's config.json records it (another one scored 1.6% instead of 46.9%, silently)."""
+  saved = run_config(run_dir).data
+  for key in ("tokenizer", "chat_template"):
+    if key in saved and saved[key] != config.data[key]:
+      raise RunDirError(
+          f"eval --checkpoint {run_dir}: the run was trained with data.{key}={saved[key]!r} (its "
+          f"config.json), this eval has data.{key}={config.data[key]!r}; drop that override or "
+          f"pass --config.data.{key}={saved[key]}")
 
 
 def load_run_params(run_dir: str, config=None):
@@ -52,6 +68,9 @@ def evaluate_config(config, *, samples: int = 1, checkpoint: str | None = None) 
 
 
 def _evaluate_config(config, *, samples: int, checkpoint: str | None) -> dict:
+  build.check_reward_fn(config)  # before minutes of loading, as train does
+  if checkpoint:
+    check_same_tokenizer(config, checkpoint)
   tokenizer = tokenizer_lib.load_tokenizer(config.data.tokenizer, config.data.chat_template)
   if checkpoint:
     model_cfg, params = load_run_params(checkpoint)

@@ -97,6 +97,7 @@ def collect_batch(run: build.Run, step: int, stream: int = 0) -> tuple[Rollout, 
   }
   info.update({k: sum(c[k] for c in verifier_counts) for k in verifier_counts[0]})
   info["data/dropped_prompts"] = float(run.source.dropped_prompts)
+  info["data/invalid_rows"] = float(run.source.invalid_rows)
   for name, rows in (("correct", generated.correct), ("wrong", ~generated.correct)):
     if rows.any():  # response lengths by outcome (Dr. GRPO's length bias shows in the wrong ones)
       info[f"len_{name}_mean"] = float(generated.lengths[rows].mean())
@@ -129,12 +130,13 @@ def pretrain_critic(run: build.Run) -> None:
 def train(config) -> dict:
   """Run ``config`` end to end; returns the final eval and the last step's metrics. SIGTERM and
   SIGINT end it with ``preemption.Stop`` (SIGTERM after saving the last step)."""
+  prepared = build.prepare(config)  # every check that needs no run dir, before claiming it
   with models.matmul_precision(config.model), run_dir_lib.claimed(config), \
       preemption.guard(config.train.run_dir, config.train.preempt_grace_s) as guard:
     run = None
     try:
       with guard.droppable():
-        run = build.build_run(config)
+        run = build.build_run(config, prepared)
       return _train(run, guard)
     except (preemption.Preempted, KeyboardInterrupt) as reason:
       raise guard.stop(run, reason) from None

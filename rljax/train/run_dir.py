@@ -11,11 +11,16 @@
   directory holding committed checkpoints. A resumed run must have the same config as the run
   that wrote the directory, except the keys in ``RESUMABLE_CHANGES`` and those the user names in
   ``train.resume_override``; ``train.steps`` may grow but not fall below the latest checkpoint.
+* **Same data.** ``data.json`` records the sha256 of the files a file ``data.source`` reads; a
+  resume whose files differ is refused unless ``data.source`` is named in
+  ``train.resume_override`` (the data order and the eval set would change silently).
 * ``config.json`` is written (atomically) once these checks pass, so a run killed even before its
   first checkpoint can be resumed.
 
-Only the main process of a multi-process run claims the directory; URLs (``gs://``) are not
-locked (no ``flock`` there).
+Only the main process of a multi-process run claims the directory. URLs (``gs://``, any
+``scheme://``) are refused with one line until runs go through one path abstraction (no ``flock``
+there: the lock must become a lease file). A path that cannot be created or written (a symlink
+loop, no permission, a full disk) is one line naming it, and no ``run.lock`` is left behind.
 """
 from __future__ import annotations
 
@@ -29,12 +34,14 @@ import re
 import socket
 import time
 
+from rljax import errors
 from rljax.errors import RljaxError
 
 logger = logging.getLogger(__name__)
 
 LOCK_FILE = "run.lock"
 CONFIG_FILE = "config.json"
+DATA_FILE = "data.json"
 
 # Keys that may differ between the run that wrote a directory and the run resuming it: where
 # and how often to write, evaluate and show things, and how to lay the same computation out.
@@ -82,10 +89,17 @@ class RunLock:
       self.stale = previous
       logger.warning("%s: stale lock of %s (that process is gone); taken over", self.path,
                      _describe(previous))
+    try:
+      self._write_record()
+    except OSError as e:
+      self.release()  # an empty run.lock left behind would read as "being written" forever
+      raise OSError(e.errno, e.strerror, self.path) from None
+
+  def _write_record(self) -> None:
     record = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time()}
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, json.dumps(record).encode(), 0)
-    os.fsync(fd)
+    os.ftruncate(self.fd, 0)
+    os.pwrite(self.fd, json.dumps(record).encode(), 0)
+    os.fsync(self.fd)
 
   def release(self) -> None:
     if self.fd is None:
@@ -183,11 +197,66 @@ def check_start(config, current: dict) -> None:
 
 
 def write_config(run_dir: str, config_json: str) -> None:
-  path = os.path.join(run_dir, CONFIG_FILE)
+  _write_atomic(os.path.join(run_dir, CONFIG_FILE), config_json)
+
+
+def data_record(config) -> dict:
+  from rljax.data import datasets
+  return {"source": config.data.source, "sha256": datasets.fingerprint(config.data.source)}
+
+
+def check_data(config, record: dict) -> None:
+  """Refuse to resume on data files other than those the run started with (module docstring)."""
+  t = config.train
+  path = os.path.join(t.run_dir, DATA_FILE)
+  if not t.resume or not os.path.isfile(path) or "data.source" in tuple(t.resume_override):
+    return
+  saved = _read_record(path)
+  if saved.get("sha256") != record["sha256"]:
+    raise RunDirError(
+        f"cannot resume {t.run_dir}: its data changed (data.source={saved.get('source')!r}, "
+        f"sha256 {str(saved.get('sha256'))[:12]}...; now {config.data.source!r}, sha256 "
+        f"{str(record['sha256'])[:12]}...). Resume with the original files, or continue on these "
+        "with --config.train.resume_override=\"('data.source',)\"")
+
+
+def _write_atomic(path: str, text: str) -> None:
   tmp = f"{path}.tmp-{os.getpid()}"
-  with open(tmp, "w") as f:
-    f.write(config_json)
-  os.replace(tmp, path)
+  try:
+    with open(tmp, "w") as f:
+      f.write(text)
+    os.replace(tmp, path)
+  except OSError:
+    with contextlib.suppress(OSError):
+      os.unlink(tmp)  # a partial file the next run would have to explain
+    raise
+
+
+def check_path(run_dir: str) -> None:
+  """Refuse a run dir this version cannot hold: a URL (object storage), or a path that exists
+  as something other than a directory or cannot be looked up (a symlink loop)."""
+  if "://" in run_dir:
+    raise RunDirError(
+        f"train.run_dir={run_dir!r}: run directories on object storage ({run_dir.split('://')[0]}"
+        "://) are not supported yet; use a local or mounted path (e.g. gcsfuse) instead")
+  try:
+    os.stat(run_dir)
+  except FileNotFoundError:
+    return
+  except OSError as e:
+    raise _path_error(run_dir, e) from None
+  if not os.path.isdir(run_dir):
+    raise RunDirError(f"train.run_dir={run_dir!r} exists and is not a directory; choose another "
+                      "train.run_dir")
+
+
+def _path_error(run_dir: str, error: OSError) -> RljaxError:
+  full = errors.disk_full(error)
+  if full is not None:
+    return full
+  where = f" ({error.filename})" if error.filename and error.filename != run_dir else ""
+  return RunDirError(f"cannot use train.run_dir={run_dir!r}: {error.strerror}{where}; fix the "
+                     "path or its permissions, or choose another train.run_dir")
 
 
 _HELD: dict[str, RunLock] = {}
@@ -200,7 +269,8 @@ def claimed(config):
   from rljax.parallel import distributed
   distributed.initialize(config.dist)
   run_dir = config.train.run_dir
-  if "://" in run_dir or not distributed.is_main_process():
+  check_path(run_dir)
+  if not distributed.is_main_process():
     yield None
     return
   if config.train.resume and not holds_run(run_dir):  # before the lock creates the directory
@@ -208,21 +278,37 @@ def claimed(config):
   key = os.path.realpath(run_dir)
   if key in _HELD:  # the same process already runs there (a train() inside a train())
     raise RunDirError(f"{run_dir} is in use by this process (a run is already training there)")
-  lock = RunLock(run_dir)
+  try:
+    lock = RunLock(run_dir)
+  except OSError as e:
+    raise _path_error(run_dir, e) from None
   _HELD[key] = lock
   try:
     current = json.loads(config.to_json_best_effort())
     check_start(config, current)
-    write_config(run_dir, config.to_json_best_effort(indent=2))
+    record = data_record(config)
+    check_data(config, record)
+    try:
+      _write_atomic(os.path.join(run_dir, DATA_FILE), json.dumps(record))
+      write_config(run_dir, config.to_json_best_effort(indent=2))
+    except OSError as e:
+      raise _path_error(run_dir, e) from None
     yield lock
   finally:
     _HELD.pop(key, None)
     lock.release()
 
 
-def check_convert_target(run_dir: str, out: str) -> None:
-  """``rljax convert RUN OUT``: OUT must not be a run directory nor lie inside RUN."""
+def check_convert_target(run_dir: str, out: str, force: bool = False) -> None:
+  """``rljax convert RUN OUT``: OUT must not be a run directory nor lie inside RUN, and must be
+  empty or new unless ``force`` (convert never overwrites files it did not write)."""
   run, target = os.path.realpath(run_dir), os.path.realpath(out)
   if target == run or target.startswith(run + os.sep) or holds_run(out):
     raise RunDirError(f"convert: the output {out!r} is (inside) a run directory; write the "
                       f"Hugging Face export outside {run_dir!r} and outside any run")
+  if os.path.exists(out) and not os.path.isdir(out):
+    raise RunDirError(f"convert: the output {out!r} is a file; name a new or empty directory")
+  if not force and os.path.isdir(out) and os.listdir(out):
+    raise RunDirError(f"convert: the output {out!r} is not empty (it holds "
+                      f"{sorted(os.listdir(out))[:3]}...); name a new or empty directory, or pass "
+                      "--force to overwrite what is there")

@@ -5,12 +5,8 @@ import os
 
 from rljax import models
 from rljax.algos import distill
-from rljax.errors import RljaxError
+from rljax.errors import ModelFileError, StartupError
 from rljax.transforms.base import Transform, register_transform, traced
-
-
-class TeacherError(RljaxError, ValueError):
-  """``teacher.source`` cannot serve as this policy's teacher (the message says why)."""
 
 
 def teacher_path(teacher_section, sft_out_dir: str):
@@ -24,7 +20,7 @@ def teacher_path(teacher_section, sft_out_dir: str):
     return os.path.join(source[4:], "hf")
   if source == "sft":
     return sft_out_dir
-  raise TeacherError(f"teacher.source must be '', 'tiny', 'sft', 'hf:PATH' or 'run:DIR', got "
+  raise StartupError(f"teacher.source must be '', 'tiny', 'sft', 'hf:PATH' or 'run:DIR', got "
                      f"{source!r}")
 
 
@@ -32,7 +28,7 @@ def load_teacher(config, tokenizer, policy_cfg):
   """``(ModelConfig, params)`` of the teacher; it must share the policy's tokenizer."""
   from rljax.models import llama
   if not config.teacher.source:
-    raise TeacherError("algo.opd_coef > 0 needs a teacher: set teacher.source ('hf:PATH', "
+    raise StartupError("algo.opd_coef > 0 needs a teacher: set teacher.source ('hf:PATH', "
                        "'run:DIR', 'sft' or 'tiny')")
   dtype = config.teacher.dtype or config.model.dtype
   path = teacher_path(config.teacher, config.sft.out_dir)
@@ -40,17 +36,29 @@ def load_teacher(config, tokenizer, policy_cfg):
     cfg = policy_cfg.replace(dtype=dtype)
     return cfg, llama.init_params(cfg, seed=config.seed + 1)
   if not os.path.isdir(path):
-    raise TeacherError(f"teacher.source={config.teacher.source!r}: {path} is not a directory")
+    raise ModelFileError(f"teacher.source={config.teacher.source!r}: {path} is not a directory")
   cfg, params = models.load_hf(path, dtype=dtype, param_dtype=config.model.param_dtype)
   same = (cfg.vocab_size == policy_cfg.vocab_size and cfg.eos_token_id == policy_cfg.eos_token_id
           and cfg.pad_token_id == policy_cfg.pad_token_id)
   if not same:
-    raise TeacherError(
+    raise StartupError(
         f"teacher.source={config.teacher.source!r} has another tokenizer than the policy "
         f"(vocab {cfg.vocab_size} / eos {cfg.eos_token_id} / pad {cfg.pad_token_id} vs "
         f"{policy_cfg.vocab_size} / {policy_cfg.eos_token_id} / {policy_cfg.pad_token_id}): "
         "on-policy distillation scores the student's tokens, so both must share one")
   return cfg, params
+
+
+def check_teacher_files(config):
+  """The teacher's directory, checked from its header before the run dir is claimed ('sft' may
+  be trained first, 'tiny' has none)."""
+  if not config.teacher.source:
+    raise StartupError("algo.opd_coef > 0 needs a teacher: set teacher.source ('hf:PATH', "
+                       "'run:DIR', 'sft' or 'tiny')")
+  path = teacher_path(config.teacher, config.sft.out_dir)
+  if path is None or config.teacher.source == "sft":
+    return ()
+  return (("teacher.source", config.teacher.source, path),)
 
 
 def check_teacher_logp(metrics, step: int) -> None:
@@ -83,4 +91,5 @@ def make(algo, hparams):
     return {"advantages": advantages, "extras": {"teacher_logp": teacher_logp}}, metrics
 
   return Transform("opd", keys=keys, needs_old_logp=True, on_score=on_score,
-                   check_step=check_teacher_logp, aux_model=load_teacher)
+                   check_step=check_teacher_logp, aux_model=load_teacher,
+                   check_aux=check_teacher_files)
