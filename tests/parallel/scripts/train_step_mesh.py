@@ -5,7 +5,6 @@ Arguments: ``d,f,t`` a train mesh, ``sd,f,t`` a sampling mesh, ``scand,f,t`` a t
 ``model.scan_layers=True`` and 2 layers (compared with the 1-device unrolled 2-layer step).
 Prints one JSON line per mesh ("kind": "train", "train_scan" or "sample").
 """
-import dataclasses
 import json
 import os
 import sys
@@ -81,9 +80,9 @@ def train_once(mesh_shape, scan_layers=False, layers=1):
   # Every field of score's output must leave row-sharded as train_step's in_shardings
   # demand: the loop feeds one straight into the other, and jit rejects another sharding.
   data_sh = lambda x: rules.batch_sharding(mesh, x.ndim)  # noqa: E731
-  prepare_bad = [f"{name}: {spec(x.sharding)}" for name, x in
-                 ((f.name, getattr(batch, f.name)) for f in dataclasses.fields(batch))
-                 if x is not None and not x.sharding.is_equivalent_to(data_sh(x), x.ndim)]
+  prepare_bad = [f"{jax.tree_util.keystr(path)}: {spec(x.sharding)}" for path, x in
+                 jax.tree_util.tree_leaves_with_path(batch)
+                 if not x.sharding.is_equivalent_to(data_sh(x), x.ndim)]
   direct_error = None
   if prepare_bad:
     try:  # the loop's path, on a throwaway copy (train_step donates its state)
