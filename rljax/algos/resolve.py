@@ -222,7 +222,8 @@ def resolve(config, *, group_size: Optional[int] = None, critic: Optional[bool] 
             ) -> Algorithm:
   """The ``Algorithm`` of a whole config (or of an ``algo`` section with ``group_size`` and
   ``critic`` given). Fails on an unknown name, an out-of-range key, a combination that cannot
-  run, or a key set away from its default that nothing resolved reads, naming the key."""
+  run, or (for a whole config, what a run resolves) a key set away from its default that nothing
+  resolved reads, naming the key."""
   settings = _plain(config)
   if "algo" in settings:
     algo = _plain(settings["algo"])
@@ -248,7 +249,7 @@ def resolve(config, *, group_size: Optional[int] = None, critic: Optional[bool] 
   if "values" in advantage.inputs and not critic:
     raise ValueError(f"algo.advantage={algo['advantage']!r} needs critic values: set "
                      "critic.enabled=True")
-  if critic and not adv_meta.get("critic_targets"):
+  if critic and not adv_meta.get("critic_targets") and "algo" in settings:
     raise ValueError(f"critic.enabled=True with algo.advantage={algo['advantage']!r}: this "
                      "estimator gives the critic no targets (returns); use an estimator with "
                      "critic targets (gae) or switch the critic off")
@@ -292,8 +293,9 @@ def resolve(config, *, group_size: Optional[int] = None, critic: Optional[bool] 
       overlong_filter=bool(algo["overlong_filter"]), group_size=group_size,
       epochs=algo["epochs"], minibatches=algo["minibatches"],
       micro_batches=algo["micro_batches"], hparams=hparams)
-  from rljax.algos import usage
-  usage.check_unused(algo, algorithm, critic=settings.get("critic"), reward=settings.get("reward"))
+  if "algo" in settings:  # a run's whole config; a bare algo section composes components
+    from rljax.algos import usage
+    usage.check_unused(algo, algorithm, critic=settings["critic"], reward=settings.get("reward"))
   return algorithm
 
 

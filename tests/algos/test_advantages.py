@@ -227,11 +227,18 @@ def test_bad_adv_std_names_the_key(algo_cfg):
 @pytest.mark.parametrize("gamma", [1.0, 0.9])
 def test_reinforce_pp_matches_numpy(prec, algo_cfg, gamma):
   rewards, mask, token_rewards, _ = make_inputs(4, 4, prec.dtype)
-  # adv_whiten=True must not whiten this already-whitened estimator a second time.
   adv, ret = run(algo_cfg, "reinforce_pp", rewards, mask, 4, token_rewards=token_rewards,
-                 gamma=gamma, adv_whiten=True)
+                 gamma=gamma)
   assert ret is None
   assert_close(adv, np_whiten(np_returns_to_go(token_rewards, mask, gamma), mask), prec)
+  # It whitens by definition: in a run's config adv_whiten=True would do nothing, so it is
+  # refused by name.
+  from configs.base import get_config
+  config = get_config()
+  config.algo.advantage, config.algo.adv_whiten = "reinforce_pp", True
+  with pytest.raises(ValueError, match="algo.adv_whiten=True is not used by advantage "
+                                       "'reinforce_pp'"):
+    resolve(config)
 
 
 def test_reinforce_pp_baseline_matches_numpy(prec, algo_cfg):
@@ -245,7 +252,9 @@ def test_reinforce_pp_baseline_matches_numpy(prec, algo_cfg):
     (None, None, False), (1.0, None, True), (1.0, 0.4, False), (None, 0.4, True)])
 def test_gae_matches_numpy(prec, algo_cfg, lam_critic, lam_alpha, whiten):
   rewards, mask, token_rewards, values = make_inputs(6, 4, prec.dtype)
-  gamma, lam = 0.97, 0.9
+  # With lam_alpha the adaptive lambda replaces lam, which then stays at its default (a set,
+  # unread lam is refused).
+  gamma, lam = 0.97, 0.9 if lam_alpha is None else 0.95
   adv, ret = run(algo_cfg, "gae", rewards, mask, 4, values=values, token_rewards=token_rewards,
                  gamma=gamma, lam=lam, lam_critic=lam_critic, lam_alpha=lam_alpha,
                  adv_whiten=whiten)
