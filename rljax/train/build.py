@@ -27,6 +27,7 @@ from rljax.train import update as update_lib
 from rljax.train.generation import Generator
 from rljax.train.checkpoint import Checkpointer
 from rljax.train.metrics import MetricsWriter
+from rljax.train import state as state_lib
 from rljax.train.state import TrainState, create_state, make_optimizer, total_updates
 
 
@@ -374,7 +375,8 @@ def build_run(config, prepared: Prepared | None = None) -> Run:
   if config.train.resume and checkpointer.latest_step() is not None:
     abstract = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
                             state, sharding)
-    start, state, extra = checkpointer.restore_latest(abstract)  # falls back past a bad one
+    start, state, extra = checkpointer.restore_latest(  # falls back past a bad one
+        abstract, migrate=state_lib.legacy_layout)
     source.load_state_dict(extra["data"])
   elif checkpointer.latest_step() is not None:
     raise FileExistsError(f"{run_dir} already holds checkpoints: pass --config.train.resume=True "

@@ -161,7 +161,7 @@ class Checkpointer:
 
   # --- restore --------------------------------------------------------------------------------
 
-  def restore(self, step: int | None, abstract_state: Any) -> tuple[Any, dict]:
+  def restore(self, step: int | None, abstract_state: Any, migrate=None) -> tuple[Any, dict]:
     """Read checkpoint ``step`` (None: the latest) onto the shardings of ``abstract_state``.
 
     Args:
@@ -170,6 +170,9 @@ class Checkpointer:
         sharding=...)`` leaves (e.g. ``jax.eval_shape`` of the state's constructor with the
         target shardings attached), ``None`` where the state has None, python scalars as is.
         Live ``jax.Array`` leaves also work (their sharding is used).
+      migrate: ``migrate(saved leaf paths, abstract_state) -> (abstract of the saved layout,
+        convert) | None``: reads a checkpoint written in an older layout of the state and
+        ``convert``s it (``rljax.train.state.legacy_layout``).
 
     Returns:
       ``(state, extra)``: the state with the structure of ``abstract_state``, and the extra dict.
@@ -190,15 +193,21 @@ class Checkpointer:
       raise CheckpointError(self._cause(step, "unreadable metadata", e)) from e
     if saved is None:
       raise CheckpointError(f"checkpoint {self._path(step)}: no metadata for its state")
-    _check_same_arrays(getattr(saved, "tree", saved), abstract_state, step)
+    saved_tree = getattr(saved, "tree", saved)
+    convert = None
+    if migrate is not None and (old := migrate(_leaf_paths(saved_tree), abstract_state)):
+      abstract_state, convert = old
+    _check_same_arrays(saved_tree, abstract_state, step)
     try:
       restored = self._manager.restore(step, args=ocp.args.Composite(**{
           STATE: ocp.args.StandardRestore(abstract_state), EXTRA: ocp.args.JsonRestore()}))
     except Exception as e:
       raise CheckpointError(self._cause(step, "cannot be restored", e)) from e
-    return restored[STATE], restored[EXTRA]
+    state = restored[STATE] if convert is None else convert(restored[STATE])
+    return state, restored[EXTRA]
 
-  def restore_latest(self, abstract_state: Any, log=logger.warning) -> tuple[int, Any, dict]:
+  def restore_latest(self, abstract_state: Any, log=logger.warning, migrate=None
+                     ) -> tuple[int, Any, dict]:
     """``(step, state, extra)`` of the newest checkpoint that restores.
 
     A committed checkpoint that cannot be read (a truncated file, bad metadata) is reported with
@@ -212,7 +221,7 @@ class Checkpointer:
     failures = []
     for step in reversed(steps):
       try:
-        state, extra = self.restore(step, abstract_state)
+        state, extra = self.restore(step, abstract_state, migrate)
       except CheckpointError as e:
         failures.append(str(e))
         log(f"{e}; falling back to the previous checkpoint")

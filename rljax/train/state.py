@@ -73,3 +73,33 @@ def create_state(params, *, critic_params=None, ref_params=None, actor_tx, criti
       rng=jax.random.PRNGKey(seed),
       skipped_updates=jnp.zeros((), jnp.int32),
       transforms=dict(transforms or {}))
+
+
+# Checkpoints written before the transforms owned their state kept the KL coefficient and the
+# entropy controller as TrainState fields of their own.
+LEGACY_FIELDS = {"kl_coef": ("kl_coef", "coef"), "entropy_ctrl": ("entropy_ctrl", None)}
+
+
+def legacy_layout(saved_paths: set, abstract: TrainState):
+  """``(abstract of the older layout, convert)`` when a checkpoint has top-level ``kl_coef`` /
+  ``entropy_ctrl`` (``Checkpointer.restore``'s ``migrate``), else None. A field the current
+  config has no transform for is dropped (the KL coefficient of a run whose KL is now off)."""
+  if not any(p == "kl_coef" or p.startswith("entropy_ctrl/") for p in saved_paths):
+    return None
+  fields = {f: getattr(abstract, f) for f in abstract.__dataclass_fields__ if f != "transforms"}
+  old = dict(fields)
+  scalar = jax.tree.leaves(abstract.step)[0]
+  old["kl_coef"] = jax.ShapeDtypeStruct((), jnp.float32, sharding=scalar.sharding)
+  old["entropy_ctrl"] = None
+  if any(p.startswith("entropy_ctrl/") for p in saved_paths):
+    from rljax.algos.entropy import EntropyCtrlState
+    value = jax.ShapeDtypeStruct((), jnp.result_type(float), sharding=scalar.sharding)
+    old["entropy_ctrl"] = EntropyCtrlState(value, value, value)
+
+  def convert(restored) -> TrainState:
+    transforms = {}
+    for field, (name, leaf) in LEGACY_FIELDS.items():
+      if name in abstract.transforms and restored[field] is not None:
+        transforms[name] = {leaf: restored[field]} if leaf else restored[field]
+    return TrainState(**{f: restored[f] for f in fields}, transforms=transforms)
+  return old, convert

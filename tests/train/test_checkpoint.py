@@ -193,3 +193,34 @@ def test_two_process_checkpoint_restores_in_one_process(tmp_path):
                                 np.arange(32.0).reshape(8, 4))
   assert state["params"]["layers_0"]["kernel"].sharding == device
   assert int(state["step"]) == 5 and state["critic_params"] is None
+
+
+@pytest.mark.parametrize("kl_now", [True, False])
+def test_a_checkpoint_from_before_transforms_owned_their_state_resumes(tmp_path, kl_now):
+  """Runs checkpointed with top-level ``kl_coef`` / ``entropy_ctrl`` resume into
+  ``TrainState.transforms`` (a KL coefficient the config no longer uses is dropped)."""
+  from rljax.algos.entropy import EntropyCtrlState
+  from rljax.train import state as state_lib
+  params = {"w": jnp.arange(3.0)}
+  common = dict(step=jnp.asarray(4, jnp.int32), params=params,
+                opt_state=optax.adamw(1e-3).init(params), critic_params=None,
+                critic_opt_state=None, ref_params=None,
+                rng=jax.random.PRNGKey(1), skipped_updates=jnp.asarray(0, jnp.int32))
+  ctrl = EntropyCtrlState(jnp.asarray(0.002), jnp.asarray(0.001), jnp.asarray(0.3))
+  old = dict(common, kl_coef=jnp.asarray(0.07, jnp.float32), entropy_ctrl=ctrl)
+  transforms = {"entropy_ctrl": ctrl}
+  if kl_now:
+    transforms["kl_coef"] = {"coef": jnp.asarray(0.0, jnp.float32)}
+  current = state_lib.TrainState(**common, transforms=transforms)
+  with Checkpointer(tmp_path / "ckpt", keep=2) as ckpt:
+    ckpt.save(4, old, {"data": {}})
+    ckpt.wait()
+    with pytest.raises(ValueError, match="does not match the state being restored"):
+      ckpt.restore(4, abstract_of(current))  # without the migration: refused, not set aside
+    step, state, _ = ckpt.restore_latest(abstract_of(current), migrate=state_lib.legacy_layout)
+  assert step == 4 and isinstance(state, state_lib.TrainState)
+  assert float(state.transforms["entropy_ctrl"].coef) == pytest.approx(0.002)
+  assert ("kl_coef" in state.transforms) == kl_now
+  if kl_now:
+    assert float(state.transforms["kl_coef"]["coef"]) == pytest.approx(0.07)
+  np.testing.assert_array_equal(np.asarray(state.params["w"]), [0.0, 1.0, 2.0])
