@@ -40,5 +40,6 @@ def test_dapo_ladder_is_cumulative():
   top = dict(study.variants[-1].overrides)
   assert top == {"algo.overlong_filter": "true", "algo.clip_eps_high": "0.28",
                  "reward.overlong_buffer": "5", "reward.overlong_penalty": "1.0",
-                 "algo.loss_agg": "token_mean", "algo.dynamic_sampling": "true"}
+                 "algo.loss_agg": "token_mean", "algo.dynamic_sampling": "true",
+                 "algo.max_gen_batches": "3"}
   assert study.variants[0].overrides == ()
