@@ -82,15 +82,27 @@ TIMING = ("sec_", "tokens_per_sec")
 COMPARE_UP_TO_STEP = {"rloo": 1}
 
 
+# Metrics of every preset made with the code before the transforms owned their state and hooks
+# (rljax/transforms): that refactor changed no number either, to every digit on the machine
+# that made them (timing keys aside).
+BEFORE_TRANSFORMS = os.path.join(os.path.dirname(__file__), "data",
+                                 "preset_metrics_before_transforms.json")
+
+
 def _same_as_before_the_api_refactor(preset, metrics_path):
-  with open(BEFORE_API) as f:
+  _same_as(preset, metrics_path, BEFORE_API, COMPARE_UP_TO_STEP.get(preset))
+  _same_as(preset, metrics_path, BEFORE_TRANSFORMS)
+
+
+def _same_as(preset, metrics_path, snapshot, up_to_step=None):
+  with open(snapshot) as f:
     before = json.load(f).get(preset)
-  if before is None:  # a preset added after the refactor (section 8): nothing to compare
+  if before is None:  # a preset added after that snapshot: nothing to compare
     return
   after = metrics_lib.read_jsonl(metrics_path)
   assert len(after) == len(before)
   for old, new in zip(before, after):
-    if old["step"] > COMPARE_UP_TO_STEP.get(preset, old["step"]):
+    if up_to_step is not None and old["step"] > up_to_step:
       continue
     for key, value in old.items():
       if value is not None and not key.startswith(TIMING):
