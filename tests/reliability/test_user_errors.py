@@ -90,11 +90,14 @@ PROBES = {
                            f"model.hidden_size={10**30} is not allowed"),
     "max_skipped_steps=-1": (_train({"train.max_skipped_steps": "-1"}),
                              "train.max_skipped_steps=-1 is not allowed: expected an integer >= 0"),
-    "algo.adv_std": (_train({"algo.adv_std": "grp"}), "algo.adv_std='grp' must be one of"),
+    "algo.adv_std": (_train({"algo.adv_std": "grp"}), "algo.adv_std='grp' is not allowed: expected one of ['group', 'batch', 'none']"),
     "algo.kl_placement": (_train({"algo.kl_placement": "los"}),
-                          "algo.kl_placement='los' must be one of"),
-    "algo.advantage": (_train({"algo.advantage": "grpoo"}), "unknown advantage estimator 'grpoo'"),
-    "reward.fn": (_train({"reward.fn": "exact"}), "reward.fn='exact' is not registered"),
+                          "algo.kl_placement='los' is not allowed: expected one of "
+                          "['loss', 'reward', 'none']"),
+    "algo.advantage": (_train({"algo.advantage": "grpoo"}), "algo.advantage='grpoo' is not allowed: expected a "
+                                                        "registered advantage name: dr_grpo, gae"),
+    "reward.fn": (_train({"reward.fn": "exact"}), "reward.fn='exact' is not allowed: expected a "
+                                                    "registered reward_fn name: exact_match"),
     "data.tokenizer": (_train({"data.tokenizer": "/no/such/tok"}),
                        "data.tokenizer='/no/such/tok' is neither 'char' nor"),
     "chat_template-with-char": (_train({"data.chat_template": "true"}),
