@@ -245,7 +245,10 @@ class MoE(nnx.Module):
     """x [B, S, D]; valid [B, S] bool or None (all valid); routes [B, S, k] int or None.
 
     Returns ``(y [B, S, D] in the compute dtype, MoEStats)``. ``valid`` masks padding out of the
-    load-balancing loss and, under ``'capacity'``, out of the expert queues.
+    load-balancing loss and, under ``'capacity'``, out of the expert queues (padding then outputs
+    zero; under ``'dense'`` it is computed like any token). Under replay the loss counts the
+    replayed routes, the ones the output used. Concrete ``routes`` are range-checked on the host
+    (a device-to-host copy); traced ones are not (``check_routes``).
     """
     chex.assert_rank(x, 3)
     b, s, d = x.shape
