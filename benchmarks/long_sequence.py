@@ -24,15 +24,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from rljax import algos
-from rljax.models import ModelConfig, llama
+from rljax.models import ModelConfig, llama, transformer
 
 LAYOUTS = {"unrolled": False, "scan": True}
 
 
 def loss(cfg, params, tokens, mask):
   """The policy-gradient path's forward: hidden -> chunked token log-probs -> a scalar."""
-  model = llama.bind(cfg, params)
-  hidden, _ = model(tokens, llama.positions_from_mask(mask), attn_mask=mask)
+  hidden, model, _ = transformer.forward_with_routes(cfg, params, tokens, mask)
   logp, _ = algos.token_logprobs_and_entropy(hidden[:, :-1], model.head_weight(), tokens[:, 1:],
                                              chunk=512)
   return -(logp * mask[:, 1:]).sum()

@@ -19,7 +19,7 @@ import ml_collections
 
 from rljax import config_loader, models
 from rljax.data import tokenizer as tokenizer_lib
-from rljax.models import ModelConfig, llama
+from rljax.models import ModelConfig, transformer
 from rljax.rollout import engine
 from rljax.rollout.sampler import Rollout, SamplingParams
 
@@ -50,7 +50,7 @@ class Model:
   def logits(self, tokens, mask=None) -> jax.Array:
     """Logits ``[B, S, V]`` of left-padded ``tokens [B, S]`` (``mask`` 1 on real tokens)."""
     mask = (tokens != self.tokenizer.pad_id) if mask is None else mask
-    return llama.logits(self.cfg, self.params, tokens, mask.astype("int32"))
+    return transformer.logits(self.cfg, self.params, tokens, mask.astype("int32"))
 
   def sample(self, prompts: Sequence[str], *, group_size: int = 1, max_new_tokens: int = 64,
              temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, greedy: bool = False,
@@ -84,7 +84,7 @@ def load(source: str = "tiny", *, tokenizer: str | None = None,
     tok = tokenizer_lib.load_tokenizer(tokenizer or "char")
     model_cfg = models.tiny_config(model_config or config().model, tok.vocab_size,
                                    eos_token_id=tok.eos_id, pad_token_id=tok.pad_id)
-    return Model(model_cfg, llama.init_params(model_cfg, seed=seed), tok)
+    return Model(model_cfg, transformer.init_params(model_cfg, seed=seed), tok)
   path = source[3:] if source.startswith("hf:") else source
   if not os.path.isdir(path):
     raise FileNotFoundError(f"rljax.load: {source!r} is not 'tiny', 'hf:PATH', a Hugging Face "

@@ -1,4 +1,8 @@
-"""Model configuration for the Llama family (Llama 1-3, Mistral, Qwen2), read from HF config.json."""
+"""Model configuration of every supported family, read from (and written back to) HF config.json.
+
+The fields are the union of what the families need; each family file (``rljax/models/families``)
+says which HF keys fill them (``config_from_hf``) and how they are written back (``config_to_hf``).
+"""
 from __future__ import annotations
 
 import contextlib
@@ -9,19 +13,23 @@ from typing import Any, Mapping
 
 from rljax.errors import ModelFileError
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 MATMUL_PRECISIONS = ("default", "high", "highest")
 REMAT_CHOICES = ("none", "full", "dots")
 ATTENTION_BACKENDS = ("auto", "xla", "blockwise", "cudnn", "pallas")
+LAYER_TYPES = ("full_attention", "sliding_attention")
+MOE_DISPATCH = ("dense", "capacity")
+ROUTER_REPLAY = ("off", "R2", "R3")
+HIDDEN_ACTS = ("silu", "gelu_pytorch_tanh")
 
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-  """Hyperparameters of a decoder-only transformer as ``transformers`` defines the Llama family.
+  """Hyperparameters of a decoder-only transformer, named as ``transformers`` names them.
 
   ``rope_scaling`` is a sorted tuple of ``(key, value)`` pairs so the config stays hashable (it is
-  a static argument of jitted functions).
+  a static argument of jitted functions). ``model_type`` selects the family
+  (``rljax.models.families``): the blocks that differ between families live there.
   """
   vocab_size: int
   hidden_size: int
@@ -48,7 +56,27 @@ class ModelConfig:
   scan_layers: bool = False  # cache-free forward as a lax.scan over stacked layer weights
   attention: str = "auto"  # backend of rljax.models.attention
   attention_block: int = 128  # max query/key block of the blockwise backend (balanced)
-  sliding_window: int | None = None  # Mistral: a query sees its last ``sliding_window`` slots
+  sliding_window: int | None = None  # a query sees its last ``sliding_window`` slots
+  # Per-layer attention ('full_attention' | 'sliding_attention'), None: every layer alike (the
+  # window, if any, on all of them). Sliding layers use ``rope_local_theta`` when it is set.
+  layer_types: tuple | None = None
+  rope_local_theta: float | None = None
+  hidden_act: str = "silu"
+  query_pre_attn_scalar: float | None = None  # scores scaled by its -1/2 power, not Dh's
+  final_logit_softcap: float | None = None  # logits = cap * tanh(logits / cap)
+  # Mixture of experts (0 experts: a dense MLP in every layer).
+  num_experts: int = 0
+  experts_per_token: int = 0
+  moe_intermediate_size: int = 0
+  norm_topk_prob: bool = False
+  moe_layers: tuple = ()  # indices of the layers whose MLP is the MoE block
+  router_aux_loss_coef: float = 0.0
+  moe_dispatch: str = "dense"
+  moe_capacity_factor: float = 1.25
+  # The sampler's layout of the projections (``rljax.rollout.decode.inference_params``): q/k/v
+  # as one kernel, gate/up as one kernel. The parameter tree of a model follows them.
+  fused_qkv: bool = False
+  fused_mlp: bool = False
 
   def __post_init__(self):
     # Old configs and command lines say remat=True/False (``--config.model.remat=True`` now
@@ -69,9 +97,22 @@ class ModelConfig:
       raise ValueError(f"model.attention_block={self.attention_block}: must be >= 1")
     if self.sliding_window is not None and self.sliding_window < 1:
       raise ValueError(f"sliding_window={self.sliding_window}: must be >= 1 or None")
-    if self.model_type not in SUPPORTED_MODEL_TYPES:
+    if self.model_type not in supported_model_types():
       raise ValueError(f"unsupported architecture model_type={self.model_type!r}; "
-                       f"supported: {SUPPORTED_MODEL_TYPES}")
+                       f"supported: {', '.join(supported_model_types())}")
+    if self.layer_types is not None:
+      object.__setattr__(self, "layer_types", tuple(self.layer_types))
+      if len(self.layer_types) != self.num_layers or not set(self.layer_types) <= set(LAYER_TYPES):
+        raise ValueError(f"layer_types={self.layer_types}: expected {self.num_layers} entries of "
+                         f"{LAYER_TYPES}")
+    if self.hidden_act not in HIDDEN_ACTS:
+      raise ValueError(f"unsupported hidden_act={self.hidden_act!r}; supported: {HIDDEN_ACTS}")
+    if self.moe_dispatch not in MOE_DISPATCH:
+      raise ValueError(f"model.moe_dispatch={self.moe_dispatch!r}: expected one of {MOE_DISPATCH}")
+    object.__setattr__(self, "moe_layers", tuple(int(i) for i in self.moe_layers))
+    if self.moe_layers and not (0 < self.experts_per_token <= self.num_experts):
+      raise ValueError(f"experts_per_token={self.experts_per_token} must be in [1, num_experts="
+                       f"{self.num_experts}]")
     if self.num_heads % self.num_kv_heads:
       raise ValueError(f"num_heads={self.num_heads} is not a multiple of "
                        f"num_kv_heads={self.num_kv_heads}")
@@ -85,6 +126,29 @@ class ModelConfig:
   def rope_dict(self) -> dict:
     return dict(self.rope_scaling or ())
 
+  def layer_window(self, layer: int) -> int | None:
+    """The sliding window of ``layer`` (None: full attention)."""
+    if self.layer_types is None:
+      return self.sliding_window
+    return self.sliding_window if self.layer_types[layer] == "sliding_attention" else None
+
+  def layer_rope(self, layer: int) -> tuple:
+    """``(theta, scaling)`` of ``layer``'s RoPE: local layers may have a base of their own."""
+    if (self.layer_types is not None and self.layer_types[layer] == "sliding_attention"
+        and self.rope_local_theta is not None):
+      return self.rope_local_theta, None
+    return self.rope_theta, self.rope_scaling
+
+  def is_moe_layer(self, layer: int) -> bool:
+    return layer in self.moe_layers
+
+  @property
+  def uniform_layers(self) -> bool:
+    """Whether every layer has the same structure and attention (``scan_layers`` needs it)."""
+    first = (self.layer_window(0), self.layer_rope(0), self.is_moe_layer(0))
+    return all((self.layer_window(i), self.layer_rope(i), self.is_moe_layer(i)) == first
+               for i in range(self.num_layers))
+
   def replace(self, **changes) -> "ModelConfig":
     return dataclasses.replace(self, **changes)
 
@@ -93,56 +157,23 @@ class ModelConfig:
     q = self.num_heads * self.head_dim
     kv = self.num_kv_heads * self.head_dim
     attn = d * q + 2 * d * kv + q * d + (q + 2 * kv if self.qkv_bias else 0)
-    layer = attn + 3 * d * f + 2 * d
-    return v * d * (1 if self.tie_embeddings else 2) + self.num_layers * layer + d
+    dense = 3 * d * f
+    moe = self.num_experts * (3 * d * self.moe_intermediate_size + d)
+    mlps = sum(moe if self.is_moe_layer(i) else dense for i in range(self.num_layers))
+    norms = self.num_layers * 2 * d  # families with more norms add a few d per layer at most
+    return v * d * (1 if self.tie_embeddings else 2) + self.num_layers * attn + mlps + norms + d
 
   # --- Hugging Face ------------------------------------------------------------------------------
   @classmethod
   def from_hf_dict(cls, hf: Mapping[str, Any], **overrides) -> "ModelConfig":
+    """The architecture of an HF config.json (its family reads the keys it needs)."""
+    from rljax.models import families
     model_type = hf.get("model_type")
-    if model_type not in SUPPORTED_MODEL_TYPES:
+    if model_type not in supported_model_types():
       archs = hf.get("architectures")
       raise ModelFileError(f"unsupported architecture model_type={model_type!r} ({archs}); "
-                           f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
-    if hf.get("hidden_act", "silu") != "silu":
-      raise ValueError(f"unsupported hidden_act={hf['hidden_act']!r}; only 'silu' (SwiGLU)")
-    if model_type == "qwen2" and hf.get("use_sliding_window"):
-      raise ValueError("Qwen2 with use_sliding_window=True is not supported")
-    # Mistral applies its window to every layer (``transformers`` MistralAttention); Llama has
-    # none, and Qwen2's per-layer windows are refused above.
-    window = hf.get("sliding_window") if model_type == "mistral" else None
-    # transformers >= 5 writes rope_parameters; earlier versions rope_theta + rope_scaling.
-    rope = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
-    theta = rope.pop("rope_theta", hf.get("rope_theta", 10000.0))
-    if "type" in rope and "rope_type" not in rope:
-      rope["rope_type"] = rope.pop("type")
-    rope_type = rope.get("rope_type", "default")
-    scaling = None if rope_type == "default" else tuple(sorted(rope.items()))
-    heads = hf["num_attention_heads"]
-    kwargs = dict(
-        vocab_size=hf["vocab_size"],
-        hidden_size=hf["hidden_size"],
-        intermediate_size=hf["intermediate_size"],
-        num_layers=hf["num_hidden_layers"],
-        num_heads=heads,
-        num_kv_heads=hf.get("num_key_value_heads") or heads,
-        head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
-        rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
-        rope_theta=float(theta),
-        rope_scaling=scaling,
-        tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
-        qkv_bias=model_type == "qwen2" or bool(hf.get("attention_bias", False)),
-        o_bias=model_type != "qwen2" and bool(hf.get("attention_bias", False)),
-        mlp_bias=bool(hf.get("mlp_bias", False)),
-        max_position_embeddings=hf.get("max_position_embeddings", 4096),
-        model_type=model_type,
-        bos_token_id=hf.get("bos_token_id"),
-        eos_token_id=hf.get("eos_token_id"),
-        pad_token_id=hf.get("pad_token_id"),
-        sliding_window=None if window is None else int(window),
-    )
-    if rope_type != "default" and "factor" not in rope:
-      raise ValueError(f"rope scaling {rope_type!r} needs a 'factor'")
+                           f"supported: {', '.join(supported_model_types())}")
+    kwargs = families.get(model_type).config_from_hf(hf)
     kwargs.update(overrides)
     return cls(**kwargs)
 
@@ -174,31 +205,14 @@ class ModelConfig:
 
   def to_hf_dict(self) -> dict:
     """A config.json that ``transformers`` loads as the same architecture."""
-    arch = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
-            "qwen2": "Qwen2ForCausalLM"}[self.model_type]
-    rope = {"rope_theta": self.rope_theta, "rope_type": "default"}
-    rope.update(self.rope_dict)
-    hf = dict(
-        architectures=[arch], model_type=self.model_type, vocab_size=self.vocab_size,
-        hidden_size=self.hidden_size, intermediate_size=self.intermediate_size,
-        num_hidden_layers=self.num_layers, num_attention_heads=self.num_heads,
-        num_key_value_heads=self.num_kv_heads, head_dim=self.head_dim,
-        rms_norm_eps=self.rms_norm_eps, rope_theta=self.rope_theta, rope_parameters=rope,
-        rope_scaling=None if self.rope_scaling is None else self.rope_dict,
-        tie_word_embeddings=self.tie_embeddings, hidden_act="silu",
-        max_position_embeddings=self.max_position_embeddings, torch_dtype=self.param_dtype,
-        bos_token_id=self.bos_token_id,
-        eos_token_id=list(self.eos_token_id) if isinstance(self.eos_token_id, tuple)
-        else self.eos_token_id,
-        pad_token_id=self.pad_token_id)
-    if self.model_type == "qwen2":
-      hf["use_sliding_window"] = False
-    if self.model_type == "mistral":
-      hf["sliding_window"] = self.sliding_window  # None: full attention (transformers' reading)
-    else:
-      hf["attention_bias"] = self.qkv_bias
-      hf["mlp_bias"] = self.mlp_bias
-    return hf
+    from rljax.models import families
+    return families.get(self.model_type).config_to_hf(self)
+
+
+def supported_model_types() -> tuple[str, ...]:
+  """The HF ``model_type``s with a family in ``rljax.models.families``."""
+  from rljax.models import families
+  return families.model_types()
 
 
 def tiny_config(model_cfg, vocab_size: int, **overrides) -> ModelConfig:

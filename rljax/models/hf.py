@@ -6,6 +6,7 @@ float32 on the host.
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -16,56 +17,45 @@ import jax.numpy as jnp
 import numpy as np
 
 from rljax.errors import MissingTensorError, ModelFileError
-from rljax.models import llama
+from rljax.models import families, transformer
 from rljax.models.config import ModelConfig
 
 _IGNORED = re.compile(r".*rotary_emb\.inv_freq$")
-_LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
-# HF suffix within a layer -> (path inside 'layers_i', transpose)
-_LAYER_PARAMS = {
-    "input_layernorm.weight": (("input_layernorm", "scale"), False),
-    "post_attention_layernorm.weight": (("post_attention_layernorm", "scale"), False),
-    **{f"self_attn.{p}_proj.weight": (("self_attn", f"{p}_proj", "kernel"), True)
-       for p in "qkvo"},
-    **{f"self_attn.{p}_proj.bias": (("self_attn", f"{p}_proj", "bias"), False) for p in "qkvo"},
-    **{f"mlp.{p}_proj.weight": (("mlp", f"{p}_proj", "kernel"), True)
-       for p in ("gate", "up", "down")},
-    **{f"mlp.{p}_proj.bias": (("mlp", f"{p}_proj", "bias"), False)
-       for p in ("gate", "up", "down")},
-}
 
 
-def hf_name_to_path(name: str) -> tuple[tuple, bool] | None:
-  """Map an HF tensor name to (rljax param path, transpose); None for known ignorable tensors."""
+@functools.lru_cache(maxsize=32)
+def tensor_names(cfg: ModelConfig) -> dict:
+  """Every HF tensor name the family knows for ``cfg`` -> (rljax param path, transpose, expert
+  index or None): the family's per-layer names (``Family.layer_tensors``) and the global ones."""
+  family = families.get(cfg.model_type)
+  names = {"model.embed_tokens.weight": (("embed_tokens",), False, None),
+           "model.norm.weight": (("norm", "scale"), False, None),
+           "lm_head.weight": (("lm_head", "kernel"), True, None)}
+  for layer in range(cfg.num_layers):
+    for suffix, (sub, transpose, index) in family.layer_tensors(cfg, layer).items():
+      names[f"model.layers.{layer}.{suffix}"] = ((f"layers_{layer}",) + sub, transpose, index)
+  return names
+
+
+def hf_name_to_path(cfg: ModelConfig, name: str) -> tuple[tuple, bool, int | None] | None:
+  """Map an HF tensor name to (rljax param path, transpose, expert index); None for known
+  ignorable tensors."""
   if _IGNORED.match(name):
     return None
-  if name == "model.embed_tokens.weight":
-    return ("embed_tokens",), False
-  if name == "model.norm.weight":
-    return ("norm", "scale"), False
-  if name == "lm_head.weight":
-    return ("lm_head", "kernel"), True
-  m = _LAYER.match(name)
-  if m and m.group(2) in _LAYER_PARAMS:
-    sub, transpose = _LAYER_PARAMS[m.group(2)]
-    return (f"layers_{m.group(1)}",) + sub, transpose
-  raise MissingTensorError(f"unexpected tensor {name!r} in the checkpoint (not part of a "
-                           "Llama/Qwen2/Mistral causal LM)")
+  mapped = tensor_names(cfg).get(name)
+  if mapped is None:
+    raise MissingTensorError(f"unexpected tensor {name!r} in the checkpoint (not part of a "
+                             f"{cfg.model_type} causal LM)")
+  return mapped
 
 
-def path_to_hf_name(path: tuple) -> tuple[str, bool]:
-  """Inverse of ``hf_name_to_path``."""
-  if path == ("embed_tokens",):
-    return "model.embed_tokens.weight", False
-  if path == ("norm", "scale"):
-    return "model.norm.weight", False
-  if path == ("lm_head", "kernel"):
-    return "lm_head.weight", True
-  layer = int(path[0].split("_")[1])
-  for suffix, (sub, transpose) in _LAYER_PARAMS.items():
-    if sub == path[1:]:
-      return f"model.layers.{layer}.{suffix}", transpose
-  raise KeyError(f"parameter {'/'.join(map(str, path))} has no Hugging Face name")
+def hf_names_of(cfg: ModelConfig, path: tuple) -> list[tuple[str, bool, int | None]]:
+  """Inverse of ``hf_name_to_path``: the HF tensors of one parameter (one per expert for stacked
+  expert weights)."""
+  out = [(name, t, i) for name, (p, t, i) in tensor_names(cfg).items() if p == path]
+  if not out:
+    raise KeyError(f"parameter {'/'.join(map(str, path))} has no Hugging Face name")
+  return sorted(out, key=lambda x: -1 if x[2] is None else x[2])
 
 
 def _safetensor_files(path: str) -> list[str]:
@@ -145,7 +135,7 @@ def _set(tree: dict, path: tuple, value):
 def load_hf(path: str, *, dtype: str | None = None, param_dtype: str | None = None,
             head: str = "lm", place: Callable[[tuple, np.ndarray], jax.Array] | None = None,
             seed: int = 0) -> tuple[ModelConfig, dict]:
-  """Load a local Hugging Face Llama/Qwen2/Mistral directory into rljax.
+  """Load a local Hugging Face directory of a supported family into rljax.
 
   ``head='value'`` builds a critic whose trunk is the checkpoint and whose scalar head is freshly
   initialised (value models start from the policy). ``place(path, array)`` puts each converted
@@ -154,16 +144,26 @@ def load_hf(path: str, *, dtype: str | None = None, param_dtype: str | None = No
   """
   overrides = {k: v for k, v in (("dtype", dtype), ("param_dtype", param_dtype)) if v}
   cfg = ModelConfig.from_hf_dir(path, **overrides)
-  shapes = dict(_flat_paths(llama.param_shapes(cfg, head)))
+  shapes = dict(_flat_paths(transformer.param_shapes(cfg, head)))
   place = place or (lambda _, x: jnp.asarray(x))
   params: dict = {}
+  stacks: dict = {}  # expert weights: one buffer per parameter, filled one expert at a time
   for name, tensor in iter_hf_tensors(path):
     mapped = _target(path, cfg, head, shapes, name, tuple(tensor.shape))
     if mapped is None:
       continue
-    target, transpose = mapped
-    value = tensor.T if transpose else tensor
-    _set(params, target, place(target, np.asarray(value).astype(shapes[target].dtype)))
+    target, transpose, index = mapped
+    value = np.asarray(tensor.T if transpose else tensor).astype(shapes[target].dtype)
+    if index is None:
+      _set(params, target, place(target, value))
+      continue
+    if target not in stacks:
+      stacks[target] = (np.empty(shapes[target].shape, shapes[target].dtype), set())
+    stacks[target][0][index] = value
+    stacks[target][1].add(index)
+  for target, (value, filled) in stacks.items():
+    if len(filled) == value.shape[0]:
+      _set(params, target, place(target, value))
   loaded = set(p for p, _ in _flat_paths(params))
   if head == "value":
     pdt = np.dtype(shapes[("value_head", "kernel")].dtype)
@@ -172,49 +172,54 @@ def load_hf(path: str, *, dtype: str | None = None, param_dtype: str | None = No
     for key, value in fresh.items():
       _set(params, ("value_head", key), place(("value_head", key), np.asarray(value)))
       loaded.add(("value_head", key))
-  _check_complete(path, shapes, loaded)
+  _check_complete(path, cfg, shapes, loaded)
   return cfg, params
 
 
 def _target(path: str, cfg: ModelConfig, head: str, shapes: dict, name: str, shape: tuple):
-  """(param path, transpose) of the HF tensor ``name`` of ``shape``, None if it is ignored;
-  a tensor with no place or of the wrong shape is a ``ModelFileError`` naming it."""
-  mapped = hf_name_to_path(name)
+  """(param path, transpose, expert index) of the HF tensor ``name`` of ``shape``, None if it is
+  ignored; a tensor with no place or of the wrong shape is a ``ModelFileError`` naming it."""
+  mapped = hf_name_to_path(cfg, name)
   if mapped is None:
     return None
-  target, transpose = mapped
+  target, transpose, index = mapped
   if target not in shapes:
     if target == ("lm_head", "kernel") and (cfg.tie_embeddings or head == "value"):
       return None  # a tied checkpoint may still store the (identical) output matrix
     raise MissingTensorError(f"{path}: tensor {name!r} has no place in a model with this "
                              "config.json")
-  want = tuple(shapes[target].shape)
+  want = tuple(shapes[target].shape)[0 if index is None else 1:]
   want = want[::-1] if transpose else want
   if shape != want:
     raise ModelFileError(f"{path}: tensor {name!r} has shape {shape}, expected {want} by its "
                          "config.json")
-  return target, transpose
+  return mapped
 
 
 def _match_tensors(path: str, cfg: ModelConfig, head: str, named_shapes) -> None:
-  shapes = dict(_flat_paths(llama.param_shapes(cfg, head)))
-  loaded = set()
+  shapes = dict(_flat_paths(transformer.param_shapes(cfg, head)))
+  loaded, experts = set(), {}
   for name, shape in named_shapes:
     mapped = _target(path, cfg, head, shapes, name, shape)
-    if mapped is not None:
+    if mapped is None:
+      continue
+    if mapped[2] is None:
       loaded.add(mapped[0])
+    else:
+      experts.setdefault(mapped[0], set()).add(mapped[2])
+  loaded |= {p for p, got in experts.items() if len(got) == shapes[p].shape[0]}
   if head == "value":
     loaded |= {("value_head", "kernel"), ("value_head", "bias")}  # made fresh, never loaded
-  _check_complete(path, shapes, loaded)
+  _check_complete(path, cfg, shapes, loaded)
 
 
-def _check_complete(path: str, shapes: dict, loaded: set) -> None:
+def _check_complete(path: str, cfg: ModelConfig, shapes: dict, loaded: set) -> None:
   missing = [p for p in shapes if p not in loaded]
   if missing:
     names = []
     for p in missing:
       try:
-        names.append(path_to_hf_name(p)[0])
+        names.extend(name for name, _, _ in hf_names_of(cfg, p))
       except KeyError:
         names.append("/".join(map(str, p)))
     raise MissingTensorError(f"checkpoint {path!r} is missing tensors: {names}")
@@ -236,14 +241,15 @@ def save_hf(path: str, cfg: ModelConfig, params: dict, *, dtype: str | None = No
   shards: list[dict] = [{}]
   size = 0
   for p, value in _flat_paths(params):
-    name, transpose = path_to_hf_name(p)
-    array = np.asarray(jax.device_get(value)).astype(out_dtype)
-    array = np.ascontiguousarray(array.T if transpose else array)
-    if size and size + array.nbytes > max_shard_bytes:
-      shards.append({})
-      size = 0
-    shards[-1][name] = array
-    size += array.nbytes
+    full = np.asarray(jax.device_get(value)).astype(out_dtype)
+    for name, transpose, index in hf_names_of(cfg, p):
+      array = full if index is None else full[index]
+      array = np.ascontiguousarray(array.T if transpose else array)
+      if size and size + array.nbytes > max_shard_bytes:
+        shards.append({})
+        size = 0
+      shards[-1][name] = array
+      size += array.nbytes
   hf_cfg = cfg.to_hf_dict()
   hf_cfg["torch_dtype"] = str(np.dtype(out_dtype)) if out_dtype != ml_dtypes.bfloat16 \
       else "bfloat16"
@@ -286,7 +292,7 @@ def check_conversion(path: str, prompts: list[list[int]] | None = None, seed: in
   for i, p in enumerate(prompts):
     tokens[i, width - len(p):] = p
     mask[i, width - len(p):] = 1
-  ours = np.asarray(jax.jit(lambda p, t, m: llama.logits(cfg, p, t, m))(params, tokens, mask),
+  ours = np.asarray(jax.jit(lambda p, t, m: transformer.logits(cfg, p, t, m))(params, tokens, mask),
                     np.float64)
   model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
   model.eval()

@@ -1,6 +1,6 @@
 """``rljax plan``: will a config fit the devices? Per-device bytes of everything a run holds.
 
-Nothing is allocated: parameter shapes come from ``llama.param_shapes`` (abstract), shardings
+Nothing is allocated: parameter shapes come from ``transformer.param_shapes`` (abstract), shardings
 from the same partition rules training uses (``rljax.parallel.rules``) on an ``AbstractMesh``, so
 the figures include every replicated fallback. Model sizes come from ``plan.model`` (a name in
 ``MODEL_SHAPES``, or ``hf:PATH`` to a directory holding only a config.json) or ``model.source``.
@@ -67,10 +67,12 @@ from jax.sharding import AbstractMesh
 
 from rljax.config_checks import ConfigError
 from rljax.models import attention as attention_lib
-from rljax.models import llama
+from rljax.models import kv_cache as kv_cache_lib
+from rljax.models import transformer
 from rljax.models.config import REMAT_CHOICES, ModelConfig, tiny_config
 from rljax.parallel import mesh as mesh_lib
 from rljax.parallel import rules as rules_lib
+from rljax.rollout import sampler as sampler_lib
 from rljax.train import update as update_lib
 
 GiB = 1024 ** 3
@@ -221,7 +223,7 @@ def model_config(config, model: str | None = None) -> tuple[str, ModelConfig]:
 @functools.lru_cache(maxsize=16)
 def _model_tree(cfg: ModelConfig, head: str = "lm"):
   """(logical axes, parameter shapes), cached: building the abstract model takes ~1 s at 7B."""
-  return llama.logical_axes(cfg, head), llama.param_shapes(cfg, head)
+  return transformer.logical_axes(cfg, head), transformer.param_shapes(cfg, head)
 
 
 def run_optimizer(config) -> optax.GradientTransformation:
@@ -342,14 +344,20 @@ def plan(config, device: str | None = None, *, model: str | None = None,
   if prompt_len == config.data.prompt_bucket and not _plan_key(config, "prompt_len"):
     assumptions.append(f"prompt length = data.prompt_bucket = {prompt_len} tokens "
                        "(set plan.prompt_len for longer prompts)")
-  rows = r.prompts_per_step * r.group_size
   slots = prompt_len + r.max_new_tokens
-  cache_shape = (rows, slots, cfg.num_kv_heads, cfg.head_dim)
-  cache_spec, cache_notes = rules_lib.resolve(rules_lib.CACHE_AXES, cache_shape, mesh, rules)
+  # The rows one decode loop holds at a time (continuous batching caps them) and the sampler's
+  # real cache (shapes only): the plan follows the sampler's code, not a formula of its own.
+  rows = r.prompts_per_step * r.group_size
+  decode_rows = sampler_lib.slot_budget(cfg, rows, prompt_len, r.max_new_tokens,
+                                        r.max_concurrent_rows, r.kv_cache_bytes)
+  cache = jax.eval_shape(lambda: kv_cache_lib.init_cache(cfg, decode_rows, slots))
+  cache_shape = tuple(cache[0][0].shape)
+  cache_spec, cache_notes = rules_lib.resolve(kv_cache_lib.CACHE_AXES, cache_shape, mesh, rules)
   fallbacks += [f"kv cache {n}" for n in cache_notes]
   shard = jax.sharding.NamedSharding(mesh, cache_spec).shard_shape(cache_shape)
-  rows_dev, g_dev = shard[0], shard[2]
-  kv_cache = 2 * cfg.num_layers * int(np.prod(shard, dtype=np.int64)) * b
+  rows_dev = shard[kv_cache_lib.CACHE_AXES.index("batch")]
+  g_dev = shard[kv_cache_lib.CACHE_AXES.index("kv_heads")]
+  kv_cache = rules_lib.per_device_bytes(cache, rules_lib.cache_shardings(mesh, cache, rules))
   kv_growth = int(kv_cache * (prompt_len + 0.75 * r.max_new_tokens) / slots) \
       if r.max_new_tokens > 16 else 0
   batch_shards = rules_lib.batch_divisor(mesh, rules)

@@ -1,6 +1,6 @@
 """Partition rules: logical axis names -> mesh axes, and the shardings built from them.
 
-Every parameter carries a tuple of logical axis names (``rljax.models.llama.logical_axes``); the
+Every parameter carries a tuple of logical axis names (``rljax.models.transformer.logical_axes``); the
 rule table below says which mesh axes (``rljax.parallel.mesh``: ``data``, ``fsdp``, ``tensor``)
 each name is split over. The same table places parameters, optimizer state (which mirrors the
 parameters), the reference model and critic (same model, same rules), batches and the KV cache.
@@ -69,8 +69,6 @@ DEFAULT_RULES: dict[str, Any] = {
     "act_vocab": "tensor",
 }
 
-# Logical axes of one KV-cache array [B, K, G, Dh] (``rljax.models.llama.LayerCache``).
-CACHE_AXES = ("batch", "cache_length", "kv_heads", "head_dim")
 
 
 def make_rules(overrides: Mapping[str, Any] | Iterable[tuple[str, Any]] | None = None) -> dict:
@@ -172,8 +170,8 @@ def _map_axes(fn, logical_axes_tree, shapes_tree):
 
 def param_shardings(mesh, logical_axes_tree, shapes_tree, rules=None):
   """``NamedSharding`` of every parameter: same tree as ``shapes_tree`` (arrays or
-  ``ShapeDtypeStruct``s, e.g. ``llama.param_shapes(cfg)``) with ``logical_axes_tree``
-  (``llama.logical_axes(cfg)``) naming each dimension."""
+  ``ShapeDtypeStruct``s, e.g. ``transformer.param_shapes(cfg)``) with ``logical_axes_tree``
+  (``transformer.logical_axes(cfg)``) naming each dimension."""
   return _map_axes(lambda axes, x: logical_sharding(mesh, axes, tuple(x.shape), rules),
                    logical_axes_tree, shapes_tree)
 
@@ -266,8 +264,10 @@ def batch_divisor(mesh, rules=None) -> int:
 
 
 def cache_shardings(mesh, cache, rules=None):
-  """Shardings of a KV cache (a tuple per layer of ``LayerCache(k, v)``, each [B, K, G, Dh]):
-  rows on ``data`` x ``fsdp``, kv heads on ``tensor`` (replicated where G does not divide)."""
+  """Shardings of the sampler's KV cache (``rljax.models.kv_cache``: per layer ``(k, v)``, each
+  named by ``kv_cache.CACHE_AXES``): rows on ``data`` x ``fsdp``, kv heads on ``tensor``
+  (replicated where G does not divide)."""
+  from rljax.models.kv_cache import CACHE_AXES
   return jax.tree.map(lambda x: logical_sharding(mesh, CACHE_AXES, tuple(x.shape), rules), cache)
 
 

@@ -34,7 +34,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from rljax.models import llama
+from rljax.models import kv_cache, transformer
 from rljax.models.config import ModelConfig
 from rljax.rollout import decode, kv_blocks
 from rljax.rollout.transforms import SamplingParams, pick_tokens_rows
@@ -71,9 +71,9 @@ def decode_rows(weights, prompt_tokens, prompt_mask, row_offset, step_keys, *, c
   if not 1 <= slots < b or not 1 <= refill_rows <= slots:
     raise ValueError(f"continuous batching needs 1 <= slots < rows and 1 <= refill_rows <= slots,"
                      f" got slots={slots}, rows={b}, refill_rows={refill_rows}")
-  positions = llama.positions_from_mask(prompt_mask)
-  pcache = decode.init_cache(cfg, n_prompts, p)
-  prompt_hidden, pcache = decode.step(cfg, weights, prompt_tokens, positions, pcache, 0,
+  positions = transformer.positions_from_mask(prompt_mask)
+  pcache = kv_cache.init_cache(cfg, n_prompts, p)
+  prompt_hidden, pcache = decode.step(cfg, weights["params"], prompt_tokens, positions, pcache, 0,
                                       prompt_mask.astype(bool))
   first_pos = positions[:, -1] + 1  # [Pn] position of the first completion token
   stop_arr = jnp.asarray(stop_ids or (-1,), jnp.int32)
@@ -81,7 +81,8 @@ def decode_rows(weights, prompt_tokens, prompt_mask, row_offset, step_keys, *, c
                          else jnp.zeros(tok.shape, bool))
   budget = jnp.full((b,), t_max, jnp.int32) if row_budget is None else jnp.minimum(
       jnp.asarray(row_budget, jnp.int32), t_max)
-  head = lambda h: jnp.dot(h, weights["head"], preferred_element_type=jnp.float32)
+  head = lambda h: transformer.softcap(cfg, jnp.dot(h, weights["head"],
+                                                    preferred_element_type=jnp.float32))
   sizes = kv_blocks.block_sizes(t_max, block_slots or kv_blocks.BLOCK_SLOTS)
 
   def refill(state, size: int):
@@ -119,9 +120,8 @@ def decode_rows(weights, prompt_tokens, prompt_mask, row_offset, step_keys, *, c
     t, live = slot["t"], slot["active"]
     attend = functools.partial(
         kv_blocks.attend, t=t, prompt_valid=slot["prompt_mask"], sizes=sizes,
-        window=cfg.sliding_window,
         n_blocks=kv_blocks.blocks_needed(jnp.max(jnp.where(live, t, 1)), sizes))
-    hidden, cache = decode.step(cfg, weights, slot["tok"][:, None],
+    hidden, cache = decode.step(cfg, weights["params"], slot["tok"][:, None],
                                 (slot["pos0"] + t - 1)[:, None], state["cache"], None, None,
                                 attend=attend)
     t_draw = jnp.minimum(t, t_max - 1)

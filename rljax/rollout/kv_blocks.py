@@ -14,9 +14,9 @@ blocks ``[S, G, Kb, Dh]`` (``Kb = BLOCK_SLOTS``, the last one smaller), each its
 
 Separate arrays matter: a slice of a prefix of one ``[.., P + T, ..]`` array is a copy on XLA:CPU
 (it costs more than reading the whole array), while each branch here reads whole blocks in place.
-The keys a slot may see are the same as in ``decode.step`` (its real prompt tokens, its own
+The keys a slot may see are the same as in ``rljax.models.kv_cache`` (its real prompt tokens, its own
 completion positions up to the current one, the sliding window), and the softmax runs over them
-at once, so the result is ``decode._cache_attention``'s up to float rounding of the block sums.
+at once, so the result is ``kv_cache.cache_attention``'s up to float rounding of the block sums.
 """
 from __future__ import annotations
 
@@ -53,14 +53,15 @@ def blocks_needed(t, sizes: tuple[int, ...]):
   return jnp.clip(jnp.searchsorted(ends, t, side="left") + 1, 1, len(sizes))
 
 
-def attend(q, k, v, layer_cache, *, t, n_blocks, prompt_valid, sizes: tuple[int, ...],
-           window: int | None):
+def attend(q, k, v, layer_cache, window: int | None, *, t, n_blocks, prompt_valid,
+           sizes: tuple[int, ...]):
   """Write ``k, v`` [S, 1, G, Dh] at each slot's completion position ``t - 1``, then attend
-  ``q`` [S, 1, H, Dh] to its prompt and completion keys (``decode.step``'s ``attend``).
+  ``q`` [S, 1, H, Dh] to its prompt and completion keys (``rljax.models.layers.Attend``, with
+  the other arguments bound by the caller).
 
   t: [S] int, completion tokens of each slot including the one fed now. n_blocks: the traced
   number of completion blocks read (``blocks_needed`` of the deepest active slot).
-  prompt_valid: [S, P] bool, the slot's real prompt tokens. Returns ([S, H * Dh], layer_cache).
+  prompt_valid: [S, P] bool, the slot's real prompt tokens. Returns ([S, 1, H, Dh], layer_cache).
   """
   (pk, pv), blocks = layer_cache
   slots, _, p, _ = pk.shape
@@ -99,7 +100,7 @@ def attend(q, k, v, layer_cache, *, t, n_blocks, prompt_valid, sizes: tuple[int,
       attn = parts[0]
       for part in parts[1:]:
         attn = attn + part
-      return attn.reshape(b, g, r, sq, dh).transpose(0, 3, 1, 2, 4).reshape(b * sq, h * dh)
+      return attn.reshape(b, g, r, sq, dh).transpose(0, 3, 1, 2, 4)
     return run
 
   branches = [over(n) for n in range(1, len(sizes) + 1)]

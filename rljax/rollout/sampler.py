@@ -19,8 +19,9 @@ How it runs (all inside one ``jax.jit``; no host round trip per token):
    sequence-length-sized buffer.
 4. On CPU, small models decode their rows in sequential cache-sized chunks (``prompts_per_chunk``).
 
-``decode.step`` is the model's forward (``llama.cached_step``) specialised for inference, with a
-head-major cache; the tests pin it to ``llama.logits`` and to ``transformers``.
+``decode.step`` is the model's forward (``rljax.models.transformer``) through the head-major KV
+cache (``rljax.models.kv_cache``); the tests pin it to a teacher-forced forward and to
+``transformers``.
 
 Log-probabilities returned per completion token (both of the *sampled* token):
 
@@ -53,7 +54,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-from rljax.models import llama
+from rljax.models import kv_cache, transformer
 from rljax.models.config import ModelConfig
 from rljax.rollout import continuous, decode, noise
 from rljax.rollout.record import Rollout  # noqa: F401 (re-exported: the sampler's output)
@@ -190,8 +191,8 @@ def _sample_impl(params, prompt_tokens, prompt_mask, key, *, cfg: ModelConfig,
 
   prompt_tokens = prompt_tokens.astype(jnp.int32)
   prompt_mask = prompt_mask.astype(jnp.int32)
-  weights = decode.fuse_weights(cfg, params, p + t_max)  # once per call, outside the loops
-  weights["head"] = weights["head"].astype(cfg.dtype)
+  cfg, inference = decode.inference_params(cfg, params)  # once per call, outside the loops
+  weights = dict(params=inference, head=transformer.head_weight(cfg, inference))
   if slots < b:
     return _continuous(weights, prompt_tokens, prompt_mask, row_offset, step_keys, row_budget,
                        cfg=cfg, sp=sp, stop_ids=stop_ids, g=g, slots=slots,
@@ -215,6 +216,12 @@ def _sample_impl(params, prompt_tokens, prompt_mask, key, *, cfg: ModelConfig,
   chunk_rows = pc * g
   computed = jnp.sum(jnp.max(out.lengths.reshape(-1, chunk_rows), axis=1)) * chunk_rows
   return (out, dict(slots=chunk_rows, computed=computed)) if with_stats else out
+
+
+def logits_of(cfg: ModelConfig, weights: dict, hidden):
+  """Next-token logits [B, V] in float32 of final-norm ``hidden`` [B, D]."""
+  return transformer.softcap(cfg, jnp.dot(hidden, weights["head"],
+                                          preferred_element_type=jnp.float32))
 
 
 def continuous_chunks(cfg: ModelConfig, n_prompts: int, g: int, slots: int, t_slots: int) -> int:
@@ -273,11 +280,12 @@ def _sample_rows(weights, prompt_tokens, prompt_mask, row_offset, budget, *, key
   b = n_prompts * g
   segments = _segments(p, t_max)
   # Prefill the distinct prompts once, straight into a cache as large as the first segment needs.
-  positions = llama.positions_from_mask(prompt_mask)
-  cache = decode.init_cache(cfg, n_prompts, segments[0][2] if segments else p)
+  positions = transformer.positions_from_mask(prompt_mask)
+  cache = kv_cache.init_cache(cfg, n_prompts, segments[0][2] if segments else p)
   kv_valid = jnp.pad(prompt_mask.astype(bool), ((0, 0), (0, cache[0][0].shape[2] - p)))
-  hidden, cache = decode.step(cfg, weights, prompt_tokens, positions, cache, 0, kv_valid)
-  head = lambda h: jnp.dot(h, weights["head"], preferred_element_type=jnp.float32)
+  hidden, cache = decode.step(cfg, weights["params"], prompt_tokens, positions, cache, 0,
+                              kv_valid)
+  head = lambda h: logits_of(cfg, weights, h)
   last_logits = head(hidden)  # [Pn, V]
 
   # Group sampling: repeat prompt rows (and their cache) G times, groups contiguous.
@@ -321,8 +329,8 @@ def _sample_rows(weights, prompt_tokens, prompt_mask, row_offset, budget, *, key
     def body(carry, kv_valid=kv_valid):
       t, cache, tok, out = carry
       # Feed token t-1 at slot P+t-1 (position next_pos + t-1) and sample token t.
-      hidden, cache = decode.step(cfg, weights, tok[:, None], (next_pos + t - 1)[:, None], cache,
-                                  p + t - 1, kv_valid)
+      hidden, cache = decode.step(cfg, weights["params"], tok[:, None],
+                                  (next_pos + t - 1)[:, None], cache, p + t - 1, kv_valid)
       out, tok = record(out, t, head(hidden))
       return t + 1, cache, tok, out
 
@@ -350,7 +358,7 @@ def sample(cfg: ModelConfig, params: Any, prompt_tokens: jax.Array, prompt_mask:
 
   Args:
     cfg: the model's config (static).
-    params: the policy's parameter pytree (``llama.init_params`` / ``load_hf`` layout).
+    params: the policy's parameter pytree (``transformer.init_params`` / ``load_hf`` layout).
     prompt_tokens: [Pn, P] int, left-padded; each row must hold at least one real token.
     prompt_mask: [Pn, P], 1 on real tokens.
     key: a ``jax.random`` key; all randomness comes from it.

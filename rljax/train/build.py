@@ -19,7 +19,7 @@ from rljax import rollout as rollout_lib
 from rljax.algos.resolve import Algorithm, resolve
 from rljax.data import datasets, prompt_policy, tokenizer as tokenizer_lib
 from rljax.errors import ModelFileError, RljaxError, StartupError
-from rljax.models import ModelConfig, llama
+from rljax.models import ModelConfig, transformer
 from rljax.parallel import distributed, mesh as mesh_lib, rules
 from rljax.rewards import verifiers
 from rljax.train import step as step_lib
@@ -56,8 +56,8 @@ class LoadedModel:
       # Weights stay sharded by the partition rules; prompts split over data x fsdp.
       fn = _SAMPLERS[cache_key] = rollout_lib.make_sampler(
           self.cfg, sampling, group_size, mesh=self.mesh, data_axis=("data", "fsdp"),
-          param_sharding=rules.param_shardings(self.mesh, llama.logical_axes(self.cfg),
-                                               llama.param_shapes(self.cfg)),
+          param_sharding=rules.param_shardings(self.mesh, transformer.logical_axes(self.cfg),
+                                               transformer.param_shapes(self.cfg)),
           max_concurrent_rows=self.max_concurrent_rows or None,
           kv_cache_bytes=self.kv_cache_bytes or None, dtype=self.dtype)
     return fn(params, tokens, mask, key)
@@ -116,7 +116,7 @@ def load_policy(config, tokenizer) -> tuple[ModelConfig, dict]:
   path = _hf_source(config, tokenizer, train_if_missing=True)
   if path is None:
     cfg = resolve_model_config(config, tokenizer)
-    return cfg, llama.init_params(cfg, seed=config.seed)
+    return cfg, transformer.init_params(cfg, seed=config.seed)
   cfg, params = models.load_hf(path, dtype=m.dtype, param_dtype=m.param_dtype)
   check_vocab(config, cfg, tokenizer)
   return cfg.replace(**model_run_settings(m)), params
@@ -154,7 +154,7 @@ def initial_state_fn(config, model_cfg: ModelConfig, algo: Algorithm):
     critic_params = None
     if config.critic.enabled:
       critic_params = {k: v for k, v in params.items() if k != "lm_head"}
-      critic_params["value_head"] = llama.init_params(
+      critic_params["value_head"] = transformer.init_params(
           model_cfg.replace(num_layers=0, vocab_size=1), seed=config.seed + 7,
           head="value")["value_head"]
     ref_params = jax.tree.map(jnp.copy, params) if algo.kl_placement is not None else None
@@ -167,20 +167,20 @@ def initial_state_fn(config, model_cfg: ModelConfig, algo: Algorithm):
 def abstract_state(config, model_cfg: ModelConfig, algo: Algorithm | None = None):
   """(TrainState of ShapeDtypeStructs, the function that makes it)."""
   make = initial_state_fn(config, model_cfg, algo or resolve(config))
-  return jax.eval_shape(make, llama.param_shapes(model_cfg)), make
+  return jax.eval_shape(make, transformer.param_shapes(model_cfg)), make
 
 
 def state_shardings(mesh, model_cfg: ModelConfig, state_shapes: TrainState) -> TrainState:
   """NamedShardings of every TrainState leaf by the partition rules."""
   rep = rules.replicated(mesh)
-  policy = rules.param_shardings(mesh, llama.logical_axes(model_cfg),
-                                 llama.param_shapes(model_cfg))
+  policy = rules.param_shardings(mesh, transformer.logical_axes(model_cfg),
+                                 transformer.param_shapes(model_cfg))
   def opt(shapes, params_sh):
     return None if shapes is None else rules.opt_state_shardings(mesh, shapes, params_sh)
   critic = None
   if state_shapes.critic_params is not None:
-    critic = rules.param_shardings(mesh, llama.logical_axes(model_cfg, "value"),
-                                   llama.param_shapes(model_cfg, "value"))
+    critic = rules.param_shardings(mesh, transformer.logical_axes(model_cfg, "value"),
+                                   transformer.param_shapes(model_cfg, "value"))
   return TrainState(
       step=rep, params=policy, opt_state=opt(state_shapes.opt_state, policy),
       critic_params=critic, critic_opt_state=opt(state_shapes.critic_opt_state, critic),
@@ -246,7 +246,7 @@ def load_aux_models(config, algo: Algorithm, tokenizer, model_cfg: ModelConfig, 
 
 
 def _param_sharding(mesh, cfg: ModelConfig):
-  return rules.param_shardings(mesh, llama.logical_axes(cfg), llama.param_shapes(cfg))
+  return rules.param_shardings(mesh, transformer.logical_axes(cfg), transformer.param_shapes(cfg))
 
 
 def sharded_state_and_fns(config, model_cfg: ModelConfig, params, mesh,

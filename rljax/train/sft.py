@@ -19,7 +19,7 @@ import optax
 
 from rljax import algos, models
 from rljax.data import datasets
-from rljax.models import llama
+from rljax.models import transformer
 
 STAMP_FILE = "rljax_sft_stamp.json"
 
@@ -75,8 +75,7 @@ def make_batch(tokenizer, problems, width: int):
 
 def sft_loss(model_cfg, params, tokens, attn, loss_mask, chunk: int):
   """Token-mean next-token NLL over the solution tokens."""
-  model = llama.bind(model_cfg, params)
-  hidden, _ = model(tokens, llama.positions_from_mask(attn), attn_mask=attn)
+  hidden, model, _ = transformer.forward_with_routes(model_cfg, params, tokens, attn)
   logp, _ = algos.token_logprobs_and_entropy(hidden[:, :-1], model.head_weight(), tokens[:, 1:],
                                              chunk=chunk)
   mask = loss_mask[:, 1:]
@@ -88,7 +87,7 @@ def train_sft(config, tokenizer, *, log=print):
   s = config.sft
   model_cfg = models.tiny_config(config.model, tokenizer.vocab_size, eos_token_id=tokenizer.eos_id,
                                  pad_token_id=tokenizer.pad_id)
-  params = llama.init_params(model_cfg, seed=config.seed)
+  params = transformer.init_params(model_cfg, seed=config.seed)
   schedule = optax.join_schedules(
       [optax.linear_schedule(0.0, s.lr, max(s.warmup_steps, 1)),
        optax.cosine_decay_schedule(s.lr, max(s.steps - s.warmup_steps, 1), alpha=0.1)],

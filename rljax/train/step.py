@@ -27,7 +27,7 @@ from rljax import algos
 from rljax.algos import losses as loss_lib
 from rljax.algos import value as value_lib
 from rljax.algos.resolve import Algorithm
-from rljax.models import ModelConfig, llama
+from rljax.models import ModelConfig, transformer
 from rljax.rewards import shaping
 from rljax.rollout.sampler import Rollout
 from rljax.train import update as update_lib
@@ -57,8 +57,7 @@ def _completion_forward(model_cfg: ModelConfig, params, rollout: Rollout, parts:
 
   def chunk_out(rows):
     tokens, attn = rows
-    model = llama.bind(model_cfg, params, head)
-    hidden, _ = model(tokens, llama.positions_from_mask(attn), attn_mask=attn)
+    hidden, model, _ = transformer.forward_with_routes(model_cfg, params, tokens, attn, head)
     return out(model, hidden[:, s - t - 1:s - 1], tokens[:, s - t:])
   return update_lib.map_rows(chunk_out, (tokens, attn), parts)
 

@@ -26,7 +26,7 @@ def teacher_path(teacher_section, sft_out_dir: str):
 
 def load_teacher(config, tokenizer, policy_cfg):
   """``(ModelConfig, params)`` of the teacher; it must share the policy's tokenizer."""
-  from rljax.models import llama
+  from rljax.models import transformer
   if not config.teacher.source:
     raise StartupError("algo.opd_coef > 0 needs a teacher: set teacher.source ('hf:PATH', "
                        "'run:DIR', 'sft' or 'tiny')")
@@ -34,7 +34,7 @@ def load_teacher(config, tokenizer, policy_cfg):
   path = teacher_path(config.teacher, config.sft.out_dir)
   if path is None:
     cfg = policy_cfg.replace(dtype=dtype)
-    return cfg, llama.init_params(cfg, seed=config.seed + 1)
+    return cfg, transformer.init_params(cfg, seed=config.seed + 1)
   if not os.path.isdir(path):
     raise ModelFileError(f"teacher.source={config.teacher.source!r}: {path} is not a directory")
   cfg, params = models.load_hf(path, dtype=dtype, param_dtype=config.model.param_dtype)

@@ -10,7 +10,7 @@ import pytest
 
 from configs import base
 from rljax import algos
-from rljax.models import llama
+from rljax.models import llama, transformer
 from rljax.parallel import plan as plan_lib
 
 MiB = 2 ** 20
@@ -21,8 +21,7 @@ BOUND_8K = 128 * MiB
 
 def _loss(cfg, params, tokens, mask):
   """The policy-gradient path: forward, chunked token log-probs, a scalar."""
-  model = llama.bind(cfg, params)
-  hidden, _ = model(tokens, llama.positions_from_mask(mask), attn_mask=mask)
+  hidden, model, _ = transformer.forward_with_routes(cfg, params, tokens, mask)
   logp, _ = algos.token_logprobs_and_entropy(hidden[:, :-1], model.head_weight(), tokens[:, 1:],
                                              chunk=512)
   return -(logp * mask[:, 1:]).sum()

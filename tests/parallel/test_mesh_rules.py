@@ -186,10 +186,10 @@ def test_batch_and_cache_shardings():
   assert rules.batch_divisor(amesh(1, 1, 8)) == 1
   cache = jax.eval_shape(lambda: llama.init_cache(CFG, 8, 16))
   c_sh = rules.cache_shardings(m, cache)
-  assert isinstance(c_sh[0], llama.LayerCache) and len(c_sh) == CFG.num_layers
-  assert c_sh[0].k.spec == P(("data", "fsdp"), None, "tensor", None)
+  assert len(c_sh) == CFG.num_layers and len(c_sh[0]) == 2  # per layer (k, v) [B, G, K, Dh]
+  assert c_sh[0][0].spec == P(("data", "fsdp"), "tensor", None, None)
   # 2 kv heads do not split 4 ways: replicated heads.
-  assert rules.cache_shardings(amesh(1, 2, 4), cache)[1].v.spec == P("fsdp", None, None, None)
+  assert rules.cache_shardings(amesh(1, 2, 4), cache)[1][1].spec == P("fsdp", None, None, None)
   assert rules.replicated(m).spec == P()
 
 

@@ -41,7 +41,7 @@ def test_sharded_forward_and_prefill_match_unsharded(sharded_results, mesh):
   assert r["feed_ok"] and r["rows"] == list(range(8))
   want_cache = {(8, 1, 1): "P('data', None, None, None)",
                 (1, 8, 1): "P('fsdp', None, None, None)",
-                (2, 2, 2): "P(('data', 'fsdp'), None, 'tensor', None)",
+                (2, 2, 2): "P(('data', 'fsdp'), 'tensor', None, None)",
                 (1, 2, 4): "P('fsdp', None, None, None)"}[mesh]  # 2 kv heads !% 4: replicated
   assert r["cache_spec"] == want_cache
 

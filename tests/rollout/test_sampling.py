@@ -320,13 +320,17 @@ def test_unfused_projections_equal_the_fused_ones(monkeypatch):
                                                             jax.random.key(3)))
   monkeypatch.setattr(decode, "CPU_TUNED_BACKENDS", (jax.default_backend(),))
   fused = run()
-  w = decode.fuse_weights(cfg, params, 18)["layers"][0]
-  assert len(w["qkv"]) == 1 and len(w["gate_up"]) == 1
+  fused_cfg, w = decode.inference_params(cfg, params)
+  w = w["layers_0"]
+  assert fused_cfg.fused_qkv and fused_cfg.fused_mlp
+  assert set(w["self_attn"]["qkv_proj"]) == {"kernel", "bias"} and "gate_up_proj" in w["mlp"]
   # Below the fused kernels' size (8 KiB for q/k/v) but above their biases' (256 bytes): kernels
   # and biases must be kept apart together.
   monkeypatch.setattr(decode, "CPU_MAX_FUSED_KERNEL_BYTES", 1 << 10)
-  w = decode.fuse_weights(cfg, params, 18)["layers"][0]
-  assert len(w["qkv"]) == len(w["qkv_b"]) == 3 and len(w["gate_up"]) == len(w["gate_up_b"]) == 2
+  apart_cfg, w = decode.inference_params(cfg, params)
+  w = w["layers_0"]
+  assert not apart_cfg.fused_qkv and not apart_cfg.fused_mlp
+  assert {"q_proj", "k_proj", "v_proj"} <= set(w["self_attn"]) and "gate_proj" in w["mlp"]
   apart = run()
   for x, y in zip(jax.tree.leaves(fused), jax.tree.leaves(apart)):
     np.testing.assert_allclose(x, y, atol=1e-5)

@@ -130,7 +130,7 @@ def main(meshes):
 
     # 5. KV-cache prefill with the cache sharded by the rules.
     c_sh = rules.cache_shardings(mesh, cache0)
-    out["cache_spec"] = str(c_sh[0].k.spec)
+    out["cache_spec"] = str(c_sh[0][0].spec)
     pf = jax.jit(prefill, in_shardings=(p_sh, b_sh, b_sh, c_sh, b_sh),
                  out_shardings=(rules.batch_sharding(mesh, 3), c_sh))
     hidden, cache = pf(rules.shard_params(params, p_sh), tokens, pos,

@@ -1,0 +1,219 @@
+"""The building blocks that the families share: projections, RMSNorm, RoPE, gated MLP, attention.
+
+A family (``rljax.models.families``) composes them into its decoder block; the generic network
+(``rljax.models.transformer``) stacks the blocks. Every block takes an ``attend`` strategy, so one
+definition serves the training forward (self-attention over the sequence), the sampler's prefill
+and decode (a KV cache) and continuous batching (a blocked cache): the strategy gets the block's
+queries, keys and values and returns the attention output (and its cache).
+
+Axis names: B batch, S query length, K key length, D hidden, H query heads, G key/value heads,
+Dh head dim, F MLP width.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from rljax.models.config import ModelConfig
+
+# attend(q [B, Sq, H, Dh], k, v [B, S, G, Dh], layer_cache, window) -> (out [B, Sq, H, Dh],
+# layer_cache). The queries are the *last* Sq of the S new positions (Sq < S: only the last
+# position's output is needed, e.g. the last layer of a prefill).
+Attend = Callable
+
+
+def _dtype(name: str):
+  return jnp.dtype(name)
+
+
+class Linear(nnx.Module):
+  """``y = x W (+ b)`` with ``W`` stored ``[in, out]`` and logical axis names."""
+
+  def __init__(self, d_in, d_out, *, axes, bias, cfg: ModelConfig, rngs: nnx.Rngs, std=0.02):
+    pdt = _dtype(cfg.param_dtype)
+    self.kernel = nnx.Param(std * jax.random.normal(rngs.params(), (d_in, d_out), pdt),
+                            logical_axes=axes)
+    self.bias = nnx.Param(jnp.zeros((d_out,), pdt), logical_axes=axes[1:]) if bias else None
+    self.dtype = _dtype(cfg.dtype)
+
+  def __call__(self, x):
+    # Flattened to a 2-D GEMM: XLA:CPU runs the weight gradient of a dot contracting two leading
+    # axes ([B, S, in] x [B, S, out]) several times slower than the same [B*S] contraction.
+    kernel = self.kernel[...].astype(self.dtype)
+    y = jnp.dot(x.astype(self.dtype).reshape(-1, x.shape[-1]), kernel)
+    y = y.reshape(x.shape[:-1] + (kernel.shape[-1],))
+    if self.bias is not None:
+      y = y + self.bias[...].astype(self.dtype)
+    return y
+
+
+class RMSNorm(nnx.Module):
+  """``x / sqrt(mean(x^2) + eps)``, normalised in float32 as ``transformers`` does, then scaled.
+
+  ``offset=False`` (Llama, Qwen): ``w * normed.astype(dtype)``, ``w`` initialised to 1.
+  ``offset=True`` (Gemma): ``(normed * (1 + w)).astype(dtype)`` in float32, ``w`` initialised
+  to 0 (``transformers`` PR 29402: the scale is applied before the cast).
+  """
+
+  def __init__(self, dim, *, cfg: ModelConfig, offset: bool = False, axis: str = "norm"):
+    init = jnp.zeros if offset else jnp.ones
+    self.scale = nnx.Param(init((dim,), _dtype(cfg.param_dtype)), logical_axes=(axis,))
+    self.eps = cfg.rms_norm_eps
+    self.offset = offset
+    self.dtype = _dtype(cfg.dtype)
+
+  def __call__(self, x):
+    x32 = x.astype(jnp.float32)
+    x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+    if self.offset:
+      return (x32 * (1.0 + self.scale[...].astype(jnp.float32))).astype(self.dtype)
+    return self.scale[...].astype(self.dtype) * x32.astype(self.dtype)
+
+
+def rope_inv_freq(head_dim: int, theta: float, scaling: tuple | None) -> np.ndarray:
+  """Inverse RoPE frequencies ``theta^(-2i/Dh)`` [Dh/2], with linear or Llama-3 scaling."""
+  dim = head_dim
+  inv = (1.0 / (theta ** (np.arange(0, dim, 2, dtype=np.int64).astype(np.float32) / dim)))
+  inv = inv.astype(np.float32)
+  rope = dict(scaling or ())
+  kind = rope.get("rope_type", "default")
+  if kind == "linear":
+    inv = inv / np.float32(rope["factor"])
+  elif kind == "llama3":
+    factor = rope["factor"]
+    low, high = rope["low_freq_factor"], rope["high_freq_factor"]
+    old_len = rope["original_max_position_embeddings"]
+    wavelen = 2 * math.pi / inv
+    scaled = np.where(wavelen > old_len / low, inv / factor, inv)
+    smooth = (old_len / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < old_len / high) & ~(wavelen > old_len / low)
+    inv = np.where(medium, smoothed, scaled).astype(np.float32)
+  return inv
+
+
+class Rope(NamedTuple):
+  """The rotation of every position of a forward: cos, sin [B, S, Dh] float32."""
+  cos: jax.Array
+  sin: jax.Array
+
+
+def rope_at(positions, inv_freq: np.ndarray) -> Rope:
+  """cos/sin of ``positions`` [B, S] (computed once per forward, shared by the layers)."""
+  freqs = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)[None, None, :]
+  emb = jnp.concatenate([freqs, freqs], axis=-1)  # [B, S, Dh]
+  return Rope(jnp.cos(emb), jnp.sin(emb))
+
+
+def apply_rope(x, rope: Rope):
+  """Rotate-half RoPE. x [B, S, N, Dh]."""
+  cos = rope.cos[:, :, None, :].astype(x.dtype)
+  sin = rope.sin[:, :, None, :].astype(x.dtype)
+  half = x.shape[-1] // 2
+  rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+  return x * cos + rotated * sin
+
+
+ACTIVATIONS = {
+    "silu": jax.nn.silu,
+    "gelu_pytorch_tanh": lambda x: jax.nn.gelu(x, approximate=True),
+}
+
+
+def _split(y, sizes):
+  return jnp.split(y, np.cumsum(sizes)[:-1].tolist(), axis=-1)
+
+
+class GatedMLP(nnx.Module):
+  """``down(act(gate(x)) * up(x))``: SwiGLU (silu) or GeGLU (tanh-approximated gelu).
+
+  With ``cfg.fused_mlp`` gate and up are one ``gate_up_proj`` kernel [D, 2F] (the sampler's
+  layout, ``rljax.rollout.decode.inference_params``)."""
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, width: int | None = None):
+    d, f = cfg.hidden_size, width or cfg.intermediate_size
+    self.width = f
+    if cfg.fused_mlp:
+      self.gate_up_proj = Linear(d, 2 * f, axes=("embed", "mlp"), bias=cfg.mlp_bias, cfg=cfg,
+                                 rngs=rngs)
+    else:
+      self.gate_proj = Linear(d, f, axes=("embed", "mlp"), bias=cfg.mlp_bias, cfg=cfg, rngs=rngs)
+      self.up_proj = Linear(d, f, axes=("embed", "mlp"), bias=cfg.mlp_bias, cfg=cfg, rngs=rngs)
+    self.down_proj = Linear(f, d, axes=("mlp", "embed"), bias=cfg.mlp_bias, cfg=cfg, rngs=rngs)
+    self.act = ACTIVATIONS[cfg.hidden_act]
+    self.fused = cfg.fused_mlp
+
+  def __call__(self, x):
+    if self.fused:
+      gate, up = _split(self.gate_up_proj(x), [self.width, self.width])
+    else:
+      gate, up = self.gate_proj(x), self.up_proj(x)
+    return self.down_proj(self.act(gate) * up)
+
+
+class Attention(nnx.Module):
+  """Grouped-query attention of layer ``layer``: projections (one fused q/k/v kernel with
+  ``cfg.fused_qkv``), optional per-head q/k RMSNorm before RoPE (Qwen3, Gemma 3), the query
+  scale (``query_pre_attn_scalar``, Gemma), the layer's window; the attention itself is the
+  caller's ``attend``."""
+
+  def __init__(self, cfg: ModelConfig, layer: int, *, rngs: nnx.Rngs, qk_norm: bool = False,
+               norm_offset: bool = False):
+    d, h, g, dh = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    if cfg.fused_qkv:
+      self.qkv_proj = Linear(d, (h + 2 * g) * dh, axes=("embed", "q_heads"), bias=cfg.qkv_bias,
+                             cfg=cfg, rngs=rngs)
+    else:
+      self.q_proj = Linear(d, h * dh, axes=("embed", "q_heads"), bias=cfg.qkv_bias, cfg=cfg,
+                           rngs=rngs)
+      self.k_proj = Linear(d, g * dh, axes=("embed", "kv_heads"), bias=cfg.qkv_bias, cfg=cfg,
+                           rngs=rngs)
+      self.v_proj = Linear(d, g * dh, axes=("embed", "kv_heads"), bias=cfg.qkv_bias, cfg=cfg,
+                           rngs=rngs)
+    self.o_proj = Linear(h * dh, d, axes=("q_heads", "embed"), bias=cfg.o_bias, cfg=cfg,
+                         rngs=rngs)
+    if qk_norm:
+      self.q_norm = RMSNorm(dh, cfg=cfg, offset=norm_offset, axis="head_dim")
+      self.k_norm = RMSNorm(dh, cfg=cfg, offset=norm_offset, axis="head_dim")
+    self.qk_norm = qk_norm
+    self.heads = (h, g, dh)
+    self.fused = cfg.fused_qkv
+    self.window = cfg.layer_window(layer)
+    # attention divides the scores by sqrt(Dh); a model that scales by another constant gets
+    # its queries rescaled (exactly 1 when the constants agree).
+    scalar = cfg.query_pre_attn_scalar
+    self.query_scale = 1.0 if scalar is None else math.sqrt(dh) / math.sqrt(scalar)
+
+  def project(self, x):
+    """q [B, S, H, Dh], k, v [B, S, G, Dh] before RoPE."""
+    b, s, _ = x.shape
+    h, g, dh = self.heads
+    if self.fused:
+      q, k, v = _split(self.qkv_proj(x), [h * dh, g * dh, g * dh])
+    else:
+      q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+    return q.reshape(b, s, h, dh), k.reshape(b, s, g, dh), v.reshape(b, s, g, dh)
+
+  def __call__(self, x, rope: Rope, attend: Attend, layer_cache, last_only: bool = False):
+    """x [B, S, D] -> ([B, Sq, D], layer_cache): Sq = 1 with ``last_only``, else S."""
+    b = x.shape[0]
+    q, k, v = self.project(x)
+    if self.qk_norm:
+      q, k = self.q_norm(q), self.k_norm(k)
+    q, k = apply_rope(q, rope), apply_rope(k, rope)
+    if self.query_scale != 1.0:
+      q = q * jnp.asarray(self.query_scale, q.dtype)
+    if last_only:
+      q = q[:, -1:]
+    out, layer_cache = attend(q, k, v, layer_cache, self.window)
+    return self.o_proj(out.reshape(b, q.shape[1], -1)), layer_cache
+
+
+def residual(x, update):
+  """``x + update`` where ``update`` covers the last positions of ``x`` only (``last_only``)."""
+  return x[:, x.shape[1] - update.shape[1]:] + update

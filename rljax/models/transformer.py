@@ -1,0 +1,297 @@
+"""The decoder-only network, once, for every family, and its functional API.
+
+``Transformer`` is embedding -> ``num_layers`` family blocks (``rljax.models.families``) -> final
+norm -> head. How attention reads keys is the caller's ``attend`` strategy (``layers.Attend``), so
+the same module is the training and scoring forward (``self_attention``), the sampler's prefill
+and decode (``rljax.models.kv_cache``) and continuous batching (``rljax.rollout.kv_blocks``).
+Mixture-of-experts layers also return their routing (``MoEOut``), which router replay feeds back.
+
+Parameters carry logical axis names (``Param(..., logical_axes=(...))``) that
+``rljax.parallel`` maps onto mesh axes. The model is used functionally: ``init_params`` returns a
+plain nested dict of arrays, and the functions below merge it into the module inside the traced
+function, so jitted code takes and returns pytrees only.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from rljax.models import attention as attention_lib
+from rljax.models import families
+from rljax.models import layers
+from rljax.models.config import ModelConfig
+
+# ``model.remat``: what each layer keeps for the backward pass. 'full' keeps only the layer's
+# input and recomputes the rest; 'dots' also keeps the outputs of the weight matmuls (2-D GEMMs:
+# ``Linear`` flattens its input), so the backward recomputes only norms, RoPE, activations and
+# attention, never a projection; attention's batched dots and scores are not kept.
+REMAT_POLICIES = {
+    "none": None,
+    "full": jax.checkpoint_policies.nothing_saveable,
+    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+_ONE_HOT_EMBED_MAX_VOCAB = 1024
+
+
+class MoEOut(NamedTuple):
+  """Routing of the MoE layers of one forward (rows first, so it shards like the batch).
+
+  routes: [B, S, L_moe, k] int32, the experts each token went to in each MoE layer.
+  aux_loss: scalar, the load-balancing loss averaged over the MoE layers.
+  dropped: scalar int32, (token, expert) pairs dropped by capacity over all layers.
+  """
+  routes: jax.Array
+  aux_loss: jax.Array
+  dropped: jax.Array
+
+
+def self_attention(cfg: ModelConfig, k_valid) -> layers.Attend:
+  """Causal self-attention over the forward's own tokens (no cache); ``k_valid`` [B, S]."""
+  def attend(q, k, v, layer_cache, window):
+    out = attention_lib.attention(q, k.astype(q.dtype), v.astype(q.dtype), k_valid,
+                                  q_offset=k.shape[1] - q.shape[1], window=window,
+                                  backend=cfg.attention, block=cfg.attention_block)
+    return out, layer_cache
+  return attend
+
+
+class Transformer(nnx.Module):
+  """Embedding, ``num_layers`` blocks of the config's family, final norm, and a head.
+
+  ``head='lm'``: next-token logits (tied to the embedding when ``cfg.tie_embeddings``).
+  ``head='value'``: a scalar value per position (the critic), no vocabulary projection.
+  """
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, head: str = "lm"):
+    if head not in ("lm", "value"):
+      raise ValueError(f"head must be 'lm' or 'value', got {head!r}")
+    family = families.get(cfg.model_type)
+    pdt = jnp.dtype(cfg.param_dtype)
+    self.cfg = cfg
+    self.head = head
+    self.embed_scale = cfg.hidden_size ** 0.5 if family.embed_scale else None
+    self.embed_tokens = nnx.Param(
+        0.02 * jax.random.normal(rngs.params(), (cfg.vocab_size, cfg.hidden_size), pdt),
+        logical_axes=("vocab", "embed"))
+    self.num_layers = cfg.num_layers
+    for i in range(cfg.num_layers):
+      setattr(self, f"layers_{i}", family.block(cfg, i, rngs=rngs))
+    self.norm = family.final_norm(cfg.hidden_size, cfg=cfg)
+    if head == "lm" and not cfg.tie_embeddings:
+      self.lm_head = layers.Linear(cfg.hidden_size, cfg.vocab_size, axes=("embed", "vocab"),
+                                   bias=False, cfg=cfg, rngs=rngs)
+    if head == "value":
+      self.value_head = layers.Linear(cfg.hidden_size, 1, axes=("embed", None), bias=True,
+                                      cfg=cfg, rngs=rngs)
+
+  def __call__(self, tokens, positions, attend: layers.Attend, cache=None, *,
+               last_only: bool = False, valid=None, routes=None):
+    """Final-norm hidden states of ``tokens`` [B, S] at ``positions`` [B, S].
+
+    ``attend``: the attention strategy (``self_attention`` for a cache-free forward); ``cache``:
+    one entry per layer that ``attend`` reads and returns (None: no cache). ``last_only``: the
+    last layer computes its output at the last position only (prefill: [B, 1, D] comes back).
+    ``valid`` [B, S]: the real tokens (MoE load-balancing statistics); ``routes`` [B, S, L_moe,
+    k]: experts to use instead of the router's choice (router replay). Returns (hidden, new
+    cache or None, ``MoEOut`` or None).
+    """
+    cfg = self.cfg
+    x = self.embed(tokens, one_hot=cache is None)
+    ropes = {}
+    for spec in {cfg.layer_rope(i) for i in range(cfg.num_layers)}:
+      ropes[spec] = layers.rope_at(positions, layers.rope_inv_freq(cfg.head_dim, *spec))
+    moe_layers = [i for i in range(cfg.num_layers) if cfg.is_moe_layer(i)]
+    if routes is not None:
+      want = tokens.shape + (len(moe_layers), cfg.experts_per_token)
+      if tuple(routes.shape) != want:
+        raise ValueError(f"routes of shape {tuple(routes.shape)}: router replay needs [B, S, "
+                         f"MoE layers, experts per token] = {want}")
+    policy = REMAT_POLICIES[cfg.remat]
+    if cache is None and cfg.scan_layers and not moe_layers:
+      if not cfg.uniform_layers:
+        raise ValueError("model.scan_layers needs identical layers; this model's layers differ "
+                         "in attention window or RoPE")
+      x = self._scan_blocks(x, ropes[cfg.layer_rope(0)], attend, policy)
+      return self.norm(x), None, None
+    new_cache, stats = [], []
+    for i in range(self.num_layers):
+      block = getattr(self, f"layers_{i}")
+      layer_cache = None if cache is None else cache[i]
+      layer_routes = None if routes is None else routes[:, :, moe_layers.index(i)] \
+          if i in moe_layers else None
+      run = _block_call(attend, last_only and i == self.num_layers - 1)
+      if policy is not None and cache is None:
+        run = nnx.remat(run, policy=policy)
+      x, layer_cache, layer_stats = run(block, x, ropes[cfg.layer_rope(i)], valid, layer_routes,
+                                        layer_cache)
+      new_cache.append(layer_cache)
+      if layer_stats is not None:
+        stats.append(layer_stats)
+    moe_out = None
+    if stats:
+      moe_out = MoEOut(routes=jnp.stack([s.routes for s in stats], axis=2).astype(jnp.int32),
+                       aux_loss=jnp.mean(jnp.stack([s.aux_loss for s in stats])),
+                       dropped=sum(jnp.asarray(s.dropped, jnp.int32) for s in stats))
+    return self.norm(x), (None if cache is None else tuple(new_cache)), moe_out
+
+  def _scan_blocks(self, x, rope, attend, policy):
+    """The blocks without a cache as one ``jax.lax.scan`` over their stacked parameters.
+
+    ``x_{l+1} = block(x_l; W_l)`` for ``l = 0..L-1`` with ``W = stack(W_0..W_{L-1})`` built here,
+    inside the traced function, so the parameter tree keeps its ``layers_i`` entries. The remat
+    policy wraps the scanned body (``jax.checkpoint``): XLA cannot merge a loop body's
+    recomputation back into the forward, which it does with an unrolled loop on CPU, so only
+    this layout makes remat save memory there. Cost: one stacked copy of the layer weights
+    during the step, and in the backward one of their gradients (unstacked into ``layers_i``).
+    """
+    graphdef, first = nnx.split(self.layers_0)
+    states = [first] + [nnx.split(getattr(self, f"layers_{i}"))[1]
+                        for i in range(1, self.num_layers)]
+    stacked = jax.tree.map(lambda *ws: jnp.stack(ws), *states)
+
+    def body(h, layer_state):
+      h, _, _ = nnx.merge(graphdef, layer_state)(h, rope, attend, None)
+      return h, None
+
+    if policy is not None:
+      body = jax.checkpoint(body, policy=policy)
+    x, _ = jax.lax.scan(body, x, stacked)
+    return x
+
+  def embed(self, tokens, one_hot: bool = True):
+    """Token embeddings [B, S, D] in the compute dtype (times ``sqrt(D)`` where the family
+    scales them).
+
+    Small vocabularies use a one-hot matmul when ``one_hot`` (differentiated forwards): its
+    gradient is a GEMM, while the gather's gradient is a scatter-add, which XLA:CPU runs an
+    order of magnitude slower. Both are exact.
+    """
+    dtype = jnp.dtype(self.cfg.dtype)
+    table = self.embed_tokens[...].astype(dtype)
+    if one_hot and self.cfg.vocab_size <= _ONE_HOT_EMBED_MAX_VOCAB:
+      hot = jax.nn.one_hot(tokens.reshape(-1), self.cfg.vocab_size, dtype=dtype)
+      x = jnp.dot(hot, table).reshape(tokens.shape + (table.shape[-1],))
+    else:
+      x = jnp.take(table, tokens, axis=0)
+    if self.embed_scale is not None:
+      x = x * jnp.asarray(self.embed_scale, dtype)
+    return x
+
+  def head_weight(self):
+    """Output projection [D, V] in the compute dtype."""
+    dtype = jnp.dtype(self.cfg.dtype)
+    if self.head != "lm":
+      raise ValueError("a value model has no vocabulary head")
+    if self.cfg.tie_embeddings:
+      return self.embed_tokens[...].T.astype(dtype)
+    return self.lm_head.kernel[...].astype(dtype)
+
+  def logits(self, hidden):
+    return softcap(self.cfg, jnp.dot(hidden, self.head_weight()))
+
+  def values(self, hidden):
+    return self.value_head(hidden)[..., 0].astype(jnp.float32)
+
+
+def _block_call(attend, last_only: bool):
+  """``block(x, rope, valid, routes, layer_cache)`` with the static arguments closed over (remat
+  traces every argument)."""
+  def run(block, x, rope, valid, routes, layer_cache):
+    return block(x, rope, attend, layer_cache, last_only=last_only, valid=valid, routes=routes)
+  return run
+
+
+def softcap(cfg: ModelConfig, logits):
+  """``cap * tanh(logits / cap)`` where the model caps its logits (Gemma 2), else ``logits``."""
+  cap = cfg.final_logit_softcap
+  if cap is None:
+    return logits
+  return jnp.tanh(logits / cap) * cap
+
+
+# --- functional API ------------------------------------------------------------------------------
+
+def _abstract(cfg: ModelConfig, head: str):
+  return nnx.split(nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0), head=head)))
+
+
+def init_params(cfg: ModelConfig, seed: int = 0, head: str = "lm") -> dict:
+  """Random parameters (normal, std 0.02; norms at their identity) as a nested dict of arrays."""
+  _, state = nnx.split(Transformer(cfg, rngs=nnx.Rngs(seed), head=head))
+  return nnx.to_pure_dict(state)
+
+
+def param_shapes(cfg: ModelConfig, head: str = "lm") -> dict:
+  """``jax.ShapeDtypeStruct`` for every parameter, without allocating any."""
+  _, state = _abstract(cfg, head)
+  return jax.tree.map(lambda v: jax.ShapeDtypeStruct(v.shape, v.dtype), nnx.to_pure_dict(state))
+
+
+def logical_axes(cfg: ModelConfig, head: str = "lm") -> dict:
+  """Logical axis names of every parameter, same tree as ``init_params``."""
+  model = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0), head=head))
+  axes = {}
+  for path, node in nnx.iter_graph(model):
+    if isinstance(node, nnx.Variable):
+      tree = axes
+      for key in path[:-1]:
+        tree = tree.setdefault(key, {})
+      tree[path[-1]] = node.get_metadata()["logical_axes"]
+  return axes
+
+
+def bind(cfg: ModelConfig, params: dict, head: str = "lm") -> Transformer:
+  """The module with ``params`` in it; call inside traced code (no copy is made)."""
+  graphdef, _ = _abstract(cfg, head)
+  return nnx.merge(graphdef, params)
+
+
+def positions_from_mask(mask):
+  """Position ids of left-padded rows: ``cumsum(mask) - 1``, 0 on padding. mask [B, S]."""
+  return jnp.maximum(jnp.cumsum(mask.astype(jnp.int32), axis=-1) - 1, 0)
+
+
+def forward_with_routes(cfg: ModelConfig, params: dict, tokens, attn_mask, head: str = "lm",
+                        routes=None):
+  """Full causal forward of left-padded rows: (hidden [B, S, D] after the final norm, the
+  module, ``MoEOut`` or None). ``routes``: replay these experts (``Transformer.__call__``)."""
+  model = bind(cfg, params, head)
+  hidden, _, moe = model(tokens, positions_from_mask(attn_mask),
+                         self_attention(cfg, attn_mask.astype(bool)),
+                         valid=attn_mask.astype(bool), routes=routes)
+  return hidden, model, moe
+
+
+def forward(cfg: ModelConfig, params: dict, tokens, attn_mask, head: str = "lm"):
+  """Full causal forward of left-padded rows: hidden [B, S, D] after the final norm."""
+  return forward_with_routes(cfg, params, tokens, attn_mask, head)[0]
+
+
+def logits(cfg: ModelConfig, params: dict, tokens, attn_mask):
+  """Full causal forward returning logits [B, S, V] (tests and small models only)."""
+  hidden, model, _ = forward_with_routes(cfg, params, tokens, attn_mask)
+  return model.logits(hidden)
+
+
+def head_weight(cfg: ModelConfig, params: dict):
+  """The [D, V] output projection (for chunked log-probs that never build [B, T, V])."""
+  return bind(cfg, params).head_weight()
+
+
+def init_cache(cfg: ModelConfig, batch: int, slots: int):
+  """The sampler's zeroed KV cache (``rljax.models.kv_cache``) for ``batch`` rows of ``slots``."""
+  from rljax.models import kv_cache
+  return kv_cache.init_cache(cfg, batch, slots)
+
+
+def cached_step(cfg: ModelConfig, params: dict, tokens, positions, cache, cache_index, kv_mask):
+  """Prefill (``cache_index`` 0, S > 1) or decode (S = 1) through the KV cache: the S new tokens
+  are written at slots ``cache_index ..`` and attend to the slots marked in ``kv_mask`` [B, K]
+  up to their own. Returns (hidden [B, S, D], new cache)."""
+  from rljax.models import kv_cache
+  attend = kv_cache.attend_at(cfg, cache_index, kv_mask.astype(bool), tokens.shape[1])
+  hidden, cache, _ = bind(cfg, params)(tokens, positions, attend, cache)
+  return hidden, cache
