@@ -2,7 +2,7 @@
 import numpy as np
 
 VOCAB = 97
-ARCHS = ("llama", "qwen2", "llama_gqa_tied", "llama3_rope")
+ARCHS = ("llama", "qwen2", "llama_gqa_tied", "llama3_rope", "qwen3", "gemma3", "qwen3_moe")
 
 
 def hf_config(name: str):
@@ -25,6 +25,21 @@ def hf_config(name: str):
         rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                       "high_freq_factor": 4.0, "original_max_position_embeddings": 32},
         **common)
+  if name == "qwen3":
+    return transformers.Qwen3Config(num_key_value_heads=2, head_dim=16, rope_theta=1e6,
+                                    tie_word_embeddings=True, **common)
+  if name == "gemma3":  # a local layer with a 4-token window, then a global one
+    return transformers.Gemma3TextConfig(
+        num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=24, sliding_window=4,
+        layer_types=["sliding_attention", "full_attention"],
+        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+                         "full_attention": {"rope_type": "linear", "factor": 2.0,
+                                            "rope_theta": 1e6}}, **common)
+  if name == "qwen3_moe":  # layer 0 dense, layer 1 sparse: 4 experts, 2 per token
+    return transformers.Qwen3MoeConfig(
+        num_key_value_heads=2, head_dim=16, num_experts=4, num_experts_per_tok=2,
+        moe_intermediate_size=32, norm_topk_prob=True, mlp_only_layers=[0],
+        tie_word_embeddings=False, **common)
   raise KeyError(name)
 
 

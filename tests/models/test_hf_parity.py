@@ -26,7 +26,7 @@ def test_logits_match_transformers(arch, hf_dirs, left_padded_batch):
   assert np.abs(ours - theirs)[valid].max() <= 1e-4
 
 
-@pytest.mark.parametrize("arch", ["qwen2", "llama_gqa_tied"])
+@pytest.mark.parametrize("arch", ["qwen2", "llama_gqa_tied", "qwen3", "gemma3", "qwen3_moe"])
 def test_export_reloads_in_transformers(arch, hf_dirs, left_padded_batch, tmp_path):
   tokens, mask = left_padded_batch
   cfg, params = models.load_hf(hf_dirs[arch])

@@ -37,7 +37,7 @@ def _stop_token_in_the_middle(free_run):
   return best
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "gemma3", "qwen3_moe"])
 def test_greedy_equals_transformers_generate(arch, hf_dirs):
   tokens, mask = hf_models.left_padded(LENGTHS, width=12, vocab=hf_models.VOCAB, seed=1)
   stop = _stop_token_in_the_middle(_hf_greedy(hf_dirs[arch], tokens, mask, eos=None))
