@@ -10,12 +10,15 @@ import ml_collections
 from ml_collections.config_dict import placeholder
 
 from rljax.keys import (ADAM_BETA, BOOL, FRACTION, KEY_TUPLE, NONEMPTY, NONNEG,
-                        PASS_RATE_WINDOW, POSITIVE, SEED, SIZE, STRING, Key, choice, integer,
-                        optional, real, registered)
+                        PASS_RATE_WINDOW, POSITIVE, SEED, SIZE, STRING, Check, Key, choice,
+                        integer, optional, real, registered)
+from rljax.models.config import supported_model_types
 
 DTYPES = ("float32", "bfloat16", "float16")
 ROLLOUT_LEVELS = ("none", "token", "sequence", "geometric")
 MESH_AXIS = integer(1, also=(-1,))  # any one axis may be -1: the devices the other two leave
+MODEL_FAMILY = Check(lambda v: isinstance(v, str) and v in supported_model_types(),
+                     "a registered model family (HF model_type)", str)
 MODEL_DIM = integer(1, 2**20)  # a model dimension; larger ones overflow int32 shapes, never fit
 
 KEYS = (
@@ -31,6 +34,22 @@ KEYS = (
     Key("model.num_kv_heads", 2, MODEL_DIM, "key/value heads of the 'tiny'/'sft' model (GQA)"),
     Key("model.rope_theta", 10000.0, POSITIVE, "RoPE base of the 'tiny'/'sft' model"),
     Key("model.tie_embeddings", True, BOOL, "'tiny'/'sft' model: LM head = embedding matrix"),
+    Key("model.family", "llama", MODEL_FAMILY,
+        "'tiny'/'sft' model: its family, an HF model_type (`rljax.models.families`)"),
+    Key("model.num_experts", 4, MODEL_DIM,
+        "'tiny'/'sft' model of an MoE family: experts of each (sparse) layer"),
+    Key("model.experts_per_token", 2, MODEL_DIM,
+        "'tiny'/'sft' model of an MoE family: experts each token is routed to (top-k)"),
+    Key("model.moe_intermediate_size", 96, MODEL_DIM,
+        "'tiny'/'sft' model of an MoE family: MLP width of one expert"),
+    Key("model.moe_dispatch", "dense", choice("dense", "capacity"),
+        "MoE layers: dense (exact, every expert sees every token) | capacity (GShard dispatch, "
+        "tokens past an expert's capacity dropped and counted in moe/dropped)"),
+    Key("model.moe_capacity_factor", 1.25, POSITIVE,
+        "MoE capacity dispatch: slots per expert = factor x tokens x k / experts"),
+    Key("model.router_replay", "off", choice("off", "R2", "R3"),
+        "MoE routing in the trainer: off (its own) | R2 (the old-log-prob forward's experts, "
+        "replayed in the update) | R3 (the sampler's experts, replayed in every policy forward)"),
     Key("model.dtype", "float32", choice(*DTYPES), "compute dtype"),
     Key("model.param_dtype", "float32", choice(*DTYPES), "parameter (master weight) dtype"),
     Key("model.remat", "none",
@@ -137,6 +156,9 @@ KEYS = (
     Key("algo.ref_ema_decay", 0.99, FRACTION, "EMA reference: decay d"),
     Key("algo.kl_normalize", False, BOOL,
         "T1's normalised KL: the KL term's aggregation is token_mean"),
+    Key("algo.router_aux_coef", None, optional(NONNEG),
+        "MoE load-balancing loss weight (Switch Transformer); None = the checkpoint's "
+        "router_aux_loss_coef (0 without MoE layers)"),
     Key("algo.entropy_coef", 0.0, real(), "entropy bonus weight (8.7: the controller's c_0)"),
     Key("algo.pos_lm_coef", 0.0, NONNEG, "VAPO: LM loss weight on positive examples"),
     Key("algo.overlong_filter", False, BOOL, "truncated completions get no loss (DAPO ablation)"),

@@ -34,10 +34,12 @@ def _logits_dtype(*arrays):
   return jnp.promote_types(jnp.result_type(*arrays), jnp.float32)
 
 
-def _chunk_stats(hidden, head, targets, temperature):
+def _chunk_stats(hidden, head, targets, temperature, softcap):
   """``[B, c, D], [D, V], [B, c] -> (logp [B, c], entropy [B, c])``, float32 logits."""
   logits = jnp.einsum("bcd,dv->bcv", hidden, head,
                       preferred_element_type=_logits_dtype(hidden, head))
+  if softcap is not None:
+    logits = jnp.tanh(logits / softcap) * softcap
   if temperature != 1.0:
     logits = logits / temperature
   logp_all = jax.nn.log_softmax(logits, axis=-1)
@@ -46,9 +48,10 @@ def _chunk_stats(hidden, head, targets, temperature):
 
 
 def token_logprobs_and_entropy(hidden: chex.Array, head: chex.Array, targets: chex.Array, *,
-                               chunk: int, temperature: float = 1.0
-                               ) -> tuple[chex.Array, chex.Array]:
-  """Log-prob of ``targets`` and full-vocabulary entropy under ``softmax(hidden @ head / temp)``.
+                               chunk: int, temperature: float = 1.0,
+                               softcap: float | None = None) -> tuple[chex.Array, chex.Array]:
+  """Log-prob of ``targets`` and full-vocabulary entropy under ``softmax(hidden @ head / temp)``
+  (the logits first soft-capped, ``cap * tanh(logits / cap)``, for a model that caps them).
 
   Args:
     hidden: ``[B, T, D]`` final hidden states (after the last norm), any float dtype.
@@ -84,7 +87,7 @@ def token_logprobs_and_entropy(hidden: chex.Array, head: chex.Array, targets: ch
   @jax.checkpoint
   def body(xs):
     h, t = xs
-    return _chunk_stats(h, head, t, temperature)
+    return _chunk_stats(h, head, t, temperature, softcap)
 
   logp, entropy = jax.lax.map(body, (hidden_chunks, target_chunks))
   logp = logp.swapaxes(0, 1).reshape(batch, num_chunks * chunk)[:, :length]

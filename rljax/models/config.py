@@ -73,6 +73,7 @@ class ModelConfig:
   router_aux_loss_coef: float = 0.0
   moe_dispatch: str = "dense"
   moe_capacity_factor: float = 1.25
+  router_replay: str = "off"  # 'off' | 'R2' | 'R3' (``model.router_replay``)
   # The sampler's layout of the projections (``rljax.rollout.decode.inference_params``): q/k/v
   # as one kernel, gate/up as one kernel. The parameter tree of a model follows them.
   fused_qkv: bool = False
@@ -107,6 +108,9 @@ class ModelConfig:
                          f"{LAYER_TYPES}")
     if self.hidden_act not in HIDDEN_ACTS:
       raise ValueError(f"unsupported hidden_act={self.hidden_act!r}; supported: {HIDDEN_ACTS}")
+    if self.router_replay not in ROUTER_REPLAY:
+      raise ValueError(f"model.router_replay={self.router_replay!r}: expected one of "
+                       f"{ROUTER_REPLAY}")
     if self.moe_dispatch not in MOE_DISPATCH:
       raise ValueError(f"model.moe_dispatch={self.moe_dispatch!r}: expected one of {MOE_DISPATCH}")
     object.__setattr__(self, "moe_layers", tuple(int(i) for i in self.moe_layers))
@@ -215,9 +219,26 @@ def supported_model_types() -> tuple[str, ...]:
   return families.model_types()
 
 
+def run_settings(model_section) -> dict:
+  """The ``ModelConfig`` fields a run sets whatever the checkpoint: rematerialisation, the layer
+  layout (scan), the attention backend, and how MoE layers dispatch and replay routes."""
+  m = model_section
+  return dict(remat=m.remat, scan_layers=m.scan_layers, attention=m.attention,
+              attention_block=m.attention_block, moe_dispatch=m.moe_dispatch,
+              moe_capacity_factor=m.moe_capacity_factor, router_replay=m.router_replay)
+
+
+# A 'tiny' MoE model: every layer sparse, top-k weights renormalised, transformers' default
+# load-balancing weight (Qwen3-MoE's config).
+_TINY_MOE = dict(norm_topk_prob=True, router_aux_loss_coef=0.001)
+
+
 def tiny_config(model_cfg, vocab_size: int, **overrides) -> ModelConfig:
-  """A fresh small model from the ``config.model`` section (``model.source='tiny'``)."""
-  return ModelConfig(
+  """A fresh small model from the ``config.model`` section (``model.source='tiny'``) of the
+  family ``model.family``."""
+  from rljax.models import families
+  family = model_cfg.family
+  fields = dict(
       vocab_size=vocab_size,
       hidden_size=model_cfg.hidden_size,
       intermediate_size=model_cfg.intermediate_size,
@@ -228,13 +249,13 @@ def tiny_config(model_cfg, vocab_size: int, **overrides) -> ModelConfig:
       rope_theta=model_cfg.rope_theta,
       tie_embeddings=model_cfg.tie_embeddings,
       max_position_embeddings=4096,
+      model_type=family,
       dtype=model_cfg.dtype,
       param_dtype=model_cfg.param_dtype,
-      remat=model_cfg.remat,
-      scan_layers=model_cfg.scan_layers,
-      attention=model_cfg.attention,
-      attention_block=model_cfg.attention_block,
-      **overrides)
+      **run_settings(model_cfg))
+  fields.update(families.get(family).tiny_fields(model_cfg, fields))
+  fields.update(overrides)
+  return ModelConfig(**fields)
 
 
 def matmul_precision(model_section):

@@ -61,9 +61,11 @@ def decode_rows(weights, prompt_tokens, prompt_mask, row_offset, step_keys, *, c
   row_offset: this shard's first row in the whole batch (it picks the rows' noise).
   row_budget: None, or [B] int per-row caps on the completion length (at most ``T``).
   block_slots: completion positions per cache block; None: ``kv_blocks.BLOCK_SLOTS``.
-  Returns ``(tokens, sampler_logp, draw_logp [B, T], lengths [B], stopped [B], steps)``: rows
-  in their original order, ``stopped`` True for rows that emitted a stop token, ``computed`` the
-  token slots computed (each row's first token, then the loop's width per decode step).
+  Returns ``(tokens, sampler_logp, draw_logp [B, T], lengths [B], stopped [B], computed,
+  routes)``: rows in their original order, ``stopped`` True for rows that emitted a stop token,
+  ``computed`` the token slots computed (each row's first token, then the loop's width per
+  decode step), ``routes`` None or (MoE) ``(prompt routes [Pn, P, L_moe, k], completion routes
+  [B, T, L_moe, k])``, the experts of every fed token.
   """
   n_prompts, p = prompt_tokens.shape
   t_max = sp.max_new_tokens
@@ -73,8 +75,9 @@ def decode_rows(weights, prompt_tokens, prompt_mask, row_offset, step_keys, *, c
                      f" got slots={slots}, rows={b}, refill_rows={refill_rows}")
   positions = transformer.positions_from_mask(prompt_mask)
   pcache = kv_cache.init_cache(cfg, n_prompts, p)
-  prompt_hidden, pcache = decode.step(cfg, weights["params"], prompt_tokens, positions, pcache, 0,
-                                      prompt_mask.astype(bool))
+  prompt_hidden, pcache, prompt_routes = decode.step(cfg, weights["params"], prompt_tokens,
+                                                     positions, pcache, 0,
+                                                     prompt_mask.astype(bool))
   first_pos = positions[:, -1] + 1  # [Pn] position of the first completion token
   stop_arr = jnp.asarray(stop_ids or (-1,), jnp.int32)
   is_stop = lambda tok: (jnp.any(tok[:, None] == stop_arr[None, :], axis=-1) if stop_ids
@@ -101,7 +104,7 @@ def decode_rows(weights, prompt_tokens, prompt_mask, row_offset, step_keys, *, c
     keys = jnp.broadcast_to(step_keys[0], (size,) + step_keys.shape[1:])
     tok, lp, dlp = pick_tokens_rows(head(prompt_hidden[prompt]), keys, rows + row_offset, sp)
     stop = is_stop(tok)
-    out = dict(tokens=out["tokens"].at[rows, 0].set(tok, mode="drop"),
+    out = dict(out, tokens=out["tokens"].at[rows, 0].set(tok, mode="drop"),
                sampler_logp=out["sampler_logp"].at[rows, 0].set(lp, mode="drop"),
                draw_logp=out["draw_logp"].at[rows, 0].set(dlp, mode="drop"),
                lengths=out["lengths"].at[rows].set(1, mode="drop"),
@@ -121,18 +124,20 @@ def decode_rows(weights, prompt_tokens, prompt_mask, row_offset, step_keys, *, c
     attend = functools.partial(
         kv_blocks.attend, t=t, prompt_valid=slot["prompt_mask"], sizes=sizes,
         n_blocks=kv_blocks.blocks_needed(jnp.max(jnp.where(live, t, 1)), sizes))
-    hidden, cache = decode.step(cfg, weights["params"], slot["tok"][:, None],
+    hidden, cache, routes = decode.step(cfg, weights["params"], slot["tok"][:, None],
                                 (slot["pos0"] + t - 1)[:, None], state["cache"], None, None,
                                 attend=attend)
     t_draw = jnp.minimum(t, t_max - 1)
     tok, lp, dlp = pick_tokens_rows(head(hidden), step_keys[t_draw], slot["row"] + row_offset, sp)
     rows = jnp.where(live, slot["row"], b)  # finished and empty slots write nothing
     stop = is_stop(tok)
-    out = dict(tokens=out["tokens"].at[rows, t_draw].set(tok, mode="drop"),
+    out = dict(out, tokens=out["tokens"].at[rows, t_draw].set(tok, mode="drop"),
                sampler_logp=out["sampler_logp"].at[rows, t_draw].set(lp, mode="drop"),
                draw_logp=out["draw_logp"].at[rows, t_draw].set(dlp, mode="drop"),
                lengths=out["lengths"].at[rows].add(1, mode="drop"),
                stopped=out["stopped"].at[rows].set(stop, mode="drop"))
+    if routes is not None:  # the fed token, completion position t - 1, went to these experts
+      out["routes"] = out["routes"].at[rows, t - 1].set(routes[:, 0], mode="drop")
     slot = dict(slot, t=t + live, tok=jnp.where(live, tok, slot["tok"]),
                 active=live & ~stop & (t + 1 < budget[jnp.minimum(slot["row"], b - 1)]))
     return dict(state, cache=cache, slot=slot, out=out, computed=state["computed"] + t.shape[0])
@@ -159,7 +164,9 @@ def decode_rows(weights, prompt_tokens, prompt_mask, row_offset, step_keys, *, c
       out=dict(tokens=jnp.full((b, t_max), pad, jnp.int32),
                sampler_logp=jnp.zeros((b, t_max), jnp.float32),
                draw_logp=jnp.zeros((b, t_max), jnp.float32),
-               lengths=jnp.zeros((b,), jnp.int32), stopped=jnp.zeros((b,), bool)),
+               lengths=jnp.zeros((b,), jnp.int32), stopped=jnp.zeros((b,), bool),
+               **({} if prompt_routes is None else
+                  {"routes": jnp.zeros((b, t_max) + prompt_routes.shape[2:], jnp.int32)})),
       next_row=jnp.int32(0), computed=jnp.int32(b))
   state = refill(state, slots)  # every slot takes a row
   widths = drain_widths(slots)
@@ -170,5 +177,6 @@ def decode_rows(weights, prompt_tokens, prompt_mask, row_offset, step_keys, *, c
                    cache=jax.tree.map(lambda x: x[keep], state["cache"]))
     state = run_phase(state, i == 0, widths[i + 1] if i + 1 < len(widths) else 0)
   o = state["out"]
+  routes = None if prompt_routes is None else (prompt_routes, o["routes"])
   return (o["tokens"], o["sampler_logp"], o["draw_logp"], o["lengths"], o["stopped"],
-          state["computed"])
+          state["computed"], routes)

@@ -66,12 +66,16 @@ def inference_params(cfg: ModelConfig, params: dict) -> tuple[ModelConfig, dict]
       mlp["gate_up_proj"] = _concat([mlp.pop("gate_proj"), mlp.pop("up_proj")])
       layer["mlp"] = mlp
     params[f"layers_{i}"] = layer
-  return cfg.replace(fused_qkv=fused_qkv, fused_mlp=fused_mlp), params
+  # MoE layers decode dropless (every routed token reaches its experts, as vLLM does): a
+  # capacity would depend on how many rows happen to decode together.
+  return cfg.replace(fused_qkv=fused_qkv, fused_mlp=fused_mlp, moe_dispatch="dense"), params
 
 
 def step(cfg: ModelConfig, params: dict, tokens, positions, cache, slot, kv_valid, attend=None):
   """Feed ``S`` tokens per row at cache slots ``slot .. slot+S-1``: prefill (S = P) or decode
-  (S = 1). Returns (final-norm hidden of the *last* token [B, D], cache).
+  (S = 1). Returns (final-norm hidden of the *last* token [B, D], cache, routes): ``routes``
+  [B, S, L_moe, k] the experts each fed token went to in each MoE layer (None for a dense
+  model; router replay R3 trains with them).
 
   ``params``/``cfg`` from ``inference_params``. tokens, positions: [B, S] int. cache: the
   head-major cache (``kv_cache.init_cache``). kv_valid: [B, K] bool, the slots a query may attend
@@ -88,5 +92,7 @@ def step(cfg: ModelConfig, params: dict, tokens, positions, cache, slot, kv_vali
   if attend is None:
     attend = kv_cache.attend_at(cfg, slot, kv_valid, s)
   model = transformer.bind(cfg, params)
-  hidden, cache, _ = model(tokens, positions, attend, cache, last_only=s > 1)
-  return hidden[:, -1], cache
+  # A prefill computes the last layer at every position only when its routes are recorded.
+  hidden, cache, moe = model(tokens, positions, attend, cache,
+                             last_only=s > 1 and not cfg.moe_layers)
+  return hidden[:, -1], cache, None if moe is None else moe.routes

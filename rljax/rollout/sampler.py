@@ -262,12 +262,17 @@ def _continuous(weights, prompt_tokens, prompt_mask, row_offset, step_keys, row_
         lambda xs: run(xs[0], xs[1], row_offset + xs[2] * rows_per_chunk, xs[3]),
         (prompt_tokens.reshape(n_chunks, -1, p), prompt_mask.reshape(n_chunks, -1, p),
          jnp.arange(n_chunks), budget.reshape(n_chunks, -1)))
-    res = [x.reshape((b,) + x.shape[2:]) for x in res[:5]] + [jnp.sum(res[5])]
-  tokens, slp, dlp, length, stopped, computed = res
+    flat = lambda x: x.reshape((-1,) + x.shape[2:])
+    res = [flat(x) for x in res[:5]] + [jnp.sum(res[5]), jax.tree.map(flat, res[6])]
+  tokens, slp, dlp, length, stopped, computed, routes = res
   rep = lambda x: jnp.repeat(x, g, axis=0) if g > 1 else x
+  mask = (jnp.arange(t_max)[None, :] < length[:, None]).astype(jnp.int32)
+  extras = {}
+  if routes is not None:
+    extras["sampler_routes"] = with_prompt_routes(rep(routes[0]), routes[1], mask)
   out = Rollout(prompt_tokens=rep(prompt_tokens), prompt_mask=rep(prompt_mask), tokens=tokens,
-                mask=(jnp.arange(t_max)[None, :] < length[:, None]).astype(jnp.int32),
-                sampler_logp=slp, draw_logp=dlp, lengths=length, truncated=~stopped)
+                mask=mask, sampler_logp=slp, draw_logp=dlp, lengths=length,
+                truncated=~stopped, extras=extras)
   return (out, dict(slots=chunk_slots, computed=computed)) if with_stats else out
 
 
@@ -283,8 +288,8 @@ def _sample_rows(weights, prompt_tokens, prompt_mask, row_offset, budget, *, key
   positions = transformer.positions_from_mask(prompt_mask)
   cache = kv_cache.init_cache(cfg, n_prompts, segments[0][2] if segments else p)
   kv_valid = jnp.pad(prompt_mask.astype(bool), ((0, 0), (0, cache[0][0].shape[2] - p)))
-  hidden, cache = decode.step(cfg, weights["params"], prompt_tokens, positions, cache, 0,
-                              kv_valid)
+  hidden, cache, prompt_routes = decode.step(cfg, weights["params"], prompt_tokens, positions,
+                                             cache, 0, kv_valid)
   head = lambda h: logits_of(cfg, weights, h)
   last_logits = head(hidden)  # [Pn, V]
 
@@ -317,32 +322,49 @@ def _sample_rows(weights, prompt_tokens, prompt_mask, row_offset, budget, *, key
   out = (jnp.full((b, t_max), pad, jnp.int32), jnp.zeros((b, t_max), jnp.float32),
          jnp.zeros((b, t_max), jnp.float32), jnp.zeros((b,), bool), jnp.zeros((b,), jnp.int32))
   out, tok = record(out, 0, last_logits)
+  # The experts of every fed token (MoE): token t is fed, and routed, at decode step t + 1.
+  routes = None if prompt_routes is None else jnp.zeros((b, t_max) + prompt_routes.shape[2:],
+                                                          jnp.int32)
 
   for first, end, slots in segments:
     cache = _grow_cache(cache, slots)
     kv_valid = jnp.concatenate([prompt_mask_b.astype(bool), jnp.ones((b, slots - p), bool)], 1)
 
     def cond(carry, end=end):
-      t, _, _, out = carry
+      t, _, _, out, _ = carry
       return (t < end) & ~jnp.all(out[3] | (budget <= t))
 
     def body(carry, kv_valid=kv_valid):
-      t, cache, tok, out = carry
+      t, cache, tok, out, routes = carry
       # Feed token t-1 at slot P+t-1 (position next_pos + t-1) and sample token t.
-      hidden, cache = decode.step(cfg, weights["params"], tok[:, None],
-                                  (next_pos + t - 1)[:, None], cache, p + t - 1, kv_valid)
+      hidden, cache, step_routes = decode.step(cfg, weights["params"], tok[:, None],
+                                               (next_pos + t - 1)[:, None], cache, p + t - 1,
+                                               kv_valid)
+      if routes is not None:
+        routes = jax.lax.dynamic_update_slice_in_dim(routes, step_routes, t - 1, axis=1)
       out, tok = record(out, t, head(hidden))
-      return t + 1, cache, tok, out
+      return t + 1, cache, tok, out, routes
 
-    _, cache, tok, out = jax.lax.while_loop(cond, body, (jnp.int32(first), cache, tok, out))
+    _, cache, tok, out, routes = jax.lax.while_loop(
+        cond, body, (jnp.int32(first), cache, tok, out, routes))
 
   tokens, logp, slogp, done, length = out
   if not own_slogp:
     slogp = jnp.zeros_like(logp) if sp.is_greedy else logp
   mask = (jnp.arange(t_max)[None, :] < length[:, None]).astype(jnp.int32)
+  extras = {}
+  if routes is not None:
+    extras["sampler_routes"] = with_prompt_routes(rep(prompt_routes), routes, mask)
   return Rollout(prompt_tokens=prompt_tokens_b, prompt_mask=prompt_mask_b, tokens=tokens,
                  mask=mask, sampler_logp=logp, draw_logp=slogp, lengths=length,
-                 truncated=~done)
+                 truncated=~done, extras=extras)
+
+
+def with_prompt_routes(prompt_routes, completion_routes, mask):
+  """``extras['sampler_routes']`` [B, P + T, L_moe, k]: the experts of every position, 0 where
+  no token was fed (padding, and the last sampled token, which no later token reads)."""
+  fed = jnp.pad(mask[:, 1:], ((0, 0), (0, 1)))[:, :, None, None]  # token t+1 exists: t was fed
+  return jnp.concatenate([prompt_routes, completion_routes * fed], axis=1)
 
 
 _ENGINE_ARGS = ("max_concurrent_rows", "kv_cache_bytes", "dtype", "refill_rows")

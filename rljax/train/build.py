@@ -20,6 +20,7 @@ from rljax.algos.resolve import Algorithm, resolve
 from rljax.data import datasets, prompt_policy, tokenizer as tokenizer_lib
 from rljax.errors import ModelFileError, RljaxError, StartupError
 from rljax.models import ModelConfig, transformer
+from rljax.models.config import run_settings
 from rljax.parallel import distributed, mesh as mesh_lib, rules
 from rljax.rewards import verifiers
 from rljax.train import step as step_lib
@@ -90,12 +91,19 @@ def _hf_source(config, tokenizer, *, train_if_missing: bool) -> str | None:
   raise StartupError(f"model.source must be 'tiny', 'sft' or 'hf:PATH', got {source!r}")
 
 
-def model_run_settings(model_section) -> dict:
-  """The ModelConfig fields a run sets whatever the checkpoint: rematerialisation, the layer
-  layout (scan) and the attention backend."""
-  m = model_section
-  return dict(remat=m.remat, scan_layers=m.scan_layers, attention=m.attention,
-              attention_block=m.attention_block)
+def router_aux_default(config, algo: Algorithm, tokenizer) -> Algorithm:
+  """``algo.router_aux_coef``: None takes the checkpoint's ``router_aux_loss_coef`` for a model
+  with MoE layers; a weight on a model without them is refused."""
+  model_cfg = resolve_model_config(config, tokenizer)
+  coef = config.algo.router_aux_coef
+  if coef is not None and not model_cfg.moe_layers:
+    raise StartupError(f"algo.router_aux_coef={coef} weighs the MoE load-balancing loss, but "
+                       f"the {model_cfg.model_type} model has no MoE layers: set it back to None")
+  if coef is not None or not model_cfg.moe_layers:
+    return algo
+  with config.unlocked():
+    config.algo.router_aux_coef = float(model_cfg.router_aux_loss_coef)
+  return resolve(config)
 
 
 def resolve_model_config(config, tokenizer) -> ModelConfig:
@@ -106,7 +114,7 @@ def resolve_model_config(config, tokenizer) -> ModelConfig:
     return models.tiny_config(m, tokenizer.vocab_size, eos_token_id=tokenizer.eos_id,
                               pad_token_id=tokenizer.pad_id)
   return ModelConfig.from_hf_dir(path, dtype=m.dtype, param_dtype=m.param_dtype,
-                                 **model_run_settings(m))
+                                 **run_settings(m))
 
 
 def load_policy(config, tokenizer) -> tuple[ModelConfig, dict]:
@@ -119,7 +127,7 @@ def load_policy(config, tokenizer) -> tuple[ModelConfig, dict]:
     return cfg, transformer.init_params(cfg, seed=config.seed)
   cfg, params = models.load_hf(path, dtype=m.dtype, param_dtype=m.param_dtype)
   check_vocab(config, cfg, tokenizer)
-  return cfg.replace(**model_run_settings(m)), params
+  return cfg.replace(**run_settings(m)), params
 
 
 def check_vocab(config, cfg: ModelConfig, tokenizer) -> None:
@@ -350,6 +358,7 @@ def prepare(config) -> Prepared:
   distributed.initialize(config.dist)
   tokenizer = tokenizer_lib.load_tokenizer(config.data.tokenizer, config.data.chat_template)
   _check_model_files(config, algo, tokenizer)
+  algo = _startup(router_aux_default, config, algo, tokenizer)
   source = datasets.make_prompt_source(config.data)
   prompt_policy.apply_prompt_policy(source, config, tokenizer)  # before SFT and the model
   mesh = _startup(mesh_lib.make_mesh, config.mesh)

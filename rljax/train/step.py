@@ -47,35 +47,82 @@ def sequence_inputs(rollout: Rollout):
 
 
 def _completion_forward(model_cfg: ModelConfig, params, rollout: Rollout, parts: int, head: str,
-                        out: Callable):
-  """``out(model, hidden, targets)`` of a teacher-forced forward over ``rollout``: ``hidden``
-  [b, T, D] at the positions that predict the completion tokens ``targets`` [b, T] (position
-  ``s`` predicts token ``s+1``); the rows go through the model ``parts`` chunks at a time
-  (``update.map_rows``)."""
+                        out: Callable, routes=None):
+  """``out(model, hidden, targets, moe)`` of a teacher-forced forward over ``rollout``:
+  ``hidden`` [b, T, D] at the positions that predict the completion tokens ``targets`` [b, T]
+  (position ``s`` predicts token ``s+1``), ``moe`` the MoE layers' routing (``MoEOut`` or None);
+  ``routes`` [B, S, L_moe, k]: experts to replay. The rows go through the model ``parts`` chunks
+  at a time (``update.map_rows``)."""
   tokens, attn = sequence_inputs(rollout)
   s, t = tokens.shape[1], rollout.tokens.shape[1]
 
   def chunk_out(rows):
-    tokens, attn = rows
-    hidden, model, _ = transformer.forward_with_routes(model_cfg, params, tokens, attn, head)
-    return out(model, hidden[:, s - t - 1:s - 1], tokens[:, s - t:])
-  return update_lib.map_rows(chunk_out, (tokens, attn), parts)
+    tokens, attn, routes = rows
+    hidden, model, moe = transformer.forward_with_routes(model_cfg, params, tokens, attn, head,
+                                                         routes)
+    return out(model, hidden[:, s - t - 1:s - 1], tokens[:, s - t:], moe)
+  return update_lib.map_rows(chunk_out, (tokens, attn, routes), parts)
+
+
+def policy_stats(model_cfg: ModelConfig, params, rollout: Rollout, chunk: int, parts: int = 1,
+                 routes=None):
+  """``(logp [B, T], entropy [B, T], moe)`` of the completion tokens under ``params``; logits
+  are built in sequence chunks of ``chunk``, never as a [B, T, V] array. ``moe``: None for a
+  dense model, else ``{"routes": [B, S, L_moe, k], "aux": [B]}``, the experts the forward used
+  and its load-balancing loss (on every row of its chunk)."""
+  def out(model, hidden, targets, moe):
+    logp, entropy = algos.token_logprobs_and_entropy(
+        hidden, model.head_weight(), targets, chunk=chunk, softcap=model_cfg.final_logit_softcap)
+    if moe is None:
+      return logp, entropy, None
+    return logp, entropy, dict(routes=moe.routes,
+                               aux=jnp.broadcast_to(moe.aux_loss, (targets.shape[0],)))
+  return _completion_forward(model_cfg, params, rollout, parts, "lm", out, routes)
 
 
 def completion_stats(model_cfg: ModelConfig, params, rollout: Rollout, chunk: int,
                      parts: int = 1):
-  """Log-probs and entropies of the completion tokens under ``params``: ([B, T], [B, T]);
-  logits are built in sequence chunks of ``chunk``, never as a [B, T, V] array."""
-  return _completion_forward(
-      model_cfg, params, rollout, parts, "lm",
-      lambda model, hidden, targets: algos.token_logprobs_and_entropy(
-          hidden, model.head_weight(), targets, chunk=chunk))
+  """Log-probs and entropies of the completion tokens under ``params``: ([B, T], [B, T])."""
+  return policy_stats(model_cfg, params, rollout, chunk, parts)[:2]
 
 
 def completion_values(model_cfg: ModelConfig, critic_params, rollout: Rollout, parts: int = 1):
   """``V[i, t]``: the critic's value of the state before completion token t, [B, T]."""
   return _completion_forward(model_cfg, critic_params, rollout, parts, "value",
-                             lambda model, hidden, _: model.values(hidden))
+                             lambda model, hidden, _, __: model.values(hidden))
+
+
+def replayed_routes(model_cfg: ModelConfig, rollout: Rollout, *, in_update: bool):
+  """The experts a policy forward replays (``model.router_replay``), or None (its router's).
+
+  R3: the sampler's (``extras['sampler_routes']``) in every policy forward. R2: the old-log-prob
+  forward's (``extras['routes']``, recorded by ``score``) in the update; with one update per
+  batch and no old-log-prob forward, the update's forward is that forward, so it routes itself.
+  """
+  mode = model_cfg.router_replay
+  if mode == "off" or not model_cfg.moe_layers or (mode == "R2" and not in_update):
+    return None
+  key = "sampler_routes" if mode == "R3" else "routes"
+  if key not in rollout.extras:
+    if mode == "R2":
+      return None
+    raise ValueError("model.router_replay='R3' needs the sampler's routes (extras"
+                     "['sampler_routes']); this rollout has none")
+  return rollout.extras[key]
+
+
+def moe_metrics(rollout: Rollout, used_routes, mask) -> Metrics:
+  """``moe/route_mismatch``: the fraction of (completion token, MoE layer) pairs whose predicting
+  position's experts (as a set) differ between the forward and the sampler (the old-log-prob
+  forward's; ``moe/route_mismatch_update``: the update's forward)."""
+  sampler = rollout.extras.get("sampler_routes")
+  if sampler is None:
+    return {}
+  p, t = rollout.prompt_tokens.shape[1], rollout.tokens.shape[1]
+  at = lambda r: jnp.sort(r[:, p - 1:p + t - 1], axis=-1)  # [B, T, L_moe, k]
+  differ = jnp.any(at(used_routes) != at(sampler), axis=-1).astype(jnp.float32)  # [B, T, L]
+  weight = mask[:, :, None] * jnp.ones_like(differ)
+  return {"moe/route_mismatch": ((differ * weight).sum(), weight.sum())}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,8 +206,14 @@ def score(learner: Learner, state: TrainState, rollout: Rollout, hp, aux=None
   mask = rollout.mask.astype(jnp.float32) * row_valid[:, None]
   old_logp = entropy = ref_logp = values = token_rewards = None
   parts = learner.row_parts(rollout)
+  moe_scoring = {}
   if not learner.reuse_policy_forward:
-    old_logp, entropy = completion_stats(cfg, state.params, rollout, chunk, parts)
+    old_logp, entropy, moe = policy_stats(cfg, state.params, rollout, chunk, parts,
+                                          replayed_routes(cfg, rollout, in_update=False))
+    if moe is not None:
+      moe_scoring = moe_metrics(rollout, moe["routes"], mask)
+      if cfg.router_replay == "R2":  # the update replays the experts of this forward
+        rollout = rollout.replace(extras={**rollout.extras, "routes": moe["routes"]})
   if state.ref_params is not None:
     ref_logp, _ = completion_stats(cfg, state.ref_params, rollout, chunk, parts)
   if state.critic_params is not None:
@@ -185,7 +238,7 @@ def score(learner: Learner, state: TrainState, rollout: Rollout, hp, aux=None
                 loss_mask=loss_mask, advantages=advantages, old_logp=old_logp, entropy=entropy,
                 aux_logp=lambda name: completion_stats(aux_cfgs[name], aux[name], rollout,
                                                        chunk, parts)[0])
-  metrics = {}
+  metrics = dict(moe_scoring)
   for t in algo.transforms:
     if t.on_score is not None:
       changes, transform_metrics = t.on_score(view)
@@ -235,14 +288,26 @@ def actor_loss(learner: Learner, params, coefs, micro: Rollout, counts):
   ``(loss, (metrics, rows))``, ``rows`` the forward's ``(logp, entropy)`` when it also gives the
   old log-probs (the scoring metrics are then computed over the whole minibatch), else None."""
   algo = learner.algo
-  logp, entropy = completion_stats(learner.model_cfg, params, micro, learner.logits_chunk)
+  logp, entropy, moe = policy_stats(learner.model_cfg, params, micro, learner.logits_chunk,
+                                    routes=replayed_routes(learner.model_cfg, micro,
+                                                           in_update=True))
   arrays = _loss_inputs(micro)
   if micro.old_logp is None:
     arrays["old_logp"] = jax.lax.stop_gradient(logp)
   arrays.update(logp=logp, entropy=entropy)
+  if moe is not None:  # the load-balancing loss of this forward, on each of its tokens
+    arrays["router_aux"] = moe["aux"][:, None] * jnp.ones_like(logp)
   loss_sum, metrics = algo.policy_loss_sum(hp=coefs, **arrays)
   total = loss_sum / counts["policy"]
   metrics = dict(metrics, policy_loss=(loss_sum, counts["policy"] / counts["micro"]))
+  if moe is not None:
+    rows = jnp.asarray(moe["aux"].shape[0], jnp.float32)
+    mismatch = moe_metrics(micro, moe["routes"], micro.loss_mask)
+    if mismatch:
+      metrics["moe/route_mismatch_update"] = mismatch["moe/route_mismatch"]
+      if micro.old_logp is None:  # this forward is also the old-log-prob one
+        metrics.update(mismatch)
+    metrics["moe/aux_loss"] = (jax.lax.stop_gradient(moe["aux"]).sum(), rows)
   for reg in algo.regularizers:
     reg_sum = algo.regularizer_sum(reg, coefs, **arrays)
     total = total + coefs[reg.coef] * reg_sum / counts[reg.name]

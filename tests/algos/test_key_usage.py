@@ -79,6 +79,7 @@ def _inputs(group_size):
       ref_logp=f(old + rng.normal(0, 0.5, (b, T))),
       teacher_logp=f(old + rng.normal(0, 1.0, (b, T))),
       entropy=f(rng.uniform(0.0, 3.0, (b, T))),
+      router_aux=f(np.full((b, T), 1.3)),  # an MoE forward's load-balancing loss on its tokens
       values=f(rng.normal(0, 1.0, (b, T))), new_values=f(rng.normal(0, 1.5, (b, T))),
       remax_baseline=jnp.asarray(np.repeat(rng.uniform(0, 1, num_groups), group_size),
                                  jnp.float32))
@@ -141,7 +142,7 @@ def fingerprint(config):
   arrays = dict(batch.extras, mask=batch.loss_mask, advantages=batch.advantages,
                 old_logp=batch.old_logp, sampler_logp=batch.sampler_logp,
                 ref_logp=batch.ref_logp, positive=batch.positive, rewards=batch.rewards,
-                logp=x["logp"], entropy=x["entropy"])
+                logp=x["logp"], entropy=x["entropy"], router_aux=x["router_aux"])
   loss_sum, m = algo.policy_loss_sum(hp=hp, **arrays)
   metrics.update(m, policy_loss=(loss_sum, algo.policy_loss_count(batch.loss_mask)))
   for reg in algo.regularizers:

@@ -26,6 +26,8 @@ class Family:
   config_from_hf: HF config dict -> ``ModelConfig`` keyword arguments.
   config_to_hf: ``ModelConfig`` -> HF config dict (``transformers`` loads it as the same model).
   layer_tensors: ``layer_tensors(cfg, layer)`` -> ``TensorMap`` of that layer.
+  tiny_fields: ``tiny_fields(model section, fields)`` -> the ``ModelConfig`` fields a fresh
+    'tiny' model of this family sets beyond the common ``fields`` (``config.tiny_config``).
   """
   name: str
   model_types: tuple
@@ -35,6 +37,7 @@ class Family:
   config_to_hf: Callable
   layer_tensors: Callable
   embed_scale: bool = False
+  tiny_fields: Callable = lambda model_section, fields: {}
 
 
 _FAMILIES: dict[str, Family] = {}

@@ -91,4 +91,6 @@ register_family(Family(
     final_norm=lambda dim, cfg: layers.RMSNorm(dim, cfg=cfg, offset=True),
     config_from_hf=config_from_hf, config_to_hf=config_to_hf,
     layer_tensors=lambda cfg, layer: dense_tensors(cfg, qk_norm=True, extra_norms=_NORMS[2:]),
-    embed_scale=True))
+    embed_scale=True,
+    tiny_fields=lambda model_section, fields: dict(hidden_act="gelu_pytorch_tanh",
+                                                   query_pre_attn_scalar=fields["head_dim"])))

@@ -68,8 +68,18 @@ def layer_tensors(cfg: ModelConfig, layer: int) -> dict:
   return out
 
 
+def tiny_fields(model_section, fields) -> dict:
+  if fields["model_type"] != "qwen3_moe":
+    return {}
+  from rljax.models.config import _TINY_MOE
+  m = model_section
+  return dict(_TINY_MOE, num_experts=m.num_experts, experts_per_token=m.experts_per_token,
+              moe_intermediate_size=m.moe_intermediate_size,
+              moe_layers=tuple(range(fields["num_layers"])))
+
+
 register_family(Family(
     name="qwen3", model_types=tuple(_ARCHITECTURES),
     block=functools.partial(PreNormBlock, qk_norm=True),
     final_norm=lambda dim, cfg: layers.RMSNorm(dim, cfg=cfg), config_from_hf=config_from_hf,
-    config_to_hf=config_to_hf, layer_tensors=layer_tensors))
+    config_to_hf=config_to_hf, layer_tensors=layer_tensors, tiny_fields=tiny_fields))
