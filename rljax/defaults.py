@@ -60,8 +60,9 @@ KEYS = (
         "training/scoring forward as a lax.scan over the layers (same parameter tree); remat "
         "saves memory on XLA:CPU only with it"),
     Key("model.attention", "auto", choice("auto", "xla", "blockwise", "cudnn", "pallas"),
-        "attention kernel: auto (cudnn on GPUs for 16-bit dtypes, pallas on TPUs, else "
-        "blockwise) | xla (materialised scores, the reference) | blockwise | cudnn | pallas"),
+        "attention kernel: auto (cudnn on GPUs, float32 compute in bf16 inputs; pallas on TPUs; "
+        "else blockwise) | xla (materialised scores, the reference) | blockwise | cudnn | "
+        "pallas"),
     Key("model.attention_block", 128, SIZE, "max query/key block of the blockwise attention"),
     Key("model.matmul_precision", "default", choice("default", "high", "highest"),
         "float32 matmul precision: default (TF32 on GPUs, bf16 passes on TPUs) | high | highest "

@@ -233,16 +233,13 @@ def run_optimizer(config) -> optax.GradientTransformation:
   return make_optimizer(config.optim, config.optim.lr, total_updates(config))
 
 
-def planned_attention(backend: str, device_kind: str, dtype: str) -> str:
+def planned_attention(backend: str, device_kind: str) -> str:
   """The attention backend ``model.attention`` resolves to on ``device_kind`` (as
   ``rljax.models.attention.resolve_backend`` does on the device itself)."""
   if backend != "auto":
     return backend
-  if device_kind in _CORES_PER_CHIP:
-    return "pallas"
-  if device_kind != "cpu" and np.dtype(dtype).itemsize == 2:
-    return "cudnn"
-  return "blockwise"
+  platform = "tpu" if device_kind in _CORES_PER_CHIP else "cpu" if device_kind == "cpu" else "gpu"
+  return attention_lib.auto_backend(platform)
 
 
 # --- the plan ------------------------------------------------------------------------------------
@@ -363,7 +360,7 @@ def plan(config, device: str | None = None, *, model: str | None = None,
   batch_shards = rules_lib.batch_divisor(mesh, rules)
   prompts_dev = _split(r.prompts_per_step, batch_shards)
   heads_dev = _split(cfg.num_heads, tensor if cfg.num_heads % tensor == 0 else 1)
-  attention = planned_attention(cfg.attention, dev["kind"], cfg.dtype)
+  attention = planned_attention(cfg.attention, dev["kind"])
   blk = cfg.attention_block
   if attention == "xla":
     prefill = prompts_dev * heads_dev * prompt_len * prompt_len * (ATTN_BYTES + b)

@@ -149,6 +149,19 @@ def train(config) -> dict:
       raise
 
 
+def describe_model(model_cfg) -> str:
+  """One start-up line: the family, its size and the kernels it will run with."""
+  from rljax.models import attention
+  kernel = attention.resolve_backend(model_cfg.attention, dtype=model_cfg.dtype,
+                                     self_attention=True)
+  moe = (f", {model_cfg.num_experts} experts top-{model_cfg.experts_per_token} in "
+         f"{len(model_cfg.moe_layers)} layers ({model_cfg.moe_dispatch} dispatch, router replay "
+         f"{model_cfg.router_replay})" if model_cfg.moe_layers else "")
+  return (f"model: {model_cfg.model_type}, {model_cfg.num_params() / 1e6:.2f}M parameters, "
+          f"compute {model_cfg.dtype}, params {model_cfg.param_dtype}; attention "
+          f"{model_cfg.attention} -> {kernel} on {jax.default_backend()}{moe}")
+
+
 def _train(run: build.Run, guard: preemption.Guard) -> dict:
   cfg = run.config
   start = int(distributed.to_host(run.state.step))
@@ -156,6 +169,7 @@ def _train(run: build.Run, guard: preemption.Guard) -> dict:
   evaluate = lambda params: evaluation.evaluate(run.generator, params, eval_problems,
                                                 sampling=run.sampling, seed=cfg.seed)
   result: dict = {}
+  run.writer.log(describe_model(run.generator.model.cfg))
   guard.at_step(start, None)  # checkpoint `start` exists, or start is 0: nothing to save
   if start == 0:
     with guard.droppable():

@@ -240,3 +240,16 @@ def test_remat_keeps_the_named_self_attention_kernel():
   step = jax.jit(lambda p, i: llama.cached_step(cfg, p, tokens[:, :1], jnp.zeros((2, 1), jnp.int32),
                                                  cache, i, jnp.ones((2, 20), jnp.int32)))
   assert step(params, 3)[0].shape == (2, 1, 32)
+
+
+def test_auto_never_picks_blockwise_on_accelerators(monkeypatch):
+  """A float32-compute run on a GPU gets cuDNN's fused kernel (in bfloat16 inputs), not the
+  pure-JAX blockwise one; the plan predicts the same choice."""
+  from rljax.parallel import plan
+  for dtype in (jnp.float32, jnp.bfloat16):
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    assert attn.resolve_backend("auto", dtype=dtype, self_attention=True) == "cudnn"
+    monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
+    assert attn.resolve_backend("auto", dtype=dtype, self_attention=True) == "pallas"
+  assert plan.planned_attention("auto", "NVIDIA H100 80GB HBM3") == "cudnn"
+  assert plan.planned_attention("auto", "cpu") == "blockwise"
