@@ -11,15 +11,19 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from typing import Any, Mapping, Sequence
 
 import jax
+import jax.numpy as jnp
 import ml_collections
+import numpy as np
 
 from rljax import config_loader, models
 from rljax.data import tokenizer as tokenizer_lib
 from rljax.models import ModelConfig, transformer
+from rljax.models.config import compute_dtype
 from rljax.rollout import engine
 from rljax.rollout.sampler import Rollout, SamplingParams
 
@@ -40,6 +44,16 @@ def config(path: str | None = None, overrides: Mapping[str, Any] | None = None
   return result
 
 
+@functools.partial(jax.jit, static_argnums=0)
+def _hidden(cfg: ModelConfig, params, tokens, mask):
+  return transformer.forward(cfg, params, tokens, mask)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _head(cfg: ModelConfig, params, hidden):
+  return transformer.bind(cfg, params).logits(hidden).astype(jnp.float32)
+
+
 @dataclasses.dataclass
 class Model:
   """A policy with its tokenizer: ``logits``, ``sample`` and ``logprobs`` on plain inputs."""
@@ -47,10 +61,15 @@ class Model:
   params: Any
   tokenizer: Any
 
-  def logits(self, tokens, mask=None) -> jax.Array:
-    """Logits ``[B, S, V]`` of left-padded ``tokens [B, S]`` (``mask`` 1 on real tokens)."""
-    mask = (tokens != self.tokenizer.pad_id) if mask is None else mask
-    return transformer.logits(self.cfg, self.params, tokens, mask.astype("int32"))
+  def logits(self, tokens, mask=None, chunk: int = 512) -> np.ndarray:
+    """Logits ``[B, S, V]`` (float32, on the host) of left-padded ``tokens [B, S]`` (``mask`` 1
+    on real tokens): one forward, then the head ``chunk`` positions at a time, so the device
+    holds ``[B, chunk, V]`` logits at most, as the trainer's log-prob head does."""
+    tokens = jnp.asarray(tokens)
+    mask = (tokens != self.tokenizer.pad_id) if mask is None else jnp.asarray(mask)
+    hidden = _hidden(self.cfg, self.params, tokens, mask.astype(jnp.int32))
+    return np.concatenate([np.asarray(_head(self.cfg, self.params, hidden[:, i:i + chunk]))
+                           for i in range(0, tokens.shape[1], chunk)], axis=1)
 
   def sample(self, prompts: Sequence[str], *, group_size: int = 1, max_new_tokens: int = 64,
              temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, greedy: bool = False,
@@ -70,8 +89,15 @@ class Model:
     return step.completion_stats(self.cfg, self.params, rollout, chunk)
 
 
+def with_precision(model_cfg: ModelConfig, params, *, dtype: str, param_dtype: str):
+  """The model computing in ``dtype`` with its floating-point weights stored in ``param_dtype``."""
+  cast = lambda x: x.astype(param_dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x
+  return model_cfg.replace(dtype=dtype, param_dtype=param_dtype), jax.tree.map(cast, params)
+
+
 def load(source: str = "tiny", *, tokenizer: str | None = None,
-         model_config: ml_collections.ConfigDict | None = None, seed: int = 0) -> Model:
+         model_config: ml_collections.ConfigDict | None = None, seed: int = 0,
+         dtype: str = "auto", param_dtype: str = "float32") -> Model:
   """A ``Model`` from ``source``:
 
   - ``"tiny"``: a fresh random Llama of the default (or given ``model_config``) sizes with the
@@ -79,11 +105,15 @@ def load(source: str = "tiny", *, tokenizer: str | None = None,
   - ``"hf:PATH"`` or a Hugging Face directory: its weights (safetensors) and, if the directory
     has one, its tokenizer;
   - an rljax run directory (``train.run_dir``): the latest checkpoint's policy.
+
+  ``dtype``: the compute dtype ('auto': bfloat16 on GPUs/TPUs, float32 on CPU); ``param_dtype``:
+  the weights' (float32 master weights by default).
   """
+  precision = dict(dtype=compute_dtype(dtype), param_dtype=param_dtype)
   if source == "tiny":
     tok = tokenizer_lib.load_tokenizer(tokenizer or "char")
     model_cfg = models.tiny_config(model_config or config().model, tok.vocab_size,
-                                   eos_token_id=tok.eos_id, pad_token_id=tok.pad_id)
+                                   eos_token_id=tok.eos_id, pad_token_id=tok.pad_id, **precision)
     return Model(model_cfg, transformer.init_params(model_cfg, seed=seed), tok)
   path = source[3:] if source.startswith("hf:") else source
   if not os.path.isdir(path):
@@ -93,10 +123,11 @@ def load(source: str = "tiny", *, tokenizer: str | None = None,
     from rljax.train import evaluation
     run_config = evaluation.run_config(path)
     model_cfg, params = evaluation.load_run_params(path, run_config)
+    model_cfg, params = with_precision(model_cfg, params, **precision)
     tok = tokenizer_lib.load_tokenizer(tokenizer or run_config.data.tokenizer,
                                        run_config.data.chat_template)
     return Model(model_cfg, params, tok)
-  model_cfg, params = models.load_hf(path)
+  model_cfg, params = models.load_hf(path, **precision)
   has_tokenizer = any(os.path.isfile(os.path.join(path, f))
                       for f in ("tokenizer.json", "tokenizer_config.json"))
   tok = tokenizer_lib.load_tokenizer(tokenizer or (path if has_tokenizer else "char"))

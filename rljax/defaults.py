@@ -50,7 +50,9 @@ KEYS = (
     Key("model.router_replay", "off", choice("off", "R2", "R3"),
         "MoE routing in the trainer: off (its own) | R2 (the old-log-prob forward's experts, "
         "replayed in the update) | R3 (the sampler's experts, replayed in every policy forward)"),
-    Key("model.dtype", "float32", choice(*DTYPES), "compute dtype"),
+    Key("model.dtype", "auto", choice("auto", *DTYPES),
+        "compute dtype; auto = bfloat16 on GPUs/TPUs (params stay model.param_dtype), float32 "
+        "on CPU"),
     Key("model.param_dtype", "float32", choice(*DTYPES), "parameter (master weight) dtype"),
     Key("model.remat", "none",
         choice("none", "full", "dots", True, False, "True", "False", "true", "false"),

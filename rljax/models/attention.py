@@ -93,9 +93,6 @@ def attention(q, k, v, k_valid, *, q_offset=0, window: int | None = None,
   if kind == "blockwise":
     return blockwise_attention(q, k, v, k_valid, q_offset, window=window, block=block)
   if kind == "cudnn":
-    if jnp.dtype(q.dtype) not in (jnp.bfloat16, jnp.float16):
-      raise ValueError(f"model.attention='cudnn' needs model.dtype bfloat16 or float16 (cuDNN "
-                       f"has no float32 flash attention), got {q.dtype}")
     return cudnn_attention(q, k, v, k_valid, window=window)
   return splash_attention(q, k, v, k_valid, window=window)
 

@@ -219,6 +219,17 @@ def supported_model_types() -> tuple[str, ...]:
   return families.model_types()
 
 
+def compute_dtype(value: str, platform: str | None = None) -> str:
+  """``model.dtype``: 'auto' is bfloat16 on accelerators (master weights and optimizer state stay
+  in ``model.param_dtype``, float32 by default) and float32 on CPU; any other value as given."""
+  if value != "auto":
+    return value
+  if platform is None:
+    import jax
+    platform = jax.default_backend()
+  return "float32" if platform == "cpu" else "bfloat16"
+
+
 def run_settings(model_section) -> dict:
   """The ``ModelConfig`` fields a run sets whatever the checkpoint: rematerialisation, the layer
   layout (scan), the attention backend, and how MoE layers dispatch and replay routes."""
@@ -250,7 +261,7 @@ def tiny_config(model_cfg, vocab_size: int, **overrides) -> ModelConfig:
       tie_embeddings=model_cfg.tie_embeddings,
       max_position_embeddings=4096,
       model_type=family,
-      dtype=model_cfg.dtype,
+      dtype=compute_dtype(model_cfg.dtype),
       param_dtype=model_cfg.param_dtype,
       **run_settings(model_cfg))
   fields.update(families.get(family).tiny_fields(model_cfg, fields))

@@ -69,7 +69,7 @@ from rljax.config_checks import ConfigError
 from rljax.models import attention as attention_lib
 from rljax.models import kv_cache as kv_cache_lib
 from rljax.models import transformer
-from rljax.models.config import REMAT_CHOICES, ModelConfig, tiny_config
+from rljax.models.config import REMAT_CHOICES, ModelConfig, compute_dtype, tiny_config
 from rljax.parallel import mesh as mesh_lib
 from rljax.parallel import rules as rules_lib
 from rljax.rollout import sampler as sampler_lib
@@ -195,13 +195,16 @@ def _plan_key(config, key, default=None):
   return default
 
 
-def model_config(config, model: str | None = None) -> tuple[str, ModelConfig]:
+def model_config(config, model: str | None = None, device_kind: str = "cpu"
+                 ) -> tuple[str, ModelConfig]:
   """(name, ModelConfig) to plan for: ``model`` argument, else ``plan.model``, else
   ``model.source`` ('hf:PATH' reads PATH/config.json only; 'tiny' uses ``config.model``, and so
-  does 'sft': the cold start is trained with that architecture)."""
+  does 'sft': the cold start is trained with that architecture), computing in the dtype
+  ``model.dtype`` gives on ``device_kind``."""
   m = config.model
+  platform = "cpu" if device_kind == "cpu" else "accelerator"
   source = model or _plan_key(config, "model") or m.source
-  dtypes = dict(dtype=m.dtype, param_dtype=m.param_dtype, remat=m.remat,
+  dtypes = dict(dtype=compute_dtype(m.dtype, platform), param_dtype=m.param_dtype, remat=m.remat,
                 scan_layers=m.scan_layers, attention=m.attention,
                 attention_block=m.attention_block)
   if source in MODEL_SHAPES:
@@ -215,7 +218,7 @@ def model_config(config, model: str | None = None) -> tuple[str, ModelConfig]:
     except Exception as e:  # noqa: BLE001 - planning must not need the data stack
       raise ConfigError(f"model.source={source!r}: cannot read the vocabulary size from "
                         f"data.tokenizer={config.data.tokenizer!r} ({e})") from e
-    return source, tiny_config(m, vocab)
+    return source, tiny_config(m, vocab, dtype=dtypes["dtype"])
   raise ConfigError(f"cannot plan for model {source!r}: use one of {sorted(MODEL_SHAPES)}, "
                     "'hf:PATH' (a directory with config.json) or model.source='tiny' or 'sft'")
 
@@ -296,7 +299,7 @@ def plan(config, device: str | None = None, *, model: str | None = None,
     raise ConfigError("no device to plan for: pass one (e.g. 'v5p-64', '8xh100-80g', 'cpu') or "
                      "set plan.device")
   dev = parse_device(device)
-  name, cfg = model_config(config, model)
+  name, cfg = model_config(config, model, dev["kind"])
   count = dev["count"]
   if count is None:
     sizes = [config.mesh[k] for k in mesh_lib.AXES]

@@ -20,7 +20,7 @@ from rljax.algos.resolve import Algorithm, resolve
 from rljax.data import datasets, prompt_policy, tokenizer as tokenizer_lib
 from rljax.errors import ModelFileError, RljaxError, StartupError
 from rljax.models import ModelConfig, transformer
-from rljax.models.config import run_settings
+from rljax.models.config import compute_dtype, run_settings
 from rljax.parallel import distributed, mesh as mesh_lib, rules
 from rljax.rewards import verifiers
 from rljax.train import step as step_lib
@@ -113,7 +113,7 @@ def resolve_model_config(config, tokenizer) -> ModelConfig:
   if path is None:
     return models.tiny_config(m, tokenizer.vocab_size, eos_token_id=tokenizer.eos_id,
                               pad_token_id=tokenizer.pad_id)
-  return ModelConfig.from_hf_dir(path, dtype=m.dtype, param_dtype=m.param_dtype,
+  return ModelConfig.from_hf_dir(path, dtype=compute_dtype(m.dtype), param_dtype=m.param_dtype,
                                  **run_settings(m))
 
 
@@ -125,7 +125,7 @@ def load_policy(config, tokenizer) -> tuple[ModelConfig, dict]:
   if path is None:
     cfg = resolve_model_config(config, tokenizer)
     return cfg, transformer.init_params(cfg, seed=config.seed)
-  cfg, params = models.load_hf(path, dtype=m.dtype, param_dtype=m.param_dtype)
+  cfg, params = models.load_hf(path, dtype=compute_dtype(m.dtype), param_dtype=m.param_dtype)
   check_vocab(config, cfg, tokenizer)
   return cfg.replace(**run_settings(m)), params
 

@@ -4,6 +4,7 @@ a second model that is never trained or checkpointed: ``teacher.source``, same t
 import os
 
 from rljax import models
+from rljax.models.config import compute_dtype
 from rljax.algos import distill
 from rljax.errors import ModelFileError, StartupError
 from rljax.transforms.base import Transform, register_transform, traced
@@ -30,7 +31,7 @@ def load_teacher(config, tokenizer, policy_cfg):
   if not config.teacher.source:
     raise StartupError("algo.opd_coef > 0 needs a teacher: set teacher.source ('hf:PATH', "
                        "'run:DIR', 'sft' or 'tiny')")
-  dtype = config.teacher.dtype or config.model.dtype
+  dtype = config.teacher.dtype or compute_dtype(config.model.dtype)
   path = teacher_path(config.teacher, config.sft.out_dir)
   if path is None:
     cfg = policy_cfg.replace(dtype=dtype)
