@@ -66,7 +66,7 @@ def kv_bytes(rows, slots, layers=28, kv=4, dh=128, nbytes=2):
 def test_qwen7b_v5p64():
   c = load("qwen7b_v5p64")
   p = plan_lib.plan(c)
-  assert p["mesh"] == {"data": 1, "fsdp": 32, "tensor": 1}
+  assert p["mesh"] == {"data": 1, "fsdp": 32, "expert": 1, "tensor": 1}
   assert p["device"]["count"] == 32 and p["device"]["hosts"] == 8
   by = p["bytes"]
   # bf16 params split 32 ways: 7.6e9 * 2 / 32 = 0.476 GB (+0.6 MB of replicated norms/biases).
@@ -101,7 +101,7 @@ def test_qwen7b_v5p128_fsdp64():
 def test_qwen7b_8xh100():
   c = load("qwen7b_8xh100")
   p = plan_lib.plan(c)
-  assert p["mesh"] == {"data": 1, "fsdp": 8, "tensor": 1}
+  assert p["mesh"] == {"data": 1, "fsdp": 8, "expert": 1, "tensor": 1}
   by = p["bytes"]
   assert by["params"] == fsdp_bytes(8)  # 1.9 GB
   assert close(by["opt_state"], QWEN7B * 4 / 8, 0.001)
