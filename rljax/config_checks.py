@@ -56,7 +56,7 @@ def check_config(config) -> None:
 
 def _check_relations(config) -> None:
   """Constraints between keys."""
-  fill = [f"mesh.{k}" for k in ("data", "fsdp", "tensor") if config.mesh[k] == -1]
+  fill = [k.name for k in KEYS if k.section == "mesh" and _lookup(config, k.name) == (True, -1)]
   if len(fill) > 1:
     raise ConfigError(f"only one mesh axis may be -1 (the devices the others leave), got "
                       f"{', '.join(fill)}")

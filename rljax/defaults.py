@@ -16,7 +16,7 @@ from rljax.models.config import supported_model_types
 
 DTYPES = ("float32", "bfloat16", "float16")
 ROLLOUT_LEVELS = ("none", "token", "sequence", "geometric")
-MESH_AXIS = integer(1, also=(-1,))  # any one axis may be -1: the devices the other two leave
+MESH_AXIS = integer(1, also=(-1,))  # any one axis may be -1: the devices the others leave
 MODEL_FAMILY = Check(lambda v: isinstance(v, str) and v in supported_model_types(),
                      "a registered model family (HF model_type)", str)
 MODEL_DIM = integer(1, 2**20)  # a model dimension; larger ones overflow int32 shapes, never fit
@@ -271,6 +271,9 @@ KEYS = (
     # --- device mesh ---------------------------------------------------------------------------
     Key("mesh.data", -1, MESH_AXIS, "data-parallel axis; -1 = the devices the others leave"),
     Key("mesh.fsdp", 1, MESH_AXIS, "fully sharded data-parallel axis"),
+    Key("mesh.expert", 1, MESH_AXIS,
+        "expert-parallel axis: MoE expert weights split by expert; batch rows split over it too, "
+        "other weights replicated"),
     Key("mesh.tensor", 1, MESH_AXIS, "tensor-parallel axis"),
     # --- multi-process start-up (rljax.parallel.distributed) -----------------------------------
     Key("dist.mode", "auto", choice("auto", "off"),

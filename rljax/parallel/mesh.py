@@ -1,13 +1,19 @@
-"""The device mesh: axes ``('data', 'fsdp', 'tensor')`` over every device of every process.
+"""The device mesh: axes ``('data', 'fsdp', 'expert', 'tensor')`` over every device of every
+process.
 
 - ``data``:   pure data parallelism; parameters are replicated across it, batch rows split.
 - ``fsdp``:   data parallelism that also shards parameters and optimizer state (ZeRO-3 style);
               batch rows are split across it too.
+- ``expert``: expert parallelism; the stacked expert weights of mixture-of-experts layers are
+              split by expert. Everything else treats it as a data axis (batch rows split, other
+              parameters replicated), so no device idles in the dense parts (as MaxText does).
 - ``tensor``: tensor (model) parallelism; attention heads, MLP width and vocabulary are split.
 
-Sizes come from ``config.mesh`` (``data``, ``fsdp``, ``tensor``); one of them may be -1 and takes
-all devices the others leave. Which logical array dimension goes on which axis is decided by the
-rule table in ``rljax.parallel.rules``.
+Sizes come from ``config.mesh`` (``data``, ``fsdp``, ``expert``, ``tensor``); one of them may be -1
+and takes all devices the others leave. Which logical array dimension goes on which axis is
+decided by the rule table in ``rljax.parallel.rules``. ``tensor`` is the innermost axis (its
+activation all-reduces need the fastest links), ``expert`` the next (the expert exchange of every
+MoE layer); with ``expert=1`` the mesh is the three-axis one of configs written before it existed.
 """
 from __future__ import annotations
 
@@ -19,7 +25,7 @@ import numpy as np
 from jax.experimental import mesh_utils
 from jax.sharding import AxisType, Mesh
 
-AXES = ("data", "fsdp", "tensor")
+AXES = ("data", "fsdp", "expert", "tensor")
 
 
 def _read(mesh_cfg, key):
@@ -32,11 +38,12 @@ def _read(mesh_cfg, key):
   return getattr(mesh_cfg, key)
 
 
-def mesh_shape(mesh_cfg, num_devices: int) -> tuple[int, int, int]:
-  """``(data, fsdp, tensor)`` from ``mesh_cfg`` for ``num_devices`` devices.
+def mesh_shape(mesh_cfg, num_devices: int) -> tuple[int, ...]:
+  """The axis sizes ``(data, fsdp, expert, tensor)`` (in ``AXES`` order) from ``mesh_cfg`` for
+  ``num_devices`` devices.
 
-  ``mesh_cfg`` is ``config.mesh`` (or a dict) with integer keys ``data``, ``fsdp``, ``tensor``;
-  at most one may be -1, meaning "all the devices the other two leave". Errors name the key.
+  ``mesh_cfg`` is ``config.mesh`` (or a dict) with an integer key per axis of ``AXES``; at most
+  one may be -1, meaning "all the devices the others leave". Errors name the key.
   """
   if num_devices < 1:
     raise ValueError(f"num_devices must be >= 1, got {num_devices}")
@@ -62,7 +69,7 @@ def mesh_shape(mesh_cfg, num_devices: int) -> tuple[int, int, int]:
   elif fixed != num_devices:
     raise ValueError(f"{desc}: the mesh has {fixed} devices but {num_devices} are available; "
                      "set one axis to -1 to use all of them")
-  return sizes["data"], sizes["fsdp"], sizes["tensor"]
+  return tuple(sizes[k] for k in AXES)
 
 
 def _num_slices(devices) -> int:
@@ -70,8 +77,8 @@ def _num_slices(devices) -> int:
 
 
 def make_mesh(mesh_cfg, devices: Sequence[jax.Device] | None = None) -> Mesh:
-  """A ``Mesh`` with axes ``('data', 'fsdp', 'tensor')`` over ``devices`` (default: all devices
-  of all processes, ``jax.devices()``).
+  """A ``Mesh`` with axes ``AXES`` (``('data', 'fsdp', 'expert', 'tensor')``) over ``devices``
+  (default: all devices of all processes, ``jax.devices()``).
 
   Device order follows ``jax.make_mesh`` (TPU-topology aware; on GPU/CPU devices are in process
   order, so each process's devices are contiguous along the leading axes and it holds a
@@ -88,8 +95,9 @@ def make_mesh(mesh_cfg, devices: Sequence[jax.Device] | None = None) -> Mesh:
     if shape[0] % slices:
       raise ValueError(f"mesh.data={shape[0]} must be a multiple of the {slices} TPU slices "
                        "(slices are connected by DCN and are laid along the data axis)")
-    ici = (shape[0] // slices, shape[1], shape[2])
-    arr = mesh_utils.create_hybrid_device_mesh(ici, (slices, 1, 1), devices)
+    ici = (shape[0] // slices,) + shape[1:]
+    dcn = (slices,) + (1,) * (len(AXES) - 1)
+    arr = mesh_utils.create_hybrid_device_mesh(ici, dcn, devices)
     return Mesh(arr, AXES, axis_types=types)
   if len(devices) == 1 or devices[0].platform == "cpu":
     # Plain reshape: topology does not matter on CPU, and it keeps the order predictable.
@@ -98,7 +106,7 @@ def make_mesh(mesh_cfg, devices: Sequence[jax.Device] | None = None) -> Mesh:
 
 
 def describe(mesh) -> str:
-  """``data=2 fsdp=2 tensor=2 (8 devices, 2 processes)``."""
+  """``data=2 fsdp=2 expert=1 tensor=2 (8 devices, 2 processes)``."""
   sizes = dict(mesh.shape)
   text = " ".join(f"{k}={sizes[k]}" for k in mesh.axis_names)
   n = math.prod(sizes.values())

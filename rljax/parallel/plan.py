@@ -7,7 +7,8 @@ the figures include every replicated fallback. Model sizes come from ``plan.mode
 
 What is counted (per device, the device holding the most):
 
-- params, in ``model.param_dtype``;
+- params, in ``model.param_dtype``; stacked MoE expert kernels split ``expert`` ways by their
+  own rule (every other weight is replicated over that axis);
 - optimizer state: ``jax.eval_shape`` of the run's optimizer (default: global-norm clipping +
   ``optax.adamw`` as ``rljax.train.state.make_optimizer`` builds it: ``mu``, ``nu`` in the
   parameter dtype, no separate float32 master copy, scalar counts replicated), placed by
@@ -23,7 +24,9 @@ What is counted (per device, the device holding the most):
   (~``P + 3T/4`` slots) coexists with the final one; the prefill of one layer materialises
   ``[Pn, H, P, P]`` attention scores with the materialised backend (blockwise: one block of
   them; cuDNN/Pallas: none); FSDP-sharded weights are all-gathered for the forward: the
-  worst case (XLA hoisting the gather out of the decode loop) is all weights / tensor;
+  worst case (XLA hoisting the gather out of the decode loop) is all weights / tensor; without
+  FSDP but with ``expert > 1`` the expert weights alone (the sampler takes its parameters
+  replicated, so every device decodes with all experts);
 - train step activations for one micro-batch of ``rows = P*G / minibatches / micro-batches /
   batch shards`` rows of ``S = prompt + max_new_tokens`` tokens, per layer per token
   ``(ACT_D*D + ACT_QKV*(H+2G)*Dh + ACT_F*F) * dtype bytes`` (the tensors this decoder keeps for
@@ -38,16 +41,20 @@ What is counted (per device, the device holding the most):
   ``[rows, S, D]`` and recomputes one layer at a time (``REMAT_LIVE_LAYERS`` layers' worth live in
   its backward); ``dots`` also keeps the weight matmuls' outputs the backward needs
   (``(H+2G)*Dh + D + 2F`` per token: q/k/v, o and gate/up; the down projection's output feeds
-  only the block's residual add, so autodiff keeps nothing of it). With ``model.scan_layers``
-  (the layers under ``lax.scan``, remat on the scanned body)
-  one layer is live in the backward at ``SCAN_LIVE_LAYERS`` layers' worth, also with remat
+  only the block's residual add, so autodiff keeps nothing of it). MoE layers count as a dense
+  MLP of width ``intermediate_size``: their dispatch tensors are not counted (the plan warns).
+  With ``model.scan_layers`` (the layers under ``lax.scan``, remat on the scanned body) one layer
+  is live in the backward at ``SCAN_LIVE_LAYERS`` layers' worth, also with remat
   ``none`` (its residuals sliced out of the stacked ones), plus the stacked copy of the layer
   weights and of their gradient (policy and critic). This is what XLA:CPU's accounting
   (``tests/models/test_long_sequence.py``) confirms; the unrolled layout's remat figures assume a
   compiler that keeps the recomputation apart (XLA:CPU merges it back into the forward and saves
   nothing, docs/results/benchmarks_long_sequence.md). Plus the chunked log-prob:
   ``rows x logits_chunk x V x 4 bytes x LOGITS_COPIES``, and all-gathered weights of
-  ``GATHERED_LAYERS`` layers and the head.
+  ``GATHERED_LAYERS`` layers and the head (FSDP), of the expert kernels only the device's own
+  ``E / expert`` experts: the train step does not gather them over ``expert``, XLA moves the
+  tokens to the experts instead (an all-gather of the rows over ``expert``; measured on the
+  8-device CPU mesh by ``tests/parallel/test_expert_8dev.py``).
 
 ``peak = resident + max(rollout, train)`` is compared with ``USABLE_FRACTION`` of the device
 memory (room for XLA's own buffers and fragmentation).
@@ -115,6 +122,11 @@ MODEL_SHAPES: dict[str, dict] = {
     "llama3-70b": dict(vocab_size=128256, hidden_size=8192, intermediate_size=28672,
                        num_layers=80, num_heads=64, num_kv_heads=8, head_dim=128,
                        tie_embeddings=False, model_type="llama", rope_theta=500000.0),
+    "qwen3-30b-a3b": dict(vocab_size=151936, hidden_size=2048, intermediate_size=6144,
+                          num_layers=48, num_heads=32, num_kv_heads=4, head_dim=128,
+                          tie_embeddings=False, model_type="qwen3_moe", rope_theta=1000000.0,
+                          num_experts=128, experts_per_token=8, moe_intermediate_size=768,
+                          norm_topk_prob=True, moe_layers=tuple(range(48))),
 }
 
 # Memory per device. TPU: HBM per chip (one JAX device per chip; v4/v5p megacore). GPU: what
@@ -252,6 +264,13 @@ def _tree_bytes(shapes) -> int:
              for x in jax.tree.leaves(shapes))
 
 
+def _expert_bytes(axes, shapes) -> int:
+  """Bytes of the stacked expert kernels (the leaves with a logical ``experts`` axis)."""
+  flat_axes = jax.tree.leaves(axes, is_leaf=lambda x: isinstance(x, tuple))
+  return sum(_tree_bytes(x) for ax, x in zip(flat_axes, jax.tree.leaves(shapes))
+             if "experts" in ax)
+
+
 def _layer_bytes(shapes, shardings) -> int:
   """Per-device bytes of the ``layers_i`` parameters (what ``scan_layers`` stacks)."""
   keys = [k for k in shapes if k.startswith("layers_")]
@@ -372,20 +391,31 @@ def plan(config, device: str | None = None, *, model: str | None = None,
                * BLOCK_TEMPS)
   else:
     prefill = 0
+  experts_w = _expert_bytes(axes, shapes)  # in the parameter dtype
   total_weights = _tree_bytes(shapes) // pb * b  # all weights in the compute dtype
-  rollout_gather = total_weights // tensor if sizes["fsdp"] > 1 else 0
+  expert_weights = experts_w // pb * b
+  split = [name for name, size, w in (("FSDP-sharded", sizes["fsdp"], total_weights),
+                                      ("expert-split", sizes["expert"], expert_weights))
+           if size > 1 and w]
+  rollout_gather = (total_weights if sizes["fsdp"] > 1 else
+                    expert_weights if sizes["expert"] > 1 else 0) // tensor
+  batch_axes = " x ".join(rules_lib.batch_axes(rules))
   if r.prompts_per_step % batch_shards:
     warnings.append(f"rollout.prompts_per_step={r.prompts_per_step} does not split evenly over "
-                    f"{batch_shards} batch shards (data x fsdp)")
-  if sizes["fsdp"] > 1:
-    assumptions.append("rollout all-gathers FSDP-sharded weights; counted in full (/tensor) "
-                       "as the worst case (gather hoisted out of the decode loop)")
+                    f"{batch_shards} batch shards ({batch_axes})")
+  if split:
+    assumptions.append(f"rollout all-gathers {' and '.join(split)} weights; counted in full "
+                       "(/tensor) as the worst case (gather hoisted out of the decode loop)")
 
   # --- train step ---
   mb = config.algo.minibatches
   micro = train_micro_batches(config, dev["kind"], rows // mb, batch_shards, slots)
   grads = params * (2 if micro > 1 else 1)
   critic_grads = critic * (2 if micro > 1 else 1)
+  if cfg.moe_layers:
+    warnings.append(f"{len(cfg.moe_layers)} MoE layers: activations counted as a dense MLP of "
+                    f"width F={cfg.intermediate_size}; the dispatch's [T, E, F] ('dense') or "
+                    "[T, E, C] ('capacity') tensors are not")
   if rows % (mb * micro * batch_shards):
     warnings.append(f"P*G={rows} rows do not split into minibatches={mb} x micro_batches={micro}"
                     f" x {batch_shards} batch shards; rounded up")
@@ -412,8 +442,10 @@ def plan(config, device: str | None = None, *, model: str | None = None,
       scan_weights += 2 * _layer_bytes(c_shapes, c_sh)
   logits = train_rows * min(config.model.logits_chunk, slots) * t_div(cfg.vocab_size) * 4 \
       * LOGITS_COPIES
-  layer_w = (_tree_bytes(shapes) - _tree_bytes({k: v for k, v in shapes.items()
-                                                 if not k.startswith("layers_")})) // L // pb * b
+  # One layer's weights as FSDP gathers them: expert kernels stay split over ``expert``.
+  layers_w = _tree_bytes(shapes) - _tree_bytes({k: v for k, v in shapes.items()
+                                                if not k.startswith("layers_")})
+  layer_w = (layers_w - experts_w + experts_w // sizes["expert"]) // L // pb * b
   head_w = cfg.vocab_size * d * b
   train_gather = (GATHERED_LAYERS * layer_w + head_w) // tensor if sizes["fsdp"] > 1 else 0
   activations = act_by_remat[cfg.remat]
@@ -438,6 +470,8 @@ def plan(config, device: str | None = None, *, model: str | None = None,
   return dict(
       model=dict(name=name, num_params=cfg.num_params(), layers=L, hidden=d, heads=h,
                  kv_heads=g, head_dim=dh, intermediate=f, vocab=cfg.vocab_size,
+                 experts=cfg.num_experts, experts_per_token=cfg.experts_per_token,
+                 moe_intermediate=cfg.moe_intermediate_size, moe_layers=len(cfg.moe_layers),
                  param_dtype=cfg.param_dtype, dtype=cfg.dtype, remat=cfg.remat,
                  scan_layers=cfg.scan_layers,
                  attention=attention),
@@ -478,10 +512,13 @@ def format_plan(p: dict) -> str:
   lines = [
       f"model   {m['name']}: {_count(m['num_params'])} params, L={m['layers']} D={m['hidden']}"
       f" H={m['heads']} G={m['kv_heads']} Dh={m['head_dim']} F={m['intermediate']} "
-      f"V={m['vocab']}; params {m['param_dtype']}, compute {m['dtype']}",
+      f"V={m['vocab']}" + (f" E={m['experts']} k={m['experts_per_token']} "
+                           f"Fe={m['moe_intermediate']} ({m['moe_layers']} MoE layers)"
+                           if m["moe_layers"] else "")
+      + f"; params {m['param_dtype']}, compute {m['dtype']}",
       f"device  {dev['name']}: {dev['count']} x {dev['kind']} ({dev['bytes'] / GiB:.1f} GiB "
       f"each{hosts})",
-      f"mesh    data={mesh['data']} fsdp={mesh['fsdp']} tensor={mesh['tensor']}; batch rows "
+      "mesh    " + " ".join(f"{k}={mesh[k]}" for k in mesh_lib.AXES) + "; batch rows "
       + (f"split {p['batch_shards']} ways" if p["batch_shards"] > 1 else "not split"),
       "",
       f"per device                                                  GiB",

@@ -1,29 +1,35 @@
 """Partition rules: logical axis names -> mesh axes, and the shardings built from them.
 
 Every parameter carries a tuple of logical axis names (``rljax.models.transformer.logical_axes``); the
-rule table below says which mesh axes (``rljax.parallel.mesh``: ``data``, ``fsdp``, ``tensor``)
-each name is split over. The same table places parameters, optimizer state (which mirrors the
-parameters), the reference model and critic (same model, same rules), batches and the KV cache.
+rule table below says which mesh axes (``rljax.parallel.mesh``: ``data``, ``fsdp``, ``expert``,
+``tensor``) each name is split over. The same table places parameters, optimizer state (which
+mirrors the parameters), the reference model and critic (same model, same rules), batches and the
+KV cache.
 
-================  =====================  ==================================================
-logical name      mesh axes              what it is
-================  =====================  ==================================================
-``batch``         ``('data', 'fsdp')``   rows of a batch / of the KV cache (data parallel)
-``vocab``         ``'tensor'``           vocabulary of the embedding and LM head
-``embed``         ``'fsdp'``             model width of weight matrices (FSDP / ZeRO-3)
-``q_heads``       ``'tensor'``           query heads x head dim of q/o projections
-``kv_heads``      ``'tensor'``           key/value heads (of k/v projections and the cache)
-``mlp``           ``'tensor'``           MLP width
-``norm``          replicated             RMSNorm scales
-``length``        replicated             sequence positions of activations
-``cache_length``  replicated             slots of the KV cache
-``head_dim``      replicated             per-head features of the KV cache
-``act_embed``     replicated             model width of activations [B, S, D]
-``act_heads``     ``'tensor'``           heads of activations
-``act_mlp``       ``'tensor'``           MLP width of activations
-``act_vocab``     ``'tensor'``           vocabulary of logits
-``None``          replicated             anything unnamed
-================  =====================  ==================================================
+================  ================================  ================================================
+logical name      mesh axes                         what it is
+================  ================================  ================================================
+``batch``         ``('data', 'fsdp', 'expert')``    rows of a batch / the KV cache (data parallel)
+``vocab``         ``'tensor'``                      vocabulary of the embedding and LM head
+``embed``         ``'fsdp'``                        model width of weight matrices (FSDP / ZeRO-3)
+``q_heads``       ``'tensor'``                      query heads x head dim of q/o projections
+``kv_heads``      ``'tensor'``                      key/value heads (k/v projections, the KV cache)
+``mlp``           ``'tensor'``                      MLP width (of the experts too)
+``experts``       ``'expert'``                      E of stacked expert weights [E, D, F], [E, F, D]
+``norm``          replicated                        RMSNorm scales
+``length``        replicated                        sequence positions of activations
+``cache_length``  replicated                        slots of the KV cache
+``head_dim``      replicated                        per-head features of the KV cache
+``act_embed``     replicated                        model width of activations [B, S, D]
+``act_heads``     ``'tensor'``                      heads of activations
+``act_mlp``       ``'tensor'``                      MLP width of activations
+``act_vocab``     ``'tensor'``                      vocabulary of logits
+``None``          replicated                        anything unnamed
+================  ================================  ================================================
+
+Only ``experts`` names the ``expert`` axis among the parameters, so every other weight is
+replicated across it while batch rows are split over it: outside the MoE layers ``expert`` is one
+more data-parallel axis (MaxText does the same), and ``expert=1`` is the layout without it.
 
 Resolution of one array (``logical_to_spec``), dimension by dimension, left to right:
 
@@ -53,12 +59,13 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from rljax.parallel.mesh import AXES
 
 DEFAULT_RULES: dict[str, Any] = {
-    "batch": ("data", "fsdp"),
+    "batch": ("data", "fsdp", "expert"),
     "vocab": "tensor",
     "embed": "fsdp",
     "q_heads": "tensor",
     "kv_heads": "tensor",
     "mlp": "tensor",
+    "experts": "expert",
     "norm": None,
     "length": None,
     "cache_length": None,
@@ -68,7 +75,6 @@ DEFAULT_RULES: dict[str, Any] = {
     "act_mlp": "tensor",
     "act_vocab": "tensor",
 }
-
 
 
 def make_rules(overrides: Mapping[str, Any] | Iterable[tuple[str, Any]] | None = None) -> dict:
@@ -244,8 +250,8 @@ def batch_spec(mesh, ndim: int, rules=None) -> P:
 
 
 def batch_sharding(mesh, ndim: int, rules=None) -> NamedSharding:
-  """Rows (axis 0) split over ``data`` x ``fsdp``, other axes replicated. The global number of
-  rows must be a multiple of ``batch_divisor(mesh)``."""
+  """Rows (axis 0) split over the ``batch`` rule's axes (``data`` x ``fsdp`` x ``expert``), other
+  axes replicated. The global number of rows must be a multiple of ``batch_divisor(mesh)``."""
   return NamedSharding(mesh, batch_spec(mesh, ndim, rules))
 
 
@@ -255,8 +261,15 @@ def batch_shardings(mesh, tree, rules=None):
   return jax.tree.map(lambda x: batch_sharding(mesh, x.ndim, rules), tree)
 
 
+def batch_axes(rules=None) -> tuple:
+  """The mesh axes batch rows are split over (the ``batch`` rule): what a ``shard_map`` over the
+  data-parallel shards maps, and what error messages name."""
+  return _axes_tuple("batch", _table(rules)["batch"])
+
+
 def batch_divisor(mesh, rules=None) -> int:
-  """How many shards batch rows are split into (``data * fsdp`` with the default rules)."""
+  """How many shards batch rows are split into (``data * fsdp * expert`` with the default
+  rules)."""
   spec = batch_spec(mesh, 1, rules)[0]
   names = () if spec is None else (spec,) if isinstance(spec, str) else spec
   sizes = dict(mesh.shape)
@@ -265,8 +278,8 @@ def batch_divisor(mesh, rules=None) -> int:
 
 def cache_shardings(mesh, cache, rules=None):
   """Shardings of the sampler's KV cache (``rljax.models.kv_cache``: per layer ``(k, v)``, each
-  named by ``kv_cache.CACHE_AXES``): rows on ``data`` x ``fsdp``, kv heads on ``tensor``
-  (replicated where G does not divide)."""
+  named by ``kv_cache.CACHE_AXES``): rows on the batch axes, kv heads on ``tensor`` (replicated
+  where G does not divide)."""
   from rljax.models.kv_cache import CACHE_AXES
   return jax.tree.map(lambda x: logical_sharding(mesh, CACHE_AXES, tuple(x.shape), rules), cache)
 

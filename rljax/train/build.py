@@ -54,9 +54,9 @@ class LoadedModel:
                  self.kv_cache_bytes, self.dtype)
     fn = _SAMPLERS.get(cache_key)
     if fn is None:
-      # Weights stay sharded by the partition rules; prompts split over data x fsdp.
+      # Weights stay sharded by the partition rules; prompts split as batch rows are.
       fn = _SAMPLERS[cache_key] = rollout_lib.make_sampler(
-          self.cfg, sampling, group_size, mesh=self.mesh, data_axis=("data", "fsdp"),
+          self.cfg, sampling, group_size, mesh=self.mesh, data_axis=rules.batch_axes(),
           param_sharding=rules.param_shardings(self.mesh, transformer.logical_axes(self.cfg),
                                                transformer.param_shapes(self.cfg)),
           max_concurrent_rows=self.max_concurrent_rows or None,
@@ -342,7 +342,8 @@ def _check_rows_split(config, mesh) -> None:
   divisor = rules.batch_divisor(mesh)
   if config.rollout.prompts_per_step % divisor:
     raise StartupError(f"rollout.prompts_per_step={config.rollout.prompts_per_step} must be a "
-                       f"multiple of the data-parallel width (mesh data x fsdp = {divisor})")
+                       f"multiple of the data-parallel width (mesh "
+                       f"{' x '.join(rules.batch_axes())} = {divisor})")
 
 
 def prepare(config) -> Prepared:

@@ -50,7 +50,7 @@ RESUMABLE_CHANGES = (
     "train.eval_every", "train.checkpoint_every", "train.keep_checkpoints", "train.export_hf",
     "reward.workers", "reward.timeout_s", "reward.max_logged_failures", "data.num_eval",
     "reward.max_worker_memory_mb", "reward.worker_max_calls", "train.preempt_grace_s",
-    "mesh.data", "mesh.fsdp", "mesh.tensor", "dist.mode", "dist.coordinator_address",
+    "mesh.data", "mesh.fsdp", "mesh.expert", "mesh.tensor", "dist.mode", "dist.coordinator_address",
     "dist.num_processes", "dist.process_id", "model.remat", "model.scan_layers",
     "model.logits_chunk", "model.forward_tokens",
     "sft.out_dir",

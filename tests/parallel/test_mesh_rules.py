@@ -5,7 +5,7 @@ import optax
 import pytest
 from jax.sharding import AbstractMesh, NamedSharding, PartitionSpec as P
 
-from rljax.models import llama
+from rljax.models import llama, transformer
 from rljax.models.config import ModelConfig
 from rljax.parallel import distributed, mesh as mesh_lib, rules
 
@@ -13,44 +13,56 @@ CFG = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=96, num_layer
                   num_heads=4, num_kv_heads=2, head_dim=8, qkv_bias=True, model_type="qwen2")
 
 
-def amesh(data, fsdp, tensor):
-  return AbstractMesh((data, fsdp, tensor), mesh_lib.AXES)
+def amesh(data=1, fsdp=1, tensor=1, expert=1):
+  sizes = dict(data=data, fsdp=fsdp, expert=expert, tensor=tensor)
+  return AbstractMesh(tuple(sizes[a] for a in mesh_lib.AXES), mesh_lib.AXES)
 
 
 # --- mesh ----------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("cfg,n,want", [
-    (dict(data=-1, fsdp=1, tensor=1), 8, (8, 1, 1)),
-    (dict(data=1, fsdp=-1, tensor=1), 8, (1, 8, 1)),
-    (dict(data=2, fsdp=-1, tensor=2), 8, (2, 2, 2)),
-    (dict(data=1, fsdp=2, tensor=-1), 8, (1, 2, 4)),
-    (dict(data=2, fsdp=2, tensor=2), 8, (2, 2, 2)),
-    (dict(data=-1, fsdp=1, tensor=1), 1, (1, 1, 1)),
-    (dict(data=1, fsdp=-1, tensor=1), 32, (1, 32, 1)),
+    (dict(data=-1, fsdp=1, expert=1, tensor=1), 8, (8, 1, 1, 1)),
+    (dict(data=1, fsdp=-1, expert=1, tensor=1), 8, (1, 8, 1, 1)),
+    (dict(data=2, fsdp=-1, expert=1, tensor=2), 8, (2, 2, 1, 2)),
+    (dict(data=1, fsdp=2, expert=1, tensor=-1), 8, (1, 2, 1, 4)),
+    (dict(data=2, fsdp=2, expert=1, tensor=2), 8, (2, 2, 1, 2)),
+    (dict(data=-1, fsdp=1, expert=1, tensor=1), 1, (1, 1, 1, 1)),
+    (dict(data=1, fsdp=-1, expert=1, tensor=1), 32, (1, 32, 1, 1)),
+    (dict(data=-1, fsdp=1, expert=2, tensor=1), 8, (4, 1, 2, 1)),
+    (dict(data=1, fsdp=2, expert=-1, tensor=1), 8, (1, 2, 4, 1)),
 ])
 def test_mesh_shape(cfg, n, want):
   assert mesh_lib.mesh_shape(cfg, n) == want
 
 
 @pytest.mark.parametrize("cfg,n,match", [
-    (dict(data=-1, fsdp=3, tensor=1), 8, r"mesh\.fsdp"),
-    (dict(data=-1, fsdp=1, tensor=3), 8, r"mesh\.tensor"),
-    (dict(data=-1, fsdp=-1, tensor=1), 8, r"only one mesh axis may be -1"),
-    (dict(data=2, fsdp=2, tensor=1), 8, r"mesh has 4 devices but 8 are available"),
-    (dict(data=0, fsdp=1, tensor=1), 8, r"mesh\.data must be a positive integer or -1"),
-    (dict(data=-1, fsdp=1), 8, r"no key 'tensor'"),
+    (dict(data=-1, fsdp=3, expert=1, tensor=1), 8, r"mesh\.fsdp"),
+    (dict(data=-1, fsdp=1, expert=1, tensor=3), 8, r"mesh\.tensor"),
+    (dict(data=-1, fsdp=1, expert=3, tensor=1), 8, r"product of mesh\.expert = 3 does not divide"),
+    (dict(data=-1, fsdp=1, expert=0, tensor=1), 8, r"mesh\.expert must be a positive integer"),
+    (dict(data=-1, fsdp=1, expert=-1, tensor=1), 8, r"mesh\.data, mesh\.expert"),
+    (dict(data=-1, fsdp=-1, expert=1, tensor=1), 8, r"only one mesh axis may be -1"),
+    (dict(data=2, fsdp=2, expert=1, tensor=1), 8, r"mesh has 4 devices but 8 are available"),
+    (dict(data=0, fsdp=1, expert=1, tensor=1), 8, r"mesh\.data must be a positive integer or -1"),
+    (dict(data=-1, fsdp=1, expert=1), 8, r"no key 'tensor'"),
+    (dict(data=-1, fsdp=1, tensor=1), 8, r"no key 'expert'"),
 ])
 def test_mesh_shape_errors_name_the_key(cfg, n, match):
   with pytest.raises((ValueError, KeyError), match=match):
     mesh_lib.mesh_shape(cfg, n)
 
 
+def test_mesh_axes_are_the_mesh_config_keys():
+  from rljax.defaults import KEYS
+  assert tuple(k.name[len("mesh."):] for k in KEYS if k.section == "mesh") == mesh_lib.AXES
+
+
 def test_make_mesh_from_base_config():
   import ml_collections
-  c = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
+  c = ml_collections.ConfigDict(dict(data=-1, fsdp=1, expert=1, tensor=1))
   mesh = mesh_lib.make_mesh(c)
-  assert mesh.axis_names == ("data", "fsdp", "tensor")
-  assert dict(mesh.shape) == {"data": jax.device_count(), "fsdp": 1, "tensor": 1}
+  assert mesh.axis_names == ("data", "fsdp", "expert", "tensor")
+  assert dict(mesh.shape) == {"data": jax.device_count(), "fsdp": 1, "expert": 1, "tensor": 1}
   assert "1 process" in mesh_lib.describe(mesh)
 
 
@@ -129,6 +141,32 @@ def test_param_shardings_follow_the_rules():
   assert vsh["value_head"]["kernel"].spec == P("fsdp", None)
 
 
+def test_expert_axis_splits_only_the_expert_kernels():
+  """expert=2: stacked expert kernels split by expert (and fsdp/tensor as any weight), the router
+  and every dense weight replicated over it, batch rows split over it like a data axis."""
+  cfg = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2,
+                    num_heads=4, num_kv_heads=2, head_dim=8, model_type="qwen3_moe",
+                    num_experts=4, experts_per_token=2, moe_intermediate_size=16, moe_layers=(1,))
+  m = amesh(data=2, fsdp=2, tensor=2, expert=2)
+  axes, shapes = transformer.logical_axes(cfg), transformer.param_shapes(cfg)
+  sh = rules.param_shardings(m, axes, shapes)
+  moe = sh["layers_1"]["mlp"]
+  assert moe["gate_proj"].spec == moe["up_proj"].spec == P("expert", "fsdp", "tensor")
+  assert moe["down_proj"].spec == P("expert", "tensor", "fsdp")
+  assert moe["router"]["kernel"].spec == P("fsdp", None)
+  uses_expert = [jax.tree_util.keystr(k) for k, v in jax.tree_util.tree_flatten_with_path(sh)[0]
+                 if "expert" in jax.tree.leaves(tuple(v.spec))]
+  assert uses_expert == [f"['layers_1']['mlp']['{k}']" for k in ("down_proj", "gate_proj",
+                                                                 "up_proj")]
+  assert rules.fallbacks(m, axes, shapes) == []
+  assert rules.batch_sharding(m, 2).spec == P(("data", "fsdp", "expert"), None)
+  assert rules.batch_divisor(m) == 8
+  assert rules.batch_axes() == ("data", "fsdp", "expert")
+  # Per device: each expert kernel holds E/2 experts of a D/2 x F/2 block.
+  e, d, f = 4, 32, 16
+  assert sh["layers_1"]["mlp"]["gate_proj"].shard_shape((e, d, f)) == (2, 16, 8)
+
+
 def test_fallbacks_list_the_parameter():
   cfg = CFG.replace(vocab_size=50)
   lines = rules.fallbacks(amesh(1, 2, 4), llama.logical_axes(cfg), llama.param_shapes(cfg))
@@ -194,7 +232,7 @@ def test_batch_and_cache_shardings():
 
 
 def test_shard_params_single_device_does_not_alias():
-  mesh = mesh_lib.make_mesh(dict(data=-1, fsdp=1, tensor=1))
+  mesh = mesh_lib.make_mesh(dict(data=-1, fsdp=1, expert=1, tensor=1))
   params = {"w": jax.numpy.ones((4, 8)), "b": np.zeros(8, np.float32)}
   sh = {"w": rules.logical_sharding(mesh, ("embed", "mlp"), (4, 8)), "b": rules.replicated(mesh)}
   placed = rules.shard_params(params, sh)
@@ -257,7 +295,7 @@ def test_detect_cluster(fresh_dist):
 
 
 def test_process_rows_single_process():
-  mesh = mesh_lib.make_mesh(dict(data=-1, fsdp=1, tensor=1))
+  mesh = mesh_lib.make_mesh(dict(data=-1, fsdp=1, expert=1, tensor=1))
   assert distributed.process_batch_slice(8) == slice(0, 8)
   assert distributed.process_batch_slice(8, rules.batch_sharding(mesh, 2)) == slice(0, 8)
   x = np.arange(12).reshape(4, 3)

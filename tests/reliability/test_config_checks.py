@@ -56,6 +56,9 @@ BAD = [
     ("grpo", {"model.matmul_precision": "fast"}, "model.matmul_precision='fast'"),
     ("grpo", {"sft.steps": "0"}, "sft.steps=0"),
     ("grpo", {"mesh.data": "0"}, "mesh.data=0"),
+    ("grpo", {"mesh.expert": "0"}, "mesh.expert=0"),
+    ("grpo", {"mesh.expert": "-1"}, "only one mesh axis may be -1 (the devices the others leave), "
+     "got mesh.data, mesh.expert"),
     ("grpo", {"critic.lr": "-1"}, "critic.lr=-1.0"),
     ("grpo", {"seed": "-1"}, "seed=-1"),
     ("grpo", {"algo.rollout_is": "seq"}, "algo.rollout_is='seq'"),

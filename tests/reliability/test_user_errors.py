@@ -173,7 +173,7 @@ def test_prompts_per_step_not_divisible_is_found_before_the_run_dir(tmp_path, ca
   assert info.value.code == 2
   assert capsys.readouterr().err.startswith(
       "error: rollout.prompts_per_step=6 must be a multiple of the data-parallel width "
-      "(mesh data x fsdp = 4)")
+      "(mesh data x fsdp x expert = 4)")
   assert not os.path.exists(tmp_path / "run")
 
 

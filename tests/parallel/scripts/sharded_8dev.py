@@ -70,7 +70,8 @@ def main(meshes):
   ref_hidden, ref_cache = jax.jit(prefill)(p0, tokens, pos, cache0, mask)
 
   for shape, check_update in meshes:
-    mesh = mesh_lib.make_mesh(dict(zip(mesh_lib.AXES, shape)))
+    data, fsdp, tensor = shape  # these dense-model meshes leave the expert axis at 1
+    mesh = mesh_lib.make_mesh(dict(data=data, fsdp=fsdp, expert=1, tensor=tensor))
     out = {"mesh": list(shape)}
     p_sh = rules.param_shardings(mesh, axes, llama.param_shapes(CFG))
     sharded = rules.shard_params(params, p_sh)
@@ -145,7 +146,8 @@ def main(meshes):
 
 
 if __name__ == "__main__":
-  # "2,2,2" checks placement, forward and prefill; "2,2,2+update" also one AdamW step.
+  # Meshes as "data,fsdp,tensor". "2,2,2" checks placement, forward and prefill; "2,2,2+update"
+  # also one AdamW step.
   meshes = [(tuple(int(x) for x in arg.split("+")[0].split(",")), arg.endswith("+update"))
             for arg in sys.argv[1:]]
   main(meshes)

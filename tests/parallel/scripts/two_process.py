@@ -36,7 +36,7 @@ def main(pid: int, port: int):
   out = {"pid": pid, "method": method, "again": again, "process_index": jax.process_index(),
          "process_count": jax.process_count(), "devices": jax.device_count(),
          "local_devices": jax.local_device_count(), "main": distributed.is_main_process()}
-  mesh = mesh_lib.make_mesh({"data": -1, "fsdp": 2, "tensor": 1})
+  mesh = mesh_lib.make_mesh({"data": -1, "fsdp": 2, "expert": 1, "tensor": 1})
   out["mesh"] = mesh_lib.describe(mesh)
 
   # Each process owns half of the global batch; it builds only its own rows.
