@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rljax import config_checks, models
+from rljax.defaults import KEY_BY_NAME
 from rljax import rollout as rollout_lib
 from rljax.algos.resolve import Algorithm, resolve
 from rljax.data import datasets, prompt_policy, tokenizer as tokenizer_lib
@@ -91,19 +92,40 @@ def _hf_source(config, tokenizer, *, train_if_missing: bool) -> str | None:
   raise StartupError(f"model.source must be 'tiny', 'sft' or 'hf:PATH', got {source!r}")
 
 
-def router_aux_default(config, algo: Algorithm, tokenizer) -> Algorithm:
-  """``algo.router_aux_coef``: None takes the checkpoint's ``router_aux_loss_coef`` for a model
-  with MoE layers; a weight on a model without them is refused."""
+# 'tiny'/'sft' keys that only a family with MoE layers reads, and run settings only MoE layers use.
+_TINY_ONLY = ("model.family",)
+_TINY_MOE = ("model.num_experts", "model.experts_per_token", "model.moe_intermediate_size")
+_MOE_SETTINGS = ("model.moe_dispatch", "model.moe_capacity_factor", "model.router_replay")
+
+
+def check_model_keys(config, algo: Algorithm, tokenizer) -> Algorithm:
+  """The model keys the run's architecture reads, and ``algo.router_aux_coef``'s default.
+
+  A 'tiny'-model key set with a checkpoint source, an MoE key set for a model without MoE layers,
+  or a load-balancing weight on such a model is refused by name (no key is silently ignored).
+  ``algo.router_aux_coef`` None takes the checkpoint's ``router_aux_loss_coef``."""
   model_cfg = resolve_model_config(config, tokenizer)
-  coef = config.algo.router_aux_coef
-  if coef is not None and not model_cfg.moe_layers:
-    raise StartupError(f"algo.router_aux_coef={coef} weighs the MoE load-balancing loss, but "
-                       f"the {model_cfg.model_type} model has no MoE layers: set it back to None")
-  if coef is not None or not model_cfg.moe_layers:
+  fresh = config.model.source in ("tiny", "sft")
+  unread = [k for k in _TINY_ONLY + _TINY_MOE if not fresh and _changed(config, k)]
+  if not model_cfg.moe_layers:
+    unread += [k for k in _TINY_MOE + _MOE_SETTINGS if _changed(config, k)]
+    if config.algo.router_aux_coef is not None:
+      unread.append("algo.router_aux_coef")
+  if unread:
+    where = f"model.source={config.model.source!r}, a {model_cfg.model_type} model"
+    raise StartupError(f"{', '.join(sorted(set(unread)))} not read by {where}"
+                       f"{'' if model_cfg.moe_layers else ' without MoE layers'}: set "
+                       f"{'it' if len(set(unread)) == 1 else 'them'} back to the default")
+  if config.algo.router_aux_coef is not None or not model_cfg.moe_layers:
     return algo
   with config.unlocked():
     config.algo.router_aux_coef = float(model_cfg.router_aux_loss_coef)
   return resolve(config)
+
+
+def _changed(config, key: str) -> bool:
+  section, name = key.split(".")
+  return config[section][name] != KEY_BY_NAME[key].default
 
 
 def resolve_model_config(config, tokenizer) -> ModelConfig:
@@ -359,7 +381,7 @@ def prepare(config) -> Prepared:
   distributed.initialize(config.dist)
   tokenizer = tokenizer_lib.load_tokenizer(config.data.tokenizer, config.data.chat_template)
   _check_model_files(config, algo, tokenizer)
-  algo = _startup(router_aux_default, config, algo, tokenizer)
+  algo = _startup(check_model_keys, config, algo, tokenizer)
   source = datasets.make_prompt_source(config.data)
   prompt_policy.apply_prompt_policy(source, config, tokenizer)  # before SFT and the model
   mesh = _startup(mesh_lib.make_mesh, config.mesh)

@@ -67,3 +67,19 @@ def test_replayed_sampler_routes_reproduce_the_sampler():
     step_lib.replayed_routes(cfg, r.replace(extras={}), in_update=True)
   with pytest.raises(ValueError, match=r"router replay needs \[B, S, MoE layers"):
     step_lib.policy_stats(cfg, params, r, chunk=8, routes=routes[:, :, :1])
+
+
+@pytest.mark.parametrize("keys, named", [
+    ({"model.num_experts": 8}, "model.num_experts"),
+    ({"model.router_replay": "R3", "algo.router_aux_coef": 0.01},
+     "algo.router_aux_coef, model.router_replay"),
+])
+def test_moe_keys_on_a_dense_model_are_refused_by_name(keys, named):
+  from rljax.errors import StartupError
+  from rljax.train import build
+  config = rljax_config()
+  for key, value in keys.items():
+    section, name = key.split(".")
+    config[section][name] = value
+  with pytest.raises(StartupError, match=f"{named} not read by .*llama model without MoE"):
+    build.prepare(config)
