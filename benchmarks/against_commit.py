@@ -34,7 +34,9 @@ def worktree(base: str) -> str:
 def run(tree: str, args: list[str]) -> str:
   env = dict(os.environ, PYTHONPATH=tree)
   out = subprocess.run([sys.executable] + args, cwd=tree, env=env, capture_output=True,
-                       text=True, check=True)
+                       text=True)
+  if out.returncode:
+    raise SystemExit(f"{' '.join(args)} failed in {tree}:\n{out.stderr[-3000:]}")
   return out.stdout
 
 

@@ -4,8 +4,10 @@ the share of routing decisions that differ, with ``model.router_replay`` off, R2
 The sampler computes in bfloat16 (``rollout.dtype``), the trainer in float32, so the two routers
 see slightly different hidden states and sometimes pick different experts (the mismatch R3, arXiv
 2510.11370, removes by replaying the sampler's experts). Two minibatches per step, so the update's
-forward differs from the old-log-prob forward (what R2 replays). Per mode and seed it runs
-``configs/grpo.py`` for ``--steps`` steps and prints the mean over steps of:
+forward differs from the old-log-prob forward (what R2 replays); a reward a random policy earns a
+quarter of the time, so every step moves the policy. Per mode and seed it runs
+``configs/grpo.py`` from a random tiny model for ``--steps`` steps and prints the mean over steps
+of:
 
 - ``logp_gap_mean`` / ``logp_gap_max``: |old log-prob - sampler log-prob| over completion tokens;
 - ``moe/route_mismatch``: (token, MoE layer) pairs whose experts differ between the sampler and
@@ -20,7 +22,16 @@ import os
 import statistics
 
 from rljax import cli
+from rljax.rewards import verifiers
 from rljax.train import metrics as metrics_lib
+
+
+@verifiers.register_reward("char_sum_mod4")
+def char_sum_mod4(completion, problem):
+  """A reward a random policy earns a quarter of the time: every group has a spread, so every
+  step updates the policy (between the two minibatches too, where R2 matters)."""
+  return float(sum(map(ord, completion)) % 4 == 0)
+
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY_MOE = {
@@ -29,6 +40,8 @@ TINY_MOE = {
     "model.num_experts": "8", "model.experts_per_token": "2", "model.moe_intermediate_size": "64",
     "rollout.dtype": "bfloat16", "rollout.prompts_per_step": "8", "rollout.group_size": "4",
     "rollout.max_new_tokens": "32", "algo.minibatches": "2", "data.num_eval": "8",
+    "reward.fn": "char_sum_mod4", "optim.lr": "1e-3",
+    "train.progress": "false", "train.export_hf": "false",
 }
 METRICS = ("logp_gap_mean", "logp_gap_max", "moe/route_mismatch", "moe/route_mismatch_update")
 
