@@ -88,21 +88,24 @@ class Transformer(nnx.Module):
                                       cfg=cfg, rngs=rngs)
 
   def __call__(self, tokens, positions, attend: layers.Attend, cache=None, *,
-               last_only: bool = False, valid=None, routes=None):
+               last_only: bool = False, valid=None, routes=None, rope_tables=None):
     """Final-norm hidden states of ``tokens`` [B, S] at ``positions`` [B, S].
 
     ``attend``: the attention strategy (``self_attention`` for a cache-free forward); ``cache``:
     one entry per layer that ``attend`` reads and returns (None: no cache). ``last_only``: the
     last layer computes its output at the last position only (prefill: [B, 1, D] comes back).
     ``valid`` [B, S]: the real tokens (MoE load-balancing statistics); ``routes`` [B, S, L_moe,
-    k]: experts to use instead of the router's choice (router replay). Returns (hidden, new
+    k]: experts to use instead of the router's choice (router replay). ``rope_tables``: the
+    rotations to look up (``rope_tables``; decode steps), else computed. Returns (hidden, new
     cache or None, ``MoEOut`` or None).
     """
     cfg = self.cfg
     x = self.embed(tokens, one_hot=cache is None)
     ropes = {}
-    for spec in {cfg.layer_rope(i) for i in range(cfg.num_layers)}:
-      ropes[spec] = layers.rope_at(positions, layers.rope_inv_freq(cfg.head_dim, *spec))
+    for spec in rope_specs(cfg):
+      ropes[spec] = (layers.rope_at(positions, layers.rope_inv_freq(cfg.head_dim, *spec))
+                     if rope_tables is None
+                     else layers.rope_lookup(rope_tables[repr(spec)], positions))
     moe_layers = [i for i in range(cfg.num_layers) if cfg.is_moe_layer(i)]
     if routes is not None:
       want = tokens.shape + (len(moe_layers), cfg.experts_per_token)
@@ -194,6 +197,17 @@ class Transformer(nnx.Module):
 
   def values(self, hidden):
     return self.value_head(hidden)[..., 0].astype(jnp.float32)
+
+
+def rope_specs(cfg: ModelConfig) -> list:
+  """The distinct ``(theta, scaling)`` RoPE flavours of the layers."""
+  return sorted({cfg.layer_rope(i) for i in range(cfg.num_layers)}, key=repr)
+
+
+def rope_tables(cfg: ModelConfig, n_positions: int) -> dict:
+  """``{repr(spec): Rope table [n_positions, Dh]}`` of every RoPE flavour of the model."""
+  return {repr(spec): layers.rope_table(n_positions, layers.rope_inv_freq(cfg.head_dim, *spec))
+          for spec in rope_specs(cfg)}
 
 
 def _block_call(attend, last_only: bool):

@@ -75,7 +75,7 @@ def decode_rows(weights, prompt_tokens, prompt_mask, row_offset, step_keys, *, c
                      f" got slots={slots}, rows={b}, refill_rows={refill_rows}")
   positions = transformer.positions_from_mask(prompt_mask)
   pcache = kv_cache.init_cache(cfg, n_prompts, p)
-  prompt_hidden, pcache, prompt_routes = decode.step(cfg, weights["params"], prompt_tokens,
+  prompt_hidden, pcache, prompt_routes = decode.step(cfg, weights, prompt_tokens,
                                                      positions, pcache, 0,
                                                      prompt_mask.astype(bool))
   first_pos = positions[:, -1] + 1  # [Pn] position of the first completion token
@@ -124,7 +124,7 @@ def decode_rows(weights, prompt_tokens, prompt_mask, row_offset, step_keys, *, c
     attend = functools.partial(
         kv_blocks.attend, t=t, prompt_valid=slot["prompt_mask"], sizes=sizes,
         n_blocks=kv_blocks.blocks_needed(jnp.max(jnp.where(live, t, 1)), sizes))
-    hidden, cache, routes = decode.step(cfg, weights["params"], slot["tok"][:, None],
+    hidden, cache, routes = decode.step(cfg, weights, slot["tok"][:, None],
                                 (slot["pos0"] + t - 1)[:, None], state["cache"], None, None,
                                 attend=attend)
     t_draw = jnp.minimum(t, t_max - 1)

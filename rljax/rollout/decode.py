@@ -71,13 +71,22 @@ def inference_params(cfg: ModelConfig, params: dict) -> tuple[ModelConfig, dict]
   return cfg.replace(fused_qkv=fused_qkv, fused_mlp=fused_mlp, moe_dispatch="dense"), params
 
 
-def step(cfg: ModelConfig, params: dict, tokens, positions, cache, slot, kv_valid, attend=None):
+def inference_weights(cfg: ModelConfig, params: dict, n_positions: int
+                      ) -> tuple[ModelConfig, dict]:
+  """``(cfg, weights)`` for ``step``: ``params`` laid out by ``inference_params``, the output
+  head [D, V] and the RoPE tables of positions below ``n_positions``."""
+  cfg, params = inference_params(cfg, params)
+  return cfg, dict(params=params, head=transformer.head_weight(cfg, params),
+                   rope=transformer.rope_tables(cfg, n_positions))
+
+
+def step(cfg: ModelConfig, weights: dict, tokens, positions, cache, slot, kv_valid, attend=None):
   """Feed ``S`` tokens per row at cache slots ``slot .. slot+S-1``: prefill (S = P) or decode
   (S = 1). Returns (final-norm hidden of the *last* token [B, D], cache, routes): ``routes``
   [B, S, L_moe, k] the experts each fed token went to in each MoE layer (None for a dense
   model; router replay R3 trains with them).
 
-  ``params``/``cfg`` from ``inference_params``. tokens, positions: [B, S] int. cache: the
+  ``cfg``/``weights`` from ``inference_weights``. tokens, positions: [B, S] int. cache: the
   head-major cache (``kv_cache.init_cache``). kv_valid: [B, K] bool, the slots a query may attend
   to (prompt tokens and completion slots), each query only up to its own slot. ``slot``: one int
   for every row, or a [B] int array (every row writes at its own slot).
@@ -91,8 +100,8 @@ def step(cfg: ModelConfig, params: dict, tokens, positions, cache, slot, kv_vali
     raise ValueError(f"decode.step with attend= feeds one token per row, got {s}")
   if attend is None:
     attend = kv_cache.attend_at(cfg, slot, kv_valid, s)
-  model = transformer.bind(cfg, params)
+  model = transformer.bind(cfg, weights["params"])
   # A prefill computes the last layer at every position only when its routes are recorded.
   hidden, cache, moe = model(tokens, positions, attend, cache,
-                             last_only=s > 1 and not cfg.moe_layers)
+                             last_only=s > 1 and not cfg.moe_layers, rope_tables=weights["rope"])
   return hidden[:, -1], cache, None if moe is None else moe.routes

@@ -191,8 +191,7 @@ def _sample_impl(params, prompt_tokens, prompt_mask, key, *, cfg: ModelConfig,
 
   prompt_tokens = prompt_tokens.astype(jnp.int32)
   prompt_mask = prompt_mask.astype(jnp.int32)
-  cfg, inference = decode.inference_params(cfg, params)  # once per call, outside the loops
-  weights = dict(params=inference, head=transformer.head_weight(cfg, inference))
+  cfg, weights = decode.inference_weights(cfg, params, p + t_max)  # once, outside the loops
   if slots < b:
     return _continuous(weights, prompt_tokens, prompt_mask, row_offset, step_keys, row_budget,
                        cfg=cfg, sp=sp, stop_ids=stop_ids, g=g, slots=slots,
@@ -288,7 +287,7 @@ def _sample_rows(weights, prompt_tokens, prompt_mask, row_offset, budget, *, key
   positions = transformer.positions_from_mask(prompt_mask)
   cache = kv_cache.init_cache(cfg, n_prompts, segments[0][2] if segments else p)
   kv_valid = jnp.pad(prompt_mask.astype(bool), ((0, 0), (0, cache[0][0].shape[2] - p)))
-  hidden, cache, prompt_routes = decode.step(cfg, weights["params"], prompt_tokens, positions,
+  hidden, cache, prompt_routes = decode.step(cfg, weights, prompt_tokens, positions,
                                              cache, 0, kv_valid)
   head = lambda h: logits_of(cfg, weights, h)
   last_logits = head(hidden)  # [Pn, V]
@@ -337,7 +336,7 @@ def _sample_rows(weights, prompt_tokens, prompt_mask, row_offset, budget, *, key
     def body(carry, kv_valid=kv_valid):
       t, cache, tok, out, routes = carry
       # Feed token t-1 at slot P+t-1 (position next_pos + t-1) and sample token t.
-      hidden, cache, step_routes = decode.step(cfg, weights["params"], tok[:, None],
+      hidden, cache, step_routes = decode.step(cfg, weights, tok[:, None],
                                                (next_pos + t - 1)[:, None], cache, p + t - 1,
                                                kv_valid)
       if routes is not None:

@@ -12,7 +12,7 @@ from rljax import models
 from rljax.models import ModelConfig, llama
 from rljax.rollout import SamplingParams, continuous, kv_blocks, sample, sampler, slot_budget
 from tests import hf_models
-from tests.rollout.test_parity import (T, _hf_greedy, _log_softmax, _stop_token_in_the_middle,
+from tests.models.test_generation_parity import (T, _hf_greedy, _log_softmax, _stop_token_in_the_middle,
                                        _teacher_forced_logits)
 from tests.rollout.test_sampling import (CASES, LOGITS, STOP, V, _chi_square_pvalue, _prompts,
                                          _reference_probs, assert_rows_stop_and_pad,
