@@ -20,12 +20,12 @@ def get_config():
   c.data.prompt_bucket = 16
   c.data.num_eval = 64  # every number 4 times
   c.env.name = "guess"
-  c.env.max_turns = 6
-  c.env.max_tokens = 112  # six guesses and five replies take at most 100 tokens
+  c.env.max_turns = 5  # bisection needs at most 5
+  c.env.max_tokens = 96  # five guesses and four replies take at most 82 tokens
   c.env.tool_format = "compact"
   # Per turn; the SFT cold start's examples are data.prompt_bucket + this wide (its longest
-  # reference episode, 101 tokens with EOS, fits).
-  c.rollout.max_new_tokens = 104
+  # reference episode, 83 tokens with EOS, fits).
+  c.rollout.max_new_tokens = 88
   c.rollout.prompts_per_step = 8
   c.rollout.group_size = 8
   c.algo.kl_placement = "none"  # no reference model: one forward less per step
@@ -34,6 +34,7 @@ def get_config():
   c.train.steps = 40
   c.train.eval_every = 20
   c.train.run_dir = "runs/guess"
-  c.sft.steps = 300
+  c.sft.steps = 400
+  c.sft.batch_size = 32  # examples are 104 tokens wide (tool_calc's 40)
   c.sft.out_dir = "runs/sft_guess"
   return c

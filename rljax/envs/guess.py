@@ -45,9 +45,9 @@ class GuessTask(Task):
 
   name = "guess"
   levels = {
-      0: GuessLevel(16, 0.3, 6),
-      1: GuessLevel(32, 0.3, 7),
-      2: GuessLevel(64, 0.3, 8),
+      0: GuessLevel(16, 0.3, 5),  # bisection needs at most 5 turns
+      1: GuessLevel(32, 0.3, 6),
+      2: GuessLevel(64, 0.3, 7),
   }
 
   def _problem(self, hidden: int, rng: random.Random) -> Problem:
