@@ -33,9 +33,10 @@ def get_config():
   c.algo.kl_placement = "none"  # no reference model: one forward less per step
   c.optim.lr = 1e-4
   c.optim.warmup_steps = 2
-  c.train.steps = 40
-  c.train.eval_every = 20
+  c.train.steps = 100
+  c.train.eval_every = 50
   c.train.run_dir = "runs/tool_calc"
-  c.sft.steps = 200
+  # Fewer steps and the cold start does not copy the factors into the call (200 steps: never).
+  c.sft.steps = 600
   c.sft.out_dir = "runs/sft_tool_calc"
   return c

@@ -115,13 +115,14 @@ def episode_means(counts: dict) -> dict:
           for name in ("turns", "tool_calls", "tool_errors")}
 
 
-def eval_metrics(result: dict, prefix: str = "eval_") -> dict:
+def eval_metrics(result: dict) -> dict:
   """The metrics of an eval: ``eval_accuracy`` (pass@1), and for multi-turn rollouts turns,
   tool calls and tool errors per episode and the share of episodes with a tool call."""
-  metrics = {f"{prefix}accuracy": result["pass@1"]}
-  metrics.update({f"{prefix}{k}": v for k, v in result.items()
-                  if k in evaluation.EPISODE_METRICS})
-  return metrics
+  return {"eval_accuracy": result["pass@1"], **_episode_metrics(result, "eval_")}
+
+
+def _episode_metrics(result: dict, prefix: str) -> dict:
+  return {f"{prefix}{k}": v for k, v in result.items() if k in evaluation.EPISODE_METRICS}
 
 
 def to_device(rollout: Rollout, mesh) -> Rollout:
@@ -193,7 +194,7 @@ def _train(run: build.Run, guard: preemption.Guard) -> dict:
     run.writer.log(f"eval before training: accuracy {initial['pass@1']:.3f}{_episodes(initial)}")
     run.writer.write(0, eval_metrics(initial))
     result["eval_before"] = initial["pass@1"]
-    result.update(eval_metrics(initial, "eval_before_"))
+    result.update(_episode_metrics(initial, "eval_before_"))
     if run.fns.critic_step is not None and cfg.critic.pretrain_steps:
       with guard.droppable():  # the state at step 0 is never saved by a preemption
         pretrain_critic(run)
@@ -235,8 +236,6 @@ def _train(run: build.Run, guard: preemption.Guard) -> dict:
   run.writer.write(cfg.train.steps, eval_metrics(final))
   run.writer.log(f"eval after training: accuracy {final['pass@1']:.3f}{_episodes(final)}")
   result.update(eval_after=final["pass@1"], last=last, state=run.state)
-  result.update(eval_metrics(final, "eval_after_"))
-  result.pop("eval_before_accuracy", None)
-  result.pop("eval_after_accuracy", None)
+  result.update(_episode_metrics(final, "eval_after_"))
   build.finish(run)
   return result
