@@ -83,7 +83,8 @@ class Environment(abc.ABC):
 
   @abc.abstractmethod
   def step(self, action: str) -> StepResult:
-    """The policy's turn ``action`` (decoded text, special tokens dropped) -> ``StepResult``."""
+    """The policy's turn ``action`` (its decoded text: a final EOS dropped, other special
+    tokens kept) -> ``StepResult``."""
 
 
 # --- registry ------------------------------------------------------------------------------------

@@ -138,6 +138,15 @@ def stop_ids(tokenizer, sampling, tool_format: str) -> tuple:
   return base + tuple(i for i in close[-1:] if i not in base)
 
 
+def turn_text(tokenizer, ids: Sequence[int]) -> str:
+  """The text of a turn as its environment reads it: a final EOS dropped, other special tokens
+  kept (a tokenizer may hold ``<tool_call>`` / ``</tool_call>`` as special tokens)."""
+  ids = list(ids)
+  if ids and ids[-1] == tokenizer.eos_id:
+    ids = ids[:-1]
+  return tokenizer.decode(ids, skip_special_tokens=False)
+
+
 def _row_bucket(n: int, total: int, multiple: int) -> int:
   """Rows of a later turn's sampler call: the smallest of ``total / 2**k`` (k <= ROW_SPLITS, a
   multiple of ``multiple``) that holds ``n`` rows."""
@@ -253,13 +262,13 @@ def run_episodes(problems: Sequence, key, *, generate: GenerateFn, tokenizer, se
         continue
       turn_ids = ep.ids[ep.turn_start:]
       stopped = not bool(out_trunc[j])
-      if stopped and turn_ids[-1] != eos and not tokenizer.decode(turn_ids).endswith(close):
+      if stopped and turn_ids[-1] != eos and not turn_text(tokenizer, turn_ids).endswith(close):
         if len(ep.ids) >= budget:  # a stop id that closed nothing: the same turn goes on
           ep.end, ep.truncated = "max_tokens", True
         continue
       stepping.append(r)
 
-    actions = [tokenizer.decode(episodes[r].ids[episodes[r].turn_start:]) for r in stepping]
+    actions = [turn_text(tokenizer, episodes[r].ids[episodes[r].turn_start:]) for r in stepping]
     outcomes = runner.step([episodes[r].env for r in stepping], actions)
     for r, outcome in zip(stepping, outcomes):
       _apply_step(episodes[r], outcome, tokenizer, settings, budget, counts)

@@ -42,8 +42,8 @@ class ScriptedPolicy:
   input with ``script(text, member)``'s ids, cut at the first stop id or ``max_new_tokens``.
   Every call is recorded as (input ids, output ids); sampled log-probs are -(k + 1) / 100."""
 
-  def __init__(self, script):
-    self.script, self.calls = script, []
+  def __init__(self, script, tokenizer=TOK):
+    self.script, self.calls, self.tok = script, [], tokenizer
 
   def __call__(self, tokens, mask, key, sp, group_size):
     rows = [list(t[m > 0]) for t, m in zip(np.asarray(tokens), np.asarray(mask))]
@@ -52,8 +52,8 @@ class ScriptedPolicy:
     lengths, truncated = [], []
     for j, ids in enumerate(rows):
       for member in range(group_size):
-        new = TOK.encode(self.script(TOK.decode(ids), member))
-        new += [TOK.eos_id] if not new or new[-1] not in sp.stop_ids else []
+        new = self.tok.encode(self.script(self.tok.decode(ids), member))
+        new += [self.tok.eos_id] if not new or new[-1] not in sp.stop_ids else []
         stop = next((k for k, i in enumerate(new) if i in sp.stop_ids), len(new) - 1)
         new = new[:min(stop + 1, t)]
         out[j * group_size + member, :len(new)] = new
@@ -152,6 +152,46 @@ def test_limits_turns_and_tokens():
   assert (episode.end, episode.turns, episode.truncated) == ("max_tokens", 2, True)
   assert len(episode.ids) == 25 and TOK.decode(episode.ids).endswith("2<ca")
   assert result.rollout.truncated[0] and result.rollout.mask[0].sum() == 23
+
+
+def test_hermes_calls_with_a_hugging_face_tokenizer(tmp_path):
+  """Hermes tool calls where ``<tool_call>`` / ``</tool_call>`` are special tokens of a Hugging
+  Face tokenizer: the turn stops at the close token, the environment reads the call (special
+  tokens kept, EOS dropped) and its ``<tool_response>`` is encoded and appended."""
+  from tokenizers import Tokenizer, decoders, models as tok_models, pre_tokenizers, trainers
+  from transformers import PreTrainedTokenizerFast
+
+  from rljax.data.tasks import Problem
+  from rljax.data.tokenizer import load_tokenizer
+  specials = ["<pad>", "<eos>", "<bos>", "<tool_call>", "</tool_call>"]
+  bpe = Tokenizer(tok_models.BPE())
+  bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+  bpe.decoder = decoders.ByteLevel()
+  trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=specials,
+                                initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+  bpe.train_from_iterator(['{"name": "calc", "arguments": {"expression": "2*21"}} #42'] * 10,
+                          trainer)
+  PreTrainedTokenizerFast(tokenizer_object=bpe, pad_token="<pad>", eos_token="<eos>",
+                          bos_token="<bos>").save_pretrained(str(tmp_path))
+  tok = load_tokenizer(str(tmp_path))
+  call = '<tool_call>{"name": "calc", "arguments": {"expression": "2*21"}}</tool_call>'
+  assert tok.encode("</tool_call>") == [4]
+
+  def script(text, member):
+    return call if "<tool_response>" not in text else " #42"
+  policy = ScriptedPolicy(script, tok)
+  sp = dataclasses.replace(SP, max_new_tokens=64, stop_ids=(tok.eos_id,), pad_id=tok.pad_id)
+  result = run_episodes([Problem("what is 2*21?", "42")], jax.random.PRNGKey(0),
+                        generate=policy, tokenizer=tok,
+                        settings=_settings(tool_format="hermes", max_tokens=96), sampling=sp,
+                        group_size=1, prompt_bucket=8)
+  (episode,) = result.episodes
+  assert (episode.end, episode.correct, episode.turns, episode.tool_calls) == ("done", True, 2, 1)
+  source = np.asarray(episode.source)
+  observation = [i for i, s in zip(episode.ids, source) if s == SOURCE_ENV]
+  assert observation == tok.encode("<tool_response>\n42\n</tool_response>\n")
+  policy_ids = [i for i, s in zip(episode.ids, source) if s == SOURCE_POLICY]
+  assert policy_ids == tok.encode(call) + tok.encode(" #42") + [tok.eos_id]
 
 
 def test_stop_ids_and_row_buckets():
