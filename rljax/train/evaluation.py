@@ -72,7 +72,7 @@ def evaluate_config(config, *, samples: int = 1, checkpoint: str | None = None) 
 
 def _evaluate_config(config, *, samples: int, checkpoint: str | None) -> dict:
   build.check_reward_fn(config)  # before minutes of loading, as train does
-  from rljax.envs.rollout import check_env_config
+  from rljax.envs.checks import check_env_config
   check_env_config(config)
   if checkpoint:
     check_same_tokenizer(config, checkpoint)

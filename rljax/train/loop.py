@@ -15,7 +15,7 @@ import numpy as np
 
 from rljax import models
 from rljax.parallel import distributed, rules
-from rljax.envs.rollout import check_env_config
+from rljax.envs.checks import check_env_config
 from rljax.rollout.sampler import Rollout
 from rljax.train import build, evaluation, filters, generation, preemption
 from rljax.train import run_dir as run_dir_lib

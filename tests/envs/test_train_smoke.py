@@ -8,7 +8,7 @@ import pytest
 
 from rljax import cli, config_loader
 from rljax.config_checks import ConfigError
-from rljax.envs.rollout import check_env_config
+from rljax.envs.checks import check_env_config
 from tests.train import tiny
 
 TINY = {
