@@ -94,8 +94,10 @@ def _evaluate_config(config, *, samples: int, checkpoint: str | None) -> dict:
   if samples > 1:
     sampled = evaluate(generator, params, problems, sampling=sampling, seed=config.seed,
                        samples=samples, greedy=False)
-    result.update({k: v for k, v in sampled.items() if k != "pass@1"})
+    result.update({k: v for k, v in sampled.items() if k != "pass@1"
+                   and k not in EPISODE_METRICS})
     result["pass@1_sampled"] = sampled["pass@1"]
+    result.update({f"{k}_sampled": sampled[k] for k in EPISODE_METRICS if k in sampled})
   return result
 
 
@@ -103,7 +105,8 @@ def evaluate(generator: generation.Generator, params, problems, *, sampling, see
              samples: int = 1, greedy: bool = True, key=None) -> dict:
   """Accuracy on ``problems``: pass@1 (greedy by default); with ``samples=k`` also pass@k and
   majority@k over k sampled completions per problem. Multi-turn rollouts (``generator.env``)
-  add ``EPISODE_METRICS``, means over the episodes pass@1 is computed on."""
+  add ``EPISODE_METRICS``, means over the episodes pass@1 is computed on, and have no
+  majority@k (an episode has no one final answer to vote on)."""
   sampling = dataclasses.replace(sampling, greedy=greedy)
   key = jax.random.PRNGKey(seed + 1) if key is None else key
   correct, answers, episodes = [], [], []
@@ -131,6 +134,7 @@ def evaluate(generator: generation.Generator, params, problems, *, sampling, see
     result["tool_use"] = float((stats["tool_calls"] > 0).mean())
   if samples > 1:
     result[f"pass@{samples}"] = float(correct.any(axis=1).mean())
+  if samples > 1 and getattr(generator, "env", None) is None:  # episodes: no one final answer
     votes = np.asarray(answers, dtype=object).reshape(len(problems), samples)
     result[f"maj@{samples}"] = float(np.mean([_majority_correct(v, c)
                                               for v, c in zip(votes, correct)]))
