@@ -9,6 +9,7 @@ the command line with ``--config.section.key=value``.
 import ml_collections
 from ml_collections.config_dict import placeholder
 
+from rljax.envs.base import ENV_NAME, TOOL_FORMATS
 from rljax.keys import (ADAM_BETA, BOOL, FRACTION, KEY_TUPLE, NONEMPTY, NONNEG,
                         PASS_RATE_WINDOW, POSITIVE, SEED, SIZE, STRING, Check, Key, choice,
                         integer, optional, real, registered)
@@ -125,6 +126,22 @@ KEYS = (
         "limit"),
     Key("reward.worker_max_calls", 0, integer(0),
         "replace a verifier worker after this many calls (a leak's bound); 0 = never"),
+    # --- multi-turn environment (docs/multiturn.md) -------------------------------------------
+    Key("env.name", None, ENV_NAME,
+        "None = single-turn rollouts scored by reward.fn | a registered environment: multi-turn "
+        "rollouts (turns of at most rollout.max_new_tokens, tool calls, observations) scored by "
+        "it"),
+    Key("env.max_turns", 4, integer(1, 10**4),
+        "most policy turns per episode; an episode still running after them ends unsolved"),
+    Key("env.max_tokens", 256, SIZE,
+        "token budget of a trajectory after its prompt (policy and environment tokens): the "
+        "record's T; a trajectory that reaches it ends, flagged truncated"),
+    Key("env.timeout_s", 5.0, POSITIVE,
+        "per reset / step call in its worker process (reward.workers of them): a hard bound, the "
+        "trajectory of a call past it (or crashing) ends with reward 0, counted"),
+    Key("env.tool_format", "compact", choice(*TOOL_FORMATS),
+        "how tool calls are written: compact '<calc 12*3>' (char-level tasks) | hermes "
+        "'<tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call>' (Qwen / Hermes)"),
     # --- algorithm (sections 2-5, 7) -----------------------------------------------------------
     Key("algo.advantage", "grpo", registered("advantage"), "advantage estimator"),
     Key("algo.adv_std", "group", choice("group", "batch", "none"),

@@ -22,6 +22,9 @@ from rljax.train.checkpoint import Checkpointer
 from rljax.train.run_dir import RunDirError
 
 EVAL_BATCH = 128  # problems per sampler call
+# Multi-turn evals also report, per episode: turns, tool calls, tool errors, and the share of
+# episodes with at least one tool call (``rljax.envs.rollout`` records them per row).
+EPISODE_METRICS = ("turns", "tool_calls", "tool_errors", "tool_use")
 
 
 def run_config(run_dir: str) -> ml_collections.ConfigDict:
@@ -69,6 +72,8 @@ def evaluate_config(config, *, samples: int = 1, checkpoint: str | None = None) 
 
 def _evaluate_config(config, *, samples: int, checkpoint: str | None) -> dict:
   build.check_reward_fn(config)  # before minutes of loading, as train does
+  from rljax.envs.checks import check_env_config
+  check_env_config(config)
   if checkpoint:
     check_same_tokenizer(config, checkpoint)
   tokenizer = tokenizer_lib.load_tokenizer(config.data.tokenizer, config.data.chat_template)
@@ -79,9 +84,9 @@ def _evaluate_config(config, *, samples: int, checkpoint: str | None) -> dict:
   from rljax.parallel import mesh as mesh_lib
   source = datasets.make_prompt_source(config.data)
   prompt_policy.apply_prompt_policy(source, config, tokenizer)
-  generator = build.make_generator(
+  generator = generation.with_env(build.make_generator(
       config, build.loaded_model(config, model_cfg, mesh_lib.make_mesh(config.mesh)), tokenizer,
-      source)
+      source), config)
   sampling = build.sampling_params(config, tokenizer)
   problems = source.eval_set(config.data.num_eval)
   result = {"num_problems": len(problems)}
@@ -89,18 +94,22 @@ def _evaluate_config(config, *, samples: int, checkpoint: str | None) -> dict:
   if samples > 1:
     sampled = evaluate(generator, params, problems, sampling=sampling, seed=config.seed,
                        samples=samples, greedy=False)
-    result.update({k: v for k, v in sampled.items() if k != "pass@1"})
+    result.update({k: v for k, v in sampled.items() if k != "pass@1"
+                   and k not in EPISODE_METRICS})
     result["pass@1_sampled"] = sampled["pass@1"]
+    result.update({f"{k}_sampled": sampled[k] for k in EPISODE_METRICS if k in sampled})
   return result
 
 
 def evaluate(generator: generation.Generator, params, problems, *, sampling, seed: int,
              samples: int = 1, greedy: bool = True, key=None) -> dict:
   """Accuracy on ``problems``: pass@1 (greedy by default); with ``samples=k`` also pass@k and
-  majority@k over k sampled completions per problem."""
+  majority@k over k sampled completions per problem. Multi-turn rollouts (``generator.env``)
+  add ``EPISODE_METRICS``, means over the episodes pass@1 is computed on, and have no
+  majority@k (an episode has no one final answer to vote on)."""
   sampling = dataclasses.replace(sampling, greedy=greedy)
   key = jax.random.PRNGKey(seed + 1) if key is None else key
-  correct, answers = [], []
+  correct, answers, episodes = [], [], []
   # A multiple of the data-parallel width, so that every device decodes the same number of rows.
   divisor = rules.batch_divisor(generator.mesh)
   width = min(EVAL_BATCH, -(-len(problems) // divisor) * divisor)
@@ -112,11 +121,20 @@ def evaluate(generator: generation.Generator, params, problems, *, sampling, see
                                                jax.random.fold_in(key, start), sampling, samples)
     n = len(chunk) * samples
     correct.append(part.correct[:n])
+    if "env_turns" in part.extras:
+      episodes.append({k: np.asarray(part.extras[f"env_{k}"][:n]) for k in EPISODE_METRICS[:3]})
     answers.extend(verifiers.final_answer(c) for c in completions[:n])
   correct = np.concatenate(correct).reshape(len(problems), samples)
   result = {"pass@1": float(correct[:, 0].mean()) if greedy else float(correct.mean())}
+  if episodes:
+    stats = {k: np.concatenate([e[k] for e in episodes]).reshape(len(problems), samples)
+             for k in EPISODE_METRICS[:3]}
+    stats = {k: v[:, 0] if greedy else v.reshape(-1) for k, v in stats.items()}
+    result.update({k: float(v.mean()) for k, v in stats.items()})
+    result["tool_use"] = float((stats["tool_calls"] > 0).mean())
   if samples > 1:
     result[f"pass@{samples}"] = float(correct.any(axis=1).mean())
+  if samples > 1 and getattr(generator, "env", None) is None:  # episodes: no one final answer
     votes = np.asarray(answers, dtype=object).reshape(len(problems), samples)
     result[f"maj@{samples}"] = float(np.mean([_majority_correct(v, c)
                                               for v, c in zip(votes, correct)]))

@@ -26,6 +26,9 @@ class Generator:
   prompt_bucket: int
   overlong_buffer: int
   overlong_penalty: float
+  # rljax.envs.rollout.EnvSettings: multi-turn rollouts in that environment (``env.name``); None:
+  # single-turn completions scored by ``verifier``.
+  env: Any = None
 
   @property
   def mesh(self):
@@ -33,21 +36,45 @@ class Generator:
 
 
 
+def with_env(gen: Generator, config) -> Generator:
+  """``gen`` set up for the config's rollout mode: multi-turn in ``env.name``'s environment, or
+  single-turn (unchanged) when it is None."""
+  from rljax.envs.rollout import EnvSettings
+  return dataclasses.replace(gen, env=EnvSettings.from_config(config))
+
+
+def continuations(gen: Generator, params) -> Callable:
+  """``fn(tokens [N, W], mask [N, W], key, sampling, group_size) -> Rollout`` (NumPy): the
+  policy's sampler on left-padded token ids, rows sharded over the mesh's data axes. The one
+  call through which both rollout modes sample."""
+  def fn(tokens, mask, key, sampling, group_size):
+    # Every process holds the same prompts; each feeds its own rows of the global batch, and
+    # every process gets all completions back (the verifiers see the whole batch).
+    rows = rules.batch_sharding(gen.mesh, 2)
+    tokens, mask, key = distributed.from_host((tokens, mask, np.asarray(key)),
+                                              (rows, rows, rules.replicated(gen.mesh)))
+    out = distributed.to_host(gen.model.sample(params, tokens, mask, key, sampling, group_size))
+    return jax.tree.map(np.asarray, out)
+  return fn
+
+
 def generate(gen: Generator, params, problems, key, sampling: rollout_lib.SamplingParams,
              group_size: int) -> tuple[Rollout, list[str], dict]:
   """Sample ``group_size`` completions per problem and score them on the host: the sampler's
   ``Rollout`` (NumPy) with ``rewards`` (shaped), ``correct`` and ``row_valid`` added, the
   decoded completions, and the verifier's counts (``reward/timeouts``, ``/errors``,
-  ``/invalid``)."""
+  ``/invalid``). With ``gen.env`` set: multi-turn episodes in that environment
+  (``rljax.envs.rollout``), the transcripts after the prompts, and the ``env/*`` counts."""
+  if gen.env is not None:
+    from rljax.envs.rollout import run_episodes
+    result = run_episodes(problems, key, generate=continuations(gen, params),
+                          tokenizer=gen.tokenizer, settings=gen.env, sampling=sampling,
+                          group_size=group_size, prompt_bucket=gen.prompt_bucket,
+                          row_multiple=rules.batch_divisor(gen.mesh))
+    return result.rollout, result.transcripts, result.counts
   prompt_ids = [gen.tokenizer.encode_prompt(p.prompt) for p in problems]
   tokens, mask = rollout_lib.left_pad(prompt_ids, gen.prompt_bucket, gen.tokenizer.pad_id)
-  # Every process holds the same prompts; each feeds its own rows of the global batch, and
-  # every process gets all completions back (the verifiers see the whole batch).
-  rows = rules.batch_sharding(gen.mesh, 2)
-  tokens, mask, key = distributed.from_host((tokens, mask, np.asarray(key)),
-                                            (rows, rows, rules.replicated(gen.mesh)))
-  out = distributed.to_host(gen.model.sample(params, tokens, mask, key, sampling, group_size))
-  out = jax.tree.map(np.asarray, out)
+  out = continuations(gen, params)(tokens, mask, key, sampling, group_size)
   completions = [gen.tokenizer.decode(row[:n]) for row, n in zip(out.tokens, out.lengths)]
   scores = gen.verifier(completions, [p for p in problems for _ in range(group_size)])
   rewards, correct = scores

@@ -15,6 +15,7 @@ import numpy as np
 
 from rljax import models
 from rljax.parallel import distributed, rules
+from rljax.envs.checks import check_env_config
 from rljax.rollout.sampler import Rollout
 from rljax.train import build, evaluation, filters, generation, preemption
 from rljax.train import run_dir as run_dir_lib
@@ -101,7 +102,27 @@ def collect_batch(run: build.Run, step: int, stream: int = 0) -> tuple[Rollout, 
   for name, rows in (("correct", generated.correct), ("wrong", ~generated.correct)):
     if rows.any():  # response lengths by outcome (Dr. GRPO's length bias shows in the wrong ones)
       info[f"len_{name}_mean"] = float(generated.lengths[rows].mean())
+  info.update(episode_means(info))
   return batch, info
+
+
+def episode_means(counts: dict) -> dict:
+  """Per-episode means of a multi-turn batch's ``env/*`` sums (none for single-turn ones)."""
+  episodes = counts.get("env/episodes")
+  if not episodes:
+    return {}
+  return {f"env/{name}_per_episode": counts[f"env/{name}"] / episodes
+          for name in ("turns", "tool_calls", "tool_errors")}
+
+
+def eval_metrics(result: dict) -> dict:
+  """The metrics of an eval: ``eval_accuracy`` (pass@1), and for multi-turn rollouts turns,
+  tool calls and tool errors per episode and the share of episodes with a tool call."""
+  return {"eval_accuracy": result["pass@1"], **_episode_metrics(result, "eval_")}
+
+
+def _episode_metrics(result: dict, prefix: str) -> dict:
+  return {f"{prefix}{k}": v for k, v in result.items() if k in evaluation.EPISODE_METRICS}
 
 
 def to_device(rollout: Rollout, mesh) -> Rollout:
@@ -131,12 +152,14 @@ def train(config) -> dict:
   """Run ``config`` end to end; returns the final eval and the last step's metrics. SIGTERM and
   SIGINT end it with ``preemption.Stop`` (SIGTERM after saving the last step)."""
   prepared = build.prepare(config)  # every check that needs no run dir, before claiming it
+  check_env_config(config)
   with models.matmul_precision(config.model), run_dir_lib.claimed(config), \
       preemption.guard(config.train.run_dir, config.train.preempt_grace_s) as guard:
     run = None
     try:
       with guard.droppable():
         run = build.build_run(config, prepared)
+        run.generator = generation.with_env(run.generator, config)  # the rollout mode
       return _train(run, guard)
     except (preemption.Preempted, KeyboardInterrupt) as reason:
       raise guard.stop(run, reason) from None
@@ -162,6 +185,14 @@ def describe_model(model_cfg) -> str:
           f"{model_cfg.attention} -> {kernel} on {jax.default_backend()}{moe}")
 
 
+def _episodes(result: dict) -> str:
+  """', 2.1 turns, 0.93 tool calls, 0.01 tool errors per episode' of a multi-turn eval."""
+  if "turns" not in result:
+    return ""
+  return (f", {result['turns']:.2f} turns, {result['tool_calls']:.2f} tool calls, "
+          f"{result['tool_errors']:.2f} tool errors per episode")
+
+
 def _train(run: build.Run, guard: preemption.Guard) -> dict:
   cfg = run.config
   start = int(distributed.to_host(run.state.step))
@@ -174,9 +205,10 @@ def _train(run: build.Run, guard: preemption.Guard) -> dict:
   if start == 0:
     with guard.droppable():
       initial = evaluate(run.state.params)
-    run.writer.log(f"eval before training: accuracy {initial['pass@1']:.3f}")
-    run.writer.write(0, {"eval_accuracy": initial["pass@1"]})
+    run.writer.log(f"eval before training: accuracy {initial['pass@1']:.3f}{_episodes(initial)}")
+    run.writer.write(0, eval_metrics(initial))
     result["eval_before"] = initial["pass@1"]
+    result.update(_episode_metrics(initial, "eval_before_"))
     if run.fns.critic_step is not None and cfg.critic.pretrain_steps:
       with guard.droppable():  # the state at step 0 is never saved by a preemption
         pretrain_critic(run)
@@ -199,7 +231,7 @@ def _train(run: build.Run, guard: preemption.Guard) -> dict:
                    skipped_updates=float(distributed.to_host(run.state.skipped_updates)))
     done = step + 1
     if cfg.train.eval_every and done % cfg.train.eval_every == 0 and done < cfg.train.steps:
-      metrics["eval_accuracy"] = evaluate(run.state.params)["pass@1"]
+      metrics.update(eval_metrics(evaluate(run.state.params)))
     run.writer.write(done, metrics)
     last = metrics
     check_step(run, metrics, done)
@@ -215,8 +247,9 @@ def _train(run: build.Run, guard: preemption.Guard) -> dict:
     guard.at_step(cfg.train.steps, build.checkpoint_extra(run))
   with guard.droppable():
     final = evaluate(run.state.params)
-  run.writer.write(cfg.train.steps, {"eval_accuracy": final["pass@1"]})
-  run.writer.log(f"eval after training: accuracy {final['pass@1']:.3f}")
+  run.writer.write(cfg.train.steps, eval_metrics(final))
+  run.writer.log(f"eval after training: accuracy {final['pass@1']:.3f}{_episodes(final)}")
   result.update(eval_after=final["pass@1"], last=last, state=run.state)
+  result.update(_episode_metrics(final, "eval_after_"))
   build.finish(run)
   return result

@@ -40,9 +40,18 @@ Metrics = dict  # name -> (sum, count)
 
 
 def sequence_inputs(rollout: Rollout):
-  """Prompt + completion ``tokens`` and ``attn_mask`` ``[B, S]`` for a teacher-forced forward."""
+  """Prompt + completion ``tokens`` and ``attn_mask`` ``[B, S]`` for a teacher-forced forward.
+
+  Multi-turn rollouts (``rljax.envs.rollout``) carry ``extras['source']`` [B, T] (0 padding, 1
+  policy, 2 environment): the forward attends to policy *and* environment tokens (the
+  observations the policy saw), while ``mask`` (the losses') stays on policy tokens only."""
   tokens = jnp.concatenate([rollout.prompt_tokens, rollout.tokens], axis=1).astype(jnp.int32)
-  attn = jnp.concatenate([rollout.prompt_mask, rollout.mask], axis=1).astype(jnp.int32)
+  completion = rollout.mask
+  source = rollout.extras.get("source") if isinstance(rollout.extras, dict) else None
+  if source is not None:
+    completion = (source > 0) | (rollout.mask > 0)
+  attn = jnp.concatenate([rollout.prompt_mask.astype(jnp.int32), completion.astype(jnp.int32)],
+                         axis=1)
   return tokens, attn
 
 

@@ -1,0 +1,34 @@
+"""Start-up checks of the ``env`` section against the rest of the config (``loop.train`` and
+``rljax eval`` run them before anything is built)."""
+
+# reward.* keys that only single-turn scoring reads (the environment scores episodes; its steps
+# run in the reward.workers processes, with their memory and recycling limits, under
+# env.timeout_s).
+VERIFIER_ONLY_KEYS = ("fn", "format_weight", "wrong_value", "overlong_buffer", "timeout_s",
+                      "max_logged_failures")
+
+
+def check_env_config(config) -> None:
+  """The constraints between ``env.*`` and the rest of the config; raises ``ConfigError``."""
+  from rljax.algos.usage import UnusedKeyError
+  from rljax.config_checks import ConfigError
+  from rljax.defaults import KEY_BY_NAME
+  _differs = lambda name, value: value != KEY_BY_NAME[name].default
+  if "env" not in config:  # a config saved before the env section existed
+    return
+  e = config.env
+  if e.name is None:
+    for leaf in ("max_turns", "max_tokens", "timeout_s", "tool_format"):
+      if _differs(f"env.{leaf}", e[leaf]):
+        raise UnusedKeyError(f"env.{leaf}={e[leaf]!r} is not used: rollouts are single-turn "
+                             "(env.name=None); set env.name to an environment or drop the key")
+    return
+  for leaf in VERIFIER_ONLY_KEYS:
+    if _differs(f"reward.{leaf}", config.reward[leaf]):
+      raise UnusedKeyError(
+          f"reward.{leaf}={config.reward[leaf]!r} is not used: env.name={e.name!r} scores the "
+          "episodes (its steps run under env.timeout_s in the reward.workers processes)")
+  if e.tool_format == "hermes" and config.data.tokenizer == "char":
+    raise ConfigError("env.tool_format='hermes' needs a tokenizer that can write "
+                      "'<tool_call>{\"name\": ...}</tool_call>'; the char tokenizer has no braces, "
+                      "quotes or '_': use env.tool_format='compact'")

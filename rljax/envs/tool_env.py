@@ -1,0 +1,43 @@
+"""``ToolEnv``: an environment whose turns are tool calls until a final answer.
+
+A turn holding tool calls is answered with their results (one observation per call, in the
+run's ``env.tool_format``) and the episode goes on; a turn without a call is the final answer,
+scored by ``score``. Calls that cannot be read or run are answered with an error observation and
+counted in ``info['tool_errors']``.
+"""
+from __future__ import annotations
+
+import abc
+
+from rljax.envs import tools as tools_lib
+from rljax.envs.base import Environment, StepResult
+
+
+class ToolEnv(Environment):
+  """Subclasses define ``score(answer) -> (reward, correct)``; ``reset`` keeps the problem and
+  returns its prompt; ``call_tool`` runs a registered tool (override it for environment-owned
+  tools, e.g. one that reads hidden state)."""
+
+  def reset(self, problem):
+    self.problem = problem
+    return problem.prompt
+
+  def call_tool(self, call: tools_lib.ToolCall) -> tuple[str, bool]:
+    return tools_lib.run_tool(call)
+
+  @abc.abstractmethod
+  def score(self, answer: str) -> tuple[float, bool]:
+    """``(reward, correct)`` of the final answer ``answer`` (the text of the last turn)."""
+
+  def step(self, action: str) -> StepResult:
+    calls = tools_lib.parse_tool_calls(action, self.tool_format)
+    if not calls:
+      reward, correct = self.score(action)
+      return StepResult("", float(reward), True, {"correct": bool(correct)})
+    parts, errors = [], 0
+    for call in calls:
+      text, ok = self.call_tool(call)
+      errors += not ok
+      parts.append(tools_lib.render_result(text, ok, self.tool_format))
+    return StepResult("".join(parts), 0.0, False,
+                      {"tool_calls": len(calls), "tool_errors": errors})

@@ -1,0 +1,277 @@
+"""Tools, and tool calls read from the model's own output (``env.tool_format``).
+
+Two ways to write a call (``TOOL_FORMATS``):
+
+- ``'hermes'`` (Qwen / Hermes function calling), for Hugging Face tokenizers::
+
+    <tool_call>{"name": "calc", "arguments": {"expression": "123*45"}}</tool_call>
+
+  answered with ``<tool_response>\\n5535\\n</tool_response>\\n``.
+- ``'compact'``, for the embedded char-level tasks (whose vocabulary has no braces or quotes):
+  ``<NAME ARGS>``, e.g. ``<calc 123*45>``, answered with the bare result, ``5535``. ``ARGS``
+  (everything up to ``>``, no ``<``) is the tool's ``compact_arg`` argument.
+
+A turn ends at the format's close marker (``</tool_call>`` or ``>``), so a turn holds at most one
+complete call at its end. A call that cannot be read (an unclosed ``<``, JSON that does not parse,
+an unknown tool, arguments the tool rejects, a tool that raises) becomes an error *observation*
+(``error``, ``error: <why>`` in hermes), counted as a tool error: never an exception.
+
+A tool is a function of keyword arguments returning text (or a number)::
+
+  @register_tool("upper", compact_arg="text")
+  def upper(text: str) -> str:
+    return text.upper()
+"""
+from __future__ import annotations
+
+import ast
+import dataclasses
+import json
+import math
+import re
+from fractions import Fraction
+from typing import Callable, Dict, List, Optional
+
+from rljax.envs.base import TOOL_FORMATS
+
+# --- the tool registry ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Tool:
+  name: str
+  fn: Callable[..., object]
+  compact_arg: str  # the argument ``<name ARGS>`` fills in the compact format
+  description: str = ""
+
+
+TOOLS: Dict[str, Tool] = {}
+
+
+def register_tool(name: str, *, compact_arg: str = "input", description: str = ""):
+  """Decorator adding ``fn(**arguments) -> str | number`` to the tool registry as ``name``
+  (lowercase letters and digits, so that the compact form ``<name ...>`` can name it)."""
+  if not re.fullmatch(r"[a-z][a-z0-9]*", name or ""):
+    raise ValueError(f"register_tool: name {name!r} must be lowercase letters and digits")
+
+  def add(fn):
+    if name in TOOLS:
+      raise ValueError(f"tool {name!r} is already registered")
+    TOOLS[name] = Tool(name, fn, compact_arg, description or (fn.__doc__ or "").split("\n")[0])
+    return fn
+  return add
+
+
+def unregister_tool(name: str) -> None:
+  del TOOLS[name]
+
+
+def tool_names() -> List[str]:
+  return sorted(TOOLS)
+
+
+class ToolError(Exception):
+  """A tool refusing its arguments; the message becomes the error observation."""
+
+
+# --- parsing -------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class ToolCall:
+  """One call read from a turn: ``name`` and ``arguments``, or ``error`` (why it could not be
+  read; then name/arguments may be empty)."""
+  name: str = ""
+  arguments: dict = dataclasses.field(default_factory=dict)
+  error: Optional[str] = None
+
+
+HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
+COMPACT_OPEN, COMPACT_CLOSE = "<", ">"
+_HERMES_BLOCK = re.compile(re.escape(HERMES_OPEN) + r"(.*?)" + re.escape(HERMES_CLOSE), re.S)
+_COMPACT_CALL = re.compile(r"<([a-z][a-z0-9]*)(?: ([^<>]*))?>")
+
+
+def close_marker(tool_format: str) -> str:
+  """The text that ends a turn holding a tool call."""
+  _check_format(tool_format)
+  return HERMES_CLOSE if tool_format == "hermes" else COMPACT_CLOSE
+
+
+def _check_format(tool_format: str) -> None:
+  if tool_format not in TOOL_FORMATS:
+    raise ValueError(f"env.tool_format={tool_format!r}; allowed: {list(TOOL_FORMATS)}")
+
+
+def parse_tool_calls(text: str, tool_format: str) -> List[ToolCall]:
+  """The tool calls written in ``text`` (one turn), in order; malformed ones as ``ToolCall``s with
+  ``error`` set. Text without any call gives ``[]`` (a final answer)."""
+  _check_format(tool_format)
+  return _parse_hermes(text) if tool_format == "hermes" else _parse_compact(text)
+
+
+def _parse_compact(text: str) -> List[ToolCall]:
+  calls, pos = [], 0
+  while True:
+    start = text.find(COMPACT_OPEN, pos)
+    if start < 0:
+      return calls
+    match = _COMPACT_CALL.match(text, start)
+    if match is None:
+      end = text.find(COMPACT_CLOSE, start)
+      snippet = text[start:end + 1 if end >= 0 else len(text)]
+      why = "unclosed tool call" if end < 0 else "malformed tool call"
+      calls.append(ToolCall(error=f"{why} {snippet[:40]!r}"))
+      if end < 0:
+        return calls
+      pos = end + 1
+      continue
+    name, args = match.group(1), match.group(2)
+    calls.append(ToolCall(name=name, arguments={"": (args or "").strip()}))
+    pos = match.end()
+
+
+def _parse_hermes(text: str) -> List[ToolCall]:
+  calls, pos = [], 0
+  for match in _HERMES_BLOCK.finditer(text):
+    calls.extend(_stray_open(text[pos:match.start()]))
+    pos = match.end()
+    calls.append(_hermes_call(match.group(1)))
+  calls.extend(_stray_open(text[pos:]))
+  return calls
+
+
+def _stray_open(text: str) -> List[ToolCall]:
+  if HERMES_OPEN in text:
+    return [ToolCall(error=f"unclosed {HERMES_OPEN} (no {HERMES_CLOSE})")]
+  return []
+
+
+def _hermes_call(body: str) -> ToolCall:
+  try:
+    payload = json.loads(body)
+  except (ValueError, RecursionError) as e:
+    return ToolCall(error=f"tool call is not JSON ({str(e)[:60]})")
+  if not isinstance(payload, dict) or not isinstance(payload.get("name"), str):
+    return ToolCall(error='tool call needs {"name": ..., "arguments": {...}}')
+  arguments = payload.get("arguments", {})
+  if isinstance(arguments, str):  # some models write the arguments as a JSON string
+    try:
+      arguments = json.loads(arguments)
+    except (ValueError, RecursionError):
+      return ToolCall(name=payload["name"], error="arguments are not a JSON object")
+  if not isinstance(arguments, dict):
+    return ToolCall(name=payload["name"], error="arguments are not a JSON object")
+  return ToolCall(name=payload["name"], arguments=arguments)
+
+
+# --- running and answering -----------------------------------------------------------------------
+
+
+def run_tool(call: ToolCall, tools: Optional[Dict[str, Tool]] = None) -> tuple[str, bool]:
+  """``(result text, ok)`` of one parsed call; a malformed call, an unknown tool, rejected
+  arguments or a tool that raises give ``(why, False)``."""
+  tools = TOOLS if tools is None else tools
+  if call.error is not None:
+    return call.error, False
+  tool = tools.get(call.name)
+  if tool is None:
+    return f"unknown tool {call.name!r} (tools: {', '.join(sorted(tools))})", False
+  arguments = dict(call.arguments)
+  if "" in arguments:  # the compact form's one argument
+    arguments = {tool.compact_arg: arguments.pop("")}
+  try:
+    result = tool.fn(**arguments)
+  except ToolError as e:
+    return str(e), False
+  except TypeError as e:
+    return f"bad arguments for {call.name}: {str(e)[:80]}", False
+  except Exception as e:  # a tool's own bug: the policy sees an error, the run goes on
+    return f"{call.name} failed: {type(e).__name__}", False
+  return format_number(result) if isinstance(result, (int, float, Fraction)) else str(result), True
+
+
+def render_result(text: str, ok: bool, tool_format: str) -> str:
+  """The observation answering one call."""
+  _check_format(tool_format)
+  if tool_format == "hermes":
+    body = text if ok else f"error: {text}"
+    return f"<tool_response>\n{body}\n</tool_response>\n"
+  return text if ok else "error"
+
+
+def render_call(name: str, arguments: dict, tool_format: str) -> str:
+  """How the policy writes a call (demonstrations for the SFT cold start, docs, tests)."""
+  _check_format(tool_format)
+  if tool_format == "hermes":
+    return f"{HERMES_OPEN}{json.dumps({'name': name, 'arguments': arguments})}{HERMES_CLOSE}"
+  tool = TOOLS.get(name)
+  value = arguments[tool.compact_arg] if tool is not None and tool.compact_arg in arguments \
+      else " ".join(str(v) for v in arguments.values())
+  return f"<{name} {value}>"
+
+
+# --- the calculator ------------------------------------------------------------------------------
+
+MAX_EXPRESSION_CHARS = 200
+MAX_MAGNITUDE = 10**30  # any intermediate value beyond this is refused (no 9**9**9 blow-ups)
+_BINARY = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b,
+           ast.Mult: lambda a, b: a * b}
+
+
+def format_number(value) -> str:
+  """Integers exactly; other values with at most 6 decimals, trailing zeros dropped."""
+  if isinstance(value, Fraction) and value.denominator == 1:
+    value = value.numerator
+  if isinstance(value, int):
+    return str(value)
+  value = float(value)
+  if not math.isfinite(value):
+    raise ToolError("not a finite number")
+  if value == int(value) and abs(value) < 2**53:
+    return str(int(value))
+  return f"{value:.6f}".rstrip("0").rstrip(".")
+
+
+def _evaluate(node):
+  if isinstance(node, ast.Expression):
+    return _evaluate(node.body)
+  if isinstance(node, ast.Constant) and isinstance(node.value, int) \
+      and not isinstance(node.value, bool):
+    return Fraction(node.value)
+  if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+    value = _evaluate(node.operand)
+    return -value if isinstance(node.op, ast.USub) else value
+  if isinstance(node, ast.BinOp):
+    a, b = _evaluate(node.left), _evaluate(node.right)
+    if isinstance(node.op, ast.Div):
+      if b == 0:
+        raise ToolError("division by zero")
+      value = a / b
+    elif type(node.op) in _BINARY:
+      value = _BINARY[type(node.op)](a, b)
+    else:
+      raise ToolError(f"operator {type(node.op).__name__} is not supported")
+    if abs(value) > MAX_MAGNITUDE:
+      raise ToolError("number too large")
+    return value
+  raise ToolError("only integers, + - * / and parentheses")
+
+
+@register_tool("calc", compact_arg="expression")
+def calc(expression: str) -> str:
+  """Evaluate an arithmetic expression of integers with + - * / and parentheses, exactly."""
+  if not isinstance(expression, str):
+    raise ToolError("the expression must be text")
+  text = expression.strip().rstrip("=").strip()
+  if not text:
+    raise ToolError("empty expression")
+  if len(text) > MAX_EXPRESSION_CHARS:
+    raise ToolError("expression too long")
+  if not re.fullmatch(r"[0-9+\-*/() ]+", text):
+    raise ToolError("only integers, + - * / and parentheses")
+  try:
+    tree = ast.parse(text, mode="eval")
+  except (SyntaxError, ValueError, RecursionError):
+    raise ToolError("not an arithmetic expression") from None
+  return format_number(_evaluate(tree))

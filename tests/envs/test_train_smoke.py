@@ -1,0 +1,65 @@
+"""configs/guess.py end to end at a tiny size: two RL steps of multi-turn rollouts through the
+train loop (rollout mode switch, scoring with environment tokens attended, the update, evals with
+turns and tool calls), and the start-up checks of the env keys."""
+import json
+import os
+
+import pytest
+
+from rljax import cli, config_loader
+from rljax.config_checks import ConfigError
+from rljax.envs.checks import check_env_config
+from tests.train import tiny
+
+TINY = {
+    "model.source": "tiny", "model.hidden_size": "32", "model.intermediate_size": "64",
+    "model.num_layers": "1", "model.num_heads": "2", "model.num_kv_heads": "1",
+    "rollout.prompts_per_step": "2", "rollout.group_size": "4", "rollout.max_new_tokens": "12",
+    "env.max_tokens": "40", "data.num_eval": "4", "train.steps": "2", "train.eval_every": "0",
+    "train.progress": "false", "train.export_hf": "false",
+}
+
+
+@pytest.mark.slow
+def test_guess_two_steps(tmp_path):
+  run_dir = str(tmp_path / "run")
+  args = ["train", "--config", os.path.join(tiny.ROOT, "configs", "guess.py")]
+  args += [f"--config.{k}={v}" for k, v in dict(TINY, **{"train.run_dir": run_dir}).items()]
+  result = cli.main(args)
+  for when in ("before", "after"):
+    assert 0.0 <= result[f"eval_{when}"] <= 1.0
+    assert 1.0 <= result[f"eval_{when}_turns"] <= 5.0
+    assert result[f"eval_{when}_tool_calls"] >= result[f"eval_{when}_tool_errors"] >= 0
+  with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+    steps = [json.loads(line) for line in f]
+  trained = [m for m in steps if "loss" in m]
+  assert len(trained) == 2
+  for m in trained:
+    assert m["env/episodes"] == 8 and 1 <= m["env/turns_per_episode"] <= 5
+    assert m["generated_tokens"] == m["env/policy_tokens"]
+    # The sampler's and the trainer's log-probs agree: the forward saw the observations.
+    assert m["logp_gap_max"] < 1e-3
+  assert "eval_turns" in steps[0] and "eval_tool_use" in steps[-1]
+
+
+def _config(**overrides):
+  return config_loader.load_config(os.path.join(tiny.ROOT, "configs", "guess.py"),
+                                   [(k, str(v)) for k, v in overrides.items()])
+
+
+def test_env_key_checks():
+  check_env_config(_config())
+  with pytest.raises(ConfigError, match=r"reward.fn='test_char_sum_mod4' is not used: "
+                                        r"env.name='guess' scores"):
+    check_env_config(_config(**{"reward.fn": tiny.REWARD}))
+  with pytest.raises(ConfigError, match="reward.overlong_buffer=4 is not used"):
+    check_env_config(_config(**{"reward.overlong_buffer": 4}))
+  with pytest.raises(ConfigError, match="the char tokenizer has no braces"):
+    check_env_config(_config(**{"env.tool_format": "hermes"}))
+  single = config_loader.load_config(os.path.join(tiny.ROOT, "configs", "grpo.py"),
+                                     [("env.max_turns", "3")])
+  with pytest.raises(ConfigError, match=r"env.max_turns=3 is not used: rollouts are single-turn"):
+    check_env_config(single)
+  from rljax import config_checks
+  with pytest.raises(ConfigError, match="registered environment: .*guess.*tool_calc"):
+    config_checks.check_config(_config(**{"env.name": "gues"}))
