@@ -11,7 +11,7 @@ EXPECTED = {
     "loss_agg": {"token_mean", "seq_mean_token_mean", "seq_mean_token_sum",
                  "seq_mean_token_sum_norm", "sequence_mean"},
     "kl_estimator": {"k1", "k2", "k3", "low_var_kl", "k3+"},
-    "regularizer": {"kl", "entropy", "pos_lm"},
+    "regularizer": {"kl", "entropy", "pos_lm", "router_balance"},
 }
 
 
