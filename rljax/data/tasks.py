@@ -59,6 +59,9 @@ class Task(abc.ABC):
 
   name: str = ""
   levels: dict = {}  # difficulty -> level parameters
+  # Train and eval problems are told apart by a hash of the prompt (``is_eval_prompt``); a task
+  # whose problems share one prompt (the hidden state is not in it) splits otherwise.
+  split_by_prompt: bool = True
 
   def __init__(self, difficulty: int):
     if difficulty not in self.levels:

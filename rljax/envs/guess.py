@@ -44,6 +44,7 @@ class GuessTask(Task):
   """Problems of the guess environment: the hidden number is the answer (module docstring)."""
 
   name = "guess"
+  split_by_prompt = False  # one prompt per level: train and eval split by problem index
   levels = {
       0: GuessLevel(16, 0.3, 5),  # bisection needs at most 5 turns
       1: GuessLevel(32, 0.3, 6),
