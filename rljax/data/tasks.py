@@ -62,6 +62,8 @@ class Task(abc.ABC):
   # Train and eval problems are told apart by a hash of the prompt (``is_eval_prompt``); a task
   # whose problems share one prompt (the hidden state is not in it) splits otherwise.
   split_by_prompt: bool = True
+  # Solutions end with `` #<answer>`` (``MARKER``); an episode task (guess) answers otherwise.
+  marked_answer: bool = True
 
   def __init__(self, difficulty: int):
     if difficulty not in self.levels:

@@ -45,6 +45,7 @@ class GuessTask(Task):
 
   name = "guess"
   split_by_prompt = False  # one prompt per level: train and eval split by problem index
+  marked_answer = False  # the answer is the last guess of the episode
   levels = {
       0: GuessLevel(16, 0.3, 5),  # bisection needs at most 5 turns
       1: GuessLevel(32, 0.3, 6),
