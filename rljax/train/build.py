@@ -129,10 +129,12 @@ def _changed(config, key: str) -> bool:
 
 
 def resolve_model_config(config, tokenizer) -> ModelConfig:
-  """The policy's architecture from ``model.source``, without loading any weights."""
+  """The policy's architecture from ``model.source``, without loading any weights. The 'sft'
+  cold start has the 'tiny' architecture of ``config.model`` (a stale or missing one is trained
+  with it), so that is known before it exists."""
   m = config.model
   path = _hf_source(config, tokenizer, train_if_missing=False)
-  if path is None:
+  if path is None or m.source == "sft":
     return models.tiny_config(m, tokenizer.vocab_size, eos_token_id=tokenizer.eos_id,
                               pad_token_id=tokenizer.pad_id)
   return ModelConfig.from_hf_dir(path, dtype=compute_dtype(m.dtype), param_dtype=m.param_dtype,

@@ -49,7 +49,7 @@ def test_reference_solution_verifies_and_has_the_format(name, level):
 
 @pytest.mark.parametrize("name", sorted(n for n in TASKS if TASKS[n].marked_answer))
 def test_perturbed_answers_are_wrong(name):
-  task = make_task(name, 2)
+  task = make_task(name, min(2, max(TASKS[name].levels)))
   for p in itertools.islice(task.train_stream(seed=0), 100):
     steps, _ = p.solution.rsplit("#", 1)
     wrong = str(int(p.answer) + 1)

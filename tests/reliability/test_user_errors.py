@@ -139,7 +139,8 @@ NAMES_FILE = {"hf-truncated-safetensors": "model.safetensors is not a readable s
                                 "expected (32, 48)",
               "hf-dir-empty": "no config.json in",
               "hf-gpt2": "config.json: unsupported architecture model_type='gpt2' "
-                         "(['LlamaForCausalLM']); supported: llama, mistral, qwen2",
+                         "(['LlamaForCausalLM']); supported: "
+                         "gemma3_text, llama, mistral, qwen2, qwen3, qwen3_moe",
               "hf-gemma": "config.json: unsupported architecture model_type='gemma'"}
 
 
