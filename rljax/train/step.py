@@ -77,15 +77,17 @@ def policy_stats(model_cfg: ModelConfig, params, rollout: Rollout, chunk: int, p
                  routes=None):
   """``(logp [B, T], entropy [B, T], moe)`` of the completion tokens under ``params``; logits
   are built in sequence chunks of ``chunk``, never as a [B, T, V] array. ``moe``: None for a
-  dense model, else ``{"routes": [B, S, L_moe, k], "aux": [B]}``, the experts the forward used
-  and its load-balancing loss (on every row of its chunk)."""
+  dense model, else ``{"routes": [B, S, L_moe, k], "aux": [B], "dropped": [B]}``, the experts
+  the forward used, its load-balancing loss (on every row of its chunk) and the (token, expert)
+  pairs capacity dispatch dropped (spread over the chunk's rows)."""
   def out(model, hidden, targets, moe):
     logp, entropy = algos.token_logprobs_and_entropy(
         hidden, model.head_weight(), targets, chunk=chunk, softcap=model_cfg.final_logit_softcap)
     if moe is None:
       return logp, entropy, None
-    return logp, entropy, dict(routes=moe.routes,
-                               aux=jnp.broadcast_to(moe.aux_loss, (targets.shape[0],)))
+    rows = targets.shape[0]
+    return logp, entropy, dict(routes=moe.routes, aux=jnp.broadcast_to(moe.aux_loss, (rows,)),
+                               dropped=jnp.broadcast_to(moe.dropped / rows, (rows,)))
   return _completion_forward(model_cfg, params, rollout, parts, "lm", out, routes)
 
 
@@ -317,6 +319,8 @@ def actor_loss(learner: Learner, params, coefs, micro: Rollout, counts):
       if micro.old_logp is None:  # this forward is also the old-log-prob one
         metrics.update(mismatch)
     metrics["moe/aux_loss"] = (jax.lax.stop_gradient(moe["aux"]).sum(), rows)
+    # (token, expert) pairs capacity dispatch dropped, per micro-batch forward
+    metrics["moe/dropped"] = (moe["dropped"].sum(), jnp.ones((), jnp.float32))
   for reg in algo.regularizers:
     reg_sum = algo.regularizer_sum(reg, coefs, **arrays)
     total = total + coefs[reg.coef] * reg_sum / counts[reg.name]
