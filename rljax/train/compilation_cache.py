@@ -1,0 +1,54 @@
+"""The run's persistent XLA compilation cache (``train.compilation_cache``): ``<run_dir>/xla_cache``.
+
+A run writes every program it compiles there; a restart or resume of the run (a preemption, a
+crash, a larger ``train.steps``) reads them back instead of compiling again. JAX finds an entry by
+a hash of the program, its compile options, the devices and the jax/jaxlib versions, so a changed
+model or config misses the cache and compiles; it never runs a stale program. XLA:CPU checks that
+an executable was compiled for this host's instruction set and recompiles when it was not.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Iterator
+
+import jax
+from jax.experimental.compilation_cache import compilation_cache as jax_cache
+
+DIR_NAME = "xla_cache"
+# JAX by default writes only programs that took a second or more to compile: on CPU and for
+# small models that is almost none of them, while reading an entry back is faster still.
+_CACHE_EVERYTHING = {"jax_persistent_cache_min_compile_time_secs": 0.0,
+                     "jax_persistent_cache_min_entry_size_bytes": -1}
+
+
+def run_cache_dir(config) -> str | None:
+  """``<train.run_dir>/xla_cache``, or None when ``train.compilation_cache`` is off."""
+  if not config.train.compilation_cache:
+    return None
+  return os.path.join(config.train.run_dir, DIR_NAME)
+
+
+@contextlib.contextmanager
+def persistent(path: str | None) -> Iterator[str | None]:
+  """Within the block, compiled programs are read from and written to ``path`` (None: JAX's
+  settings are left as they are); the previous settings come back at its end."""
+  if path is None:
+    yield None
+    return
+  settings = {"jax_compilation_cache_dir": path, **_CACHE_EVERYTHING}
+  previous = {name: getattr(jax.config, name) for name in settings}
+  _apply(settings)
+  try:
+    yield path
+  finally:
+    _apply(previous)
+
+
+def _apply(settings: dict) -> None:
+  for name, value in settings.items():
+    jax.config.update(name, value)
+  # JAX decides whether to use a cache, and opens its directory, once per process at its first
+  # compilation: without a reset, a process that compiled before (a notebook, the tests, a
+  # second run) would go on with the old decision and directory.
+  jax_cache.reset_cache()
