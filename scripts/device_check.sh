@@ -4,13 +4,13 @@
 #   b. the sampler benchmark against transformers on CUDA        (B_S, 110 s)
 #   c. the GRPO train-step benchmark against the torch peer      (C_S, 45 s per setting)
 #   d. the main job (SFT cold start + DAPO), short, timed        (D_S, 120 s)
-#   e. benchmarks/accelerator.py: MFU of the GRPO update, the sampler against the HBM roofline,
-#      the torch + SDPA peer, at the Qwen2.5-0.5B shape        (E_S, 200 s)
-#      and at the Qwen2.5-1.5B shape, a process of its own       (E2_S, 250 s)
+#   e. benchmarks/accelerator.py (the GRPO update's MFU, the sampler against the HBM roofline,
+#      the torch + SDPA peer) at the Qwen2.5-0.5B shape          (E_S, 220 s)
+#      and at the Qwen2.5-1.5B shape, in a process of its own    (E2_S, 260 s)
 # Every step has its own timeout, logs under $OUT and the script goes on when one fails.
 #
-# The default is STEPS=e, about 8 minutes with the set-up (all five: about 17, more than a lent
-# machine's 15 minutes of device time): a-d ran on an H200 on 2026-11-26
+# The default is STEPS=e, at most 8.5 minutes with the set-up (all five: about 17, more than a
+# lent machine's 15 minutes of device time): a-d ran on an H200 on 2026-11-26
 # (docs/results/benchmarks_h200.md) and measure tiny models, while e measures what issue 25 asks
 # (real model sizes) and needs most of the time: its compilations alone take minutes. With time
 # left on the same warm machine, STEPS=a (~3.5 minutes) checks the tests on the GPU.
@@ -41,8 +41,8 @@ A_S=${A_S:-200}
 B_S=${B_S:-110}
 C_S=${C_S:-45}
 D_S=${D_S:-120}
-E_S=${E_S:-200}
-E2_S=${E2_S:-250}
+E_S=${E_S:-220}
+E2_S=${E2_S:-260}
 STEPS=${STEPS:-e}
 D_EXTRA=${D_EXTRA:-}
 E_EXTRA=${E_EXTRA:-}
