@@ -271,7 +271,8 @@ def update_or_none(args, name: str, rows: int, seq: int, platform: str, remat: s
   except Exception as e:  # noqa: BLE001 - only XLA's out-of-memory error is expected
     if not is_out_of_memory(e):
       raise
-    print(f"# {name} {rows}x{seq}, remat {remat}: out of memory ({str(e).splitlines()[0][:160]})")
+    first_line = (str(e).splitlines() or [""])[0][:160]
+    print(f"# {name} {rows}x{seq}, remat {remat}: out of memory ({first_line})")
     return None
 
 
@@ -291,6 +292,7 @@ def measure_update_fitting(args, name: str, rows: int, seq: int, platform: str) 
 
 
 def measure_sampler(args, name: str, rows: int, platform: str) -> Row:
+  # The run's config only for the dtypes: model.dtype and rollout.dtype.
   config = update_config(2, args.prompt_len + args.new_tokens, args.prompt_len, None, args.dtype)
   cfg = model_config(config, name, platform, args.smoke)
   sp = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, greedy=False,
