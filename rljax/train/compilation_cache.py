@@ -1,10 +1,11 @@
-"""The run's persistent XLA compilation cache (``train.compilation_cache``): ``<run_dir>/xla_cache``.
+"""The persistent XLA compilation cache of a run, ``<run_dir>/xla_cache``.
 
 A run writes every program it compiles there; a restart or resume of the run (a preemption, a
 crash, a larger ``train.steps``) reads them back instead of compiling again. JAX finds an entry by
 a hash of the program, its compile options, the devices and the jax/jaxlib versions, so a changed
 model or config misses the cache and compiles; it never runs a stale program. XLA:CPU checks that
-an executable was compiled for this host's instruction set and recompiles when it was not.
+an executable was compiled for this host's instruction set and recompiles when it was not. In a
+multi-process run only process 0 writes entries (JAX's rule); every process reads them.
 """
 from __future__ import annotations
 
@@ -16,8 +17,9 @@ import jax
 from jax.experimental.compilation_cache import compilation_cache as jax_cache
 
 DIR_NAME = "xla_cache"
-# JAX by default writes only programs that took a second or more to compile: on CPU and for
-# small models that is almost none of them, while reading an entry back is faster still.
+# JAX by default writes only programs that took a second or more to compile, which leaves out
+# most of a run's programs and a quarter of a tiny CPU run's compile time
+# (docs/results/compilation_cache.md); reading any entry back is faster than compiling it.
 _CACHE_EVERYTHING = {"jax_persistent_cache_min_compile_time_secs": 0.0,
                      "jax_persistent_cache_min_entry_size_bytes": -1}
 
