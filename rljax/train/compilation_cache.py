@@ -5,12 +5,15 @@ crash, a larger ``train.steps``) reads them back instead of compiling again. JAX
 a hash of the program, its compile options, the devices and the jax/jaxlib versions, so a changed
 model or config misses the cache and compiles; it never runs a stale program. XLA:CPU checks that
 an executable was compiled for this host's instruction set and recompiles when it was not. In a
-multi-process run only process 0 writes entries (JAX's rule); every process reads them.
+multi-process run only process 0 writes entries (JAX's rule); every process reads them. JAX does
+not write an entry atomically: one cut short by kill -9 is reported (a warning) and compiled
+again at each start, never run; deleting the directory clears it.
 """
 from __future__ import annotations
 
 import contextlib
 import os
+import warnings
 from typing import Iterator
 
 import jax
@@ -42,7 +45,12 @@ def persistent(path: str | None) -> Iterator[str | None]:
   previous = {name: getattr(jax.config, name) for name in settings}
   _apply(settings)
   try:
-    yield path
+    with warnings.catch_warnings():
+      # A write that fails costs a later start one compilation, nothing else; on a full disk the
+      # run's own writes say so in one line (docs/reliability.md), which JAX's warning per
+      # program would bury.
+      warnings.filterwarnings("ignore", message="Error writing persistent compilation cache")
+      yield path
   finally:
     _apply(previous)
 
