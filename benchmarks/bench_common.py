@@ -66,3 +66,9 @@ def _seconds(fn) -> float:
   t0 = time.perf_counter()
   fn()
   return time.perf_counter() - t0
+
+
+def timed(fn, n: int) -> tuple[float, list[float]]:
+  """(seconds of a first call of ``fn``, seconds of each of the ``n`` calls after it)."""
+  first = _seconds(fn)
+  return first, [_seconds(fn) for _ in range(n)]

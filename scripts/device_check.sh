@@ -1,10 +1,19 @@
 #!/usr/bin/env bash
-# GPU check of rljax on a borrowed one-GPU machine (H100/H200) with no network, in under 9 minutes:
+# GPU check of rljax on a borrowed one-GPU machine (H100/H200) with no network:
 #   a. the model / rollout / algorithm tests on the GPU          (budget A_S, default 200 s)
 #   b. the sampler benchmark against transformers on CUDA        (B_S, 110 s)
 #   c. the GRPO train-step benchmark against the torch peer      (C_S, 45 s per setting)
 #   d. the main job (SFT cold start + DAPO), short, timed        (D_S, 120 s)
+#   e. benchmarks/accelerator.py (the GRPO update's MFU, the sampler against the HBM roofline,
+#      the torch + SDPA peer) at the Qwen2.5-0.5B shape          (E_S, 220 s)
+#      and at the Qwen2.5-1.5B shape, in a process of its own    (E2_S, 260 s)
 # Every step has its own timeout, logs under $OUT and the script goes on when one fails.
+#
+# The default is STEPS=e, at most 8.5 minutes with the set-up (all five: about 17, more than a
+# lent machine's 15 minutes of device time): a-d ran on an H200 on 2026-11-26
+# (docs/results/benchmarks_h200.md) and measure tiny models, while e measures what issue 25 asks
+# (real model sizes) and needs most of the time: its compilations alone take minutes. With time
+# left on the same warm machine, STEPS=a (~3.5 minutes) checks the tests on the GPU.
 #
 # Run it in the repository root, with the pinned pure-python wheels in .whl/ (git-ignored through
 # .git/info/exclude; the image's jax/jaxlib (CUDA plugin), torch and transformers are used as they
@@ -16,10 +25,13 @@
 #     python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
 #       --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
 #       --platform manylinux2014_x86_64 -d .whl "$p"; done
-# then (OUT: the folder whose files come back; at most 7 files are written there):
+# then (OUT: the folder whose files come back; at most 8 files are written there):
 #   OUT=/tmp/out bash scripts/device_check.sh
 # STEPS=bd runs only steps b and d; D_EXTRA adds config overrides to d (a CPU smoke run:
-# STEPS=d D_EXTRA='--config.sft.steps=3 --config.train.steps=2' bash scripts/device_check.sh).
+# STEPS=d D_EXTRA='--config.sft.steps=3 --config.train.steps=2' bash scripts/device_check.sh),
+# E_EXTRA arguments to both runs of e (a CPU smoke run: STEPS=e E_EXTRA=--smoke; a second run
+# of e with E_EXTRA='--compilation-cache /tmp/xla_cache' gives the compile times of a warm
+# cache).
 set -u
 
 cd "$(dirname "$0")/.."
@@ -29,19 +41,23 @@ A_S=${A_S:-200}
 B_S=${B_S:-110}
 C_S=${C_S:-45}
 D_S=${D_S:-120}
-STEPS=${STEPS:-abcd}
+E_S=${E_S:-220}
+E2_S=${E2_S:-260}
+STEPS=${STEPS:-e}
 D_EXTRA=${D_EXTRA:-}
+E_EXTRA=${E_EXTRA:-}
 mkdir -p "$OUT"
 WORK=$(mktemp -d /tmp/rljax_device_check.XXXXXX)
 
 stamp() { echo "=== $(date -u +%FT%TZ) (+${SECONDS}s) $*"; }
 
-# Runs "$@" under `timeout`, its output (stdout + stderr) to the terminal and to $OUT/$1.log.
+# Runs "$@" under `timeout`, its output (stdout + stderr) to the terminal and appended to
+# $OUT/$1.log (the two runs of e share one log: $OUT holds at most 8 files).
 step() {
   local name=$1 limit=$2
   shift 2
   stamp "$name: start (timeout ${limit}s): $*"
-  timeout -k 10 "$limit" "$@" 2>&1 | tee "$OUT/$name.log"
+  timeout -k 10 "$limit" "$@" 2>&1 | tee -a "$OUT/$name.log"
   local rc=${PIPESTATUS[0]}
   if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
     stamp "$name: TIMED OUT after ${limit}s (rc $rc)"
@@ -98,6 +114,13 @@ EOF
   # c. One GRPO step, rljax against the torch peer (both on the GPU).
   [[ $STEPS == *c* ]] && step c_train_step "$C_S" $PY benchmarks/train_step.py
   [[ $STEPS == *c* ]] && step c_train_step_32 "$C_S" $PY benchmarks/train_step.py --new-tokens 32
+
+  # e. rljax at real model sizes, each model in a process of its own so that one running out of
+  # time leaves the other's figures; every row is printed as soon as it is measured.
+  if [[ $STEPS == *e* ]]; then
+    step e_accelerator "$E_S" $PY benchmarks/accelerator.py --models qwen2.5-0.5b $E_EXTRA
+    step e_accelerator "$E2_S" $PY benchmarks/accelerator.py --models qwen2.5-1.5b $E_EXTRA
+  fi
 
   # d. The main job, shortened: the full SFT cold start (250 steps), 100 DAPO steps, eval only
   # before and after; every line timestamped for the SFT seconds/step.

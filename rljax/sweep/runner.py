@@ -37,7 +37,9 @@ from rljax.sweep import study as study_lib
 
 WALL_FILE = "sweep_wall.json"  # per run dir: wall time and exit status of each attempt
 LOG_FILE = "sweep.log"  # per run dir: stdout and stderr of the train subprocess
-_IGNORED_CONFIG_KEYS = {"train.resume", "train.progress"}
+# Keys that change neither what a run computes nor its results: a run dir written with other
+# values (or before the key existed) is the same run.
+_IGNORED_CONFIG_KEYS = {"train.resume", "train.progress", "train.compilation_cache"}
 
 
 @dataclasses.dataclass(frozen=True)

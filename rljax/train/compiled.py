@@ -21,6 +21,15 @@ class _RowSharded:
     self._compiled: dict = {}
 
   def __call__(self, state, rollout, hp, *extra):
+    return self._jitted(state, rollout, hp, *extra)(state, rollout, hp, *extra)
+
+  def lower(self, state, rollout, hp, *extra):
+    """The ``jax.stages.Lowered`` of a call with these arguments; after such a call its
+    ``.compile()`` returns the executable the call used, not a new compilation (benchmarks read
+    its ``memory_analysis()``)."""
+    return self._jitted(state, rollout, hp, *extra).lower(state, rollout, hp, *extra)
+
+  def _jitted(self, state, rollout, hp, *extra):
     key = (jax.tree.structure(rollout), len(extra))
     jitted = self._compiled.get(key)
     if jitted is None:
@@ -30,7 +39,7 @@ class _RowSharded:
           self._fn, in_shardings=(self._state, self._rows(rollout), self._rep)
           + tuple(self._extra[:len(extra)]),
           out_shardings=(out_first, self._rep), donate_argnums=(0,) if self._donate else ())
-    return jitted(state, rollout, hp, *extra)
+    return jitted
 
 
 def compile_step_fns(fns, *, state_sharding, rows: Callable, replicated, aux_sharding=None):

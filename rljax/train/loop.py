@@ -17,7 +17,7 @@ from rljax import models
 from rljax.parallel import distributed, rules
 from rljax.envs.checks import check_env_config
 from rljax.rollout.sampler import Rollout
-from rljax.train import build, evaluation, filters, generation, preemption
+from rljax.train import build, compilation_cache, evaluation, filters, generation, preemption
 from rljax.train import run_dir as run_dir_lib
 from rljax.train.metrics import summarize
 from rljax.transforms import HostRollout
@@ -153,7 +153,10 @@ def train(config) -> dict:
   SIGINT end it with ``preemption.Stop`` (SIGTERM after saving the last step)."""
   prepared = build.prepare(config)  # every check that needs no run dir, before claiming it
   check_env_config(config)
+  # The cache is set once the run dir is claimed and before anything is compiled (the SFT cold
+  # start included).
   with models.matmul_precision(config.model), run_dir_lib.claimed(config), \
+      compilation_cache.persistent(compilation_cache.run_cache_dir(config)), \
       preemption.guard(config.train.run_dir, config.train.preempt_grace_s) as guard:
     run = None
     try:

@@ -48,6 +48,7 @@ DATA_FILE = "data.json"
 RESUMABLE_CHANGES = (
     "train.steps", "train.resume", "train.resume_override", "train.run_dir", "train.progress",
     "train.eval_every", "train.checkpoint_every", "train.keep_checkpoints", "train.export_hf",
+    "train.compilation_cache",
     "reward.workers", "reward.timeout_s", "reward.max_logged_failures", "data.num_eval",
     "reward.max_worker_memory_mb", "reward.worker_max_calls", "train.preempt_grace_s",
     "mesh.data", "mesh.fsdp", "mesh.expert", "mesh.tensor", "dist.mode", "dist.coordinator_address",

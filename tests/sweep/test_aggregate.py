@@ -243,7 +243,7 @@ def test_a_finished_run_of_an_older_default_is_aggregated_and_a_changed_study_is
     with open(saved, "w") as f:
       json.dump(tree, f)
 
-  save(**{"train.progress": True})  # ignored keys
+  save(**{"train.progress": True, "train.compilation_cache": False})  # ignored keys
   assert runner.check_same_config(spec, study.config_path(), finished=True) == []
   # The framework's default of model.attention_block moved after the run: aggregated, with a note.
   save(**{"model.attention_block": config["model"]["attention_block"] + 1,
