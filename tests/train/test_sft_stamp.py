@@ -1,5 +1,6 @@
 """The SFT cold start is retrained exactly when something it depends on changes."""
 import json
+import os
 
 import pytest
 
@@ -41,3 +42,10 @@ def test_a_stamp_saved_with_its_directory_is_still_read_as_valid(tmp_path):
   (tmp_path / sft.STAMP_FILE).write_text(json.dumps(saved))
   assert sft.read_stamp(str(tmp_path)) == want
   assert sft.read_stamp(str(tmp_path / "missing")) is None
+
+
+def test_a_multi_turn_cold_start_saved_before_observations_were_masked_is_retrained():
+  config = config_loader.load_config(os.path.join(tiny.ROOT, "configs", "tool_calc.py"), [])
+  stamp = sft.cold_start_stamp(config)
+  saved_before = {k: v for k, v in stamp.items() if k != "observations"}
+  assert stamp != saved_before and stamp["observations"] == "unlearned"
