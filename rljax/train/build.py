@@ -129,9 +129,13 @@ def _changed(config, key: str) -> bool:
 
 
 def resolve_model_config(config, tokenizer) -> ModelConfig:
-  """The policy's architecture from ``model.source``, without loading any weights."""
+  """The policy's architecture from ``model.source``, without loading any weights (an SFT cold
+  start not trained yet: the tiny model of the ``model`` keys that it will be)."""
   m = config.model
   path = _hf_source(config, tokenizer, train_if_missing=False)
+  if m.source == "sft" and path is not None:
+    from rljax.train import sft
+    path = path if sft.read_stamp(path) is not None else None
   if path is None:
     return models.tiny_config(m, tokenizer.vocab_size, eos_token_id=tokenizer.eos_id,
                               pad_token_id=tokenizer.pad_id)
