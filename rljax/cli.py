@@ -6,7 +6,7 @@
   check-conversion  PATH                   rljax vs transformers logits on a HF directory
   convert           RUN_DIR OUT [--force]  latest checkpoint of a run -> Hugging Face directory
   plan              --config X [--device v5p-64|8xh100-80g|8x80GB]   memory plan on the mesh
-  components                               the registered algorithm components
+  components                               the registered components, environments and tools
   keys              [--markdown] [PREFIX]  every config key: default, allowed values, doc
   sweep             STUDY [--parallel N] [--print-commands] [--aggregate-only]   an ablation study
 """
@@ -120,10 +120,12 @@ def cmd_plan(argv):
 
 
 def cmd_components(argv):
+  from rljax import envs
   from rljax.algos import list_registries
   from rljax.rewards import verifiers
   table = dict(list_registries())
   table["reward_fn"] = verifiers.REWARD_FNS.names()
+  table["env"], table["tool"] = envs.env_names(), envs.tool_names()  # env.name; tools of envs
   for family, names in table.items():
     print(f"{family}: {', '.join(names)}")
   return table

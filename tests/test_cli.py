@@ -31,7 +31,8 @@ def test_override_types_and_unknown_keys():
 def test_components_lists_every_family(capsys):
   table = cli.main(["components"])
   assert {"advantage", "policy_loss", "loss_agg", "kl_estimator", "reward_fn"} <= set(table)
-  assert "cispo" in capsys.readouterr().out
+  out = capsys.readouterr().out
+  assert "cispo" in out and "env: guess, tool_calc" in out and "calc" in table["tool"]
 
 
 def test_check_conversion_command(hf_dirs, capsys):

@@ -34,7 +34,10 @@ class Problem:
     prompt: the text the model continues.
     answer: the gold final answer (what a verifier compares against).
     solution: a reference completion (chain of thought + ``" #answer"``) for SFT; ``""`` if none.
-    meta: provenance, e.g. ``{'task': 'arithmetic', 'difficulty': 1}`` or ``{'line': 3}``.
+    meta: provenance, e.g. ``{'task': 'arithmetic', 'difficulty': 1}`` or ``{'line': 3}``. A
+      multi-turn task's ``meta['episode']`` is its solution cut into the policy's turns and the
+      environment's observations, alternating from a policy turn (``''.join`` of it is
+      ``solution``): the SFT cold start learns the turns only.
   """
   prompt: str
   answer: str

@@ -54,25 +54,26 @@ class GuessTask(Task):
 
   def _problem(self, hidden: int, rng: random.Random) -> Problem:
     n = self.level.n
-    return Problem(prompt=f"guess 1-{n}:", answer=str(hidden),
-                   solution=self.demonstration(hidden, rng), meta=self._meta(n=n))
+    episode = self.demonstration(hidden, rng)
+    return Problem(prompt=f"guess 1-{n}:", answer=str(hidden), solution="".join(episode),
+                   meta=self._meta(n=n, episode=episode))
 
-  def demonstration(self, hidden: int, rng: random.Random) -> str:
-    """A reference episode: bisection, or uniform guesses among the numbers still possible."""
+  def demonstration(self, hidden: int, rng: random.Random) -> tuple:
+    """A reference episode, guesses and replies alternating: bisection, or uniform guesses among
+    the numbers still possible."""
     lv = self.level
     bisect = rng.random() < lv.bisect_prob
     while True:
-      lo, hi, text, turns = 1, lv.n, "", 0
+      lo, hi, episode = 1, lv.n, []
       while True:
         guess = (lo + hi) // 2 if bisect else rng.randint(lo, hi)
-        turns += 1
-        text += tools_lib.render_call("guess", {"number": guess}, "compact")
+        episode.append(tools_lib.render_call("guess", {"number": guess}, "compact"))
         if guess == hidden:
           break
-        text += HIGHER if hidden > guess else LOWER
+        episode.append(HIGHER if hidden > guess else LOWER)
         lo, hi = (guess + 1, hi) if hidden > guess else (lo, guess - 1)
-      if turns <= lv.max_demo_turns or bisect:
-        return text
+      if (len(episode) + 1) // 2 <= lv.max_demo_turns or bisect:
+        return tuple(episode)
 
   def sample(self, rng: random.Random) -> Problem:
     return self._problem(rng.randint(1, self.level.n), rng)

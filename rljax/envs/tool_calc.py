@@ -9,6 +9,10 @@ small model) otherwise::
   '123*45='  ->  '<calc 123*45>5535 #5535'   (tool: the call, the observation '5535', the answer)
   '123*45='  ->  ' #5535'                     (no tool)
 
+The cold start learns the call and the answer, not the observation (``meta['episode']``), as RL
+trains on the policy's tokens only: a policy that learned to predict the calculator's digits
+would compete with copying them.
+
 The environment (``env.name='tool_calc'``) answers ``calc`` calls with the calculator and scores
 the final answer (the text after the last ``#`` of the turn without a call) against the problem's:
 reward 1 if equal, else 0. It works with any problem whose answer is a number (e.g.
@@ -56,11 +60,12 @@ class ToolCalcTask(Task):
       c = rng.randint(*lv.addend)
       expression, answer = f"{expression}+{c}", answer + c
     use_tool = rng.random() < lv.tool_prob
-    call = render_call("calc", {"expression": expression}, "compact") + str(answer) \
-        if use_tool else ""
-    return Problem(prompt=f"{expression}=", answer=str(answer),
-                   solution=f"{call} {MARKER}{answer}",
-                   meta=self._meta(tool=use_tool))
+    final = f" {MARKER}{answer}"
+    # The policy's call, the calculator's observation, the policy's answer (or the answer alone).
+    episode = (render_call("calc", {"expression": expression}, "compact"), str(answer), final) \
+        if use_tool else (final,)
+    return Problem(prompt=f"{expression}=", answer=str(answer), solution="".join(episode),
+                   meta=self._meta(tool=use_tool, episode=episode))
 
   def verify(self, completion: str, problem: Problem) -> float:
     return float(_answer_matches(completion, problem.answer))

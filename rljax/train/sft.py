@@ -35,7 +35,11 @@ def cold_start_stamp(config) -> dict:
   run and an absolute one in another, is still found valid."""
   data = {k: v for k, v in config.data.to_dict().items() if k not in _EVAL_ONLY_DATA_KEYS}
   sft = {k: v for k, v in config.sft.to_dict().items() if k != "out_dir"}
-  return {"sft": sft, "model": config.model.to_dict(), "data": data, "seed": config.seed}
+  stamp = {"sft": sft, "model": config.model.to_dict(), "data": data, "seed": config.seed}
+  if config.env.name is not None:
+    # Multi-turn cold starts leave the observations unlearned; ones saved before did not.
+    stamp["observations"] = "unlearned"
+  return stamp
 
 
 def read_stamp(directory: str) -> dict | None:
@@ -51,10 +55,16 @@ def read_stamp(directory: str) -> dict | None:
 
 
 def encode_example(tokenizer, problem) -> tuple[list[int], list[int]]:
-  """(tokens, loss mask): the prompt, then the reference solution and EOS, which are learned."""
-  prompt = tokenizer.encode_prompt(problem.prompt)
-  target = tokenizer.encode(problem.solution) + [tokenizer.eos_id]
-  return prompt + target, [0] * len(prompt) + [1] * len(target)
+  """(tokens, loss mask): the prompt, then the reference solution and EOS, which are learned. A
+  multi-turn demonstration (``problem.meta['episode']``) is encoded piece by piece, as the rollout
+  driver encodes an episode: its observations are in the input but not learned (mask 0), as in
+  the RL loss; the policy's turns and EOS are."""
+  tokens = list(tokenizer.encode_prompt(problem.prompt))
+  learn = [0] * len(tokens)
+  for k, piece in enumerate(problem.meta.get("episode", (problem.solution,))):
+    ids = tokenizer.encode(piece)
+    tokens, learn = tokens + ids, learn + [int(k % 2 == 0)] * len(ids)
+  return tokens + [tokenizer.eos_id], learn + [1]
 
 
 def make_batch(tokenizer, problems, width: int):

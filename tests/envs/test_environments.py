@@ -3,9 +3,11 @@ determinism, and their SFT demonstrations replayed through the environments."""
 import pytest
 
 from rljax.data.tasks import make_task
+from rljax.data.tokenizer import CharTokenizer
 from rljax.envs import StepResult, env_names, make_env, register_env, unregister_env
 from rljax.envs.base import Environment, ENV_NAME
 from rljax.errors import UnknownNameError
+from rljax.train import sft
 
 
 def _problem(task, answer):
@@ -57,19 +59,23 @@ def test_guess_episode():
   assert env.step("I give up") == StepResult("", 0.0, True, {"correct": False})
 
 
-def _replay(env, problem, demonstration, close=">"):
+def _replay(env, problem, demonstration, close=">", pieces=None):
   """Feed a demonstration's policy turns to ``env``: every observation must be the text that
-  follows the turn in the demonstration; returns the last step's result."""
+  follows the turn in the demonstration; returns the last step's result. ``pieces`` (a list)
+  receives ``(text, by the policy?)`` of the demonstration's turns and observations in order."""
+  pieces = [] if pieces is None else pieces
   env.reset(problem)
   text = demonstration
   while True:
     end = text.find(close)
     turn, text = (text, "") if end < 0 else (text[:end + 1], text[end + 1:])
+    pieces.append((turn, True))
     result = env.step(turn)
     if result.done:
       assert not text, f"episode ended with {text!r} left"
       return result
     assert text.startswith(result.observation), (result.observation, text)
+    pieces.append((result.observation, False))
     text = text[len(result.observation):]
 
 
@@ -85,6 +91,31 @@ def test_demonstrations_replay_through_the_environment(task, max_turns):
     assert result.info["correct"] and result.reward > 0
     used_tool += "<" in problem.solution
   assert 0 < used_tool <= 40
+
+
+@pytest.mark.parametrize("task, max_turns", [("tool_calc", 3), ("guess", 5)])
+def test_sft_learns_the_policy_turns_and_not_the_observations(task, max_turns):
+  """The SFT cold start's loss mask is 0 exactly on a demonstration's observation tokens (what
+  the environment answers when the demonstration is replayed through it) and on the prompt and
+  padding, 1 on the policy's tokens and EOS; the observations stay in the input."""
+  tok, t = CharTokenizer(), make_task(task, 0)
+  # Demonstrations with an observation: a call closed before their end.
+  problems = [p for i in range(40) if ">" in (p := t.problem_at(0, i)).solution[:-1]]
+  tokens, attn, loss = sft.make_batch(tok, problems, width=100)
+  for row, problem in enumerate(problems):
+    pieces = []
+    _replay(make_env(task, max_turns=max_turns), problem, problem.solution, pieces=pieces)
+    assert any(not by_policy for _, by_policy in pieces)
+    learned = [int(by_policy) for text, by_policy in pieces for _ in text] + [1]  # and EOS
+    prompt = len(tok.encode_prompt(problem.prompt))
+    assert loss[row].tolist() == [0] * (100 - len(learned)) + learned
+    assert attn[row].sum() == prompt + len(learned)
+    assert tok.decode(tokens[row, -len(learned):]) == problem.solution
+    if task == "tool_calc":  # the calculator's result is the one unlearned stretch
+      a, b = problem.prompt[:-1].split("*")
+      assert tok.decode(tokens[row][loss[row] == 0][-len(str(int(a) * int(b))):]) == \
+          str(int(a) * int(b)) == problem.answer
+      assert (loss[row] == 0).sum() == 100 - len(learned) + len(problem.answer)
 
 
 def test_guess_eval_set_cycles_through_every_number():

@@ -1,5 +1,6 @@
 """The SFT cold start is retrained exactly when something it depends on changes."""
 import json
+import os
 
 import pytest
 
@@ -41,3 +42,24 @@ def test_a_stamp_saved_with_its_directory_is_still_read_as_valid(tmp_path):
   (tmp_path / sft.STAMP_FILE).write_text(json.dumps(saved))
   assert sft.read_stamp(str(tmp_path)) == want
   assert sft.read_stamp(str(tmp_path / "missing")) is None
+
+
+def test_a_multi_turn_cold_start_saved_before_observations_were_masked_is_retrained():
+  config = config_loader.load_config(os.path.join(tiny.ROOT, "configs", "tool_calc.py"), [])
+  stamp = sft.cold_start_stamp(config)
+  saved_before = {k: v for k, v in stamp.items() if k != "observations"}
+  assert stamp != saved_before and stamp["observations"] == "unlearned"
+
+
+def test_a_run_whose_cold_start_is_not_trained_yet_passes_the_start_up_checks(tmp_path):
+  # The checks run before the cold start is trained; its architecture is then the tiny model of
+  # the model keys (they used to look for its files and refuse every run from a clean runs/).
+  from rljax.data import tokenizer as tokenizer_lib
+  from rljax.train import build
+  config = config_loader.load_config(
+      os.path.join(tiny.ROOT, "configs", "tool_calc.py"),
+      [("sft.out_dir", str(tmp_path / "sft")), ("train.run_dir", str(tmp_path / "run"))])
+  build.prepare(config)
+  model_cfg = build.resolve_model_config(config, tokenizer_lib.load_tokenizer("char"))
+  assert (model_cfg.hidden_size, model_cfg.num_layers) == (config.model.hidden_size,
+                                                           config.model.num_layers)
