@@ -73,9 +73,11 @@ def auto_backend(platform: str) -> str:
 
 
 def attention(q, k, v, k_valid, *, q_offset=0, window: int | None = None,
-              backend: str = "auto", block: int = DEFAULT_BLOCK):
+              backend: str = "auto", block: int = DEFAULT_BLOCK, aligned: bool = False):
   """Masked GQA attention (module doc). q [B, S, H, Dh]; k, v [B, K, G, Dh]; k_valid [B, K]
-  bool; ``q_offset`` the slot of query 0 (int or traced scalar). Returns [B, S, H, Dh]."""
+  bool; ``q_offset`` the slot of query 0 (int or traced scalar). ``aligned``: every row's valid
+  run starts at slot 0 (``align_rows``), which spares ``cudnn`` its rotations. Returns
+  [B, S, H, Dh]."""
   chex.assert_rank([q, k, v, k_valid], [4, 4, 4, 2])
   chex.assert_equal_shape([k, v])
   b, s, h, dh = q.shape
@@ -93,7 +95,7 @@ def attention(q, k, v, k_valid, *, q_offset=0, window: int | None = None,
   if kind == "blockwise":
     return blockwise_attention(q, k, v, k_valid, q_offset, window=window, block=block)
   if kind == "cudnn":
-    return cudnn_attention(q, k, v, k_valid, window=window)
+    return cudnn_attention(q, k, v, k_valid, window=window, aligned=aligned)
   return splash_attention(q, k, v, k_valid, window=window)
 
 
@@ -276,29 +278,47 @@ _flash.defvjp(_flash_fwd, _flash_bwd)
 
 # --- platform kernels ---------------------------------------------------------------------------
 
-def _rotate_rows(x, shift):
+def rotate_rows(x, shift):
   """Row ``b`` of x [B, T, ...] rotated left by ``shift[b]`` slots (slot t takes t + shift)."""
   idx = (jnp.arange(x.shape[1])[None, :] + shift[:, None]) % x.shape[1]
   return jnp.take_along_axis(x, idx.reshape(idx.shape + (1,) * (x.ndim - 2)), axis=1)
 
 
-def cudnn_attention(q, k, v, k_valid, *, window=None, implementation: str | None = "cudnn"):
+def first_valid(k_valid):
+  """[B] int32: the slot where each row's valid run starts (0 for a row with none)."""
+  return jnp.argmax(k_valid, axis=1).astype(jnp.int32)
+
+
+def aligns_rows(backend: str, dtype) -> bool:
+  """Whether a self-attention forward with ``backend`` should rotate its rows once so that every
+  valid run starts at slot 0 (``attention(..., aligned=True)``): cuDNN takes padding only as
+  sequence lengths from slot 0, and rotating q, k, v and the output in every layer instead costs
+  four gathers (and four scatters in the backward) per layer."""
+  return resolve_backend(backend, dtype=dtype, self_attention=True) == "cudnn"
+
+
+def cudnn_attention(q, k, v, k_valid, *, window=None, implementation: str | None = "cudnn",
+                    aligned: bool = False):
   """Self-attention through ``jax.nn.dot_product_attention``. Each row's valid run is rotated to
-  start at slot 0, so padding becomes ``key/query_seq_lengths`` and causality by slot is
-  ``is_causal`` (rotation keeps the order of the run; RoPE was applied before, by position).
+  start at slot 0 (unless ``aligned``: it does already), so padding becomes
+  ``key/query_seq_lengths`` and causality by slot is ``is_causal`` (rotation keeps the order of
+  the run; RoPE was applied before, by position). The valid runs must be contiguous.
   ``implementation='xla'`` runs the same masking on any platform (tests)."""
-  first = jnp.argmax(k_valid, axis=1).astype(jnp.int32)
+  first = jnp.zeros(k_valid.shape[:1], jnp.int32) if aligned else first_valid(k_valid)
   n_valid = k_valid.sum(axis=1).astype(jnp.int32)
   dtype = q.dtype
   if implementation == "cudnn" and dtype not in (jnp.bfloat16, jnp.float16):
     # cuDNN's kernel takes 16-bit inputs only; it accumulates the softmax in float32.
     q, k, v = (x.astype(jnp.bfloat16) for x in (q, k, v))
-  q, k, v = (_rotate_rows(x, first) for x in (q, k, v))
+  if not aligned:
+    q, k, v = (rotate_rows(x, first) for x in (q, k, v))
   out = jax.nn.dot_product_attention(
       q, k, v, is_causal=True, query_seq_lengths=n_valid, key_value_seq_lengths=n_valid,
       local_window_size=None if window is None else (window - 1, 0),
       implementation=implementation)
-  return _rotate_rows(out, -first).astype(dtype)
+  if not aligned:
+    out = rotate_rows(out, -first)
+  return out.astype(dtype)
 
 
 def splash_attention(q, k, v, k_valid, *, window=None, interpret: bool | None = None):

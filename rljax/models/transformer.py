@@ -48,12 +48,14 @@ class MoEOut(NamedTuple):
   dropped: jax.Array
 
 
-def self_attention(cfg: ModelConfig, k_valid) -> layers.Attend:
-  """Causal self-attention over the forward's own tokens (no cache); ``k_valid`` [B, S]."""
+def self_attention(cfg: ModelConfig, k_valid, aligned: bool = False) -> layers.Attend:
+  """Causal self-attention over the forward's own tokens (no cache); ``k_valid`` [B, S];
+  ``aligned``: every row's valid run starts at slot 0 (``attention_lib.attention``)."""
   def attend(q, k, v, layer_cache, window):
     out = attention_lib.attention(q, k.astype(q.dtype), v.astype(q.dtype), k_valid,
                                   q_offset=k.shape[1] - q.shape[1], window=window,
-                                  backend=cfg.attention, block=cfg.attention_block)
+                                  backend=cfg.attention, block=cfg.attention_block,
+                                  aligned=aligned)
     return out, layer_cache
   return attend
 
@@ -271,11 +273,27 @@ def positions_from_mask(mask):
 def forward_with_routes(cfg: ModelConfig, params: dict, tokens, attn_mask, head: str = "lm",
                         routes=None):
   """Full causal forward of left-padded rows: (hidden [B, S, D] after the final norm, the
-  module, ``MoEOut`` or None). ``routes``: replay these experts (``Transformer.__call__``)."""
+  module, ``MoEOut`` or None). ``routes``: replay these experts (``Transformer.__call__``).
+
+  Where the attention kernel wants padding at the end of the rows (cuDNN,
+  ``attention_lib.aligns_rows``), the rows are rotated once here, before the embedding, and the
+  outputs back after the final norm: exact (positions travel with their tokens, and rotation
+  keeps the order of each row's valid run)."""
   model = bind(cfg, params, head)
-  hidden, _, moe = model(tokens, positions_from_mask(attn_mask),
-                         self_attention(cfg, attn_mask.astype(bool)),
-                         valid=attn_mask.astype(bool), routes=routes)
+  valid = attn_mask.astype(bool)
+  positions = positions_from_mask(attn_mask)
+  aligned = attention_lib.aligns_rows(cfg.attention, cfg.dtype)
+  if aligned:
+    first = attention_lib.first_valid(valid)
+    tokens, positions, valid = (attention_lib.rotate_rows(x, first)
+                                for x in (tokens, positions, valid))
+    routes = None if routes is None else attention_lib.rotate_rows(routes, first)
+  hidden, _, moe = model(tokens, positions, self_attention(cfg, valid, aligned), valid=valid,
+                         routes=routes)
+  if aligned:
+    hidden = attention_lib.rotate_rows(hidden, -first)
+    if moe is not None:
+      moe = moe._replace(routes=attention_lib.rotate_rows(moe.routes, -first))
   return hidden, model, moe
 
 

@@ -253,3 +253,39 @@ def test_auto_never_picks_blockwise_on_accelerators(monkeypatch):
     assert attn.resolve_backend("auto", dtype=dtype, self_attention=True) == "pallas"
   assert plan.planned_attention("auto", "NVIDIA H100 80GB HBM3") == "cudnn"
   assert plan.planned_attention("auto", "cpu") == "blockwise"
+
+
+def test_cudnn_rows_are_aligned_once_per_forward(monkeypatch):
+  """With cuDNN the forward rotates its rows once (before the embedding, back after the final
+  norm), not q, k, v and the output in every layer: the model's logits and gradients equal the
+  materialised attention's on left- and right-padded rows (cuDNN's masking run by XLA, which
+  needs no GPU), and the forward's gathers do not grow with the number of layers."""
+  import functools as ft
+  monkeypatch.setattr(attn, "cudnn_attention",
+                      ft.partial(attn.cudnn_attention, implementation="xla"))
+  kw = dict(vocab_size=50, hidden_size=32, intermediate_size=64, num_heads=4, num_kv_heads=2,
+            head_dim=8)
+  tokens = jax.random.randint(jax.random.key(1), (3, 12), 0, 50)
+  mask = np.zeros((3, 12), np.int32)
+  mask[0, :] = 1
+  mask[1, 5:] = 1  # left padding
+  mask[2, 3:9] = 1  # left padding, a prompt + a completion ending early
+  mask = jnp.asarray(mask)
+  cfg = models.ModelConfig(**kw, num_layers=2, attention="cudnn")
+  params = llama.init_params(cfg)
+  ref = cfg.replace(attention="xla")
+  valid = np.asarray(mask, bool)
+  got, want = (np.asarray(llama.logits(c, params, tokens, mask)) for c in (cfg, ref))
+  assert np.abs(got - want)[valid].max() <= 1e-5
+  g_got, g_want = (jax.tree.leaves(jax.grad(ft.partial(_nll, c))(params, tokens, mask))
+                   for c in (cfg, ref))
+  for g, w in zip(g_got, g_want):
+    assert np.abs(np.asarray(g) - np.asarray(w)).max() <= 1e-5 * max(np.abs(w).max(), 1e-3)
+
+  def gathers_and_scatters(num_layers):  # in the compiled gradient (rotating per layer: 4 of each)
+    import re
+    c = cfg.replace(num_layers=num_layers)
+    hlo = jax.jit(jax.grad(ft.partial(_nll, c))).lower(llama.init_params(c), tokens,
+                                                        mask).compile().as_text()
+    return [len(re.findall(rf"= \S+ {op}\(", hlo)) for op in ("gather", "scatter")]
+  assert gathers_and_scatters(1) == gathers_and_scatters(3)
