@@ -2,7 +2,7 @@
 
   python benchmarks/accelerator.py [--models qwen2.5-0.5b,qwen2.5-1.5b] [--settings 8x2048,2x8192]
                                    [--sampler-rows 64,256] [--peak-tflops 989] [--hbm-gbps auto]
-                                   [--compilation-cache DIR]
+                                   [--compilation-cache DIR] [--profile DIR]
   python benchmarks/accelerator.py --smoke        # a tiny model on the CPU, in seconds (the test)
 
 Models: random weights in the shapes of ``rljax.parallel.plan.MODEL_SHAPES`` (Qwen2.5-0.5B and
@@ -69,6 +69,7 @@ from rljax.parallel import mesh as mesh_lib  # noqa: E402
 from rljax.parallel import plan as plan_lib  # noqa: E402
 from rljax.rollout import Rollout, SamplingParams, make_sampler  # noqa: E402
 from rljax.train import build, compilation_cache  # noqa: E402
+import profile_summary  # noqa: E402
 import torch_peer as torch_peer_lib  # noqa: E402
 from bench_common import timed  # noqa: E402
 
@@ -231,6 +232,17 @@ def synthetic_rollout(cfg, rows: int, prompt: int, completion: int) -> Rollout:
                  rewards=rewards, correct=rewards > 0, row_valid=np.ones(rows, np.float32))
 
 
+def profiled(args, tag: str, fn, per: int = 1) -> None:
+  """With ``--profile DIR``: one more call of ``fn`` under ``jax.profiler.trace(DIR/tag)``, and
+  the trace's kernels summed by name printed (``profile_summary``; the trace stays in DIR)."""
+  if not args.profile:
+    return
+  where = os.path.join(args.profile, tag)
+  with jax.profiler.trace(where, create_perfetto_trace=True):
+    fn()
+  print(profile_summary.summary(where, calls=1, per=per), flush=True)
+
+
 def measure_update(args, name: str, rows: int, seq: int, platform: str, remat: str,
                    why: str) -> Row:
   config = update_config(rows, seq, args.update_prompt, remat, args.dtype)
@@ -249,6 +261,7 @@ def measure_update(args, name: str, rows: int, seq: int, platform: str, remat: s
 
   first, times = timed(step, args.steps)
   step_s = statistics.median(times)
+  profiled(args, f"{name}_update_{rows}x{seq}", step)
   xla = program_bytes(fns.train_step.lower(holder["state"], batch, hp).compile())
   flops = update_flops(cfg, rows, seq, completion)
   return Row(model=label(args, name), measure="update", shape=f"{rows}x{seq}", ms=1e3 * step_s,
@@ -309,6 +322,7 @@ def measure_sampler(args, name: str, rows: int, platform: str) -> Row:
 
   first, times = timed(call, args.runs)
   call_s = statistics.median(times)
+  profiled(args, f"{name}_sample_{rows}", call, per=args.new_tokens)
   step_s = call_s / args.new_tokens
   xla = program_bytes(sampler.lower(params, prompts, mask, jax.random.key(0)).compile())
   hbm = decode_step_bytes(cfg, rows, args.prompt_len, args.new_tokens) / step_s
@@ -383,6 +397,9 @@ def parse_args(argv=None):
                  help="read and write compiled programs there (train.compilation_cache's way): "
                       "a second run's compile times are then those of a warm cache")
   p.add_argument("--no-peer", action="store_true", help="skip the torch peer")
+  p.add_argument("--profile", default=None, metavar="DIR",
+                 help="after each row's timing, trace one more step / call into DIR and print "
+                      "its kernels summed by name (benchmarks/profile_summary.py)")
   p.add_argument("--smoke", action="store_true",
                  help=f"a tiny model ({SMOKE_SHAPE}) and shapes ({SMOKE_ARGS}), on any backend")
   args = p.parse_args(argv)

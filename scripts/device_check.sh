@@ -7,13 +7,17 @@
 #   e. benchmarks/accelerator.py (the GRPO update's MFU, the sampler against the HBM roofline,
 #      the torch + SDPA peer) at the Qwen2.5-0.5B shape          (E_S, 220 s)
 #      and at the Qwen2.5-1.5B shape, in a process of its own    (E2_S, 260 s)
+#   p. the profile of the 0.5B update (8x2048) and sampler (64 rows): the kernels of one step
+#      summed by name (benchmarks/profile_summary.py), then the sampler again with XLA's
+#      command buffers (CUDA graphs) extended to while loops, against the launches per
+#      decode step                                              (P_S, 200 s each)
 # Every step has its own timeout, logs under $OUT and the script goes on when one fails.
 #
-# The default is STEPS=e, at most 8.5 minutes with the set-up (all five: about 17, more than a
-# lent machine's 15 minutes of device time): a-d ran on an H200 on 2026-11-26
-# (docs/results/benchmarks_h200.md) and measure tiny models, while e measures what issue 25 asks
-# (real model sizes) and needs most of the time: its compilations alone take minutes. With time
-# left on the same warm machine, STEPS=a (~3.5 minutes) checks the tests on the GPU.
+# The default is STEPS=p, about 6 minutes with the set-up: a-d ran on an H200 and e on an H100
+# on 2026-11-26 (docs/results/benchmarks_h200.md, docs/results/accelerator_h100.md); what issue 25
+# needs next is the profile that says where the update's and the decode step's time goes. With
+# time left on the same warm machine, STEPS=e (8.5 minutes) re-measures every figure after a
+# change, STEPS=a (~3.5 minutes) checks the tests on the GPU.
 #
 # Run it in the repository root, with the pinned pure-python wheels in .whl/ (git-ignored through
 # .git/info/exclude; the image's jax/jaxlib (CUDA plugin), torch and transformers are used as they
@@ -43,7 +47,8 @@ C_S=${C_S:-45}
 D_S=${D_S:-120}
 E_S=${E_S:-220}
 E2_S=${E2_S:-260}
-STEPS=${STEPS:-e}
+P_S=${P_S:-200}
+STEPS=${STEPS:-p}
 D_EXTRA=${D_EXTRA:-}
 E_EXTRA=${E_EXTRA:-}
 mkdir -p "$OUT"
@@ -120,6 +125,18 @@ EOF
   if [[ $STEPS == *e* ]]; then
     step e_accelerator "$E_S" $PY benchmarks/accelerator.py --models qwen2.5-0.5b $E_EXTRA
     step e_accelerator "$E2_S" $PY benchmarks/accelerator.py --models qwen2.5-1.5b $E_EXTRA
+  fi
+
+  # p. Where the time goes: one profiled update step and sampler call of the 0.5B model (their
+  # traces stay on the machine; the summaries are in the log), then the sampler with while
+  # loops inside XLA's CUDA graphs (an unknown flag value ends that process at start-up).
+  if [[ $STEPS == *p* ]]; then
+    step p_profile "$P_S" $PY benchmarks/accelerator.py --models qwen2.5-0.5b --settings 8x2048 \
+      --sampler-rows 64 --no-peer --steps 2 --runs 2 --profile "$WORK/profile" $E_EXTRA
+    step p_profile "$P_S" env XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_command_buffer=FUSION,\
+CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,WHILE,CONDITIONAL" $PY benchmarks/accelerator.py \
+      --models qwen2.5-0.5b --settings '' --sampler-rows 64 --no-peer --runs 2 \
+      --profile "$WORK/profile_graphs" $E_EXTRA
   fi
 
   # d. The main job, shortened: the full SFT cold start (250 steps), 100 DAPO steps, eval only
