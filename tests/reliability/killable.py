@@ -64,6 +64,11 @@ def install(point: str, run_dir: str) -> None:
   if mode in ("term", "int"):
     SIGNAL[0] = signal.SIGTERM if mode == "term" else signal.SIGINT
     point = rest
+  if mode == "int":
+    # As in a terminal's foreground job. A suite started in the background of a non-interactive
+    # shell (`pytest ... &`) hands its children SIGINT ignored, and Python then installs no
+    # KeyboardInterrupt handler: Ctrl-C would do nothing and the test would fail for that.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
   kind, _, arg = point.partition(":")
   from rljax import models
   from rljax.train import checkpoint, evaluation, generation, loop, sft
