@@ -129,13 +129,13 @@ def install(point: str, run_dir: str) -> None:
     step = int(arg)
     real_collect = loop.collect_batch
 
-    def collect(run, step_index, stream=0):
+    def collect(run, step_index, stream=0, **kwargs):
       if step_index == step and stream == 0:
         run.checkpointer.wait()
         open(os.path.join(run_dir, "PAUSED"), "w").close()
         while not os.path.exists(os.path.join(run_dir, "GO")):
           time.sleep(0.05)
-      return real_collect(run, step_index, stream)
+      return real_collect(run, step_index, stream, **kwargs)
     loop.collect_batch = collect
   elif kind != "none":
     raise SystemExit(f"unknown kill point {point!r}")
