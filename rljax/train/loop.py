@@ -300,8 +300,10 @@ def _steps(run: build.Run, guard: preemption.Guard, sampler: actors.Sampler,
     if cfg.rollout.max_staleness:
       # The learner's wall time per step includes only its wait for the batch, not the
       # sampler's time, which overlapped the previous updates.
+      # The data position after the batch: consecutive, each prompt once, also across a resume.
       metrics.update({"async/staleness": float(step - batch.version),
-                      "async/wait_sec": t1 - t0, "async/queued": float(sampler.queued())})
+                      "async/wait_sec": t1 - t0, "async/queued": float(sampler.queued()),
+                      "async/data_position": float(batch.data.get("position", -1))})
       metrics.update(sec_rollout=batch.sec_rollout, sec_update=t2 - t1, sec_step=t2 - t0,
                      tokens_per_sec=info["generated_tokens"] / max(t2 - t0, 1e-9))
     else:
