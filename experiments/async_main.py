@@ -6,7 +6,7 @@ the learner on the other (``mesh.sampler_devices=1``), synchronous against ``rol
     python -m rljax sweep experiments/async_main.py --root runs/async
   python benchmarks/async_rl.py main --root runs/async      # time to the sync run's accuracy
 
-300 of the main job's 600 steps (a study of nine runs fits an hour on the 2-core machine).
+150 of the main job's 600 steps, an eval every 25 (nine runs in about half an hour on the 2-core machine).
 """
 from rljax.sweep.study import Study, independent
 
@@ -21,7 +21,7 @@ def get_study():
                             ("async1", dict(SPLIT, **{"rollout.max_staleness": 1})),
                             ("async2", dict(SPLIT, **{"rollout.max_staleness": 2}))]),
       seeds=(0, 1, 2),
-      overrides={"train.steps": 300, "train.eval_every": 50},
+      overrides={"train.steps": 150, "train.eval_every": 25},
       metrics=("final_accuracy", "gain_accuracy", "auc_accuracy", "wall_time_s"),
       baseline="sync",
       description="Sampler and learner on disjoint CPU devices: does sampling ahead with "
