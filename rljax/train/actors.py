@@ -37,6 +37,7 @@ import dataclasses
 import queue
 import threading
 import time
+import weakref
 from typing import Any, Callable, Protocol
 
 import jax
@@ -200,6 +201,7 @@ class AsyncSampler:
     self._thread = threading.Thread(target=self._run, args=(start, steps), daemon=True,
                                     name="rljax-sampler")
     self._thread.start()
+    _LIVE.add(self)
 
   def _run(self, start: int, steps: int) -> None:
     try:
@@ -260,8 +262,10 @@ class AsyncSampler:
     with self._busy:
       yield
 
-  def close(self) -> None:
-    """Stop the thread after the batch it is sampling (its queue is dropped) and join it."""
+  def close(self, wait: bool = True) -> None:
+    """Stop the thread after the batch it is sampling (its queue is dropped); ``wait``: join it
+    (an exception on its way up does not wait: a preemption saves its checkpoint first, then
+    ``join_stopped``)."""
     with self._cond:
       self._stopped = True
       self._latest = (self._latest[0], None)
@@ -271,7 +275,19 @@ class AsyncSampler:
         self._queue.get_nowait()
       except queue.Empty:
         break
-    self._thread.join()
+    if wait:
+      self._thread.join()
+
+
+_LIVE: "weakref.WeakSet[AsyncSampler]" = weakref.WeakSet()
+
+
+def join_stopped(timeout_s: float) -> None:
+  """Wait (at most ``timeout_s`` in all) for closed samplers' threads to end their batch, so the
+  process does not exit while one is inside a compiled call or a verifier."""
+  deadline = time.monotonic() + timeout_s
+  for sampler in list(_LIVE):
+    sampler._thread.join(max(deadline - time.monotonic(), 0.0))
 
 
 def make_sampler(max_staleness: int, collect: Collect, source_state: Callable[[], dict],

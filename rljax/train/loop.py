@@ -175,13 +175,16 @@ def train(config) -> dict:
         run.generator = generation.with_env(run.generator, config)  # the rollout mode
       return _train(run, guard)
     except (preemption.Preempted, KeyboardInterrupt) as reason:
-      raise guard.stop(run, reason) from None
+      stop = guard.stop(run, reason)
+      actors.join_stopped(config.train.preempt_grace_s)  # the sampler thread's batch, if any
+      raise stop from None
     except BaseException:
       # Whatever stops the loop, checkpoints already started are completed, not left half-written.
       if run is not None and run.checkpointer is not None:
         run.checkpointer.close()
       if run is not None:
         run.writer.close()
+      actors.join_stopped(config.train.preempt_grace_s)
       raise
 
 
@@ -266,8 +269,10 @@ def _train(run: build.Run, guard: preemption.Guard) -> dict:
   learner = RunLearner(run)
   try:
     last = _steps(run, guard, sampler, learner, start, consumed, evaluate)
-  finally:
-    sampler.close()
+  except BaseException:
+    sampler.close(wait=False)  # train() saves (SIGTERM) first, then waits for the thread
+    raise
+  sampler.close()
   with guard.droppable():
     final = evaluate(run.state.params)
   run.writer.write(cfg.train.steps, eval_metrics(final))

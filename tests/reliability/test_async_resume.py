@@ -55,3 +55,22 @@ def test_kill_with_a_full_queue_then_resume_trains_each_prompt_once(tmp_path):
   assert [r["async/data_position"] for r in rows] == [PROMPTS * s for s in range(1, STEPS + 1)]
   assert all(0 <= r["async/staleness"] <= BOUND for r in rows)
   assert rows[2]["async/staleness"] == 0  # step 3 (the first after the resume): fresh weights
+
+
+@pytest.mark.slow
+def test_sigterm_of_an_asynchronous_run_saves_and_exits_cleanly(tmp_path):
+  """SIGTERM during an update while the sampler thread runs ahead: the step ends, its
+  checkpoint is saved with the learner's data position, the thread is stopped and the process
+  exits 0 with one line; the resumed run goes on from there."""
+  run_dir, cache = str(tmp_path / "run"), str(tmp_path / "jax_cache")
+  stopped = _launch("term:update:3", run_dir, cache)
+  assert stopped.returncode == 0, stopped.stderr[-3000:]
+  assert "Traceback" not in stopped.stderr, stopped.stderr[-3000:]
+  assert stopped.stderr.strip().splitlines()[-1].startswith("preempted (SIGTERM) at step 3: "
+                                                            "checkpoint saved")
+  assert _checkpointed_position(run_dir, 3) == 3 * PROMPTS
+  resumed = _launch("none", run_dir, cache, resume=True)
+  assert resumed.returncode == 0, resumed.stderr[-3000:]
+  rows = [r for r in metrics_lib.read_jsonl(os.path.join(run_dir, "metrics.jsonl"))
+          if "loss" in r]
+  assert [r["async/data_position"] for r in rows] == [PROMPTS * s for s in range(1, STEPS + 1)]
