@@ -79,8 +79,9 @@ class Sampler(Protocol):
     """A block during which no batch is being sampled (the eval shares the verifier workers
     and the environments, which serve one caller at a time)."""
 
-  def close(self) -> None:
-    """Stop sampling ahead and release what it holds (called on every exit)."""
+  def close(self, wait: bool = True) -> None:
+    """Stop sampling ahead and release what it holds (called on every exit); ``wait``: until
+    whatever it runs in the background has ended."""
 
 
 class Learner(Protocol):
@@ -162,7 +163,7 @@ class SyncSampler:
   def idle(self):
     return contextlib.nullcontext()
 
-  def close(self) -> None:
+  def close(self, wait: bool = True) -> None:
     self._params = None
 
 
