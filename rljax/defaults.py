@@ -109,6 +109,9 @@ KEYS = (
         "KV-cache budget per data shard, caps S too; 0 = no cap"),
     Key("rollout.dtype", None, optional(choice(*DTYPES)),
         "sampler weights + KV cache dtype; None = model.dtype"),
+    Key("rollout.max_staleness", 0, integer(0, 64),
+        "asynchronous RL (docs/async.md): the sampler may start step s's batch with weights of "
+        "learner step >= s - max_staleness, in a background thread; 0 = synchronous"),
     # --- reward (ALGORITHMS.md section 1) ------------------------------------------------------
     Key("reward.fn", "exact_match", registered("reward_fn"), "the verifier"),
     Key("reward.format_weight", 0.0, real(), "weight of the format term added to correctness"),
@@ -295,6 +298,12 @@ KEYS = (
         "expert-parallel axis: MoE expert weights split by expert; batch rows split over it too, "
         "other weights replicated"),
     Key("mesh.tensor", 1, MESH_AXIS, "tensor-parallel axis"),
+    Key("mesh.sampler_devices", 0, integer(0),
+        "devices of the sampler's own (data-parallel) mesh, the last ones; the weights are "
+        "copied to it after every update (docs/async.md); 0 = colocated on the learner's mesh"),
+    Key("mesh.learner_devices", 0, integer(0),
+        "with mesh.sampler_devices: devices of the learner's mesh (the first ones; the axes "
+        "above lay them out); 0 = all the sampler leaves"),
     # --- multi-process start-up (rljax.parallel.distributed) -----------------------------------
     Key("dist.mode", "auto", choice("auto", "off"),
         "auto: jax.distributed.initialize() when the environment names a cluster; off"),

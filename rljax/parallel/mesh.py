@@ -115,3 +115,53 @@ def describe(mesh) -> str:
     procs = len({d.process_index for d in devices.flat})
     return f"{text} ({n} devices, {procs} process{'es' if procs > 1 else ''})"
   return f"{text} ({n} devices)"
+
+
+# --- placement: the sampler on devices of its own ------------------------------------------------
+
+PLACEMENT = ("sampler_devices", "learner_devices")  # the mesh section's keys beside AXES
+
+
+def split_devices(mesh_cfg, devices: Sequence[jax.Device] | None = None
+                  ) -> tuple[list, list | None]:
+  """(learner devices, sampler devices or None when colocated) from ``mesh.sampler_devices`` and
+  ``mesh.learner_devices``. Disjoint device sets let the sampler decode while the learner
+  updates (asynchronous RL: AReaL arXiv 2505.24298, PipelineRL, verl's one-step-off-policy); the
+  learner takes the first devices, the sampler the last. Errors name the keys."""
+  devices = list(jax.devices() if devices is None else devices)
+  n_sampler, n_learner = (int(_read_placement(mesh_cfg, k)) for k in PLACEMENT)
+  if not n_sampler:
+    if n_learner:
+      raise ValueError(f"mesh.learner_devices={n_learner} needs mesh.sampler_devices > 0 (0 = "
+                       "the sampler shares the learner's devices, which are all of them)")
+    return devices, None
+  n_learner = n_learner or len(devices) - n_sampler
+  if n_learner < 1 or n_sampler + n_learner > len(devices):
+    raise ValueError(f"mesh.sampler_devices={n_sampler} + mesh.learner_devices="
+                     f"{_read_placement(mesh_cfg, 'learner_devices')} need more than the "
+                     f"{len(devices)} devices there are (each side needs at least one)")
+  return devices[:n_learner], devices[len(devices) - n_sampler:]
+
+
+def _read_placement(mesh_cfg, key):
+  """A placement key, 0 (colocated) where an older config has none."""
+  if isinstance(mesh_cfg, Mapping):
+    return mesh_cfg.get(key, 0)
+  return getattr(mesh_cfg, key, 0)
+
+
+def sampler_shape(num_devices: int) -> tuple[int, ...]:
+  """The sampler's own mesh: data parallel over its devices (each decodes its rows with a full
+  copy of the weights, as vLLM's data-parallel engines do); the learner's axes do not apply."""
+  return (num_devices,) + (1,) * (len(AXES) - 1)
+
+
+def make_meshes(mesh_cfg, devices: Sequence[jax.Device] | None = None) -> tuple[Mesh, Mesh]:
+  """(learner mesh, sampler mesh): the same mesh twice when colocated (the default)."""
+  learner, sampler = split_devices(mesh_cfg, devices)
+  learner_mesh = make_mesh(mesh_cfg, learner)
+  if sampler is None:
+    return learner_mesh, learner_mesh
+  shape = sampler_shape(len(sampler))
+  return learner_mesh, Mesh(np.asarray(sampler, dtype=object).reshape(shape), AXES,
+                            axis_types=(AxisType.Auto,) * len(AXES))

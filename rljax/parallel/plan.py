@@ -312,14 +312,73 @@ def plan(config, device: str | None = None, *, model: str | None = None,
   ``device``/``model``/``prompt_len`` default to ``plan.device``/``plan.model``/``plan.prompt_len``
   when the config has a ``plan`` section; ``optimizer`` to the run's own (``run_optimizer``); ``rules`` to
   the default rule table.
+
+  Where the sampler has devices of its own (``mesh.sampler_devices``, docs/async.md) both meshes
+  are planned: the learner's devices hold the resident state and the train phase, the sampler's
+  its weights (two copies when ``rollout.max_staleness > 0``: the newest published beside the
+  one it decodes with) and the rollout phase; ``p['sampler']`` holds the latter and ``fits``
+  needs both. An asynchronous colocated sampler adds its two weight copies to the resident state.
   """
+  kwargs = dict(model=model, prompt_len=prompt_len, optimizer=optimizer, rules=rules)
+  n_sampler = int(getattr(config.mesh, "sampler_devices", 0) or 0)
+  copies = 2 if getattr(config.rollout, "max_staleness", 0) else 0
+  if not n_sampler:
+    p = _plan(config, device, **kwargs)
+    if copies:
+      weights = copies * p["bytes"]["params"]
+      p["bytes"]["sampler_weights"] = weights
+      p["resident"] += weights
+      _set_peak(p)
+      p["assumptions"].append("rollout.max_staleness > 0, colocated: the sampler's weight copies "
+                              "(2 x params, the newest published and the one in use) are resident")
+    return p
+  total = _plan(config, device, count_only=True, **kwargs)
+  n_learner = int(getattr(config.mesh, "learner_devices", 0) or 0) or total - n_sampler
+  if n_learner < 1 or n_learner + n_sampler > total:
+    raise ConfigError(f"mesh.sampler_devices={n_sampler} + mesh.learner_devices={n_learner}: the "
+                      f"plan has {total} devices (each side needs at least one)")
+  p = _plan(config, device, count=n_learner, **kwargs)
+  sampler_config = config.copy_and_resolve_references()
+  with sampler_config.unlocked():
+    for axis, size in zip(mesh_lib.AXES, mesh_lib.sampler_shape(n_sampler)):
+      sampler_config.mesh[axis] = size
+  s = _plan(sampler_config, device, count=n_sampler, **kwargs)
+  weights = max(copies, 1) * s["bytes"]["params"]
+  sampler = dict(devices=n_sampler, mesh=s["mesh"], weights=weights, rollout=s["rollout"],
+                 kv_cache=s["bytes"]["kv_cache"], peak=weights + s["rollout"],
+                 usable=s["device"]["usable"])
+  sampler["fits"] = sampler["peak"] <= sampler["usable"]
+  p["sampler"] = sampler
+  p["device"]["count"] = total
+  # The rollout rows of the report are the sampler's devices'; the learner's peak has no rollout.
+  for key in ("kv_cache", "kv_cache_growth", "prefill", "rollout_gathered_weights"):
+    p["bytes"][key] = s["bytes"][key]
+  for key in ("rollout_rows_per_device", "kv_heads_per_device", "prompts_per_device"):
+    p["shapes"][key] = s["shapes"][key]
+  p["rollout"] = s["rollout"]
+  p["peak"] = p["resident"] + p["train"]
+  p["fits"] = p["peak"] <= p["device"]["usable"] and sampler["fits"]
+  p["warnings"] += [f"sampler: {w}" for w in s["warnings"] if w.startswith("rollout.")]
+  return p
+
+
+def _set_peak(p: dict) -> None:
+  p["peak"] = p["resident"] + max(p["rollout"], p["train"])
+  p["fits"] = p["peak"] <= p["device"]["usable"]
+
+
+def _plan(config, device: str | None = None, *, model: str | None = None,
+          prompt_len: int | None = None, optimizer=None, rules=None, count: int | None = None,
+          count_only: bool = False):
+  """``plan`` on one mesh of ``count`` devices (default: the device's); ``count_only``: just the
+  device count."""
   device = device or _plan_key(config, "device")
   if not device:
     raise ConfigError("no device to plan for: pass one (e.g. 'v5p-64', '8xh100-80g', 'cpu') or "
                      "set plan.device")
   dev = parse_device(device)
   name, cfg = model_config(config, model, dev["kind"])
-  count = dev["count"]
+  count = count or dev["count"]
   if count is None:
     sizes = [config.mesh[k] for k in mesh_lib.AXES]
     if -1 in sizes:
@@ -328,7 +387,9 @@ def plan(config, device: str | None = None, *, model: str | None = None,
                          "and the mesh has a -1 axis")
       count = jax.device_count()
     else:
-      count = math.prod(sizes)
+      count = math.prod(sizes) + int(getattr(config.mesh, "sampler_devices", 0) or 0)
+  if count_only:
+    return count
   shape = mesh_lib.mesh_shape(config.mesh, count)
   mesh = AbstractMesh(shape, mesh_lib.AXES)
   sizes = dict(zip(mesh_lib.AXES, shape))
@@ -560,6 +621,19 @@ def format_plan(p: dict) -> str:
       f"{dev['usable'] / GiB:.1f} GiB usable ({USABLE_FRACTION:.0%} of {dev['bytes'] / GiB:.1f})"
       f": {'FITS' if p['fits'] else 'DOES NOT FIT'}",
   ]
+  if "sampler" in p:
+    sp = p["sampler"]
+    lines[-1] = (f"learner devices ({dev['count'] - sp['devices']} of {dev['count']}): peak = "
+                 f"resident + train = {p['peak'] / GiB:.2f} GiB of {dev['usable'] / GiB:.1f} GiB "
+                 f"usable: {'FITS' if p['peak'] <= dev['usable'] else 'DOES NOT FIT'}")
+    lines += [f"sampler devices ({sp['devices']}, mesh.sampler_devices; data="
+              f"{sp['mesh']['data']}): weights {sp['weights'] / GiB:.2f} + rollout "
+              f"{sp['rollout'] / GiB:.2f} (kv cache {sp['kv_cache'] / GiB:.2f}) = "
+              f"{sp['peak'] / GiB:.2f} GiB: {'FITS' if sp['fits'] else 'DOES NOT FIT'}"]
+  elif "sampler_weights" in by:
+    lines.insert(lines.index("  = resident".ljust(56) + _gib(p["resident"])),
+                 "  sampler weight copies (rollout.max_staleness > 0)".ljust(56)
+                 + _gib(by["sampler_weights"]))
   others = [k for k in REMAT_CHOICES if k != m["remat"] and p["fits_by_remat"][k] != p["fits"]]
   if others:
     lines.append(f"  (with model.remat in {others} it would "

@@ -236,6 +236,9 @@ class Run:
   # {transform name: params} of the transforms' frozen models (the distillation teacher), never
   # trained or checkpointed; the last argument of ``fns.score`` when there is one.
   aux: Any = None
+  # The learner's mesh when the sampler has devices of its own (``mesh.sampler_devices``); None:
+  # colocated, the generator's mesh.
+  learner_mesh: Any = None
 
   @property
   def aux_args(self) -> tuple:
@@ -243,7 +246,8 @@ class Run:
 
   @property
   def mesh(self):
-    return self.generator.mesh
+    """The learner's mesh: the train state and the scored batches live on it."""
+    return self.generator.mesh if self.learner_mesh is None else self.learner_mesh
 
 
 def make_task_verifier(config, source, failure_log: str | None = None) -> Callable:
@@ -322,7 +326,8 @@ class Prepared:
   algo: Algorithm
   tokenizer: Any
   source: Any
-  mesh: Any
+  mesh: Any  # the learner's
+  sampler_mesh: Any = None  # the sampler's own (mesh.sampler_devices), or None: colocated
 
 
 def _startup(fn, *args):
@@ -362,12 +367,14 @@ def _named(key: str, value: str, path: str) -> ModelConfig:
     raise type(e)(f"{key}={value!r}: {e}") from None
 
 
-def _check_rows_split(config, mesh) -> None:
+def _check_rows_split(config, mesh, sampler: bool = False) -> None:
   divisor = rules.batch_divisor(mesh)
   if config.rollout.prompts_per_step % divisor:
+    width = (f"mesh.sampler_devices = {divisor}" if sampler else
+             f"mesh {' x '.join(rules.batch_axes())} = {divisor}")
     raise StartupError(f"rollout.prompts_per_step={config.rollout.prompts_per_step} must be a "
-                       f"multiple of the data-parallel width (mesh "
-                       f"{' x '.join(rules.batch_axes())} = {divisor})")
+                       f"multiple of the {'sampler' if sampler else 'data-parallel'} width "
+                       f"({width})")
 
 
 def prepare(config) -> Prepared:
@@ -386,9 +393,14 @@ def prepare(config) -> Prepared:
   algo = _startup(check_model_keys, config, algo, tokenizer)
   source = datasets.make_prompt_source(config.data)
   prompt_policy.apply_prompt_policy(source, config, tokenizer)  # before SFT and the model
-  mesh = _startup(mesh_lib.make_mesh, config.mesh)
+  mesh, sampler_mesh = _startup(mesh_lib.make_meshes, config.mesh)
   _check_rows_split(config, mesh)
-  return Prepared(algo=algo, tokenizer=tokenizer, source=source, mesh=mesh)
+  if sampler_mesh is mesh:
+    sampler_mesh = None
+  else:
+    _check_rows_split(config, sampler_mesh, sampler=True)
+  return Prepared(algo=algo, tokenizer=tokenizer, source=source, mesh=mesh,
+                  sampler_mesh=sampler_mesh)
 
 
 def build_run(config, prepared: Prepared | None = None) -> Run:
@@ -423,16 +435,21 @@ def build_run(config, prepared: Prepared | None = None) -> Run:
     with open(os.path.join(run_dir, "config.json"), "w") as f:
       f.write(config.to_json_best_effort(indent=2))
 
-  model = loaded_model(config, model_cfg, mesh)
+  model = loaded_model(config, model_cfg, prepared.sampler_mesh or mesh)
   generator = make_generator(config, model, tokenizer, source,
                              failure_log=os.path.join(run_dir, verifiers.FAILURE_LOG))
   return Run(config=config, algo=algo, generator=generator, source=source, fns=compiled,
              state=state, sampling=sampling_params(config, tokenizer), writer=writer,
-             checkpointer=checkpointer, aux=aux)
+             checkpointer=checkpointer, aux=aux,
+             learner_mesh=None if prepared.sampler_mesh is None else mesh)
 
 
-def checkpoint_extra(run) -> dict:
-  return {"data": run.source.state_dict(), "config": json.loads(run.config.to_json_best_effort())}
+def checkpoint_extra(run, data: dict | None = None) -> dict:
+  """What a checkpoint records beside the state: the data position (``data``: the position after
+  the last batch the learner consumed, where an asynchronous sampler has drawn further; default:
+  the prompt source's own) and the config."""
+  return {"data": run.source.state_dict() if data is None else data,
+          "config": json.loads(run.config.to_json_best_effort())}
 
 
 def finish(run) -> None:

@@ -8,27 +8,33 @@ it has not done.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import jax
 import numpy as np
 
 from rljax import models
+from rljax.models import transformer
 from rljax.parallel import distributed, rules
 from rljax.envs.checks import check_env_config
 from rljax.rollout.sampler import Rollout
-from rljax.train import build, compilation_cache, evaluation, filters, generation, preemption
+from rljax.train import actors, build, compilation_cache, evaluation, filters, generation
+from rljax.train import preemption
 from rljax.train import run_dir as run_dir_lib
 from rljax.train.metrics import summarize
 from rljax.transforms import HostRollout
 
 # --- rollout and rewards -------------------------------------------------------------------------
 
-def transform_rollout(run: build.Run, part: Rollout, problems, key) -> tuple[Rollout, dict]:
+def transform_rollout(run: build.Run, part: Rollout, problems, key,
+                      params=None) -> tuple[Rollout, dict]:
   """Every transform's host hook on a sampled round (ReMax's greedy baseline, pass@k's check):
-  the round with their extras, and their counts (summed over rounds)."""
+  the round with their extras, and their counts (summed over rounds). ``params``: the weights
+  that sampled the round (default: the train state's)."""
+  params = run.state.params if params is None else params
   sample = lambda problems, key, sampling, group_size: generation.generate(
-      run.generator, run.state.params, problems, key, sampling, group_size)[0]
+      run.generator, params, problems, key, sampling, group_size)[0]
   counts = {}
   for t in run.algo.transforms:
     if t.on_rollout is not None:
@@ -45,14 +51,17 @@ def check_step(run: build.Run, metrics: dict, step: int) -> None:
       t.check_step(metrics, step)
 
 
-def collect_batch(run: build.Run, step: int, stream: int = 0) -> tuple[Rollout, dict]:
+def collect_batch(run: build.Run, step: int, stream: int = 0,
+                  params=None) -> tuple[Rollout, dict]:
   """P groups of G completions; with dynamic sampling, only groups with a reward spread.
 
   DAPO (arXiv 2503.14476): oversample rounds of P prompts until P groups are kept or
   ``algo.max_gen_batches`` rounds ran; the excess is trimmed, a shortfall is padded with
-  zero-weight rows (and logged) so that the compiled step keeps its shapes.
+  zero-weight rows (and logged) so that the compiled step keeps its shapes. ``params``: the
+  sampler's weights (default: the train state's, on a colocated sampler).
   """
   cfg = run.config
+  params = run.state.params if params is None else params
   num_prompts, group_size = cfg.rollout.prompts_per_step, cfg.rollout.group_size
   # stream 0: RL steps; stream 1: value pretraining rollouts.
   base = jax.random.fold_in(jax.random.fold_in(jax.random.PRNGKey(cfg.seed), stream), step)
@@ -61,9 +70,9 @@ def collect_batch(run: build.Run, step: int, stream: int = 0) -> tuple[Rollout, 
   while rounds < max_rounds:
     problems = run.source.next_batch(num_prompts)
     key = jax.random.fold_in(base, rounds)
-    part, _, counts = generation.generate(run.generator, run.state.params, problems, key,
-                                          run.sampling, group_size)
-    part, transform_counts = transform_rollout(run, part, problems, key)
+    part, _, counts = generation.generate(run.generator, params, problems, key, run.sampling,
+                                          group_size)
+    part, transform_counts = transform_rollout(run, part, problems, key, params)
     verifier_counts.append({**counts, **transform_counts})
     rounds += 1
     seen_groups += num_prompts
@@ -133,12 +142,13 @@ def to_device(rollout: Rollout, mesh) -> Rollout:
 
 # --- the loop ------------------------------------------------------------------------------------
 
-def pretrain_critic(run: build.Run) -> None:
+def pretrain_critic(run: build.Run, params=None) -> None:
   """Value pretraining (VC-PPO arXiv 2503.01491, VAPO arXiv 2504.05118): ``critic.pretrain_steps``
-  critic-only updates on Monte-Carlo returns (lam = 1) of rollouts from the fixed initial policy."""
+  critic-only updates on Monte-Carlo returns (lam = 1) of rollouts from the fixed initial policy
+  (``params``: its weights where the sampler reads them; default: the train state's)."""
   cfg = run.config
   for i in range(cfg.critic.pretrain_steps):
-    batch, info = collect_batch(run, step=i, stream=1)
+    batch, info = collect_batch(run, step=i, stream=1, params=params)
     scored, _ = run.fns.score_mc(run.state, to_device(batch, run.mesh), run.algo.hparams,
                                  *run.aux_args)
     run.state, metrics = run.fns.critic_step(run.state, scored, run.algo.hparams)
@@ -165,13 +175,16 @@ def train(config) -> dict:
         run.generator = generation.with_env(run.generator, config)  # the rollout mode
       return _train(run, guard)
     except (preemption.Preempted, KeyboardInterrupt) as reason:
-      raise guard.stop(run, reason) from None
+      stop = guard.stop(run, reason)
+      actors.join_stopped(config.train.preempt_grace_s)  # the sampler thread's batch, if any
+      raise stop from None
     except BaseException:
       # Whatever stops the loop, checkpoints already started are completed, not left half-written.
       if run is not None and run.checkpointer is not None:
         run.checkpointer.close()
       if run is not None:
         run.writer.close()
+      actors.join_stopped(config.train.preempt_grace_s)
       raise
 
 
@@ -196,12 +209,43 @@ def _episodes(result: dict) -> str:
           f"{result['tool_errors']:.2f} tool errors per episode")
 
 
+@dataclasses.dataclass
+class RunLearner:
+  """The learner of ``rljax.train.actors``: scores a batch on the learner's mesh and runs the
+  train step on it, updating ``run.state``."""
+  run: build.Run
+
+  @property
+  def params(self):
+    return self.run.state.params
+
+  def learn(self, batch: actors.Batch) -> dict:
+    run = self.run
+    scored, score_metrics = run.fns.score(run.state, to_device(batch.rollout, run.mesh),
+                                          run.algo.hparams, *run.aux_args)
+    run.state, metrics = run.fns.train_step(run.state, scored, run.algo.hparams)
+    return summarize(distributed.to_host({**score_metrics, **metrics}))
+
+
+def weight_sync(run: build.Run) -> actors.WeightSync:
+  """How the learner's weights reach the sampler: copied to its own devices (``mesh.
+  sampler_devices``), copied on the same ones (an asynchronous colocated sampler), or read in
+  place (the synchronous colocated loop)."""
+  if run.generator.mesh is run.mesh:
+    return actors.WeightSync(copy=run.config.rollout.max_staleness > 0)
+  model = run.generator.model
+  return actors.WeightSync(rules.param_shardings(
+      model.mesh, transformer.logical_axes(model.cfg), transformer.param_shapes(model.cfg)))
+
+
 def _train(run: build.Run, guard: preemption.Guard) -> dict:
   cfg = run.config
   start = int(distributed.to_host(run.state.step))
   eval_problems = run.source.eval_set(cfg.data.num_eval)
-  evaluate = lambda params: evaluation.evaluate(run.generator, params, eval_problems,
-                                                sampling=run.sampling, seed=cfg.seed)
+  weights = weight_sync(run)
+  evaluate = lambda params: evaluation.evaluate(run.generator, weights.place(params),
+                                                eval_problems, sampling=run.sampling,
+                                                seed=cfg.seed)
   result: dict = {}
   run.writer.log(describe_model(run.generator.model.cfg))
   guard.at_step(start, None)  # checkpoint `start` exists, or start is 0: nothing to save
@@ -214,27 +258,68 @@ def _train(run: build.Run, guard: preemption.Guard) -> dict:
     result.update(_episode_metrics(initial, "eval_before_"))
     if run.fns.critic_step is not None and cfg.critic.pretrain_steps:
       with guard.droppable():  # the state at step 0 is never saved by a preemption
-        pretrain_critic(run)
+        pretrain_critic(run, weights.place(run.state.params))
+  staleness = cfg.rollout.max_staleness
+  # The data position of the state the learner holds: a checkpoint records this one, not the
+  # position the sampler has drawn up to (actors.py: what a resumed run replays).
+  consumed = run.source.state_dict()
+  sampler = actors.make_sampler(
+      staleness, lambda step, params: collect_batch(run, step, params=params),
+      run.source.state_dict, weights, run.state.params, start=start, steps=cfg.train.steps)
+  learner = RunLearner(run)
+  try:
+    last = _steps(run, guard, sampler, learner, start, consumed, evaluate)
+  except BaseException:
+    sampler.close(wait=False)  # train() saves (SIGTERM) first, then waits for the thread
+    raise
+  sampler.close()
+  with guard.droppable():
+    final = evaluate(run.state.params)
+  run.writer.write(cfg.train.steps, eval_metrics(final))
+  run.writer.log(f"eval after training: accuracy {final['pass@1']:.3f}{_episodes(final)}")
+  result.update(eval_after=final["pass@1"], last=last, state=run.state)
+  result.update(_episode_metrics(final, "eval_after_"))
+  build.finish(run)
+  return result
+
+
+def _steps(run: build.Run, guard: preemption.Guard, sampler: actors.Sampler,
+           learner: actors.Learner, start: int, consumed: dict, evaluate) -> dict:
+  """Steps ``start .. train.steps``: the sampler's batch, the learner's update, the new weights
+  back to the sampler; metrics, evals and checkpoints. Returns the last step's metrics."""
+  cfg = run.config
   last, skipped_in_a_row = {}, 0
   for step in range(start, cfg.train.steps):
     if step > start:
-      guard.at_step(step, build.checkpoint_extra(run))
+      guard.at_step(step, build.checkpoint_extra(run, consumed))
     t0 = time.perf_counter()
     with guard.droppable():  # the train state is untouched until the update
-      batch, info = collect_batch(run, step)
+      batch = sampler.next(step)
     t1 = time.perf_counter()
-    scored, score_metrics = run.fns.score(run.state, to_device(batch, run.mesh), run.algo.hparams,
-                                          *run.aux_args)
-    run.state, metrics = run.fns.train_step(run.state, scored, run.algo.hparams)
-    metrics = summarize(distributed.to_host({**score_metrics, **metrics}))
+    metrics = learner.learn(batch)
+    consumed = batch.data
+    sync_metrics = sampler.publish(learner.params, step + 1)
     t2 = time.perf_counter()
+    info = batch.info
     metrics.update(info)
-    metrics.update(sec_rollout=t1 - t0, sec_update=t2 - t1, sec_step=t2 - t0,
-                   tokens_per_sec=info["generated_tokens"] / max(t2 - t0, 1e-9),
-                   skipped_updates=float(distributed.to_host(run.state.skipped_updates)))
+    if cfg.rollout.max_staleness:
+      # The learner's wall time per step includes only its wait for the batch, not the
+      # sampler's time, which overlapped the previous updates.
+      # The data position after the batch: consecutive, each prompt once, also across a resume.
+      metrics.update({"async/staleness": float(step - batch.version),
+                      "async/wait_sec": t1 - t0, "async/queued": float(sampler.queued()),
+                      "async/data_position": float(batch.data.get("position", -1))})
+      metrics.update(sec_rollout=batch.sec_rollout, sec_update=t2 - t1, sec_step=t2 - t0,
+                     tokens_per_sec=info["generated_tokens"] / max(t2 - t0, 1e-9))
+    else:
+      metrics.update(sec_rollout=t1 - t0, sec_update=t2 - t1, sec_step=t2 - t0,
+                     tokens_per_sec=info["generated_tokens"] / max(t2 - t0, 1e-9))
+    metrics.update(sync_metrics)
+    metrics["skipped_updates"] = float(distributed.to_host(run.state.skipped_updates))
     done = step + 1
     if cfg.train.eval_every and done % cfg.train.eval_every == 0 and done < cfg.train.steps:
-      metrics.update(eval_metrics(evaluate(run.state.params)))
+      with sampler.idle():
+        metrics.update(eval_metrics(evaluate(run.state.params)))
     run.writer.write(done, metrics)
     last = metrics
     check_step(run, metrics, done)
@@ -245,14 +330,7 @@ def _train(run: build.Run, guard: preemption.Guard) -> dict:
           f"loss, gradient or parameters; train.max_skipped_steps={cfg.train.max_skipped_steps});"
           f" stopped at step {done}, the parameters are those of the last good update")
     if run.checkpointer and cfg.train.checkpoint_every and done % cfg.train.checkpoint_every == 0:
-      run.checkpointer.save(done, run.state, build.checkpoint_extra(run))
+      run.checkpointer.save(done, run.state, build.checkpoint_extra(run, consumed))
   if cfg.train.steps > start:
-    guard.at_step(cfg.train.steps, build.checkpoint_extra(run))
-  with guard.droppable():
-    final = evaluate(run.state.params)
-  run.writer.write(cfg.train.steps, eval_metrics(final))
-  run.writer.log(f"eval after training: accuracy {final['pass@1']:.3f}{_episodes(final)}")
-  result.update(eval_after=final["pass@1"], last=last, state=run.state)
-  result.update(_episode_metrics(final, "eval_after_"))
-  build.finish(run)
-  return result
+    guard.at_step(cfg.train.steps, build.checkpoint_extra(run, consumed))
+  return last

@@ -54,7 +54,8 @@ def test_mesh_shape_errors_name_the_key(cfg, n, match):
 
 def test_mesh_axes_are_the_mesh_config_keys():
   from rljax.defaults import KEYS
-  assert tuple(k.name[len("mesh."):] for k in KEYS if k.section == "mesh") == mesh_lib.AXES
+  assert (tuple(k.name[len("mesh."):] for k in KEYS if k.section == "mesh")
+          == mesh_lib.AXES + mesh_lib.PLACEMENT)
 
 
 def test_make_mesh_from_base_config():

@@ -207,3 +207,29 @@ def test_the_main_jobs_sft_cold_start_plans_as_its_tiny_architecture(capsys):
   with pytest.raises(SystemExit, match=r"^error: cannot plan for model 'nope'"):
     cli.entry(["plan", "--config", os.path.join(REPO, "configs", "main.py"), "--device", "cpu",
                "--config.model.source=nope"])
+
+
+def test_sampler_on_its_own_devices_plans_both_meshes():
+  """8 H100s as 4 learner (FSDP) + 4 sampler (data-parallel) devices, asynchronous: the learner's
+  devices hold the FSDP-4 state and no rollout; each sampler device holds two full bf16 copies of
+  the weights (the newest published and the one in use) and its share of the KV cache."""
+  c = load("qwen7b_8xh100")
+  with c.unlocked():
+    c.mesh.sampler_devices, c.rollout.max_staleness = 4, 1
+  p = plan_lib.plan(c)
+  assert p["mesh"] == {"data": 1, "fsdp": 4, "expert": 1, "tensor": 1}
+  assert p["bytes"]["params"] == fsdp_bytes(4)
+  assert p["peak"] == p["resident"] + p["train"]  # the rollout runs elsewhere
+  s = p["sampler"]
+  assert s["devices"] == 4 and s["mesh"]["data"] == 4
+  assert s["weights"] == 2 * QWEN7B * 2
+  assert s["kv_cache"] == kv_bytes(256 // 4, 1024 + 3072)
+  assert s["peak"] == s["weights"] + s["rollout"]
+  assert p["fits"] == (p["peak"] <= p["device"]["usable"] and s["fits"])
+  assert "sampler devices (4" in plan_lib.plan_main(c)
+  colocated = load("qwen7b_8xh100")
+  base = plan_lib.plan(colocated)
+  with colocated.unlocked():
+    colocated.rollout.max_staleness = 1
+  p = plan_lib.plan(colocated)  # two copies of the sharded weights beside the state
+  assert p["resident"] == base["resident"] + 2 * base["bytes"]["params"]

@@ -12,6 +12,9 @@ Before dying it writes ``KILLED <point>`` to stderr, so the test knows the point
   export      during the final Hugging Face export
   random:S    S seconds after start
   eval:K      at the K-th eval (the one before training is the 1st of a fresh run)
+  queue:K     after the K-th train_step of an asynchronous run, once the last checkpoint is
+              committed and the sampler has filled the queue as far as rollout.max_staleness
+              lets it
   pause:K     before step K's rollout (after waiting for pending saves): writes
               <run_dir>/PAUSED, waits for <run_dir>/GO, then goes on
   none        runs normally
@@ -103,6 +106,24 @@ def install(point: str, run_dir: str) -> None:
     nth_call(evaluation, "evaluate", int(arg), die_before, point)
   elif kind == "update":
     nth_call(loop, "summarize", int(arg), die_before, point)
+  elif kind == "queue":
+    from rljax.train import actors
+    samplers = []
+    real_init = actors.AsyncSampler.__init__
+
+    def init(self, *args, **kwargs):
+      samplers.append(self)
+      real_init(self, *args, **kwargs)
+    actors.AsyncSampler.__init__ = init
+
+    def die_when_full(original, args, kwargs):
+      result = original(*args, **kwargs)
+      args[0].run.checkpointer.wait()  # the last checkpoint committed: the queue is the subject
+      while samplers[-1].queued() < samplers[-1].max_staleness:
+        time.sleep(0.01)
+      die(point)
+      return result
+    nth_call(loop.RunLearner, "learn", int(arg), die_when_full, point)
   elif kind == "save":
     nth_call(checkpoint.Checkpointer, "save", int(arg), die_after, point)
   elif kind == "delete":
@@ -134,13 +155,13 @@ def install(point: str, run_dir: str) -> None:
     step = int(arg)
     real_collect = loop.collect_batch
 
-    def collect(run, step_index, stream=0):
+    def collect(run, step_index, stream=0, **kwargs):
       if step_index == step and stream == 0:
         run.checkpointer.wait()
         open(os.path.join(run_dir, "PAUSED"), "w").close()
         while not os.path.exists(os.path.join(run_dir, "GO")):
           time.sleep(0.05)
-      return real_collect(run, step_index, stream)
+      return real_collect(run, step_index, stream, **kwargs)
     loop.collect_batch = collect
   elif kind != "none":
     raise SystemExit(f"unknown kill point {point!r}")

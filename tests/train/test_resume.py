@@ -29,10 +29,10 @@ def test_kill_and_resume_matches_uninterrupted_run(tmp_path, monkeypatch):
   killed_dir = str(tmp_path / "killed")
   real_collect = loop.collect_batch
 
-  def collect_then_die(run, step, stream=0):
+  def collect_then_die(run, step, stream=0, **kwargs):
     if step == 2:  # after the step-2 checkpoint, during step 3
       raise Killed()
-    return real_collect(run, step, stream)
+    return real_collect(run, step, stream, **kwargs)
 
   monkeypatch.setattr(loop, "collect_batch", collect_then_die)
   with pytest.raises(Killed):

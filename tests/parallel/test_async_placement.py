@@ -1,0 +1,44 @@
+"""The sampler on a device of its own (``mesh.sampler_devices``, 1 + 1 simulated CPU devices):
+the weights really travel there every step, the synchronous loop computes what the colocated
+one computes on one device, to every digit, and the asynchronous loop runs on the split too."""
+import json
+
+import pytest
+
+from tests.parallel.conftest import run_script
+
+TIMING = ("sec_rollout", "sec_update", "sec_step", "tokens_per_sec")
+
+
+def _run(tmp_path, name, num_devices, *settings):
+  out = run_script("async_placement.py", str(tmp_path / name), *settings,
+                   num_devices=num_devices, timeout=300)
+  return json.loads(out.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_sampler_on_its_own_device(tmp_path):
+  colocated = _run(tmp_path, "colocated", 1)
+  split = _run(tmp_path, "split", 2, "mesh.sampler_devices=1")
+  split_async = _run(tmp_path, "split_async", 2, "mesh.sampler_devices=1",
+                     "rollout.max_staleness=1")
+  assert colocated["devices"] == {"sampler": [0], "learner": [0]}
+  for r in (split, split_async):
+    assert r["num_devices"] == 2
+    assert r["devices"] == {"sampler": [1], "learner": [0]}  # disjoint: the weights moved
+  param_bytes = None
+  for a, b in zip(colocated["rows"], split["rows"]):
+    assert a["step"] == b["step"]
+    moved = {k: b.pop(k) for k in list(b) if k.startswith("weights/")}
+    if "loss" in a:  # every update's weights are copied to the sampler, and timed
+      assert moved["weights/sync_sec"] > 0
+      param_bytes = param_bytes or moved["weights/sync_bytes"]
+      assert moved["weights/sync_bytes"] == param_bytes
+    for key in TIMING:
+      a.pop(key, None), b.pop(key, None)
+    assert a == b  # same numbers on another device
+  # The tiny model's float32 weights: the parameter count x 4 bytes, one copy on one device.
+  assert param_bytes == 4 * 11136
+  steps = [r for r in split_async["rows"] if "loss" in r]
+  assert len(steps) == 3 and all(r["async/staleness"] in (0.0, 1.0) for r in steps)
+  assert all(r["weights/sync_bytes"] == param_bytes for r in steps)
