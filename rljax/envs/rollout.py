@@ -61,6 +61,8 @@ class EnvSettings:
   workers: int = 4
   max_worker_memory_mb: int = 0
   worker_max_calls: int = 0
+  engine: str = "turn_sync"  # or 'continuous' (rljax.envs.continuous)
+  slots: int = 0  # the continuous engine's lanes; 0: every row
 
   @classmethod
   def from_config(cls, config) -> Optional["EnvSettings"]:
@@ -71,7 +73,7 @@ class EnvSettings:
     return cls(name=e.name, max_turns=e.max_turns, max_tokens=e.max_tokens,
                timeout_s=e.timeout_s, tool_format=e.tool_format, workers=r.workers,
                max_worker_memory_mb=r.max_worker_memory_mb,
-               worker_max_calls=r.worker_max_calls)
+               worker_max_calls=r.worker_max_calls, engine=e.engine, slots=e.slots)
 
   @property
   def runner(self) -> EnvRunner:
@@ -163,6 +165,108 @@ def _encode_observation(tokenizer, observation) -> List[int]:
   return list(observation) if not isinstance(observation, str) else tokenizer.encode(observation)
 
 
+def turn_sampling(sampling, tokenizer, settings: "EnvSettings"):
+  """A turn's ``SamplingParams``: ``sampling`` with the tool-call close marker's last id added to
+  the stop ids and the tokenizer's padding."""
+  return dataclasses.replace(sampling, pad_id=tokenizer.pad_id,
+                             stop_ids=stop_ids(tokenizer, sampling, settings.tool_format))
+
+
+def new_counts() -> dict:
+  return dict.fromkeys(("env/episodes", "env/turns", "env/tool_calls", "env/tool_errors",
+                        "env/timeouts", "env/errors", "env/max_turns", "env/max_tokens",
+                        "env/policy_tokens", "env/env_tokens"), 0.0)
+
+
+def start_episodes(problems: Sequence, group_size: int, *, tokenizer, settings: EnvSettings,
+                   runner: EnvRunner):
+  """Reset one environment per problem (in the workers) and give each of its ``group_size``
+  rows a copy: ``(first observations as ids [Pn], episodes [Pn * G])``. A failed reset ends its
+  rows at once (``end`` 'timeout' / 'error'), with the problem's prompt as their observation."""
+  eos = tokenizer.eos_id
+  resets = runner.reset([settings.new_env() for _ in problems], problems)
+  prompts, start_env, reset_error = [], [], []
+  for problem, outcome in zip(problems, resets):
+    ids, why = None, ""
+    if outcome.status == "ok":
+      try:
+        ids = (tokenizer.encode_prompt(outcome.value) if isinstance(outcome.value, str)
+               else list(outcome.value))
+        why = "" if ids else "reset returned an empty observation"
+      except Exception as e:  # e.g. a character the tokenizer lacks
+        why = f"first observation not encodable: {type(e).__name__}: {str(e)[:200]}"
+    else:
+      why = outcome.value or f"reset took over {settings.timeout_s} s"
+    if why:
+      ids = tokenizer.encode_prompt(problem.prompt) or [eos]
+      reset_error.append((outcome.status if outcome.status == "timeout" else "error", why))
+    else:
+      reset_error.append(None)
+    prompts.append(ids)
+    start_env.append(outcome.env)
+  episodes = []
+  for i in range(len(problems)):
+    for _ in range(group_size):
+      ep = Episode(problem=i, env=copy.deepcopy(start_env[i]) if reset_error[i] is None else None)
+      if reset_error[i] is not None:
+        ep.end, ep.error = reset_error[i]
+      episodes.append(ep)
+  return prompts, episodes
+
+
+def end_segment(ep: Episode, ids, slp, dlp, stopped: bool, *, tokenizer, budget: int,
+                close: str, counts: dict) -> str:
+  """Append one sampler segment (``ids``: at most ``rollout.max_new_tokens``, ``stopped`` when
+  its last id is a stop id) to its trajectory and say what follows: 'step' (the turn is
+  complete: its environment steps), 'continue' (a stop id that closed no marker: the same turn
+  goes on in a new segment) or 'ended' (the trajectory reached ``budget`` tokens)."""
+  n = len(ids)
+  room = budget - len(ep.ids)
+  cut = n > room
+  n = min(n, room)
+  ep.append(ids[:n], SOURCE_POLICY, slp[:n], dlp[:n])
+  counts["env/policy_tokens"] += n
+  if cut:
+    ep.end, ep.truncated = "max_tokens", True
+    return "ended"
+  turn_ids = ep.ids[ep.turn_start:]
+  if (stopped and turn_ids[-1] != tokenizer.eos_id
+      and not turn_text(tokenizer, turn_ids).endswith(close)):
+    if len(ep.ids) >= budget:
+      ep.end, ep.truncated = "max_tokens", True
+      return "ended"
+    return "continue"
+  return "step"
+
+
+def turn_action(ep: Episode, tokenizer) -> str:
+  """What the environment reads of the turn just completed."""
+  return turn_text(tokenizer, ep.ids[ep.turn_start:])
+
+
+def finish_episodes(episodes: Sequence[Episode], prompts: Sequence[Sequence[int]], *,
+                    tokenizer, group_size: int, prompt_bucket: int, budget: int,
+                    counts: dict) -> MultiTurnResult:
+  """The ``MultiTurnResult`` of finished episodes: the record and the batch's ``env/*`` sums."""
+  from rljax.rollout.engine import left_pad
+  counts["env/episodes"] = float(len(episodes))
+  for ep in episodes:
+    counts["env/turns"] += ep.turns
+    counts["env/tool_calls"] += ep.tool_calls
+    counts["env/tool_errors"] += ep.tool_errors
+    counts["env/timeouts"] += ep.end == "timeout"
+    counts["env/errors"] += ep.end == "error"
+    counts["env/max_turns"] += ep.end == "max_turns"
+    counts["env/max_tokens"] += ep.end == "max_tokens"
+    counts["env/env_tokens"] += ep.source.count(SOURCE_ENV)
+  prompt_tokens, prompt_mask = left_pad(prompts, prompt_bucket, tokenizer.pad_id)
+  g = group_size
+  rollout = build_record(episodes, np.repeat(prompt_tokens, g, 0), np.repeat(prompt_mask, g, 0),
+                         budget, tokenizer.pad_id)
+  transcripts = [tokenizer.decode(ep.ids) for ep in episodes]
+  return MultiTurnResult(rollout, episodes, transcripts, counts)
+
+
 def run_episodes(problems: Sequence, key, *, generate: GenerateFn, tokenizer, settings: EnvSettings,
                  sampling, group_size: int, prompt_bucket: int, row_multiple: int = 1,
                  runner: Optional[EnvRunner] = None) -> MultiTurnResult:
@@ -185,44 +289,15 @@ def run_episodes(problems: Sequence, key, *, generate: GenerateFn, tokenizer, se
   from rljax.rollout.engine import left_pad
   runner = runner or settings.runner
   pad = tokenizer.pad_id
-  n_problems, g = len(problems), int(group_size)
-  b, budget = n_problems * g, int(settings.max_tokens)
-  sp = dataclasses.replace(sampling, stop_ids=stop_ids(tokenizer, sampling, settings.tool_format),
-                           pad_id=pad)
-  eos = tokenizer.eos_id
+  g = int(group_size)
+  b, budget = len(problems) * g, int(settings.max_tokens)
+  sp = turn_sampling(sampling, tokenizer, settings)
   close = tools_lib.close_marker(settings.tool_format)
-  counts = dict.fromkeys(("env/episodes", "env/turns", "env/tool_calls", "env/tool_errors",
-                          "env/timeouts", "env/errors", "env/max_turns", "env/max_tokens",
-                          "env/policy_tokens", "env/env_tokens"), 0.0)
+  counts = new_counts()
 
   # 1. Reset (one environment per problem; its G rows get copies of it).
-  resets = runner.reset([settings.new_env() for _ in problems], problems)
-  prompts, start_env, reset_error = [], [], []
-  for problem, outcome in zip(problems, resets):
-    ids, why = None, ""
-    if outcome.status == "ok":
-      try:
-        ids = (tokenizer.encode_prompt(outcome.value) if isinstance(outcome.value, str)
-               else list(outcome.value))
-        why = "" if ids else "reset returned an empty observation"
-      except Exception as e:  # e.g. a character the tokenizer lacks
-        why = f"first observation not encodable: {type(e).__name__}: {str(e)[:200]}"
-    else:
-      why = outcome.value or f"reset took over {settings.timeout_s} s"
-    if why:
-      ids = tokenizer.encode_prompt(problem.prompt) or [eos]
-      reset_error.append((outcome.status if outcome.status == "timeout" else "error", why))
-    else:
-      reset_error.append(None)
-    prompts.append(ids)
-    start_env.append(outcome.env)
-  episodes = []
-  for i in range(n_problems):
-    for _ in range(g):
-      ep = Episode(problem=i, env=copy.deepcopy(start_env[i]) if reset_error[i] is None else None)
-      if reset_error[i] is not None:
-        ep.end, ep.error = reset_error[i]
-      episodes.append(ep)
+  prompts, episodes = start_episodes(problems, g, tokenizer=tokenizer, settings=settings,
+                                     runner=runner)
   prompt_tokens, prompt_mask = left_pad(prompts, prompt_bucket, pad)
 
   # 2-4. Turns.
@@ -252,44 +327,22 @@ def run_episodes(problems: Sequence, key, *, generate: GenerateFn, tokenizer, se
       if not ep.running:
         continue
       n = int(out_len[j])
-      room = budget - len(ep.ids)
-      cut = n > room
-      n = min(n, room)
-      ep.append(out_tokens[j, :n], SOURCE_POLICY, out_slp[j, :n], out_dlp[j, :n])
-      counts["env/policy_tokens"] += n
-      if cut:
-        ep.end, ep.truncated = "max_tokens", True
-        continue
-      turn_ids = ep.ids[ep.turn_start:]
-      stopped = not bool(out_trunc[j])
-      if stopped and turn_ids[-1] != eos and not turn_text(tokenizer, turn_ids).endswith(close):
-        if len(ep.ids) >= budget:  # a stop id that closed nothing: the same turn goes on
-          ep.end, ep.truncated = "max_tokens", True
-        continue
-      stepping.append(r)
+      what = end_segment(ep, out_tokens[j, :n], out_slp[j, :n], out_dlp[j, :n],
+                         not bool(out_trunc[j]), tokenizer=tokenizer, budget=budget,
+                         close=close, counts=counts)
+      if what == "step":
+        stepping.append(r)
 
-    actions = [turn_text(tokenizer, episodes[r].ids[episodes[r].turn_start:]) for r in stepping]
+    actions = [turn_action(episodes[r], tokenizer) for r in stepping]
     outcomes = runner.step([episodes[r].env for r in stepping], actions)
     for r, outcome in zip(stepping, outcomes):
-      _apply_step(episodes[r], outcome, tokenizer, settings, budget, counts)
+      apply_step(episodes[r], outcome, tokenizer, settings, budget, counts)
 
-  counts["env/episodes"] = float(b)
-  for ep in episodes:
-    counts["env/turns"] += ep.turns
-    counts["env/tool_calls"] += ep.tool_calls
-    counts["env/tool_errors"] += ep.tool_errors
-    counts["env/timeouts"] += ep.end == "timeout"
-    counts["env/errors"] += ep.end == "error"
-    counts["env/max_turns"] += ep.end == "max_turns"
-    counts["env/max_tokens"] += ep.end == "max_tokens"
-    counts["env/env_tokens"] += ep.source.count(SOURCE_ENV)
-  rollout = build_record(episodes, np.repeat(prompt_tokens, g, 0), np.repeat(prompt_mask, g, 0),
-                         budget, pad)
-  transcripts = [tokenizer.decode(ep.ids) for ep in episodes]
-  return MultiTurnResult(rollout, episodes, transcripts, counts)
+  return finish_episodes(episodes, prompts, tokenizer=tokenizer, group_size=g,
+                         prompt_bucket=prompt_bucket, budget=budget, counts=counts)
 
 
-def _apply_step(ep: Episode, outcome: EnvOutcome, tokenizer, settings: EnvSettings, budget: int,
+def apply_step(ep: Episode, outcome: EnvOutcome, tokenizer, settings: EnvSettings, budget: int,
                 counts: dict) -> None:
   """One environment step's result on its trajectory."""
   if outcome.status != "ok":
