@@ -18,11 +18,14 @@ def check_env_config(config) -> None:
     return
   e = config.env
   if e.name is None:
-    for leaf in ("max_turns", "max_tokens", "timeout_s", "tool_format"):
+    for leaf in ("max_turns", "max_tokens", "timeout_s", "tool_format", "engine", "slots"):
       if _differs(f"env.{leaf}", e[leaf]):
         raise UnusedKeyError(f"env.{leaf}={e[leaf]!r} is not used: rollouts are single-turn "
                              "(env.name=None); set env.name to an environment or drop the key")
     return
+  if e.engine != "continuous" and _differs("env.slots", e.slots):
+    raise UnusedKeyError(f"env.slots={e.slots!r} is not used: only env.engine='continuous' "
+                         f"decodes in lanes (env.engine={e.engine!r})")
   for leaf in VERIFIER_ONLY_KEYS:
     if _differs(f"reward.{leaf}", config.reward[leaf]):
       raise UnusedKeyError(

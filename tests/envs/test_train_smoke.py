@@ -60,6 +60,15 @@ def test_env_key_checks():
                                      [("env.max_turns", "3")])
   with pytest.raises(ConfigError, match=r"env.max_turns=3 is not used: rollouts are single-turn"):
     check_env_config(single)
+  with pytest.raises(ConfigError, match=r"env.slots=8 is not used: only env.engine='continuous'"):
+    check_env_config(_config(**{"env.slots": 8}))
+  check_env_config(_config(**{"env.slots": 8, "env.engine": "continuous"}))
+  single = config_loader.load_config(os.path.join(tiny.ROOT, "configs", "grpo.py"),
+                                     [("env.engine", "continuous")])
+  with pytest.raises(ConfigError, match=r"env.engine='continuous' is not used"):
+    check_env_config(single)
   from rljax import config_checks
+  with pytest.raises(ConfigError, match=r"env.engine.*turn_sync.*continuous"):
+    config_checks.check_config(_config(**{"env.engine": "async"}))
   with pytest.raises(ConfigError, match="registered environment: .*guess.*tool_calc"):
     config_checks.check_config(_config(**{"env.name": "gues"}))
