@@ -16,7 +16,8 @@ The loop, on the host:
    ``slots``; one ``prefill_rows`` call feeds their new ids and draws their first token.
 2. *Decode*: one ``decode_lanes`` call runs the lanes for up to ``DECODE_STEPS`` steps; it
    returns early once as many lanes ended their segment as there are rows waiting to enter (at
-   most ``refill_rows``). The lanes narrow to ``S/2, S/4, S/8`` when few rows are left to decode.
+   most ``refill_rows``). The lanes narrow to ``S/4`` when few rows are left to decode, and a
+   call reads the rows' caches only up to the deepest index it can reach (``span``).
 3. *Step*: a row whose segment ended goes through the same bookkeeping as in the
    turn-synchronous driver (``end_segment``, ``apply_step``): its environment steps, or its turn
    continues, or its episode ends. Finished steps are collected without waiting while anything
@@ -54,6 +55,9 @@ from rljax.rollout import decode, sampler, turns
 # tokens; fewer let ended rows hand their lanes over sooner when no row is waiting to enter.
 DECODE_STEPS = 16
 CHUNK_BUCKET = 16  # prefill chunks are left-padded to a multiple of this (few compilations)
+# A call reads its rows' cache up to the deepest index its tokens reach, rounded up to a multiple
+# of this (a compilation per multiple; ``rljax.rollout.turns._gather``).
+SPAN_BUCKET = 64
 POLL_S = 0.05  # longest wait for a step's answer while nothing decodes (then look again)
 
 
@@ -86,17 +90,18 @@ class _Lane:
   dlp: List[float] = dataclasses.field(default_factory=list)
 
 
-def _pow2_at_least(n: int, most: int) -> int:
-  size = 1
-  while size < n:
-    size *= 2
-  return min(size, most)
-
-
 def lane_width(active: int, slots: int) -> int:
-  """Lanes of a decode call: the narrowest of ``S, S/2, S/4, S/8`` that holds ``active``."""
-  widths = continuous_lib.drain_widths(slots)
-  return min((w for w in widths if w >= active), default=widths[0])
+  """Rows of a call: ``S / 4`` when that holds ``active``, else ``S``. Two widths only: each is
+  compiled for every span (``SPAN_BUCKET``), and the finer ``S/2, S/8`` steps bought less
+  utilisation than their compilations cost in a short run (benchmarks/multiturn.py)."""
+  narrow = max(1, slots // 4)
+  return narrow if active <= narrow else slots
+
+
+def span(deepest: int, length: int) -> int:
+  """Cache indices a call reads: ``deepest`` (exclusive) rounded up to ``SPAN_BUCKET``, at most
+  the store's ``length``."""
+  return min(length, -(-deepest // SPAN_BUCKET) * SPAN_BUCKET)
 
 
 def run_episodes_continuous(problems: Sequence, key, *, cfg: ModelConfig, params: Any,
@@ -131,7 +136,9 @@ def run_episodes_continuous(problems: Sequence, key, *, cfg: ModelConfig, params
   # The store: a row per episode, long enough for the widest prompt bucket and the budget.
   width = -(-max(len(p) for p in prompts) // prompt_bucket) * prompt_bucket
   cfg = sampler.sampler_config(cfg, dtype)
-  length = width + budget
+  # One index to spare: a decode lane with nothing to write writes at its span's last index,
+  # which must lie past every index the lane holds (``decode_call``).
+  length = width + budget + 1
   cfg, weights = decode.inference_weights(cfg, params, length)
   store = turns.init_store(cfg, b, length)
 
@@ -158,7 +165,7 @@ def run_episodes_continuous(problems: Sequence, key, *, cfg: ModelConfig, params
     if not take:
       return
     chunks = [seq(r)[cached[r]:] for r in take]
-    rows = _pow2_at_least(len(take), s_max)
+    rows = lane_width(len(take), s_max)
     w = -(-max(len(c) for c in chunks) // CHUNK_BUCKET) * CHUNK_BUCKET
     tokens = np.full((rows, w), tokenizer.pad_id, np.int32)
     mask = np.zeros((rows, w), np.int32)
@@ -167,7 +174,8 @@ def run_episodes_continuous(problems: Sequence, key, *, cfg: ModelConfig, params
     pad_rows = lambda v, fill: np.asarray(list(v) + [fill] * (rows - len(take)), np.int32)
     store, tok, lp, dlp = turns.prefill_rows(
         weights, store, pad_rows(take, b), tokens, mask, pad_rows((cached[r] for r in take), 0),
-        key, pad_rows((segment[r] for r in take), 0), pad_rows(take, 0), cfg=cfg, sp=sp)
+        key, pad_rows((segment[r] for r in take), 0), pad_rows(take, 0), cfg=cfg, sp=sp,
+        span=length)  # one prefill forward is cheap next to its compilations per span
     tok, lp, dlp = (np.asarray(x) for x in (tok, lp, dlp))
     stats.prefill_calls += 1
     stats.computed += rows
@@ -192,7 +200,9 @@ def run_episodes_continuous(problems: Sequence, key, *, cfg: ModelConfig, params
         weights, store, fill(lambda l: l.row, b), fill(lambda l: l.ids[-1], 0),
         fill(lambda l: cached[l.row], 0), fill(lambda l: l.cap - len(l.ids), 0),
         fill(lambda l: len(l.ids), 0), key, fill(lambda l: segment[l.row], 0),
-        fill(lambda l: l.row, 0), np.int32(want), cfg=cfg, sp=sp, steps=DECODE_STEPS)
+        fill(lambda l: l.row, 0), np.int32(want), cfg=cfg, sp=sp, steps=DECODE_STEPS,
+        span=span(1 + max(cached[l.row] + min(DECODE_STEPS, l.cap - len(l.ids))
+                          for l in lanes), length))
     out_tok, out_lp, out_dlp, count, running = (
         np.asarray(x) for x in (out_tok, out_lp, out_dlp, count, running))
     steps = int(steps)

@@ -47,10 +47,19 @@ def chunk_attend(write_at, query_at):
   row's whole trajectory, earlier turns included."""
   def attend(q, k, v, layer_cache, window):
     ck, cv = layer_cache  # [R, G, L, Dh]
-    rows = jnp.arange(ck.shape[0])[:, None]
-    # [R, S] advanced indices around a slice: the updated view is [R, S, G, Dh], k's layout.
-    ck = ck.at[rows, :, write_at].set(k.astype(ck.dtype), mode="drop")
-    cv = cv.at[rows, :, write_at].set(v.astype(cv.dtype), mode="drop")
+    if write_at.shape[1] == 1:
+      # One token per row (decode): a per-row dynamic_update_slice, measured 1.5x faster on CPU
+      # than the scatter. A lane with nothing to write (index L) writes at L - 1 instead: never
+      # read before it is written again (``decode_lanes``).
+      at = jnp.minimum(write_at[:, 0], ck.shape[2] - 1)
+      put = lambda c, u, i: jax.lax.dynamic_update_slice(c, u, (0, i, 0))
+      ck = jax.vmap(put)(ck, k.transpose(0, 2, 1, 3).astype(ck.dtype), at)
+      cv = jax.vmap(put)(cv, v.transpose(0, 2, 1, 3).astype(cv.dtype), at)
+    else:
+      rows = jnp.arange(ck.shape[0])[:, None]
+      # [R, S] advanced indices around a slice: the updated view is [R, S, G, Dh], k's layout.
+      ck = ck.at[rows, :, write_at].set(k.astype(ck.dtype), mode="drop")
+      cv = cv.at[rows, :, write_at].set(v.astype(cv.dtype), mode="drop")
     q_at = query_at[:, query_at.shape[1] - q.shape[1]:]  # the last Sq (``last_only``)
     k_at = jnp.arange(ck.shape[2])
     ok = k_at[None, None, :] <= q_at[:, :, None]
@@ -66,14 +75,18 @@ def _draw_keys(key, segment, t):
   return noise.key_data(keys) if noise.is_threefry(key) else keys
 
 
-def _gather(store, idx):
+def _gather(store, idx, span: int):
+  """The first ``span`` cache indices of store rows ``idx`` (``M``: any row, never written back):
+  a call reads only the part of the rows that its tokens can reach, since attention over all
+  ``L`` indices at every step was most of a decode step's time on CPU."""
   m = store[0][0].shape[0]
-  return jax.tree.map(lambda x: x[jnp.minimum(idx, m - 1)], store)
+  return jax.tree.map(lambda x: x[jnp.minimum(idx, m - 1), :, :span], store)
 
 
 def _scatter(store, idx, rows):
   """``rows`` back into ``store`` at ``idx``; an index ``M`` (a padding row) writes nothing."""
-  return jax.tree.map(lambda s, r: s.at[idx].set(r, mode="drop"), store, rows)
+  span = rows[0][0].shape[2]
+  return jax.tree.map(lambda s, r: s.at[idx, :, :span].set(r, mode="drop"), store, rows)
 
 
 def _head(cfg, weights, hidden):
@@ -81,22 +94,23 @@ def _head(cfg, weights, hidden):
                                           preferred_element_type=jnp.float32))
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "sp"), donate_argnums=(1,))
+@functools.partial(jax.jit, static_argnames=("cfg", "sp", "span"), donate_argnums=(1,))
 def prefill_rows(weights, store, idx, tokens, mask, start, key, segment, noise_rows, *,
-                 cfg: ModelConfig, sp: SamplingParams):
+                 cfg: ModelConfig, sp: SamplingParams, span: int):
   """Feed left-padded chunks into store rows and draw each row's next token.
 
   idx: [R] store rows (``M``: a padding row, writes nothing). tokens, mask: [R, W] new ids,
   left-padded (each real row ends with a real token). start: [R] the cache index of each chunk's
   first id (the tokens its row holds). segment: [R] the segment the drawn token starts (its key);
-  noise_rows: [R] the rows' batch indices. Returns ``(store, token, sampler_logp, draw_logp)``,
-  [R] each: token 0 of the segment.
+  noise_rows: [R] the rows' batch indices. span: the cache indices the call reads and writes
+  (static; every chunk ends below it). Returns ``(store, token, sampler_logp, draw_logp)``, [R]
+  each: token 0 of the segment.
   """
-  length = store[0][0].shape[2]
+  length = span
   w = tokens.shape[1]
   real = mask > 0
   at = start[:, None] + jnp.arange(w)[None, :] - (w - jnp.sum(real, 1))[:, None]
-  rows = _gather(store, idx)
+  rows = _gather(store, idx, span)
   hidden, rows, _ = decode.step(cfg, weights, tokens.astype(jnp.int32), jnp.where(real, at, 0),
                                 rows, None, None,
                                 attend=chunk_attend(jnp.where(real, at, length),
@@ -107,20 +121,22 @@ def prefill_rows(weights, store, idx, tokens, mask, start, key, segment, noise_r
   return _scatter(store, idx, rows), tok, lp, dlp
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "sp", "steps"), donate_argnums=(1,))
+@functools.partial(jax.jit, static_argnames=("cfg", "sp", "steps", "span"),
+                   donate_argnums=(1,))
 def decode_lanes(weights, store, idx, tok, start, budget, drawn, key, segment, noise_rows, want,
-                 *, cfg: ModelConfig, sp: SamplingParams, steps: int):
+                 *, cfg: ModelConfig, sp: SamplingParams, steps: int, span: int):
   """Decode ``W`` lanes, one token per lane and step, for at most ``steps`` steps.
 
   idx: [W] store rows (``M``: an idle lane). tok: [W] each lane's last drawn token, not yet in
   the cache; start: [W] its cache index (the tokens the row holds). budget: [W] tokens the lane
   may still draw in its segment (0: idle). drawn: [W] tokens drawn in the segment so far (the
   key index of the next one). want: the loop returns once this many lanes ended their segment.
-  Returns ``(store, tokens, sampler_logp, draw_logp [W, steps], count [W], running [W],
+  span: the cache indices the call reads and writes (static; above ``start + min(steps,
+  budget)`` of every lane: a lane that ended writes at ``span - 1``, past all it holds). Returns ``(store, tokens, sampler_logp, draw_logp [W, steps], count [W], running [W],
   steps_run)``: lane ``i`` drew ``tokens[i, :count[i]]``; ``running`` lanes neither stopped nor
   spent their budget (the host continues them).
   """
-  length = store[0][0].shape[2]
+  length = span
   stop_ids = tuple(sp.stop_ids or ())
   stop_arr = jnp.asarray(stop_ids or (-1,), jnp.int32)
   pad = jnp.int32(sp.pad_id)
@@ -151,6 +167,6 @@ def decode_lanes(weights, store, idx, tok, start, budget, drawn, key, segment, n
   out = (jnp.full((w, steps), pad, jnp.int32), jnp.zeros((w, steps), jnp.float32),
          jnp.zeros((w, steps), jnp.float32))
   i, rows, _, count, live, out = jax.lax.while_loop(
-      cond, body, (jnp.int32(0), _gather(store, idx), tok.astype(jnp.int32),
+      cond, body, (jnp.int32(0), _gather(store, idx, span), tok.astype(jnp.int32),
                    jnp.zeros((w,), jnp.int32), live0, out))
   return _scatter(store, idx, rows), out[0], out[1], out[2], count, live, i
