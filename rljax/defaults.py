@@ -147,6 +147,10 @@ KEYS = (
         "waits for its slowest row and tool) | continuous: a row whose turn ends steps its "
         "environment while the others decode, and re-enters with its KV cache kept "
         "(rljax/envs/continuous.py)"),
+    Key("env.turn_discount", 1.0, FRACTION,
+        "token-level estimators (gae, reinforce_pp, remax): < 1 puts each turn's reward at its "
+        "last policy token, discounted per turn (a token of turn k sees sum_j>=k d^(j-k) r_j); "
+        "1 = the episode's summed reward on its last token"),
     Key("env.slots", 0, integer(0, 2**31 - 1),
         "continuous engine: rows decoding at once (lanes); 0 = every row of the batch (lanes "
         "narrow to S/2, S/4, S/8 while rows wait for their environments)"),

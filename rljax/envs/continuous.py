@@ -244,4 +244,5 @@ def run_episodes_continuous(problems: Sequence, key, *, cfg: ModelConfig, params
 
   stats.wall_s += time.monotonic() - t_start
   return finish_episodes(episodes, prompts, tokenizer=tokenizer, group_size=g,
-                         prompt_bucket=prompt_bucket, budget=budget, counts=counts)
+                         prompt_bucket=prompt_bucket, budget=budget, counts=counts,
+                         turn_discount=settings.turn_discount)

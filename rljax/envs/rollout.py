@@ -63,6 +63,7 @@ class EnvSettings:
   worker_max_calls: int = 0
   engine: str = "turn_sync"  # or 'continuous' (rljax.envs.continuous)
   slots: int = 0  # the continuous engine's lanes; 0: every row
+  turn_discount: float = 1.0  # < 1: per-turn token rewards, discounted across turns
 
   @classmethod
   def from_config(cls, config) -> Optional["EnvSettings"]:
@@ -73,7 +74,8 @@ class EnvSettings:
     return cls(name=e.name, max_turns=e.max_turns, max_tokens=e.max_tokens,
                timeout_s=e.timeout_s, tool_format=e.tool_format, workers=r.workers,
                max_worker_memory_mb=r.max_worker_memory_mb,
-               worker_max_calls=r.worker_max_calls, engine=e.engine, slots=e.slots)
+               worker_max_calls=r.worker_max_calls, engine=e.engine, slots=e.slots,
+               turn_discount=e.turn_discount)
 
   @property
   def runner(self) -> EnvRunner:
@@ -101,6 +103,7 @@ class Episode:
   turn_start: int = 0  # where the turn being generated began (in ``ids``)
   turns: int = 0
   turn_rewards: List[float] = dataclasses.field(default_factory=list)
+  turn_ends: List[int] = dataclasses.field(default_factory=list)  # each rewarded turn's last id
   tool_calls: int = 0
   tool_errors: int = 0
   correct: bool = False
@@ -246,7 +249,7 @@ def turn_action(ep: Episode, tokenizer) -> str:
 
 def finish_episodes(episodes: Sequence[Episode], prompts: Sequence[Sequence[int]], *,
                     tokenizer, group_size: int, prompt_bucket: int, budget: int,
-                    counts: dict) -> MultiTurnResult:
+                    counts: dict, turn_discount: float = 1.0) -> MultiTurnResult:
   """The ``MultiTurnResult`` of finished episodes: the record and the batch's ``env/*`` sums."""
   from rljax.rollout.engine import left_pad
   counts["env/episodes"] = float(len(episodes))
@@ -262,7 +265,7 @@ def finish_episodes(episodes: Sequence[Episode], prompts: Sequence[Sequence[int]
   prompt_tokens, prompt_mask = left_pad(prompts, prompt_bucket, tokenizer.pad_id)
   g = group_size
   rollout = build_record(episodes, np.repeat(prompt_tokens, g, 0), np.repeat(prompt_mask, g, 0),
-                         budget, tokenizer.pad_id)
+                         budget, tokenizer.pad_id, turn_discount=turn_discount)
   transcripts = [tokenizer.decode(ep.ids) for ep in episodes]
   return MultiTurnResult(rollout, episodes, transcripts, counts)
 
@@ -339,7 +342,8 @@ def run_episodes(problems: Sequence, key, *, generate: GenerateFn, tokenizer, se
       apply_step(episodes[r], outcome, tokenizer, settings, budget, counts)
 
   return finish_episodes(episodes, prompts, tokenizer=tokenizer, group_size=g,
-                         prompt_bucket=prompt_bucket, budget=budget, counts=counts)
+                         prompt_bucket=prompt_bucket, budget=budget, counts=counts,
+                         turn_discount=settings.turn_discount)
 
 
 def apply_step(ep: Episode, outcome: EnvOutcome, tokenizer, settings: EnvSettings, budget: int,
@@ -354,6 +358,7 @@ def apply_step(ep: Episode, outcome: EnvOutcome, tokenizer, settings: EnvSetting
   ep.env = outcome.env
   ep.turns += 1
   ep.turn_rewards.append(float(reward))
+  ep.turn_ends.append(len(ep.ids) - 1)
   ep.infos.append(info)
   ep.tool_calls += _count(info.get("tool_calls"))
   ep.tool_errors += _count(info.get("tool_errors"))
@@ -383,9 +388,31 @@ def _count(value) -> int:
     return 0
 
 
+def turn_token_rewards(turn_rewards: Sequence[float], turn_ends: Sequence[int], gamma: float,
+                       t: int) -> np.ndarray:
+  """Per-token rewards [T] of one trajectory whose returns are discounted across turns.
+
+  With ``R_k = r_k + gamma R_{k+1}`` the turn-discounted return from turn ``k`` (``r_k`` its
+  reward, ``R`` after the last turn 0), ``x_k = R_k - R_{k+1}`` is placed at turn ``k``'s last
+  policy token (``turn_ends[k]``). The returns-to-go of a token estimator (REINFORCE++, GAE
+  with ``algo.gamma = 1``) then telescope: every token of turn ``k`` sees ``sum_{j >= k} x_j =
+  R_k = sum_{j >= k} gamma^(j-k) r_j``, its own turn's reward and the later ones discounted by
+  turns, not tokens (a long turn is not discounted more than a short one)."""
+  out = np.zeros(t, np.float32)
+  later = 0.0  # R_{k+1}
+  for reward, end in reversed(list(zip(turn_rewards, turn_ends))):
+    here = float(reward) + gamma * later
+    out[end] += here - later
+    later = here
+  return out
+
+
 def build_record(episodes: Sequence[Episode], prompt_tokens: np.ndarray, prompt_mask: np.ndarray,
-                 t: int, pad_id: int):
-  """The ``Rollout`` of finished episodes (module docstring), NumPy, rewards included."""
+                 t: int, pad_id: int, turn_discount: float = 1.0):
+  """The ``Rollout`` of finished episodes (module docstring), NumPy, rewards included. With
+  ``turn_discount < 1`` (``env.turn_discount``) ``extras['token_rewards']`` [B, T] holds each
+  row's ``turn_token_rewards`` (zeros for a failed episode, whose reward is 0), which the
+  token-level estimators read instead of the outcome on the last token."""
   from rljax.rollout.record import Rollout
   b = len(episodes)
   tokens = np.full((b, t), pad_id, np.int32)
@@ -411,5 +438,9 @@ def build_record(episodes: Sequence[Episode], prompt_tokens: np.ndarray, prompt_
       row_valid=np.ones(b, np.float32),
       extras={"source": source, "env_turns": ints(lambda ep: ep.turns),
               "env_tool_calls": ints(lambda ep: ep.tool_calls),
-              "env_tool_errors": ints(lambda ep: ep.tool_errors)})
+              "env_tool_errors": ints(lambda ep: ep.tool_errors),
+              **({} if turn_discount >= 1.0 else {"token_rewards": np.stack([
+                  turn_token_rewards(ep.turn_rewards if ep.end not in ("timeout", "error")
+                                     else [], ep.turn_ends, turn_discount, t)
+                  for ep in episodes])})})
 

@@ -67,6 +67,10 @@ def test_env_key_checks():
                                      [("env.engine", "continuous")])
   with pytest.raises(ConfigError, match=r"env.engine='continuous' is not used"):
     check_env_config(single)
+  with pytest.raises(ConfigError, match=r"env.turn_discount=0.9 is not used: algo.advantage="
+                                        r"'grpo' reads one reward per episode; .*reinforce_pp"):
+    check_env_config(_config(**{"env.turn_discount": 0.9}))
+  check_env_config(_config(**{"env.turn_discount": 0.9, "algo.advantage": "reinforce_pp"}))
   from rljax import config_checks
   with pytest.raises(ConfigError, match=r"env.engine.*turn_sync.*continuous"):
     config_checks.check_config(_config(**{"env.engine": "async"}))
