@@ -26,8 +26,10 @@ step's ``info['correct']``, ``lengths`` the policy tokens per row (``sum(mask)``
 
 ``generate(tokens [N, W], mask [N, W], key, sampling, group_size) -> Rollout`` (NumPy) is the one
 call that produces tokens: the train loop passes the policy's sampler
-(``rljax.train.generation``), tests pass ``rljax.rollout.sampler.sample``; a continuous-batching
-engine can replace it without touching the rest. Row counts are padded to a few sizes
+(``rljax.train.generation``), tests pass ``rljax.rollout.sampler.sample``. The continuous engine
+(``rljax.envs.continuous``, ``env.engine='continuous'``) replaces this loop, not only
+``generate``, and shares its bookkeeping (``start_episodes``, ``end_segment``, ``apply_step``,
+``finish_episodes``), so both write the same record. Row counts are padded to a few sizes
 (``B, B/2, B/4, B/8``) and widths to multiples of ``WIDTH_BUCKET``, so a run compiles the sampler
 a handful of times.
 """

@@ -21,10 +21,12 @@ TINY = {
 
 
 @pytest.mark.slow
-def test_guess_two_steps(tmp_path):
+@pytest.mark.parametrize("engine", ["turn_sync", "continuous"])
+def test_guess_two_steps(tmp_path, engine):
   run_dir = str(tmp_path / "run")
   args = ["train", "--config", os.path.join(tiny.ROOT, "configs", "guess.py")]
-  args += [f"--config.{k}={v}" for k, v in dict(TINY, **{"train.run_dir": run_dir}).items()]
+  args += [f"--config.{k}={v}" for k, v in dict(TINY, **{"train.run_dir": run_dir,
+                                                          "env.engine": engine}).items()]
   result = cli.main(args)
   for when in ("before", "after"):
     assert 0.0 <= result[f"eval_{when}"] <= 1.0
