@@ -145,6 +145,18 @@ KEYS = (
     Key("env.tool_format", "compact", choice(*TOOL_FORMATS),
         "how tool calls are written: compact '<calc 12*3>' (char-level tasks) | hermes "
         "'<tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call>' (Qwen / Hermes)"),
+    Key("env.engine", "turn_sync", choice("turn_sync", "continuous"),
+        "turn_sync: every turn is one sampler call over the live rows, then every step (a turn "
+        "waits for its slowest row and tool) | continuous: a row whose turn ends steps its "
+        "environment while the others decode, and re-enters with its KV cache kept "
+        "(rljax/envs/continuous.py)"),
+    Key("env.turn_discount", 1.0, FRACTION,
+        "token-level estimators (gae, reinforce_pp, remax): < 1 puts each turn's reward at its "
+        "last policy token, discounted per turn (a token of turn k sees sum_j>=k d^(j-k) r_j); "
+        "1 = the episode's summed reward on its last token"),
+    Key("env.slots", 0, integer(0, 2**31 - 1),
+        "continuous engine: rows decoding at once (lanes); 0 = every row of the batch (lanes "
+        "narrow to S/2, S/4, S/8 while rows wait for their environments)"),
     # --- algorithm (sections 2-5, 7) -----------------------------------------------------------
     Key("algo.advantage", "grpo", registered("advantage"), "advantage estimator"),
     Key("algo.adv_std", "group", choice("group", "batch", "none"),

@@ -18,11 +18,24 @@ def check_env_config(config) -> None:
     return
   e = config.env
   if e.name is None:
-    for leaf in ("max_turns", "max_tokens", "timeout_s", "tool_format"):
+    for leaf in ("max_turns", "max_tokens", "timeout_s", "tool_format", "engine", "slots",
+                 "turn_discount"):
       if _differs(f"env.{leaf}", e[leaf]):
         raise UnusedKeyError(f"env.{leaf}={e[leaf]!r} is not used: rollouts are single-turn "
                              "(env.name=None); set env.name to an environment or drop the key")
     return
+  if e.engine != "continuous" and _differs("env.slots", e.slots):
+    raise UnusedKeyError(f"env.slots={e.slots!r} is not used: only env.engine='continuous' "
+                         f"decodes in lanes (env.engine={e.engine!r})")
+  if e.turn_discount != 1.0:
+    import rljax.algos  # noqa: F401  (registers every estimator)
+    from rljax.algos.registry import ADVANTAGES
+    if "token_rewards" not in ADVANTAGES.meta(config.algo.advantage)["inputs"]:
+      raise UnusedKeyError(
+          f"env.turn_discount={e.turn_discount!r} is not used: algo.advantage="
+          f"{config.algo.advantage!r} reads one reward per episode; the token-level estimators "
+          "read it (" + ", ".join(n for n in ADVANTAGES.names()
+                                  if "token_rewards" in ADVANTAGES.meta(n)["inputs"]) + ")")
   for leaf in VERIFIER_ONLY_KEYS:
     if _differs(f"reward.{leaf}", config.reward[leaf]):
       raise UnusedKeyError(

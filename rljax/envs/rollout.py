@@ -26,8 +26,10 @@ step's ``info['correct']``, ``lengths`` the policy tokens per row (``sum(mask)``
 
 ``generate(tokens [N, W], mask [N, W], key, sampling, group_size) -> Rollout`` (NumPy) is the one
 call that produces tokens: the train loop passes the policy's sampler
-(``rljax.train.generation``), tests pass ``rljax.rollout.sampler.sample``; a continuous-batching
-engine can replace it without touching the rest. Row counts are padded to a few sizes
+(``rljax.train.generation``), tests pass ``rljax.rollout.sampler.sample``. The continuous engine
+(``rljax.envs.continuous``, ``env.engine='continuous'``) replaces this loop, not only
+``generate``, and shares its bookkeeping (``start_episodes``, ``end_segment``, ``apply_step``,
+``finish_episodes``), so both write the same record. Row counts are padded to a few sizes
 (``B, B/2, B/4, B/8``) and widths to multiples of ``WIDTH_BUCKET``, so a run compiles the sampler
 a handful of times.
 """
@@ -61,6 +63,9 @@ class EnvSettings:
   workers: int = 4
   max_worker_memory_mb: int = 0
   worker_max_calls: int = 0
+  engine: str = "turn_sync"  # or 'continuous' (rljax.envs.continuous)
+  slots: int = 0  # the continuous engine's lanes; 0: every row
+  turn_discount: float = 1.0  # < 1: per-turn token rewards, discounted across turns
 
   @classmethod
   def from_config(cls, config) -> Optional["EnvSettings"]:
@@ -71,7 +76,8 @@ class EnvSettings:
     return cls(name=e.name, max_turns=e.max_turns, max_tokens=e.max_tokens,
                timeout_s=e.timeout_s, tool_format=e.tool_format, workers=r.workers,
                max_worker_memory_mb=r.max_worker_memory_mb,
-               worker_max_calls=r.worker_max_calls)
+               worker_max_calls=r.worker_max_calls, engine=e.engine, slots=e.slots,
+               turn_discount=e.turn_discount)
 
   @property
   def runner(self) -> EnvRunner:
@@ -99,6 +105,7 @@ class Episode:
   turn_start: int = 0  # where the turn being generated began (in ``ids``)
   turns: int = 0
   turn_rewards: List[float] = dataclasses.field(default_factory=list)
+  turn_ends: List[int] = dataclasses.field(default_factory=list)  # each rewarded turn's last id
   tool_calls: int = 0
   tool_errors: int = 0
   correct: bool = False
@@ -163,6 +170,108 @@ def _encode_observation(tokenizer, observation) -> List[int]:
   return list(observation) if not isinstance(observation, str) else tokenizer.encode(observation)
 
 
+def turn_sampling(sampling, tokenizer, settings: "EnvSettings"):
+  """A turn's ``SamplingParams``: ``sampling`` with the tool-call close marker's last id added to
+  the stop ids and the tokenizer's padding."""
+  return dataclasses.replace(sampling, pad_id=tokenizer.pad_id,
+                             stop_ids=stop_ids(tokenizer, sampling, settings.tool_format))
+
+
+def new_counts() -> dict:
+  return dict.fromkeys(("env/episodes", "env/turns", "env/tool_calls", "env/tool_errors",
+                        "env/timeouts", "env/errors", "env/max_turns", "env/max_tokens",
+                        "env/policy_tokens", "env/env_tokens"), 0.0)
+
+
+def start_episodes(problems: Sequence, group_size: int, *, tokenizer, settings: EnvSettings,
+                   runner: EnvRunner):
+  """Reset one environment per problem (in the workers) and give each of its ``group_size``
+  rows a copy: ``(first observations as ids [Pn], episodes [Pn * G])``. A failed reset ends its
+  rows at once (``end`` 'timeout' / 'error'), with the problem's prompt as their observation."""
+  eos = tokenizer.eos_id
+  resets = runner.reset([settings.new_env() for _ in problems], problems)
+  prompts, start_env, reset_error = [], [], []
+  for problem, outcome in zip(problems, resets):
+    ids, why = None, ""
+    if outcome.status == "ok":
+      try:
+        ids = (tokenizer.encode_prompt(outcome.value) if isinstance(outcome.value, str)
+               else list(outcome.value))
+        why = "" if ids else "reset returned an empty observation"
+      except Exception as e:  # e.g. a character the tokenizer lacks
+        why = f"first observation not encodable: {type(e).__name__}: {str(e)[:200]}"
+    else:
+      why = outcome.value or f"reset took over {settings.timeout_s} s"
+    if why:
+      ids = tokenizer.encode_prompt(problem.prompt) or [eos]
+      reset_error.append((outcome.status if outcome.status == "timeout" else "error", why))
+    else:
+      reset_error.append(None)
+    prompts.append(ids)
+    start_env.append(outcome.env)
+  episodes = []
+  for i in range(len(problems)):
+    for _ in range(group_size):
+      ep = Episode(problem=i, env=copy.deepcopy(start_env[i]) if reset_error[i] is None else None)
+      if reset_error[i] is not None:
+        ep.end, ep.error = reset_error[i]
+      episodes.append(ep)
+  return prompts, episodes
+
+
+def end_segment(ep: Episode, ids, slp, dlp, stopped: bool, *, tokenizer, budget: int,
+                close: str, counts: dict) -> str:
+  """Append one sampler segment (``ids``: at most ``rollout.max_new_tokens``, ``stopped`` when
+  its last id is a stop id) to its trajectory and say what follows: 'step' (the turn is
+  complete: its environment steps), 'continue' (a stop id that closed no marker: the same turn
+  goes on in a new segment) or 'ended' (the trajectory reached ``budget`` tokens)."""
+  n = len(ids)
+  room = budget - len(ep.ids)
+  cut = n > room
+  n = min(n, room)
+  ep.append(ids[:n], SOURCE_POLICY, slp[:n], dlp[:n])
+  counts["env/policy_tokens"] += n
+  if cut:
+    ep.end, ep.truncated = "max_tokens", True
+    return "ended"
+  turn_ids = ep.ids[ep.turn_start:]
+  if (stopped and turn_ids[-1] != tokenizer.eos_id
+      and not turn_text(tokenizer, turn_ids).endswith(close)):
+    if len(ep.ids) >= budget:
+      ep.end, ep.truncated = "max_tokens", True
+      return "ended"
+    return "continue"
+  return "step"
+
+
+def turn_action(ep: Episode, tokenizer) -> str:
+  """What the environment reads of the turn just completed."""
+  return turn_text(tokenizer, ep.ids[ep.turn_start:])
+
+
+def finish_episodes(episodes: Sequence[Episode], prompts: Sequence[Sequence[int]], *,
+                    tokenizer, group_size: int, prompt_bucket: int, budget: int,
+                    counts: dict, turn_discount: float = 1.0) -> MultiTurnResult:
+  """The ``MultiTurnResult`` of finished episodes: the record and the batch's ``env/*`` sums."""
+  from rljax.rollout.engine import left_pad
+  counts["env/episodes"] = float(len(episodes))
+  for ep in episodes:
+    counts["env/turns"] += ep.turns
+    counts["env/tool_calls"] += ep.tool_calls
+    counts["env/tool_errors"] += ep.tool_errors
+    counts["env/timeouts"] += ep.end == "timeout"
+    counts["env/errors"] += ep.end == "error"
+    counts["env/max_turns"] += ep.end == "max_turns"
+    counts["env/max_tokens"] += ep.end == "max_tokens"
+    counts["env/env_tokens"] += ep.source.count(SOURCE_ENV)
+  prompt_tokens, prompt_mask = left_pad(prompts, prompt_bucket, tokenizer.pad_id)
+  g = group_size
+  rollout = build_record(episodes, np.repeat(prompt_tokens, g, 0), np.repeat(prompt_mask, g, 0),
+                         budget, tokenizer.pad_id, turn_discount=turn_discount)
+  transcripts = [tokenizer.decode(ep.ids) for ep in episodes]
+  return MultiTurnResult(rollout, episodes, transcripts, counts)
+
+
 def run_episodes(problems: Sequence, key, *, generate: GenerateFn, tokenizer, settings: EnvSettings,
                  sampling, group_size: int, prompt_bucket: int, row_multiple: int = 1,
                  runner: Optional[EnvRunner] = None) -> MultiTurnResult:
@@ -185,44 +294,15 @@ def run_episodes(problems: Sequence, key, *, generate: GenerateFn, tokenizer, se
   from rljax.rollout.engine import left_pad
   runner = runner or settings.runner
   pad = tokenizer.pad_id
-  n_problems, g = len(problems), int(group_size)
-  b, budget = n_problems * g, int(settings.max_tokens)
-  sp = dataclasses.replace(sampling, stop_ids=stop_ids(tokenizer, sampling, settings.tool_format),
-                           pad_id=pad)
-  eos = tokenizer.eos_id
+  g = int(group_size)
+  b, budget = len(problems) * g, int(settings.max_tokens)
+  sp = turn_sampling(sampling, tokenizer, settings)
   close = tools_lib.close_marker(settings.tool_format)
-  counts = dict.fromkeys(("env/episodes", "env/turns", "env/tool_calls", "env/tool_errors",
-                          "env/timeouts", "env/errors", "env/max_turns", "env/max_tokens",
-                          "env/policy_tokens", "env/env_tokens"), 0.0)
+  counts = new_counts()
 
   # 1. Reset (one environment per problem; its G rows get copies of it).
-  resets = runner.reset([settings.new_env() for _ in problems], problems)
-  prompts, start_env, reset_error = [], [], []
-  for problem, outcome in zip(problems, resets):
-    ids, why = None, ""
-    if outcome.status == "ok":
-      try:
-        ids = (tokenizer.encode_prompt(outcome.value) if isinstance(outcome.value, str)
-               else list(outcome.value))
-        why = "" if ids else "reset returned an empty observation"
-      except Exception as e:  # e.g. a character the tokenizer lacks
-        why = f"first observation not encodable: {type(e).__name__}: {str(e)[:200]}"
-    else:
-      why = outcome.value or f"reset took over {settings.timeout_s} s"
-    if why:
-      ids = tokenizer.encode_prompt(problem.prompt) or [eos]
-      reset_error.append((outcome.status if outcome.status == "timeout" else "error", why))
-    else:
-      reset_error.append(None)
-    prompts.append(ids)
-    start_env.append(outcome.env)
-  episodes = []
-  for i in range(n_problems):
-    for _ in range(g):
-      ep = Episode(problem=i, env=copy.deepcopy(start_env[i]) if reset_error[i] is None else None)
-      if reset_error[i] is not None:
-        ep.end, ep.error = reset_error[i]
-      episodes.append(ep)
+  prompts, episodes = start_episodes(problems, g, tokenizer=tokenizer, settings=settings,
+                                     runner=runner)
   prompt_tokens, prompt_mask = left_pad(prompts, prompt_bucket, pad)
 
   # 2-4. Turns.
@@ -252,44 +332,23 @@ def run_episodes(problems: Sequence, key, *, generate: GenerateFn, tokenizer, se
       if not ep.running:
         continue
       n = int(out_len[j])
-      room = budget - len(ep.ids)
-      cut = n > room
-      n = min(n, room)
-      ep.append(out_tokens[j, :n], SOURCE_POLICY, out_slp[j, :n], out_dlp[j, :n])
-      counts["env/policy_tokens"] += n
-      if cut:
-        ep.end, ep.truncated = "max_tokens", True
-        continue
-      turn_ids = ep.ids[ep.turn_start:]
-      stopped = not bool(out_trunc[j])
-      if stopped and turn_ids[-1] != eos and not turn_text(tokenizer, turn_ids).endswith(close):
-        if len(ep.ids) >= budget:  # a stop id that closed nothing: the same turn goes on
-          ep.end, ep.truncated = "max_tokens", True
-        continue
-      stepping.append(r)
+      what = end_segment(ep, out_tokens[j, :n], out_slp[j, :n], out_dlp[j, :n],
+                         not bool(out_trunc[j]), tokenizer=tokenizer, budget=budget,
+                         close=close, counts=counts)
+      if what == "step":
+        stepping.append(r)
 
-    actions = [turn_text(tokenizer, episodes[r].ids[episodes[r].turn_start:]) for r in stepping]
+    actions = [turn_action(episodes[r], tokenizer) for r in stepping]
     outcomes = runner.step([episodes[r].env for r in stepping], actions)
     for r, outcome in zip(stepping, outcomes):
-      _apply_step(episodes[r], outcome, tokenizer, settings, budget, counts)
+      apply_step(episodes[r], outcome, tokenizer, settings, budget, counts)
 
-  counts["env/episodes"] = float(b)
-  for ep in episodes:
-    counts["env/turns"] += ep.turns
-    counts["env/tool_calls"] += ep.tool_calls
-    counts["env/tool_errors"] += ep.tool_errors
-    counts["env/timeouts"] += ep.end == "timeout"
-    counts["env/errors"] += ep.end == "error"
-    counts["env/max_turns"] += ep.end == "max_turns"
-    counts["env/max_tokens"] += ep.end == "max_tokens"
-    counts["env/env_tokens"] += ep.source.count(SOURCE_ENV)
-  rollout = build_record(episodes, np.repeat(prompt_tokens, g, 0), np.repeat(prompt_mask, g, 0),
-                         budget, pad)
-  transcripts = [tokenizer.decode(ep.ids) for ep in episodes]
-  return MultiTurnResult(rollout, episodes, transcripts, counts)
+  return finish_episodes(episodes, prompts, tokenizer=tokenizer, group_size=g,
+                         prompt_bucket=prompt_bucket, budget=budget, counts=counts,
+                         turn_discount=settings.turn_discount)
 
 
-def _apply_step(ep: Episode, outcome: EnvOutcome, tokenizer, settings: EnvSettings, budget: int,
+def apply_step(ep: Episode, outcome: EnvOutcome, tokenizer, settings: EnvSettings, budget: int,
                 counts: dict) -> None:
   """One environment step's result on its trajectory."""
   if outcome.status != "ok":
@@ -301,6 +360,7 @@ def _apply_step(ep: Episode, outcome: EnvOutcome, tokenizer, settings: EnvSettin
   ep.env = outcome.env
   ep.turns += 1
   ep.turn_rewards.append(float(reward))
+  ep.turn_ends.append(len(ep.ids) - 1)
   ep.infos.append(info)
   ep.tool_calls += _count(info.get("tool_calls"))
   ep.tool_errors += _count(info.get("tool_errors"))
@@ -330,9 +390,31 @@ def _count(value) -> int:
     return 0
 
 
+def turn_token_rewards(turn_rewards: Sequence[float], turn_ends: Sequence[int], gamma: float,
+                       t: int) -> np.ndarray:
+  """Per-token rewards [T] of one trajectory whose returns are discounted across turns.
+
+  With ``R_k = r_k + gamma R_{k+1}`` the turn-discounted return from turn ``k`` (``r_k`` its
+  reward, ``R`` after the last turn 0), ``x_k = R_k - R_{k+1}`` is placed at turn ``k``'s last
+  policy token (``turn_ends[k]``). The returns-to-go of a token estimator (REINFORCE++, GAE
+  with ``algo.gamma = 1``) then telescope: every token of turn ``k`` sees ``sum_{j >= k} x_j =
+  R_k = sum_{j >= k} gamma^(j-k) r_j``, its own turn's reward and the later ones discounted by
+  turns, not tokens (a long turn is not discounted more than a short one)."""
+  out = np.zeros(t, np.float32)
+  later = 0.0  # R_{k+1}
+  for reward, end in reversed(list(zip(turn_rewards, turn_ends))):
+    here = float(reward) + gamma * later
+    out[end] += here - later
+    later = here
+  return out
+
+
 def build_record(episodes: Sequence[Episode], prompt_tokens: np.ndarray, prompt_mask: np.ndarray,
-                 t: int, pad_id: int):
-  """The ``Rollout`` of finished episodes (module docstring), NumPy, rewards included."""
+                 t: int, pad_id: int, turn_discount: float = 1.0):
+  """The ``Rollout`` of finished episodes (module docstring), NumPy, rewards included. With
+  ``turn_discount < 1`` (``env.turn_discount``) ``extras['token_rewards']`` [B, T] holds each
+  row's ``turn_token_rewards`` (zeros for a failed episode, whose reward is 0), which the
+  token-level estimators read instead of the outcome on the last token."""
   from rljax.rollout.record import Rollout
   b = len(episodes)
   tokens = np.full((b, t), pad_id, np.int32)
@@ -358,5 +440,9 @@ def build_record(episodes: Sequence[Episode], prompt_tokens: np.ndarray, prompt_
       row_valid=np.ones(b, np.float32),
       extras={"source": source, "env_turns": ints(lambda ep: ep.turns),
               "env_tool_calls": ints(lambda ep: ep.tool_calls),
-              "env_tool_errors": ints(lambda ep: ep.tool_errors)})
+              "env_tool_errors": ints(lambda ep: ep.tool_errors),
+              **({} if turn_discount >= 1.0 else {"token_rewards": np.stack([
+                  turn_token_rewards(ep.turn_rewards if ep.end not in ("timeout", "error")
+                                     else [], ep.turn_ends, turn_discount, t)
+                  for ep in episodes])})})
 

@@ -104,25 +104,44 @@ class EnvRunner:
   max_worker_memory_mb: int = 0
   worker_max_calls: int = 0
 
+  @property
+  def pool(self) -> isolation.VerifierPool:
+    return env_pool(self.workers, self.max_worker_memory_mb, self.worker_max_calls)
+
   def _map(self, calls: Sequence[tuple]) -> List[EnvOutcome]:
     if not calls:
       return []
-    pool = env_pool(self.workers, self.max_worker_memory_mb, self.worker_max_calls)
-    out = []
-    for outcome in pool.map(list(calls), timeout_s=self.timeout_s):
-      if outcome.status == "ok":
-        try:
-          env, value = outcome.value
-        except (TypeError, ValueError):
-          out.append(EnvOutcome("error", value="malformed answer from the environment process"))
-          continue
-        out.append(EnvOutcome("ok", env, value))
-      else:
-        out.append(EnvOutcome(outcome.status, value=outcome.value))
-    return out
+    return [_env_outcome(o) for o in self.pool.map(list(calls), timeout_s=self.timeout_s)]
 
   def reset(self, envs: Sequence[Environment], problems: Sequence) -> List[EnvOutcome]:
     return self._map([("reset", env, problem) for env, problem in zip(envs, problems)])
 
   def step(self, envs: Sequence[Environment], actions: Sequence[str]) -> List[EnvOutcome]:
     return self._map([("step", env, action) for env, action in zip(envs, actions)])
+
+  # Asynchronous steps (the continuous multi-turn engine): submitted one by one as turns end,
+  # collected as they finish while the sampler keeps decoding other rows.
+
+  def submit_step(self, tag, env: Environment, action: str) -> None:
+    """Start ``env.step(action)`` in a worker; ``poll`` returns its outcome with ``tag``."""
+    self.pool.submit(tag, ("step", env, action), timeout_s=self.timeout_s)
+
+  def poll(self, wait_s: float = 0.0) -> List[tuple]:
+    """``(tag, EnvOutcome)`` of the steps that finished, waiting up to ``wait_s`` for one."""
+    return [(tag, _env_outcome(o)) for tag, o in self.pool.poll(wait_s)]
+
+  @property
+  def in_flight(self) -> int:
+    return self.pool.in_flight
+
+
+def _env_outcome(outcome: isolation.Outcome) -> EnvOutcome:
+  """A worker's answer as an ``EnvOutcome``: ``(env, value)`` or why there is none."""
+  if outcome.status != "ok":
+    return EnvOutcome(outcome.status, value=outcome.value)
+  try:
+    env, value = outcome.value
+  except (TypeError, ValueError):
+    return EnvOutcome("error", value="malformed answer from the environment process")
+  return EnvOutcome("ok", env, value)
+

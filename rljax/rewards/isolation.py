@@ -298,6 +298,11 @@ class VerifierPool:
     self._workers: list[_Worker] = []
     self.replaced = 0  # workers killed after a timeout, a death or a broken answer
     self.recycled = 0  # workers retired after worker_max_calls calls or a MemoryError
+    # Asynchronous calls (``submit`` / ``poll``): queued (tag, args, timeout_s), and the
+    # workers running one, by connection, with the call's tag.
+    self._queue: list[tuple[Any, tuple, float]] = []
+    self._running: dict[Any, tuple[_Worker, Any]] = {}
+    self._next_index = 0
 
   @property
   def settings(self) -> tuple:
@@ -308,6 +313,9 @@ class VerifierPool:
 
   def map(self, calls: Sequence[tuple], *, timeout_s: float) -> list[Outcome]:
     """``[fn(*args) for args in calls]`` as Outcomes, in order; each call gets ``timeout_s``."""
+    if self.in_flight:
+      raise RuntimeError("VerifierPool.map while asynchronous calls are in flight: poll() them "
+                         "first (the two would share the workers)")
     n = len(calls)
     outcomes: list[Outcome | None] = [None] * n
     while len(self._workers) < min(self.num_workers, n):
@@ -342,6 +350,62 @@ class VerifierPool:
           remaining -= 1
     return outcomes
 
+  # --- asynchronous calls: a caller that overlaps them with its own work (the multi-turn
+  # engine decodes other rows while an environment steps) submits each call when it is ready
+  # and collects the answers as they come, in whatever order they finish.
+
+  @property
+  def in_flight(self) -> int:
+    """Submitted calls not yet returned by ``poll``."""
+    return len(self._queue) + len(self._running)
+
+  def submit(self, tag, args: tuple, *, timeout_s: float) -> None:
+    """Start ``fn(*args)`` on an idle worker (or queue it); ``poll`` returns it with ``tag``.
+    Its ``timeout_s`` counts from when a worker takes it."""
+    self._queue.append((tag, tuple(args), float(timeout_s)))
+    self._dispatch()
+
+  def _dispatch(self) -> None:
+    while len(self._workers) < self.num_workers and len(self._workers) < self.in_flight:
+      self._workers.append(self._spawn())
+    busy = {id(w) for w, _ in self._running.values()}
+    idle = [w for w in self._workers if id(w) not in busy]
+    while idle and self._queue:
+      worker = idle.pop()
+      tag, args, timeout_s = self._queue.pop(0)
+      index, self._next_index = self._next_index, self._next_index + 1
+      try:
+        worker.conn.send((index, args))
+      except (BrokenPipeError, OSError):  # died while idle: replace it, the call goes again
+        self._queue.insert(0, (tag, args, timeout_s))
+        idle.append(self._replace(worker))
+        continue
+      worker.task, worker.deadline = index, time.monotonic() + timeout_s
+      self._running[worker.conn] = (worker, tag)
+
+  def poll(self, wait_s: float = 0.0) -> list[tuple[Any, Outcome]]:
+    """``(tag, Outcome)`` of the calls that finished (or timed out), waiting up to ``wait_s``
+    seconds for the first one when none has; queued calls start as workers free up."""
+    self._dispatch()
+    if not self._running:
+      return []
+    done = []
+    deadline = min(w.deadline for w, _ in self._running.values())
+    wait = max(min(wait_s, deadline - time.monotonic()), 0.0)
+    for conn in connection.wait(list(self._running), timeout=wait):
+      worker, tag = self._running.pop(conn)
+      outcome, verdict = worker.receive()
+      self._after_call(worker, verdict)
+      done.append((tag, outcome))
+    now = time.monotonic()
+    for conn, (worker, tag) in list(self._running.items()):
+      if now >= worker.deadline:
+        self._running.pop(conn)
+        self._replace(worker)
+        done.append((tag, Outcome("timeout")))
+    self._dispatch()
+    return done
+
   def _after_call(self, worker: _Worker, verdict: str) -> _Worker:
     """The worker that serves the next call: this one, or a fresh one."""
     if verdict == "broken":
@@ -362,6 +426,7 @@ class VerifierPool:
     for worker in self._workers:
       worker.kill()
     self._workers = []
+    self._queue, self._running = [], {}
 
 
 _POOL: VerifierPool | None = None

@@ -91,13 +91,13 @@ def step(cfg: ModelConfig, weights: dict, tokens, positions, cache, slot, kv_val
   to (prompt tokens and completion slots), each query only up to its own slot. ``slot``: one int
   for every row, or a [B] int array (every row writes at its own slot).
 
-  ``attend``: None, or a decode step's attention strategy for a cache of another layout
+  ``attend``: None, or the attention strategy of a cache of another layout
   (``rljax.models.layers.Attend``: it writes ``k, v`` and attends; continuous batching's cache
-  blocks); ``slot`` and ``kv_valid`` are then unused.
+  blocks, one token per row; the multi-turn store of ``rljax.rollout.turns``, which also
+  prefills chunks of ``S`` tokens into a cache that already holds earlier ones); ``slot`` and
+  ``kv_valid`` are then unused.
   """
   s = tokens.shape[1]
-  if attend is not None and s != 1:
-    raise ValueError(f"decode.step with attend= feeds one token per row, got {s}")
   if attend is None:
     attend = kv_cache.attend_at(cfg, slot, kv_valid, s)
   model = transformer.bind(cfg, weights["params"])

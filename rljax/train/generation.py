@@ -58,6 +58,23 @@ def continuations(gen: Generator, params) -> Callable:
   return fn
 
 
+def episodes(gen: Generator, params, problems, key, sampling: rollout_lib.SamplingParams,
+             group_size: int):
+  """Multi-turn episodes in ``gen.env`` with the engine it names (``env.engine``): the
+  turn-synchronous driver around the policy's sharded sampler, or continuous batching across
+  turns (its cache store and lanes on the default device; the params are read where they are)."""
+  if gen.env.engine == "continuous":
+    from rljax.envs.continuous import run_episodes_continuous
+    return run_episodes_continuous(problems, key, cfg=gen.model.cfg, params=params,
+                                   tokenizer=gen.tokenizer, settings=gen.env, sampling=sampling,
+                                   group_size=group_size, prompt_bucket=gen.prompt_bucket,
+                                   slots=gen.env.slots, dtype=gen.model.dtype)
+  from rljax.envs.rollout import run_episodes
+  return run_episodes(problems, key, generate=continuations(gen, params), tokenizer=gen.tokenizer,
+                      settings=gen.env, sampling=sampling, group_size=group_size,
+                      prompt_bucket=gen.prompt_bucket, row_multiple=rules.batch_divisor(gen.mesh))
+
+
 def generate(gen: Generator, params, problems, key, sampling: rollout_lib.SamplingParams,
              group_size: int) -> tuple[Rollout, list[str], dict]:
   """Sample ``group_size`` completions per problem and score them on the host: the sampler's
@@ -66,11 +83,7 @@ def generate(gen: Generator, params, problems, key, sampling: rollout_lib.Sampli
   ``/invalid``). With ``gen.env`` set: multi-turn episodes in that environment
   (``rljax.envs.rollout``), the transcripts after the prompts, and the ``env/*`` counts."""
   if gen.env is not None:
-    from rljax.envs.rollout import run_episodes
-    result = run_episodes(problems, key, generate=continuations(gen, params),
-                          tokenizer=gen.tokenizer, settings=gen.env, sampling=sampling,
-                          group_size=group_size, prompt_bucket=gen.prompt_bucket,
-                          row_multiple=rules.batch_divisor(gen.mesh))
+    result = episodes(gen, params, problems, key, sampling, group_size)
     return result.rollout, result.transcripts, result.counts
   prompt_ids = [gen.tokenizer.encode_prompt(p.prompt) for p in problems]
   tokens, mask = rollout_lib.left_pad(prompt_ids, gen.prompt_bucket, gen.tokenizer.pad_id)

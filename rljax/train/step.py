@@ -230,9 +230,15 @@ def score(learner: Learner, state: TrainState, rollout: Rollout, hp, aux=None
   if state.critic_params is not None:
     values = completion_values(cfg, state.critic_params, rollout, parts)
   rewards = rollout.rewards
+  if isinstance(rollout.extras, dict) and "token_rewards" in rollout.extras:
+    # Multi-turn rewards per turn (env.turn_discount): they replace the outcome on the last token.
+    token_rewards = rollout.extras["token_rewards"].astype(jnp.float32) * row_valid[:, None]
   if algo.kl_placement == "reward":
     kl = dict(kl_coef=hp["kl_coef"], estimator=algo.kl_estimator)
-    token_rewards = algos.kl_reward_tokens(rollout.rewards, mask, old_logp, ref_logp, **kl)
+    if token_rewards is None:
+      token_rewards = algos.kl_reward_tokens(rollout.rewards, mask, old_logp, ref_logp, **kl)
+    else:
+      token_rewards = token_rewards + algos.kl_reward_penalty(mask, old_logp, ref_logp, **kl)
     # Outcome estimators (GRPO, RLOO, ...) read one reward per row: R_i plus the row's summed
     # penalty (RLOO's sequence-level KL reward; verl sums GRPO's token rewards the same way).
     rewards = rollout.rewards + algos.kl_reward_penalty(mask, old_logp, ref_logp, **kl).sum(1)

@@ -21,10 +21,12 @@ TINY = {
 
 
 @pytest.mark.slow
-def test_guess_two_steps(tmp_path):
+@pytest.mark.parametrize("engine", ["turn_sync", "continuous"])
+def test_guess_two_steps(tmp_path, engine):
   run_dir = str(tmp_path / "run")
   args = ["train", "--config", os.path.join(tiny.ROOT, "configs", "guess.py")]
-  args += [f"--config.{k}={v}" for k, v in dict(TINY, **{"train.run_dir": run_dir}).items()]
+  args += [f"--config.{k}={v}" for k, v in dict(TINY, **{"train.run_dir": run_dir,
+                                                          "env.engine": engine}).items()]
   result = cli.main(args)
   for when in ("before", "after"):
     assert 0.0 <= result[f"eval_{when}"] <= 1.0
@@ -60,6 +62,19 @@ def test_env_key_checks():
                                      [("env.max_turns", "3")])
   with pytest.raises(ConfigError, match=r"env.max_turns=3 is not used: rollouts are single-turn"):
     check_env_config(single)
+  with pytest.raises(ConfigError, match=r"env.slots=8 is not used: only env.engine='continuous'"):
+    check_env_config(_config(**{"env.slots": 8}))
+  check_env_config(_config(**{"env.slots": 8, "env.engine": "continuous"}))
+  single = config_loader.load_config(os.path.join(tiny.ROOT, "configs", "grpo.py"),
+                                     [("env.engine", "continuous")])
+  with pytest.raises(ConfigError, match=r"env.engine='continuous' is not used"):
+    check_env_config(single)
+  with pytest.raises(ConfigError, match=r"env.turn_discount=0.9 is not used: algo.advantage="
+                                        r"'grpo' reads one reward per episode; .*reinforce_pp"):
+    check_env_config(_config(**{"env.turn_discount": 0.9}))
+  check_env_config(_config(**{"env.turn_discount": 0.9, "algo.advantage": "reinforce_pp"}))
   from rljax import config_checks
+  with pytest.raises(ConfigError, match=r"env.engine.*turn_sync.*continuous"):
+    config_checks.check_config(_config(**{"env.engine": "async"}))
   with pytest.raises(ConfigError, match="registered environment: .*guess.*tool_calc"):
     config_checks.check_config(_config(**{"env.name": "gues"}))

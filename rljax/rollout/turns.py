@@ -1,0 +1,172 @@
+"""Continuous batching across turns, the compiled half: a KV-cache *store* whose rows outlive a
+turn, so an episode that waits for its environment keeps its cache and re-enters where it left.
+
+The turn-synchronous driver (``rljax.envs.rollout``) re-prefills every row's whole trajectory at
+each turn and waits for its slowest row and its slowest tool. Here every episode owns one row of
+a device-resident store, per layer ``(k, v)`` [M, G, L, Dh], holding the keys and values of its
+trajectory so far (prompt, turns, observations) as one contiguous run from index 0, so that a
+token's cache index is its position (the turn-synchronous driver's ``cumsum(mask) - 1`` of the
+left-padded sequence). Nothing in it is ever recomputed:
+
+- ``prefill_rows`` feeds a chunk of new ids per row (its first prompt; later the last sampled
+  token and the observation) at the indices after those the row holds, attending causally to all
+  before them, and draws the next token from the chunk's last hidden state;
+- ``decode_lanes``: ``W`` lanes, each bound to one store row, decode one token per step until
+  ``steps`` steps have run, or ``want`` lanes ended their segment (a stop id or the segment's
+  budget: the host has rows waiting to take their place), or no lane is left.
+
+Both gather their rows of the store once, run, and scatter them back (the store is donated, so
+the scatter is in place): a host round trip costs a copy of the rows it touches, not one per
+step. Which rows run together, and when, never changes a row's tokens: token ``t`` of a row's
+segment ``s`` (its ``s``-th sampler segment, see ``rljax.envs.continuous``) is drawn with
+``fold_in(fold_in(key, s), t)`` at the noise counters of the row's index in the batch.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from rljax.models import kv_cache, transformer
+from rljax.models.config import ModelConfig
+from rljax.rollout import decode, noise
+from rljax.rollout.transforms import SamplingParams, pick_tokens_rows
+
+
+def init_store(cfg: ModelConfig, rows: int, length: int) -> tuple:
+  """Zeroed store: per layer ``(k, v)`` [M = rows, G, L = length, Dh] in the compute dtype."""
+  return kv_cache.init_cache(cfg, rows, length)
+
+
+def chunk_attend(write_at, query_at):
+  """The attention strategy (``rljax.models.layers.Attend``) of ``S`` tokens per row fed into
+  gathered store rows: token ``j`` of row ``i`` writes its key/value at cache index
+  ``write_at[i, j]`` (the cache length: nowhere, a padding token) and its query sees the indices
+  ``<= query_at[i, j]`` (-1: none). Indices are positions, so this is causal attention over the
+  row's whole trajectory, earlier turns included."""
+  def attend(q, k, v, layer_cache, window):
+    ck, cv = layer_cache  # [R, G, L, Dh]
+    if write_at.shape[1] == 1:
+      # One token per row (decode): a per-row dynamic_update_slice, measured 1.5x faster on CPU
+      # than the scatter. A lane with nothing to write (index L) writes at L - 1 instead: never
+      # read before it is written again (``decode_lanes``).
+      at = jnp.minimum(write_at[:, 0], ck.shape[2] - 1)
+      put = lambda c, u, i: jax.lax.dynamic_update_slice(c, u, (0, i, 0))
+      ck = jax.vmap(put)(ck, k.transpose(0, 2, 1, 3).astype(ck.dtype), at)
+      cv = jax.vmap(put)(cv, v.transpose(0, 2, 1, 3).astype(cv.dtype), at)
+    else:
+      rows = jnp.arange(ck.shape[0])[:, None]
+      # [R, S] advanced indices around a slice: the updated view is [R, S, G, Dh], k's layout.
+      ck = ck.at[rows, :, write_at].set(k.astype(ck.dtype), mode="drop")
+      cv = cv.at[rows, :, write_at].set(v.astype(cv.dtype), mode="drop")
+    q_at = query_at[:, query_at.shape[1] - q.shape[1]:]  # the last Sq (``last_only``)
+    k_at = jnp.arange(ck.shape[2])
+    ok = k_at[None, None, :] <= q_at[:, :, None]
+    if window is not None:
+      ok = ok & (q_at[:, :, None] - k_at[None, None, :] < window)
+    return kv_cache.cache_attention(q, ck, cv, ok[:, None, None]), (ck, cv)
+  return attend
+
+
+def _draw_keys(key, segment, t):
+  """Per-row keys ``fold_in(fold_in(key, segment[i]), t[i])`` (threefry: their uint32 words)."""
+  keys = jax.vmap(lambda s, u: jax.random.fold_in(jax.random.fold_in(key, s), u))(segment, t)
+  return noise.key_data(keys) if noise.is_threefry(key) else keys
+
+
+def _gather(store, idx, span: int):
+  """The first ``span`` cache indices of store rows ``idx`` (``M``: any row, never written back):
+  a call reads only the part of the rows that its tokens can reach, since attention over all
+  ``L`` indices at every step was most of a decode step's time on CPU."""
+  m = store[0][0].shape[0]
+  return jax.tree.map(lambda x: x[jnp.minimum(idx, m - 1), :, :span], store)
+
+
+def _scatter(store, idx, rows):
+  """``rows`` back into ``store`` at ``idx``; an index ``M`` (a padding row) writes nothing."""
+  span = rows[0][0].shape[2]
+  return jax.tree.map(lambda s, r: s.at[idx, :, :span].set(r, mode="drop"), store, rows)
+
+
+def _head(cfg, weights, hidden):
+  return transformer.softcap(cfg, jnp.dot(hidden, weights["head"],
+                                          preferred_element_type=jnp.float32))
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "sp", "span"), donate_argnums=(1,))
+def prefill_rows(weights, store, idx, tokens, mask, start, key, segment, noise_rows, *,
+                 cfg: ModelConfig, sp: SamplingParams, span: int):
+  """Feed left-padded chunks into store rows and draw each row's next token.
+
+  idx: [R] store rows (``M``: a padding row, writes nothing). tokens, mask: [R, W] new ids,
+  left-padded (each real row ends with a real token). start: [R] the cache index of each chunk's
+  first id (the tokens its row holds). segment: [R] the segment the drawn token starts (its key);
+  noise_rows: [R] the rows' batch indices. span: the cache indices the call reads and writes
+  (static; every chunk ends below it). Returns ``(store, token, sampler_logp, draw_logp)``, [R]
+  each: token 0 of the segment.
+  """
+  length = span
+  w = tokens.shape[1]
+  real = mask > 0
+  at = start[:, None] + jnp.arange(w)[None, :] - (w - jnp.sum(real, 1))[:, None]
+  rows = _gather(store, idx, span)
+  hidden, rows, _ = decode.step(cfg, weights, tokens.astype(jnp.int32), jnp.where(real, at, 0),
+                                rows, None, None,
+                                attend=chunk_attend(jnp.where(real, at, length),
+                                                    jnp.where(real, at, -1)))
+  tok, lp, dlp = pick_tokens_rows(_head(cfg, weights, hidden),
+                                  _draw_keys(key, segment, jnp.zeros_like(segment)), noise_rows,
+                                  sp)
+  return _scatter(store, idx, rows), tok, lp, dlp
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "sp", "steps", "span"),
+                   donate_argnums=(1,))
+def decode_lanes(weights, store, idx, tok, start, budget, drawn, key, segment, noise_rows, want,
+                 *, cfg: ModelConfig, sp: SamplingParams, steps: int, span: int):
+  """Decode ``W`` lanes, one token per lane and step, for at most ``steps`` steps.
+
+  idx: [W] store rows (``M``: an idle lane). tok: [W] each lane's last drawn token, not yet in
+  the cache; start: [W] its cache index (the tokens the row holds). budget: [W] tokens the lane
+  may still draw in its segment (0: idle). drawn: [W] tokens drawn in the segment so far (the
+  key index of the next one). want: the loop returns once this many lanes ended their segment.
+  span: the cache indices the call reads and writes (static; above ``start + min(steps,
+  budget)`` of every lane: a lane that ended writes at ``span - 1``, past all it holds). Returns ``(store, tokens, sampler_logp, draw_logp [W, steps], count [W], running [W],
+  steps_run)``: lane ``i`` drew ``tokens[i, :count[i]]``; ``running`` lanes neither stopped nor
+  spent their budget (the host continues them).
+  """
+  length = span
+  stop_ids = tuple(sp.stop_ids or ())
+  stop_arr = jnp.asarray(stop_ids or (-1,), jnp.int32)
+  pad = jnp.int32(sp.pad_id)
+  w = idx.shape[0]
+  live0 = budget > 0
+
+  def cond(s):
+    i, _, _, _, live, _ = s
+    return (i < steps) & jnp.any(live) & (jnp.sum(live0 & ~live) < want)
+
+  def body(s):
+    i, rows, tok, count, live, out = s
+    at = start + count  # the fed token's index (= its position)
+    hidden, rows, _ = decode.step(cfg, weights, tok[:, None], jnp.where(live, at, 0)[:, None],
+                                  rows, None, None,
+                                  attend=chunk_attend(jnp.where(live, at, length)[:, None],
+                                                      jnp.where(live, at, -1)[:, None]))
+    new, lp, dlp = pick_tokens_rows(_head(cfg, weights, hidden),
+                                    _draw_keys(key, segment, drawn + count), noise_rows, sp)
+    col = lambda x, v: jax.lax.dynamic_update_slice_in_dim(x, v[:, None], i, axis=1)
+    out = (col(out[0], jnp.where(live, new, pad)), col(out[1], jnp.where(live, lp, 0.0)),
+           col(out[2], jnp.where(live, dlp, 0.0)))
+    count = count + live
+    stop = (jnp.any(new[:, None] == stop_arr[None, :], axis=-1) if stop_ids
+            else jnp.zeros(new.shape, bool))
+    return (i + 1, rows, jnp.where(live, new, tok), count, live & ~stop & (count < budget), out)
+
+  out = (jnp.full((w, steps), pad, jnp.int32), jnp.zeros((w, steps), jnp.float32),
+         jnp.zeros((w, steps), jnp.float32))
+  i, rows, _, count, live, out = jax.lax.while_loop(
+      cond, body, (jnp.int32(0), _gather(store, idx, span), tok.astype(jnp.int32),
+                   jnp.zeros((w,), jnp.int32), live0, out))
+  return _scatter(store, idx, rows), out[0], out[1], out[2], count, live, i
