@@ -10,9 +10,7 @@ import jax
 import numpy as np
 import pytest
 
-from rljax import models
 from rljax.data.tasks import Problem, make_task
-from rljax.defaults import get_config
 from rljax.envs import ENVS, Environment, StepResult, register_env
 from rljax.envs import continuous as engine_lib
 from rljax.envs.rollout import (SOURCE_ENV, SOURCE_POLICY, EnvSettings, run_episodes,
@@ -20,7 +18,7 @@ from rljax.envs.rollout import (SOURCE_ENV, SOURCE_POLICY, EnvSettings, run_epis
 from rljax.models import llama, transformer
 from rljax.rollout import sampler
 from rljax.train import step as step_lib
-from tests.envs.test_driver import SP, TALKER, TOK
+from tests.envs.test_driver import SP, TALKER, TOK, tiny_model_config
 
 MOODY = "test_moody"
 
@@ -59,12 +57,7 @@ SP8 = dataclasses.replace(SP, max_new_tokens=8)
 def policy():
   """A 1-layer model whose weights are scaled up so that its argmax depends on the context
   (at init scale every row greedily repeats one character)."""
-  c = get_config()
-  for key, value in dict(hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2,
-                         num_kv_heads=1).items():
-    c.model[key] = value
-  cfg = models.tiny_config(c.model, TOK.vocab_size, eos_token_id=TOK.eos_id,
-                           pad_token_id=TOK.pad_id)
+  cfg = tiny_model_config()
   return cfg, jax.tree.map(lambda x: 4.0 * x, llama.init_params(cfg, seed=0))
 
 

@@ -200,16 +200,21 @@ def test_stop_ids_and_row_buckets():
   assert _row_bucket(3, 12, 2) == 6 and _row_bucket(1, 8, 4) == 4
 
 
-def test_sequence_inputs_attends_to_environment_tokens():
-  """The trainer's forward over a multi-turn record reproduces the sampler's log-probs of the
-  policy tokens (float32): it sees the observations. Without ``source`` (the observations
-  masked out of the attention) the policy tokens after them get other log-probs."""
+def tiny_model_config():
+  """A 1-layer model of the char tokenizer's vocabulary (the multi-turn tests' policy)."""
   c = get_config()
   for key, value in dict(hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2,
                          num_kv_heads=1).items():
     c.model[key] = value
-  cfg = models.tiny_config(c.model, TOK.vocab_size, eos_token_id=TOK.eos_id,
-                           pad_token_id=TOK.pad_id)
+  return models.tiny_config(c.model, TOK.vocab_size, eos_token_id=TOK.eos_id,
+                            pad_token_id=TOK.pad_id)
+
+
+def test_sequence_inputs_attends_to_environment_tokens():
+  """The trainer's forward over a multi-turn record reproduces the sampler's log-probs of the
+  policy tokens (float32): it sees the observations. Without ``source`` (the observations
+  masked out of the attention) the policy tokens after them get other log-probs."""
+  cfg = tiny_model_config()
   params = llama.init_params(cfg, seed=0)
 
   def generate(tokens, mask, key, sp, group_size):
