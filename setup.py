@@ -25,7 +25,7 @@ setup(
         "absl-py>=2.0",
     ],
     extras_require={
-        "test": ["pytest>=8", "torch==2.13.0", "datasets>=3.0", "nbclient>=0.10", "nbformat>=5.10",
+        "test": ["pytest>=8", "pytest-xdist>=3.6", "torch==2.13.0", "datasets>=3.0", "nbclient>=0.10", "nbformat>=5.10",
                  "ipykernel>=6.29"],
         "hf": ["torch==2.13.0", "datasets>=3.0"],
         "tpu": ["jax[tpu]"],

@@ -1,4 +1,5 @@
 """Shared fixtures: tiny random Hugging Face models built once per session on CPU torch."""
+import collections
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -25,3 +26,11 @@ def left_padded_batch():
 def pytest_configure(config):
   config.addinivalue_line("markers", "slow: compiles several train steps or spawns processes "
                           "(runs by default, CI included; deselect with -m 'not slow')")
+
+
+def pytest_collection_modifyitems(config, items):
+  """Files with more slow tests run first. Under ``pytest -n 2 --dist loadfile``
+  (scripts/test.sh) each file goes to one worker: a long file left for the end would run alone
+  while the other core idles. The sort is stable, so tests keep their order within a file."""
+  slow = collections.Counter(item.path for item in items if item.get_closest_marker("slow"))
+  items.sort(key=lambda item: -slow[item.path])
