@@ -1,5 +1,7 @@
 """Every notebook in notebooks/ runs top to bottom in a Jupyter kernel (each checks what it claims
-with its own asserts: a finite update, clipped tokens, transformers parity, ...)."""
+with its own asserts: a finite update, clipped tokens, transformers parity, ...). The kernel sees
+RLJAX_NOTEBOOK_SMOKE=1: a notebook whose default trains for minutes (multiturn_guess) shrinks its
+model and steps to seconds when it is set."""
 import glob
 import os
 
@@ -13,14 +15,15 @@ NOTEBOOKS = sorted(os.path.basename(p) for p in glob.glob(os.path.join(ROOT, "no
 
 def test_every_notebook_is_listed():
   assert NOTEBOOKS == ["custom_component.ipynb", "hf_checkpoint.ipynb", "inspect_rollout.ipynb",
-                       "quickstart.ipynb"]
+                       "multiturn_guess.ipynb", "quickstart.ipynb"]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", NOTEBOOKS)
-def test_notebook_runs(name):
+def test_notebook_runs(name, monkeypatch):
   path = os.path.join(ROOT, "notebooks", name)
   notebook = nbformat.read(path, as_version=4)
+  monkeypatch.setenv("RLJAX_NOTEBOOK_SMOKE", "1")  # the kernel inherits it
   env_path = os.environ.get("PYTHONPATH", "")
   os.environ["PYTHONPATH"] = ROOT + (os.pathsep + env_path if env_path else "")
   try:
