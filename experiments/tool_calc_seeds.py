@@ -1,7 +1,7 @@
 """`configs/tool_calc.py` (issue 23's multi-turn environment) over three seeds: held-out pass@1 before
 (the SFT cold start) and after RL as means with 95% intervals. Each seed has its own SFT cold start.
 
-  python -m rljax sweep experiments/studies/tool_calc_seeds.py --root runs/multiturn --parallel 2
+  python -m rljax sweep experiments/tool_calc_seeds.py --root runs/multiturn --parallel 2
 """
 from rljax.sweep.study import Study, independent
 

@@ -1,7 +1,7 @@
 """`configs/guess.py` (issue 23's multi-turn environment) over three seeds: held-out pass@1 before
 (the SFT cold start) and after RL as means with 95% intervals. Each seed has its own SFT cold start.
 
-  python -m rljax sweep experiments/studies/guess_seeds.py --root runs/multiturn --parallel 2
+  python -m rljax sweep experiments/guess_seeds.py --root runs/multiturn --parallel 2
 """
 from rljax.sweep.study import Study, independent
 
