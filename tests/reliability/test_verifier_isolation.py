@@ -3,6 +3,7 @@ every failure is counted by kind, bad return values are never rounded, a sample 
 behaviour of a verifier (forks, exits, signals, children, memory) outlives its call."""
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -313,7 +314,10 @@ def test_children_a_verifier_starts_never_outlive_its_call():
   scores = _score(start_children, completions, timeout_s=3.0)
   assert scores.rewards.tolist() == [-1.0, -1.0, -1.0, 1.0, 1.0]
   assert (scores.num_errors, scores.num_timeouts) == (2, 1)
-  assert _details(scores)["double fork"] == "the verifier left 2 process(es) running (killed)"
+  # The forked child exits at once: whether it is still there when the worker counts is a race
+  # (2 with it, 1 without); its orphaned grandchild is always found and killed.
+  assert re.fullmatch(r"the verifier left [12] process\(es\) running \(killed\)",
+                      _details(scores)["double fork"])
   _assert_only_the_pools_workers_remain()
 
 
