@@ -51,8 +51,10 @@ def _step_fns(config, model_cfg, params):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("loss_agg", ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum",
-                                      "seq_mean_token_sum_norm"])
+# The two normalisers a micro-batch split could get wrong: the batch's token count (token_mean)
+# and its sequence count (seq_mean_*; seq_mean_token_sum shares it, *_norm divides by a constant).
+# Each aggregation's formula is checked against NumPy in tests/algos.
+@pytest.mark.parametrize("loss_agg", ["token_mean", "seq_mean_token_mean"])
 def test_micro_batches_leave_loss_and_params_unchanged(loss_agg):
   ref_state, ref_metrics = _one_step(loss_agg, 1)
   for micro in (4,):  # 2 parts add nothing that 4 do not test (and each split compiles anew)
