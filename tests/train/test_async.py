@@ -91,7 +91,11 @@ def test_staleness_never_exceeds_the_bound(tmp_path, monkeypatch):
 
   def learn(self, batch):
     consumed.append((batch.step, batch.version))
-    time.sleep(0.3)  # the sampler is faster: it runs ahead until the bound stops it
+    # Hold the update until the sampler has started as far ahead as the bound lets it (not a
+    # fixed sleep, which a slow or loaded machine's sampler might not beat).
+    ahead, deadline = min(batch.step + bound, steps - 1), time.monotonic() + 120
+    while ahead not in sampled and time.monotonic() < deadline:
+      time.sleep(0.01)
     metrics = real_learn(self, batch)
     learned[0] += 1
     return metrics
