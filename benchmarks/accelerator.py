@@ -240,7 +240,7 @@ def profiled(args, tag: str, fn, per: int = 1) -> None:
   where = os.path.join(args.profile, tag)
   with jax.profiler.trace(where, create_perfetto_trace=True):
     fn()
-  print(profile_summary.summary(where, calls=1, per=per), flush=True)
+  print(profile_summary.summary(where, calls=1, per=per, top=30), flush=True)
 
 
 def measure_update(args, name: str, rows: int, seq: int, platform: str, remat: str,

@@ -41,6 +41,17 @@ def device_events(events: list, names: dict) -> tuple[list, str]:
   return host, "host events (no device process in the trace)"
 
 
+# Kernel kinds, first match wins: cuBLAS / Triton / CUTLASS matmuls, fused attention, reductions,
+# other XLA fusions (elementwise), data movement.
+KINDS = (("matmul", r"gemm|nvjet|xmma|cutlass|cublas|dot"), ("attention", r"sdpa|fmha|flash"),
+         ("reduce", r"reduce"), ("fusion", r"fusion"),
+         ("copy", r"copy|transpose|memcpy|memset|Memcpy|Memset|slice"))
+
+
+def kind_of(name: str) -> str:
+  return next((kind for kind, pattern in KINDS if re.search(pattern, name)), "other")
+
+
 def summary(trace_dir: str, calls: int = 1, per: int = 1, top: int = 15) -> str:
   events, names = load_events(trace_dir)
   picked, what = device_events(events, names)
@@ -53,6 +64,13 @@ def summary(trace_dir: str, calls: int = 1, per: int = 1, top: int = 15) -> str:
   lines = [f"# profile {trace_dir}: {what}: {launches} events, {total_us / 1e3:.2f} ms busy over "
            f"{calls} call(s); per step ({calls} x {per}): {launches / calls / per:.1f} events, "
            f"{total_us / calls / per:.1f} us busy"]
+  by_kind = collections.defaultdict(lambda: [0, 0.0])
+  for name, (n, us) in by_name.items():
+    by_kind[kind_of(name)][0] += n
+    by_kind[kind_of(name)][1] += us
+  lines.append("#   by kind: " + ", ".join(
+      f"{kind} {100 * us / max(total_us, 1e-9):.1f}% ({us / 1e3:.2f} ms, x{n})"
+      for kind, (n, us) in sorted(by_kind.items(), key=lambda kv: -kv[1][1])))
   for name, (n, us) in sorted(by_name.items(), key=lambda kv: -kv[1][1])[:top]:
     lines.append(f"#   {100 * us / max(total_us, 1e-9):5.1f}%  {us / 1e3:9.3f} ms  x{n:<6d} "
                  f"{name[:110]}")

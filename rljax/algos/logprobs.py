@@ -34,10 +34,40 @@ def _logits_dtype(*arrays):
   return jnp.promote_types(jnp.result_type(*arrays), jnp.float32)
 
 
+@jax.custom_vjp
+def project(hidden, head):
+  """Logits ``hidden @ head`` accumulated and returned in float32: ``[B, c, D], [D, V] ->
+  [B, c, V]``, whose backward runs in the operands' dtype.
+
+  Differentiated as is, a float32 output makes its cotangent float32, so both backward matmuls
+  over the vocabulary would run in float32 (TF32 on a GPU) although the forward ran in
+  bfloat16. Here the cotangent is cast to the operands' dtype first and the products accumulate
+  in float32, as mixed-precision training does for every other matmul (autocast); with float32
+  operands nothing changes.
+  """
+  return jnp.einsum("bcd,dv->bcv", hidden, head,
+                    preferred_element_type=_logits_dtype(hidden, head))
+
+
+def _project_fwd(hidden, head):
+  return project(hidden, head), (hidden, head)
+
+
+def _project_bwd(operands, cotangent):
+  hidden, head = operands
+  acc = _logits_dtype(hidden, head)
+  g = cotangent.astype(jnp.promote_types(hidden.dtype, head.dtype))
+  d_hidden = jnp.einsum("bcv,dv->bcd", g, head, preferred_element_type=acc)
+  d_head = jnp.einsum("bcd,bcv->dv", hidden, g, preferred_element_type=acc)
+  return d_hidden.astype(hidden.dtype), d_head.astype(head.dtype)
+
+
+project.defvjp(_project_fwd, _project_bwd)
+
+
 def _chunk_stats(hidden, head, targets, temperature, softcap):
   """``[B, c, D], [D, V], [B, c] -> (logp [B, c], entropy [B, c])``, float32 logits."""
-  logits = jnp.einsum("bcd,dv->bcv", hidden, head,
-                      preferred_element_type=_logits_dtype(hidden, head))
+  logits = project(hidden, head)
   if softcap is not None:
     logits = jnp.tanh(logits / softcap) * softcap
   if temperature != 1.0:

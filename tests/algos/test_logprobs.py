@@ -108,3 +108,30 @@ def test_shape_errors():
     lp_lib.token_logprobs_and_entropy(hidden, head[:3], targets, chunk=2)
   with pytest.raises(ValueError, match="chunk"):
     lp_lib.token_logprobs_and_entropy(hidden, head, targets, chunk=0)
+
+
+def test_bfloat16_backward_runs_its_matmuls_in_bfloat16():
+  """With bfloat16 hidden states and head, every matmul over the vocabulary, the backward's
+  included, takes bfloat16 operands (float32 accumulation): a float32 cotangent would make the
+  two backward matmuls float32 (TF32 on a GPU). The gradients still equal float32 arithmetic on
+  the same rounded inputs within bfloat16's rounding of the cotangent (8 significant bits)."""
+  hidden, head, targets = make(4)
+  h16, w16 = jnp.asarray(hidden, jnp.bfloat16), jnp.asarray(head, jnp.bfloat16)
+
+  def loss(h, w):
+    logp, entropy = lp_lib.token_logprobs_and_entropy(h, w, targets, chunk=4)
+    return (logp + 0.1 * entropy).sum()
+
+  grad = jax.jit(jax.grad(loss, argnums=(0, 1)))
+  text = grad.lower(h16, w16).as_text()
+  dots = [line for line in text.splitlines() if "dot_general" in line]
+  assert len(dots) >= 3, text  # forward (twice: rematerialised) and the two backward products
+  for line in dots:
+    operands = line.split(":")[-1].split("->")[0]
+    assert operands.count("bf16") == 2 and "f32" not in operands, line
+  g16 = grad(h16, w16)
+  g32 = jax.grad(loss, argnums=(0, 1))(*(np.asarray(x, np.float32) for x in (h16, w16)))
+  for a, b in zip(g16, g32):
+    assert a.dtype == jnp.bfloat16
+    scale = np.abs(np.asarray(b)).max()
+    np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b), atol=2 ** -7 * scale)
