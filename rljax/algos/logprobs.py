@@ -1,10 +1,13 @@
 """Token log-probs and entropies from the LM head without materialising ``[B, T, V]`` logits.
 
 A 152k vocabulary at ``B x T = 8 x 1024`` is 5 GB of float32 logits, more in the backward pass.
-``token_logprobs_and_entropy`` projects one sequence chunk at a time inside ``lax.map`` and
-rematerialises the chunk in the backward pass (``jax.checkpoint``), so the peak is a few
-``[B, chunk, V]`` float32 buffers whichever way it is differentiated.
+``token_logprobs_and_entropy`` projects one sequence chunk at a time inside ``lax.map``; the
+backward recomputes each chunk's logits from per-token ``log Z`` and entropy (``_chunk_stats``'s
+custom VJP), so the peak is a few ``[B, chunk, V]`` float32 buffers whichever way it is
+differentiated.
 """
+import functools
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -34,47 +37,62 @@ def _logits_dtype(*arrays):
   return jnp.promote_types(jnp.result_type(*arrays), jnp.float32)
 
 
-@jax.custom_vjp
-def project(hidden, head):
-  """Logits ``hidden @ head`` accumulated and returned in float32: ``[B, c, D], [D, V] ->
-  [B, c, V]``, whose backward runs in the operands' dtype.
-
-  Differentiated as is, a float32 output makes its cotangent float32, so both backward matmuls
-  over the vocabulary would run in float32 (TF32 on a GPU) although the forward ran in
-  bfloat16. Here the cotangent is cast to the operands' dtype first and the products accumulate
-  in float32, as mixed-precision training does for every other matmul (autocast); with float32
-  operands nothing changes.
-  """
-  return jnp.einsum("bcd,dv->bcv", hidden, head,
-                    preferred_element_type=_logits_dtype(hidden, head))
+def _logits(hidden, head, temperature, softcap):
+  """``(z, raw)``: the chunk's logits ``z = cap * tanh(raw / cap) / temperature`` and the
+  projection ``raw = hidden @ head``, both accumulated in float32."""
+  raw = jnp.einsum("bcd,dv->bcv", hidden, head,
+                   preferred_element_type=_logits_dtype(hidden, head))
+  z = raw if softcap is None else jnp.tanh(raw / softcap) * softcap
+  return (z if temperature == 1.0 else z / temperature), raw
 
 
-def _project_fwd(hidden, head):
-  return project(hidden, head), (hidden, head)
-
-
-def _project_bwd(operands, cotangent):
-  hidden, head = operands
-  acc = _logits_dtype(hidden, head)
-  g = cotangent.astype(jnp.promote_types(hidden.dtype, head.dtype))
-  d_hidden = jnp.einsum("bcv,dv->bcd", g, head, preferred_element_type=acc)
-  d_head = jnp.einsum("bcd,bcv->dv", hidden, g, preferred_element_type=acc)
-  return d_hidden.astype(hidden.dtype), d_head.astype(head.dtype)
-
-
-project.defvjp(_project_fwd, _project_bwd)
-
-
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
 def _chunk_stats(hidden, head, targets, temperature, softcap):
-  """``[B, c, D], [D, V], [B, c] -> (logp [B, c], entropy [B, c])``, float32 logits."""
-  logits = project(hidden, head)
-  if softcap is not None:
-    logits = jnp.tanh(logits / softcap) * softcap
-  if temperature != 1.0:
-    logits = logits / temperature
-  logp_all = jax.nn.log_softmax(logits, axis=-1)
+  """``[B, c, D], [D, V], [B, c] -> (logp [B, c], entropy [B, c])``, float32 logits.
+
+  Differentiated through ``_chunk_stats_bwd``, which keeps only the per-token ``log Z`` and
+  entropy: the backward recomputes the logits with one matmul and forms their cotangent in one
+  elementwise pass, instead of re-running the forward's reductions (``jax.checkpoint``).
+  """
+  return _chunk_stats_fwd(hidden, head, targets, temperature, softcap)[0]
+
+
+def _chunk_stats_fwd(hidden, head, targets, temperature, softcap):
+  z, _ = _logits(hidden, head, temperature, softcap)
+  log_z = jax.nn.logsumexp(z, axis=-1)
+  logp_all = z - log_z[..., None]
   logp = jnp.take_along_axis(logp_all, targets[..., None], axis=-1)[..., 0]
-  return logp, _entropy(logp_all)
+  entropy = _entropy(logp_all)
+  return (logp, entropy), (hidden, head, targets, log_z, entropy)
+
+
+def _chunk_stats_bwd(temperature, softcap, residuals, cotangents):
+  """With ``p = softmax(z)`` and ``H = -sum p log p``: ``d logp_t / dz = onehot_t - p`` and
+  ``dH / dz = -p (log p + H)``; then the chain through the temperature and the soft cap
+  (``d z / d raw = (1 - tanh^2(raw / cap)) / temperature``). The cotangent of the logits is
+  cast to the operands' dtype before the two matmuls, which accumulate in float32: bfloat16
+  products as mixed precision runs every other matmul (float32 would run as TF32 on a GPU);
+  with float32 operands nothing is rounded."""
+  hidden, head, targets, log_z, entropy = residuals
+  g_logp, g_entropy = cotangents
+  z, raw = _logits(hidden, head, temperature, softcap)
+  logp_all = z - log_z[..., None]
+  p = jnp.exp(logp_all)
+  target = jnp.arange(z.shape[-1]) == targets[..., None]
+  dz = g_logp[..., None] * (target - p) - g_entropy[..., None] * p * (logp_all
+                                                                        + entropy[..., None])
+  if temperature != 1.0:
+    dz = dz / temperature
+  if softcap is not None:
+    dz = dz * (1.0 - jnp.square(jnp.tanh(raw / softcap)))
+  acc = _logits_dtype(hidden, head)
+  dz = dz.astype(jnp.promote_types(hidden.dtype, head.dtype))
+  d_hidden = jnp.einsum("bcv,dv->bcd", dz, head, preferred_element_type=acc)
+  d_head = jnp.einsum("bcd,bcv->dv", hidden, dz, preferred_element_type=acc)
+  return d_hidden.astype(hidden.dtype), d_head.astype(head.dtype), None
+
+
+_chunk_stats.defvjp(_chunk_stats_fwd, _chunk_stats_bwd)
 
 
 def token_logprobs_and_entropy(hidden: chex.Array, head: chex.Array, targets: chex.Array, *,
@@ -112,9 +130,6 @@ def token_logprobs_and_entropy(hidden: chex.Array, head: chex.Array, targets: ch
   hidden_chunks = hidden.reshape(batch, num_chunks, chunk, dim).swapaxes(0, 1)
   target_chunks = targets.reshape(batch, num_chunks, chunk).swapaxes(0, 1)
 
-  # Checkpointing the body makes the backward pass recompute each chunk's logits instead of
-  # keeping every chunk's [B, c, V] residuals alive at once.
-  @jax.checkpoint
   def body(xs):
     h, t = xs
     return _chunk_stats(h, head, t, temperature, softcap)

@@ -57,17 +57,23 @@ def test_bfloat16_inputs_give_float32_outputs():
   np.testing.assert_allclose(np.asarray(logp), expected_logp, rtol=1e-4, atol=1e-4)
 
 
-def test_gradient_matches_full_logits(x64):
-  """Gradients w.r.t. hidden and head equal those through the full [B, T, V] logits."""
+@pytest.mark.parametrize("temperature,softcap", [(1.0, None), (0.7, 3.0)])
+def test_gradient_matches_full_logits(x64, temperature, softcap):
+  """Gradients w.r.t. hidden and head (the chunks' own backward) equal JAX's autodiff through
+  the full [B, T, V] logits, soft cap and temperature included."""
   hidden, head, targets = make(2, np.float64)
   weights = np.random.default_rng(2).normal(size=(2, B, T))
 
   def chunked(h, w):
-    logp, entropy = lp_lib.token_logprobs_and_entropy(h, w, targets, chunk=3)
+    logp, entropy = lp_lib.token_logprobs_and_entropy(h, w, targets, chunk=3,
+                                                      temperature=temperature, softcap=softcap)
     return (weights[0] * logp + weights[1] * entropy).sum()
 
   def full(h, w):
     logits = h @ w
+    if softcap is not None:
+      logits = jnp.tanh(logits / softcap) * softcap
+    logits = logits / temperature
     logp = jax.nn.log_softmax(logits)
     ent = -(jnp.exp(logp) * logp).sum(-1)
     tok = jnp.take_along_axis(logp, targets[..., None], -1)[..., 0]
