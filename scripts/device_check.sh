@@ -13,12 +13,12 @@
 #      decode step                                              (P_S, 200 s each)
 # Every step has its own timeout, logs under $OUT and the script goes on when one fails.
 #
-# The default is STEPS=p, about 6 minutes with the set-up: a-d ran on an H200 and e on an H100
-# on 2026-11-26 (docs/results/benchmarks_h200.md, docs/results/accelerator_h100.md); what issue 25
-# needs next is the profile that says where the update's and the decode step's time goes. With
-# time left on the same warm machine, STEPS=e (8.5 minutes) re-measures every figure after a
-# change, STEPS=a (~3.5 minutes) checks the tests on the GPU.
-#
+# The default is STEPS=e, about 8.5 minutes with the set-up: a-d ran on an H200 and e on an H100
+# on 2026-11-26, p on an H100 on 2026-11-27 (docs/results/benchmarks_h200.md,
+# docs/results/accelerator_h100.md); the update changed after e's figures (the log-prob head,
+# 2026-11-27: measured without the torch peer), so e re-measures every figure with the peer in
+# the same process. STEPS=p (about 6 minutes) profiles the update and the decode step again,
+# STEPS=a (~3.5 minutes) checks the tests on the GPU.
 # Run it in the repository root, with the pinned pure-python wheels in .whl/ (git-ignored through
 # .git/info/exclude; the image's jax/jaxlib (CUDA plugin), torch and transformers are used as they
 # are), fetched beforehand on a machine with network:
@@ -48,7 +48,7 @@ D_S=${D_S:-120}
 E_S=${E_S:-220}
 E2_S=${E2_S:-260}
 P_S=${P_S:-200}
-STEPS=${STEPS:-p}
+STEPS=${STEPS:-e}
 D_EXTRA=${D_EXTRA:-}
 E_EXTRA=${E_EXTRA:-}
 mkdir -p "$OUT"
