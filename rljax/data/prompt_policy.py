@@ -1,8 +1,10 @@
 """Prompts longer than the model can take: an explicit policy, applied before anything is built.
 
-A prompt of ``n`` tokens needs ``n + rollout.max_new_tokens`` positions. The limit is the
-smaller of ``data.max_prompt_tokens`` (0 = none) and the model's context,
-``max_position_embeddings - rollout.max_new_tokens``. ``data.overlong_prompts`` says what happens
+A prompt of ``n`` tokens needs ``n + budget`` positions, the budget being what follows the prompt
+(``completion_budget``: ``rollout.max_new_tokens``, or ``env.max_tokens`` for a multi-turn run,
+whose episodes hold every turn and observation after the prompt). The limit is the smaller of
+``data.max_prompt_tokens`` (0 = none) and the model's context, ``max_position_embeddings -
+budget``. ``data.overlong_prompts`` says what happens
 to a longer prompt:
 
 - ``'error'``: the run stops at start-up with one line naming the prompt (file and line for file
@@ -32,12 +34,23 @@ class PromptTooLongError(RljaxError, ValueError):
   """A prompt longer than the limit under ``data.overlong_prompts='error'``."""
 
 
-def prompt_token_limit(max_prompt_tokens: int, context: int, max_new_tokens: int) -> int:
-  """The longest prompt in tokens: ``min(max_prompt_tokens or inf, context - max_new_tokens)``."""
-  room = context - max_new_tokens
+def completion_budget(config) -> tuple[int, str]:
+  """``(positions after the prompt, the key that sets them)``: ``env.max_tokens`` when
+  ``env.name`` names an environment (a multi-turn episode: every turn and observation), else
+  ``rollout.max_new_tokens``."""
+  env = config.get("env")
+  if env is not None and env.get("name"):
+    return int(env.max_tokens), "env.max_tokens"
+  return int(config.rollout.max_new_tokens), "rollout.max_new_tokens"
+
+
+def prompt_token_limit(max_prompt_tokens: int, context: int, budget: int,
+                       budget_key: str = "rollout.max_new_tokens") -> int:
+  """The longest prompt in tokens: ``min(max_prompt_tokens or inf, context - budget)``."""
+  room = context - budget
   if room < 1:
-    raise ContextError(f"rollout.max_new_tokens={max_new_tokens} leaves no room for a prompt in the "
-                     f"model's context of {context} positions (max_position_embeddings)")
+    raise ContextError(f"{budget_key}={budget} leaves no room for a prompt in the model's context "
+                       f"of {context} positions (max_position_embeddings)")
   return min(max_prompt_tokens, room) if max_prompt_tokens > 0 else room
 
 
@@ -65,8 +78,8 @@ def where(problem: Problem) -> str:
   return f"prompt {problem.prompt[:60]!r}"
 
 
-def length_check(count_tokens: Callable[[str], int], limit: int, policy: str
-                 ) -> Callable[[Problem], bool]:
+def length_check(count_tokens: Callable[[str], int], limit: int, policy: str,
+                 budget_key: str = "rollout.max_new_tokens") -> Callable[[Problem], bool]:
   """``keep(problem)``: True if it fits; False (drop) or ``PromptTooLongError`` (error) if not."""
   if policy not in POLICIES:
     raise RljaxError(f"data.overlong_prompts={policy!r}; allowed: {list(POLICIES)}")
@@ -82,7 +95,7 @@ def length_check(count_tokens: Callable[[str], int], limit: int, policy: str
     if policy == "error":
       raise PromptTooLongError(
           f"{where(problem)}: prompt of {n} tokens exceeds the limit of {limit} (the smaller of "
-          "data.max_prompt_tokens and the model's context minus rollout.max_new_tokens); set "
+          f"data.max_prompt_tokens and the model's context minus {budget_key}); set "
           "data.overlong_prompts='drop' to leave such prompts out")
     return False
   return keep
@@ -91,10 +104,11 @@ def length_check(count_tokens: Callable[[str], int], limit: int, policy: str
 def apply_prompt_policy(source, config, tokenizer, *, log=print) -> int:
   """Apply ``data.max_prompt_tokens`` / ``data.overlong_prompts`` to a ``PromptSource``; returns
   the number of prompts dropped so far (file datasets: all of them, at once)."""
+  budget, budget_key = completion_budget(config)
   limit = prompt_token_limit(config.data.max_prompt_tokens, model_context(config, tokenizer),
-                             config.rollout.max_new_tokens)
+                             budget, budget_key)
   keep = length_check(lambda text: len(tokenizer.encode_prompt(text)), limit,
-                      config.data.overlong_prompts)
+                      config.data.overlong_prompts, budget_key)
   source.set_prompt_filter(keep)
   if source.dropped_prompts:
     log(f"data.overlong_prompts='drop': left out {source.dropped_prompts} prompts longer than "

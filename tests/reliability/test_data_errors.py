@@ -81,6 +81,26 @@ def test_context_leaves_room_for_new_tokens():
     prompt_policy.prompt_token_limit(0, 64, 64)
 
 
+def test_multi_turn_budget_is_env_max_tokens():
+  """A multi-turn episode holds every turn and observation after the prompt: the prompt limit
+  leaves env.max_tokens positions of the context, and the errors name that key."""
+  config = config_loader.load_config(f"{tiny.ROOT}/configs/guess.py")
+  tok = tokenizer_lib.load_tokenizer(config.data.tokenizer, False)
+  context = prompt_policy.model_context(config, tok)
+  assert prompt_policy.completion_budget(config) == (config.env.max_tokens, "env.max_tokens")
+  with config.unlocked():
+    config.env.max_tokens = context - 3  # rollout.max_new_tokens stays far below the context
+  source = datasets.make_prompt_source(config.data)
+  prompt_policy.apply_prompt_policy(source, config, tok)
+  with pytest.raises(prompt_policy.PromptTooLongError,
+                     match="limit of 3 .*context minus env.max_tokens"):
+    source.next_batch(4)
+  with config.unlocked():
+    config.env.max_tokens = context
+  with pytest.raises(prompt_policy.ContextError, match=f"env.max_tokens={context} leaves no room"):
+    prompt_policy.apply_prompt_policy(datasets.make_prompt_source(config.data), config, tok)
+
+
 def test_non_utf8_bytes_name_file_and_line(tmp_path):
   path = tmp_path / "bad.jsonl"
   path.write_bytes(b'{"prompt": "1+1=", "answer": "2"}\n{"prompt": "\xff\xfe", "answer": "2"}\n')
