@@ -41,6 +41,10 @@ def check_env_config(config) -> None:
       raise UnusedKeyError(
           f"reward.{leaf}={config.reward[leaf]!r} is not used: env.name={e.name!r} scores the "
           "episodes (its steps run under env.timeout_s in the reward.workers processes)")
+  if config.model.get("router_replay") == "R3":
+    raise ConfigError("model.router_replay='R3' replays the experts the sampler chose for each "
+                      f"token; multi-turn episodes (env.name={e.name!r}) do not record them: use "
+                      "'R2' (the old-log-prob forward's experts) or 'off'")
   if e.tool_format == "hermes" and config.data.tokenizer == "char":
     raise ConfigError("env.tool_format='hermes' needs a tokenizer that can write "
                       "'<tool_call>{\"name\": ...}</tool_call>'; the char tokenizer has no braces, "

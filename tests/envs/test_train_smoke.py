@@ -73,6 +73,9 @@ def test_env_key_checks():
                                         r"'grpo' reads one reward per episode; .*reinforce_pp"):
     check_env_config(_config(**{"env.turn_discount": 0.9}))
   check_env_config(_config(**{"env.turn_discount": 0.9, "algo.advantage": "reinforce_pp"}))
+  with pytest.raises(ConfigError, match=r"model.router_replay='R3' .*env.name='guess'.*'R2'"):
+    check_env_config(_config(**{"model.router_replay": "R3"}))
+  check_env_config(_config(**{"model.router_replay": "R2"}))
   from rljax import config_checks
   with pytest.raises(ConfigError, match=r"env.engine.*turn_sync.*continuous"):
     config_checks.check_config(_config(**{"env.engine": "async"}))
