@@ -77,12 +77,36 @@ def _check_relations(config) -> None:
   if "teacher" in config and a.opd_coef > 0 and not config.teacher.source:
     raise ConfigError(f"algo.opd_coef={a.opd_coef!r} needs a distillation teacher: set "
                       "teacher.source ('hf:PATH', 'run:DIR', 'sft' or 'tiny')")
+  _check_inflight(config)
   if r.group_size == 1 and needs_groups(config.algo):
     raise ConfigError(
         f"rollout.group_size=1 with algo.advantage={a.advantage!r}"
         + (f" (adv_std={a.adv_std!r})" if a.advantage == "grpo" else "")
         + ": this estimator's baseline comes from the other completions of the prompt; "
         "use rollout.group_size >= 2")
+
+
+def _check_inflight(config) -> None:
+  """``rollout.inflight_chunk`` needs an asynchronous sampler and a single-turn rollout whose
+  record it can join across chunks."""
+  r = config.rollout
+  chunk = r.get("inflight_chunk", 0)
+  if not chunk:
+    return
+  from rljax.algos.usage import UnusedKeyError
+  if not r.max_staleness:
+    raise UnusedKeyError(f"rollout.inflight_chunk={chunk} is not used: the synchronous loop "
+                         "(rollout.max_staleness=0) gets new weights only between steps; set "
+                         "rollout.max_staleness >= 1")
+  if chunk >= r.max_new_tokens:
+    raise UnusedKeyError(f"rollout.inflight_chunk={chunk} is not used: a rollout of "
+                         f"rollout.max_new_tokens={r.max_new_tokens} is one chunk")
+  if "env" in config and config.env.name:
+    raise ConfigError(f"rollout.inflight_chunk={chunk}: multi-turn episodes "
+                      f"(env.name={config.env.name!r}) take new weights between steps only")
+  if config.model.get("router_replay") == "R3":
+    raise ConfigError(f"rollout.inflight_chunk={chunk} with model.router_replay='R3': the "
+                      "sampler's experts are not joined across chunks; use 'R2' or 'off'")
 
 
 def needs_groups(algo_cfg) -> bool:

@@ -112,6 +112,11 @@ KEYS = (
     Key("rollout.max_staleness", 0, integer(0, 64),
         "asynchronous RL (docs/async.md): the sampler may start step s's batch with weights of "
         "learner step >= s - max_staleness, in a background thread; 0 = synchronous"),
+    Key("rollout.inflight_chunk", 0, integer(0, 2**31 - 1),
+        "in-flight weight updates (docs/async.md; needs rollout.max_staleness >= 1): decode in "
+        "chunks of this many tokens, each with the newest weights the learner has published "
+        "(the rows still decoding re-prefilled by them; extras['token_version'] per token); "
+        "0 = off"),
     # --- reward (ALGORITHMS.md section 1) ------------------------------------------------------
     Key("reward.fn", "exact_match", registered("reward_fn"), "the verifier"),
     Key("reward.format_weight", 0.0, real(), "weight of the format term added to correctness"),

@@ -38,7 +38,7 @@ import queue
 import threading
 import time
 import weakref
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Optional, Protocol
 
 import jax
 
@@ -134,7 +134,10 @@ class WeightSync:
 
 # --- the synchronous sampler --------------------------------------------------------------------
 
-Collect = Callable[[int, Any], tuple[Rollout, dict]]  # (step, params) -> (rollout, info)
+# (step, params, newest) -> (rollout, info). ``newest``: None, or with in-flight weight updates
+# (``rollout.inflight_chunk``) ``() -> (version, params)``, the newest weights published, which
+# the rollout reads between its chunks (``rljax.rollout.inflight``).
+Collect = Callable[[int, Any, Optional[Callable[[], tuple[int, Any]]]], tuple[Rollout, dict]]
 
 
 class SyncSampler:
@@ -148,7 +151,7 @@ class SyncSampler:
 
   def next(self, step: int) -> Batch:
     t0 = time.perf_counter()
-    rollout, info = self._collect(step, self._params)
+    rollout, info = self._collect(step, self._params, None)
     return Batch(step, self._version, rollout, info, self._source_state(),
                  time.perf_counter() - t0)
 
@@ -188,11 +191,11 @@ class AsyncSampler:
   POLL_S = 0.1  # how often blocked waits look for ``close`` (and let signals through)
 
   def __init__(self, collect: Collect, source_state: Callable[[], dict], weights: WeightSync,
-               params, *, start: int, steps: int, max_staleness: int):
+               params, *, start: int, steps: int, max_staleness: int, inflight: bool = False):
     if max_staleness < 1:
       raise ValueError(f"rollout.max_staleness={max_staleness}: the asynchronous sampler needs "
                        ">= 1 (0 is the synchronous loop)")
-    self.max_staleness = max_staleness
+    self.max_staleness, self.inflight = max_staleness, inflight
     self._collect, self._source_state, self._weights = collect, source_state, weights
     self._cond = threading.Condition()
     self._latest = (start, weights(params)[0])  # (version, weights on the sampler's devices)
@@ -215,7 +218,7 @@ class AsyncSampler:
           version, params = self._latest
         with self._busy:
           t0 = time.perf_counter()
-          rollout, info = self._collect(step, params)
+          rollout, info = self._collect(step, params, self._newest if self.inflight else None)
           batch = Batch(step, version, rollout, info, self._source_state(),
                         time.perf_counter() - t0)
         del params  # the next publish may free these weights
@@ -223,6 +226,14 @@ class AsyncSampler:
           return
     except BaseException as e:  # raised in the learner's thread by next()
       self._put(_Failed(e))
+
+  def _newest(self) -> tuple[int, Any]:
+    """The newest published weights, read by an in-flight rollout between its chunks."""
+    with self._cond:
+      version, params = self._latest
+    if params is None:
+      raise RuntimeError("the sampler was closed during an in-flight rollout")
+    return version, params
 
   def _put(self, item) -> bool:
     while not self._stopped:
@@ -292,9 +303,11 @@ def join_stopped(timeout_s: float) -> None:
 
 
 def make_sampler(max_staleness: int, collect: Collect, source_state: Callable[[], dict],
-                 weights: WeightSync, params, *, start: int, steps: int) -> Sampler:
-  """The synchronous sampler for ``rollout.max_staleness=0``, else the asynchronous one."""
+                 weights: WeightSync, params, *, start: int, steps: int,
+                 inflight: bool = False) -> Sampler:
+  """The synchronous sampler for ``rollout.max_staleness=0``, else the asynchronous one
+  (``inflight``: its rollouts take newer weights between chunks)."""
   if max_staleness == 0:
     return SyncSampler(collect, source_state, weights, params, start)
   return AsyncSampler(collect, source_state, weights, params, start=start, steps=steps,
-                      max_staleness=max_staleness)
+                      max_staleness=max_staleness, inflight=inflight)

@@ -317,7 +317,8 @@ def make_generator(config, model: LoadedModel, tokenizer, source,
   return Generator(model=model, tokenizer=tokenizer,
                    verifier=make_task_verifier(config, source, failure_log),
                    prompt_bucket=config.data.prompt_bucket, overlong_buffer=r.overlong_buffer,
-                   overlong_penalty=r.overlong_penalty)
+                   overlong_penalty=r.overlong_penalty,
+                   inflight_chunk=config.rollout.get("inflight_chunk", 0))
 
 
 @dataclasses.dataclass

@@ -13,6 +13,7 @@ import numpy as np
 from rljax import rollout as rollout_lib
 from rljax.parallel import distributed, rules
 from rljax.rewards import shaping
+from rljax.rollout import inflight
 from rljax.rollout.sampler import Rollout
 
 
@@ -29,6 +30,9 @@ class Generator:
   # rljax.envs.rollout.EnvSettings: multi-turn rollouts in that environment (``env.name``); None:
   # single-turn completions scored by ``verifier``.
   env: Any = None
+  # ``rollout.inflight_chunk``: tokens per chunk of a rollout that takes newer weights between
+  # chunks when the caller passes ``newest`` (the asynchronous sampler); 0 = off.
+  inflight_chunk: int = 0
 
   @property
   def mesh(self):
@@ -76,18 +80,25 @@ def episodes(gen: Generator, params, problems, key, sampling: rollout_lib.Sampli
 
 
 def generate(gen: Generator, params, problems, key, sampling: rollout_lib.SamplingParams,
-             group_size: int) -> tuple[Rollout, list[str], dict]:
+             group_size: int, newest=None) -> tuple[Rollout, list[str], dict]:
   """Sample ``group_size`` completions per problem and score them on the host: the sampler's
   ``Rollout`` (NumPy) with ``rewards`` (shaped), ``correct`` and ``row_valid`` added, the
   decoded completions, and the verifier's counts (``reward/timeouts``, ``/errors``,
   ``/invalid``). With ``gen.env`` set: multi-turn episodes in that environment
-  (``rljax.envs.rollout``), the transcripts after the prompts, and the ``env/*`` counts."""
+  (``rljax.envs.rollout``), the transcripts after the prompts, and the ``env/*`` counts.
+  ``newest``: ``() -> (version, params)``; with ``gen.inflight_chunk`` the completions are
+  decoded in chunks, each with the newest weights (``rljax.rollout.inflight``)."""
   if gen.env is not None:
     result = episodes(gen, params, problems, key, sampling, group_size)
     return result.rollout, result.transcripts, result.counts
   prompt_ids = [gen.tokenizer.encode_prompt(p.prompt) for p in problems]
   tokens, mask = rollout_lib.left_pad(prompt_ids, gen.prompt_bucket, gen.tokenizer.pad_id)
-  out = continuations(gen, params)(tokens, mask, key, sampling, group_size)
+  if newest is not None and gen.inflight_chunk:
+    sample = lambda weights, *args: continuations(gen, weights)(*args)
+    out = inflight.sample_inflight(sample, newest, tokens, mask, key, sampling, group_size,
+                                   gen.inflight_chunk)
+  else:
+    out = continuations(gen, params)(tokens, mask, key, sampling, group_size)
   completions = [gen.tokenizer.decode(row[:n]) for row, n in zip(out.tokens, out.lengths)]
   scores = gen.verifier(completions, [p for p in problems for _ in range(group_size)])
   rewards, correct = scores

@@ -52,13 +52,14 @@ def check_step(run: build.Run, metrics: dict, step: int) -> None:
 
 
 def collect_batch(run: build.Run, step: int, stream: int = 0,
-                  params=None) -> tuple[Rollout, dict]:
+                  params=None, newest=None) -> tuple[Rollout, dict]:
   """P groups of G completions; with dynamic sampling, only groups with a reward spread.
 
   DAPO (arXiv 2503.14476): oversample rounds of P prompts until P groups are kept or
   ``algo.max_gen_batches`` rounds ran; the excess is trimmed, a shortfall is padded with
   zero-weight rows (and logged) so that the compiled step keeps its shapes. ``params``: the
-  sampler's weights (default: the train state's, on a colocated sampler).
+  sampler's weights (default: the train state's, on a colocated sampler); ``newest``: with
+  in-flight weight updates, ``() -> (version, weights)`` read between a rollout's chunks.
   """
   cfg = run.config
   params = run.state.params if params is None else params
@@ -71,7 +72,7 @@ def collect_batch(run: build.Run, step: int, stream: int = 0,
     problems = run.source.next_batch(num_prompts)
     key = jax.random.fold_in(base, rounds)
     part, _, counts = generation.generate(run.generator, params, problems, key, run.sampling,
-                                          group_size)
+                                          group_size, newest=newest)
     part, transform_counts = transform_rollout(run, part, problems, key, params)
     verifier_counts.append({**counts, **transform_counts})
     rounds += 1
@@ -112,7 +113,19 @@ def collect_batch(run: build.Run, step: int, stream: int = 0,
     if rows.any():  # response lengths by outcome (Dr. GRPO's length bias shows in the wrong ones)
       info[f"len_{name}_mean"] = float(generated.lengths[rows].mean())
   info.update(episode_means(info))
+  if "token_version" in generated.extras:
+    info.update(token_staleness(generated.extras["token_version"], step))
   return batch, info
+
+
+def token_staleness(version, step: int) -> dict:
+  """Learner steps between step ``step`` and the weights that drew each token of an in-flight
+  rollout (``extras['token_version']``, -1 on padding): mean and max over its tokens."""
+  lag = step - np.asarray(version)[np.asarray(version) >= 0]
+  if not lag.size:
+    return {}
+  return {"async/token_staleness_mean": float(lag.mean()),
+          "async/token_staleness_max": float(lag.max())}
 
 
 def episode_means(counts: dict) -> dict:
@@ -264,8 +277,10 @@ def _train(run: build.Run, guard: preemption.Guard) -> dict:
   # position the sampler has drawn up to (actors.py: what a resumed run replays).
   consumed = run.source.state_dict()
   sampler = actors.make_sampler(
-      staleness, lambda step, params: collect_batch(run, step, params=params),
-      run.source.state_dict, weights, run.state.params, start=start, steps=cfg.train.steps)
+      staleness, lambda step, params, newest: collect_batch(run, step, params=params,
+                                                            newest=newest),
+      run.source.state_dict, weights, run.state.params, start=start, steps=cfg.train.steps,
+      inflight=bool(cfg.rollout.get("inflight_chunk", 0)))
   learner = RunLearner(run)
   try:
     last = _steps(run, guard, sampler, learner, start, consumed, evaluate)

@@ -85,9 +85,9 @@ def test_staleness_never_exceeds_the_bound(tmp_path, monkeypatch):
   real_publish = actors.AsyncSampler.publish
   real_init = actors.AsyncSampler.__init__
 
-  def collect(run, step, stream=0, params=None):
+  def collect(run, step, stream=0, params=None, newest=None):
     sampled[step] = (learned[0], checksum(params))
-    return real_collect(run, step, stream, params=params)
+    return real_collect(run, step, stream, params=params, newest=newest)
 
   def learn(self, batch):
     consumed.append((batch.step, batch.version))
@@ -130,8 +130,51 @@ def test_staleness_never_exceeds_the_bound(tmp_path, monkeypatch):
   assert np.isfinite(result["last"]["loss"])
 
 
+def test_inflight_updates_tag_every_token_with_its_weights(tmp_path, monkeypatch):
+  """rollout.inflight_chunk=2 with staleness 1: before each rollout's second chunk the sampler is
+  held until the learner has published the step's own weights, so the rows still decoding
+  continue under them. Every token's version is then that of its chunk's weights: the batch's
+  starting version in chunk 0, the step itself after; the logged token staleness agrees."""
+  steps, chunk = 4, 2
+  records = {}  # step -> (batch version as sampled, token versions)
+  real_collect = loop.collect_batch
+
+  def collect(run, step, stream=0, params=None, newest=None):
+    assert newest is not None
+    reads = []  # the version each chunk read
+
+    def held():
+      if reads and reads[0] < step:  # hold the second chunk until weights of `step` exist
+        deadline = time.monotonic() + 120
+        while newest()[0] < step and time.monotonic() < deadline:
+          time.sleep(0.01)
+      version, weights = newest()
+      reads.append(version)
+      return version, weights
+
+    batch, info = real_collect(run, step, stream, params=params, newest=held)
+    records[step] = (reads[0], batch.extras["token_version"].copy(), batch.mask.copy())
+    return batch, info
+
+  monkeypatch.setattr(loop, "collect_batch", collect)
+  loop.train(_config(tmp_path, {"train.steps": str(steps), "rollout.max_staleness": "1",
+                                "rollout.inflight_chunk": str(chunk)}))
+  rows = [r for r in metrics_lib.read_jsonl(os.path.join(tmp_path, "metrics.jsonl")) if "loss" in r]
+  swapped = 0
+  for step, (start, version, mask) in sorted(records.items()):
+    assert ((version >= 0) == (mask > 0)).all()  # -1 exactly on padding
+    first, later = version[:, :chunk], version[:, chunk:]
+    assert (first[first >= 0] == start).all()
+    assert (later[later >= 0] == max(start, step)).all()
+    swapped += int(step > start and (later >= 0).any())
+    lag = step - version[version >= 0]
+    assert rows[step]["async/token_staleness_max"] == lag.max()
+    assert rows[step]["async/token_staleness_mean"] == pytest.approx(lag.mean())
+  assert swapped >= 1  # some rollout really took new weights mid-way
+
+
 def test_sampler_error_reaches_the_learner(tmp_path, monkeypatch):
-  def collect(run, step, stream=0, params=None):
+  def collect(run, step, stream=0, params=None, newest=None):
     raise ValueError("verifier exploded")
   monkeypatch.setattr(loop, "collect_batch", collect)
   with pytest.raises(ValueError, match="verifier exploded"):
@@ -142,6 +185,11 @@ def test_sampler_error_reaches_the_learner(tmp_path, monkeypatch):
 @pytest.mark.parametrize("settings, match", [
     ({"rollout.max_staleness": -1}, "rollout.max_staleness=-1"),
     ({"mesh.sampler_devices": -2}, "mesh.sampler_devices=-2"),
+    ({"rollout.inflight_chunk": 2}, r"inflight_chunk=2 is not used: the synchronous loop"),
+    ({"rollout.inflight_chunk": 8, "rollout.max_staleness": 1},
+     r"rollout.max_new_tokens=8 is one chunk"),
+    ({"rollout.inflight_chunk": 2, "rollout.max_staleness": 1, "model.router_replay": "R3"},
+     r"model.router_replay='R3': the sampler's experts are not joined"),
 ])
 def test_bad_async_settings_name_the_key(tmp_path, settings, match):
   config = _config(tmp_path)
