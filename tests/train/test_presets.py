@@ -106,8 +106,16 @@ def _same_as(preset, metrics_path, snapshot, up_to_step=None):
       continue
     for key, value in old.items():
       if value is not None and not key.startswith(TIMING):
-        np.testing.assert_allclose(new[key], value, rtol=1e-4, atol=1e-6,
+        np.testing.assert_allclose(new[key], value, rtol=1e-4, atol=_atol(key),
                                    err_msg=f"{preset} step {old['step']} {key}")
+
+
+def _atol(key: str) -> float:
+  # The mismatch/* metrics compare the sampler's and the trainer's float32 log-probs of the same
+  # tokens: their values are rounding noise, summed over up to T = 24 tokens of |log p| ~ 4
+  # (sqrt(24) x 4 x 2^-24 x a few ulps ~ 1e-6), so a change of summation order anywhere in the
+  # forward or backward moves them by that much. Other metrics keep the 1e-6.
+  return 1e-5 if key.startswith("mismatch/") else 1e-6
 
 
 def _dapo(config, state, steps):
