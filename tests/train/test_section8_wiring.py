@@ -247,8 +247,8 @@ def test_remax_baseline_is_one_greedy_completion_per_prompt(tmp_path, monkeypatc
   calls = []
   real = generation.generate
 
-  def recording(gen, params, problems, key, sampling, group_size):
-    out = real(gen, params, problems, key, sampling, group_size)
+  def recording(gen, params, problems, key, sampling, group_size, newest=None):
+    out = real(gen, params, problems, key, sampling, group_size, newest)
     calls.append((sampling, group_size, out[0], params))
     return out
 
