@@ -78,6 +78,9 @@ class EngineStats:
   prefilled_tokens: int = 0
   env_wait_s: float = 0.0  # blocked on environments with no lane decoding
   device_s: float = 0.0  # in ``run_lanes`` calls, results copied back
+  # The most time one row spent with its steps in flight (submitted to collected): a floor of the
+  # wall time that no batching of the decode can lower.
+  tool_path_s: float = 0.0
   wall_s: float = 0.0
 
   @property
@@ -152,6 +155,7 @@ def run_episodes_continuous(problems: Sequence, key, *, cfg: ModelConfig, params
   seq = lambda r: prompts[episodes[r].problem] + episodes[r].ids
   cached = [0] * b  # ids of each row's trajectory whose keys/values the store holds
   segment = [0] * b  # segments each row started (their keys)
+  in_tool = [0.0] * b  # each row's time with a step in flight so far
   ready = collections.deque(r for r, ep in enumerate(episodes) if ep.running)
   lanes: List[_Lane] = []
 
@@ -165,6 +169,7 @@ def run_episodes_continuous(problems: Sequence, key, *, cfg: ModelConfig, params
       ready.append(r)
     elif what == "step":
       runner.submit_step(r, ep.env, turn_action(ep, tokenizer))
+      in_tool[r] -= time.monotonic()
 
   def admit() -> None:
     """Ready rows take free lanes, a power of two of them (few compiled shapes); their new ids
@@ -222,6 +227,7 @@ def run_episodes_continuous(problems: Sequence, key, *, cfg: ModelConfig, params
   def collect(wait_s: float) -> None:
     t0 = time.monotonic()
     for r, outcome in runner.poll(wait_s):
+      in_tool[r] += time.monotonic()
       ep = episodes[r]
       apply_step(ep, outcome, tokenizer, settings, budget, counts)
       if ep.running:
@@ -239,6 +245,7 @@ def run_episodes_continuous(problems: Sequence, key, *, cfg: ModelConfig, params
       break
 
   stats.wall_s += time.monotonic() - t_start
+  stats.tool_path_s = max(stats.tool_path_s, max(in_tool))
   return finish_episodes(episodes, prompts, tokenizer=tokenizer, group_size=g,
                          prompt_bucket=prompt_bucket, budget=budget, counts=counts,
                          turn_discount=settings.turn_discount)

@@ -13,9 +13,11 @@ row's prompt, or its last sampled token and the observation; a decoding lane's l
 at the indices after those the row holds, attending causally to all before them, then decode
 one token per step until ``steps`` tokens were drawn, or ``want`` lanes ended their segment (a
 stop id or the segment's budget: the host has rows waiting to take their place), or no lane is
-left. The call gathers its rows of the store once, runs, and scatters them back (the store is
-donated, so the scatter is in place): a host round trip costs a copy of the rows it touches, not
-one per step, and admitting rows costs no call of its own. Which rows run together, and when, never changes a row's tokens: token ``t`` of a row's
+left. The call gathers its rows of the store once, runs, and scatters back the indices it wrote
+(the store is donated, so the scatter is in place): a host round trip costs a copy of the rows it
+touches, not one per step, and admitting rows costs no call of its own.
+
+Which rows run together, and when, never changes a row's tokens: token ``t`` of a row's
 segment ``s`` (its ``s``-th sampler segment, see ``rljax.envs.continuous``) is drawn with
 ``fold_in(fold_in(key, s), t)`` at the noise counters of the row's index in the batch.
 """
@@ -81,10 +83,20 @@ def _gather(store, idx, span: int):
   return jax.tree.map(lambda x: x[jnp.minimum(idx, m - 1), :, :span], store)
 
 
-def _scatter(store, idx, rows):
-  """``rows`` back into ``store`` at ``idx``; an index ``M`` (a padding row) writes nothing."""
-  span = rows[0][0].shape[2]
-  return jax.tree.map(lambda s, r: s.at[idx, :, :span].set(r, mode="drop"), store, rows)
+def _scatter(store, idx, rows, lo, width: int):
+  """Cache indices ``lo[i] .. lo[i] + width`` of ``rows`` back into ``store`` at ``idx``: all that
+  a call wrote (a ``dynamic_slice`` window, shifted back where it would pass the rows' end, so
+  it still holds every index from ``lo[i]`` on), a fraction of the rows it read; an index ``M``
+  (a padding row) writes nothing."""
+  width = min(width, rows[0][0].shape[2])
+
+  def put(s, r):
+    at = jnp.clip(lo, 0, r.shape[2] - width)  # where dynamic_slice starts the window
+    win = jax.vmap(lambda x, a: jax.lax.dynamic_slice_in_dim(x, a, width, axis=1))(r, at)
+    pos = at[:, None] + jnp.arange(width)[None, :]
+    # [W, width] advanced indices around a slice: the updated view is [W, width, G, Dh].
+    return s.at[idx[:, None], :, pos].set(win.transpose(0, 2, 1, 3), mode="drop")
+  return jax.tree.map(put, store, rows)
 
 
 def _head(cfg, weights, hidden):
@@ -168,4 +180,5 @@ def run_lanes(weights, store, idx, tok, chunk, chunk_mask, start, budget, drawn,
   tok, count, live, out = record(0, zeros, zeros, live0, out, new, lp, dlp)
   i, rows, _, count, live, out = jax.lax.while_loop(
       cond, body, (jnp.int32(1), rows, tok, count, live, out))
-  return _scatter(store, idx, rows), out[0], out[1], out[2], count, live, i
+  written = (c if e else 1) + steps - 1  # indices from ``start`` on that a lane may have written
+  return _scatter(store, idx, rows, start, written), out[0], out[1], out[2], count, live, i
