@@ -18,14 +18,19 @@ Sides, with the same model, problems, worker processes (``--workers``) and limit
   while the others decode, and re-enters with its cache kept.
 
 Reported per side: useful tokens/s (policy tokens kept in the record / wall time of the whole
-rollout, resets included; median and range of ``--runs`` runs of the same episodes after a
-warm-up run that compiled their shapes, sides alternated)
+rollout, resets included; median and range of ``--runs`` runs of the same episodes after
+``--warmups`` runs that compiled their shapes, sides alternated)
 and slot utilisation (useful tokens / token slots the sampler computed: a turn-synchronous call
-computes every row until its longest one ends, the continuous engine every lane of every decode
-step plus each prefilled row's first draw). Usage::
+computes every row until its longest one ends, the continuous engine every lane of every step,
+an entering row's first draw included). Usage::
 
   python benchmarks/multiturn.py                          # 1M model, B=64, S=16, 0-200 ms tools
+  python benchmarks/multiturn.py --prompts 64             # B=256: decode-bound, not tool-bound
   python benchmarks/multiturn.py --latency-ms 0 --runs 1  # no tool latency: decode only
+
+At B = 64 one episode's tools alone (``EngineStats.tool_path_s``, ``--verbose``) take about half
+the turn-synchronous driver's wall time: that workload measures latency hiding; B = 256 (an RL
+step's batch size) measures the engine's decode throughput as well.
 """
 from __future__ import annotations
 
@@ -79,7 +84,7 @@ def _parse(argv=None):
   ap.add_argument("--refill-rows", type=int, default=0, help="continuous: 0 = S/8")
   ap.add_argument("--workers", type=int, default=32, help="environment worker processes")
   ap.add_argument("--runs", type=int, default=3)
-  ap.add_argument("--warmups", type=int, default=2,
+  ap.add_argument("--warmups", type=int, default=4,
                   help="runs first, not counted: the continuous engine's shapes (lane widths, "
                   "spans) depend on arrival order, so one run may not compile them all")
   ap.add_argument("--seed", type=int, default=0)

@@ -13,10 +13,13 @@ The loop, on the host:
 
 1. *Admit*: rows ready to (re)enter (all rows at first; later those whose observation came back,
    or whose turn goes on after a stop id that closed no marker) take the free lanes, at most
-   ``slots``; one ``prefill_rows`` call feeds their new ids and draws their first token.
-2. *Decode*: one ``decode_lanes`` call runs the lanes for up to ``DECODE_STEPS`` steps; it
-   returns early once as many lanes ended their segment as there are rows waiting to enter (at
-   most ``refill_rows``). The lanes narrow to ``S/4`` when few rows are left to decode, and a
+   ``slots``.
+2. *Run*: one ``run_lanes`` call feeds the entering rows' new ids (and the decoding lanes' last
+   tokens) in its first step, drawing one token per lane, then decodes, up to ``DECODE_STEPS``
+   tokens per lane; it returns early once as many lanes ended their segment as there are rows
+   waiting to enter (at most ``refill_rows``). Admission costs no call of its own: a separate
+   prefill call per admission was a third of the wall time on CPU (docs/results/
+   benchmarks_multiturn.md). The lanes narrow to ``S/4`` when few rows are left to decode, and a
    call reads the rows' caches only up to the deepest index it can reach (``span``).
 3. *Step*: a row whose segment ended goes through the same bookkeeping as in the
    turn-synchronous driver (``end_segment``, ``apply_step``): its environment steps, or its turn
@@ -54,7 +57,9 @@ from rljax.rollout import decode, sampler, turns
 # Decode steps per host round trip at most: more amortise the call (a few ms on CPU) over more
 # tokens; fewer let ended rows hand their lanes over sooner when no row is waiting to enter.
 DECODE_STEPS = 16
-CHUNK_BUCKET = 16  # prefill chunks are left-padded to a multiple of this (few compilations)
+# Entering rows' chunks are left-padded to a multiple of this (few compilations); a call that
+# admits no row feeds chunks of 1 (the decoding lanes' last tokens).
+CHUNK_BUCKET = 16
 # A call reads its rows' cache up to the deepest index its tokens reach, rounded up to a multiple
 # of this (a compilation per multiple; ``rljax.rollout.turns._gather``).
 SPAN_BUCKET = 64
@@ -63,16 +68,19 @@ POLL_S = 0.05  # longest wait for a step's answer while nothing decodes (then lo
 
 @dataclasses.dataclass
 class EngineStats:
-  """What the engine computed, for benchmarks and metrics: ``computed`` token slots (each
-  prefilled row's first draw and every lane of every decode step), ``drawn`` tokens actually
-  sampled, and how the host spent its wall time."""
-  prefill_calls: int = 0
-  decode_calls: int = 0
-  decode_steps: int = 0
+  """What the engine computed, for benchmarks and metrics: ``computed`` token slots (every lane
+  of every step, an entering row's first draw included), ``drawn`` tokens actually sampled,
+  ``prefilled_tokens`` the entering rows' new ids, and how the host spent its wall time."""
+  calls: int = 0
+  steps: int = 0
   computed: int = 0
   drawn: int = 0
   prefilled_tokens: int = 0
   env_wait_s: float = 0.0  # blocked on environments with no lane decoding
+  device_s: float = 0.0  # in ``run_lanes`` calls, results copied back
+  # The most time one row spent with its steps in flight (submitted to collected): a floor of the
+  # wall time that no batching of the decode can lower.
+  tool_path_s: float = 0.0
   wall_s: float = 0.0
 
   @property
@@ -82,9 +90,11 @@ class EngineStats:
 
 @dataclasses.dataclass
 class _Lane:
-  """A row's segment in progress: the ids drawn so far (not in its trajectory yet)."""
+  """A row's segment in progress: the ids drawn so far (not in its trajectory yet) and those
+  the next call feeds (the row's new ids when it enters, then the last drawn one)."""
   row: int
   cap: int  # most ids this segment may draw
+  feed: List[int]
   ids: List[int] = dataclasses.field(default_factory=list)
   slp: List[float] = dataclasses.field(default_factory=list)
   dlp: List[float] = dataclasses.field(default_factory=list)
@@ -137,7 +147,7 @@ def run_episodes_continuous(problems: Sequence, key, *, cfg: ModelConfig, params
   width = -(-max(len(p) for p in prompts) // prompt_bucket) * prompt_bucket
   cfg = sampler.sampler_config(cfg, dtype)
   # One index to spare: a decode lane with nothing to write writes at its span's last index,
-  # which must lie past every index the lane holds (``decode_call``).
+  # which must lie past every index the lane holds (``lanes_call``).
   length = width + budget + 1
   cfg, weights = decode.inference_weights(cfg, params, length)
   store = turns.init_store(cfg, b, length)
@@ -145,6 +155,7 @@ def run_episodes_continuous(problems: Sequence, key, *, cfg: ModelConfig, params
   seq = lambda r: prompts[episodes[r].problem] + episodes[r].ids
   cached = [0] * b  # ids of each row's trajectory whose keys/values the store holds
   segment = [0] * b  # segments each row started (their keys)
+  in_tool = [0.0] * b  # each row's time with a step in flight so far
   ready = collections.deque(r for r, ep in enumerate(episodes) if ep.running)
   lanes: List[_Lane] = []
 
@@ -158,65 +169,55 @@ def run_episodes_continuous(problems: Sequence, key, *, cfg: ModelConfig, params
       ready.append(r)
     elif what == "step":
       runner.submit_step(r, ep.env, turn_action(ep, tokenizer))
+      in_tool[r] -= time.monotonic()
 
   def admit() -> None:
-    nonlocal store
-    take = [ready.popleft() for _ in range(min(s_max - len(lanes), len(ready)))]
-    if not take:
-      return
-    chunks = [seq(r)[cached[r]:] for r in take]
-    rows = lane_width(len(take), s_max)
-    w = -(-max(len(c) for c in chunks) // CHUNK_BUCKET) * CHUNK_BUCKET
-    tokens = np.full((rows, w), tokenizer.pad_id, np.int32)
-    mask = np.zeros((rows, w), np.int32)
-    for i, c in enumerate(chunks):
-      tokens[i, w - len(c):], mask[i, w - len(c):] = c, 1
-    pad_rows = lambda v, fill: np.asarray(list(v) + [fill] * (rows - len(take)), np.int32)
-    store, tok, lp, dlp = turns.prefill_rows(
-        weights, store, pad_rows(take, b), tokens, mask, pad_rows((cached[r] for r in take), 0),
-        key, pad_rows((segment[r] for r in take), 0), pad_rows(take, 0), cfg=cfg, sp=sp,
-        span=length)  # one prefill forward is cheap next to its compilations per span
-    tok, lp, dlp = (np.asarray(x) for x in (tok, lp, dlp))
-    stats.prefill_calls += 1
-    stats.computed += rows
-    stats.drawn += len(take)
-    stats.prefilled_tokens += sum(len(c) for c in chunks)
-    for i, (r, c) in enumerate(zip(take, chunks)):
-      cached[r] += len(c)
-      lane = _Lane(r, cap=min(sp.max_new_tokens, budget - len(episodes[r].ids) + 1),
-                   ids=[int(tok[i])], slp=[float(lp[i])], dlp=[float(dlp[i])])
-      if lane.ids[-1] in stops or lane.cap <= 1:
-        close_segment(lane)
-      else:
-        lanes.append(lane)
+    """Ready rows take free lanes, a power of two of them (few compiled shapes); their new ids
+    are fed by the next call."""
+    free = min(s_max - len(lanes), len(ready))
+    for _ in range(1 << free.bit_length() - 1 if free else 0):
+      r = ready.popleft()
+      cap = max(1, min(sp.max_new_tokens, budget - len(episodes[r].ids) + 1))
+      lanes.insert(0, _Lane(r, cap, feed=seq(r)[cached[r]:]))
 
-  def decode_call() -> None:
+  def lanes_call() -> None:
     nonlocal store, lanes
+    e = sum(not l.ids for l in lanes)  # the entering lanes, first
     w = lane_width(len(lanes), s_max)
+    c = -(-max([len(l.feed) for l in lanes[:e]] or [1]) // CHUNK_BUCKET) * CHUNK_BUCKET
+    chunk = np.full((e, c), tokenizer.pad_id, np.int32)
+    chunk_mask = np.zeros((e, c), np.int32)
+    for i, lane in enumerate(lanes[:e]):
+      chunk[i, c - len(lane.feed):], chunk_mask[i, c - len(lane.feed):] = lane.feed, 1
     fill = lambda f, pad: np.asarray([f(lane) for lane in lanes] + [pad] * (w - len(lanes)),
                                      np.int32)
     want = min(len(ready), refill) if ready else w + 1
-    store, out_tok, out_lp, out_dlp, count, running, steps = turns.decode_lanes(
-        weights, store, fill(lambda l: l.row, b), fill(lambda l: l.ids[-1], 0),
-        fill(lambda l: cached[l.row], 0), fill(lambda l: l.cap - len(l.ids), 0),
+    deepest = max(cached[l.row] + len(l.feed) - 1 + min(DECODE_STEPS, l.cap - len(l.ids))
+                  for l in lanes)
+    t0 = time.monotonic()
+    store, out_tok, out_lp, out_dlp, count, running, steps = turns.run_lanes(
+        weights, store, fill(lambda l: l.row, b), fill(lambda l: l.feed[-1], 0), chunk,
+        chunk_mask, fill(lambda l: cached[l.row], 0), fill(lambda l: l.cap - len(l.ids), 0),
         fill(lambda l: len(l.ids), 0), key, fill(lambda l: segment[l.row], 0),
         fill(lambda l: l.row, 0), np.int32(want), cfg=cfg, sp=sp, steps=DECODE_STEPS,
-        span=span(1 + max(cached[l.row] + min(DECODE_STEPS, l.cap - len(l.ids))
-                          for l in lanes), length))
+        span=span(1 + deepest, length))
     out_tok, out_lp, out_dlp, count, running = (
         np.asarray(x) for x in (out_tok, out_lp, out_dlp, count, running))
     steps = int(steps)
-    stats.decode_calls += 1
-    stats.decode_steps += steps
+    stats.device_s += time.monotonic() - t0
+    stats.calls += 1
+    stats.steps += steps
     stats.computed += w * steps
     stats.drawn += int(count.sum())
+    stats.prefilled_tokens += sum(len(l.feed) for l in lanes if not l.ids)
     still = []
     for i, lane in enumerate(lanes):
-      n = int(count[i])
+      n = int(count[i])  # >= 1: every lane draws at the first step
+      cached[lane.row] += len(lane.feed) + n - 1  # the chunk and every drawn token but the last
       lane.ids += out_tok[i, :n].tolist()
       lane.slp += out_lp[i, :n].tolist()
       lane.dlp += out_dlp[i, :n].tolist()
-      cached[lane.row] += n  # every drawn token but the last one was fed
+      lane.feed = lane.ids[-1:]
       if running[i]:
         still.append(lane)
       else:
@@ -226,6 +227,7 @@ def run_episodes_continuous(problems: Sequence, key, *, cfg: ModelConfig, params
   def collect(wait_s: float) -> None:
     t0 = time.monotonic()
     for r, outcome in runner.poll(wait_s):
+      in_tool[r] += time.monotonic()
       ep = episodes[r]
       apply_step(ep, outcome, tokenizer, settings, budget, counts)
       if ep.running:
@@ -236,13 +238,14 @@ def run_episodes_continuous(problems: Sequence, key, *, cfg: ModelConfig, params
   while True:
     admit()
     if lanes:
-      decode_call()
+      lanes_call()
     if runner.in_flight:
       collect(0.0 if (lanes or ready) else POLL_S)
     if not (lanes or ready or runner.in_flight):
       break
 
   stats.wall_s += time.monotonic() - t_start
+  stats.tool_path_s = max(stats.tool_path_s, max(in_tool))
   return finish_episodes(episodes, prompts, tokenizer=tokenizer, group_size=g,
                          prompt_bucket=prompt_bucket, budget=budget, counts=counts,
                          turn_discount=settings.turn_discount)

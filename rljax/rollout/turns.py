@@ -8,16 +8,16 @@ trajectory so far (prompt, turns, observations) as one contiguous run from index
 token's cache index is its position (the turn-synchronous driver's ``cumsum(mask) - 1`` of the
 left-padded sequence). Nothing in it is ever recomputed:
 
-- ``prefill_rows`` feeds a chunk of new ids per row (its first prompt; later the last sampled
-  token and the observation) at the indices after those the row holds, attending causally to all
-  before them, and draws the next token from the chunk's last hidden state;
-- ``decode_lanes``: ``W`` lanes, each bound to one store row, decode one token per step until
-  ``steps`` steps have run, or ``want`` lanes ended their segment (a stop id or the segment's
-  budget: the host has rows waiting to take their place), or no lane is left.
+``run_lanes``: ``W`` lanes, each bound to one store row, first feed their new ids (an entering
+row's prompt, or its last sampled token and the observation; a decoding lane's last drawn token)
+at the indices after those the row holds, attending causally to all before them, then decode
+one token per step until ``steps`` tokens were drawn, or ``want`` lanes ended their segment (a
+stop id or the segment's budget: the host has rows waiting to take their place), or no lane is
+left. The call gathers its rows of the store once, runs, and scatters back the indices it wrote
+(the store is donated, so the scatter is in place): a host round trip costs a copy of the rows it
+touches, not one per step, and admitting rows costs no call of its own.
 
-Both gather their rows of the store once, run, and scatter them back (the store is donated, so
-the scatter is in place): a host round trip costs a copy of the rows it touches, not one per
-step. Which rows run together, and when, never changes a row's tokens: token ``t`` of a row's
+Which rows run together, and when, never changes a row's tokens: token ``t`` of a row's
 segment ``s`` (its ``s``-th sampler segment, see ``rljax.envs.continuous``) is drawn with
 ``fold_in(fold_in(key, s), t)`` at the noise counters of the row's index in the batch.
 """
@@ -50,7 +50,7 @@ def chunk_attend(write_at, query_at):
     if write_at.shape[1] == 1:
       # One token per row (decode): a per-row dynamic_update_slice, measured 1.5x faster on CPU
       # than the scatter. A lane with nothing to write (index L) writes at L - 1 instead: never
-      # read before it is written again (``decode_lanes``).
+      # read before it is written again (``run_lanes``' span).
       at = jnp.minimum(write_at[:, 0], ck.shape[2] - 1)
       put = lambda c, u, i: jax.lax.dynamic_update_slice(c, u, (0, i, 0))
       ck = jax.vmap(put)(ck, k.transpose(0, 2, 1, 3).astype(ck.dtype), at)
@@ -83,10 +83,20 @@ def _gather(store, idx, span: int):
   return jax.tree.map(lambda x: x[jnp.minimum(idx, m - 1), :, :span], store)
 
 
-def _scatter(store, idx, rows):
-  """``rows`` back into ``store`` at ``idx``; an index ``M`` (a padding row) writes nothing."""
-  span = rows[0][0].shape[2]
-  return jax.tree.map(lambda s, r: s.at[idx, :, :span].set(r, mode="drop"), store, rows)
+def _scatter(store, idx, rows, lo, width: int):
+  """Cache indices ``lo[i] .. lo[i] + width`` of ``rows`` back into ``store`` at ``idx``: all that
+  a call wrote (a ``dynamic_slice`` window, shifted back where it would pass the rows' end, so
+  it still holds every index from ``lo[i]`` on), a fraction of the rows it read; an index ``M``
+  (a padding row) writes nothing."""
+  width = min(width, rows[0][0].shape[2])
+
+  def put(s, r):
+    at = jnp.clip(lo, 0, r.shape[2] - width)  # where dynamic_slice starts the window
+    win = jax.vmap(lambda x, a: jax.lax.dynamic_slice_in_dim(x, a, width, axis=1))(r, at)
+    pos = at[:, None] + jnp.arange(width)[None, :]
+    # [W, width] advanced indices around a slice: the updated view is [W, width, G, Dh].
+    return s.at[idx[:, None], :, pos].set(win.transpose(0, 2, 1, 3), mode="drop")
+  return jax.tree.map(put, store, rows)
 
 
 def _head(cfg, weights, hidden):
@@ -94,54 +104,55 @@ def _head(cfg, weights, hidden):
                                           preferred_element_type=jnp.float32))
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "sp", "span"), donate_argnums=(1,))
-def prefill_rows(weights, store, idx, tokens, mask, start, key, segment, noise_rows, *,
-                 cfg: ModelConfig, sp: SamplingParams, span: int):
-  """Feed left-padded chunks into store rows and draw each row's next token.
-
-  idx: [R] store rows (``M``: a padding row, writes nothing). tokens, mask: [R, W] new ids,
-  left-padded (each real row ends with a real token). start: [R] the cache index of each chunk's
-  first id (the tokens its row holds). segment: [R] the segment the drawn token starts (its key);
-  noise_rows: [R] the rows' batch indices. span: the cache indices the call reads and writes
-  (static; every chunk ends below it). Returns ``(store, token, sampler_logp, draw_logp)``, [R]
-  each: token 0 of the segment.
-  """
-  length = span
-  w = tokens.shape[1]
-  real = mask > 0
-  at = start[:, None] + jnp.arange(w)[None, :] - (w - jnp.sum(real, 1))[:, None]
-  rows = _gather(store, idx, span)
-  hidden, rows, _ = decode.step(cfg, weights, tokens.astype(jnp.int32), jnp.where(real, at, 0),
-                                rows, None, None,
-                                attend=chunk_attend(jnp.where(real, at, length),
-                                                    jnp.where(real, at, -1)))
-  tok, lp, dlp = pick_tokens_rows(_head(cfg, weights, hidden),
-                                  _draw_keys(key, segment, jnp.zeros_like(segment)), noise_rows,
-                                  sp)
-  return _scatter(store, idx, rows), tok, lp, dlp
-
-
 @functools.partial(jax.jit, static_argnames=("cfg", "sp", "steps", "span"),
                    donate_argnums=(1,))
-def decode_lanes(weights, store, idx, tok, start, budget, drawn, key, segment, noise_rows, want,
-                 *, cfg: ModelConfig, sp: SamplingParams, steps: int, span: int):
-  """Decode ``W`` lanes, one token per lane and step, for at most ``steps`` steps.
+def run_lanes(weights, store, idx, tok, chunk, chunk_mask, start, budget, drawn, key, segment,
+              noise_rows, want, *, cfg: ModelConfig, sp: SamplingParams, steps: int, span: int):
+  """Feed rows entering lanes their new ids, then decode ``W`` lanes one token per lane and
+  step: at most ``steps`` draws per lane, fewer once ``want`` lanes ended their segment or none
+  is left.
 
-  idx: [W] store rows (``M``: an idle lane). tok: [W] each lane's last drawn token, not yet in
-  the cache; start: [W] its cache index (the tokens the row holds). budget: [W] tokens the lane
-  may still draw in its segment (0: idle). drawn: [W] tokens drawn in the segment so far (the
-  key index of the next one). want: the loop returns once this many lanes ended their segment.
-  span: the cache indices the call reads and writes (static; above ``start + min(steps,
-  budget)`` of every lane: a lane that ended writes at ``span - 1``, past all it holds). Returns ``(store, tokens, sampler_logp, draw_logp [W, steps], count [W], running [W],
-  steps_run)``: lane ``i`` drew ``tokens[i, :count[i]]``; ``running`` lanes neither stopped nor
-  spent their budget (the host continues them).
+  Admitting rows and decoding are one call (one dispatch, one gather and scatter of the rows).
+  Its first step feeds the first ``E`` lanes their entering rows' chunks ``[E, C]`` (a prompt,
+  or the last sampled token and the observation) and every other lane its last drawn token, and
+  draws one token per lane; only the entering lanes pay for a chunk's width.
+
+  idx: [W] store rows (``M``: an idle lane). tok: [W] each decoding lane's last drawn token, not
+  in the cache yet (lanes ``>= E``). chunk, chunk_mask: [E, C] the entering rows' new ids,
+  left-padded (a live lane's chunk ends with a real id). start: [W] the cache index of each
+  lane's first fed id (the tokens its row holds). budget: [W] tokens the lane may still draw in
+  its segment (0: idle). drawn: [W] tokens drawn in the segment so far (the key index of the
+  next one). segment: [W] the segment being drawn (its key); noise_rows: [W] the rows' batch
+  indices. span: the cache indices the call reads and writes (static; above ``start + fed - 1 +
+  min(steps, budget)`` of every lane, ``fed`` its real ids in the first step: a lane that ended
+  writes at ``span - 1``, past all it holds). Returns ``(store, tokens, sampler_logp, draw_logp
+  [W, steps], count [W], running [W], steps_run)``: lane ``i`` drew ``tokens[i, :count[i]]``,
+  having been fed its chunk (or ``tok``) and ``tokens[i, :count[i] - 1]``; ``running`` lanes
+  neither stopped nor spent their budget (the host continues them).
   """
-  length = span
-  stop_ids = tuple(sp.stop_ids or ())
-  stop_arr = jnp.asarray(stop_ids or (-1,), jnp.int32)
+  stop_arr = jnp.asarray(tuple(sp.stop_ids or ()) or (-1,), jnp.int32)
   pad = jnp.int32(sp.pad_id)
-  w = idx.shape[0]
+  w, (e, c) = idx.shape[0], chunk.shape
   live0 = budget > 0
+  n = jnp.concatenate([jnp.sum(chunk_mask > 0, 1), jnp.ones((w - e,), jnp.int32)])
+
+  def feed(rows, tokens, at, fed, count, lanes=slice(None)):
+    """One forward of ``tokens`` [R, S] at cache indices ``at`` (where ``fed``) of ``lanes``'
+    rows and their draws."""
+    hidden, rows, _ = decode.step(cfg, weights, tokens, jnp.where(fed, at, 0), rows, None, None,
+                                  attend=chunk_attend(jnp.where(fed, at, span),
+                                                      jnp.where(fed, at, -1)))
+    keys = _draw_keys(key, segment[lanes], drawn[lanes] + count)
+    return (rows,) + pick_tokens_rows(_head(cfg, weights, hidden), keys, noise_rows[lanes], sp)
+
+  def record(i, tok, count, live, out, new, lp, dlp):
+    """Step ``i``'s draws of the live lanes into ``out``; which lanes go on."""
+    col = lambda x, v: jax.lax.dynamic_update_slice_in_dim(x, v[:, None], i, axis=1)
+    out = (col(out[0], jnp.where(live, new, pad)), col(out[1], jnp.where(live, lp, 0.0)),
+           col(out[2], jnp.where(live, dlp, 0.0)))
+    count = count + live
+    stop = jnp.any(new[:, None] == stop_arr[None, :], axis=-1)  # (-1: no stop ids)
+    return jnp.where(live, new, tok), count, live & ~stop & (count < budget), out
 
   def cond(s):
     i, _, _, _, live, _ = s
@@ -149,24 +160,25 @@ def decode_lanes(weights, store, idx, tok, start, budget, drawn, key, segment, n
 
   def body(s):
     i, rows, tok, count, live, out = s
-    at = start + count  # the fed token's index (= its position)
-    hidden, rows, _ = decode.step(cfg, weights, tok[:, None], jnp.where(live, at, 0)[:, None],
-                                  rows, None, None,
-                                  attend=chunk_attend(jnp.where(live, at, length)[:, None],
-                                                      jnp.where(live, at, -1)[:, None]))
-    new, lp, dlp = pick_tokens_rows(_head(cfg, weights, hidden),
-                                    _draw_keys(key, segment, drawn + count), noise_rows, sp)
-    col = lambda x, v: jax.lax.dynamic_update_slice_in_dim(x, v[:, None], i, axis=1)
-    out = (col(out[0], jnp.where(live, new, pad)), col(out[1], jnp.where(live, lp, 0.0)),
-           col(out[2], jnp.where(live, dlp, 0.0)))
-    count = count + live
-    stop = (jnp.any(new[:, None] == stop_arr[None, :], axis=-1) if stop_ids
-            else jnp.zeros(new.shape, bool))
-    return (i + 1, rows, jnp.where(live, new, tok), count, live & ~stop & (count < budget), out)
+    at = (start + n + count - 1)[:, None]  # the fed token's index (= its position)
+    rows, new, lp, dlp = feed(rows, tok[:, None], at, live[:, None], count)
+    return (i + 1, rows) + record(i, tok, count, live, out, new, lp, dlp)
 
+  zeros = jnp.zeros((w,), jnp.int32)
+  decoding = live0 & (jnp.arange(w) >= e)
+  rows, new, lp, dlp = feed(_gather(store, idx, span), tok.astype(jnp.int32)[:, None],
+                            start[:, None], decoding[:, None], zeros)
+  if e:
+    at = start[:e, None] + jnp.arange(c)[None, :] - (c - n[:e])[:, None]
+    fed = (chunk_mask > 0) & live0[:e, None]
+    head, *drew = feed(jax.tree.map(lambda x: x[:e], rows), chunk.astype(jnp.int32), at, fed,
+                       zeros[:e], slice(0, e))
+    rows = jax.tree.map(lambda x, y: x.at[:e].set(y), rows, head)
+    new, lp, dlp = (x.at[:e].set(y) for x, y in zip((new, lp, dlp), drew))
   out = (jnp.full((w, steps), pad, jnp.int32), jnp.zeros((w, steps), jnp.float32),
          jnp.zeros((w, steps), jnp.float32))
+  tok, count, live, out = record(0, zeros, zeros, live0, out, new, lp, dlp)
   i, rows, _, count, live, out = jax.lax.while_loop(
-      cond, body, (jnp.int32(0), _gather(store, idx, span), tok.astype(jnp.int32),
-                   jnp.zeros((w,), jnp.int32), live0, out))
-  return _scatter(store, idx, rows), out[0], out[1], out[2], count, live, i
+      cond, body, (jnp.int32(1), rows, tok, count, live, out))
+  written = (c if e else 1) + steps - 1  # indices from ``start`` on that a lane may have written
+  return _scatter(store, idx, rows, start, written), out[0], out[1], out[2], count, live, i

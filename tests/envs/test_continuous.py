@@ -111,28 +111,21 @@ def test_token_in_token_out_three_turns(policy, monkeypatch):
   ids fed to the device (prompt, last token + observation, ...) and the ids it drew, in order,
   are the record's prompt + trajectory; observations are the encoded environment answers."""
   fed, drawn = {}, {}
-  prefill, decode = engine_lib.turns.prefill_rows, engine_lib.turns.decode_lanes
+  run = engine_lib.turns.run_lanes
 
-  def spy_prefill(weights, store, idx, tokens, mask, *args, **kw):
+  def spy(weights, store, idx, tok, chunk, chunk_mask, *args, **kw):
     m = store[0][0].shape[0]  # (the store is donated to the call)
-    out = prefill(weights, store, idx, tokens, mask, *args, **kw)
-    for i, r in enumerate(np.asarray(idx)):
-      if r < m:  # a padding row otherwise
-        fed.setdefault(int(r), []).extend(np.asarray(tokens)[i][np.asarray(mask)[i] > 0])
-        drawn.setdefault(int(r), []).append(int(out[1][i]))
-    return out
-
-  def spy_decode(weights, store, idx, tok, *args, **kw):
-    m = store[0][0].shape[0]
-    out = decode(weights, store, idx, tok, *args, **kw)
+    out = run(weights, store, idx, tok, chunk, chunk_mask, *args, **kw)
+    chunks = [list(c[k > 0]) for c, k in zip(np.asarray(chunk), np.asarray(chunk_mask))]
     for i, r in enumerate(np.asarray(idx)):
       n = int(out[4][i])
-      if r < m and n:  # step j feeds the token drawn before it: tok, then the call's own
-        fed[int(r)].extend([int(tok[i])] + np.asarray(out[1])[i, :n - 1].tolist())
-        drawn[int(r)].extend(np.asarray(out[1])[i, :n].tolist())
+      if r < m and n:  # its chunk (entering) or last token, then each one drawn but the last
+        got = np.asarray(out[1])[i, :n].tolist()
+        fed.setdefault(int(r), []).extend(chunks[i] if i < len(chunks) else [int(tok[i])])
+        fed[int(r)].extend(got[:-1])
+        drawn.setdefault(int(r), []).extend(got)
     return out
-  monkeypatch.setattr(engine_lib.turns, "prefill_rows", spy_prefill)
-  monkeypatch.setattr(engine_lib.turns, "decode_lanes", spy_decode)
+  monkeypatch.setattr(engine_lib.turns, "run_lanes", spy)
   result = _continuous(policy, _problems(), SP8)
   r = result.rollout
   tokens, attn = (np.asarray(x) for x in step_lib.sequence_inputs(r))
@@ -195,7 +188,8 @@ def test_sampled_rollout_does_not_depend_on_lanes(policy):
   np.testing.assert_array_equal(narrow.rollout.tokens, wide.rollout.tokens)
   np.testing.assert_allclose(narrow.rollout.sampler_logp, wide.rollout.sampler_logp, atol=1e-5)
   assert stats.drawn >= narrow.counts["env/policy_tokens"] > 0  # a cut drops drawn tokens
-  assert stats.drawn <= stats.computed <= 2 * (stats.decode_steps + stats.prefill_calls)
+  assert stats.drawn <= stats.computed <= 2 * stats.steps
+  assert stats.prefilled_tokens > 0
 
 
 class _Clock:
