@@ -4,10 +4,14 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-import numpy as np
-import pytest
+from tests import xla_cache  # noqa: E402
 
-from tests import hf_models
+xla_cache.start_session()  # before JAX is imported: JAX reads the directory at its import
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+from tests import hf_models  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -26,6 +30,10 @@ def left_padded_batch():
 def pytest_configure(config):
   config.addinivalue_line("markers", "slow: compiles several train steps or spawns processes "
                           "(runs by default, CI included; deselect with -m 'not slow')")
+
+
+def pytest_unconfigure(config):
+  xla_cache.end_session()
 
 
 def pytest_collection_modifyitems(config, items):

@@ -35,13 +35,6 @@ def free_port() -> int:
     return s.getsockname()[1]
 
 
-def compilation_cache_env(path) -> dict:
-  """Environment variables for subprocesses that share JAX's compiled programs through ``path``
-  (every program cached, however fast it compiled)."""
-  return {"JAX_COMPILATION_CACHE_DIR": str(path), "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
-          "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
-
-
 def run_script(name: str, *args, num_devices: int = 8, timeout: float = 120,
                env: dict | None = None) -> str:
   proc = subprocess.run([sys.executable, os.path.join(SCRIPTS, name), *map(str, args)],

@@ -12,7 +12,7 @@ import pytest
 from rljax import config_loader
 from rljax.config_checks import ConfigError, check_config
 from rljax.parallel import distributed, mesh as mesh_lib
-from rljax.train import actors, build, compilation_cache, generation, loop
+from rljax.train import actors, build, generation, loop
 from rljax.train import metrics as metrics_lib
 from rljax.train.metrics import summarize
 from tests.train import tiny
@@ -55,13 +55,11 @@ def _step_rows(run_dir) -> list[dict]:
 
 
 @pytest.mark.slow  # compiles the tiny run's functions (about 25 s)
-def test_sync_composition_is_the_loop_it_replaced(tmp_path, monkeypatch):
+def test_sync_composition_is_the_loop_it_replaced(tmp_path):
   extra = {"train.steps": "3", "algo.minibatches": "2"}
-  # Both runs read and write one compilation cache: the second compiles nothing anew.
-  shared = str(tmp_path / "xla_cache")
-  monkeypatch.setattr(compilation_cache, "run_cache_dir", lambda config: shared)
-  with compilation_cache.persistent(shared):
-    expected = _reference_loop(_config(tmp_path / "reference", extra))
+  # Both runs read and write the session's compilation cache (tests/xla_cache.py): the second
+  # compiles nothing anew.
+  expected = _reference_loop(_config(tmp_path / "reference", extra))
   loop.train(_config(tmp_path / "seam", extra))
   got = _step_rows(tmp_path / "seam")
   assert len(got) == len(expected) == 3
