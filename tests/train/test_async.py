@@ -12,7 +12,7 @@ import pytest
 from rljax import config_loader
 from rljax.config_checks import ConfigError, check_config
 from rljax.parallel import distributed, mesh as mesh_lib
-from rljax.train import actors, build, generation, loop
+from rljax.train import actors, build, compilation_cache, generation, loop
 from rljax.train import metrics as metrics_lib
 from rljax.train.metrics import summarize
 from tests.train import tiny
@@ -57,9 +57,10 @@ def _step_rows(run_dir) -> list[dict]:
 @pytest.mark.slow  # compiles the tiny run's functions (about 25 s)
 def test_sync_composition_is_the_loop_it_replaced(tmp_path):
   extra = {"train.steps": "3", "algo.minibatches": "2"}
-  # Both runs read and write the session's compilation cache (tests/xla_cache.py): the second
-  # compiles nothing anew.
-  expected = _reference_loop(_config(tmp_path / "reference", extra))
+  # Both runs read and write the session's compilation cache (tests/xla_cache.py), every program
+  # as train writes them: the second compiles nothing anew.
+  with compilation_cache.persistent(jax.config.jax_compilation_cache_dir):
+    expected = _reference_loop(_config(tmp_path / "reference", extra))
   loop.train(_config(tmp_path / "seam", extra))
   got = _step_rows(tmp_path / "seam")
   assert len(got) == len(expected) == 3
