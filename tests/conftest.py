@@ -46,6 +46,8 @@ def pytest_unconfigure(config):
 def pytest_collection_modifyitems(config, items):
   """Files with more slow tests run first. Under ``pytest -n 2 --dist loadfile``
   (scripts/test.sh) each file goes to one worker: a long file left for the end would run alone
-  while the other core idles. The sort is stable, so tests keep their order within a file."""
+  while the other core idles. The sort is stable, so tests keep their order within a file.
+  xdist keeps this order only with ``--no-loadscope-reorder`` (scripts/test.sh): by default it
+  re-sorts the files by their number of tests, which started the long subprocess files last."""
   slow = collections.Counter(item.path for item in items if item.get_closest_marker("slow"))
   items.sort(key=lambda item: -slow[item.path])
