@@ -293,8 +293,8 @@ KEYS = (
     Key("train.progress", True, BOOL, "live progress bar"),
     Key("train.export_hf", True, BOOL, "export the final policy in Hugging Face format"),
     Key("train.compilation_cache", True, BOOL,
-        "keep compiled XLA programs in run_dir/xla_cache, so a restarted or resumed run loads "
-        "them instead of compiling again"),
+        "keep compiled XLA programs in run_dir/xla_cache (in JAX_COMPILATION_CACHE_DIR instead "
+        "where that is set), so a restarted or resumed run loads them instead of compiling again"),
     Key("train.max_skipped_steps", 10, integer(0),
         "stop after this many consecutive steps whose every update was skipped as non-finite; "
         "0 = never"),

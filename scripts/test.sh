@@ -5,4 +5,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh
-exec .venv/bin/python -m pytest -x -q -n 2 --dist loadfile tests "$@"
+# --no-loadscope-reorder keeps that order: xdist would re-sort the files by their number of tests.
+exec .venv/bin/python -m pytest -x -q -n 2 --dist loadfile --no-loadscope-reorder tests "$@"

@@ -4,10 +4,21 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-import numpy as np
-import pytest
+from tests import xla_cache  # noqa: E402
 
-from tests import hf_models
+xla_cache.start_session()  # before JAX is imported: JAX reads the directory at its import
+# Tiny test programs spend most of their time in XLA:CPU's LLVM backend; its cheap settings (the
+# same HLO, codegen only; tests/algos/helpers.py FAST_COMPILE) compile a tiny PPO run's programs
+# in ~3/4 of the time. Numbers move by float rounding (~1e-7 relative), the same in every process
+# of the session: the subprocesses inherit the flags (tests/parallel/conftest.py keeps them).
+FAST_COMPILE_FLAGS = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
+  os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {FAST_COMPILE_FLAGS}".strip()
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+from tests import hf_models  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -28,9 +39,15 @@ def pytest_configure(config):
                           "(runs by default, CI included; deselect with -m 'not slow')")
 
 
+def pytest_unconfigure(config):
+  xla_cache.end_session()
+
+
 def pytest_collection_modifyitems(config, items):
   """Files with more slow tests run first. Under ``pytest -n 2 --dist loadfile``
   (scripts/test.sh) each file goes to one worker: a long file left for the end would run alone
-  while the other core idles. The sort is stable, so tests keep their order within a file."""
+  while the other core idles. The sort is stable, so tests keep their order within a file.
+  xdist keeps this order only with ``--no-loadscope-reorder`` (scripts/test.sh): by default it
+  re-sorts the files by their number of tests, which started the long subprocess files last."""
   slow = collections.Counter(item.path for item in items if item.get_closest_marker("slow"))
   items.sort(key=lambda item: -slow[item.path])

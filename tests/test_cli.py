@@ -7,7 +7,7 @@ import pytest
 
 from rljax import cli, config_loader
 from rljax.models import llama
-from tests import hf_models
+from tests import hf_models, xla_cache
 from tests.train import tiny
 
 BASE = os.path.join(tiny.ROOT, "configs", "base.py")
@@ -45,7 +45,8 @@ def test_check_conversion_command(hf_dirs, capsys):
 
 def test_eval_and_convert_a_run(tmp_path):
   run_dir = str(tmp_path / "run")
-  cli.main(tiny.args("grpo", run_dir, {"train.steps": "1"}))
+  with xla_cache.off():  # as in a process without JAX_COMPILATION_CACHE_DIR
+    cli.main(tiny.args("grpo", run_dir, {"train.steps": "1"}))
   assert os.listdir(os.path.join(run_dir, "xla_cache"))  # train.compilation_cache, default on
   config_path = os.path.join(tiny.ROOT, "configs", "grpo.py")
   overrides = [f"--config.{k}={v}" for k, v in tiny.OVERRIDES.items()]

@@ -1,4 +1,5 @@
-"""The persistent XLA compilation cache of a run, ``<run_dir>/xla_cache``.
+"""The persistent XLA compilation cache of a run, ``<run_dir>/xla_cache``, or the directory JAX was
+given (``JAX_COMPILATION_CACHE_DIR``), which every run that names it shares.
 
 A run writes every program it compiles there; a restart or resume of the run (a preemption, a
 crash, a larger ``train.steps``) reads them back instead of compiling again. JAX finds an entry by
@@ -28,10 +29,13 @@ _CACHE_EVERYTHING = {"jax_persistent_cache_min_compile_time_secs": 0.0,
 
 
 def run_cache_dir(config) -> str | None:
-  """``<train.run_dir>/xla_cache``, or None when ``train.compilation_cache`` is off."""
+  """The cache directory JAX was already given (``JAX_COMPILATION_CACHE_DIR`` or
+  ``jax.config.update('jax_compilation_cache_dir', ...)``: one cache for many runs, a sweep's or
+  a test suite's), else ``<train.run_dir>/xla_cache``; None when ``train.compilation_cache`` is
+  off."""
   if not config.train.compilation_cache:
     return None
-  return os.path.join(config.train.run_dir, DIR_NAME)
+  return jax.config.jax_compilation_cache_dir or os.path.join(config.train.run_dir, DIR_NAME)
 
 
 @contextlib.contextmanager

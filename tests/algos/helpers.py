@@ -39,7 +39,7 @@ def cast(dtype, *arrays):
 
 
 # Tiny test graphs spend most of their time in the XLA CPU compiler; skip its expensive LLVM
-# passes (codegen only: float semantics are unchanged).
+# passes (codegen only, the same HLO; results differ from the optimized build by float rounding).
 FAST_COMPILE = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
 
 

@@ -19,7 +19,10 @@ def pytest_configure(config):
 def device_env(num_devices: int) -> dict:
   """Environment of a subprocess with ``num_devices`` simulated CPU devices."""
   env = dict(os.environ)
-  env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={num_devices}"
+  # The session's other XLA flags are kept (tests/conftest.py: cheap CPU codegen).
+  flags = [f for f in env.get("XLA_FLAGS", "").split()
+           if not f.startswith("--xla_force_host_platform_device_count")]
+  env["XLA_FLAGS"] = " ".join(flags + [f"--xla_force_host_platform_device_count={num_devices}"])
   env["JAX_PLATFORMS"] = "cpu"
   env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
   env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -33,13 +36,6 @@ def free_port() -> int:
   with socket.socket() as s:
     s.bind(("localhost", 0))
     return s.getsockname()[1]
-
-
-def compilation_cache_env(path) -> dict:
-  """Environment variables for subprocesses that share JAX's compiled programs through ``path``
-  (every program cached, however fast it compiled)."""
-  return {"JAX_COMPILATION_CACHE_DIR": str(path), "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
-          "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
 
 
 def run_script(name: str, *args, num_devices: int = 8, timeout: float = 120,

@@ -5,16 +5,16 @@ import json
 
 import pytest
 
-from tests.parallel.conftest import compilation_cache_env, run_script
+from tests.parallel.conftest import run_script
 
 TIMING = ("sec_rollout", "sec_update", "sec_step", "tokens_per_sec")
 
 
 def _run(tmp_path, name, num_devices, *settings):
-  # One compilation cache for the three runs: the split runs compile the same programs.
-  out = run_script("async_placement.py", str(tmp_path / name), "train.compilation_cache=false",
-                   *settings, num_devices=num_devices, timeout=300,
-                   env=compilation_cache_env(tmp_path / "xla_cache"))
+  # The runs share the session's compilation cache (tests/xla_cache.py): the split runs compile
+  # the same programs.
+  out = run_script("async_placement.py", str(tmp_path / name), *settings,
+                   num_devices=num_devices, timeout=300)
   return json.loads(out.strip().splitlines()[-1])
 
 

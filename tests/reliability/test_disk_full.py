@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 
+from tests import xla_cache
 from tests.train import tiny
 
 CHILD = """
@@ -25,7 +26,9 @@ LINE = ("(the disk is full, or a quota or file-size limit was reached). Free spa
 def _train_with_file_limit(limit: int, run_dir: str) -> subprocess.CompletedProcess:
   return subprocess.run([sys.executable, "-c", CHILD, str(limit), run_dir], cwd=tiny.ROOT,
                         capture_output=True, text=True, timeout=300,
-                        env=dict(os.environ, PYTHONPATH=tiny.ROOT, JAX_PLATFORMS="cpu"))
+                        # A cache entry past the limit is cut short: in the run's own cache.
+                        env=dict(xla_cache.env_without(), PYTHONPATH=tiny.ROOT,
+                                 JAX_PLATFORMS="cpu"))
 
 
 def test_disk_full_at_start_leaves_no_lock(tmp_path):

@@ -55,12 +55,11 @@ def _step_rows(run_dir) -> list[dict]:
 
 
 @pytest.mark.slow  # compiles the tiny run's functions (about 25 s)
-def test_sync_composition_is_the_loop_it_replaced(tmp_path, monkeypatch):
+def test_sync_composition_is_the_loop_it_replaced(tmp_path):
   extra = {"train.steps": "3", "algo.minibatches": "2"}
-  # Both runs read and write one compilation cache: the second compiles nothing anew.
-  shared = str(tmp_path / "xla_cache")
-  monkeypatch.setattr(compilation_cache, "run_cache_dir", lambda config: shared)
-  with compilation_cache.persistent(shared):
+  # Both runs read and write the session's compilation cache (tests/xla_cache.py), every program
+  # as train writes them: the second compiles nothing anew.
+  with compilation_cache.persistent(jax.config.jax_compilation_cache_dir):
     expected = _reference_loop(_config(tmp_path / "reference", extra))
   loop.train(_config(tmp_path / "seam", extra))
   got = _step_rows(tmp_path / "seam")

@@ -7,6 +7,7 @@ import jax.numpy as jnp
 
 import rljax
 from rljax.train import compilation_cache
+from tests import xla_cache
 
 
 def fresh_program():
@@ -38,6 +39,18 @@ def test_a_second_compilation_reads_the_run_cache(tmp_path):
 def test_the_run_dir_holds_the_cache_unless_switched_off():
   config = rljax.config()
   config.train.run_dir = "/tmp/some_run"
-  assert compilation_cache.run_cache_dir(config) == "/tmp/some_run/xla_cache"
+  with xla_cache.off():
+    assert compilation_cache.run_cache_dir(config) == "/tmp/some_run/xla_cache"
   config.train.compilation_cache = False
   assert compilation_cache.run_cache_dir(config) is None
+
+
+def test_a_cache_dir_given_to_jax_is_shared_by_runs(tmp_path):
+  """``JAX_COMPILATION_CACHE_DIR`` (here set through jax.config) replaces the run's own cache."""
+  config = rljax.config()
+  config.train.run_dir = "/tmp/some_run"
+  with xla_cache.off():
+    jax.config.update("jax_compilation_cache_dir", str(tmp_path))
+    assert compilation_cache.run_cache_dir(config) == str(tmp_path)
+    config.train.compilation_cache = False
+    assert compilation_cache.run_cache_dir(config) is None

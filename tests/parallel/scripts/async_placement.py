@@ -29,9 +29,9 @@ def main():
   seen = {"sampler": set(), "learner": set()}
   real_collect, real_learn = loop.collect_batch, loop.RunLearner.learn
 
-  def collect(run, step, stream=0, params=None):
+  def collect(run, step, stream=0, params=None, **kwargs):  # kwargs: newest (inflight_chunk)
     seen["sampler"].update(devices(params))
-    return real_collect(run, step, stream, params=params)
+    return real_collect(run, step, stream, params=params, **kwargs)
 
   def learn(self, batch):
     seen["learner"].update(devices(self.run.state))
