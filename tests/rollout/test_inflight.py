@@ -9,6 +9,7 @@ import pytest
 from rljax.models import ModelConfig, transformer
 from rljax.rollout import SamplingParams, left_pad, sample
 from rljax.rollout.inflight import sample_inflight
+from tests.rollout.test_sampling import assert_rows_stop_and_pad
 
 V, STOP, T, CHUNK, G = 16, 3, 12, 4, 4
 CFG = ModelConfig(vocab_size=V, hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2,
@@ -65,15 +66,8 @@ def test_each_token_is_drawn_by_the_weights_of_its_chunk(inflight):
 
 def test_stops_padding_and_versions(inflight):
   r, _ = inflight
-  is_stop = r.tokens == STOP
-  hit = is_stop.any(1)
-  assert hit.any() and (~hit).any()
-  first = np.where(hit, np.argmax(is_stop, 1) + 1, T)
-  np.testing.assert_array_equal(r.lengths, first)
-  np.testing.assert_array_equal(r.mask, np.arange(T)[None] < first[:, None])
-  np.testing.assert_array_equal(r.truncated, ~hit)
+  assert_rows_stop_and_pad(r, STOP, T)  # the same rules as one sampler call
   pad = r.mask == 0
-  assert (r.tokens[pad] == 0).all() and (r.sampler_logp[pad] == 0).all()
   assert (r.extras["token_version"][pad] == -1).all()
   assert (r.extras["token_version"][~pad] >= 0).all()
   assert r.prompt_tokens.shape == (4 * G, 4) and r.tokens.shape == (4 * G, T)
