@@ -58,10 +58,12 @@ def test_each_token_is_drawn_by_the_weights_of_its_chunk(inflight):
     got = r.sampler_logp[here]
     want, largest = _teacher_forced(params, r)
     # The sampler (KV cache) and the full forward round float32 logits of size `largest`
-    # differently: tens of ulps of the largest logit.
-    np.testing.assert_allclose(got, want[here], atol=1e-5 * largest)
+    # differently: tens of ulps of the largest logit (~3e-6 x largest seen), so a few hundred
+    # ulps of margin for other CPUs and summation orders.
+    atol = 3e-5 * largest
+    np.testing.assert_allclose(got, want[here], atol=atol)
     other = weights[(c + 1) % 3]  # the other weights would give other log-probs
-    assert np.abs(_teacher_forced(other, r)[0][here] - got).max() > 100 * 1e-5 * largest
+    assert np.abs(_teacher_forced(other, r)[0][here] - got).max() > 10 * atol
 
 
 def test_stops_padding_and_versions(inflight):
