@@ -33,10 +33,12 @@ def train(run_dir: str, extra: dict, after_step: int = 0) -> dict:
   overrides = {k: v for k, v in tiny.OVERRIDES.items() if k != "reward.fn"}
   args = [f"--config.{k}={v}" for k, v in {**overrides, "train.run_dir": run_dir,
                                             **extra}.items()]
+  # A cache named by the environment would outrank the run dir's and warm the "off" round.
+  env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
   start = time.perf_counter()
   subprocess.run([sys.executable, "-m", "rljax", "train", "--config",
                   os.path.join(ROOT, "configs", "grpo.py"), *args], check=True, cwd=ROOT,
-                 stdout=subprocess.DEVNULL)
+                 stdout=subprocess.DEVNULL, env=env)
   wall = time.perf_counter() - start
   with open(os.path.join(run_dir, "metrics.jsonl")) as f:
     steps = [r for r in map(json.loads, f) if "sec_step" in r and r["step"] > after_step]

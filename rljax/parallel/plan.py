@@ -27,8 +27,9 @@ What is counted (per device, the device holding the most):
   worst case (XLA hoisting the gather out of the decode loop) is all weights / tensor; without
   FSDP but with ``expert > 1`` the expert weights alone (the sampler takes its parameters
   replicated, so every device decodes with all experts);
-- train step activations for one micro-batch of ``rows = P*G / minibatches / micro-batches /
-  batch shards`` rows of ``S = prompt + max_new_tokens`` tokens, per layer per token
+- train step activations for one micro-batch (on CPU, one per thread: they run side by side) of
+  ``rows = P*G / minibatches / micro-batches / batch shards`` rows of
+  ``S = prompt + max_new_tokens`` tokens, per layer per token
   ``(ACT_D*D + ACT_QKV*(H+2G)*Dh + ACT_F*F) * dtype bytes`` (the tensors this decoder keeps for
   the backward pass: residual, float32 norm copies, q/k/v before and after RoPE, attention out,
   gate/up/silu/product) plus attention's own: with the materialised backend
@@ -484,14 +485,16 @@ def _plan(config, device: str | None = None, *, model: str | None = None,
   d, f, h, g, dh, L = (cfg.hidden_size, cfg.intermediate_size, cfg.num_heads, cfg.num_kv_heads,
                        cfg.head_dim, cfg.num_layers)
   t_div = lambda n: n // tensor if n % tensor == 0 else n
-  tokens = train_rows * slots
+  # On CPU micro-batches run side by side (one per thread): their activations live together.
+  side_by_side = min(micro, update_lib.concurrent_chunks(dev["kind"]))
+  tokens = train_rows * side_by_side * slots
   lin = (ACT_D * d + ACT_QKV * (t_div(h * dh) + 2 * t_div(g * dh)) + ACT_F * t_div(f)) * b
   if attention == "xla":
     attn = t_div(h) * slots * (ATTN_BYTES + b)
   else:
     attn = t_div(h) * (dh * b + 4)
-  attn_blocks = (train_rows * t_div(h) * attention_lib.balanced_block(slots, blk) ** 2 * 4
-                 * BLOCK_TEMPS if attention == "blockwise" else 0)
+  attn_blocks = (train_rows * side_by_side * t_div(h) * attention_lib.balanced_block(slots, blk) ** 2
+                 * 4 * BLOCK_TEMPS if attention == "blockwise" else 0)
   layer_act = tokens * (lin + attn)
   dots = (t_div(h * dh) + 2 * t_div(g * dh) + d + 2 * t_div(f)) * b
   act_by_remat = layer_activations(L, tokens * d * b, tokens * dots, layer_act, cfg.scan_layers)

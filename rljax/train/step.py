@@ -55,13 +55,13 @@ def sequence_inputs(rollout: Rollout):
   return tokens, attn
 
 
-def _completion_forward(model_cfg: ModelConfig, params, rollout: Rollout, parts: int, head: str,
-                        out: Callable, routes=None):
+def _completion_forward(model_cfg: ModelConfig, params, rollout: Rollout,
+                        split: update_lib.RowSplit, head: str, out: Callable, routes=None):
   """``out(model, hidden, targets, moe)`` of a teacher-forced forward over ``rollout``:
   ``hidden`` [b, T, D] at the positions that predict the completion tokens ``targets`` [b, T]
   (position ``s`` predicts token ``s+1``), ``moe`` the MoE layers' routing (``MoEOut`` or None);
-  ``routes`` [B, S, L_moe, k]: experts to replay. The rows go through the model ``parts`` chunks
-  at a time (``update.map_rows``)."""
+  ``routes`` [B, S, L_moe, k]: experts to replay. The rows go through the model in the chunks
+  ``split`` says (``update.map_rows``)."""
   tokens, attn = sequence_inputs(rollout)
   s, t = tokens.shape[1], rollout.tokens.shape[1]
 
@@ -70,11 +70,11 @@ def _completion_forward(model_cfg: ModelConfig, params, rollout: Rollout, parts:
     hidden, model, moe = transformer.forward_with_routes(model_cfg, params, tokens, attn, head,
                                                          routes)
     return out(model, hidden[:, s - t - 1:s - 1], tokens[:, s - t:], moe)
-  return update_lib.map_rows(chunk_out, (tokens, attn, routes), parts)
+  return update_lib.map_rows(chunk_out, (tokens, attn, routes), split)
 
 
-def policy_stats(model_cfg: ModelConfig, params, rollout: Rollout, chunk: int, parts: int = 1,
-                 routes=None):
+def policy_stats(model_cfg: ModelConfig, params, rollout: Rollout, chunk: int,
+                 split: update_lib.RowSplit = update_lib.RowSplit(), routes=None):
   """``(logp [B, T], entropy [B, T], moe)`` of the completion tokens under ``params``; logits
   are built in sequence chunks of ``chunk``, never as a [B, T, V] array. ``moe``: None for a
   dense model, else ``{"routes": [B, S, L_moe, k], "aux": [B], "dropped": [B]}``, the experts
@@ -88,18 +88,19 @@ def policy_stats(model_cfg: ModelConfig, params, rollout: Rollout, chunk: int, p
     rows = targets.shape[0]
     return logp, entropy, dict(routes=moe.routes, aux=jnp.broadcast_to(moe.aux_loss, (rows,)),
                                dropped=jnp.broadcast_to(moe.dropped / rows, (rows,)))
-  return _completion_forward(model_cfg, params, rollout, parts, "lm", out, routes)
+  return _completion_forward(model_cfg, params, rollout, split, "lm", out, routes)
 
 
 def completion_stats(model_cfg: ModelConfig, params, rollout: Rollout, chunk: int,
-                     parts: int = 1):
+                     split: update_lib.RowSplit = update_lib.RowSplit()):
   """Log-probs and entropies of the completion tokens under ``params``: ([B, T], [B, T])."""
-  return policy_stats(model_cfg, params, rollout, chunk, parts)[:2]
+  return policy_stats(model_cfg, params, rollout, chunk, split)[:2]
 
 
-def completion_values(model_cfg: ModelConfig, critic_params, rollout: Rollout, parts: int = 1):
+def completion_values(model_cfg: ModelConfig, critic_params, rollout: Rollout,
+                      split: update_lib.RowSplit = update_lib.RowSplit()):
   """``V[i, t]``: the critic's value of the state before completion token t, [B, T]."""
-  return _completion_forward(model_cfg, critic_params, rollout, parts, "value",
+  return _completion_forward(model_cfg, critic_params, rollout, split, "value",
                              lambda model, hidden, _, __: model.values(hidden))
 
 
@@ -146,7 +147,8 @@ class Learner:
   ``aux_cfgs``: ``(transform name, architecture)`` of the transforms' frozen models (the
   distillation teacher); ``seed``: the run's (Clip-Cov's per-minibatch uniforms). ``forward_tokens``:
   the most tokens per data shard that one forward (and backward) takes at a time, 0 for no
-  limit (``row_parts``); ``row_shards``: how many data shards the rows are split over."""
+  limit (``row_split``); ``row_shards``: how many data shards the rows are split over;
+  ``side_by_side``: row chunks per scan iteration (``update.concurrent_chunks``)."""
   algo: Algorithm
   model_cfg: ModelConfig
   actor_tx: optax.GradientTransformation
@@ -157,6 +159,7 @@ class Learner:
   seed: int = 0
   forward_tokens: int = 0
   row_shards: int = 1
+  side_by_side: int = 1
 
   @property
   def reuse_policy_forward(self) -> bool:
@@ -164,12 +167,13 @@ class Learner:
     return (a.epochs == a.minibatches == 1 and a.kl_placement != "reward"
             and not a.overlong_filter and not a.needs_old_logp)
 
-  def row_parts(self, rollout: Rollout, at_least: int = 1) -> int:
+  def row_split(self, rollout: Rollout, at_least: int = 1) -> update_lib.RowSplit:
     """Row chunks for a forward over ``rollout``'s rows: at least ``at_least`` (the micro-batches),
     more where a chunk would exceed ``forward_tokens`` (``update.row_parts``)."""
     rows = rollout.tokens.shape[0]
     seq_len = rollout.prompt_tokens.shape[1] + rollout.tokens.shape[1]
-    return update_lib.row_parts(rows, self.row_shards, seq_len, self.forward_tokens, at_least)
+    parts = update_lib.row_parts(rows, self.row_shards, seq_len, self.forward_tokens, at_least)
+    return update_lib.RowSplit(parts, self.side_by_side)
 
 
 # --- scoring -------------------------------------------------------------------------------------
@@ -216,19 +220,19 @@ def score(learner: Learner, state: TrainState, rollout: Rollout, hp, aux=None
   row_valid = rollout.row_valid.astype(jnp.float32)
   mask = rollout.mask.astype(jnp.float32) * row_valid[:, None]
   old_logp = entropy = ref_logp = values = token_rewards = None
-  parts = learner.row_parts(rollout)
+  split = learner.row_split(rollout)
   moe_scoring = {}
   if not learner.reuse_policy_forward:
-    old_logp, entropy, moe = policy_stats(cfg, state.params, rollout, chunk, parts,
+    old_logp, entropy, moe = policy_stats(cfg, state.params, rollout, chunk, split,
                                           replayed_routes(cfg, rollout, in_update=False))
     if moe is not None:
       moe_scoring = moe_metrics(rollout, moe["routes"], mask)
       if cfg.router_replay == "R2":  # the update replays the experts of this forward
         rollout = rollout.replace(extras={**rollout.extras, "routes": moe["routes"]})
   if state.ref_params is not None:
-    ref_logp, _ = completion_stats(cfg, state.ref_params, rollout, chunk, parts)
+    ref_logp, _ = completion_stats(cfg, state.ref_params, rollout, chunk, split)
   if state.critic_params is not None:
-    values = completion_values(cfg, state.critic_params, rollout, parts)
+    values = completion_values(cfg, state.critic_params, rollout, split)
   rewards = rollout.rewards
   if isinstance(rollout.extras, dict) and "token_rewards" in rollout.extras:
     # Multi-turn rewards per turn (env.turn_discount): they replace the outcome on the last token.
@@ -254,7 +258,7 @@ def score(learner: Learner, state: TrainState, rollout: Rollout, hp, aux=None
   view = Scored(rollout=rollout, hp=hp, group_size=algo.group_size, mask=mask,
                 loss_mask=loss_mask, advantages=advantages, old_logp=old_logp, entropy=entropy,
                 aux_logp=lambda name: completion_stats(aux_cfgs[name], aux[name], rollout,
-                                                       chunk, parts)[0])
+                                                       chunk, split)[0])
   metrics = dict(moe_scoring)
   for t in algo.transforms:
     if t.on_score is not None:
@@ -371,12 +375,12 @@ def minibatch_update(learner: Learner, hp, state: TrainState, minibatch: Rollout
   hp = with_coefs(learner, state, hp)
   if update_actor:
     minibatch, metrics = select_tokens(learner, hp, state.step, minibatch, index)
-  parts = learner.row_parts(minibatch, at_least=algo.micro_batches)
-  counts = minibatch_counts(learner, minibatch, parts)
+  split = learner.row_split(minibatch, at_least=algo.micro_batches)
+  counts = minibatch_counts(learner, minibatch, split.parts)
   if update_actor:
     loss, grads, actor_metrics, rows = update_lib.accumulate_gradients(
         lambda p, mb, c: actor_loss(learner, p, hp, mb, c), state.params, minibatch, counts,
-        parts=parts, row_outputs=True)
+        parts=split.parts, side_by_side=split.side_by_side, row_outputs=True)
     if rows is not None:  # the metrics scoring left out, from the loss's forward
       actor_metrics.update(scoring_metrics(learner, minibatch.loss_mask, *rows,
                                            minibatch.sampler_logp, minibatch.ref_logp))
@@ -391,7 +395,7 @@ def minibatch_update(learner: Learner, hp, state: TrainState, minibatch: Rollout
   if state.critic_params is not None:
     closs, cgrads, critic_metrics = update_lib.accumulate_gradients(
         lambda p, mb, c: critic_loss(learner, p, mb, c), state.critic_params, minibatch,
-        counts, parts=parts)
+        counts, parts=split.parts, side_by_side=split.side_by_side)
     critic_params, critic_opt_state, cgrad_norm, capplied = update_lib.apply_update(
         learner.critic_tx, state.critic_params, state.critic_opt_state, cgrads, closs)
     state = state.replace(critic_params=critic_params, critic_opt_state=critic_opt_state)

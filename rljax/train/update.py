@@ -14,7 +14,7 @@ computed before the split), so how a minibatch is split never changes the gradie
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -41,12 +41,22 @@ def merge_rows(tree):
   return jax.tree.map(lambda x: x.swapaxes(0, 1).reshape((-1,) + x.shape[2:]), tree)
 
 
-def map_rows(fn: Callable, tree, parts: int):
-  """``fn(tree)`` computed ``parts`` row chunks at a time (``lax.map`` over ``split_rows``) and
-  merged back in row order; for a row-wise ``fn`` the result is ``fn(tree)``."""
-  if parts == 1:
+class RowSplit(NamedTuple):
+  """How a forward takes a batch's rows: ``parts`` chunks (``split_rows``) in a scan,
+  ``side_by_side`` of them per iteration (``concurrent_chunks``)."""
+  parts: int = 1
+  side_by_side: int = 1
+
+
+def map_rows(fn: Callable, tree, split: RowSplit):
+  """``fn(tree)`` computed chunk by chunk as ``split`` says, merged back in row order; for a
+  row-wise ``fn`` the result is ``fn(tree)``."""
+  if split.parts == 1:
     return fn(tree)
-  return merge_rows(jax.lax.map(fn, split_rows(tree, parts)))
+  _, out = jax.lax.scan(lambda carry, rows: (carry, fn(rows)), None,
+                        split_rows(tree, split.parts),
+                        unroll=min(split.side_by_side, split.parts))
+  return merge_rows(out)
 
 
 # ``model.forward_tokens=-1`` on CPU: tokens per chunk per thread XLA runs on (measured in
@@ -68,6 +78,14 @@ def forward_tokens(value: int, platform: str) -> int:
   return CPU_FORWARD_TOKENS_PER_THREAD * cpu_threads() if platform == "cpu" else 0
 
 
+def concurrent_chunks(platform: str) -> int:
+  """Row chunks a scan iteration computes side by side: one per CPU thread on CPU, where XLA
+  runs independent operations of an iteration on separate threads while its matmul fusions at
+  a chunk's size keep to one thread (docs/results/benchmarks_train_step.md); one on
+  accelerators, where a chunk fills the device and a second would only add its activations."""
+  return cpu_threads() if platform == "cpu" else 1
+
+
 def row_parts(rows: int, shards: int, seq_len: int, max_tokens: int, at_least: int = 1) -> int:
   """How many parts ``split_rows`` should make of ``rows`` rows of ``seq_len`` tokens, sharded
   over ``shards``: ``at_least`` times the smallest divisor ``k`` of a shard's
@@ -82,8 +100,11 @@ def row_parts(rows: int, shards: int, seq_len: int, max_tokens: int, at_least: i
 
 
 def accumulate_gradients(loss_fn: Callable, params, minibatch, counts: Mapping[str, Any], *,
-                         parts: int, extra: tuple = (), row_outputs: bool = False):
-  """``(loss, grads, metrics)`` summed over ``parts`` micro-batches of ``minibatch`` (a scan).
+                         parts: int, side_by_side: int = 1, extra: tuple = (),
+                         row_outputs: bool = False):
+  """``(loss, grads, metrics)`` summed over ``parts`` micro-batches of ``minibatch`` (a scan,
+  ``side_by_side`` micro-batches per iteration: their gradients are independent, only the sums
+  wait for them, and the sums keep the order of one at a time).
 
   ``loss_fn(params, *extra, micro, counts) -> (loss, metrics)`` with each term already divided
   by its whole-minibatch count, so the sums are the minibatch's loss and gradient. With
@@ -105,7 +126,8 @@ def accumulate_gradients(loss_fn: Callable, params, minibatch, counts: Mapping[s
   metric_shapes = aux(jax.eval_shape(grad_fn, params, *extra, first, counts)[0][1])[0]
   zeros = (jax.tree.map(jnp.zeros_like, params), jnp.zeros(()),
            jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), metric_shapes))
-  (grads, loss, metrics), rows = jax.lax.scan(body, zeros, micro)
+  (grads, loss, metrics), rows = jax.lax.scan(body, zeros, micro,
+                                               unroll=min(side_by_side, parts))
   if row_outputs:
     return loss, grads, metrics, merge_rows(rows)
   return loss, grads, metrics

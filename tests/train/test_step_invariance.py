@@ -171,3 +171,26 @@ def test_forward_tokens_chunk_the_rows_without_changing_the_step():
                                atol=1e-6, err_msg=name)
   for a, b in zip(jax.tree.leaves(state0.params), jax.tree.leaves(state1.params)):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("side_by_side", [1, 2, 3])
+def test_chunks_side_by_side_keep_the_sums(side_by_side):
+  """A least-squares loss over 12 rows in 4 micro-batches, 1-3 of them per scan iteration (3
+  leaves a remainder): the summed gradient equals NumPy's over the whole batch, X^T (X w - y) / n,
+  and ``map_rows`` returns the rows in order."""
+  rng = np.random.default_rng(0)
+  x, y = rng.normal(size=(12, 3)).astype(np.float32), rng.normal(size=12).astype(np.float32)
+  w = rng.normal(size=3).astype(np.float32)
+
+  def loss_fn(w, micro, counts):
+    err = micro["x"] @ w - micro["y"]
+    return 0.5 * jnp.sum(err ** 2) / counts["n"], {"sq": (jnp.sum(err ** 2), counts["n"])}
+
+  loss, grads, metrics = jax.jit(lambda w: update_lib.accumulate_gradients(
+      loss_fn, w, {"x": x, "y": y}, {"n": 12.0}, parts=4, side_by_side=side_by_side))(w)
+  err = x.astype(np.float64) @ w - y
+  np.testing.assert_allclose(np.asarray(grads), x.T.astype(np.float64) @ err / 12, rtol=1e-5)
+  np.testing.assert_allclose(float(loss), 0.5 * np.sum(err ** 2) / 12, rtol=1e-5)
+  np.testing.assert_allclose(float(metrics["sq"][0]), np.sum(err ** 2), rtol=1e-5)
+  rows = update_lib.map_rows(lambda t: t["x"] @ w, {"x": x}, update_lib.RowSplit(4, side_by_side))
+  np.testing.assert_allclose(np.asarray(rows), x @ w, rtol=1e-6)
