@@ -104,17 +104,20 @@ class _Lane:
 
 
 def lane_width(active: int, slots: int) -> int:
-  """Rows of a call: ``S / 4`` when that holds ``active``, else ``S``. Two widths only: each is
-  compiled for every span (``SPAN_BUCKET``), and the finer ``S/2, S/8`` steps bought less
-  utilisation than their compilations cost in a short run (benchmarks/multiturn.py)."""
+  """Rows of a call: ``S / 4`` when that holds ``active``, else ``S``. Two widths only: the
+  finer ``S/2, S/8`` steps bought less utilisation than their compilations cost in a short run
+  (benchmarks/multiturn.py); the narrow width reads whole store rows (``span``), one shape."""
   narrow = max(1, slots // 4)
   return narrow if active <= narrow else slots
 
 
-def span(deepest: int, length: int) -> int:
+def span(deepest: int, length: int, narrow: bool = False) -> int:
   """Cache indices a call reads: ``deepest`` (exclusive) rounded up to ``SPAN_BUCKET``, at most
-  the store's ``length``."""
-  return min(length, -(-deepest // SPAN_BUCKET) * SPAN_BUCKET)
+  the store's ``length``; all ``length`` for a narrow call. Each span is a compiled shape: a
+  narrow call (S/4 lanes) reads a quarter of the bytes per step anyway, and once lanes were
+  refilled inside calls the engine often ran narrow while rows waited for tools, at spans that
+  4 warm-up runs had not all compiled (benchmarks/multiturn.py, B = 256)."""
+  return length if narrow else min(length, -(-deepest // SPAN_BUCKET) * SPAN_BUCKET)
 
 
 def run_episodes_continuous(problems: Sequence, key, *, cfg: ModelConfig, params: Any,
@@ -211,7 +214,7 @@ def run_episodes_continuous(problems: Sequence, key, *, cfg: ModelConfig, params
     # idle lanes instead made the tool-bound 64-episode benchmark slower (1.45x against 1.54x).
     store, out = turns.run_lanes(weights, store, lane_args, queue_args, key, np.int32(refill),
                                  cfg=cfg, sp=sp, steps=DECODE_STEPS,
-                                 span=span(1 + deepest, length), admit_rows=k)
+                                 span=span(1 + deepest, length, w < s_max), admit_rows=k)
     out = jax.device_get(out)
     stats.device_s += time.monotonic() - t0
     steps, admissions = int(out["steps"]), int(out["admissions"])
