@@ -104,11 +104,16 @@ class _Lane:
 
 
 def lane_width(active: int, slots: int) -> int:
-  """Rows of a call: ``S / 4`` when that holds ``active``, else ``S``. Two widths only: the
-  finer ``S/2, S/8`` steps bought less utilisation than their compilations cost in a short run
-  (benchmarks/multiturn.py); the narrow width reads whole store rows (``span``), one shape."""
-  narrow = max(1, slots // 4)
-  return narrow if active <= narrow else slots
+  """Rows of a call: the narrowest of ``S / 8``, ``S / 4``, ``S / 2``, ``S`` that holds
+  ``active``. A narrow call reads whole store rows (``span``), so each narrow width is one
+  compiled shape. Once lanes were refilled inside calls the engine was fast enough to wait for
+  tools with few rows to decode (B = 256, 32 workers: the pool's throughput bounds the wall), and
+  with only ``S / 4`` and ``S``, 16-lane calls held 5-15 rows and 4-lane ones 1-3, 22-27% of all
+  computed lane-steps idle (benchmarks/multiturn.py)."""
+  for width in sorted({max(1, slots // 8), max(1, slots // 4), max(1, slots // 2)}):
+    if active <= width:
+      return width
+  return slots
 
 
 def span(deepest: int, length: int, narrow: bool = False) -> int:
