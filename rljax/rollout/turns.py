@@ -238,9 +238,20 @@ def run_lanes(weights, store, lanes: dict, queue: dict, key, want, *, cfg: Model
     fed_n = jnp.sum(mask, 1)
     at = queue["start"][qj, None] + jnp.arange(c)[None, :] - (c - fed_n)[:, None]
     idx = jnp.where(take, queue["idx"][qj], m)
-    entering, new, lp, dlp = forward(_gather(store, idx, span), queue["chunk"][qj], at,
-                                     mask & take[:, None], queue["segment"][qj],
-                                     jnp.zeros((k,), jnp.int32), idx)
+
+    def chunk_forward(cut: int):
+      """The chunks' last ``c - cut`` columns (left-padded: all the ids when ``cut`` <= the
+      padding of every row taken)."""
+      return lambda rows: forward(rows, queue["chunk"][qj][:, cut:], at[:, cut:],
+                                  (mask & take[:, None])[:, cut:], queue["segment"][qj],
+                                  jnp.zeros((k,), jnp.int32), idx)
+    entering = _gather(store, idx, span)
+    if c % 2 or c < 2:
+      entering, new, lp, dlp = chunk_forward(0)(entering)
+    else:  # the forward costs per fed column: half the width when the ids fit (re-entries)
+      fits = jnp.max(jnp.where(take, fed_n, 0)) <= c // 2
+      entering, new, lp, dlp = jax.lax.cond(fits, chunk_forward(c // 2), chunk_forward(0),
+                                            entering)
     slot = jnp.where(take, j, q)
     rows, retired_rows = _swap_rows(s["rows"], s["retired"]["rows"], lj, slot, ln["start"][lj],
                                     entering, take)
