@@ -71,7 +71,8 @@ POLL_S = 0.05  # longest wait for a step's answer while nothing decodes (then lo
 @dataclasses.dataclass
 class EngineStats:
   """What the engine computed, for benchmarks and metrics: ``computed`` token slots (every lane
-  of every step, an entering row's first draw included), ``drawn`` tokens actually sampled,
+  of every decode step, and ``refill_rows`` first draws per admission, however many rows it
+  took), ``drawn`` tokens actually sampled,
   ``prefilled_tokens`` the entering rows' new ids, and how the host spent its wall time."""
   calls: int = 0
   steps: int = 0  # decode steps of all lanes
