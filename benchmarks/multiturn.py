@@ -21,8 +21,8 @@ Reported per side: useful tokens/s (policy tokens kept in the record / wall time
 rollout, resets included; median and range of ``--runs`` runs of the same episodes after
 ``--warmups`` runs that compiled their shapes, sides alternated)
 and slot utilisation (useful tokens / token slots the sampler computed: a turn-synchronous call
-computes every row until its longest one ends, the continuous engine every lane of every step,
-an entering row's first draw included). Usage::
+computes every row until its longest one ends, the continuous engine every lane of every
+decode step and ``refill_rows`` first draws per admission of queued rows). Usage::
 
   python benchmarks/multiturn.py                          # 1M model, B=64, S=16, 0-200 ms tools
   python benchmarks/multiturn.py --prompts 64             # B=256: decode-bound, not tool-bound

@@ -160,8 +160,8 @@ KEYS = (
         "last policy token, discounted per turn (a token of turn k sees sum_j>=k d^(j-k) r_j); "
         "1 = the episode's summed reward on its last token"),
     Key("env.slots", 0, integer(0, 2**31 - 1),
-        "continuous engine: rows decoding at once (lanes); 0 = every row of the batch (lanes "
-        "narrow to S/2, S/4, S/8 while rows wait for their environments)"),
+        "continuous engine: rows decoding at once (lanes); 0 = every row of the batch (a call "
+        "narrows to S/8, S/4 or S/2 lanes when that holds the rows decoding or ready to)"),
     # --- algorithm (sections 2-5, 7) -----------------------------------------------------------
     Key("algo.advantage", "grpo", registered("advantage"), "advantage estimator"),
     Key("algo.adv_std", "group", choice("group", "batch", "none"),

@@ -11,16 +11,17 @@ own row's time, not the batch's.
 
 The loop, on the host:
 
-1. *Admit*: rows ready to (re)enter (all rows at first; later those whose observation came back,
-   or whose turn goes on after a stop id that closed no marker) take the free lanes, at most
-   ``slots``.
-2. *Run*: one ``run_lanes`` call feeds the entering rows' new ids (and the decoding lanes' last
-   tokens) in its first step, drawing one token per lane, then decodes, up to ``DECODE_STEPS``
-   tokens per lane; it returns early once as many lanes ended their segment as there are rows
-   waiting to enter (at most ``refill_rows``). Admission costs no call of its own: a separate
-   prefill call per admission was a third of the wall time on CPU (docs/results/
-   benchmarks_multiturn.md). The lanes narrow to ``S/4`` when few rows are left to decode, and a
-   call reads the rows' caches only up to the deepest index it can reach (``span``).
+1. *Queue*: rows ready to (re)enter (all rows at first; later those whose observation came back,
+   or whose turn goes on after a stop id that closed no marker) queue for lanes, at most ``W``
+   per call (the call's lanes).
+2. *Run*: one ``run_lanes`` call decodes the lanes, up to ``DECODE_STEPS`` tokens each, and
+   whenever ``refill_rows`` lanes are free the next queued rows take them inside the call (their
+   new ids fed in one chunk forward, their first tokens drawn), so a call returns for the host's
+   bookkeeping, not to refill lanes: while the host refilled them, calls returned every ~4
+   steps and their fixed cost (~5 ms on CPU, against ~0.8 ms per step) was most of the engine's
+   time (docs/results/benchmarks_multiturn.md). Once its queue is empty a call returns when
+   ``refill_rows`` lanes idle. The lanes narrow to ``S/4`` when few rows are left to decode, and
+   a call reads the rows' caches only up to the deepest index it can reach (``span``).
 3. *Step*: a row whose segment ended goes through the same bookkeeping as in the
    turn-synchronous driver (``end_segment``, ``apply_step``): its environment steps, or its turn
    continues, or its episode ends. Finished steps are collected without waiting while anything
@@ -43,6 +44,7 @@ import dataclasses
 import time
 from typing import Any, List, Optional, Sequence
 
+import jax
 import numpy as np
 
 from rljax.envs import tools as tools_lib
@@ -69,10 +71,12 @@ POLL_S = 0.05  # longest wait for a step's answer while nothing decodes (then lo
 @dataclasses.dataclass
 class EngineStats:
   """What the engine computed, for benchmarks and metrics: ``computed`` token slots (every lane
-  of every step, an entering row's first draw included), ``drawn`` tokens actually sampled,
+  of every decode step, and ``refill_rows`` first draws per admission, however many rows it
+  took), ``drawn`` tokens actually sampled,
   ``prefilled_tokens`` the entering rows' new ids, and how the host spent its wall time."""
   calls: int = 0
-  steps: int = 0
+  steps: int = 0  # decode steps of all lanes
+  admissions: int = 0  # chunk forwards of queued rows entering lanes inside a call
   computed: int = 0
   drawn: int = 0
   prefilled_tokens: int = 0
@@ -101,17 +105,25 @@ class _Lane:
 
 
 def lane_width(active: int, slots: int) -> int:
-  """Rows of a call: ``S / 4`` when that holds ``active``, else ``S``. Two widths only: each is
-  compiled for every span (``SPAN_BUCKET``), and the finer ``S/2, S/8`` steps bought less
-  utilisation than their compilations cost in a short run (benchmarks/multiturn.py)."""
-  narrow = max(1, slots // 4)
-  return narrow if active <= narrow else slots
+  """Rows of a call: the narrowest of ``S / 8``, ``S / 4``, ``S / 2``, ``S`` that holds
+  ``active``. A narrow call reads whole store rows (``span``), so each narrow width is one
+  compiled shape. Once lanes were refilled inside calls the engine was fast enough to wait for
+  tools with few rows to decode (B = 256, 32 workers: the pool's throughput bounds the wall), and
+  with only ``S / 4`` and ``S``, 16-lane calls held 5-15 rows and 4-lane ones 1-3, 22-27% of all
+  computed lane-steps idle (benchmarks/multiturn.py)."""
+  for width in sorted({max(1, slots // 8), max(1, slots // 4), max(1, slots // 2)}):
+    if active <= width:
+      return width
+  return slots
 
 
-def span(deepest: int, length: int) -> int:
+def span(deepest: int, length: int, narrow: bool = False) -> int:
   """Cache indices a call reads: ``deepest`` (exclusive) rounded up to ``SPAN_BUCKET``, at most
-  the store's ``length``."""
-  return min(length, -(-deepest // SPAN_BUCKET) * SPAN_BUCKET)
+  the store's ``length``; all ``length`` for a narrow call. Each span is a compiled shape: a
+  narrow call (S/4 lanes) reads a quarter of the bytes per step anyway, and once lanes were
+  refilled inside calls the engine often ran narrow while rows waited for tools, at spans that
+  4 warm-up runs had not all compiled (benchmarks/multiturn.py, B = 256)."""
+  return length if narrow else min(length, -(-deepest // SPAN_BUCKET) * SPAN_BUCKET)
 
 
 def run_episodes_continuous(problems: Sequence, key, *, cfg: ModelConfig, params: Any,
@@ -125,8 +137,8 @@ def run_episodes_continuous(problems: Sequence, key, *, cfg: ModelConfig, params
 
   slots: ``S``, lanes decoding at once (``env.slots``); 0: every row of the batch.
   dtype: the sampler's compute dtype (``rollout.dtype``); None: the model's.
-  refill_rows: a decode call returns once this many lanes ended while rows wait to enter;
-    0: ``S // 8`` (at least 1).
+  refill_rows: queued rows enter a call's free lanes this many at a time (one chunk forward), and
+    a call whose queue ran out returns once this many lanes idle; 0: ``S // 8`` (at least 1).
   stats: filled with what the engine computed (``EngineStats``).
   """
   t_start = time.monotonic()
@@ -171,57 +183,69 @@ def run_episodes_continuous(problems: Sequence, key, *, cfg: ModelConfig, params
       runner.submit_step(r, ep.env, turn_action(ep, tokenizer))
       in_tool[r] -= time.monotonic()
 
-  def admit() -> None:
-    """Ready rows take free lanes, a power of two of them (few compiled shapes); their new ids
-    are fed by the next call."""
-    free = min(s_max - len(lanes), len(ready))
-    for _ in range(1 << free.bit_length() - 1 if free else 0):
-      r = ready.popleft()
-      cap = max(1, min(sp.max_new_tokens, budget - len(episodes[r].ids) + 1))
-      lanes.insert(0, _Lane(r, cap, feed=seq(r)[cached[r]:]))
+  def new_lane(r: int) -> _Lane:
+    cap = max(1, min(sp.max_new_tokens, budget - len(episodes[r].ids) + 1))
+    return _Lane(r, cap, feed=seq(r)[cached[r]:])
 
   def lanes_call() -> None:
+    """One ``run_lanes`` call: the lanes decode, and up to ``W`` ready rows queue to take
+    lanes that free up inside the call."""
     nonlocal store, lanes
-    e = sum(not l.ids for l in lanes)  # the entering lanes, first
-    w = lane_width(len(lanes), s_max)
-    c = -(-max([len(l.feed) for l in lanes[:e]] or [1]) // CHUNK_BUCKET) * CHUNK_BUCKET
-    chunk = np.full((e, c), tokenizer.pad_id, np.int32)
-    chunk_mask = np.zeros((e, c), np.int32)
-    for i, lane in enumerate(lanes[:e]):
+    w = lane_width(len(lanes) + len(ready), s_max)
+    queue = [new_lane(ready.popleft()) for _ in range(min(w, len(ready)))]
+    c = -(-max([len(l.feed) for l in queue] or [1]) // CHUNK_BUCKET) * CHUNK_BUCKET
+    chunk = np.full((w, c), tokenizer.pad_id, np.int32)
+    chunk_mask = np.zeros((w, c), np.int32)
+    for i, lane in enumerate(queue):
       chunk[i, c - len(lane.feed):], chunk_mask[i, c - len(lane.feed):] = lane.feed, 1
-    fill = lambda f, pad: np.asarray([f(lane) for lane in lanes] + [pad] * (w - len(lanes)),
-                                     np.int32)
-    want = min(len(ready), refill) if ready else w + 1
-    deepest = max(cached[l.row] + len(l.feed) - 1 + min(DECODE_STEPS, l.cap - len(l.ids))
-                  for l in lanes)
+
+    def fill(group, f, pad):
+      return np.asarray([f(l) for l in group] + [pad] * (w - len(group)), np.int32)
+    lane_args = dict(idx=fill(lanes, lambda l: l.row, b), tok=fill(lanes, lambda l: l.feed[-1], 0),
+                     start=fill(lanes, lambda l: cached[l.row], 0),
+                     budget=fill(lanes, lambda l: l.cap - len(l.ids), 0),
+                     drawn=fill(lanes, lambda l: len(l.ids), 0),
+                     segment=fill(lanes, lambda l: segment[l.row], 0))
+    queue_args = dict(idx=fill(queue, lambda l: l.row, b), chunk=chunk, mask=chunk_mask,
+                      start=fill(queue, lambda l: cached[l.row], 0),
+                      budget=fill(queue, lambda l: l.cap, 0),
+                      segment=fill(queue, lambda l: segment[l.row], 0))
+    # A row that enters before the first step draws DECODE_STEPS + 1 tokens at most.
+    deepest = max(cached[l.row] + len(l.feed) - 1 + min(DECODE_STEPS + 1, l.cap - len(l.ids))
+                  for l in lanes + queue)
+    k = min(refill, w)
     t0 = time.monotonic()
-    store, out_tok, out_lp, out_dlp, count, running, steps = turns.run_lanes(
-        weights, store, fill(lambda l: l.row, b), fill(lambda l: l.feed[-1], 0), chunk,
-        chunk_mask, fill(lambda l: cached[l.row], 0), fill(lambda l: l.cap - len(l.ids), 0),
-        fill(lambda l: len(l.ids), 0), key, fill(lambda l: segment[l.row], 0),
-        fill(lambda l: l.row, 0), np.int32(want), cfg=cfg, sp=sp, steps=DECODE_STEPS,
-        span=span(1 + deepest, length))
-    out_tok, out_lp, out_dlp, count, running = (
-        np.asarray(x) for x in (out_tok, out_lp, out_dlp, count, running))
-    steps = int(steps)
+    # Once its queue is empty the call returns when ``refill`` more lanes idle than it could fill
+    # (rows that ended meanwhile then submit their steps): running the full DECODE_STEPS with
+    # idle lanes instead made the tool-bound 64-episode benchmark slower (1.45x against 1.54x).
+    store, out = turns.run_lanes(weights, store, lane_args, queue_args, key, np.int32(refill),
+                                 cfg=cfg, sp=sp, steps=DECODE_STEPS,
+                                 span=span(1 + deepest, length, w < s_max), admit_rows=k)
+    out = jax.device_get(out)
     stats.device_s += time.monotonic() - t0
+    steps, admissions = int(out["steps"]), int(out["admissions"])
     stats.calls += 1
     stats.steps += steps
-    stats.computed += w * steps
-    stats.drawn += int(count.sum())
-    stats.prefilled_tokens += sum(len(l.feed) for l in lanes if not l.ids)
+    stats.admissions += admissions
+    stats.computed += w * steps + k * admissions
+    stats.drawn += int(out["count"].sum())
     still = []
-    for i, lane in enumerate(lanes):
-      n = int(count[i])  # >= 1: every lane draws at the first step
-      cached[lane.row] += len(lane.feed) + n - 1  # the chunk and every drawn token but the last
-      lane.ids += out_tok[i, :n].tolist()
-      lane.slp += out_lp[i, :n].tolist()
-      lane.dlp += out_dlp[i, :n].tolist()
+    for i, lane in list(enumerate(lanes)) + [(w + j, l) for j, l in enumerate(queue)]:
+      n = int(out["count"][i])
+      if not n:  # a queued row that found no free lane: first in line for the next call
+        continue
+      if i >= w:
+        stats.prefilled_tokens += len(lane.feed)
+      cached[lane.row] += len(lane.feed) + n - 1  # the fed ids and every drawn one but the last
+      lane.ids += out["tokens"][i, :n].tolist()
+      lane.slp += out["sampler_logp"][i, :n].tolist()
+      lane.dlp += out["draw_logp"][i, :n].tolist()
       lane.feed = lane.ids[-1:]
-      if running[i]:
+      if out["running"][i]:
         still.append(lane)
       else:
         close_segment(lane)
+    ready.extendleft(reversed([l.row for j, l in enumerate(queue) if not out["count"][w + j]]))
     lanes = still
 
   def collect(wait_s: float) -> None:
@@ -236,8 +260,7 @@ def run_episodes_continuous(problems: Sequence, key, *, cfg: ModelConfig, params
       stats.env_wait_s += time.monotonic() - t0
 
   while True:
-    admit()
-    if lanes:
+    if lanes or ready:
       lanes_call()
     if runner.in_flight:
       collect(0.0 if (lanes or ready) else POLL_S)

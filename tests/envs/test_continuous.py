@@ -113,18 +113,20 @@ def test_token_in_token_out_three_turns(policy, monkeypatch):
   fed, drawn = {}, {}
   run = engine_lib.turns.run_lanes
 
-  def spy(weights, store, idx, tok, chunk, chunk_mask, *args, **kw):
+  def spy(weights, store, lanes, queue, *args, **kw):
     m = store[0][0].shape[0]  # (the store is donated to the call)
-    out = run(weights, store, idx, tok, chunk, chunk_mask, *args, **kw)
-    chunks = [list(c[k > 0]) for c, k in zip(np.asarray(chunk), np.asarray(chunk_mask))]
-    for i, r in enumerate(np.asarray(idx)):
-      n = int(out[4][i])
+    store, out = run(weights, store, lanes, queue, *args, **kw)
+    # Records: the lanes (fed their last token), then the queued rows (fed their chunks).
+    feeds = [[int(t)] for t in lanes["tok"]] + [
+        list(c[k > 0]) for c, k in zip(np.asarray(queue["chunk"]), np.asarray(queue["mask"]))]
+    for i, r in enumerate(np.concatenate([lanes["idx"], queue["idx"]])):
+      n = int(out["count"][i])
       if r < m and n:  # its chunk (entering) or last token, then each one drawn but the last
-        got = np.asarray(out[1])[i, :n].tolist()
-        fed.setdefault(int(r), []).extend(chunks[i] if i < len(chunks) else [int(tok[i])])
+        got = np.asarray(out["tokens"])[i, :n].tolist()
+        fed.setdefault(int(r), []).extend(feeds[i])
         fed[int(r)].extend(got[:-1])
         drawn.setdefault(int(r), []).extend(got)
-    return out
+    return store, out
   monkeypatch.setattr(engine_lib.turns, "run_lanes", spy)
   result = _continuous(policy, _problems(), SP8)
   r = result.rollout
@@ -188,8 +190,32 @@ def test_sampled_rollout_does_not_depend_on_lanes(policy):
   np.testing.assert_array_equal(narrow.rollout.tokens, wide.rollout.tokens)
   np.testing.assert_allclose(narrow.rollout.sampler_logp, wide.rollout.sampler_logp, atol=1e-5)
   assert stats.drawn >= narrow.counts["env/policy_tokens"] > 0  # a cut drops drawn tokens
-  assert stats.drawn <= stats.computed <= 2 * stats.steps
+  # Each decode step computes at most 2 lanes, each admission 1 row (``refill_rows`` 2 // 8 -> 1).
+  assert stats.drawn <= stats.computed <= 2 * stats.steps + stats.admissions
+  assert stats.admissions > 0
   assert stats.prefilled_tokens > 0
+
+
+def test_rows_admitted_inside_a_call_draw_what_admission_at_a_call_start_draws(policy,
+                                                                             monkeypatch):
+  """Queued rows take free lanes inside a call (16 steps per call: most enter after its first
+  step) or before a call's first step (1 step per call: the host's refill, as before lanes
+  were refilled inside calls; 3 steps: 8-token segments also span calls): the same sampled
+  rollout, and the long calls need fewer round trips."""
+  got, stats = {}, {}
+  default = engine_lib.DECODE_STEPS
+  for steps in (default, 3, 1):
+    monkeypatch.setattr(engine_lib, "DECODE_STEPS", steps)
+    stats[steps] = engine_lib.EngineStats()
+    got[steps] = _continuous(policy, _problems(), SP8, slots=2, stats=stats[steps], key=5)
+  ref = got[1].rollout
+  for steps in got:
+    np.testing.assert_array_equal(got[steps].rollout.tokens, ref.tokens)
+    np.testing.assert_array_equal(got[steps].rollout.mask, ref.mask)
+    np.testing.assert_allclose(got[steps].rollout.sampler_logp, ref.sampler_logp, atol=1e-5)
+    assert stats[steps].drawn == stats[1].drawn
+    assert stats[steps].admissions == stats[1].admissions  # one per segment (1 lane per chunk)
+  assert stats[default].calls < stats[1].calls / 2
 
 
 class _Clock:
