@@ -20,8 +20,9 @@ The loop, on the host:
    bookkeeping, not to refill lanes: while the host refilled them, calls returned every ~4
    steps and their fixed cost (~5 ms on CPU, against ~0.8 ms per step) was most of the engine's
    time (docs/results/benchmarks_multiturn.md). Once its queue is empty a call returns when
-   ``refill_rows`` lanes idle. The lanes narrow to ``S/4`` when few rows are left to decode, and
-   a call reads the rows' caches only up to the deepest index it can reach (``span``).
+   ``refill_rows`` lanes idle. The lanes narrow to ``S/8``, ``S/4`` or ``S/2`` when few rows are
+   left to decode, and a full-width call reads the rows' caches only up to the deepest index it
+   can reach (``span``).
 3. *Step*: a row whose segment ended goes through the same bookkeeping as in the
    turn-synchronous driver (``end_segment``, ``apply_step``): its environment steps, or its turn
    continues, or its episode ends. Finished steps are collected without waiting while anything
@@ -107,10 +108,9 @@ class _Lane:
 def lane_width(active: int, slots: int) -> int:
   """Rows of a call: the narrowest of ``S / 8``, ``S / 4``, ``S / 2``, ``S`` that holds
   ``active``. A narrow call reads whole store rows (``span``), so each narrow width is one
-  compiled shape. Once lanes were refilled inside calls the engine was fast enough to wait for
-  tools with few rows to decode (B = 256, 32 workers: the pool's throughput bounds the wall), and
-  with only ``S / 4`` and ``S``, 16-lane calls held 5-15 rows and 4-lane ones 1-3, 22-27% of all
-  computed lane-steps idle (benchmarks/multiturn.py)."""
+  compiled shape. While rows wait for their tools few lanes decode, and with two widths only
+  (``S / 4``, ``S``) a quarter of the computed lane-steps were idle
+  (docs/results/benchmarks_multiturn.md)."""
   for width in sorted({max(1, slots // 8), max(1, slots // 4), max(1, slots // 2)}):
     if active <= width:
       return width
@@ -120,9 +120,8 @@ def lane_width(active: int, slots: int) -> int:
 def span(deepest: int, length: int, narrow: bool = False) -> int:
   """Cache indices a call reads: ``deepest`` (exclusive) rounded up to ``SPAN_BUCKET``, at most
   the store's ``length``; all ``length`` for a narrow call. Each span is a compiled shape: a
-  narrow call (S/4 lanes) reads a quarter of the bytes per step anyway, and once lanes were
-  refilled inside calls the engine often ran narrow while rows waited for tools, at spans that
-  4 warm-up runs had not all compiled (benchmarks/multiturn.py, B = 256)."""
+  narrow call (at most ``S / 2`` lanes) reads at most half the bytes per step anyway, and the
+  engine runs narrow often, at spans a short run would otherwise still be compiling."""
   return length if narrow else min(length, -(-deepest // SPAN_BUCKET) * SPAN_BUCKET)
 
 
