@@ -76,6 +76,10 @@ KEYS = (
         "most tokens per data shard in one forward/backward of scoring and the update (rows "
         "go in chunks, exact accumulation); -1 = auto (1024 per CPU thread, no limit on "
         "accelerators), 0 = no limit"),
+    Key("model.parallel_chunks", -1, integer(1, 1024, also=(-1,)),
+        "row chunks (model.forward_tokens) computed side by side per scan iteration: "
+        "independent, so XLA:CPU runs them on separate threads; -1 = auto (one per CPU thread, "
+        "1 on accelerators)"),
     # --- data ----------------------------------------------------------------------------------
     Key("data.source", "embedded:arithmetic", NONEMPTY,
         "'embedded:arithmetic' | 'embedded:countdown' | 'jsonl:PATH' | 'hf:PATH' (local "

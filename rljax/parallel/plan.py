@@ -486,7 +486,8 @@ def _plan(config, device: str | None = None, *, model: str | None = None,
                        cfg.head_dim, cfg.num_layers)
   t_div = lambda n: n // tensor if n % tensor == 0 else n
   # On CPU micro-batches run side by side (one per thread): their activations live together.
-  side_by_side = min(micro, update_lib.concurrent_chunks(dev["kind"]))
+  side_by_side = min(micro, update_lib.concurrent_chunks(config.model.parallel_chunks,
+                                                         dev["kind"]))
   tokens = train_rows * side_by_side * slots
   lin = (ACT_D * d + ACT_QKV * (t_div(h * dh) + 2 * t_div(g * dh)) + ACT_F * t_div(f)) * b
   if attention == "xla":

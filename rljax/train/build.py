@@ -267,7 +267,8 @@ def learner(config, model_cfg: ModelConfig, algo: Algorithm, aux_cfgs: tuple = (
                           critic_clip=config.critic.value_clip, aux_cfgs=tuple(aux_cfgs),
                           seed=config.seed, forward_tokens=forward_tokens,
                           row_shards=1 if mesh is None else rules.batch_divisor(mesh),
-                          side_by_side=update_lib.concurrent_chunks(platform))
+                          side_by_side=update_lib.concurrent_chunks(config.model.parallel_chunks,
+                                                                    platform))
 
 
 def load_aux_models(config, algo: Algorithm, tokenizer, model_cfg: ModelConfig, mesh):

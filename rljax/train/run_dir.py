@@ -54,7 +54,7 @@ RESUMABLE_CHANGES = (
     "mesh.data", "mesh.fsdp", "mesh.expert", "mesh.tensor", "mesh.sampler_devices",
     "mesh.learner_devices", "dist.mode", "dist.coordinator_address",
     "dist.num_processes", "dist.process_id", "model.remat", "model.scan_layers",
-    "model.logits_chunk", "model.forward_tokens",
+    "model.logits_chunk", "model.forward_tokens", "model.parallel_chunks",
     "sft.out_dir",
 )
 

@@ -78,11 +78,14 @@ def forward_tokens(value: int, platform: str) -> int:
   return CPU_FORWARD_TOKENS_PER_THREAD * cpu_threads() if platform == "cpu" else 0
 
 
-def concurrent_chunks(platform: str) -> int:
-  """Row chunks a scan iteration computes side by side: one per CPU thread on CPU, where XLA
-  runs independent operations of an iteration on separate threads while its matmul fusions at
-  a chunk's size keep to one thread (docs/results/benchmarks_train_step.md); one on
-  accelerators, where a chunk fills the device and a second would only add its activations."""
+def concurrent_chunks(value: int, platform: str) -> int:
+  """``model.parallel_chunks`` resolved: row chunks a scan iteration computes side by side.
+  -1 (auto) is one per CPU thread on CPU, where XLA runs independent operations of an iteration
+  on separate threads while its matmul fusions at a chunk's size keep to one thread
+  (docs/results/benchmarks_train_step.md), and one on accelerators, where a chunk fills the
+  device and a second would only add its activations."""
+  if value != -1:
+    return value
   return cpu_threads() if platform == "cpu" else 1
 
 

@@ -148,13 +148,16 @@ def test_row_parts_hand_worked():
 
 def test_forward_tokens_auto_is_per_cpu_thread(monkeypatch):
   """-1: 1024 tokens per core this process may use on CPU (1 core: 1024, 2 cores: 2048), no
-  limit on accelerators; a set value is kept."""
+  limit on accelerators, and as many chunks side by side as cores; a set value is kept."""
   monkeypatch.setattr(update_lib.os, "sched_getaffinity", lambda pid: {0})
   assert update_lib.forward_tokens(-1, "cpu") == 1024
   monkeypatch.setattr(update_lib.os, "sched_getaffinity", lambda pid: {0, 1})
   assert update_lib.forward_tokens(-1, "cpu") == 2048
   assert update_lib.forward_tokens(-1, "gpu") == 0 and update_lib.forward_tokens(-1, "tpu") == 0
   assert update_lib.forward_tokens(512, "cpu") == 512 and update_lib.forward_tokens(0, "cpu") == 0
+  # model.parallel_chunks: -1 = one chunk per CPU thread side by side, one on accelerators.
+  assert update_lib.concurrent_chunks(-1, "cpu") == 2
+  assert update_lib.concurrent_chunks(-1, "gpu") == 1 and update_lib.concurrent_chunks(3, "cpu") == 3
 
 
 @pytest.mark.slow
