@@ -494,8 +494,9 @@ def _plan(config, device: str | None = None, *, model: str | None = None,
     attn = t_div(h) * slots * (ATTN_BYTES + b)
   else:
     attn = t_div(h) * (dh * b + 4)
-  attn_blocks = (train_rows * side_by_side * t_div(h) * attention_lib.balanced_block(slots, blk) ** 2
-                 * 4 * BLOCK_TEMPS if attention == "blockwise" else 0)
+  block = attention_lib.balanced_block(slots, blk)
+  attn_blocks = (train_rows * side_by_side * t_div(h) * block ** 2 * 4 * BLOCK_TEMPS
+                 if attention == "blockwise" else 0)
   layer_act = tokens * (lin + attn)
   dots = (t_div(h * dh) + 2 * t_div(g * dh) + d + 2 * t_div(f)) * b
   act_by_remat = layer_activations(L, tokens * d * b, tokens * dots, layer_act, cfg.scan_layers)
