@@ -118,7 +118,9 @@ def _swap_rows(rows, retired, lane, slot, lo, new, take):
   Each row is written with a ``dynamic_update_slice`` that depends on the retired windows' value:
   XLA fused the read of the replaced rows into the windows' update and, unable to order it
   before the write, copied all the lanes' rows twice per admission (as much time as the
-  admission's forward) when the write was a scatter or did not depend on the read."""
+  admission's forward) when the write was a scatter or did not depend on the read; an
+  ``optimization_barrier`` on ``(retired, rows)`` instead still left one copy of each layer's
+  rows in the compiled call."""
   def swap(x, r, y):
     win = _windows(x[lane], lo, r.shape[2])
     r = r.at[jnp.where(take, slot, r.shape[0])].set(win, mode="drop")
