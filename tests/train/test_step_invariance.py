@@ -197,4 +197,4 @@ def test_chunks_side_by_side_keep_the_sums(side_by_side):
   np.testing.assert_allclose(float(loss), 0.5 * np.sum(err ** 2) / 12, rtol=1e-5)
   np.testing.assert_allclose(float(metrics["sq"][0]), np.sum(err ** 2), rtol=1e-5)
   rows = update_lib.map_rows(lambda t: t["x"] @ w, {"x": x}, update_lib.RowSplit(4, side_by_side))
-  np.testing.assert_allclose(np.asarray(rows), x @ w, rtol=1e-6)
+  np.testing.assert_allclose(np.asarray(rows), x.astype(np.float64) @ w, rtol=1e-5, atol=1e-6)
