@@ -34,6 +34,7 @@ import multiprocessing
 import os
 import signal
 import sys
+import threading
 import time
 import warnings
 from multiprocessing import connection
@@ -298,11 +299,16 @@ class VerifierPool:
     self._workers: list[_Worker] = []
     self.replaced = 0  # workers killed after a timeout, a death or a broken answer
     self.recycled = 0  # workers retired after worker_max_calls calls or a MemoryError
-    # Asynchronous calls (``submit`` / ``poll``): queued (tag, args, timeout_s), and the
-    # workers running one, by connection, with the call's tag.
+    # Asynchronous calls (``submit`` / ``poll``): queued (tag, args, timeout_s), the workers
+    # running one, by connection, with the call's tag, and the answers not yet polled. A
+    # dispatcher thread receives answers and starts queued calls as workers free up.
     self._queue: list[tuple[Any, tuple, float]] = []
     self._running: dict[Any, tuple[_Worker, Any]] = {}
+    self._done: list[tuple[Any, Outcome]] = []
     self._next_index = 0
+    self._lock = threading.Condition()
+    self._dispatcher: threading.Thread | None = None
+    self._wake_r, self._wake_w = None, None
 
   @property
   def settings(self) -> tuple:
@@ -352,20 +358,32 @@ class VerifierPool:
 
   # --- asynchronous calls: a caller that overlaps them with its own work (the multi-turn
   # engine decodes other rows while an environment steps) submits each call when it is ready
-  # and collects the answers as they come, in whatever order they finish.
+  # and collects the answers as they come, in whatever order they finish. A worker that
+  # answers takes the next queued call at once (the dispatcher thread), not at the caller's next
+  # ``poll``: the engine polls between its decode calls, and a worker idle until then lost
+  # several ms of every tool step.
 
   @property
   def in_flight(self) -> int:
     """Submitted calls not yet returned by ``poll``."""
-    return len(self._queue) + len(self._running)
+    with self._lock:
+      return len(self._queue) + len(self._running) + len(self._done)
 
   def submit(self, tag, args: tuple, *, timeout_s: float) -> None:
     """Start ``fn(*args)`` on an idle worker (or queue it); ``poll`` returns it with ``tag``.
     Its ``timeout_s`` counts from when a worker takes it."""
-    self._queue.append((tag, tuple(args), float(timeout_s)))
-    self._dispatch()
+    with self._lock:
+      self._queue.append((tag, tuple(args), float(timeout_s)))
+      self._dispatch()
+      if self._dispatcher is None:
+        self._wake_r, self._wake_w = multiprocessing.Pipe(duplex=False)
+        self._dispatcher = threading.Thread(target=self._dispatch_forever, daemon=True,
+                                            name="rljax-pool-dispatcher")
+        self._dispatcher.start()
+    self._wake_w.send_bytes(b"")  # the dispatcher waits on the new call's worker too
 
   def _dispatch(self) -> None:
+    """Queued calls to idle workers (spawned up to ``workers``); the lock is held."""
     while len(self._workers) < self.num_workers and len(self._workers) < self.in_flight:
       self._workers.append(self._spawn())
     busy = {id(w) for w, _ in self._running.values()}
@@ -383,28 +401,51 @@ class VerifierPool:
       worker.task, worker.deadline = index, time.monotonic() + timeout_s
       self._running[worker.conn] = (worker, tag)
 
+  def _dispatch_forever(self) -> None:
+    """The dispatcher thread: answers and deadlines of running calls, then queued calls to the
+    workers they freed, until ``close``."""
+    while True:
+      with self._lock:
+        if self._wake_r is None:
+          return
+        waiting = list(self._running) + [self._wake_r]
+        deadline = min((w.deadline for w, _ in self._running.values()), default=None)
+      wait = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+      try:
+        ready = connection.wait(waiting, timeout=wait)
+      except OSError:  # closed under us by ``close``
+        return
+      with self._lock:
+        if self._wake_r is None:
+          return
+        before = len(self._done)
+        for conn in ready:
+          if conn is self._wake_r:
+            while self._wake_r.poll():
+              self._wake_r.recv_bytes()
+          elif conn in self._running:
+            worker, tag = self._running.pop(conn)
+            outcome, verdict = worker.receive()
+            self._after_call(worker, verdict)
+            self._done.append((tag, outcome))
+        now = time.monotonic()
+        for conn, (worker, tag) in list(self._running.items()):
+          if now >= worker.deadline:
+            self._running.pop(conn)
+            self._replace(worker)
+            self._done.append((tag, Outcome("timeout")))
+        self._dispatch()
+        if len(self._done) > before:
+          self._lock.notify_all()
+
   def poll(self, wait_s: float = 0.0) -> list[tuple[Any, Outcome]]:
-    """``(tag, Outcome)`` of the calls that finished (or timed out), waiting up to ``wait_s``
-    seconds for the first one when none has; queued calls start as workers free up."""
-    self._dispatch()
-    if not self._running:
-      return []
-    done = []
-    deadline = min(w.deadline for w, _ in self._running.values())
-    wait = max(min(wait_s, deadline - time.monotonic()), 0.0)
-    for conn in connection.wait(list(self._running), timeout=wait):
-      worker, tag = self._running.pop(conn)
-      outcome, verdict = worker.receive()
-      self._after_call(worker, verdict)
-      done.append((tag, outcome))
-    now = time.monotonic()
-    for conn, (worker, tag) in list(self._running.items()):
-      if now >= worker.deadline:
-        self._running.pop(conn)
-        self._replace(worker)
-        done.append((tag, Outcome("timeout")))
-    self._dispatch()
-    return done
+    """``(tag, Outcome)`` of the calls that finished (or timed out) since the last poll,
+    waiting up to ``wait_s`` seconds for the first one when none has."""
+    with self._lock:
+      if not self._done and (self._queue or self._running) and wait_s > 0:
+        self._lock.wait(wait_s)
+      done, self._done = self._done, []
+      return done
 
   def _after_call(self, worker: _Worker, verdict: str) -> _Worker:
     """The worker that serves the next call: this one, or a fresh one."""
@@ -423,10 +464,20 @@ class VerifierPool:
     return fresh
 
   def close(self) -> None:
-    for worker in self._workers:
-      worker.kill()
-    self._workers = []
-    self._queue, self._running = [], {}
+    with self._lock:
+      wake, self._wake_r = self._wake_r, None
+      if wake is not None:
+        self._wake_w.send_bytes(b"")
+    if self._dispatcher is not None:
+      self._dispatcher.join(timeout=5)
+      wake.close()
+      self._wake_w.close()
+      self._dispatcher = None
+    with self._lock:
+      for worker in self._workers:
+        worker.kill()
+      self._workers = []
+      self._queue, self._running, self._done = [], {}, []
 
 
 _POOL: VerifierPool | None = None

@@ -200,6 +200,39 @@ def test_worker_killed_between_batches_is_replaced():
   assert pool._workers[0].process.is_alive() and pool._workers[0].process.pid != victim.pid
 
 
+def _nap(seconds):
+  time.sleep(seconds)
+  return time.monotonic()
+
+
+def test_queued_calls_start_as_workers_free_up_without_a_poll():
+  """Asynchronous calls (the multi-turn engine's tool steps): a worker that answers takes the
+  next queued call at once, not at the caller's next ``poll``, and so does the fresh worker
+  that replaces one killed at its deadline. One worker, nobody polling for 2 s (over 3x the
+  calls' 0.6 s of sleep): all three calls answered, each ending ~0.2 s after the one before;
+  then a hung call times out and the call queued behind it still runs before the next poll."""
+  pool = isolation.VerifierPool(_nap, workers=1)
+  try:
+    for tag in range(3):
+      pool.submit(tag, (0.2,), timeout_s=30.0)
+    time.sleep(2.0)
+    polled = time.monotonic()
+    got = pool.poll(0.0)
+    assert [tag for tag, _ in got] == [0, 1, 2] and pool.in_flight == 0
+    ends = [outcome.value for _, outcome in got]
+    assert all(b - a >= 0.2 for a, b in zip(ends, ends[1:])) and ends[-1] < polled
+    pool.submit("hang", (60.0,), timeout_s=0.5)
+    pool.submit("after", (0.0,), timeout_s=30.0)
+    time.sleep(3.0)
+    polled = time.monotonic()
+    got = dict(pool.poll(0.0))
+    assert got["hang"].status == "timeout" and pool.replaced == 1
+    assert got["after"].status == "ok" and got["after"].value < polled
+    assert pool.poll(0.5) == [] and pool.in_flight == 0
+  finally:
+    pool.close()
+
+
 # --- any behaviour of a verifier costs one answer, never the run, and leaves no process ------------
 
 class _Unprintable:
