@@ -6,6 +6,7 @@ the same code runs on one CPU device and on a pod.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 from typing import Any, Callable
@@ -262,13 +263,18 @@ def learner(config, model_cfg: ModelConfig, algo: Algorithm, aux_cfgs: tuple = (
   actor_tx, critic_tx = optimizers(config)
   platform = (mesh.devices.flat[0] if mesh is not None else jax.devices()[0]).platform
   forward_tokens = update_lib.forward_tokens(config.model.forward_tokens, platform)
+  placed = {} if mesh is None else {"keep_rows": functools.partial(_keep_rows, mesh)}
   return step_lib.Learner(algo=algo, model_cfg=model_cfg, actor_tx=actor_tx, critic_tx=critic_tx,
                           logits_chunk=config.model.logits_chunk,
                           critic_clip=config.critic.value_clip, aux_cfgs=tuple(aux_cfgs),
                           seed=config.seed, forward_tokens=forward_tokens,
                           row_shards=1 if mesh is None else rules.batch_divisor(mesh),
                           side_by_side=update_lib.concurrent_chunks(config.model.parallel_chunks,
-                                                                    platform))
+                                                                    platform), **placed)
+
+
+def _keep_rows(mesh, tree):
+  return jax.lax.with_sharding_constraint(tree, rules.batch_shardings(mesh, tree))
 
 
 def load_aux_models(config, algo: Algorithm, tokenizer, model_cfg: ModelConfig, mesh):

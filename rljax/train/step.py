@@ -148,7 +148,8 @@ class Learner:
   distillation teacher); ``seed``: the run's (Clip-Cov's per-minibatch uniforms). ``forward_tokens``:
   the most tokens per data shard that one forward (and backward) takes at a time, 0 for no
   limit (``row_split``); ``row_shards``: how many data shards the rows are split over;
-  ``side_by_side``: row chunks per scan iteration (``update.concurrent_chunks``)."""
+  ``side_by_side``: row chunks per scan iteration (``update.concurrent_chunks``);
+  ``keep_rows``: a record's rows constrained to the data shards (``update.run_epochs``)."""
   algo: Algorithm
   model_cfg: ModelConfig
   actor_tx: optax.GradientTransformation
@@ -160,6 +161,7 @@ class Learner:
   forward_tokens: int = 0
   row_shards: int = 1
   side_by_side: int = 1
+  keep_rows: Callable = lambda tree: tree
 
   @property
   def reuse_policy_forward(self) -> bool:
@@ -410,7 +412,7 @@ def _updates(learner: Learner, state: TrainState, batch: Rollout, hp, update_act
   return update_lib.run_epochs(
       lambda s, mb, i: minibatch_update(learner, hp, s, mb, i, update_actor=update_actor),
       state.replace(rng=rng), batch, shuffle_key, epochs=learner.algo.epochs,
-      minibatches=learner.algo.minibatches, indexed=True)
+      minibatches=learner.algo.minibatches, indexed=True, keep_rows=learner.keep_rows)
 
 
 def train_step(learner: Learner, state: TrainState, batch: Rollout, hp):

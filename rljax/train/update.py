@@ -158,19 +158,26 @@ def apply_update(tx: optax.GradientTransformation, params, opt_state, grads, los
 
 
 def run_epochs(minibatch_update: Callable, state, batch, key, *, epochs: int, minibatches: int,
-               indexed: bool = False):
+               indexed: bool = False, keep_rows: Callable = lambda tree: tree):
   """``epochs x minibatches`` calls of ``minibatch_update(state, minibatch) -> (state, metrics)``
   in ``lax.scan``; rows reshuffled each epoch from ``key`` (in order when there is one update).
   With ``indexed``, ``minibatch_update(state, minibatch, index)`` also gets the update's index
   ``epoch * minibatches + minibatch`` (int32). Returns the final state and the metrics summed
-  over all updates."""
+  over all updates.
+
+  ``keep_rows(tree)``: the shuffled rows placed as the batch's were (a sharding constraint on
+  the data axes). A gather of rows split over devices comes out replicated, and XLA then
+  computed every minibatch's forward and backward whole on every device; one update takes the
+  batch as it is (no gather)."""
   n = jax.tree.leaves(batch)[0].shape[0]
 
   def epoch(state, xs):
     epoch_key, e = xs
-    order = (jax.random.permutation(epoch_key, n) if epochs * minibatches > 1
-             else jnp.arange(n))
-    shuffled = jax.tree.map(lambda x: x[order], batch)
+    if epochs * minibatches > 1:
+      order = jax.random.permutation(epoch_key, n)
+      shuffled = keep_rows(jax.tree.map(lambda x: x[order], batch))
+    else:
+      shuffled = batch
     if not indexed:
       return jax.lax.scan(minibatch_update, state, split_rows(shuffled, minibatches))
     index = e * minibatches + jnp.arange(minibatches, dtype=jnp.int32)

@@ -92,6 +92,9 @@ def train_once(mesh_shape, scan_layers=False, layers=1):
     batch = jax.device_put(batch, jax.tree.map(data_sh, batch))  # work around it here
   new_state, metrics = fns.train_step(state, batch, hp)
   loss_sum, loss_count = (float(x) for x in metrics["loss"])
+  # Per-device FLOPs of the executable the call used (XLA's cost model, after partitioning).
+  cost = fns.train_step.lower(new_state, batch, hp).compile().cost_analysis()
+  flops = (cost[0] if isinstance(cost, list) else cost)["flops"]
 
   # Placement after the step, against the rules directly (not via build.state_shardings).
   want = rules.param_shardings(mesh, llama.logical_axes(model_cfg), llama.param_shapes(model_cfg))
@@ -126,7 +129,8 @@ def train_once(mesh_shape, scan_layers=False, layers=1):
               for a, b in zip(jax.tree.leaves(host_params), jax.tree.leaves(params)))
   return dict(loss_sum=loss_sum, loss_count=loss_count, params=host_params, param_bad=param_bad,
               opt_bad=opt_bad, q_spec=q_spec, mu_q_spec=mu_q_spec, moved=moved,
-              n_opt_leaves=len(opt_leaves), prepare_bad=prepare_bad, direct_error=direct_error)
+              n_opt_leaves=len(opt_leaves), prepare_bad=prepare_bad, direct_error=direct_error,
+              flops=flops)
 
 
 def sample_once(mesh_shape):
@@ -172,7 +176,7 @@ def main(args):
           param_max_rel_diff=prel, moved=ref["moved"], param_bad=r["param_bad"],
           opt_bad=r["opt_bad"], q_spec=r["q_spec"], mu_q_spec=r["mu_q_spec"],
           n_opt_leaves=r["n_opt_leaves"], prepare_bad=r["prepare_bad"],
-          direct_error=r["direct_error"])), flush=True)
+          direct_error=r["direct_error"], flops_ratio=r["flops"] / ref["flops"])), flush=True)
   if sample_meshes:
     ref = sample_once((1, 1, 1))
     for m in sample_meshes:
