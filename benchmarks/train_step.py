@@ -26,7 +26,9 @@ forward, counted as ``benchmarks/sampler.py`` counts them: the weight matmuls at
 causal attention over the filled context, the output head at the completion positions) divided by
 the update's seconds, and as a fraction of the float32 2048^3 matmul FLOP/s measured at the
 start of this run (the faster of XLA and torch). The compile time of rljax's first step is
-printed separately.
+printed separately. rljax runs as ``rljax train`` does: on CPU one JAX device per core
+(``mesh.cpu_devices``, -1 by default; the first ``--rljax`` column may set it), its sampler,
+scoring and update splitting the rows over them.
 
 Where JAX's default backend is a GPU, rljax runs on one GPU and the torch peer on CUDA (every phase
 synchronised before its clock stops), and the GPU, the matmul precisions (XLA may use TF32 for
@@ -50,7 +52,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from rljax import config_loader  # noqa: E402
 from rljax.models import tiny_config, llama  # noqa: E402
 from rljax.parallel import mesh as mesh_lib  # noqa: E402
-from rljax.rollout import SamplingParams, make_sampler  # noqa: E402
+from rljax.rollout import SamplingParams  # noqa: E402
 from rljax.algos import resolve  # noqa: E402
 from rljax.train import build  # noqa: E402
 from bench_common import matmul_flops, matmul_precisions  # noqa: E402
@@ -102,21 +104,40 @@ def parse_overrides(column: str) -> list[tuple[str, str]]:
   return [(k, v) for k, v in pairs]
 
 
-def rljax_step_fn(new_tokens: int, column: str = "default"):
-  """``column``: config overrides of this rljax side (``parse_overrides``)."""
-  config = config_loader.load_config(os.path.join(ROOT, "configs", "grpo.py"), [
+def rljax_config(new_tokens: int, column: str = "default"):
+  """``configs/grpo.py`` at the benchmark's sizes with ``column``'s overrides
+  (``parse_overrides``)."""
+  return config_loader.load_config(os.path.join(ROOT, "configs", "grpo.py"), [
       ("rollout.prompts_per_step", str(PROMPTS)), ("rollout.group_size", str(GROUP)),
       ("rollout.max_new_tokens", str(new_tokens)), ("data.prompt_bucket", str(PROMPT_LEN))]
       + parse_overrides(column))
+
+
+def start_devices(columns: list[str], new_tokens: int) -> int:
+  """JAX's CPU devices as ``rljax train`` makes them (``mesh.cpu_devices``), from the first
+  column's config, before JAX starts; every column runs on them, so only the first may set the
+  key. Returns the number of devices."""
+  if any("mesh.cpu_devices" in c for c in columns[1:]):
+    raise SystemExit("--rljax: mesh.cpu_devices splits the CPU once per process; set it in the "
+                     "first column only (run the benchmark again for another count)")
+  mesh_lib.start_cpu_devices(rljax_config(new_tokens, columns[0]))
+  return len(jax.devices())
+
+
+def rljax_step_fn(new_tokens: int, column: str = "default"):
+  """``column``: config overrides of this rljax side (``parse_overrides``)."""
+  config = rljax_config(new_tokens, column)
   model_cfg = tiny_config(config.model, VOCAB)
   params = llama.init_params(model_cfg, seed=0)
-  state, fns, _ = build.sharded_state_and_fns(config, model_cfg, params,
-                                              mesh_lib.make_mesh(config.mesh))
+  mesh = mesh_lib.make_mesh(config.mesh)
+  state, fns, _ = build.sharded_state_and_fns(config, model_cfg, params, mesh)
   hp = resolve(config).hparams
   # stop_ids=() : exactly new_tokens tokens, as the peer is forced to generate.
   sp = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, greedy=False,
                       max_new_tokens=new_tokens, stop_ids=(), pad_id=0)
-  sampler = make_sampler(model_cfg, sp, GROUP)
+  # The RL loop's sampler: rows split over the mesh's batch axes (rljax.train.build).
+  sampler = build.LoadedModel(model_cfg, mesh).sample
+  sample = lambda params, tokens, mask, key: sampler(params, tokens, mask, key, sp, GROUP)
   rng = np.random.default_rng(0)
   prompts = rng.integers(3, VOCAB, (PROMPTS, PROMPT_LEN)).astype(np.int32)
   prompt_mask = np.ones_like(prompts)
@@ -124,7 +145,7 @@ def rljax_step_fn(new_tokens: int, column: str = "default"):
 
   def step(i):
     t0 = time.perf_counter()
-    out = sampler(holder["state"].params, prompts, prompt_mask, jax.random.PRNGKey(i))
+    out = sample(holder["state"].params, prompts, prompt_mask, jax.random.PRNGKey(i))
     out = jax.device_get(out)
     t1 = time.perf_counter()
     rewards = np.random.default_rng(i).integers(0, 2, PROMPTS * GROUP).astype(np.float32)
@@ -273,6 +294,7 @@ def main():
   args = parser.parse_args()
   columns = args.rljax.split(";")
   lengths = [int(n) for n in args.new_tokens.split(",")]
+  devices = start_devices(columns, lengths[0])
   import torch
   threads = len(os.sched_getaffinity(0))  # the cores this process may use (taskset)
   torch.set_num_threads(threads)
@@ -290,7 +312,8 @@ def main():
     where = (f"1 GPU: {device.device_kind} (torch: {torch.cuda.get_device_name(0)}, CUDA "
              f"{torch.version.cuda})")
   else:
-    where = f"{threads} CPU threads (of {os.cpu_count()} cores)"
+    where = (f"{threads} CPU threads (of {os.cpu_count()} cores); rljax on {devices} CPU "
+             "device(s) (mesh.cpu_devices, as `rljax train`)")
   versions = f"jax {jax.__version__}, torch {torch.__version__}"
   if "trl" in peers:
     import transformers

@@ -38,7 +38,12 @@ def cmd_train(argv):
   if rest:
     raise UsageError(f"unexpected arguments {rest}; train takes --config PATH and "
                      "--config.key=value overrides only")
+  from rljax.parallel import mesh
   from rljax.train import loop
+  count = mesh.start_cpu_devices(config)
+  if count and count > 1:
+    print(f"rljax: the CPU split into {count} JAX devices, one per core (mesh.cpu_devices)",
+          file=sys.stderr, flush=True)
   result = loop.train(config)
   printable = {k: v for k, v in result.items() if k not in ("last", "state")}
   print(json.dumps(printable))

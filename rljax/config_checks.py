@@ -56,7 +56,8 @@ def check_config(config) -> None:
 
 def _check_relations(config) -> None:
   """Constraints between keys."""
-  fill = [k.name for k in KEYS if k.section == "mesh" and _lookup(config, k.name) == (True, -1)]
+  from rljax.parallel.mesh import AXES  # the mesh's axes; the section's other keys place devices
+  fill = [f"mesh.{axis}" for axis in AXES if _lookup(config, f"mesh.{axis}") == (True, -1)]
   if len(fill) > 1:
     raise ConfigError(f"only one mesh axis may be -1 (the devices the others leave), got "
                       f"{', '.join(fill)}")

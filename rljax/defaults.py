@@ -74,12 +74,12 @@ KEYS = (
         "sequence chunk of the log-prob/entropy head (never [B, T, V] at once)"),
     Key("model.forward_tokens", -1, integer(-1, 2**31 - 1),
         "most tokens per data shard in one forward/backward of scoring and the update (rows "
-        "go in chunks, exact accumulation); -1 = auto (1024 per CPU thread, no limit on "
-        "accelerators), 0 = no limit"),
+        "go in chunks, exact accumulation); -1 = auto (1024 per CPU thread of a device, no "
+        "limit on accelerators), 0 = no limit"),
     Key("model.parallel_chunks", -1, integer(1, 1024, also=(-1,)),
         "row chunks (model.forward_tokens) computed side by side per scan iteration: "
-        "independent, so XLA:CPU runs them on separate threads; -1 = auto (one per CPU thread, "
-        "1 on accelerators)"),
+        "independent, so XLA:CPU runs them on separate threads; -1 = auto (one per CPU thread "
+        "of a device, 1 on accelerators)"),
     # --- data ----------------------------------------------------------------------------------
     Key("data.source", "embedded:arithmetic", NONEMPTY,
         "'embedded:arithmetic' | 'embedded:countdown' | 'jsonl:PATH' | 'hf:PATH' (local "
@@ -319,6 +319,10 @@ KEYS = (
         "expert-parallel axis: MoE expert weights split by expert; batch rows split over it too, "
         "other weights replicated"),
     Key("mesh.tensor", 1, MESH_AXIS, "tensor-parallel axis"),
+    Key("mesh.cpu_devices", -1, integer(0, 4096, also=(-1,)),
+        "CPU devices `rljax train` splits the machine into before JAX starts (XLA:CPU runs one "
+        "device on about one core; the mesh's data axis takes them); -1 = auto: one per core, "
+        "as many as a step's rows split over; 0 = JAX's default (one)"),
     Key("mesh.sampler_devices", 0, integer(0),
         "devices of the sampler's own (data-parallel) mesh, the last ones; the weights are "
         "copied to it after every update (docs/async.md); 0 = colocated on the learner's mesh"),

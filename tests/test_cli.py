@@ -1,4 +1,5 @@
 """The command line: config overrides, components, check-conversion, eval and convert."""
+import json
 import os
 
 import jax
@@ -75,3 +76,25 @@ def test_training_on_a_jsonl_file_with_math_verify(tmp_path):
                                                 "reward.fn": "math_verify"}))
   assert result["last"]["reward_mean"] >= 0 and np.isfinite(result["last"]["loss"])
   assert int(result["state"].step) == 2
+
+
+def test_train_splits_the_cpu_into_a_device_per_core(tmp_path):
+  """``python -m rljax train`` in a fresh process makes one JAX device per core (at most as
+  many as the 2 prompts of a step split over) before JAX starts, and trains on them."""
+  import subprocess
+  import sys
+  from tests.parallel.conftest import REPO
+  run_dir = str(tmp_path / "run")
+  flags = [f for f in os.environ.get("XLA_FLAGS", "").split()
+           if not f.startswith("--xla_force_host_platform_device_count")]
+  env = dict(os.environ, XLA_FLAGS=" ".join(flags), JAX_PLATFORMS="cpu")
+  # The tiny settings with a built-in reward (the tests' own is registered in this process only).
+  args = tiny.args("grpo", run_dir, {"reward.fn": "exact_match"})
+  proc = subprocess.run([sys.executable, "-m", "rljax"] + args,
+                        env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  want = min(len(os.sched_getaffinity(0)), 2)
+  line = f"the CPU split into {want} JAX devices"
+  assert (line in proc.stderr) == (want > 1), proc.stderr[-2000:]
+  with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+    assert sum("loss" in json.loads(row) for row in f) == 2

@@ -18,6 +18,7 @@ MoE layer); with ``expert=1`` the mesh is the three-axis one of configs written 
 from __future__ import annotations
 
 import math
+import os
 from typing import Mapping, Sequence
 
 import jax
@@ -70,6 +71,55 @@ def mesh_shape(mesh_cfg, num_devices: int) -> tuple[int, ...]:
     raise ValueError(f"{desc}: the mesh has {fixed} devices but {num_devices} are available; "
                      "set one axis to -1 to use all of them")
   return tuple(sizes[k] for k in AXES)
+
+
+def cpu_threads() -> int:
+  """The cores this process may run on (``taskset``), which XLA:CPU sizes its thread pool by."""
+  return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def threads_per_device() -> int:
+  """The cores of this process per local CPU device (``mesh.cpu_devices``): what one device's
+  program may keep busy."""
+  return max(1, cpu_threads() // len(jax.local_devices(backend="cpu")))
+
+
+def cpu_devices(config, cores: int) -> int:
+  """``mesh.cpu_devices`` resolved for a machine of ``cores`` cores: -1 (auto) is the most
+  devices, at most one per core, that a step's rows split over (``rollout.prompts_per_step``
+  and each of the ``algo.minibatches x algo.micro_batches`` parts of the ``P x G`` rows)."""
+  value = config.mesh.cpu_devices
+  if value != -1:
+    return value
+  prompts = config.rollout.prompts_per_step
+  part = prompts * config.rollout.group_size // (config.algo.minibatches
+                                                  * config.algo.micro_batches)
+  return max(d for d in range(1, max(cores, 1) + 1) if prompts % d == 0 and part % d == 0)
+
+
+def start_cpu_devices(config) -> int | None:
+  """Split the CPU into ``mesh.cpu_devices`` JAX devices, before JAX starts (``rljax train``).
+
+  One XLA:CPU device keeps about one core and a half of two busy
+  (docs/results/benchmarks_train_step.md); with a device per core each samples, scores and
+  trains its own rows (the default mesh's ``data`` axis takes them all). Returns the count set,
+  or None where it is not this call's to set: JAX already started (a notebook, a test session),
+  ``XLA_FLAGS`` force a device count, several processes (``dist.*`` or a detected cluster) or
+  the sampler's own devices (``mesh.sampler_devices``) lay the devices out, or the resolved
+  count is 0 (JAX's default).
+  """
+  from jax._src import xla_bridge  # no public test for "started"; jax.config raises after it
+  from rljax.parallel import distributed
+  if ("xla_force_host_platform_device_count" in os.environ.get("XLA_FLAGS", "")
+      or config.dist.coordinator_address or config.dist.num_processes
+      or (config.dist.mode == "auto" and distributed.detect_cluster())
+      or config.mesh.sampler_devices or xla_bridge.backends_are_initialized()):
+    return None
+  count = cpu_devices(config, cpu_threads())
+  if not count:
+    return None
+  jax.config.update("jax_num_cpu_devices", count)
+  return count
 
 
 def _num_slices(devices) -> int:

@@ -13,7 +13,6 @@ computed before the split), so how a minibatch is split never changes the gradie
 """
 from __future__ import annotations
 
-import os
 from typing import Any, Callable, Mapping, NamedTuple
 
 import jax
@@ -21,6 +20,7 @@ import jax.numpy as jnp
 import optax
 
 from rljax.algos.losses import scalar_metric  # noqa: F401  (re-exported)
+from rljax.parallel.mesh import threads_per_device
 
 Metrics = dict  # name -> (sum, count)
 
@@ -59,34 +59,30 @@ def map_rows(fn: Callable, tree, split: RowSplit):
   return merge_rows(out)
 
 
-# ``model.forward_tokens=-1`` on CPU: tokens per chunk per thread XLA runs on (measured in
-# docs/results/benchmarks_train_step.md: 1024 best on one thread; on two, larger chunks keep both busy).
+# ``model.forward_tokens=-1`` on CPU: tokens per chunk per thread of a device (measured in
+# docs/results/benchmarks_train_step.md: 1024 best on one thread; on two, larger chunks keep both
+# busy).
 CPU_FORWARD_TOKENS_PER_THREAD = 1024
-
-
-def cpu_threads() -> int:
-  """The cores this process may run on (``taskset``), which XLA:CPU sizes its thread pool by."""
-  return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def forward_tokens(value: int, platform: str) -> int:
   """``model.forward_tokens`` resolved: -1 (auto) is ``CPU_FORWARD_TOKENS_PER_THREAD`` per CPU
-  thread on CPU and no limit (0) on accelerators, where the whole batch in one pass is the fast
-  layout."""
+  thread of a device on CPU (``threads_per_device``) and no limit (0) on accelerators, where the
+  whole batch in one pass is the fast layout."""
   if value != -1:
     return value
-  return CPU_FORWARD_TOKENS_PER_THREAD * cpu_threads() if platform == "cpu" else 0
+  return CPU_FORWARD_TOKENS_PER_THREAD * threads_per_device() if platform == "cpu" else 0
 
 
 def concurrent_chunks(value: int, platform: str) -> int:
   """``model.parallel_chunks`` resolved: row chunks a scan iteration computes side by side.
-  -1 (auto) is one per CPU thread on CPU, where XLA runs independent operations of an iteration
-  on separate threads while its matmul fusions at a chunk's size keep to one thread
-  (docs/results/benchmarks_train_step.md), and one on accelerators, where a chunk fills the
-  device and a second would only add its activations."""
+  -1 (auto) is one per CPU thread of a device on CPU (``threads_per_device``), where XLA runs
+  independent operations of an iteration on separate threads while its matmul fusions at a
+  chunk's size keep to one thread (docs/results/benchmarks_train_step.md), and one on
+  accelerators, where a chunk fills the device and a second would only add its activations."""
   if value != -1:
     return value
-  return cpu_threads() if platform == "cpu" else 1
+  return threads_per_device() if platform == "cpu" else 1
 
 
 def row_parts(rows: int, shards: int, seq_len: int, max_tokens: int, at_least: int = 1) -> int:

@@ -1,4 +1,6 @@
 """Mesh shapes, partition rules and start-up logic, in-process on one device (abstract meshes)."""
+import os
+
 import jax
 import numpy as np
 import optax
@@ -8,6 +10,7 @@ from jax.sharding import AbstractMesh, NamedSharding, PartitionSpec as P
 from rljax.models import llama, transformer
 from rljax.models.config import ModelConfig
 from rljax.parallel import distributed, mesh as mesh_lib, rules
+from tests.parallel.conftest import REPO
 
 CFG = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=96, num_layers=2,
                   num_heads=4, num_kv_heads=2, head_dim=8, qkv_bias=True, model_type="qwen2")
@@ -55,7 +58,31 @@ def test_mesh_shape_errors_name_the_key(cfg, n, match):
 def test_mesh_axes_are_the_mesh_config_keys():
   from rljax.defaults import KEYS
   assert (tuple(k.name[len("mesh."):] for k in KEYS if k.section == "mesh")
-          == mesh_lib.AXES + mesh_lib.PLACEMENT)
+          == mesh_lib.AXES + ("cpu_devices",) + mesh_lib.PLACEMENT)
+
+
+@pytest.mark.parametrize("overrides, cores, want", [
+    ({}, 2, 2), ({}, 3, 2), ({}, 4, 4), ({}, 16, 8),  # 8 prompts x 8: at most one per prompt
+    ({"rollout.prompts_per_step": "3"}, 2, 1), ({"rollout.prompts_per_step": "3"}, 4, 3),
+    # 4 prompts x 2 in 4 minibatches: parts of 2 rows
+    ({"rollout.prompts_per_step": "4", "rollout.group_size": "2", "algo.minibatches": "4"},
+     4, 2),
+    ({}, 1, 1), ({"mesh.cpu_devices": "3"}, 2, 3), ({"mesh.cpu_devices": "0"}, 2, 0),
+])
+def test_cpu_devices_one_per_core_that_the_rows_split_over(overrides, cores, want):
+  from rljax import config_loader
+  config = config_loader.load_config(os.path.join(REPO, "configs", "grpo.py"),
+                                     list(overrides.items()))
+  assert mesh_lib.cpu_devices(config, cores) == want
+
+
+def test_cpu_devices_left_alone_once_jax_started():
+  """In this test process JAX has started: ``rljax train`` run in-process (a notebook, a test)
+  keeps the devices it has."""
+  from rljax import config_loader
+  jax.devices()
+  config = config_loader.load_config(os.path.join(REPO, "configs", "grpo.py"))
+  assert mesh_lib.start_cpu_devices(config) is None
 
 
 def test_make_mesh_from_base_config():

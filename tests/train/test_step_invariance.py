@@ -146,19 +146,28 @@ def test_row_parts_hand_worked():
   assert row_parts(60, 8, 136, 1024) == 1  # 60 rows do not shard evenly over 8
 
 
-def test_forward_tokens_auto_is_per_cpu_thread(monkeypatch):
-  """-1: 1024 tokens per core this process may use on CPU (1 core: 1024, 2 cores: 2048), no
-  limit on accelerators, and as many chunks side by side as cores; a set value is kept."""
-  monkeypatch.setattr(update_lib.os, "sched_getaffinity", lambda pid: {0})
+def test_forward_tokens_auto_is_per_cpu_thread_of_a_device(monkeypatch):
+  """-1: 1024 tokens per core this process may use per local CPU device on CPU (1 core: 1024;
+  2 cores and 1 device: 2048; 2 cores and 2 devices: 1024), no limit on accelerators, and as
+  many chunks side by side as cores per device; a set value is kept."""
+  from rljax.parallel import mesh as mesh_lib
+  local = lambda n: monkeypatch.setattr(mesh_lib.jax, "local_devices",
+                                        lambda backend=None: [None] * n)
+  local(1)
+  monkeypatch.setattr(mesh_lib.os, "sched_getaffinity", lambda pid: {0})
   assert update_lib.forward_tokens(-1, "cpu") == 1024
-  monkeypatch.setattr(update_lib.os, "sched_getaffinity", lambda pid: {0, 1})
+  monkeypatch.setattr(mesh_lib.os, "sched_getaffinity", lambda pid: {0, 1})
   assert update_lib.forward_tokens(-1, "cpu") == 2048
   assert update_lib.forward_tokens(-1, "gpu") == 0 and update_lib.forward_tokens(-1, "tpu") == 0
   assert update_lib.forward_tokens(512, "cpu") == 512 and update_lib.forward_tokens(0, "cpu") == 0
-  # model.parallel_chunks: -1 = one chunk per CPU thread side by side, one on accelerators.
+  # model.parallel_chunks: -1 = one chunk per CPU thread of a device side by side, one on
+  # accelerators.
   assert update_lib.concurrent_chunks(-1, "cpu") == 2
   assert update_lib.concurrent_chunks(-1, "gpu") == 1
   assert update_lib.concurrent_chunks(3, "cpu") == 3
+  local(2)  # mesh.cpu_devices: a device per core
+  assert update_lib.forward_tokens(-1, "cpu") == 1024
+  assert update_lib.concurrent_chunks(-1, "cpu") == 1
 
 
 @pytest.mark.slow
