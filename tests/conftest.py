@@ -15,10 +15,16 @@ FAST_COMPILE_FLAGS = "--xla_backend_optimization_level=0 --xla_llvm_disable_expe
 if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
   os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {FAST_COMPILE_FLAGS}".strip()
 
+import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 from tests import hf_models  # noqa: E402
+
+# JAX starts here, with the session's devices (one CPU device unless XLA_FLAGS say otherwise):
+# `rljax train` run in-process then keeps them (rljax.parallel.mesh.start_cpu_devices splits the
+# CPU only before JAX starts), so no test changes the devices of the files after it in a worker.
+jax.devices()
 
 
 @pytest.fixture(scope="session")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from typing import Callable
 
 import jax
 import numpy as np
@@ -155,13 +156,15 @@ def to_device(rollout: Rollout, mesh) -> Rollout:
 
 # --- the loop ------------------------------------------------------------------------------------
 
-def pretrain_critic(run: build.Run, params=None) -> None:
+def pretrain_critic(run: build.Run, place: Callable = lambda params: params) -> None:
   """Value pretraining (VC-PPO arXiv 2503.01491, VAPO arXiv 2504.05118): ``critic.pretrain_steps``
-  critic-only updates on Monte-Carlo returns (lam = 1) of rollouts from the fixed initial policy
-  (``params``: its weights where the sampler reads them; default: the train state's)."""
+  critic-only updates on Monte-Carlo returns (lam = 1) of rollouts from the fixed initial policy.
+  ``place(params)``: the policy's weights where the sampler reads them (default: the train
+  state's own), taken again after every update: the critic step donates the train state, the
+  unchanged policy weights included, so a colocated sampler's weights from before it are gone."""
   cfg = run.config
   for i in range(cfg.critic.pretrain_steps):
-    batch, info = collect_batch(run, step=i, stream=1, params=params)
+    batch, info = collect_batch(run, step=i, stream=1, params=place(run.state.params))
     scored, _ = run.fns.score_mc(run.state, to_device(batch, run.mesh), run.algo.hparams,
                                  *run.aux_args)
     run.state, metrics = run.fns.critic_step(run.state, scored, run.algo.hparams)
@@ -271,7 +274,7 @@ def _train(run: build.Run, guard: preemption.Guard) -> dict:
     result.update(_episode_metrics(initial, "eval_before_"))
     if run.fns.critic_step is not None and cfg.critic.pretrain_steps:
       with guard.droppable():  # the state at step 0 is never saved by a preemption
-        pretrain_critic(run, weights.place(run.state.params))
+        pretrain_critic(run, weights.place)
   staleness = cfg.rollout.max_staleness
   # The data position of the state the learner holds: a checkpoint records this one, not the
   # position the sampler has drawn up to (actors.py: what a resumed run replays).

@@ -188,7 +188,10 @@ def test_value_pretraining_leaves_actor_bit_identical(tmp_path):
                                      list(overrides.items()))
   run = build.build_run(config)
   try:
-    loop.pretrain_critic(run)  # what train() does before the first RL step
+    # What train() does before the first RL step, with a colocated sampler: it reads the train
+    # state's own buffers, which every critic step donates (a second step once sampled from
+    # deleted weights: `rljax train --config configs/vapo.py` stopped after one).
+    loop.pretrain_critic(run, lambda params: params)
   finally:
     run.writer.close()
     run.checkpointer.close()
