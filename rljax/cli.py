@@ -43,7 +43,7 @@ def cmd_train(argv):
   count = mesh.start_cpu_devices(config)
   if count and count > 1:
     print(f"rljax: the CPU split into {count} JAX devices, one per core (mesh.cpu_devices)",
-          file=sys.stderr, flush=True)
+          flush=True)
   result = loop.train(config)
   printable = {k: v for k, v in result.items() if k not in ("last", "state")}
   print(json.dumps(printable))

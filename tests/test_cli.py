@@ -95,6 +95,6 @@ def test_train_splits_the_cpu_into_a_device_per_core(tmp_path):
   assert proc.returncode == 0, proc.stderr[-3000:]
   want = min(len(os.sched_getaffinity(0)), 2)
   line = f"the CPU split into {want} JAX devices"
-  assert (line in proc.stderr) == (want > 1), proc.stderr[-2000:]
+  assert (line in proc.stdout) == (want > 1), proc.stdout[-2000:]
   with open(os.path.join(run_dir, "metrics.jsonl")) as f:
     assert sum("loss" in json.loads(row) for row in f) == 2
