@@ -41,7 +41,8 @@ def cmd_train(argv):
   from rljax.parallel import mesh
   from rljax.train import loop
   count = mesh.start_cpu_devices(config)
-  if count and count > 1:
+  import jax  # after the split: the CPU backend starts with its devices
+  if count and count > 1 and jax.default_backend() == "cpu":  # on a GPU the split goes unused
     print(f"rljax: the CPU split into {count} JAX devices, one per core (mesh.cpu_devices)",
           flush=True)
   result = loop.train(config)
