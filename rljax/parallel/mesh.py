@@ -108,17 +108,19 @@ def start_cpu_devices(config) -> int | None:
   the sampler's own devices (``mesh.sampler_devices``) lay the devices out, or the resolved
   count is 0 (JAX's default).
   """
-  from jax._src import xla_bridge  # no public test for "started"; jax.config raises after it
   from rljax.parallel import distributed
   if ("xla_force_host_platform_device_count" in os.environ.get("XLA_FLAGS", "")
       or config.dist.coordinator_address or config.dist.num_processes
       or (config.dist.mode == "auto" and distributed.detect_cluster())
-      or config.mesh.sampler_devices or xla_bridge.backends_are_initialized()):
+      or config.mesh.sampler_devices):
     return None
   count = cpu_devices(config, cpu_threads())
-  if not count:
+  if not count or count == jax.config.jax_num_cpu_devices:
     return None
-  jax.config.update("jax_num_cpu_devices", count)
+  try:
+    jax.config.update("jax_num_cpu_devices", count)
+  except RuntimeError:  # JAX has started: its devices stay
+    return None
   return count
 
 

@@ -32,7 +32,7 @@ TOK = load_tokenizer("char")
 VOCAB = TOK.vocab_size
 
 
-def config_for(mesh, scan_layers=False, layers=1):
+def config_for(mesh, scan_layers=False, layers=1, minibatches=1):
   d, f, t = mesh
   overrides = {
       "model.scan_layers": str(scan_layers), "model.num_layers": str(layers),
@@ -41,7 +41,7 @@ def config_for(mesh, scan_layers=False, layers=1):
       "model.num_heads": "4", "model.num_kv_heads": "4",
       "rollout.max_new_tokens": str(T), "rollout.prompts_per_step": "2",
       "rollout.group_size": "4", "optim.lr": "1e-3",
-      "algo.minibatches": "1", "algo.micro_batches": "1", "algo.epochs": "1",
+      "algo.minibatches": str(minibatches), "algo.micro_batches": "1", "algo.epochs": "1",
       "algo.kl_placement": "loss", "algo.entropy_coef": "0.01",
       "mesh.data": str(d), "mesh.fsdp": str(f), "mesh.tensor": str(t),
   }
@@ -67,8 +67,8 @@ def spec(sh):
   return str(sh.spec)
 
 
-def train_once(mesh_shape, scan_layers=False, layers=1):
-  config = config_for(mesh_shape, scan_layers, layers)
+def train_once(mesh_shape, scan_layers=False, layers=1, minibatches=1):
+  config = config_for(mesh_shape, scan_layers, layers, minibatches)
   mesh = mesh_lib.make_mesh(config.mesh, devices_for(mesh_shape))
   model_cfg = model_config(config)
   params = llama.init_params(model_cfg, seed=0)
@@ -76,7 +76,7 @@ def train_once(mesh_shape, scan_layers=False, layers=1):
   hp = resolve(config).hparams
   batch, _ = fns.score(state, loop.to_device(rollout_arrays(), mesh), hp)
   # One update per batch: old_logp is None (the loss's forward gives it, ratio 1).
-  assert batch.old_logp is None
+  assert (batch.old_logp is None) == (minibatches == 1)
   # Every field of score's output must leave row-sharded as train_step's in_shardings
   # demand: the loop feeds one straight into the other, and jit rejects another sharding.
   data_sh = lambda x: rules.batch_sharding(mesh, x.ndim)  # noqa: E731
@@ -151,17 +151,19 @@ def sample_once(mesh_shape):
 def main(args):
   mesh_of = lambda a: tuple(map(int, a.split(",")))  # noqa: E731
   scan_meshes = [mesh_of(a[len("scan"):]) for a in args if a.startswith("scan")]
-  args = [a for a in args if not a.startswith("scan")]
+  # "mbM": two minibatches (the rows shuffled per epoch, then split) on mesh M.
+  mb_meshes = [mesh_of(a[len("mb"):]) for a in args if a.startswith("mb")]
+  args = [a for a in args if not a.startswith(("scan", "mb"))]
   train_meshes = [mesh_of(a) for a in args if not a.startswith("s")]
   sample_meshes = [mesh_of(a[1:]) for a in args if a.startswith("s")]
-  if train_meshes or scan_meshes:
-    refs = {1: train_once((1, 1, 1))}
-    if scan_meshes:
-      refs[2] = train_once((1, 1, 1), layers=2)
-    runs = [("train", m, False, 1) for m in train_meshes] + [("train_scan", m, True, 2)
-                                                             for m in scan_meshes]
-    for kind, m, scan, layers in runs:
-      r, ref = train_once(m, scan, layers), refs[layers]
+  if train_meshes or scan_meshes or mb_meshes:
+    runs = ([("train", m, False, 1, 1) for m in train_meshes]
+            + [("train_scan", m, True, 2, 1) for m in scan_meshes]
+            + [("train_mb2", m, False, 1, 2) for m in mb_meshes])
+    refs = {(layers, mb): train_once((1, 1, 1), layers=layers, minibatches=mb)
+            for _, _, _, layers, mb in runs}
+    for kind, m, scan, layers, mb in runs:
+      r, ref = train_once(m, scan, layers, mb), refs[(layers, mb)]
       loss_ref = ref["loss_sum"] / ref["loss_count"]
       loss = r["loss_sum"] / r["loss_count"]
       pdiff, prel = 0.0, 0.0
