@@ -234,6 +234,9 @@ KEYS = (
     Key("algo.rollout_is", "none", choice(*ROLLOUT_LEVELS),
         "rollout IS weights sampler -> old: none | token | sequence | geometric"),
     Key("algo.rollout_is_cap", 2.0, POSITIVE, "rollout IS: upper truncation"),
+    Key("algo.rollout_is_over_cap", "truncate", choice("truncate", "mask"),
+        "rollout IS, a ratio above the cap: truncate (weight = cap; TIS, verl) | mask (weight 0, "
+        "the token still counted in the loss's denominator; AReaL's decoupled objective)"),
     Key("algo.rollout_is_floor", None, optional(NONNEG), "rollout IS: lower truncation; None = none"),
     Key("algo.rollout_is_batch_norm", False, BOOL, "rollout IS: divide by the batch mean"),
     Key("algo.rollout_rs", "none", choice(*ROLLOUT_LEVELS),

@@ -26,6 +26,7 @@ from rljax.defaults import options
 LOG_RATIO_CLAMP = 20.0
 BATCH_NORM_MIN = 1e-8  # batch normalisation is skipped when the mean weight is at most this
 ROLLOUT_LEVELS = tuple(o for o in options("algo.rollout_is") if o != "none")
+OVER_CAP = options("algo.rollout_is_over_cap")
 
 Scalars = Dict[str, chex.Array]
 
@@ -80,8 +81,18 @@ def _unit_stats(values, mask, level):
 
 def rollout_is_weights(old_logp: chex.Array, sampler_logp: chex.Array, mask: chex.Array, *,
                        level: str, cap: float, floor: Optional[float] = None,
-                       batch_norm: bool = False) -> Tuple[chex.Array, Scalars]:
-  """Truncated rollout IS weights ``w = sg(m max(min(rho, cap), floor))`` ``[B, T]``.
+                       batch_norm: bool = False, over_cap: str = "truncate"
+                       ) -> Tuple[chex.Array, Scalars]:
+  """Rollout IS weights ``[B, T]``, by what happens to a ratio above the cap (``over_cap``,
+  ``algo.rollout_is_over_cap``):
+
+  * ``truncate`` (truncated IS, TIS: Yao et al. 2025; verl's rollout correction):
+    ``w = sg(m max(min(rho, cap), floor))``. A token above the cap keeps weight ``cap``.
+  * ``mask`` (AReaL's decoupled PPO objective, Fu et al. 2025, arXiv 2505.24298,
+    ``behav_imp_weight_cap``): ``w = sg(m [rho <= cap] max(rho, floor))``. A token above the cap
+    gets weight 0, so it leaves the loss's numerator, while ``m`` is unchanged, so it still
+    counts in the aggregation's denominator (AReaL divides by all loss-mask tokens). This is
+    not rejection (``rollout_rs``), which takes the token out of the denominator as well.
 
   ``floor=None``: no lower bound (verl truncates from above only; TRL ``clip_min``). With
   ``batch_norm`` (``algo.rollout_is_batch_norm``) ``w <- w / mean(w)``, the mean being the
@@ -93,17 +104,21 @@ def rollout_is_weights(old_logp: chex.Array, sampler_logp: chex.Array, mask: che
   non-empty rows otherwise): ``mean``, ``min``, ``max``; ``frac_high`` (``rho > cap``),
   ``frac_low`` (``rho < 1/cap``); ``ess = 1/token-mean((w'/token-mean w')^2)`` with
   ``w' = clip(rho, 1/cap, cap)``; ``batch_norm_factor`` (the divisor, 1 when not applied).
+  With ``over_cap='mask'``, ``frac_high`` is the share of units whose weight is 0.
   """
   check_range("algo.rollout_is_cap", cap, lo=0, lo_open=True)
+  if over_cap not in OVER_CAP:
+    raise ValueError(f"algo.rollout_is_over_cap must be one of {OVER_CAP}, got {over_cap!r}")
   if floor is not None:
     check_range("algo.rollout_is_floor", floor, lo=0,
                 hi=cap if is_static_number(cap) else None)
   rho = rollout_ratios(old_logp, sampler_logp, mask, level=level, key="algo.rollout_is")
   valid = mask > 0
-  w = jnp.minimum(rho, cap)
+  w = jnp.minimum(rho, cap) if over_cap == "truncate" else rho
   if floor is not None:
     w = jnp.maximum(w, floor)
-  w = jnp.where(valid, w, 0)
+  keep = valid if over_cap == "truncate" else valid & (rho <= cap)
+  w = jnp.where(keep, w, 0)
   factor = jnp.ones((), w.dtype)
   if batch_norm:
     unit_w, unit_ok = _unit_stats(w, mask, level)

@@ -18,9 +18,10 @@ consumes them, and how weights travel between the two.
   call runs, the verifiers run in worker processes) then overlaps the learner's update.
 
 The importance ratio of the stale samples is what the rollout correction (``algo.rollout_is`` /
-``rollout_rs``, ALGORITHMS.md 8.2) already corrects: rljax recomputes ``old_logp`` with the
-learner's weights, so ``sampler -> old`` covers both the numerical mismatch and the staleness
-(AReaL's decoupled PPO objective). Weights move to the sampler's devices with ``WeightSync``
+``rollout_rs``, docs/algorithms.md#transform-rollout_correction) already corrects: rljax
+recomputes ``old_logp`` with the learner's weights, so ``sampler -> old`` covers both the
+numerical mismatch and the staleness (with ``algo.rollout_is_over_cap='mask'``, AReaL's decoupled
+PPO objective; 'truncate', verl's TIS). Weights move to the sampler's devices with ``WeightSync``
 (``mesh.sampler_devices``), measured in bytes and seconds per transfer.
 
 Resume (docs/async.md): the checkpoint at step s holds the learner's state and the data position
@@ -311,3 +312,18 @@ def make_sampler(max_staleness: int, collect: Collect, source_state: Callable[[]
     return SyncSampler(collect, source_state, weights, params, start)
   return AsyncSampler(collect, source_state, weights, params, start=start, steps=steps,
                       max_staleness=max_staleness, inflight=inflight)
+
+
+def uncorrected_staleness_warning(max_staleness: int, corrected: bool) -> Optional[str]:
+  """The one-line start-up warning of an asynchronous run whose stale samples no rollout
+  correction (``algo.rollout_is`` / ``algo.tis_cap`` / ``algo.rollout_rs*``) covers; None when
+  the loop is synchronous or a correction is on. A warning, not a refusal: training on stale
+  samples uncorrected is a legitimate setting (verl's one-step-off-policy default), and the PPO
+  ratio stays anchored on the recomputed ``old_logp``; only the gradient is biased by the
+  behaviour/learner gap (docs/async.md)."""
+  if max_staleness == 0 or corrected:
+    return None
+  return (f"warning: rollout.max_staleness={max_staleness} with no rollout correction: batches "
+          f"up to {max_staleness} update(s) stale are trained as if the current policy had "
+          "sampled them; set algo.rollout_is (or algo.rollout_rs) to correct them "
+          "(docs/async.md)")

@@ -276,6 +276,10 @@ def _train(run: build.Run, guard: preemption.Guard) -> dict:
       with guard.droppable():  # the state at step 0 is never saved by a preemption
         pretrain_critic(run, weights.place)
   staleness = cfg.rollout.max_staleness
+  warning = actors.uncorrected_staleness_warning(
+      staleness, corrected=run.algo.transform("rollout_correction") is not None)
+  if warning:
+    run.writer.log(warning)
   # The data position of the state the learner holds: a checkpoint records this one, not the
   # position the sampler has drawn up to (actors.py: what a resumed run replays).
   consumed = run.source.state_dict()

@@ -8,7 +8,8 @@ from rljax.transforms.base import (Transform, level, per_sequence_objective, reg
 
 
 @register_transform("rollout_correction", order=30, reads=(
-    "tis_cap", "rollout_is", "rollout_is_cap", "rollout_is_floor", "rollout_is_batch_norm",
+    "tis_cap", "rollout_is", "rollout_is_cap", "rollout_is_over_cap", "rollout_is_floor",
+    "rollout_is_batch_norm",
     "rollout_rs", "rollout_rs_lo", "rollout_rs_hi", "rollout_rs_veto", "rollout_rs_k3"))
 def make(algo, hparams):
   keys = ()
@@ -30,7 +31,8 @@ def make(algo, hparams):
       raise ValueError(f"algo.rollout_is (or algo.tis_cap) weights per-token losses; "
                        f"algo.policy_loss={algo['policy_loss']!r} has one loss per sequence. "
                        "Switch it off or pick a per-token objective")
-    keys += ("rollout_is_batch_norm",) + traced(hparams, algo, "rollout_is_floor")
+    keys += ("rollout_is_over_cap", "rollout_is_batch_norm") + traced(hparams, algo,
+                                                                       "rollout_is_floor")
   rollout_rs = level(algo, "rollout_rs")
   if rollout_rs is not None:
     lo, hi = algo["rollout_rs_lo"], algo["rollout_rs_hi"]
@@ -45,7 +47,7 @@ def make(algo, hparams):
   if rollout_is is None and not rejection:
     return None
   with_floor = rollout_is is not None and algo["rollout_is_floor"] is not None
-  batch_norm = bool(algo["rollout_is_batch_norm"])
+  batch_norm, over_cap = bool(algo["rollout_is_batch_norm"]), algo["rollout_is_over_cap"]
 
   def on_score(view):
     """Rejection first, then the weights over the kept tokens (rejected tokens stay out of the
@@ -60,7 +62,7 @@ def make(algo, hparams):
       weights, is_metrics = correction.rollout_is_weights(
           view.old_logp, view.rollout.sampler_logp, loss_mask, level=rollout_is,
           cap=hp["rollout_is_cap"], floor=hp.get("rollout_is_floor") if with_floor else None,
-          batch_norm=batch_norm)
+          batch_norm=batch_norm, over_cap=over_cap)
       metrics.update(is_metrics)
       changes["extras"] = {"is_weight": weights}
     changes["loss_mask"] = loss_mask

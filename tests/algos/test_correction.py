@@ -29,6 +29,15 @@ def is_weights(old_logp, sampler_logp, m, level, cap, floor=None, batch_norm=Fal
         mu = w.sum() / m.sum() if level == "token" else (w.sum(1)[v] / m.sum(1)[v]).mean()
         w = w / mu if mu > 1e-8 else w
     return w
+def masked_is_weights(old_logp, sampler_logp, m, level, cap, floor=None, batch_norm=False):
+    """AReaL's capped weight: a ratio above the cap gets weight 0; the token stays in ``m``."""
+    rho = ratios(old_logp, sampler_logp, m, level)
+    w = np.where(rho <= cap, rho if floor is None else np.maximum(rho, floor), 0.0) * m
+    if batch_norm:
+        v = m.sum(1) > 0
+        mu = w.sum() / m.sum() if level == "token" else (w.sum(1)[v] / m.sum(1)[v]).mean()
+        w = w / mu if mu > 1e-8 else w
+    return w
 def reject(old_logp, sampler_logp, m, level=None, lo=0.0, hi=np.inf, veto=None, k3=None):
     keep = np.ones(m.shape, bool); dl = np.clip(old_logp - sampler_logp, -20, 20)
     if level is not None:
@@ -226,3 +235,79 @@ def test_row_levels_with_holes_in_the_mask(x64):
                                rtol=1e-12)
     rho = ratios(old, sampler, m, level)[:, 0][(m > 0).any(1)]
     np.testing.assert_allclose(float(metrics["rollout_is/mean"]), rho.mean(), rtol=1e-12)
+
+
+# --- what happens above the cap: truncation (TIS) or AReaL's mask ------------------------------
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_masked_weights_match_reference(x64, level):
+  old, sampler, m = make_inputs(60 + LEVELS.index(level))
+  for cap, floor, norm in ((2.0, None, False), (5.0, 0.5, True), (1.5, 0.9, False)):
+    rho = ratios(old, sampler, m, level)
+    assert ((rho > cap) & (m > 0)).any()  # some weights are above the cap
+    w, metrics = correction.rollout_is_weights(old, sampler, m, level=level, cap=cap,
+                                               floor=floor, batch_norm=norm, over_cap="mask")
+    expected = masked_is_weights(old, sampler, m, level, cap, floor, norm)
+    np.testing.assert_allclose(np.asarray(w), expected, rtol=1e-6, atol=1e-12,
+                               err_msg=f"{cap} {floor} {norm}")
+    assert (np.asarray(w)[(rho > cap) & (m > 0)] == 0).all()
+    truncated, _ = correction.rollout_is_weights(old, sampler, m, level=level, cap=cap,
+                                                 floor=floor, batch_norm=norm)
+    assert not np.allclose(np.asarray(truncated), expected)
+
+
+def areal_decoupled_loss(logp, prox_logp, behav_logp, A, m, eps_low, eps_high, cap):
+    """AReaL's ``ppo_actor_loss_fn`` (token level, decoupled, ``behav_imp_weight_cap``), in NumPy:
+    the PPO clip on ``logp - prox_logp``, times the behaviour weight ``exp(prox - behav)``, which
+    is 0 where it exceeds the cap; the sum is divided by every loss-mask token."""
+    r = np.exp(logp - prox_logp)
+    pg = np.maximum(-A * r, -A * np.clip(r, 1 - eps_low, 1 + eps_high))
+    w = np.exp(prox_logp - behav_logp)
+    w = np.where((w <= cap) & (m > 0), w, 0.0)
+    return (pg * w * m).sum() / max(m.sum(), 1)
+
+
+def test_mask_mode_is_areals_decoupled_objective(x64):
+  """The rollout-correction transform with ``rollout_is_over_cap='mask'`` and ``token_mean``
+  computes AReaL's decoupled loss (sampler = behaviour, ``old_logp`` = proximal policy); the
+  masked tokens stay in the denominator, and truncation gives another loss."""
+  from configs.base import get_config
+  from rljax.algos.resolve import resolve
+  from rljax.rollout.record import Rollout
+  from rljax.transforms import Scored
+  old, sampler, m = make_inputs(70, extreme=False)
+  rng = np.random.default_rng(71)
+  sampler = sampler + rng.normal(scale=0.6, size=(B, T))  # stale: some ratios above the cap
+  logp = old + rng.normal(scale=0.3, size=(B, T))
+  adv = rng.normal(size=(B, T)) * m
+  cap, eps_low, eps_high = 1.5, 0.2, 0.28
+  assert ((np.exp(old - sampler) > cap) & (m > 0)).sum() >= 3
+  losses_by_mode = {}
+  for over_cap in ("mask", "truncate"):
+    algo_settings = get_config().algo.to_dict()
+    algo_settings.update(kl_placement="none", policy_loss="ppo", loss_agg="token_mean",
+                         clip_eps_low=eps_low, clip_eps_high=eps_high, rollout_is="token",
+                         rollout_is_cap=cap, rollout_is_over_cap=over_cap)
+    algo = resolve(algo_settings, group_size=2, critic=False)
+    transform = algo.transform("rollout_correction")
+    assert "rollout_is_over_cap" in transform.keys
+    rollout = Rollout(prompt_tokens=None, prompt_mask=None, tokens=None, mask=m,
+                      sampler_logp=sampler, draw_logp=None, lengths=None, truncated=None,
+                      rewards=None, extras={})
+    view = Scored(rollout=rollout, hp=algo.hparams, group_size=2, mask=m, loss_mask=m,
+                  advantages=adv, old_logp=old, entropy=None, aux_logp=None)
+    changes, _ = transform.on_score(view)
+    np.testing.assert_array_equal(np.asarray(changes["loss_mask"]), m)  # nothing rejected
+    total, _ = algo.policy_loss_sum(logp=logp, old_logp=old, advantages=adv, mask=m,
+                                    is_weight=changes["extras"]["is_weight"])
+    assert float(algo.policy_loss_count(m)) == m.sum()
+    losses_by_mode[over_cap] = float(total / algo.policy_loss_count(m))
+  expected = areal_decoupled_loss(logp, old, sampler, adv, m, eps_low, eps_high, cap)
+  np.testing.assert_allclose(losses_by_mode["mask"], expected, rtol=1e-9)
+  assert abs(losses_by_mode["truncate"] - expected) > 1e-3
+
+
+def test_over_cap_names_its_key():
+  ones = np.ones((2, 2), np.float32)
+  with pytest.raises(ValueError, match="algo.rollout_is_over_cap must be one of"):
+    correction.rollout_is_weights(ones, ones, ones, level="token", cap=2.0, over_cap="drop")

@@ -2,11 +2,11 @@
 and the combinations they refuse, each naming its key."""
 import pytest
 
+from configs.base import get_config
 from rljax.algos.resolve import resolve
 
 
 def settings(**overrides):
-  from configs.base import get_config
   algo = get_config().algo.to_dict()
   algo.update(**{"kl_placement": "none", **overrides})
   return algo
@@ -19,6 +19,23 @@ def test_tis_cap_is_the_token_level_alias_and_not_both():
   assert "tis_cap" in keys and "rollout_is" not in keys and "rollout_is_cap" not in keys
   with pytest.raises(ValueError, match="algo.tis_cap.*algo.rollout_is='sequence'"):
     resolve(settings(tis_cap=3.0, rollout_is="sequence"))
+
+
+def test_over_cap_is_read_only_with_weights():
+  from rljax.algos import usage
+  config = get_config()
+  config.algo.rollout_is_over_cap = "mask"
+  with pytest.raises(usage.UnusedKeyError, match=r"algo.rollout_is_over_cap='mask' is not used.*"
+                                                  r"transform 'rollout_correction'"):
+    resolve(config)
+  for weights in (dict(rollout_is="sequence"), dict(tis_cap=3.0)):
+    config.algo.update(weights)
+    keys = resolve(config).transform("rollout_correction").keys
+    assert "rollout_is_over_cap" in keys
+    config.algo.update(rollout_is="none", tis_cap=None)
+  config.algo.update(rollout_rs="token", rollout_rs_hi=2.0)  # rejection alone: no weights
+  with pytest.raises(usage.UnusedKeyError, match="algo.rollout_is_over_cap"):
+    resolve(config)
 
 
 def test_transforms_that_need_old_logp():
