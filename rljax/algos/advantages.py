@@ -190,7 +190,9 @@ def rloo_advantages(rewards: chex.Array, mask: chex.Array, group_size: int) -> c
 
 @register_advantage("opo")
 def opo_advantages(rewards: chex.Array, mask: chex.Array, group_size: int) -> chex.Array:
-  """OPO length-weighted baseline: ``A_i = R_i - sum_j |o_j| R_j / sum_j |o_j|`` within the group.
+  """OPO (Hao et al., arXiv 2505.23585) length-weighted baseline, within the group:
+  ``A_i = R_i - sum_j |o_j| R_j / sum_j |o_j|`` (the variance-optimal baseline when a sequence's
+  squared gradient norm grows with its length).
 
   A group whose completions are all empty falls back to the plain mean (its tokens are all
   padding, so the value never reaches a loss; the fallback only keeps it finite).
@@ -290,9 +292,16 @@ def gae_returns(token_rewards: chex.Array, values: chex.Array, mask: chex.Array,
 def gae_estimator(token_rewards: chex.Array, values: chex.Array, mask: chex.Array, *,
                   gamma: chex.Numeric, lam: chex.Numeric, lam_alpha: Optional[chex.Numeric],
                   lam_critic: Optional[chex.Numeric]) -> Tuple[chex.Array, chex.Array]:
-  """GAE advantages and critic targets ``([B, T], [B, T])``: PPO (``lam_critic=None``: the
-  policy's lambda), decoupled GAE (VC-PPO 2503.01491: ``lam_critic``, 1.0 = Monte-Carlo
-  returns) and length-adaptive GAE (VAPO 2504.05118: ``lam_alpha`` sets a per-row lambda)."""
+  """GAE advantages and critic targets ``([B, T], [B, T])`` (Schulman et al., arXiv 1506.02438):
+  PPO (``lam_critic=None``: the policy's lambda), decoupled GAE (VC-PPO 2503.01491:
+  ``lam_critic``, 1.0 = Monte-Carlo returns) and length-adaptive GAE (VAPO 2504.05118:
+  ``lam_alpha`` sets a per-row lambda).
+
+  ``delta_t = r_t + gamma V_{t+1} - V_t`` (``V`` after the last valid token is 0),
+  ``A_t = delta_t + gamma lam A_{t+1}`` over valid tokens; critic targets ``GAE(lam_critic) + V``.
+  Length-adaptive: ``lam_i = clip(1 - 1/(lam_alpha |o_i|), 0, 1)`` per row (VAPO: 0.05).
+  Whitened afterwards when ``algo.adv_whiten`` (the PPO presets).
+  """
   if lam_alpha is not None:
     lam = length_adaptive_lam(mask, lam_alpha)
   adv = gae_advantages(token_rewards, values, mask, gamma=gamma, lam=lam)

@@ -19,13 +19,15 @@ ADAPTIVE_KL_STEP_CLIP = 0.2
 
 @register_kl_estimator("k1")
 def k1(logp: chex.Array, ref_logp: chex.Array) -> chex.Array:
-  """``k1 = logp - ref_logp`` (unbiased value, high variance)."""
+  """``k1 = logp - ref_logp`` (Schulman, "Approximating KL divergence", 2020): unbiased value,
+  high variance."""
   return logp - ref_logp
 
 
 @register_kl_estimator("k2")
 def k2(logp: chex.Array, ref_logp: chex.Array) -> chex.Array:
-  """``k2 = 0.5 (logp - ref_logp)^2``: its gradient is the unbiased reverse-KL gradient."""
+  """``k2 = 0.5 (logp - ref_logp)^2`` (Schulman 2020): its gradient is the unbiased reverse-KL
+  gradient (arXiv 2506.09477)."""
   return 0.5 * (logp - ref_logp) ** 2
 
 

@@ -106,7 +106,14 @@ def ppo_clip_loss(ratio: chex.Array, advantages: chex.Array, *, eps_low: float, 
 @register_policy_loss("ppo", hparams={"eps_low": "clip_eps_low", "eps_high": "clip_eps_high"})
 def ppo_loss(logp, old_logp, advantages, mask, *, eps_low: float, eps_high: float,
              dual_clip_c: Optional[float] = None) -> Tuple[chex.Array, Metrics]:
-  """PPO / DAPO clip-higher (arXiv 1707.06347, 2503.14476): per-token loss ``[B, T]``."""
+  """PPO / DAPO clip-higher (arXiv 1707.06347, 2503.14476): per-token loss ``[B, T]``.
+
+  ``l = max(-A r, -A clip(r, 1 - eps_low, 1 + eps_high))``, ``r = exp(clip(logp - old_logp,
+  -20, 20))``; DAPO's clip-higher is ``eps_high > eps_low`` (0.28 / 0.2). With ``dual_clip_c = c``
+  (dual-clip PPO, typically 3) and ``A < 0``: ``min(l, -A c)``. Metrics: ``clip_frac_low`` /
+  ``clip_frac_high`` (separately), ``dual_clip_frac``, ``ratio_mean``, ``approx_kl =
+  mean(-delta)``.
+  """
   _check_tokens(logp, old_logp, advantages, mask)
   delta = log_ratio(logp, old_logp)
   ratio = jnp.exp(delta)

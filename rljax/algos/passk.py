@@ -99,7 +99,14 @@ def _passk_rows(rewards, group_size, k):
 @register_advantage("passk", hparams={"k": "passk_k"})
 def passk_advantages(rewards: chex.Array, mask: chex.Array, group_size: int, *,
                      k: int) -> chex.Array:
-  """Pass@k advantages ``[B, T]`` (``algo.advantage='passk'``, ``algo.passk_k = k``).
+  """Pass@k training (Chen et al., arXiv 2508.10751) advantages ``[B, T]``
+  (``algo.advantage='passk'``, ``algo.passk_k = k``): the analytic expectation over all
+  ``C(G, k)`` k-subsets of a group, each rewarded by its best member.
+
+  With ``c`` correct of ``G``: ``Rbar = 1 - C(G-c, k)/C(G, k)``, ``sd = sqrt(Rbar (1 - Rbar))``;
+  correct rows ``A = (1 - Rbar)/(sd + 1e-6)``, wrong rows
+  ``A = (1 - Rbar - C(G-c-1, k-1)/C(G-1, k-1))/(sd + 1e-6)``; exactly 0 when ``c = 0``, ``c = G``
+  or ``G - c < k``. Requires ``1 <= k <= G``.
 
   ``rewards[B]`` must be binary (an error otherwise; the reference code passes other values
   through). With ``k = 1`` this equals ``(R - mean_g R)/(std_pop + 1e-6)``, the population std.

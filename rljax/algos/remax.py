@@ -33,7 +33,8 @@ def _check_rows(mask, group_size, baseline):
 @register_advantage("remax", min_group_size=1)
 def remax_advantages(token_rewards: chex.Array, mask: chex.Array, group_size: int,
                      remax_baseline: chex.Array) -> chex.Array:
-  """ReMax advantages ``[B, T]`` (0 on padding).
+  """ReMax (Li et al., arXiv 2310.10505) advantages ``[B, T]`` (0 on padding):
+  ``A[i,t] = m[i,t] (sum_{u>=t} m r[i,u] - b_g)``, no normalisation, ``G >= 1``.
 
   ``token_rewards[B, T]``: per-token rewards (``outcome_token_rewards`` or ``kl_reward_tokens``);
   ``remax_baseline[P]``: the greedy completion's reward per prompt, repeated over its ``G``

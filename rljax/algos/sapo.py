@@ -99,8 +99,15 @@ def sapo_sequence_loss(logp, old_logp, advantages, mask, *, tau_pos: float = 1.0
                                        "level": "sapo_level"},
                       loss_agg="seq_mean_token_mean")
 def sapo_objective(logp, old_logp, advantages, mask, *, tau_pos, tau_neg, level):
-  """SAPO at ``algo.sapo_level``: the token gate on ``r`` or the sequence gate on GSPO's ``s_i``;
-  aggregation forced to ``seq_mean_token_mean`` (verl, TRL)."""
+  """SAPO (arXiv 2511.20347) at ``algo.sapo_level``: a soft sigmoid gate instead of PPO's clip.
+
+  ``token``: ``l[i,t] = -A (4/tau) sigma(tau (r - 1))``, ``tau = tau_pos`` where ``A > 0`` else
+  ``tau_neg``; its gradient ``-A w r`` with ``w = 4 s (1 - s)``, ``s = sigma(tau (r - 1))``, is the
+  policy gradient at ``r = 1`` and fades as ``r`` leaves 1 (faster for a larger ``tau``; the loss
+  value at ``r = 1`` is ``-2A/tau``). ``sequence``: the same gate on GSPO's
+  ``s_i = exp(sum_t m delta / |o_i|)``. Aggregation forced to ``seq_mean_token_mean`` (verl, TRL).
+  Metrics: ``sapo/gate_w_pos`` / ``_neg`` and ``sapo/soft_clip_frac`` (``sapo_loss``).
+  """
   if level == "token":
     return sapo_loss(logp, old_logp, advantages, mask, tau_pos=tau_pos, tau_neg=tau_neg)
   if level == "sequence":

@@ -12,6 +12,14 @@ from rljax.transforms.base import (Transform, level, per_sequence_objective, reg
     "rollout_is_batch_norm",
     "rollout_rs", "rollout_rs_lo", "rollout_rs_hi", "rollout_rs_veto", "rollout_rs_k3"))
 def make(algo, hparams):
+  """Rollout correction sampler -> old, once per rollout batch after the advantages: rejection
+  (``algo.rollout_rs`` levels, ``_veto``, ``_k3``) first, then importance weights over the kept
+  tokens (``algo.rollout_is`` or its alias ``algo.tis_cap``), which multiply the policy loss only
+  (not KL or entropy). Above ``algo.rollout_is_cap`` a weight is truncated (TIS, verl) or masked
+  to 0 with the token still in the denominator (AReaL's decoupled objective; Fu et al. 2025,
+  arXiv 2505.24298), by ``algo.rollout_is_over_cap``. Group statistics of the advantages include
+  the rows rejected later (verl). rljax recomputes ``old_logp``, so with asynchronous sampling
+  this also covers the staleness (docs/async.md)."""
   keys = ()
   rollout_is = level(algo, "rollout_is")
   if algo["tis_cap"] is not None:

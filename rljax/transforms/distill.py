@@ -76,6 +76,11 @@ def check_teacher_logp(metrics, step: int) -> None:
 @register_transform("opd", order=40, reads=(
     "opd_coef", "opd_discount", "opd_length_norm", "opd_student_logp"))
 def make(algo, hparams):
+  """On-policy distillation (Thinking Machines / Tinker 2025; MiniLLM, arXiv 2306.08543), with
+  ``algo.opd_coef > 0``: a frozen teacher (``teacher.source``, same tokenizer) scores every
+  sampled token and ``A <- A_env + A_opd``, ``A_opd = -coef rkl`` (discounted with
+  ``algo.opd_discount``), ``rkl = m (lp_s - teacher_logp)`` detached; ``lp_s`` is ``old_logp`` or
+  ``sampler_logp`` (``algo.opd_student_logp``). Stops the run on a non-finite teacher log-prob."""
   if not algo["opd_coef"] > 0:
     return None
   keys = ("opd_student_logp",) + traced(hparams, algo, "opd_coef", "opd_discount")

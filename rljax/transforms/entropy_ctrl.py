@@ -13,6 +13,13 @@ H_UPDATE = "entropy_ctrl/H_update"
     "entropy_ctrl", "entropy_ctrl_estimate", "entropy_coef", "entropy_target",
     "entropy_coef_delta", "entropy_coef_min", "entropy_coef_max"))
 def make(algo, hparams):
+  """Skywork-OR1's adaptive entropy coefficient (He et al., arXiv 2505.22312), with
+  ``algo.entropy_ctrl``: the entropy bonus's weight ``c`` (from ``c_0 = algo.entropy_coef``) is
+  state; after each RL step with measured entropy ``e``, ``low = e < target``,
+  ``c <- clip(c + delta if low else c - delta, c_min, c_max)`` and the next step applies
+  ``alpha = c low``. ``e``: ``full`` (token-mean ``H`` of the step's forwards, TRL) or ``sampled``
+  (``-token-mean(old_logp)``, Skywork). Logs ``entropy_ctrl/coef``, ``/applied``, ``/measured``,
+  ``/active``."""
   if not algo["entropy_ctrl"]:
     return None
   if not algo["entropy_coef_min"] <= algo["entropy_coef_max"]:

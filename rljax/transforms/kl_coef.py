@@ -10,6 +10,11 @@ from rljax.algos.losses import scalar_metric
 
 @register_transform("kl_coef", order=10, reads=("kl_coef", "kl_target", "kl_horizon"))
 def make(algo, hparams):
+  """The KL coefficient ``beta`` as state, on whenever there is a KL term
+  (``algo.kl_placement != 'none'``): fixed at ``algo.kl_coef``, or, with ``algo.kl_target`` set,
+  adaptive (Ziegler et al., arXiv 1909.08593): after each RL step
+  ``beta <- beta (1 + clip(KL / target - 1, -0.2, 0.2) n / horizon)``, ``KL`` the token-mean
+  estimate of the batch (``old_logp`` vs ``ref_logp``) and ``n`` its rows. Logs ``kl_coef``."""
   if algo["kl_placement"] == "none":
     return None
   target, estimator = algo["kl_target"], algo["kl_estimator"]

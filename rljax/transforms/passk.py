@@ -17,6 +17,10 @@ def check_binary_rewards(rewards: np.ndarray) -> None:
 
 @register_transform("passk", order=50, reads=("passk_k",))
 def make(algo, hparams):
+  """With ``algo.advantage='passk'`` (Chen et al., arXiv 2508.10751): requires
+  ``algo.passk_k``, stops the run on the host at the first non-binary reward (the estimator is
+  defined for 0/1 rewards), and logs ``passk/estimate``, ``/adv_pos_mean``, ``/adv_neg_mean``,
+  ``/zero_frac``."""
   if algo["advantage"] != "passk":
     return None
   k = algo["passk_k"]

@@ -12,6 +12,10 @@ from rljax.transforms.base import Transform, register_transform
 
 @register_transform("remax", order=60, reads=())
 def make(algo, hparams):
+  """ReMax's greedy baseline (Li et al., arXiv 2310.10505), with ``algo.advantage='remax'``: one
+  extra greedy completion per prompt, same ``max_new_tokens``, scored by ``reward.fn`` and the
+  section 1 shaping (no KL), then dropped; its reward ``b_g`` is the baseline of the prompt's
+  rows. Logs ``remax/baseline_mean``, ``/adv_mean``, ``/beat_frac`` and ``sec_remax``."""
   if algo["advantage"] != "remax":
     return None
 

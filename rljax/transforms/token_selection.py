@@ -10,6 +10,10 @@ from rljax.transforms.base import (Transform, per_sequence_objective, register_t
 @register_transform("cov_selection", order=70,
                     reads=("clip_cov_ratio", "clip_cov_lb", "clip_cov_ub", "kl_cov_ratio"))
 def make_cov(algo, hparams):
+  """Clip-Cov / KL-Cov's token selection (Cui et al., arXiv 2505.22617), with
+  ``algo.policy_loss='clip_cov'`` or ``'kl_cov'``: computed once per optimizer minibatch over all
+  its valid tokens from ``old_logp``, ``A`` and seeded uniforms, before the minibatch is split
+  into micro-batches (so the split cannot change it), and passed to the objective as ``cov_sel``."""
   objective = algo["policy_loss"]
   if objective == "clip_cov":
     if not algo["clip_cov_lb"] < algo["clip_cov_ub"]:
@@ -40,6 +44,11 @@ def make_cov(algo, hparams):
 @register_transform("entropy_mask", order=80,
                     reads=("entropy_top_rho", "entropy_mask_source"))
 def make_entropy_mask(algo, hparams):
+  """The 80/20 high-entropy mask (Wang et al., arXiv 2506.01939), with
+  ``algo.entropy_top_rho < 1``: only the top-``rho`` highest-entropy tokens of each optimizer
+  minibatch (``H_old`` of the scoring forward) train, ``l <- keep l`` with ``m`` unchanged (so
+  ``token_mean`` still divides by every valid token); the entropy bonus averages over
+  ``m keep``; KL is not masked."""
   if not algo["entropy_top_rho"] < 1.0:
     return None
   if algo["entropy_mask_source"] != "old":
