@@ -1,4 +1,4 @@
-"""Base configuration: every key of ALGORITHMS.md with its default.
+"""Base configuration: every key of docs/config.md with its default.
 
 The defaults live in the installed package (``rljax/defaults.py``, also ``rljax.config()``), so
 that a notebook outside this repository gets the same config. Presets (``configs/<algo>.py``)

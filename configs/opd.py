@@ -1,6 +1,6 @@
 """On-policy distillation (Thinking Machines 2025; MiniLLM arXiv 2306.08543): the student samples,
 a teacher scores every sampled token, and ``-opd_coef x`` the per-token reverse KL is added to
-the GRPO advantage (Tinker's defaults: coefficient 1, no discount; ALGORITHMS.md 8.6).
+the GRPO advantage (Tinker's defaults: coefficient 1, no discount; docs/algorithms.md).
 
 The teacher is the main job's exported policy (``runs/main/hf``); point ``teacher.source`` at
 another one with ``--config.teacher.source=hf:PATH``. It must share the student's tokenizer. The

@@ -1,7 +1,7 @@
 """SAPO (arXiv 2511.20347): GRPO with a soft sigmoid gate on the ratio instead of PPO's clip.
 
 Temperatures as in the paper, verl and TRL (tau_neg > tau_pos damps negative updates faster);
-the objective forces ``seq_mean_token_mean`` (ALGORITHMS.md 8.1).
+the objective forces ``seq_mean_token_mean`` (docs/algorithms.md).
 """
 from rljax.config_loader import preset
 

@@ -30,7 +30,7 @@ from rljax.rollout.sampler import Rollout, SamplingParams
 
 def config(path: str | None = None, overrides: Mapping[str, Any] | None = None
            ) -> ml_collections.ConfigDict:
-  """The default config of the installed package (every key of ALGORITHMS.md with its
+  """The default config of the installed package (every key of docs/config.md with its
   default), or the ``get_config()`` of a config file, with ``overrides`` ({"a.b": value}) set.
   Unknown keys and values of the wrong type are errors naming the key."""
   if path is None:

@@ -6,7 +6,8 @@
   check-conversion  PATH                   rljax vs transformers logits on a HF directory
   convert           RUN_DIR OUT [--force]  latest checkpoint of a run -> Hugging Face directory
   plan              --config X [--device v5p-64|8xh100-80g|8x80GB]   memory plan on the mesh
-  components                               the registered components, environments and tools
+  components [--markdown]                  the registered components, environments and tools;
+                                           --markdown: the algorithm reference (docs/algorithms.md)
   keys              [--markdown] [PREFIX]  every config key: default, allowed values, doc
   sweep             STUDY [--parallel N] [--print-commands] [--aggregate-only]   an ablation study
 """
@@ -126,12 +127,16 @@ def cmd_plan(argv):
 
 
 def cmd_components(argv):
-  from rljax import envs
-  from rljax.algos import list_registries
-  from rljax.rewards import verifiers
-  table = dict(list_registries())
-  table["reward_fn"] = verifiers.REWARD_FNS.names()
-  table["env"], table["tool"] = envs.env_names(), envs.tool_names()  # env.name; tools of envs
+  parser = argparse.ArgumentParser(prog="rljax components")
+  parser.add_argument("--markdown", action="store_true",
+                      help="the algorithm reference, docs/algorithms.md")
+  args = parser.parse_args(argv)
+  from rljax import components
+  if args.markdown:
+    text = components.markdown()
+    sys.stdout.write(text)
+    return text
+  table = components.families()
   for family, names in table.items():
     print(f"{family}: {', '.join(names)}")
   return table

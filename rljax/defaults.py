@@ -121,7 +121,7 @@ KEYS = (
         "chunks of this many tokens, each with the newest weights the learner has published "
         "(the rows still decoding re-prefilled by them; extras['token_version'] per token); "
         "0 = off"),
-    # --- reward (ALGORITHMS.md section 1) ------------------------------------------------------
+    # --- reward (docs/algorithms.md section 1) -------------------------------------------------
     Key("reward.fn", "exact_match", registered("reward_fn"), "the verifier"),
     Key("reward.format_weight", 0.0, real(), "weight of the format term added to correctness"),
     Key("reward.wrong_value", 0.0, real(), "reward of a wrong answer (0 or -1)"),

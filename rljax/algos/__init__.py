@@ -1,4 +1,4 @@
-"""The RL components of ALGORITHMS.md as small pure functions, registered by name.
+"""The RL components of docs/algorithms.md as small pure functions, registered by name.
 
 ``configs/<algo>.py`` picks the names; ``resolve(config)`` looks them up once and returns an
 ``Algorithm`` whose methods the trainer (or a notebook) calls:

@@ -1,4 +1,4 @@
-"""Advantage estimators (ALGORITHMS.md section 2).
+"""Advantage estimators (docs/algorithms.md section 2).
 
 Shapes: ``B = P * G`` rollout rows, groups contiguous (rows ``p*G .. p*G+G-1`` share a prompt);
 ``T`` completion tokens per row; ``mask[B, T]`` is 1 on real completion tokens.
@@ -228,7 +228,8 @@ def gpg_advantages(rewards: chex.Array, mask: chex.Array, group_size: int) -> ch
 @register_advantage("reinforce_pp_baseline", whitened=True)
 def reinforce_pp_baseline_advantages(rewards: chex.Array, mask: chex.Array,
                                      group_size: int) -> chex.Array:
-  """REINFORCE++-baseline (arXiv 2501.03262): ``R_i - mean_g R``, then token-weighted whitening.
+  """REINFORCE++-baseline (arXiv 2501.03262): ``A = whiten((R_i - mean_g R) m)``, the group
+  baseline, then token-weighted whitening over the batch (``whiten``).
 
   Uses the outcome rewards only (a KL-in-reward term is not part of this estimator's formula).
   """
@@ -248,7 +249,8 @@ def discounted_returns(token_rewards: chex.Array, mask: chex.Array, gamma: float
 @register_advantage("reinforce_pp", whitened=True)
 def reinforce_pp_advantages(token_rewards: chex.Array, mask: chex.Array, *,
                             gamma: float) -> chex.Array:
-  """REINFORCE++ (arXiv 2501.03262): returns-to-go of the token rewards, whitened over the batch.
+  """REINFORCE++ (arXiv 2501.03262): returns-to-go of the token rewards, whitened over the batch:
+  ``A[i,t] = whiten(sum_{u>=t} gamma^(u-t) m r[i,u])`` (``whiten`` over all valid tokens).
 
   ``token_rewards[B, T]`` carries the outcome ``R_i`` on the last valid token and the KL-in-reward
   term on every token.

@@ -1,4 +1,4 @@
-"""Rollout correction: truncated IS weights and rejection, sampler -> old (ALGORITHMS.md 8.2).
+"""Rollout correction: truncated IS weights and rejection, sampler -> old (docs/algorithms.md).
 
 The sampler and the trainer give the same tokens different probabilities. rljax recomputes
 ``old_logp`` (verl's "decoupled" mode), so the correction runs ``sampler -> old`` and the PPO ratio
@@ -98,7 +98,7 @@ def rollout_is_weights(old_logp: chex.Array, sampler_logp: chex.Array, mask: che
   ``batch_norm`` (``algo.rollout_is_batch_norm``) ``w <- w / mean(w)``, the mean being the
   token-mean (``token``) or the row-mean of the per-row weight (row levels) over the whole batch,
   skipped when ``<= 1e-8``. The weights multiply the policy term only (``l <- w l``), not KL or
-  entropy. With ``level='token'`` this is section 7's ``tis_cap`` (times the mask).
+  entropy. With ``level='token'`` this is ``algo.tis_cap`` (times the mask).
 
   Metrics (``rollout_is/``, ``rho`` before truncation, over valid tokens for ``token`` and
   non-empty rows otherwise): ``mean``, ``min``, ``max``; ``frac_high`` (``rho > cap``),

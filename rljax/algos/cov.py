@@ -1,4 +1,4 @@
-"""Clip-Cov and KL-Cov (ALGORITHMS.md 8.3; Cui et al., arXiv 2505.22617).
+"""Clip-Cov and KL-Cov (docs/algorithms.md; Cui et al., arXiv 2505.22617).
 
 Under policy gradient the entropy change tracks minus the covariance of a token's log-prob and its
 advantage; a few very-high-covariance tokens drive entropy collapse. Clip-Cov zeroes the loss of a
@@ -104,7 +104,8 @@ def clip_cov_select(old_logp: chex.Array, advantages: chex.Array, mask: chex.Arr
 @register_policy_loss("clip_cov", hparams={"eps_low": "clip_eps_low", "eps_high": "clip_eps_high"})
 def clip_cov_loss(logp, old_logp, advantages, mask, cov_sel, *, eps_low: float = 1.0,
                   eps_high: float = 1.0) -> Tuple[chex.Array, Metrics]:
-  """Clip-Cov per-token loss ``[B, T]``.
+  """Clip-Cov (Cui et al., arXiv 2505.22617) per-token loss ``[B, T]``: the PPO loss with a small
+  random subset of high-covariance tokens zeroed.
 
   ``l = max(-A r, -A clip(r, 1 - eps_low, 1 + eps_high)) (1 - sel)``, with ``sel = cov_sel`` from
   ``clip_cov_select`` over the whole minibatch; selected tokens are zeroed, not rejected (they
@@ -145,7 +146,8 @@ def kl_cov_select(old_logp: chex.Array, advantages: chex.Array, mask: chex.Array
 @register_policy_loss("kl_cov", hparams={"coef": "kl_cov_coef"})
 def kl_cov_loss(logp, old_logp, advantages, mask, cov_sel, *,
                 coef: float = 1.0) -> Tuple[chex.Array, Metrics]:
-  """KL-Cov per-token loss ``[B, T]``: ``l = -A r + coef |delta| sel``, no clipping at all.
+  """KL-Cov (Cui et al., arXiv 2505.22617) per-token loss ``[B, T]``:
+  ``l = -A r + coef |delta| sel`` on the top-covariance tokens, no clipping at all.
 
   ``sel = cov_sel`` from ``kl_cov_select`` over the whole minibatch.
   ``|delta|`` is built as ``delta sg(sign(delta))`` so that its gradient is ``sign(delta)``, 0 at

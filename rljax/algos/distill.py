@@ -1,4 +1,4 @@
-"""On-policy distillation advantage (ALGORITHMS.md 8.6).
+"""On-policy distillation advantage (docs/algorithms.md).
 
 The student samples its own completions and a teacher scores every sampled token; the per-token
 reward is minus a single-sample estimate of the reverse KL (Thinking Machines, "On-Policy

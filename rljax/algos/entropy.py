@@ -1,4 +1,4 @@
-"""Entropy transforms: the 80/20 high-entropy token mask (ALGORITHMS.md 8.4) and the adaptive
+"""Entropy transforms: the 80/20 high-entropy token mask (docs/algorithms.md) and the adaptive
 entropy coefficient of Skywork-OR1 (8.7).
 
 * 80/20 (Wang et al., arXiv 2506.01939; TRL ``get_high_entropy_mask``): only the top-``rho``
@@ -55,8 +55,8 @@ def entropy_keep_mask(entropy: chex.Array, mask: chex.Array, *,
   token); an empty pool keeps nothing. ``entropy`` is ``H_old`` (``entropy_mask_source='old'``)
   or the loss forward's ``H`` (``'current'``); ``mask`` is the pool after the overlong filter and
   rollout rejection. Use ``l <- keep l`` for the policy loss (``m`` unchanged, so ``token_mean``
-  still divides by all valid tokens), ``m keep`` for the entropy bonus and 8.7's measurement; KL
-  is not masked.
+  still divides by all valid tokens), ``m keep`` for the entropy bonus and the entropy
+  controller's measure; KL is not masked.
 
   Metrics (``(sum, count)``, ``entropy_mask/``): ``tau``, ``kept_frac = sum(keep)/sum(m)``,
   ``H_kept_mean``, ``H_mean``.

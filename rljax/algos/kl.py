@@ -1,4 +1,4 @@
-"""KL regularisers (ALGORITHMS.md sections 1 and 5).
+"""KL regularisers (docs/algorithms.md sections 1 and 5).
 
 Estimators follow Schulman, "Approximating KL divergence" (2020), with the gradient pitfalls of
 arXiv 2506.09477 in mind: each is an elementwise function ``k(logp, ref_logp)`` of the sampled
@@ -46,7 +46,7 @@ def k3(logp: chex.Array, ref_logp: chex.Array) -> chex.Array:
 def k3_plus(logp: chex.Array, ref_logp: chex.Array) -> chex.Array:
   """Straight-through ``k3+``: the value of ``k3`` with the gradient of ``k2`` (arXiv 2506.09477).
 
-  ``k2 + sg(k3 - k2)``.
+  ``k3+ = k2 + sg(k3 - k2)``.
   """
   quad = k2(logp, ref_logp)
   return quad + jax.lax.stop_gradient(k3(logp, ref_logp) - quad)

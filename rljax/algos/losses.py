@@ -1,4 +1,4 @@
-"""Policy objectives (ALGORITHMS.md section 3) and loss aggregation (section 4).
+"""Policy objectives (docs/algorithms.md section 3) and loss aggregation (section 4).
 
 Each objective is registered as it is: its positional parameters are the arrays it reads, its
 keyword-only ones the hyperparameters (``hparams`` maps them to ``algo.*`` keys).
@@ -301,5 +301,6 @@ def entropy_bonus_mask(mask: chex.Array, entropy_keep: Optional[chex.Array] = No
 @register_regularizer("entropy", coef="entropy_coef", token_mask=entropy_bonus_mask)
 def entropy_bonus(entropy: chex.Array) -> chex.Array:
   """T1 (arXiv 2501.11651) entropy bonus: ``-H[i, t]`` ``[B, T]``, so that ``coef * agg(-H)``
-  added to the loss rewards a high full-vocabulary entropy of the policy."""
+  added to the loss rewards a high full-vocabulary entropy of the policy,
+  ``H[i,t] = -sum_v pi(v) log pi(v)`` at each completion position."""
   return -entropy

@@ -1,4 +1,4 @@
-"""Pass@k training advantages (ALGORITHMS.md 8.5).
+"""Pass@k training advantages (docs/algorithms.md).
 
 * ``passk`` (Chen et al., arXiv 2508.10751; ``RUCAIBox/Passk_Training`` ``calc_adv``): the analytic
   expectation over all ``C(G, k)`` k-subsets of a group, each rewarded by its best member. Per

@@ -1,4 +1,4 @@
-"""Name -> function registries for the algorithm components of ALGORITHMS.md.
+"""Name -> function registries for the algorithm components of docs/algorithms.md.
 
 An algorithm is a configuration: ``configs/<algo>.py`` names an advantage estimator, a policy
 objective, a loss aggregation, a KL estimator and the regularisers' coefficients, and
@@ -153,6 +153,11 @@ def register_regularizer(name: str, hparams: Optional[Mapping[str, str]] = None,
   """
   return REGULARIZERS.register(name, hparams, coef=coef, agg=agg, token_mask=token_mask,
                                enabled=enabled)
+
+
+def get_family(family: str) -> Registry:
+  """The registry of ``family`` (a key of ``list_registries``)."""
+  return _ALL[family]
 
 
 def list_registries() -> Dict[str, List[str]]:

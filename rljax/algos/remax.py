@@ -1,4 +1,4 @@
-"""ReMax: the greedy-rollout baseline (ALGORITHMS.md 8.8; Li et al., arXiv 2310.10505; verl
+"""ReMax: the greedy-rollout baseline (docs/algorithms.md; Li et al., arXiv 2310.10505; verl
 ``compute_remax_outcome_advantage``).
 
 One extra greedy (argmax) completion per prompt is scored by ``reward.fn`` and the section 1

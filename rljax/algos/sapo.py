@@ -1,4 +1,4 @@
-"""SAPO: a soft sigmoid gate instead of PPO's hard clip (ALGORITHMS.md 8.1, arXiv 2511.20347).
+"""SAPO: a soft sigmoid gate instead of PPO's hard clip (docs/algorithms.md, arXiv 2511.20347).
 
 ``l[i,t] = -A (4 / tau) sigma(tau (r - 1))`` with ``tau = tau_pos`` where ``A > 0`` and ``tau_neg``
 otherwise. Its gradient w.r.t. ``logp`` is ``-A w r`` with ``w = 4 s (1 - s)``,

@@ -1,4 +1,4 @@
-"""Value model loss and VAPO's positive-example LM loss (ALGORITHMS.md sections 5 and 6).
+"""Value model loss and VAPO's positive-example LM loss (docs/algorithms.md sections 5 and 6).
 
 Shapes: ``[B, T]`` rows x completion tokens; ``V[i, t]`` is the value of the state before
 completion token t; ``mask[B, T]`` is 1 on real completion tokens. Losses are ``(sum, count)``
@@ -89,6 +89,7 @@ def positive_rows_mask(mask: chex.Array, positive: chex.Array) -> chex.Array:
 
 @register_regularizer("pos_lm", coef="pos_lm_coef", agg="token_mean", token_mask=positive_rows_mask)
 def positive_lm_nll(logp: chex.Array) -> chex.Array:
-  """VAPO (arXiv 2504.05118) positive-example LM loss: the NLL ``-logp`` ``[B, T]``, averaged
-  over the tokens of the positive rows (``positive_rows_mask``) and added as ``mu * NLL``."""
+  """VAPO (arXiv 2504.05118) positive-example LM loss: the NLL ``l = -logp`` ``[B, T]``, averaged
+  over the tokens of the positive rows (``positive_rows_mask``: the completions with the top
+  reward) and added as ``mu * NLL``, ``mu = algo.pos_lm_coef``."""
   return -logp

@@ -1,4 +1,4 @@
-"""Reward shaping of ALGORITHMS.md section 1 (verifiers live elsewhere in ``rljax.rewards``).
+"""Reward shaping of docs/algorithms.md section 1 (verifiers live elsewhere in ``rljax.rewards``).
 
 Lengths are counted in **tokens** of the completion (``|o_i| = sum_t m[i, t]``), never characters.
 """

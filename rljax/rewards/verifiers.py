@@ -1,4 +1,4 @@
-"""Verifiable outcome rewards (ALGORITHMS.md section 1, ``reward.fn``) and their safe execution.
+"""Verifiable outcome rewards (docs/algorithms.md section 1, ``reward.fn``), safely executed.
 
 A reward function maps ``(completion, problem) -> float``, where the completion is the decoded
 text the model produced after the prompt. Each registered function declares what it returns:

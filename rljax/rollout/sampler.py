@@ -26,7 +26,7 @@ cache (``rljax.models.kv_cache``); the tests pin it to a teacher-forced forward 
 Log-probabilities returned per completion token (both of the *sampled* token):
 
 - ``Rollout.sampler_logp``: under the **policy** as the sampler computed it, i.e. ``log_softmax``
-  of the raw, temperature-1 logits (ALGORITHMS.md's ``sampler_logp``). Importance-sampling
+  of the raw, temperature-1 logits (``sampler_logp`` in docs/algorithms.md). Importance-sampling
   corrections use it; in float32 it equals a teacher-forced forward pass.
 - ``Rollout.draw_logp``: under the **processed sampling distribution** the token was actually
   drawn from (temperature, top-k, top-p, min-p applied and renormalised). ``0`` for greedy.

@@ -1,6 +1,6 @@
 """Batch construction on the host: group filters (DAPO dynamic sampling) and stacking of rounds.
 
-ALGORITHMS.md section 7. Rows are groups of G contiguous completions of one prompt; a filter
+docs/algorithms.md section 7. Rows are groups of G contiguous completions of one prompt; a filter
 decides per group. Arrays here are NumPy: filtering decisions are data-dependent shapes, which is
 exactly what cannot live inside the compiled step.
 """

@@ -1,4 +1,4 @@
-"""Rollout correction (ALGORITHMS.md 8.2): rejection of sampler/trainer mismatch and truncated
+"""Rollout correction (docs/algorithms.md): rejection of sampler/trainer mismatch and truncated
 importance weights sampler -> old, applied once per rollout batch after the advantages.
 ``algo.tis_cap = C`` is ``rollout_is='token'`` with cap C (not both)."""
 from rljax.algos import correction
@@ -15,11 +15,12 @@ def make(algo, hparams):
   """Rollout correction sampler -> old, once per rollout batch after the advantages: rejection
   (``algo.rollout_rs`` levels, ``_veto``, ``_k3``) first, then importance weights over the kept
   tokens (``algo.rollout_is`` or its alias ``algo.tis_cap``), which multiply the policy loss only
-  (not KL or entropy). Above ``algo.rollout_is_cap`` a weight is truncated (TIS, verl) or masked
-  to 0 with the token still in the denominator (AReaL's decoupled objective; Fu et al. 2025,
-  arXiv 2505.24298), by ``algo.rollout_is_over_cap``. Group statistics of the advantages include
-  the rows rejected later (verl). rljax recomputes ``old_logp``, so with asynchronous sampling
-  this also covers the staleness (docs/async.md)."""
+  (not KL or entropy): ``l <- w l``, ``rho = exp(old_logp - sampler_logp)`` at the level's unit.
+  Above ``algo.rollout_is_cap`` a weight is truncated, ``w = min(rho, cap)`` (TIS, Yao et al.
+  2025; verl), or masked, ``w = rho [rho <= cap]``, the token still in the denominator (AReaL's
+  decoupled objective; Fu et al. 2025, arXiv 2505.24298), by ``algo.rollout_is_over_cap``.
+  Group statistics of the advantages include the rows rejected later (verl). rljax recomputes
+  ``old_logp``, so with asynchronous sampling this also covers the staleness (docs/async.md)."""
   keys = ()
   rollout_is = level(algo, "rollout_is")
   if algo["tis_cap"] is not None:

@@ -1,4 +1,4 @@
-"""On-policy distillation (ALGORITHMS.md 8.6; Agarwal et al. arXiv 2306.13649, Tinker): minus the
+"""On-policy distillation (docs/algorithms.md; Agarwal et al. arXiv 2306.13649, Tinker): minus the
 reverse KL to a frozen teacher added to the advantages (``rljax.algos.distill``). The teacher is
 a second model that is never trained or checkpointed: ``teacher.source``, same tokenizer."""
 import os

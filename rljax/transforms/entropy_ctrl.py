@@ -1,4 +1,4 @@
-"""Skywork-OR1's adaptive entropy coefficient (ALGORITHMS.md 8.7; He et al., arXiv 2505.22312):
+"""Skywork-OR1's adaptive entropy coefficient (docs/algorithms.md; He et al., arXiv 2505.22312):
 the entropy bonus's weight as state, stepped once per RL step with the step's measured entropy."""
 import jax.numpy as jnp
 

@@ -1,5 +1,5 @@
 """The KL coefficient beta as state: fixed, or adaptive towards ``algo.kl_target`` (Ziegler et
-al., arXiv 1909.08593; ALGORITHMS.md section 5). On whenever there is a KL term."""
+al., arXiv 1909.08593; docs/algorithms.md section 8). On whenever there is a KL term."""
 import jax.numpy as jnp
 
 from rljax.algos import kl as kl_lib

@@ -1,4 +1,4 @@
-"""Pass@k training's host check and metrics (ALGORITHMS.md 8.5): the estimator is registered in
+"""Pass@k training's host check and metrics (docs/algorithms.md): the estimator is registered in
 ``rljax.algos.passk``; it is defined for binary rewards, so other rewards stop the run on the host
 before anything is trained on them."""
 import numpy as np

@@ -1,4 +1,4 @@
-"""ReMax's greedy baseline (ALGORITHMS.md 8.8; Li et al., arXiv 2310.10505): one extra greedy
+"""ReMax's greedy baseline (docs/algorithms.md; Li et al., arXiv 2310.10505): one extra greedy
 completion per prompt, scored by the reward function and the section 1 shaping like the others,
 then dropped; its reward is the baseline of the prompt's rows (``rljax.algos.remax``)."""
 import dataclasses

@@ -1,5 +1,5 @@
 """Token selections fixed per optimizer minibatch, before it is split into micro-batches (so the
-split cannot change them): Clip-Cov / KL-Cov's covariance selection (ALGORITHMS.md 8.3, read by
+split cannot change them): Clip-Cov / KL-Cov's covariance selection (docs/algorithms.md, read by
 their objectives as ``cov_sel``) and the 80/20 high-entropy keep mask (8.4, multiplying the
 policy loss, restricting the entropy bonus)."""
 from rljax.algos import cov, entropy
