@@ -18,7 +18,7 @@ MATMUL_PRECISIONS = ("default", "high", "highest")
 REMAT_CHOICES = ("none", "full", "dots")
 ATTENTION_BACKENDS = ("auto", "xla", "blockwise", "cudnn", "pallas")
 LAYER_TYPES = ("full_attention", "sliding_attention")
-MOE_DISPATCH = ("dense", "capacity")
+MOE_DISPATCH = ("dense", "sparse", "capacity")
 ROUTER_REPLAY = ("off", "R2", "R3")
 HIDDEN_ACTS = ("silu", "gelu_pytorch_tanh")
 
