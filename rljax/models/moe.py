@@ -21,7 +21,7 @@ dtype, softmax in float32, gates cast back to the compute dtype). Two ways of ru
   each expert's group padded to a multiple of a block of ``b`` rows, and every block multiplied
   by its expert's kernels (``grouped_matmul``): ``(T*k + E*(b-1))/(T*k)`` times the FLOPs of
   the chosen experts at most, ``b`` chosen so that this is <= 1 + ``MAX_BLOCK_PADDING``
-  (``block_rows``). Nothing is dropped, so it equals ``'dense'`` up to float summation order.
+  (``block_rows``: large blocks gather fewer kernel copies, small ones pad less). Nothing is dropped, so it equals ``'dense'`` up to float summation order.
   ``jax.lax.ragged_dot`` is the same contraction, but XLA:CPU expands it into a masked matmul
   over every group (E times the FLOPs; ``benchmarks/moe_dispatch.py`` measures it).
 * ``'capacity'``: GShard / Switch one-hot dispatch into ``C`` slots per expert (Lepikhin et al.
@@ -62,9 +62,13 @@ import numpy as np
 from flax import nnx
 
 DISPATCHES = ("dense", "sparse", "capacity")
-# Most rows of padding the sparse dispatch adds, as a share of the T*k token-choice pairs.
+# The sparse dispatch's blocks (``block_rows``): the most rows of padding it adds, as a share of
+# the T*k token-choice pairs (the FLOPs it may add), the most rows of a block, and what one
+# block's kernel gather costs in rows of matmul (XLA:CPU, fitted to the block sizes that
+# ``benchmarks/moe_dispatch.py`` timed fastest; see benchmarks/RESULTS.md).
 MAX_BLOCK_PADDING = 0.125
 MAX_BLOCK_ROWS = 128
+BLOCK_GATHER_ROWS = 16
 
 
 class MoEStats(NamedTuple):
@@ -165,12 +169,17 @@ def capacity_dispatch(routes: jax.Array, gates: jax.Array, valid: jax.Array, num
 def block_rows(num_pairs: int, num_experts: int) -> int:
   """Rows ``b`` of one block of the sparse dispatch, for ``N = T*k`` token-choice pairs.
 
-  Every non-empty group wastes at most ``b - 1`` rows and at most ``m = min(E, N)`` groups are
-  non-empty, so the padding is at most ``m (b - 1)`` rows; ``b`` is the largest value with
-  ``m (b - 1) <= MAX_BLOCK_PADDING * N``, at most ``MAX_BLOCK_ROWS`` (and at least 1: no padding).
+  At most ``m = min(E, N)`` groups are non-empty and each wastes at most ``b - 1`` rows, so the
+  buffer holds ``R = N + m (b - 1)`` rows in ``R / b`` blocks. A block costs its rows' matmuls
+  plus one gather of its expert's kernels (and, backward, a scatter-add of their gradient),
+  about ``BLOCK_GATHER_ROWS`` rows' worth; ``R (1 + gamma / b)`` is least at
+  ``b* = sqrt(gamma (N - m) / m)``. ``b`` is ``b*`` capped so that the padding stays within
+  ``MAX_BLOCK_PADDING * N`` (the FLOPs) and ``MAX_BLOCK_ROWS``, and at least 1 (no padding).
   """
   groups = max(1, min(num_experts, num_pairs))
-  return int(min(MAX_BLOCK_ROWS, 1 + math.floor(MAX_BLOCK_PADDING * num_pairs / groups)))
+  best = math.sqrt(BLOCK_GATHER_ROWS * max(num_pairs - groups, 0) / groups)
+  padding_cap = 1 + MAX_BLOCK_PADDING * num_pairs / groups
+  return int(max(1, min(MAX_BLOCK_ROWS, math.floor(best), math.floor(padding_cap))))
 
 
 def num_blocks(num_pairs: int, num_experts: int, block: int) -> int:
