@@ -10,8 +10,8 @@ Sparsely-Gated Mixture-of-Experts Layer"):
     y = sum_j g_j * down_{r_j}(silu(gate_{r_j}(x)) * up_{r_j}(x))
 
 Numerically this is ``transformers``' ``Qwen3MoeSparseMoeBlock`` (router logits in the compute
-dtype, softmax in float32, gates cast back to the compute dtype). Two ways of running the experts
-(``dispatch``) give the same answer when nothing is dropped:
+dtype, softmax in float32, gates cast back to the compute dtype). Three ways of running the
+experts (``dispatch``) give the same answer when nothing is dropped:
 
 * ``'dense'``: every expert runs on every token and a [T, E] gate matrix that is zero off the
   chosen experts combines them. Exact and dropless, E/k times the expert FLOPs; shards on the
@@ -21,7 +21,8 @@ dtype, softmax in float32, gates cast back to the compute dtype). Two ways of ru
   each expert's group padded to a multiple of a block of ``b`` rows, and every block multiplied
   by its expert's kernels (``grouped_matmul``): ``(T*k + E*(b-1))/(T*k)`` times the FLOPs of
   the chosen experts at most, ``b`` chosen so that this is <= 1 + ``MAX_BLOCK_PADDING``
-  (``block_rows``: large blocks gather fewer kernel copies, small ones pad less). Nothing is dropped, so it equals ``'dense'`` up to float summation order.
+  (``block_rows``: large blocks gather fewer kernel copies, small ones pad less). Nothing is
+  dropped, so it equals ``'dense'`` up to float summation order.
   ``jax.lax.ragged_dot`` is the same contraction, but XLA:CPU expands it into a masked matmul
   over every group (E times the FLOPs; ``benchmarks/moe_dispatch.py`` measures it).
 * ``'capacity'``: GShard / Switch one-hot dispatch into ``C`` slots per expert (Lepikhin et al.
@@ -351,8 +352,8 @@ class MoE(nnx.Module):
     Returns ``(y [B, S, D] in the compute dtype, MoEStats)``. ``valid`` masks padding out of the
     load-balancing loss and, under ``'capacity'``, out of the expert queues (padding then outputs
     zero; under ``'dense'`` and ``'sparse'`` it is computed like any token). Under replay the
-    loss counts the replayed routes, the ones the output used. Concrete ``routes`` are range-checked on the host
-    (a device-to-host copy); traced ones are not (``check_routes``).
+    loss counts the replayed routes, the ones the output used. Concrete ``routes`` are
+    range-checked on the host (a device-to-host copy); traced ones are not (``check_routes``).
     """
     chex.assert_rank(x, 3)
     b, s, d = x.shape
