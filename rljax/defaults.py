@@ -43,8 +43,9 @@ KEYS = (
         "'tiny'/'sft' model of an MoE family: experts each token is routed to (top-k)"),
     Key("model.moe_intermediate_size", 96, MODEL_DIM,
         "'tiny'/'sft' model of an MoE family: MLP width of one expert"),
-    Key("model.moe_dispatch", "dense", choice("dense", "capacity"),
-        "MoE layers: dense (exact, every expert sees every token) | capacity (GShard dispatch, "
+    Key("model.moe_dispatch", "sparse", choice("dense", "sparse", "capacity"),
+        "MoE layers in the trainer: sparse (dropless: tokens sorted by expert, grouped matmuls) "
+        "| dense (the reference: every expert sees every token) | capacity (GShard dispatch, "
         "tokens past an expert's capacity dropped and counted in moe/dropped)"),
     Key("model.moe_capacity_factor", 1.25, POSITIVE,
         "MoE capacity dispatch: slots per expert = factor x tokens x k / experts"),

@@ -18,7 +18,7 @@ MATMUL_PRECISIONS = ("default", "high", "highest")
 REMAT_CHOICES = ("none", "full", "dots")
 ATTENTION_BACKENDS = ("auto", "xla", "blockwise", "cudnn", "pallas")
 LAYER_TYPES = ("full_attention", "sliding_attention")
-MOE_DISPATCH = ("dense", "capacity")
+MOE_DISPATCH = ("dense", "sparse", "capacity")
 ROUTER_REPLAY = ("off", "R2", "R3")
 HIDDEN_ACTS = ("silu", "gelu_pytorch_tanh")
 
@@ -71,7 +71,7 @@ class ModelConfig:
   norm_topk_prob: bool = False
   moe_layers: tuple = ()  # indices of the layers whose MLP is the MoE block
   router_aux_loss_coef: float = 0.0
-  moe_dispatch: str = "dense"
+  moe_dispatch: str = "sparse"
   moe_capacity_factor: float = 1.25
   router_replay: str = "off"  # 'off' | 'R2' | 'R3' (``model.router_replay``)
   # The sampler's layout of the projections (``rljax.rollout.decode.inference_params``): q/k/v

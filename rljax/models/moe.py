@@ -10,12 +10,21 @@ Sparsely-Gated Mixture-of-Experts Layer"):
     y = sum_j g_j * down_{r_j}(silu(gate_{r_j}(x)) * up_{r_j}(x))
 
 Numerically this is ``transformers``' ``Qwen3MoeSparseMoeBlock`` (router logits in the compute
-dtype, softmax in float32, gates cast back to the compute dtype). Two ways of running the experts
-(``dispatch``) give the same answer when nothing is dropped:
+dtype, softmax in float32, gates cast back to the compute dtype). Three ways of running the
+experts (``dispatch``) give the same answer when nothing is dropped:
 
 * ``'dense'``: every expert runs on every token and a [T, E] gate matrix that is zero off the
   chosen experts combines them. Exact and dropless, E/k times the expert FLOPs; shards on the
   expert axis with no data movement beyond a reduction.
+* ``'sparse'``: dropless grouped matmuls (MegaBlocks, Gale et al. 2023, "MegaBlocks: Efficient
+  Sparse Training with Mixture-of-Experts"). The T*k token-choice pairs are sorted by expert,
+  each expert's group padded to a multiple of a block of ``b`` rows, and every block multiplied
+  by its expert's kernels (``grouped_matmul``): ``(T*k + E*(b-1))/(T*k)`` times the FLOPs of
+  the chosen experts at most, ``b`` chosen so that this is <= 1 + ``MAX_BLOCK_PADDING``
+  (``block_rows``: large blocks gather fewer kernel copies, small ones pad less). Nothing is
+  dropped, so it equals ``'dense'`` up to float summation order.
+  ``jax.lax.ragged_dot`` is the same contraction, but XLA:CPU expands it into a masked matmul
+  over every group (E times the FLOPs; ``benchmarks/moe_dispatch.py`` measures it).
 * ``'capacity'``: GShard / Switch one-hot dispatch into ``C`` slots per expert (Lepikhin et al.
   2021, "GShard"; Fedus et al. 2021, "Switch Transformers"). Token-choice pairs past an expert's
   capacity are dropped and counted.
@@ -53,15 +62,22 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-DISPATCHES = ("dense", "capacity")
+DISPATCHES = ("dense", "sparse", "capacity")
+# The sparse dispatch's blocks (``block_rows``): the most rows of padding it adds, as a share of
+# the T*k token-choice pairs (the FLOPs it may add), the most rows of a block, and what one
+# block's kernel gather costs in rows of matmul (XLA:CPU, fitted to the block sizes that
+# ``benchmarks/moe_dispatch.py`` timed fastest; see benchmarks/RESULTS.md).
+MAX_BLOCK_PADDING = 0.125
+MAX_BLOCK_ROWS = 128
+BLOCK_GATHER_ROWS = 16
 
 
 class MoEStats(NamedTuple):
   """What one MoE call reports besides its output (a pytree)."""
   routes: jax.Array  # [B, S, k] int32: chosen expert ids, in top_k order (or the replayed ids)
   aux_loss: jax.Array  # [] float32: load-balancing loss over valid tokens
-  dropped: jax.Array  # [] int32: valid token-choice pairs dropped by capacity (0 for 'dense')
-  capacity: int  # slots per expert (0 for 'dense')
+  dropped: jax.Array  # [] int32: valid token-choice pairs dropped by capacity (0 if dropless)
+  capacity: int  # slots per expert (0 for the dropless 'dense' and 'sparse')
 
 
 def router_probs(logits: jax.Array) -> jax.Array:
@@ -149,6 +165,95 @@ def capacity_dispatch(routes: jax.Array, gates: jax.Array, valid: jax.Array, num
   combine = jnp.einsum("kte,ktc,tk->tec", keep.astype(dtype), slot, gates)
   dropped = jnp.sum(wants) - jnp.sum(keep)
   return dispatch, combine, dropped.astype(jnp.int32)
+
+
+def block_rows(num_pairs: int, num_experts: int) -> int:
+  """Rows ``b`` of one block of the sparse dispatch, for ``N = T*k`` token-choice pairs.
+
+  At most ``m = min(E, N)`` groups are non-empty and each wastes at most ``b - 1`` rows, so the
+  buffer holds ``R = N + m (b - 1)`` rows in ``R / b`` blocks. A block costs its rows' matmuls
+  plus one gather of its expert's kernels (and, backward, a scatter-add of their gradient),
+  about ``BLOCK_GATHER_ROWS`` rows' worth; ``R (1 + gamma / b)`` is least at
+  ``b* = sqrt(gamma (N - m) / m)``. ``b`` is ``b*`` capped so that the padding stays within
+  ``MAX_BLOCK_PADDING * N`` (the FLOPs) and ``MAX_BLOCK_ROWS``, and at least 1 (no padding).
+  """
+  groups = max(1, min(num_experts, num_pairs))
+  best = math.sqrt(BLOCK_GATHER_ROWS * max(num_pairs - groups, 0) / groups)
+  padding_cap = 1 + MAX_BLOCK_PADDING * num_pairs / groups
+  return int(max(1, min(MAX_BLOCK_ROWS, math.floor(best), math.floor(padding_cap))))
+
+
+def num_blocks(num_pairs: int, num_experts: int, block: int) -> int:
+  """Static bound on the blocks of the sparse dispatch:
+  ``sum_e ceil(n_e / b) <= (N + m (b - 1)) / b`` with ``m = min(E, N)`` non-empty groups."""
+  return (num_pairs + min(num_experts, num_pairs) * (block - 1)) // block
+
+
+class BlockLayout(NamedTuple):
+  """Where the sparse dispatch puts each token-choice pair (a pytree of int32 arrays).
+
+  The pairs ``(t, j)`` (flattened t-major, ``i = t*k + j``) sorted by expert (stably: by ``i``
+  within an expert), each expert's group starting on a block boundary of a buffer of
+  ``M = NB * b`` rows."""
+  slot: jax.Array  # [T*k]: the buffer row of pair i
+  source: jax.Array  # [M]: the token each buffer row holds, T for a padding row
+  block_expert: jax.Array  # [NB]: the expert of each block (E - 1 for unused trailing blocks)
+
+
+def sparse_layout(routes: jax.Array, num_experts: int, block: int) -> BlockLayout:
+  """The ``BlockLayout`` of routes [T, k] with ``block`` rows per block:
+
+      n_e = #{i: r_i = e},  start_e = sum_{e' < e} ceil(n_e' / b) b
+      slot_i = start_{r_i} + #{i' < i: r_i' = r_i}
+      block_expert_n = #{e: start_e + ceil(n_e / b) b <= n b}   (the group block n lies in)
+  """
+  chex.assert_rank(routes, 2)
+  num_tokens, k = routes.shape
+  n = num_tokens * k
+  experts = routes.reshape(n).astype(jnp.int32)
+  order = jnp.argsort(experts, stable=True)
+  counts = jnp.bincount(experts, length=num_experts)
+  padded = (counts + block - 1) // block * block
+  padded_end = jnp.cumsum(padded)
+  sorted_experts = experts[order]
+  # Rank of a pair within its expert: its sorted position minus the group's first position.
+  rank = jnp.arange(n) - (jnp.cumsum(counts) - counts)[sorted_experts]
+  slot = jnp.zeros(n, jnp.int32).at[order].set(
+      ((padded_end - padded)[sorted_experts] + rank).astype(jnp.int32))
+  blocks = num_blocks(n, num_experts, block)
+  source = jnp.full(blocks * block, num_tokens, jnp.int32).at[slot].set(
+      jnp.arange(n, dtype=jnp.int32) // k)
+  block_expert = jnp.searchsorted(padded_end, jnp.arange(blocks) * block, side="right")
+  return BlockLayout(slot, source, jnp.minimum(block_expert, num_experts - 1).astype(jnp.int32))
+
+
+def grouped_matmul(rows: jax.Array, kernels: jax.Array, block_expert: jax.Array) -> jax.Array:
+  """rows [NB*b, I], kernels [E, I, O], block_expert [NB] -> [NB*b, O]: block n of ``b`` rows
+  times ``kernels[block_expert[n]]`` (one batched matmul over the blocks)."""
+  blocks = block_expert.shape[0]
+  x = rows.reshape(blocks, -1, rows.shape[-1])
+  out = jnp.einsum("nbi,nio->nbo", x, kernels[block_expert])
+  return out.reshape(rows.shape[0], kernels.shape[-1])
+
+
+def sparse_experts(x: jax.Array, routes: jax.Array, gates: jax.Array, gate: jax.Array,
+                   up: jax.Array, down: jax.Array) -> jax.Array:
+  """Dropless sparse dispatch: x [T, D], routes/gates [T, k], kernels [E, D, F], [E, D, F],
+  [E, F, D] -> ``y_t = sum_j g_tj down_{r_tj}(silu(gate_{r_tj}(x_t)) * up_{r_tj}(x_t))`` [T, D].
+
+  The pairs' rows are gathered into the ``sparse_layout`` buffer (padding rows read a zero
+  row), the three projections run as ``grouped_matmul`` s, and each token gathers its k rows back
+  and sums them with its gates: no [T, E, .] tensor is formed.
+  """
+  num_tokens, k = routes.shape
+  num_experts = gate.shape[0]
+  layout = sparse_layout(routes, num_experts, block_rows(num_tokens * k, num_experts))
+  padded_x = jnp.concatenate([x, jnp.zeros((1, x.shape[-1]), x.dtype)])
+  rows = padded_x[layout.source]  # [M, D]
+  hidden = (jax.nn.silu(grouped_matmul(rows, gate, layout.block_expert))
+            * grouped_matmul(rows, up, layout.block_expert))
+  out = grouped_matmul(hidden, down, layout.block_expert)  # [M, D]
+  return jnp.einsum("tkd,tk->td", out[layout.slot].reshape(num_tokens, k, -1), gates)
 
 
 def check_routes(routes, shape: tuple, num_experts: int) -> None:
@@ -246,9 +351,9 @@ class MoE(nnx.Module):
 
     Returns ``(y [B, S, D] in the compute dtype, MoEStats)``. ``valid`` masks padding out of the
     load-balancing loss and, under ``'capacity'``, out of the expert queues (padding then outputs
-    zero; under ``'dense'`` it is computed like any token). Under replay the loss counts the
-    replayed routes, the ones the output used. Concrete ``routes`` are range-checked on the host
-    (a device-to-host copy); traced ones are not (``check_routes``).
+    zero; under ``'dense'`` and ``'sparse'`` it is computed like any token). Under replay the
+    loss counts the replayed routes, the ones the output used. Concrete ``routes`` are
+    range-checked on the host (a device-to-host copy); traced ones are not (``check_routes``).
     """
     chex.assert_rank(x, 3)
     b, s, d = x.shape
@@ -269,6 +374,9 @@ class MoE(nnx.Module):
 
     if self.dispatch == "dense":
       y = self._dense(tokens, dense_combine_weights(routes, gates, num_experts))
+      dropped, capacity = jnp.zeros((), jnp.int32), 0
+    elif self.dispatch == "sparse":
+      y = sparse_experts(tokens, routes, gates, *self._kernels())
       dropped, capacity = jnp.zeros((), jnp.int32), 0
     else:
       capacity = expert_capacity(b * s, num_experts, k, self.capacity_factor)

@@ -476,8 +476,8 @@ def _plan(config, device: str | None = None, *, model: str | None = None,
   critic_grads = critic * (2 if micro > 1 else 1)
   if cfg.moe_layers:
     warnings.append(f"{len(cfg.moe_layers)} MoE layers: activations counted as a dense MLP of "
-                    f"width F={cfg.intermediate_size}; the dispatch's [T, E, F] ('dense') or "
-                    "[T, E, C] ('capacity') tensors are not")
+                    f"width F={cfg.intermediate_size}; the dispatch's [T, E, F] ('dense'), "
+                    "[T, E, C] ('capacity') or [~T k, F] ('sparse') tensors are not")
   if rows % (mb * micro * batch_shards):
     warnings.append(f"P*G={rows} rows do not split into minibatches={mb} x micro_batches={micro}"
                     f" x {batch_shards} batch shards; rounded up")

@@ -67,7 +67,9 @@ def inference_params(cfg: ModelConfig, params: dict) -> tuple[ModelConfig, dict]
       layer["mlp"] = mlp
     params[f"layers_{i}"] = layer
   # MoE layers decode dropless (every routed token reaches its experts, as vLLM does): a
-  # capacity would depend on how many rows happen to decode together.
+  # capacity would depend on how many rows happen to decode together. Dense rather than sparse:
+  # at the few rows of a decode step the sparse dispatch's blocks are small and its kernel
+  # gathers cost more than the dense FLOPs they save on XLA:CPU (benchmarks/RESULTS.md).
   return cfg.replace(fused_qkv=fused_qkv, fused_mlp=fused_mlp, moe_dispatch="dense"), params
 
 

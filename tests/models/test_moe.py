@@ -1,6 +1,7 @@
 """The MoE block against ``transformers``' ``Qwen3MoeSparseMoeBlock`` (random weights, CPU torch),
-and its capacity dispatch, router replay and load-balancing loss against float64 NumPy loops
-written from the formulas (module docstring of ``rljax.models.moe``). Tiny shapes: cheap."""
+and its capacity and sparse dispatches, router replay and load-balancing loss against float64
+NumPy loops written from the formulas (module docstring of ``rljax.models.moe``). Tiny shapes:
+cheap."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -8,6 +9,7 @@ import pytest
 from flax import nnx
 
 from rljax.models import moe
+from tests import hf_models
 
 B, S, D, F, E, K = 2, 5, 16, 8, 4, 2
 
@@ -140,12 +142,12 @@ def test_matches_transformers_qwen3_moe_block(norm_topk_prob):
     want = hf_block(torch.from_numpy(x)).numpy()
     _, _, want_routes = hf_block.gate(torch.from_numpy(x).reshape(-1, D))
   # Capacity factor E / k: C = T, so no expert can overflow.
-  for dispatch, factor in (("dense", 1.25), ("capacity", E / K)):
+  for dispatch, factor in (("dense", 1.25), ("sparse", 1.25), ("capacity", E / K)):
     y, stats = _block(norm_topk_prob, dispatch, factor, params)(jnp.asarray(x))
     np.testing.assert_allclose(np.asarray(y), want, atol=1e-5, rtol=0, err_msg=dispatch)
     np.testing.assert_array_equal(np.asarray(stats.routes).reshape(-1, K), want_routes.numpy())
     assert int(stats.dropped) == 0
-    assert stats.capacity == (0 if dispatch == "dense" else B * S)
+    assert stats.capacity == (B * S if dispatch == "capacity" else 0)
 
 
 def test_param_tree_and_logical_axes():
@@ -183,8 +185,148 @@ def test_capacity_drops_and_combine_match_numpy_queue():
   np.testing.assert_allclose(np.asarray(y), want, atol=1e-5, rtol=0)
   assert not np.asarray(y)[1, :3].any()  # padding got no expert
 
+# ---- 3. sparse (dropless grouped-matmul) dispatch --------------------------------------------
 
-# ---- 3. router replay -------------------------------------------------------------------------
+EPS32 = float(np.finfo(np.float32).eps)
+
+
+def _sum_tolerance(n_terms, reference):
+  """Float32 error bound of sums of ``n_terms`` rounded terms, at the reference's magnitude:
+  ``n eps max|ref|`` (the classic ``n eps`` bound of recursive summation)."""
+  return n_terms * EPS32 * max(float(np.max(np.abs(np.asarray(x))))
+                               for x in jax.tree.leaves(reference))
+
+
+def _uneven_routes(seed=4, b=B, s=S):
+  """Routes [b, s, K] with expert 0 chosen by no token and expert 1 by every token (its first
+  choice); the second choice drawn from 2..E-1."""
+  rng = np.random.default_rng(seed)
+  routes = np.ones((b, s, K), np.int32)
+  routes[..., 1] = rng.integers(2, E, (b, s))
+  return routes
+
+
+def _np_layout(routes, num_experts, block):
+  """``sparse_layout`` by a loop: experts in order, each expert's pairs in t-major order, every
+  group starting on a block boundary."""
+  flat = routes.reshape(-1)
+  slot, source, block_expert, row = np.zeros(flat.size, int), {}, {}, 0
+  for e in range(num_experts):
+    pairs = [i for i in range(flat.size) if flat[i] == e]
+    for n in range(len(pairs)):
+      slot[pairs[n]] = row + n
+      source[row + n] = pairs[n] // routes.shape[1]
+    for blk in range(row // block, row // block + -(-len(pairs) // block)):
+      block_expert[blk] = e
+    row += -(-len(pairs) // block) * block
+  return slot, source, block_expert, row
+
+
+@pytest.mark.parametrize("block", [1, 3, 4])
+def test_sparse_layout_matches_numpy_loop(block):
+  routes = _uneven_routes().reshape(-1, K)
+  t = routes.shape[0]
+  layout = moe.sparse_layout(jnp.asarray(routes), E, block)
+  slot, source, block_expert, rows = _np_layout(routes, E, block)
+  np.testing.assert_array_equal(np.asarray(layout.slot), slot)
+  got_source = np.asarray(layout.source)
+  assert got_source.size == moe.num_blocks(t * K, E, block) * block >= rows
+  for r in range(got_source.size):  # every other row is padding: reads the zero row T
+    assert got_source[r] == source.get(r, t), r
+  got_experts = np.asarray(layout.block_expert)
+  assert {n: int(got_experts[n]) for n in block_expert} == block_expert
+  assert (got_experts[rows // block:] == E - 1).all()  # unused blocks: padding rows only
+
+
+@pytest.mark.parametrize("pairs,experts", [(1, 4), (20, 4), (512, 64), (8192, 64), (10**6, 8)])
+def test_block_rows_bound_the_padding(pairs, experts):
+  b = moe.block_rows(pairs, experts)
+  assert 1 <= b <= moe.MAX_BLOCK_ROWS
+  padding = moe.num_blocks(pairs, experts, b) * b - pairs
+  assert padding <= moe.MAX_BLOCK_PADDING * pairs or b == 1 and padding == 0
+  # The worst case: every expert but one holds one pair, the last one the rest.
+  worst = np.minimum(np.arange(pairs), experts - 1)
+  sizes = np.bincount(worst, minlength=experts)
+  assert (-(-sizes // b) * b).sum() <= moe.num_blocks(pairs, experts, b) * b
+
+
+def _outputs_and_grads(block, x, routes, cotangent):
+  """``(y, d sum(y * cotangent) / d(params, x))`` of an MoE module, jitted once per block."""
+  graphdef, state = nnx.split(block)
+
+  @jax.jit
+  def run(st, x, routes):
+    def loss(st, x):
+      y, _ = nnx.merge(graphdef, st)(x, None, routes)
+      return jnp.sum(y * cotangent), y
+    (_, y), grads = jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)(st, x)
+    return y, (nnx.to_pure_dict(grads[0]), grads[1])
+  return run(state, x, routes)
+
+
+@pytest.mark.parametrize("replay", [False, True])
+def test_sparse_equals_dense_outputs_and_gradients(replay):
+  params, x = _random_params(), jnp.asarray(_inputs())
+  # Replayed routes leave expert 0 without a token and give expert 1 every token.
+  routes = jnp.asarray(_uneven_routes()) if replay else None
+  cotangent = jax.random.normal(jax.random.key(5), x.shape)
+  y_dense, g_dense = _outputs_and_grads(_block(params=params), x, routes, cotangent)
+  y_sparse, g_sparse = _outputs_and_grads(_block(dispatch="sparse", params=params), x, routes,
+                                          cotangent)
+  # y sums D (gate/up), F (down) and k (experts) terms; a kernel's gradient also sums T tokens.
+  np.testing.assert_allclose(np.asarray(y_sparse), np.asarray(y_dense), rtol=0,
+                             atol=_sum_tolerance(D + F + K, y_dense))
+  tol = _sum_tolerance(B * S + D + F + K, g_dense)
+  for a, b in zip(jax.tree.leaves(g_sparse), jax.tree.leaves(g_dense)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=tol)
+  if replay:  # and both against the float64 loop
+    r = np.asarray(routes).reshape(-1, K)
+    want = _np_moe(params, x, r, _np_gates(_np_probs(params, x), r, True))
+    np.testing.assert_allclose(np.asarray(y_sparse), want, rtol=0, atol=1e-5)
+    # Expert 0 saw no token: no gradient; expert 1 saw every token.
+    assert not np.asarray(g_sparse[0]["gate_proj"])[0].any()
+    assert np.abs(np.asarray(g_sparse[0]["gate_proj"])[1]).max() > 1e-3
+
+
+def test_sparse_qwen3_moe_model_matches_transformers_and_dense(hf_dirs, left_padded_batch):
+  """The tiny Qwen3-MoE checkpoint: sparse logits against ``transformers``, and the gradient of
+  a log-prob loss against the dense dispatch's, with and without router replay."""
+  from rljax import models
+  from rljax.models import transformer
+  tokens, mask = left_padded_batch
+  cfg, params = models.load_hf(hf_dirs["qwen3_moe"])
+  valid = mask.astype(bool)
+
+  def loss_fn(cfg):
+    def loss(params, routes):
+      hidden, model, out = transformer.forward_with_routes(cfg, params, tokens, mask,
+                                                           routes=routes)
+      logits = model.logits(hidden).astype(jnp.float32)
+      logp = jnp.take_along_axis(jax.nn.log_softmax(logits[:, :-1]), tokens[:, 1:, None],
+                                 axis=-1)[..., 0]
+      return -jnp.sum(logp * (mask[:, :-1] * mask[:, 1:])), (logits, out.routes)
+    return jax.jit(jax.value_and_grad(loss, has_aux=True))
+
+  dense, sparse = loss_fn(cfg), loss_fn(cfg.replace(moe_dispatch="sparse"))
+  (_, (logits, routes)), grads = sparse(params, None)
+  theirs = hf_models.hf_logits(hf_dirs["qwen3_moe"], tokens, mask)
+  assert np.abs(np.asarray(logits) - theirs)[valid].max() <= 1e-4
+  (_, (_, dense_routes)), dense_grads = dense(params, None)
+  np.testing.assert_array_equal(np.asarray(routes), np.asarray(dense_routes))
+  # Replay of other experts (R3): each token's choices shifted by one.
+  other = (routes + 1) % cfg.num_experts
+  (_, _), replay_grads = sparse(params, other)
+  (_, _), dense_replay_grads = dense(params, other)
+  for got, want in ((grads, dense_grads), (replay_grads, dense_replay_grads)):
+    terms = tokens.size + cfg.hidden_size + cfg.moe_intermediate_size + cfg.vocab_size
+    tol = _sum_tolerance(terms, want)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+      np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=tol)
+  moe_grads = replay_grads["layers_1"]["mlp"]
+  assert np.abs(np.asarray(moe_grads["router"]["kernel"])).max() > 0
+
+
+# ---- 4. router replay -------------------------------------------------------------------------
 
 
 def test_replay_of_own_routes_is_identical():
@@ -198,10 +340,11 @@ def test_replay_of_own_routes_is_identical():
     assert float(stats_replay.aux_loss) == float(stats.aux_loss)
 
 
-@pytest.mark.parametrize("norm_topk_prob", [True, False])
-def test_replay_of_other_routes_uses_current_probs(norm_topk_prob):
+@pytest.mark.parametrize("norm_topk_prob,dispatch", [(True, "dense"), (False, "dense"),
+                                                     (True, "sparse")])
+def test_replay_of_other_routes_uses_current_probs(norm_topk_prob, dispatch):
   params, x = _random_params(), _inputs()
-  block = _block(norm_topk_prob, "dense", params=params)
+  block = _block(norm_topk_prob, dispatch, params=params)
   _, stats = block(jnp.asarray(x))
   other = (np.asarray(stats.routes) + 1) % E  # still k distinct experts per token
   graphdef, state = nnx.split(block)
@@ -234,7 +377,7 @@ def test_replay_keeps_the_router_gradient():
   np.testing.assert_allclose(replayed, np.asarray(router_grads(None)), atol=1e-6, rtol=1e-5)
 
 
-# ---- 4. load-balancing loss -------------------------------------------------------------------
+# ---- 5. load-balancing loss -------------------------------------------------------------------
 
 
 def test_load_balancing_loss_matches_transformers_formula():
@@ -271,7 +414,7 @@ def test_block_aux_loss_is_the_loss_of_its_routing():
                              rtol=1e-5)
 
 
-# ---- 5. bad inputs ----------------------------------------------------------------------------
+# ---- 6. bad inputs ----------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("shape", [(B * S, K), (B, S, K + 1), (B, S + 1, K), (B, S, K, 1)])
@@ -292,7 +435,7 @@ def test_out_of_range_routes_raise(bad):
 
 def test_bad_constructor_arguments_raise():
   with pytest.raises(ValueError, match="allowed"):
-    _block(dispatch="sparse")
+    _block(dispatch="ragged")
   with pytest.raises(ValueError, match="experts_per_token"):
     _block(k=E + 1)
   with pytest.raises(ValueError, match="capacity_factor"):

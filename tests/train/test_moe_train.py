@@ -32,7 +32,7 @@ def test_grpo_runs_on_tiny_qwen3_and_qwen3_moe(family, tmp_path):
       assert json.load(f)["algo"]["router_aux_coef"] == 0.001  # the checkpoint's default
     for record in steps:
       assert record["moe/route_mismatch_update"] == 0.0  # R3: the sampler's experts
-      assert record["moe/dropped"] == 0.0  # dense dispatch drops nothing
+      assert record["moe/dropped"] == 0.0  # the sparse dispatch (the default) drops nothing
       # E * sum_e f_e P_e >= k = 2 (equality at a uniform router), Fedus et al. eq. 4.
       assert record["moe/aux_loss"] >= 2.0 - 1e-4
       assert record["router_balance_loss"] == pytest.approx(record["moe/aux_loss"], rel=1e-5)

@@ -1,6 +1,6 @@
 """Run with 8 simulated CPU devices (XLA_FLAGS set by the test): a tiny Qwen3-MoE placed by the
 partition rules on meshes with an ``expert`` axis, its logits and the gradient of a log-prob
-loss compared with one device's, for both MoE dispatches. Prints one JSON line per (dispatch,
+loss compared with one device's, for every MoE dispatch. Prints one JSON line per (dispatch,
 mesh).
 
 Arguments: meshes as ``data,fsdp,expert,tensor`` (``mesh_lib.AXES`` order).
@@ -87,7 +87,8 @@ def main(meshes):
   params = jax.jit(lambda: transformer.init_params(CFG, seed=0),
                    compiler_options=FAST_COMPILE)()
   axes, shapes = transformer.logical_axes(CFG), transformer.param_shapes(CFG)
-  steps = {d: loss_and_logits(CFG.replace(moe_dispatch=d)) for d in ("dense", "capacity")}
+  steps = {d: loss_and_logits(CFG.replace(moe_dispatch=d))
+           for d in ("dense", "sparse", "capacity")}
   refs = {d: jax.jit(step, compiler_options=FAST_COMPILE)(params, tokens, mask)
           for d, step in steps.items()}
   for shape in meshes:
@@ -114,6 +115,10 @@ def main(meshes):
       out["loss_diff"] = abs(float(loss) - float(ref_loss))
       out["routes_equal"] = bool((np.asarray(routes) == np.asarray(ref_routes)).all())
       out["dropped"] = [int(dropped), int(ref_dropped)]
+      # The dropless dispatches against each other, sharded against one device's dense.
+      (_, (dense_logits, _, _)), dense_grads = refs["dense"]
+      out["vs_dense_logits_rel_diff"] = max_diff(logits, dense_logits) / max_abs(dense_logits)
+      out["vs_dense_grad_rel_diff"] = max_diff(grads, dense_grads) / max_abs(dense_grads)
       out["grad_expert_specs"] = {k: str(grads[MOE]["mlp"][k].sharding.spec)
                                   for k in EXPERT_KERNELS}
       out["gathered_experts"] = gathered_experts(compiled.as_text())
