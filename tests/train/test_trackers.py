@@ -11,6 +11,9 @@ import os
 import struct
 
 import pytest
+import wandb  # installed by the test bootstrap (rljax[wandb])
+from mlflow.tracking import MlflowClient  # installed by the test bootstrap (rljax[mlflow])
+from wandb.proto import wandb_internal_pb2
 
 from rljax import cli, config_loader
 from rljax.algos.usage import UnusedKeyError
@@ -19,11 +22,6 @@ from rljax.train import trackers
 from rljax.train.metrics import eval_table, read_jsonl
 from rljax.train.run_dir import flatten_config
 from tests.train import tiny
-
-wandb = pytest.importorskip("wandb")  # installed by the test bootstrap (rljax[wandb])
-mlflow = pytest.importorskip("mlflow")  # installed by the test bootstrap (rljax[mlflow])
-from mlflow.tracking import MlflowClient  # noqa: E402
-from wandb.proto import wandb_internal_pb2  # noqa: E402
 
 BASE = os.path.join(tiny.ROOT, "configs", "base.py")
 
