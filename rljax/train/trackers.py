@@ -16,6 +16,7 @@ on. A tracker whose package is missing is a start-up error naming the extra to i
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import logging
@@ -249,6 +250,13 @@ def check_config(config) -> None:
 
 
 def factory(config) -> Callable[[str, int | None], list]:
-  """The ``MetricsWriter(loggers=...)`` argument of ``config``: its ``train.loggers`` in order."""
-  return lambda run_dir, start: [LOGGERS[name](config, start) for name in config.train.loggers]
+  """The ``MetricsWriter(loggers=...)`` argument of ``config``: its ``train.loggers`` in order.
+  A fresh run first drops the tracker ids an earlier run left in its run dir: they are not its
+  runs, and a later resume must not continue them."""
+  def make(run_dir: str, start: int | None) -> list:
+    if not config.train.resume:
+      with contextlib.suppress(FileNotFoundError):
+        os.remove(os.path.join(run_dir, IDS_FILE))
+    return [LOGGERS[name](config, start) for name in config.train.loggers]
+  return make
 

@@ -248,3 +248,16 @@ def test_sweep_groups_tracked_runs_by_study(tmp_path):
   assert all("train.tracker_group" not in dict(s.overrides)
              for s in runner.plan_runs(untracked, str(tmp_path)))
 
+
+
+def test_a_fresh_run_drops_the_tracker_ids_an_earlier_run_left(tmp_path):
+  run_dir = str(tmp_path)
+  earlier = {"mlflow": {"run_id": "0123", "tracking_uri": "file:///elsewhere"}}
+  with open(os.path.join(run_dir, trackers.IDS_FILE), "w") as f:
+    json.dump(earlier, f)
+  for resume, kept in (("true", earlier), ("false", {})):
+    config = config_loader.load_config(BASE, [("train.run_dir", run_dir),
+                                              ("train.resume", resume)])
+    for logger in trackers.factory(config)(run_dir, 0):
+      logger.close()
+    assert trackers.read_ids(run_dir) == kept
