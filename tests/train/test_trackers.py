@@ -19,7 +19,7 @@ from rljax import cli, config_loader
 from rljax.algos.usage import UnusedKeyError
 from rljax.errors import StartupError
 from rljax.train import trackers
-from rljax.train.metrics import eval_table, read_jsonl
+from rljax.train.metrics import MetricsWriter, eval_table, read_jsonl
 from rljax.train.run_dir import flatten_config
 from tests.train import tiny
 
@@ -261,3 +261,37 @@ def test_a_fresh_run_drops_the_tracker_ids_an_earlier_run_left(tmp_path):
     for logger in trackers.factory(config)(run_dir, 0):
       logger.close()
     assert trackers.read_ids(run_dir) == kept
+
+
+def test_side_streams_reach_the_trackers(tmp_path, monkeypatch):
+  """Critic pre-training's stream: MLflow metrics ``pretrain/<key>`` at their own steps, one W&B
+  table (W&B's history has one step axis, which the main stream holds)."""
+  monkeypatch.setenv("WANDB_MODE", "offline")
+  monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+  store = f"file://{tmp_path / 'mlruns'}"
+  run_dir = str(tmp_path / "run")
+  config = config_loader.load_config(BASE, [
+      ("train.run_dir", run_dir), ("train.loggers", "('jsonl', 'wandb', 'mlflow')"),
+      ("train.mlflow_tracking_uri", store)])
+  losses = [1.0, 0.5, 0.25]
+  with MetricsWriter(run_dir, enabled=True, progress_total=None, progress=False, start_step=0,
+                     loggers=trackers.factory(config)) as writer:
+    writer.write(0, {"eval_accuracy": 0.5})
+    for i, loss in enumerate(losses):
+      writer.write_named("pretrain", i, {"value_loss": loss})
+    writer.write(1, {"loss": 2.0})
+  (run,) = wandb_offline_runs(run_dir)
+  assert run["history"][0] == {"eval_accuracy": 0.5, **{k: run["history"][0][k]
+                                                        for k in ("_runtime", "_timestamp")}}
+  # A table is a file of the run; its history cell (nested keys) holds the path.
+  (path,) = [row["pretrain/path"] for row in run["history"].values() if "pretrain/path" in row]
+  (files,) = glob.glob(os.path.join(run_dir, "wandb", "offline-run-*", "files"))
+  with open(os.path.join(files, path)) as f:
+    table = json.load(f)
+  assert table["columns"] == ["step", "value_loss"]
+  assert table["data"] == [[i, loss] for i, loss in enumerate(losses)]
+  client = MlflowClient(store)
+  run_id = trackers.read_ids(run_dir)["mlflow"]["run_id"]
+  history = client.get_metric_history(run_id, "pretrain/value_loss")
+  assert sorted((m.step, m.value) for m in history) == list(enumerate(losses))
+  assert [(m.step, m.value) for m in client.get_metric_history(run_id, "loss")] == [(1, 2.0)]
