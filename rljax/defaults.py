@@ -20,13 +20,13 @@ ROLLOUT_LEVELS = ("none", "token", "sequence", "geometric")
 MESH_AXIS = integer(1, also=(-1,))  # any one axis may be -1: the devices the others leave
 MODEL_FAMILY = Check(lambda v: isinstance(v, str) and v in supported_model_types(),
                      "a registered model family (HF model_type)", str)
-MODEL_DIM = integer(1, 2**20)
+MODEL_DIM = integer(1, 2**20)  # a model dimension; larger ones overflow int32 shapes, never fit
 STRING_TUPLE = Check(lambda v: isinstance(v, (tuple, list)) and all(isinstance(t, str) for t in v),
                      "a tuple of strings", tuple)
 # The names themselves are looked up in rljax.train.trackers.LOGGERS at start-up.
 LOGGER_NAMES = Check(lambda v: isinstance(v, (tuple, list)) and "jsonl" in v
                      and all(isinstance(n, str) for n in v),
-                     "a tuple of logger names that includes 'jsonl'", tuple)  # a model dimension; larger ones overflow int32 shapes, never fit
+                     "a tuple of logger names that includes 'jsonl'", tuple)
 
 KEYS = (
     Key("seed", 0, SEED, "the run's seed: model init, sampling, shuffling, Clip-Cov draws"),
