@@ -30,6 +30,9 @@ setup(
         "hf": ["torch==2.13.0", "datasets>=3.0"],
         "tpu": ["jax[tpu]"],
         "gpu": ["jax[cuda12]"],
+        # Experiment trackers (train.loggers): W&B, and MLflow's tracking client.
+        "wandb": ["wandb>=0.19.10"],
+        "mlflow": ["mlflow-skinny>=3.0"],
         # benchmarks/train_step.py's second peer: TRL's GRPOTrainer (CPU).
         "bench": ["torch==2.13.0", "trl==1.16.0", "datasets>=3.0"],
     },

@@ -21,6 +21,12 @@ MESH_AXIS = integer(1, also=(-1,))  # any one axis may be -1: the devices the ot
 MODEL_FAMILY = Check(lambda v: isinstance(v, str) and v in supported_model_types(),
                      "a registered model family (HF model_type)", str)
 MODEL_DIM = integer(1, 2**20)  # a model dimension; larger ones overflow int32 shapes, never fit
+STRING_TUPLE = Check(lambda v: isinstance(v, (tuple, list)) and all(isinstance(t, str) for t in v),
+                     "a tuple of strings", tuple)
+# The names themselves are looked up in rljax.train.trackers.LOGGERS at start-up.
+LOGGER_NAMES = Check(lambda v: isinstance(v, (tuple, list)) and "jsonl" in v
+                     and all(isinstance(n, str) for n in v),
+                     "a tuple of logger names that includes 'jsonl'", tuple)
 
 KEYS = (
     Key("seed", 0, SEED, "the run's seed: model init, sampling, shuffling, Clip-Cov draws"),
@@ -303,6 +309,20 @@ KEYS = (
     Key("train.compilation_cache", True, BOOL,
         "keep compiled XLA programs in run_dir/xla_cache (in JAX_COMPILATION_CACHE_DIR instead "
         "where that is set), so a restarted or resumed run loads them instead of compiling again"),
+    Key("train.loggers", ("jsonl", "tensorboard"), LOGGER_NAMES,
+        "where metrics go: jsonl (run_dir/metrics.jsonl, always on) | tensorboard | wandb | "
+        "mlflow (docs/integrations.md)"),
+    Key("train.tracker_project", "rljax", NONEMPTY,
+        "wandb/mlflow loggers: the W&B project, the MLflow experiment"),
+    Key("train.tracker_run_name", "", STRING,
+        "wandb/mlflow loggers: the run's name; '' = the run dir's name"),
+    Key("train.tracker_group", "", STRING,
+        "wandb/mlflow loggers: the W&B group, the MLflow tag rljax.group ('' = none); "
+        "`rljax sweep` sets it to the study's name"),
+    Key("train.tracker_tags", (), STRING_TUPLE, "wandb/mlflow loggers: the run's tags"),
+    Key("train.mlflow_tracking_uri", "", STRING,
+        "mlflow logger: the tracking server or store; '' = MLflow's own default "
+        "(MLFLOW_TRACKING_URI)"),
     Key("train.max_skipped_steps", 10, integer(0),
         "stop after this many consecutive steps whose every update was skipped as non-finite; "
         "0 = never"),

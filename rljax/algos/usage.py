@@ -43,6 +43,10 @@ CONDITIONAL: Dict[str, Condition] = {
                            "algo.loss_agg='seq_mean_token_sum_norm'"),
 }
 CRITIC_KEYS = ("lr", "value_clip", "pretrain_steps")  # read with critic.enabled=True
+# train.* keys -> the loggers (train.loggers) that read them (rljax.train.trackers).
+TRACKER_KEYS = {"tracker_project": ("wandb", "mlflow"), "tracker_run_name": ("wandb", "mlflow"),
+                "tracker_group": ("wandb", "mlflow"), "tracker_tags": ("wandb", "mlflow"),
+                "mlflow_tracking_uri": ("mlflow",)}
 
 
 class UnusedKeyError(ConfigError):
@@ -103,6 +107,17 @@ def check_unused(algo: Mapping[str, Any], algorithm, critic=None, reward=None) -
       "reward.overlong_penalty", reward["overlong_penalty"]):
     raise UnusedKeyError(f"reward.overlong_penalty={reward['overlong_penalty']!r} is not used: "
                          "the overlong punishment is off (reward.overlong_buffer=0)")
+
+
+def check_unused_train(train: Mapping[str, Any]) -> None:
+  """Raises ``UnusedKeyError`` for a ``TRACKER_KEYS`` key that differs from its default while
+  ``train.loggers`` names none of the loggers that read it."""
+  for key, loggers in TRACKER_KEYS.items():
+    if _differs(f"train.{key}", train[key]) and not set(loggers) & set(train["loggers"]):
+      raise UnusedKeyError(
+          f"train.{key}={train[key]!r} is not used: it is read by the "
+          f"{' and '.join(loggers)} logger{'s' if len(loggers) > 1 else ''}, and train.loggers="
+          f"{tuple(train['loggers'])!r} names none; add one or leave the key at its default")
 
 
 def _described(algo, algorithm) -> str:

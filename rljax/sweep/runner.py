@@ -33,13 +33,16 @@ import sys
 import time
 from typing import Callable, Iterable
 
+from rljax.algos import usage
 from rljax.sweep import study as study_lib
 
 WALL_FILE = "sweep_wall.json"  # per run dir: wall time and exit status of each attempt
 LOG_FILE = "sweep.log"  # per run dir: stdout and stderr of the train subprocess
 # Keys that change neither what a run computes nor its results: a run dir written with other
 # values (or before the key existed) is the same run.
-_IGNORED_CONFIG_KEYS = {"train.resume", "train.progress", "train.compilation_cache"}
+_IGNORED_CONFIG_KEYS = {"train.resume", "train.progress", "train.compilation_cache",
+                        "train.loggers", "train.tracker_project", "train.tracker_run_name",
+                        "train.tracker_group", "train.tracker_tags", "train.mlflow_tracking_uri"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,6 +84,10 @@ def plan_runs(study: study_lib.Study, root: str,
       per_run = extra + (("seed", str(seed)), ("data.train_seed", str(seed)),
                          ("train.run_dir", run_dir))
       config = study_lib.variant_config(study, variant, per_run)
+      if set(config.train.loggers) & set(usage.TRACKER_KEYS["tracker_group"]):
+        # W&B/MLflow runs of a study: one group per study, named by variant and seed.
+        per_run += (("train.tracker_group", study.name),
+                    ("train.tracker_run_name", f"{study.name}/{variant.name}/seed{seed}"))
       sft_dir = None
       if config.model.source == "sft":
         sft_dir = os.path.abspath(os.path.join(root, "_sft", f"seed{seed}-{_sft_key(config)}"))

@@ -29,7 +29,8 @@ from rljax.train import step as step_lib
 from rljax.train import update as update_lib
 from rljax.train.generation import Generator
 from rljax.train.checkpoint import Checkpointer
-from rljax.train.metrics import MetricsWriter
+from rljax.train import trackers
+from rljax.train.metrics import MetricsWriter, write_eval_table
 from rljax.train import state as state_lib
 from rljax.train.state import TrainState, create_state, make_optimizer, total_updates
 
@@ -395,6 +396,7 @@ def prepare(config) -> Prepared:
   run_dir_lib.check_path(config.train.run_dir)
   algo = _startup(resolve, config)
   check_reward_fn(config)
+  trackers.check_config(config)
   _startup(step_lib.check_update_schedule, config)
   distributed.initialize(config.dist)
   tokenizer = tokenizer_lib.load_tokenizer(config.data.tokenizer, config.data.chat_template)
@@ -438,7 +440,8 @@ def build_run(config, prepared: Prepared | None = None) -> Run:
                           "to continue it, or choose another train.run_dir")
   writer = MetricsWriter(run_dir, enabled=distributed.is_main_process(),
                          progress_total=config.train.steps, progress=config.train.progress,
-                         start_step=start)
+                         start_step=start, loggers=trackers.factory(config))
+  writer.log_config(json.loads(config.to_json_best_effort()))
   if distributed.is_main_process():
     os.makedirs(run_dir, exist_ok=True)
     with open(os.path.join(run_dir, "config.json"), "w") as f:
@@ -476,6 +479,10 @@ def finish(run) -> None:
     if cfg.train.export_hf:
       models.save_hf(os.path.join(cfg.train.run_dir, "hf"), run.generator.model.cfg, params)
     from rljax.train.plot import plot_run
-    plot_run(os.path.join(cfg.train.run_dir, "metrics.jsonl"),
-             os.path.join(cfg.train.run_dir, "curves.png"))
+    jsonl = os.path.join(cfg.train.run_dir, "metrics.jsonl")
+    artifacts = [os.path.join(cfg.train.run_dir, name) for name in ("curves.png", "evals.csv")]
+    plot_run(jsonl, artifacts[0])
+    write_eval_table(jsonl, artifacts[1])
+    for path in artifacts:
+      run.writer.log_artifact(path)
   run.writer.close()

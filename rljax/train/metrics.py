@@ -1,4 +1,7 @@
-"""Metrics sinks of the RL loop: a JSON-lines file, TensorBoard, and a live progress bar.
+"""Metrics sinks of the RL loop: loggers behind one protocol, and a live progress bar.
+
+``MetricsWriter`` sends every record to the run's loggers (``Logger``): a JSON-lines file and
+TensorBoard here, W&B and MLflow in ``rljax.train.trackers`` (``train.loggers``).
 
 ``run_dir/metrics.jsonl`` holds one JSON object per ``write`` call: ``{"step": int, key: float,
 ...}``. Non-finite values (NaN, +-inf) are written as ``null`` because ``NaN`` is not JSON and
@@ -14,13 +17,17 @@ checkpoint was saved); everything after it (later steps, and the final eval writ
 by a run that finished or was killed during its final export) is about to be written again and is
 dropped. TensorBoard purges its events after ``s``. So the finished file equals an uninterrupted
 run's record for record, however often the run was killed and resumed.
+
+``evals.csv``: the eval records of ``metrics.jsonl`` as a table (``write_eval_table``), one row
+per eval step, written with ``curves.png`` when a run finishes.
 """
 from __future__ import annotations
 
+import csv
 import json
 import math
 import os
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping, Protocol
 
 import numpy as np
 
@@ -28,8 +35,115 @@ DEFAULT_POSTFIX = ("reward_mean", "accuracy", "entropy", "kl", "len_mean", "sec_
 MAIN = "metrics"  # the main stream: run_dir/metrics.jsonl, TensorBoard run_dir/tb
 
 
+class Logger(Protocol):
+  """Where a run's records go (JSON lines, TensorBoard, ``rljax.train.trackers``' W&B and
+  MLflow). ``MetricsWriter`` calls it on the main process only, with finite-or-not python floats.
+
+  ``log``: one record of ``stream`` (``MAIN``, or a side stream such as ``'pretrain'``) at
+  ``step``. ``log_config``: the resolved config (nested dict), once at start. ``log_artifact``: a
+  finished file of the run (``curves.png``, ``evals.csv``). ``close``: flush and release.
+  """
+
+  def log(self, step: int, metrics: Mapping[str, float], stream: str = MAIN) -> None: ...
+
+  def log_config(self, config: Mapping[str, Any]) -> None: ...
+
+  def log_artifact(self, path: str) -> None: ...
+
+  def close(self) -> None: ...
+
+
+class JsonlLogger:
+  """``run_dir/<stream>.jsonl``: the run's own record (module docstring), read back by resumes,
+  ``curves.png``, sweeps and ``rljax eval``. The config is ``config.json`` (written when the run
+  dir is claimed) and artifacts are files of the run dir already, so both are no-ops here."""
+
+  def __init__(self, run_dir: str, start_step: int | None = None):
+    self.run_dir, self.start_step = run_dir, start_step
+    self._files: dict = {}
+    self._open(MAIN)
+
+  def _open(self, stream: str):
+    """The stream's file, opened (and cut back) on first use. The main stream shares its step
+    axis with the checkpoints, so a resume cuts it after ``start_step``; side streams (critic
+    pre-training) do not: they are kept unless the run is fresh."""
+    if stream not in self._files:
+      fresh = self.start_step == 0
+      path = os.path.join(self.run_dir, f"{stream}.jsonl")
+      if os.path.exists(path):
+        if fresh:
+          os.remove(path)  # a run starting from step 0 rewrites everything
+        else:  # also repairs a torn last line
+          truncate_jsonl(path, keep_through=self.start_step if stream == MAIN else None)
+      self._files[stream] = open(path, "a", encoding="utf-8")
+    return self._files[stream]
+
+  def log(self, step: int, metrics: Mapping[str, float], stream: str = MAIN) -> None:
+    record = {"step": int(step),
+              **{k: (v if math.isfinite(v) else None) for k, v in metrics.items()}}
+    handle = self._open(stream)
+    # One write call per line, flushed: a kill leaves at most one torn last line, which the next
+    # reader or writer drops.
+    handle.write(json.dumps(record, allow_nan=False) + "\n")
+    handle.flush()
+
+  def log_config(self, config: Mapping[str, Any]) -> None:
+    pass
+
+  def log_artifact(self, path: str) -> None:
+    pass
+
+  def close(self) -> None:
+    for handle in self._files.values():
+      handle.close()
+    self._files.clear()
+
+
+class TensorBoardLogger:
+  """``run_dir/tb`` (main stream) and ``run_dir/tb/<stream>``: each stream has its own directory
+  because a purge hides every tag of a directory. A resume purges the main stream's events after
+  ``start_step``, as the JSON-lines truncation does. Config and artifacts are not sent: they are
+  files of the run dir."""
+
+  def __init__(self, run_dir: str, start_step: int | None = None):
+    self.run_dir, self.start_step = run_dir, start_step
+    self._writers: dict = {}
+    self._open(MAIN)
+
+  def _open(self, stream: str):
+    if stream not in self._writers:
+      fresh = self.start_step == 0
+      keep_through = self.start_step if stream == MAIN and not fresh else None
+      purge = 0 if fresh else (None if keep_through is None else keep_through + 1)
+      logdir = os.path.join(self.run_dir, "tb", "" if stream == MAIN else stream)
+      self._writers[stream] = _summary_writer(logdir, purge)
+    return self._writers[stream]
+
+  def log(self, step: int, metrics: Mapping[str, float], stream: str = MAIN) -> None:
+    writer = self._open(stream)
+    for key, value in metrics.items():
+      writer.add_scalar(key, value, int(step))
+    writer.flush()
+
+  def log_config(self, config: Mapping[str, Any]) -> None:
+    pass
+
+  def log_artifact(self, path: str) -> None:
+    pass
+
+  def close(self) -> None:
+    for writer in self._writers.values():
+      writer.close()
+    self._writers.clear()
+
+
+def default_loggers(run_dir: str, start_step: int | None) -> list:
+  """Today's sinks: JSON lines and TensorBoard."""
+  return [JsonlLogger(run_dir, start_step), TensorBoardLogger(run_dir, start_step)]
+
+
 class MetricsWriter:
-  """Writes per-step scalars to ``run_dir`` and shows progress.
+  """Sends per-step scalars to the run's loggers and shows progress.
 
   Args:
     run_dir: the run's directory (created on demand).
@@ -39,69 +153,62 @@ class MetricsWriter:
     start_step: where this run starts (module docstring); None leaves existing files as they are
       and appends to them.
     postfix_keys: metrics shown in the bar's postfix when present.
+    loggers: ``(run_dir, start_step) -> [Logger, ...]``, called on the main process only
+      (default: JSON lines and TensorBoard; ``rljax.train.trackers.factory`` adds W&B/MLflow).
   """
 
   def __init__(self, run_dir: str, *, enabled: bool, progress_total: int | None,
                progress: bool, start_step: int | None = None,
-               postfix_keys: Iterable[str] = DEFAULT_POSTFIX):
+               postfix_keys: Iterable[str] = DEFAULT_POSTFIX,
+               loggers: Callable[[str, int | None], list] = default_loggers):
     self.run_dir = run_dir
     self.enabled = enabled
     self.start_step = start_step
     self.postfix_keys = tuple(postfix_keys)
-    self._streams: dict[str, _Stream] = {}
+    self.loggers: list = []
     self._bar = None
     if not enabled:
       return
     os.makedirs(run_dir, exist_ok=True)
-    self._stream(MAIN)
+    self.loggers = list(loggers(run_dir, start_step))
     if progress:
       self._bar = _progress_bar(progress_total, start_step or 0)
-
-  def _stream(self, name: str) -> "_Stream":
-    """The JSON-lines file and TensorBoard writer of a stream, opened (and cut back) on first use.
-
-    The main stream shares its step axis with the checkpoints, so a resume cuts it after
-    ``start_step``. Side streams (critic pre-training) do not: they are kept unless the run is
-    fresh. Each stream has its own TensorBoard directory because a purge hides every tag of a
-    directory.
-    """
-    if name not in self._streams:
-      fresh = self.start_step == 0
-      keep_through = self.start_step if name == MAIN and not fresh else None
-      path = os.path.join(self.run_dir, f"{name}.jsonl")
-      if os.path.exists(path):
-        if fresh:
-          os.remove(path)  # a run starting from step 0 rewrites everything
-        else:
-          truncate_jsonl(path, keep_through=keep_through)  # also repairs a torn last line
-      purge = 0 if fresh else (None if keep_through is None else keep_through + 1)
-      logdir = os.path.join(self.run_dir, "tb", "" if name == MAIN else name)
-      self._streams[name] = _Stream(open(path, "a", encoding="utf-8"),
-                                    _summary_writer(logdir, purge))
-    return self._streams[name]
 
   # --- writing ----------------------------------------------------------------------------
 
   def write(self, step: int, metrics: Mapping[str, Any]) -> None:
-    """Record ``metrics`` (scalars) at ``step``: one JSON line, TensorBoard, progress bar.
+    """Record ``metrics`` (scalars) at ``step`` in every logger and move the progress bar.
 
     ``step`` counts completed updates; the bar moves to it."""
     if not self.enabled:
       return
     values = _floats(metrics)
-    self._stream(MAIN).write(step, values)
+    for logger in self.loggers:
+      logger.log(step, values)
     if self._bar is not None:
       self._advance(step, values)
 
   def write_named(self, name: str, step: int, metrics: Mapping[str, Any]) -> None:
-    """Record a side stream (e.g. critic pre-training) in ``<name>.jsonl`` and ``tb/<name>``;
-    the progress bar does not move."""
+    """Record a side stream (e.g. critic pre-training: ``<name>.jsonl``, ``tb/<name>``); the
+    progress bar does not move."""
     if not self.enabled:
       return
     if not name.isidentifier() or name == MAIN:
       raise ValueError(f"write_named: stream name must be an identifier other than {MAIN!r}, "
                        f"got {name!r}")
-    self._stream(name).write(step, _floats(metrics))
+    values = _floats(metrics)
+    for logger in self.loggers:
+      logger.log(step, values, stream=name)
+
+  def log_config(self, config: Mapping[str, Any]) -> None:
+    """The resolved config (a nested dict), to every logger; once, at the start of a run."""
+    for logger in self.loggers:
+      logger.log_config(config)
+
+  def log_artifact(self, path: str) -> None:
+    """A finished file of the run (``curves.png``, ``evals.csv``), to every logger."""
+    for logger in self.loggers:
+      logger.log_artifact(path)
 
   def _advance(self, step: int, values: dict[str, float]) -> None:
     """Move the bar forward to ``step`` and show the key figures."""
@@ -121,10 +228,10 @@ class MetricsWriter:
       print(text, flush=True)
 
   def close(self) -> None:
-    """Flush and close files, TensorBoard and the bar (idempotent)."""
-    for stream in self._streams.values():
-      stream.close()
-    self._streams.clear()
+    """Flush and close every logger and the bar (idempotent)."""
+    loggers, self.loggers = self.loggers, []
+    for logger in loggers:
+      logger.close()
     if self._bar is not None:
       self._bar.close()
       self._bar = None
@@ -134,28 +241,6 @@ class MetricsWriter:
 
   def __exit__(self, *exc) -> None:
     self.close()
-
-
-class _Stream:
-  """One JSON-lines file plus its TensorBoard writer."""
-
-  def __init__(self, handle, tb):
-    self.handle, self.tb = handle, tb
-
-  def write(self, step: int, values: dict[str, float]) -> None:
-    record = {"step": int(step),
-              **{k: (v if math.isfinite(v) else None) for k, v in values.items()}}
-    # One write call per line, flushed: a kill leaves at most one torn last line, which the next
-    # reader or writer drops.
-    self.handle.write(json.dumps(record, allow_nan=False) + "\n")
-    self.handle.flush()
-    for key, value in values.items():
-      self.tb.add_scalar(key, value, int(step))
-    self.tb.flush()
-
-  def close(self) -> None:
-    self.handle.close()
-    self.tb.close()
 
 
 # --- reading and reducing ------------------------------------------------------------------------
@@ -205,6 +290,23 @@ def summarize(values: Mapping[str, Any]) -> dict[str, float]:
     if count != 0:
       out[key] = total / count
   return out
+
+
+def eval_table(records: Iterable[Mapping[str, Any]]) -> tuple[list[str], list[list]]:
+  """``(columns, rows)`` of the eval records (those with an ``eval_*`` key): ``step`` and every
+  ``eval_*`` key any of them holds, sorted; one row per record, ``None`` where it lacks a key."""
+  evals = [r for r in records if any(k.startswith("eval_") for k in r)]
+  keys = sorted({k for r in evals for k in r if k.startswith("eval_")})
+  return ["step", *keys], [[r["step"], *(r.get(k) for k in keys)] for r in evals]
+
+
+def write_eval_table(jsonl_path: str, csv_path: str) -> None:
+  """``eval_table`` of a JSON-lines file as CSV (null values as empty cells)."""
+  columns, rows = eval_table(read_jsonl(jsonl_path))
+  with open(csv_path, "w", newline="", encoding="utf-8") as f:
+    out = csv.writer(f)
+    out.writerow(columns)
+    out.writerows([["" if v is None else v for v in row] for row in rows])
 
 
 # --- helpers ------------------------------------------------------------------------------------

@@ -1,0 +1,262 @@
+"""Experiment trackers: W&B and MLflow as loggers (``rljax.train.metrics.Logger``), chosen by name.
+
+``train.loggers`` names the run's loggers in ``LOGGERS``: ``jsonl`` (always: the run's own
+record), ``tensorboard``, ``wandb``, ``mlflow``. A tracker gets every record ``metrics.jsonl``
+gets, at the same step; side streams (critic pre-training) as ``<stream>/<key>`` metrics in
+MLflow and as one ``<stream>`` table in W&B (its history has a single step axis); the resolved
+config once, when the tracker's run is created; and the finished ``curves.png`` and ``evals.csv``.
+
+**Resume.** The tracker run's id is kept in ``run_dir/trackers.json``. A run started with
+``train.resume=True`` continues the W&B / MLflow run recorded there (a tracker added on resume
+starts a new one); a fresh run replaces the record.
+
+**Failures.** A tracker that raises (no network, a quota, a server error), when it starts or at any
+call, is reported in one warning line and switched off for the rest of the run; training goes
+on. A tracker whose package is missing is a start-up error naming the extra to install.
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import logging
+import os
+import re
+import secrets
+import time
+from typing import Any, Callable, Mapping
+
+from rljax.algos import usage
+from rljax.errors import StartupError
+from rljax.train.metrics import MAIN, JsonlLogger, TensorBoardLogger
+from rljax.train.run_dir import flatten_config
+
+logger = logging.getLogger(__name__)
+
+IDS_FILE = "trackers.json"  # {"wandb": run id, "mlflow": {"run_id": ..., "tracking_uri": ...}}
+
+
+# --- the run's tracker ids -----------------------------------------------------------------------
+
+def read_ids(run_dir: str) -> dict:
+  try:
+    with open(os.path.join(run_dir, IDS_FILE)) as f:
+      return json.load(f)
+  except (OSError, ValueError):
+    return {}
+
+
+def _store_id(run_dir: str, name: str, value) -> None:
+  """Record a tracker's run id (atomically), so that a resume finds it."""
+  ids = dict(read_ids(run_dir), **{name: value})
+  path = os.path.join(run_dir, IDS_FILE)
+  tmp = f"{path}.tmp-{os.getpid()}"
+  with open(tmp, "w") as f:
+    json.dump(ids, f)
+  os.replace(tmp, path)
+
+
+def run_name(config) -> str:
+  return config.train.tracker_run_name or os.path.basename(
+      os.path.normpath(os.path.abspath(config.train.run_dir)))
+
+
+# --- W&B -----------------------------------------------------------------------------------------
+
+class WandbLogger:
+  """One W&B run, its files under ``run_dir/wandb`` (``WANDB_MODE=offline`` keeps it there;
+  ``wandb sync`` uploads it later). Entity, API key and mode come from W&B's own environment
+  variables."""
+
+  def __init__(self, config, resume: bool):
+    import wandb  # heavy optional dependency (rljax[wandb])
+    t = config.train
+    self._wandb = wandb
+    stored = read_ids(t.run_dir).get("wandb") if resume else None
+    self.resumed = stored is not None
+    run_id = stored or secrets.token_hex(6)  # W&B run ids: lowercase letters and digits
+    _store_id(t.run_dir, "wandb", run_id)  # before init: a run killed during it resumes the id
+    self.run = wandb.init(
+        project=t.tracker_project, name=run_name(config), group=t.tracker_group or None,
+        tags=list(t.tracker_tags), id=run_id, resume="allow", dir=t.run_dir,
+        reinit="create_new",  # never finishes a run the user's own code holds open
+        settings=wandb.Settings(silent=True, console="off"))
+    self._side: dict[str, list] = {}  # stream -> records, sent as a table at close
+
+  def log(self, step: int, metrics: Mapping[str, float], stream: str = MAIN) -> None:
+    if stream == MAIN:
+      # W&B merges the records of one step (train metrics, then the final eval) into one row.
+      self.run.log(dict(metrics), step=int(step))
+    else:
+      self._side.setdefault(stream, []).append({"step": int(step), **metrics})
+
+  def log_config(self, config: Mapping[str, Any]) -> None:
+    if not self.resumed:
+      self.run.config.update(dict(config), allow_val_change=True)
+
+  def log_artifact(self, path: str) -> None:
+    name = re.sub(r"[^\w.-]", "_", f"{self.run.id}-{os.path.basename(path)}")
+    artifact = self._wandb.Artifact(name, type="run-file")
+    artifact.add_file(path)
+    self.run.log_artifact(artifact)
+
+  def close(self) -> None:
+    for stream, records in self._side.items():
+      columns = sorted({k for r in records for k in r}, key=lambda k: (k != "step", k))
+      table = self._wandb.Table(columns=columns, data=[[r.get(k) for k in columns]
+                                                       for r in records])
+      self.run.log({stream: table}, commit=False)
+    self._side.clear()
+    self.run.finish()
+
+
+# --- MLflow --------------------------------------------------------------------------------------
+
+MLFLOW_PARAMS_PER_BATCH = 100  # MLflow's limit on params in one log_batch call
+MLFLOW_METRICS_PER_BATCH = 1000  # ... and on metrics
+
+
+class MlflowLogger:
+  """One MLflow run in the experiment ``train.tracker_project`` of ``train.mlflow_tracking_uri``
+  (``''``: MLflow's default). The config is logged as params (one per dotted key) and as the
+  artifact ``config.json``; the run is marked FINISHED at close and RUNNING again on resume."""
+
+  def __init__(self, config, resume: bool):
+    from mlflow.tracking import MlflowClient  # heavy optional dependency (rljax[mlflow])
+    from mlflow.entities import Metric, Param
+    t = config.train
+    self._metric, self._param = Metric, Param
+    self.client = MlflowClient(t.mlflow_tracking_uri or None)
+    uri = self.client.tracking_uri
+    stored = read_ids(t.run_dir).get("mlflow") if resume else None
+    if stored and stored.get("tracking_uri") == uri:
+      self.run_id, self.resumed = stored["run_id"], True
+      self.client.update_run(self.run_id, status="RUNNING")
+    else:
+      tags = {tag: "" for tag in t.tracker_tags}
+      tags["rljax.run_dir"] = os.path.abspath(t.run_dir)
+      if t.tracker_group:
+        tags["rljax.group"] = t.tracker_group
+      run = self.client.create_run(self._experiment(t.tracker_project), run_name=run_name(config),
+                                   tags=tags)
+      self.run_id, self.resumed = run.info.run_id, False
+      _store_id(t.run_dir, "mlflow", {"run_id": self.run_id, "tracking_uri": uri})
+
+  def _experiment(self, name: str) -> str:
+    found = self.client.get_experiment_by_name(name)
+    if found is not None:
+      return found.experiment_id
+    try:
+      return self.client.create_experiment(name)
+    except Exception:  # (MlflowException) another run of the sweep created it first
+      found = self.client.get_experiment_by_name(name)
+      if found is None:
+        raise
+      return found.experiment_id
+
+  def log(self, step: int, metrics: Mapping[str, float], stream: str = MAIN) -> None:
+    now = int(time.time() * 1000)
+    prefix = "" if stream == MAIN else f"{stream}/"
+    batch = [self._metric(mlflow_key(prefix + k), v, now, int(step)) for k, v in metrics.items()]
+    for i in range(0, len(batch), MLFLOW_METRICS_PER_BATCH):
+      self.client.log_batch(self.run_id, metrics=batch[i:i + MLFLOW_METRICS_PER_BATCH])
+
+  def log_config(self, config: Mapping[str, Any]) -> None:
+    if self.resumed:  # params are immutable; the run holds them already
+      return
+    params = [self._param(mlflow_key(k), json.dumps(v) if not isinstance(v, str) else v)
+              for k, v in sorted(flatten_config(dict(config)).items())]
+    for i in range(0, len(params), MLFLOW_PARAMS_PER_BATCH):
+      self.client.log_batch(self.run_id, params=params[i:i + MLFLOW_PARAMS_PER_BATCH])
+    self.client.log_text(self.run_id, json.dumps(config, indent=2), "config.json")
+
+  def log_artifact(self, path: str) -> None:
+    self.client.log_artifact(self.run_id, path)
+
+  def close(self) -> None:
+    self.client.set_terminated(self.run_id)
+
+
+def mlflow_key(key: str) -> str:
+  """A metric or param name MLflow accepts (letters, digits, ``_ - . / space``): others -> ``_``."""
+  return re.sub(r"[^\w\-. /]", "_", key)
+
+
+# --- the registry and failure isolation ----------------------------------------------------------
+
+class Guarded:
+  """A tracker that never stops training: the first exception it raises is one warning line, and
+  the tracker is off from then on (each later call would likely fail, and cost a timeout)."""
+
+  def __init__(self, name: str, make: Callable[[], Any]):
+    self.name, self.inner = name, None
+    self.inner = self._call("start", make)
+
+  def _call(self, what: str, fn: Callable[[], Any], step: int | None = None):
+    try:
+      return fn()
+    except Exception as e:  # network, quota, a raising backend: warn once, train on
+      where = f" at step {step}" if step is not None else ""
+      message = " ".join(str(e).split())[:300]
+      logger.warning("%s logger failed in %s%s (%s: %s); it is off for the rest of this run",
+                     self.name, what, where, type(e).__name__, message)
+      self.inner = None
+
+  def log(self, step: int, metrics: Mapping[str, float], stream: str = MAIN) -> None:
+    if self.inner is not None:
+      self._call("log", lambda: self.inner.log(step, metrics, stream), step)
+
+  def log_config(self, config: Mapping[str, Any]) -> None:
+    if self.inner is not None:
+      self._call("log_config", lambda: self.inner.log_config(config))
+
+  def log_artifact(self, path: str) -> None:
+    if self.inner is not None:
+      self._call("log_artifact", lambda: self.inner.log_artifact(path))
+
+  def close(self) -> None:
+    if self.inner is not None:
+      self._call("close", self.inner.close)
+      self.inner = None
+
+
+# name -> (config, start_step) -> Logger; the package a tracker needs (None: always installed).
+LOGGERS: dict[str, Callable] = {
+    "jsonl": lambda config, start: JsonlLogger(config.train.run_dir, start),
+    "tensorboard": lambda config, start: TensorBoardLogger(config.train.run_dir, start),
+    "wandb": lambda config, start: Guarded("wandb",
+                                           lambda: WandbLogger(config, config.train.resume)),
+    "mlflow": lambda config, start: Guarded("mlflow",
+                                            lambda: MlflowLogger(config, config.train.resume)),
+}
+PACKAGES = {"wandb": "wandb", "mlflow": "mlflow"}
+
+
+def check_config(config) -> None:
+  """Start-up checks of ``train.loggers``: registered names, no repeats, the trackers' packages
+  installed, and no tracker key set for a tracker that is not on."""
+  names = tuple(config.train.loggers)
+  unknown = [n for n in names if n not in LOGGERS]
+  if unknown:
+    raise StartupError(f"train.loggers: {unknown} not registered; loggers: {sorted(LOGGERS)}")
+  if len(set(names)) != len(names):
+    raise StartupError(f"train.loggers={names!r} names a logger twice")
+  for name in names:
+    package = PACKAGES.get(name)
+    if package and importlib.util.find_spec(package) is None:
+      raise StartupError(f"train.loggers names {name!r} but {package} is not installed: "
+                         f"pip install 'rljax[{name}]'")
+  usage.check_unused_train(config.train)
+
+
+def factory(config) -> Callable[[str, int | None], list]:
+  """The ``MetricsWriter(loggers=...)`` argument of ``config``: its ``train.loggers`` in order.
+  A fresh run first drops the tracker ids an earlier run left in its run dir: they are not its
+  runs, and a later resume must not continue them."""
+  def make(run_dir: str, start: int | None) -> list:
+    if not config.train.resume:
+      with contextlib.suppress(FileNotFoundError):
+        os.remove(os.path.join(run_dir, IDS_FILE))
+    return [LOGGERS[name](config, start) for name in config.train.loggers]
+  return make
+
