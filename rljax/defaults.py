@@ -132,7 +132,8 @@ KEYS = (
         "per verifier call: a hard bound (the worker process is killed)"),
     Key("reward.workers", 4, integer(1, 1024), "verifier worker processes"),
     Key("reward.max_logged_failures", 100, integer(0),
-        "failed calls sampled into run_dir/reward_failures.jsonl"),
+        "failed calls sampled into run_dir/reward_failures.jsonl (a multi-turn run's failed "
+        "episodes: run_dir/env_failures.jsonl)"),
     Key("reward.max_worker_memory_mb", 2048, integer(0),
         "address space a verifier worker may add to what it inherited (MB; RLIMIT_AS); 0 = no "
         "limit"),
