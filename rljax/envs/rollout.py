@@ -335,14 +335,14 @@ def run_episodes(problems: Sequence, key, *, generate: GenerateFn, tokenizer, se
   # 2-4. Turns.
   round_ = 0
   while True:
+    if not any(ep.running for ep in episodes):  # every reset failed, or every episode ended
+      break
     if round_ == 0:
       rows = list(range(b))
       out = generate(prompt_tokens, prompt_mask, jax.random.fold_in(key, 0), sp, g)
       row_of = {r: r for r in rows}
     else:
       rows = [r for r, ep in enumerate(episodes) if ep.running]
-      if not rows:
-        break
       width = _row_bucket(len(rows), b, row_multiple)
       seqs = [prompts[episodes[r].problem] + episodes[r].ids for r in rows]
       seqs += [seqs[0]] * (width - len(rows))  # filler rows, their output unused
