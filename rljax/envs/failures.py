@@ -61,11 +61,11 @@ class FailureReport:
     if not failures:
       return
     n = len(result.episodes)
-    line = summary(self.env_name, failures, n)
-    self.warn(line)
     if self.log is not None:
       self.log.append([dict(f, environment=self.env_name) for f in failures])
-    if first and len(failures) == n:
+    if not (first and len(failures) == n):
+      self.warn(summary(self.env_name, failures, n))
+    else:  # the one line is the error's
       raise EnvironmentBrokenError(
           f"environment {self.env_name!r}: every episode of the first batch failed ({n}); "
           f"first: {_first_line(failures[0]['detail'])}")
