@@ -20,9 +20,10 @@ Two ways to write a call (``TOOL_FORMATS``):
 
 A compact turn ends at its close marker ``>``, so it holds at most one complete call at its end; a
 hermes turn with a chat template is a whole assistant message (it ends at EOS), every call in it
-run before the policy continues; without a chat template a hermes turn ends at ``</tool_call>``. A call that cannot be read (an unclosed ``<``, JSON that does not parse,
-an unknown tool, arguments the tool rejects, a tool that raises) becomes an error *observation*
-(``error``, ``error: <why>`` in hermes), counted as a tool error: never an exception.
+run before the policy continues; without a chat template a hermes turn ends at ``</tool_call>``.
+A call that cannot be read (an unclosed ``<``, JSON that does not parse, an unknown tool,
+arguments the tool rejects, a tool that raises) becomes an error *observation* (``error``,
+``error: <why>`` in hermes), counted as a tool error: never an exception.
 
 A tool is a function of keyword arguments returning text (or a number)::
 

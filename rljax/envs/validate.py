@@ -185,9 +185,10 @@ def first_observation_ids(tokenizer, observation, limit: int) -> List[int]:
 
 def observation_ids(tokenizer, observation, room: Optional[int] = None) -> List[int]:
   """The ids appended for a (checked) step observation with ``room`` positions left in the
-  trajectory (the caller cuts them there; None: no limit, a demonstration's): text encoded, chat messages rendered with the chat
-  template (``Tokenizer.render_followup``; without one, ``tools.render_messages``) and encoded,
-  ids as they are. An empty observation appends nothing."""
+  trajectory (the caller cuts them there; None: no limit, a demonstration's): text encoded, chat
+  messages rendered with the chat template (``Tokenizer.render_followup``; without one,
+  ``tools.render_messages``) and encoded, ids as they are. An empty observation appends
+  nothing."""
   if isinstance(observation, str):
     return _encode_capped(tokenizer, observation, room)
   if observation and isinstance(observation[0], dict):

@@ -14,10 +14,12 @@ from rljax.data.tasks import Problem
 from rljax.data.tokenizer import CharTokenizer
 from rljax.envs import ENVS, Environment, StepResult, register_env, unregister_env
 from rljax.envs import validate
+from rljax.envs.continuous import run_episodes_continuous
 from rljax.envs.failures import EnvironmentBrokenError, FailureReport
 from rljax.envs.rollout import SOURCE_ENV, EnvSettings, run_episodes
 from rljax.envs.runner import close_env_pool
-from tests.envs.test_driver import SP, ScriptedPolicy
+from rljax.models import llama
+from tests.envs.test_driver import SP, ScriptedPolicy, tiny_model_config
 from tests.train import tiny
 
 TOK = CharTokenizer()  # 57 ids
@@ -241,3 +243,19 @@ def test_an_environment_the_workers_cannot_receive_is_refused_before_the_model(t
   assert err.endswith("define the class in an importable module, not in the config file or a "
                       "notebook's __main__\n") and err.count("\n") == 1
   assert not os.path.exists(run_dir)  # refused before the run dir was claimed
+
+
+@pytest.mark.slow
+def test_the_continuous_engine_reads_results_through_the_same_checks():
+  cfg = tiny_model_config()
+  cases = ["ok", "big reward", "correct no", "id over", "empty first"]
+  result = run_episodes_continuous(
+      [Problem(case, "0") for case in cases], jax.random.PRNGKey(0), cfg=cfg,
+      params=llama.init_params(cfg, seed=0), tokenizer=TOK,
+      settings=EnvSettings(name=PROBE, max_turns=2, max_tokens=24, workers=2,
+                           max_prompt_tokens=20),
+      sampling=SP, group_size=1, prompt_bucket=8)
+  reference = _run(cases, max_tokens=24)
+  assert [(ep.end, ep.error) for ep in result.episodes][1:] == [
+      (ep.end, ep.error) for ep in reference.episodes][1:]
+  assert result.counts["env/errors"] == reference.counts["env/errors"] == 4
