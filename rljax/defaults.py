@@ -154,7 +154,9 @@ KEYS = (
         "trajectory of a call past it (or crashing) ends with reward 0, counted"),
     Key("env.tool_format", "compact", choice(*TOOL_FORMATS),
         "how tool calls are written: compact '<calc 12*3>' (char-level tasks) | hermes "
-        "'<tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call>' (Qwen / Hermes)"),
+        "'<tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call>' (Qwen / Hermes; with "
+        "data.chat_template a turn is a whole assistant message, answered by the chat "
+        "template's tool messages)"),
     Key("env.engine", "turn_sync", choice("turn_sync", "continuous"),
         "turn_sync: every turn is one sampler call over the live rows, then every step (a turn "
         "waits for its slowest row and tool) | continuous: a row whose turn ends steps its "

@@ -9,9 +9,13 @@ For ``Pn`` problems and ``G`` rows per problem (each row its own trajectory):
    re-encoded). The first turn samples ``G`` continuations of each prompt; later ones one per row.
    A turn stops at EOS or at the last token of the tool-call close marker (the sampler's stop
    ids), or after ``rollout.max_new_tokens`` tokens. If the stop token was no close marker in
-   context (a multi-token marker), the row keeps generating the same turn.
+   context (a multi-token marker), the row keeps generating the same turn. With hermes calls and
+   a chat template (``message_turns``) a turn is a whole assistant message: it stops at EOS only,
+   so all the calls of one message run before the policy continues.
 3. Each finished turn goes to its environment's ``step`` (in a worker, ``env.timeout_s``); the
-   observation text is encoded alone and its ids appended as environment tokens.
+   result is checked (``rljax.envs.validate``), the observation encoded alone (chat messages
+   rendered by the chat template first: ``Tokenizer.render_followup``) and its ids appended as
+   environment tokens.
 4. A row ends when its environment says done, after ``env.max_turns`` turns, when its trajectory
    reaches ``env.max_tokens`` tokens (cut there, flagged ``truncated``), or when a step times out
    or fails (reward 0, counted).

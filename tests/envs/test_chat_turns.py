@@ -161,3 +161,24 @@ def test_sft_demonstrations_are_rendered_as_the_template_renders_them(tokenizers
   assert "café ≠ 3" in rendered and "\\u" not in rendered
   learned = tok.decode([i for i, m in zip(ids, learn) if m], skip_special_tokens=False)
   assert learned == (render_calls(calls, "hermes") + "<|im_end|>So the answer is #71<|im_end|>")
+
+
+def test_a_message_cut_at_max_new_tokens_is_closed_before_the_tool_messages(tokenizers):
+  """A turn cut at ``rollout.max_new_tokens`` ends without EOS: the environment's tokens start
+  with one, so the tool messages read as they do after a complete message."""
+  tok = tokenizers["qwen2.5"]
+  policy = ScriptedPolicy(lambda text, member: render_calls(CALLS, "hermes"), tok)
+  sp = dataclasses.replace(SP, max_new_tokens=6, stop_ids=(tok.eos_id,), pad_id=tok.pad_id)
+  settings = EnvSettings(name=CHAT_CALC, max_turns=2, max_tokens=400, workers=1,
+                         tool_format="hermes")
+  result = run_episodes([Problem("What is 12*3+5*7?", "71")], jax.random.PRNGKey(0),
+                        generate=policy, tokenizer=tok, settings=settings, sampling=sp,
+                        group_size=1, prompt_bucket=8)
+  (episode,) = result.episodes
+  first = tok.encode(render_calls(CALLS, "hermes"))[:6]
+  assert episode.ids[:6] == first and tok.eos_id not in first
+  assert episode.source[6] == SOURCE_ENV and episode.ids[6] == tok.eos_id
+  env_end = episode.source.index(SOURCE_POLICY, 6)
+  assert tok.decode(episode.ids[6:env_end], skip_special_tokens=False) == (
+      "<|im_end|>\n<|im_start|>user\n<tool_response>\nerror: unclosed <tool_call> (no "
+      "</tool_call>)\n</tool_response><|im_end|>\n<|im_start|>assistant\n")
