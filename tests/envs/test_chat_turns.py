@@ -5,13 +5,14 @@ a turn is the template's tool messages and next assistant header, for the templa
 Qwen3 and Llama 3.1 (Gemma 3's has no tool role: refused at start-up); SFT demonstrations are
 rendered as the template renders them."""
 import dataclasses
+import json
 import os
 
 import jax
 import numpy as np
 import pytest
 
-from rljax import config_loader
+from rljax import cli, config_loader
 from rljax.config_checks import ConfigError
 from rljax.data.tasks import Problem
 from rljax.data.tokenizer import load_tokenizer
@@ -182,3 +183,26 @@ def test_a_message_cut_at_max_new_tokens_is_closed_before_the_tool_messages(toke
   assert tok.decode(episode.ids[6:env_end], skip_special_tokens=False) == (
       "<|im_end|>\n<|im_start|>user\n<tool_response>\nerror: unclosed <tool_call> (no "
       "</tool_call>)\n</tool_response><|im_end|>\n<|im_start|>assistant\n")
+
+
+@pytest.mark.slow
+def test_a_run_with_a_qwen_style_tokenizer_trains_on_chat_format_episodes(tokenizers, tmp_path):
+  """``rljax train`` end to end with hermes calls and a Qwen-style chat template: the start-up
+  checks pass, episodes are sampled as chat messages, and the trainer's forward, which attends to
+  the template's tokens, reproduces the sampler's log-probs."""
+  run_dir = str(tmp_path / "run")
+  overrides = {
+      "model.source": "tiny", "model.hidden_size": "32", "model.intermediate_size": "64",
+      "model.num_layers": "1", "model.num_heads": "2", "model.num_kv_heads": "1",
+      "data.tokenizer": tokenizers["qwen2.5"].path, "data.chat_template": "True",
+      "data.prompt_bucket": "32", "env.tool_format": "hermes", "env.max_tokens": "48",
+      "rollout.prompts_per_step": "2", "rollout.group_size": "2",
+      "rollout.max_new_tokens": "16", "data.num_eval": "2", "train.steps": "1",
+      "train.eval_every": "0", "train.progress": "false", "train.export_hf": "false",
+      "train.run_dir": run_dir}
+  cli.main(["train", "--config", os.path.join(tiny.ROOT, "configs", "tool_calc.py")]
+           + [f"--config.{k}={v}" for k, v in overrides.items()])
+  with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+    (step,) = [m for m in map(json.loads, f) if "loss" in m]
+  assert step["env/episodes"] == 4 and step["logp_gap_max"] < 1e-3
+  assert step["generated_tokens"] == step["env/policy_tokens"]
