@@ -139,7 +139,8 @@ KEYS = (
         "per verifier call: a hard bound (the worker process is killed)"),
     Key("reward.workers", 4, integer(1, 1024), "verifier worker processes"),
     Key("reward.max_logged_failures", 100, integer(0),
-        "failed calls sampled into run_dir/reward_failures.jsonl"),
+        "failed calls sampled into run_dir/reward_failures.jsonl (a multi-turn run's failed "
+        "episodes: run_dir/env_failures.jsonl)"),
     Key("reward.max_worker_memory_mb", 2048, integer(0),
         "address space a verifier worker may add to what it inherited (MB; RLIMIT_AS); 0 = no "
         "limit"),
@@ -160,7 +161,9 @@ KEYS = (
         "trajectory of a call past it (or crashing) ends with reward 0, counted"),
     Key("env.tool_format", "compact", choice(*TOOL_FORMATS),
         "how tool calls are written: compact '<calc 12*3>' (char-level tasks) | hermes "
-        "'<tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call>' (Qwen / Hermes)"),
+        "'<tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call>' (Qwen / Hermes; with "
+        "data.chat_template a turn is a whole assistant message, answered by the chat "
+        "template's tool messages)"),
     Key("env.engine", "turn_sync", choice("turn_sync", "continuous"),
         "turn_sync: every turn is one sampler call over the live rows, then every step (a turn "
         "waits for its slowest row and tool) | continuous: a row whose turn ends steps its "

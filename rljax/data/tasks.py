@@ -36,8 +36,10 @@ class Problem:
     solution: a reference completion (chain of thought + ``" #answer"``) for SFT; ``""`` if none.
     meta: provenance, e.g. ``{'task': 'arithmetic', 'difficulty': 1}`` or ``{'line': 3}``. A
       multi-turn task's ``meta['episode']`` is its solution cut into the policy's turns and the
-      environment's observations, alternating from a policy turn (``''.join`` of it is
-      ``solution``): the SFT cold start learns the turns only.
+      environment's observations, alternating from a policy turn (text, or a tuple: a turn's
+      calls ``((name, arguments), ...)`` and their results ``(text, ...)``, which the cold start
+      writes in the run's tool format; ``solution`` is the compact text): the SFT cold start
+      learns the turns only.
   """
   prompt: str
   answer: str

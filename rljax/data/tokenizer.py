@@ -11,7 +11,11 @@ Conventions shared by both:
 
 - ``encode(text)`` never adds special tokens; ``encode_prompt(prompt)`` is the one way a prompt
   becomes ids (chat template if enabled, then BOS if the tokenizer has one and the text does not
-  already start with it).
+  already start with it). A prompt is text (one user message) or, with a chat template, a list of
+  chat messages (``{"role": ..., "content": ...}``: a system message, then the user's).
+- ``render_followup(messages)``: with a chat template, the text the template writes after an
+  assistant message's final token (EOS) for the messages that answer it (tool results, a user
+  reply) and the next assistant header: what a multi-turn rollout appends after a turn.
 - ``decode(ids)`` does not stop at EOS (callers cut completions with their masks); it drops
   padding and, by default, the other special tokens so that verifiers see plain text.
 """
@@ -56,10 +60,23 @@ class Tokenizer(abc.ABC):
     """
 
   @abc.abstractmethod
-  def apply_chat_template(self, prompt: str) -> str:
-    """The prompt as the model should see it (identity when no chat template is used)."""
+  def apply_chat_template(self, prompt) -> str:
+    """The prompt (text, or chat messages with a chat template) as the model should see it
+    (identity for text when no chat template is used)."""
 
-  def encode_prompt(self, prompt: str) -> list[int]:
+  @property
+  def chat_turns(self) -> bool:
+    """Whether prompts are wrapped in a chat template, so that a multi-turn rollout writes its
+    turns and observations as chat messages too (``render_followup``)."""
+    return False
+
+  def render_followup(self, messages: Sequence[dict]) -> str:
+    """The chat template's text between an assistant message's final token and the policy's next
+    turn: ``messages`` (tool results, a user reply) and the next assistant header."""
+    raise TokenizerError(f"{type(self).__name__} has no chat template to render chat messages "
+                         "with (data.chat_template=True with a Hugging Face tokenizer has one)")
+
+  def encode_prompt(self, prompt) -> list[int]:
     """Ids of a prompt ready for generation: chat template, then BOS unless already present."""
     ids = self.encode(self.apply_chat_template(prompt))
     if self.bos_id is not None and (not ids or ids[0] != self.bos_id):
@@ -105,8 +122,26 @@ class CharTokenizer(Tokenizer):
       pieces.append(self._id_to_piece[i] if 0 <= i < self.vocab_size else "\ufffd")
     return "".join(pieces)
 
-  def apply_chat_template(self, prompt: str) -> str:
-    return prompt
+  def apply_chat_template(self, prompt) -> str:
+    return _text_prompt(prompt)
+
+
+def _text_prompt(prompt) -> str:
+  """A prompt without a chat template: text only (chat messages need a template)."""
+  if not isinstance(prompt, str):
+    raise TokenizerError(f"a prompt of chat messages needs a chat template (data.chat_template="
+                         f"True with a Hugging Face tokenizer), got {type(prompt).__name__}")
+  return prompt
+
+
+# What the anchor conversation of ``render_followup`` holds: a user question and an assistant
+# message with one tool call (the templates of Qwen3 and Llama 3.1 refuse a conversation with no
+# user message, Llama 3.1 one with several calls in a message). The messages that answer it
+# are rendered after it with placeholder contents, to find where they start.
+_ANCHOR = ({"role": "user", "content": "?"},
+           {"role": "assistant", "content": "",
+            "tool_calls": [{"type": "function", "function": {"name": "tool", "arguments": {}}}]})
+_PLACEHOLDER = "rljax-followup-{}-placeholder"
 
 
 class HFTokenizer(Tokenizer):
@@ -146,11 +181,52 @@ class HFTokenizer(Tokenizer):
     # the special tokens, or shown as EOS when they are kept.
     return self._hf.decode(ids, skip_special_tokens=skip_special_tokens)
 
-  def apply_chat_template(self, prompt: str) -> str:
+  def apply_chat_template(self, prompt) -> str:
     if not self.use_chat_template:
-      return prompt
-    return self._hf.apply_chat_template(
-        [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True)
+      return _text_prompt(prompt)
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+    return self._template(messages)
+
+  @property
+  def chat_turns(self) -> bool:
+    return self.use_chat_template
+
+  def _template(self, messages) -> str:
+    try:
+      return self._hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    except Exception as e:  # jinja2's TemplateError, or the template's own raise_exception
+      first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+      roles = ", ".join(str(m.get("role")) if isinstance(m, dict) else "?" for m in messages)
+      raise TokenizerError(f"the chat template of data.tokenizer={self.path!r} cannot render the "
+                           f"messages ({roles}): {first}") from None
+
+  def render_followup(self, messages: Sequence[dict]) -> str:
+    """The followup's text: ``messages`` rendered after an anchor conversation (``_ANCHOR``) whose
+    assistant message ends with EOS, from that EOS on. Where it starts is found with placeholder
+    contents, so that a message's own content (which may hold any text) never moves it.
+
+    For a Qwen-style template and one tool result ``42``: ``'\\n<|im_start|>user\\n<tool_response>
+    \\n42\\n</tool_response><|im_end|>\\n<|im_start|>assistant\\n'`` (one string).
+    """
+    if not self.use_chat_template:
+      return super().render_followup(messages)
+    messages = [dict(m) for m in messages]
+    marked = [dict(m, content=_PLACEHOLDER.format(k)) for k, m in enumerate(messages)]
+    placed = self._template(list(_ANCHOR) + marked)
+    eos = self._hf.decode([self.eos_id], skip_special_tokens=False)
+    first = placed.find(_PLACEHOLDER.format(0))
+    start = placed.rfind(eos, 0, first) if first >= 0 else -1
+    if start < 0:
+      raise TokenizerError(f"the chat template of data.tokenizer={self.path!r} writes no EOS "
+                           f"({eos!r}) at the end of an assistant message with a tool call, so "
+                           "the messages after a turn cannot be placed after its last token")
+    start += len(eos)
+    full = self._template(list(_ANCHOR) + messages)
+    if full[:start] != placed[:start]:
+      raise TokenizerError(f"the chat template of data.tokenizer={self.path!r} renders an "
+                           "assistant message differently depending on the contents of the "
+                           "messages after it")
+    return full[start:]
 
 
 def _load_hf_tokenizer(path: str):

@@ -10,7 +10,8 @@ import pkgutil as _pkgutil
 from rljax.envs.base import (ENVS, Environment, StepResult, env_names, get_env_class, make_env,
                              register_env, unregister_env)
 from rljax.envs.tools import (TOOLS, ToolCall, ToolError, parse_tool_calls, register_tool,
-                              render_call, render_result, run_tool, tool_names, unregister_tool)
+                              render_call, render_calls, render_result, run_tool, tool_messages,
+                              tool_names, unregister_tool)
 from rljax.envs.tool_env import ToolEnv
 
 # The drivers (rollout, continuous) import JAX and register nothing: their users import them.

@@ -12,8 +12,12 @@ observation, prefilled once); ``step`` may keep state on ``self`` (the hidden nu
 far). Both run in killable worker processes (``rljax.envs.runner``): the environment object goes
 there and comes back pickled with each call, so it holds plain picklable state, and a step that
 hangs past ``env.timeout_s`` or crashes costs its own trajectory (reward 0, counted), never the
-run. Observations are text the driver encodes with the tokenizer (or token ids, used as they are)
-and appends to the trajectory as environment tokens: attended to, never trained on.
+run. Observations are text the driver encodes with the tokenizer, token ids used as they are, or
+chat messages (``[{"role": "tool", "content": "42"}]``) the driver renders with the tokenizer's
+chat template after the policy's turn (its message ends at EOS), through the next assistant header;
+their ids are appended to the trajectory as environment tokens: attended to, never trained on.
+What an environment returns is checked at the boundary (``rljax.envs.validate``): a result of the
+wrong type or range costs its trajectory and is explained in the run dir's ``env_failures.jsonl``.
 
 A new environment is one decorated class::
 
@@ -35,7 +39,8 @@ from typing import Any, Callable, Dict, List, Sequence, Union
 from rljax.errors import UnknownNameError
 from rljax.keys import Check
 
-Observation = Union[str, Sequence[int]]
+# Text, token ids, or chat messages ({"role": ..., "content": ...}) rendered with the chat template.
+Observation = Union[str, Sequence[int], Sequence[dict]]
 TOOL_FORMATS = ("compact", "hermes")
 
 
@@ -45,13 +50,15 @@ class StepResult:
 
   Attributes:
     observation: text appended after the policy's turn (encoded by the driver with the
-      tokenizer, no special tokens added) or token ids appended as they are; ignored when
-      ``done`` (the policy never conditions on it).
-    reward: this turn's reward; a trajectory's reward is the sum over its turns.
-    done: the episode is over (answered, solved, given up).
-    info: plain values (numbers, strings, bools). Read by the driver: ``correct`` (bool, the
-      episode's verdict; False when absent), ``tool_calls`` and ``tool_errors`` (counts of this
-      turn).
+      tokenizer, no special tokens added), token ids in ``[0, vocab)`` appended as they are, or
+      chat messages rendered with the chat template; ignored when ``done`` (the policy never
+      conditions on it).
+    reward: this turn's reward, a real number finite in float32; a trajectory's reward is the
+      sum over its turns.
+    done: the episode is over (answered, solved, given up); a bool.
+    info: a dict of plain values (numbers, strings, bools). Read by the driver: ``correct``
+      (a bool, the episode's verdict; False when absent), ``tool_calls`` and ``tool_errors``
+      (counts of this turn, ints in ``[0, 10**6]``).
   """
   observation: Observation = ""
   reward: float = 0.0

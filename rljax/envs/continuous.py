@@ -48,10 +48,9 @@ from typing import Any, List, Optional, Sequence
 import jax
 import numpy as np
 
-from rljax.envs import tools as tools_lib
 from rljax.envs.rollout import (EnvSettings, MultiTurnResult, apply_step, end_segment,
                                 finish_episodes, new_counts, start_episodes, turn_action,
-                                turn_sampling)
+                                turn_close, turn_sampling)
 from rljax.envs.runner import EnvRunner
 from rljax.models.config import ModelConfig
 from rljax.rollout import continuous as continuous_lib
@@ -149,7 +148,7 @@ def run_episodes_continuous(problems: Sequence, key, *, cfg: ModelConfig, params
   refill = int(refill_rows) or continuous_lib.default_refill_rows(s_max)
   sp = turn_sampling(sampling, tokenizer, settings)
   stops = set(sp.stop_ids)
-  close = tools_lib.close_marker(settings.tool_format)
+  close = turn_close(tokenizer, settings.tool_format)
   counts = new_counts()
   prompts, episodes = start_episodes(problems, g, tokenizer=tokenizer, settings=settings,
                                      runner=runner)

@@ -110,7 +110,7 @@ class GuessEnv(Environment):
 
   def _reply(self, text: str) -> str:
     if self.tool_format == "hermes":
-      return tools_lib.render_result(text.strip(), True, "hermes")
+      return tools_lib.tool_messages([text.strip()])
     return text
 
   def step(self, action: str) -> StepResult:

@@ -9,9 +9,13 @@ For ``Pn`` problems and ``G`` rows per problem (each row its own trajectory):
    re-encoded). The first turn samples ``G`` continuations of each prompt; later ones one per row.
    A turn stops at EOS or at the last token of the tool-call close marker (the sampler's stop
    ids), or after ``rollout.max_new_tokens`` tokens. If the stop token was no close marker in
-   context (a multi-token marker), the row keeps generating the same turn.
+   context (a multi-token marker), the row keeps generating the same turn. With hermes calls and
+   a chat template (``message_turns``) a turn is a whole assistant message: it stops at EOS only,
+   so all the calls of one message run before the policy continues.
 3. Each finished turn goes to its environment's ``step`` (in a worker, ``env.timeout_s``); the
-   observation text is encoded alone and its ids appended as environment tokens.
+   result is checked (``rljax.envs.validate``), the observation encoded alone (chat messages
+   rendered by the chat template first: ``Tokenizer.render_followup``) and its ids appended as
+   environment tokens.
 4. A row ends when its environment says done, after ``env.max_turns`` turns, when its trajectory
    reaches ``env.max_tokens`` tokens (cut there, flagged ``truncated``), or when a step times out
    or fails (reward 0, counted).
@@ -42,6 +46,7 @@ from typing import Any, Callable, List, Optional, Sequence
 import numpy as np
 
 from rljax.envs import tools as tools_lib
+from rljax.envs import validate
 from rljax.envs.base import Environment, make_env
 from rljax.envs.runner import EnvOutcome, EnvRunner
 
@@ -66,6 +71,9 @@ class EnvSettings:
   engine: str = "turn_sync"  # or 'continuous' (rljax.envs.continuous)
   slots: int = 0  # the continuous engine's lanes; 0: every row
   turn_discount: float = 1.0  # < 1: per-turn token rewards, discounted across turns
+  # The most tokens a first observation may hold (the model's context less ``max_tokens``,
+  # ``data.max_prompt_tokens``: ``rljax.data.prompt_policy``); 0: no limit.
+  max_prompt_tokens: int = 0
 
   @classmethod
   def from_config(cls, config) -> Optional["EnvSettings"]:
@@ -137,12 +145,36 @@ class MultiTurnResult:
   transcripts: List[str]  # decoded text after the prompt of every row (policy + observations)
   counts: dict  # env/* sums of the batch (rounds of a step add up)
 
+  @property
+  def failures(self) -> List[dict]:
+    """``{"outcome": 'timeout' | 'error', "detail", "turn", "transcript"}`` of every episode a
+    failed reset or step ended (``rljax.envs.failures`` reports them)."""
+    return [{"outcome": ep.end, "detail": ep.error, "turn": ep.turns,
+             "transcript": self.transcripts[i]}
+            for i, ep in enumerate(self.episodes) if ep.end in ("timeout", "error")]
+
+
+def message_turns(tokenizer, tool_format: str) -> bool:
+  """Whether a turn is a whole assistant message: hermes calls with a chat template. Such a turn
+  ends at EOS only (every call in it runs before the policy continues) and is answered by the
+  chat template's tool messages and next assistant header (``Tokenizer.render_followup``)."""
+  return tool_format == "hermes" and tokenizer.chat_turns
+
+
+def turn_close(tokenizer, tool_format: str) -> Optional[str]:
+  """The text that ends a turn holding a call (the tool format's close marker), or None where a
+  turn is a whole message (``message_turns``)."""
+  return None if message_turns(tokenizer, tool_format) else tools_lib.close_marker(tool_format)
+
 
 def stop_ids(tokenizer, sampling, tool_format: str) -> tuple:
-  """The sampler's stop ids for a turn: its own (EOS) plus the last id of the close marker."""
-  close = tokenizer.encode(tools_lib.close_marker(tool_format))
+  """The sampler's stop ids for a turn: its own (EOS) plus the last id of the close marker
+  (none where a turn is a whole message)."""
   base = tuple(sampling.stop_ids or (tokenizer.eos_id,))
-  return base + tuple(i for i in close[-1:] if i not in base)
+  close = turn_close(tokenizer, tool_format)
+  if close is None:
+    return base
+  return base + tuple(i for i in tokenizer.encode(close)[-1:] if i not in base)
 
 
 def turn_text(tokenizer, ids: Sequence[int]) -> str:
@@ -166,10 +198,6 @@ def _row_bucket(n: int, total: int, multiple: int) -> int:
   return best
 
 
-def _encode_observation(tokenizer, observation) -> List[int]:
-  return list(observation) if not isinstance(observation, str) else tokenizer.encode(observation)
-
-
 def turn_sampling(sampling, tokenizer, settings: "EnvSettings"):
   """A turn's ``SamplingParams``: ``sampling`` with the tool-call close marker's last id added to
   the stop ids and the tokenizer's padding."""
@@ -187,7 +215,9 @@ def start_episodes(problems: Sequence, group_size: int, *, tokenizer, settings: 
                    runner: EnvRunner):
   """Reset one environment per problem (in the workers) and give each of its ``group_size``
   rows a copy: ``(first observations as ids [Pn], episodes [Pn * G])``. A failed reset ends its
-  rows at once (``end`` 'timeout' / 'error'), with the problem's prompt as their observation."""
+  rows at once (``end`` 'timeout' / 'error'), with the problem's prompt as their observation; so
+  does a first observation ``rljax.envs.validate`` refuses (empty, too long, ids outside the
+  vocabulary)."""
   eos = tokenizer.eos_id
   resets = runner.reset([settings.new_env() for _ in problems], problems)
   prompts, start_env, reset_error = [], [], []
@@ -195,9 +225,9 @@ def start_episodes(problems: Sequence, group_size: int, *, tokenizer, settings: 
     ids, why = None, ""
     if outcome.status == "ok":
       try:
-        ids = (tokenizer.encode_prompt(outcome.value) if isinstance(outcome.value, str)
-               else list(outcome.value))
-        why = "" if ids else "reset returned an empty observation"
+        ids = validate.first_observation_ids(tokenizer, outcome.value, settings.max_prompt_tokens)
+      except validate.EnvResultError as e:
+        why = str(e)
       except Exception as e:  # e.g. a character the tokenizer lacks
         why = f"first observation not encodable: {type(e).__name__}: {str(e)[:200]}"
     else:
@@ -220,11 +250,12 @@ def start_episodes(problems: Sequence, group_size: int, *, tokenizer, settings: 
 
 
 def end_segment(ep: Episode, ids, slp, dlp, stopped: bool, *, tokenizer, budget: int,
-                close: str, counts: dict) -> str:
+                close: Optional[str], counts: dict) -> str:
   """Append one sampler segment (``ids``: at most ``rollout.max_new_tokens``, ``stopped`` when
   its last id is a stop id) to its trajectory and say what follows: 'step' (the turn is
-  complete: its environment steps), 'continue' (a stop id that closed no marker: the same turn
-  goes on in a new segment) or 'ended' (the trajectory reached ``budget`` tokens)."""
+  complete: its environment steps), 'continue' (a stop id that closed no marker ``close``: the
+  same turn goes on in a new segment; ``close`` None: every stop id ends the turn) or 'ended'
+  (the trajectory reached ``budget`` tokens)."""
   n = len(ids)
   room = budget - len(ep.ids)
   cut = n > room
@@ -235,7 +266,7 @@ def end_segment(ep: Episode, ids, slp, dlp, stopped: bool, *, tokenizer, budget:
     ep.end, ep.truncated = "max_tokens", True
     return "ended"
   turn_ids = ep.ids[ep.turn_start:]
-  if (stopped and turn_ids[-1] != tokenizer.eos_id
+  if (stopped and close is not None and turn_ids[-1] != tokenizer.eos_id
       and not turn_text(tokenizer, turn_ids).endswith(close)):
     if len(ep.ids) >= budget:
       ep.end, ep.truncated = "max_tokens", True
@@ -297,7 +328,7 @@ def run_episodes(problems: Sequence, key, *, generate: GenerateFn, tokenizer, se
   g = int(group_size)
   b, budget = len(problems) * g, int(settings.max_tokens)
   sp = turn_sampling(sampling, tokenizer, settings)
-  close = tools_lib.close_marker(settings.tool_format)
+  close = turn_close(tokenizer, settings.tool_format)
   counts = new_counts()
 
   # 1. Reset (one environment per problem; its G rows get copies of it).
@@ -308,14 +339,14 @@ def run_episodes(problems: Sequence, key, *, generate: GenerateFn, tokenizer, se
   # 2-4. Turns.
   round_ = 0
   while True:
+    if not any(ep.running for ep in episodes):  # every reset failed, or every episode ended
+      break
     if round_ == 0:
       rows = list(range(b))
       out = generate(prompt_tokens, prompt_mask, jax.random.fold_in(key, 0), sp, g)
       row_of = {r: r for r in rows}
     else:
       rows = [r for r, ep in enumerate(episodes) if ep.running]
-      if not rows:
-        break
       width = _row_bucket(len(rows), b, row_multiple)
       seqs = [prompts[episodes[r].problem] + episodes[r].ids for r in rows]
       seqs += [seqs[0]] * (width - len(rows))  # filler rows, their output unused
@@ -362,32 +393,33 @@ def apply_step(ep: Episode, outcome: EnvOutcome, tokenizer, settings: EnvSetting
   ep.turn_rewards.append(float(reward))
   ep.turn_ends.append(len(ep.ids) - 1)
   ep.infos.append(info)
-  ep.tool_calls += _count(info.get("tool_calls"))
-  ep.tool_errors += _count(info.get("tool_errors"))
+  ep.tool_calls += info.get("tool_calls", 0)  # counts checked in the worker (validate)
+  ep.tool_errors += info.get("tool_errors", 0)
   if done:
-    ep.end, ep.correct = "done", bool(info.get("correct", False))
+    ep.end, ep.correct = "done", info.get("correct", False)
     return
   if ep.turns >= settings.max_turns:
     ep.end = "max_turns"
     return
   try:
-    ids = _encode_observation(tokenizer, observation)
+    ids = validate.observation_ids(tokenizer, observation, budget - len(ep.ids))
+  except validate.EnvResultError as e:
+    ep.end, ep.error = "error", str(e)
+    return
   except Exception as e:
     ep.end, ep.error = "error", f"observation not encodable: {type(e).__name__}: {str(e)[:200]}"
     return
+  if (observation and isinstance(observation[0], dict) and tokenizer.chat_turns
+      and ep.ids[-1] != tokenizer.eos_id):
+    # A turn cut at rollout.max_new_tokens: its message is closed as the chat template closes
+    # one, so that the messages after it read as they do after EOS.
+    ids = [tokenizer.eos_id] + ids
   if len(ep.ids) + len(ids) >= budget:  # no room left for the policy's next turn
     ep.append(ids[:budget - len(ep.ids)], SOURCE_ENV)
     ep.end, ep.truncated = "max_tokens", True
     return
   ep.append(ids, SOURCE_ENV)
   ep.turn_start = len(ep.ids)
-
-
-def _count(value) -> int:
-  try:
-    return max(int(value or 0), 0)
-  except (TypeError, ValueError):
-    return 0
 
 
 def turn_token_rewards(turn_rewards: Sequence[float], turn_ends: Sequence[int], gamma: float,

@@ -5,8 +5,10 @@ the environment object travels to the worker pickled with the call and comes bac
 its answer, so its state survives whichever worker serves the next turn. A call that runs past
 its deadline (its worker is killed and replaced), raises, kills its process or returns something
 that is not a ``StepResult`` ends that trajectory: the driver scores it 0 and counts it
-(``env/timeouts``, ``env/errors``). Only plain data comes back besides the environment object:
-the observation as text or a list of ints, the reward as a finite float, ``info`` as plain values.
+(``env/timeouts``, ``env/errors``). Only plain data comes back besides the environment object,
+of the types ``rljax.envs.validate`` checks in the worker: the observation as text, a list of
+ints or chat messages, the reward as a float finite in float32, ``done`` a bool, ``info`` plain
+values with its declared fields typed.
 
 The pool is separate from the verifiers' (``isolation.shared_pool`` keeps one pool per function),
 sized by ``reward.workers`` with the same memory and recycling limits.
@@ -15,10 +17,10 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
-import math
 from typing import Any, List, Sequence
 
-from rljax.envs.base import Environment, StepResult, plain
+from rljax.envs import validate
+from rljax.envs.base import Environment
 from rljax.rewards import isolation
 
 
@@ -32,42 +34,13 @@ class EnvOutcome:
   value: Any = None
 
 
-def _observation(value):
-  if isinstance(value, str):
-    return value
-  if isinstance(value, (list, tuple)) and all(isinstance(v, int) and not isinstance(v, bool)
-                                              for v in value):
-    return [int(v) for v in value]
-  try:
-    import numpy as np
-    if isinstance(value, np.ndarray) and value.ndim == 1 and np.issubdtype(value.dtype,
-                                                                            np.integer):
-      return [int(v) for v in value]
-  except ImportError:  # pragma: no cover
-    pass
-  raise TypeError(f"an observation must be text or a list of token ids, got "
-                  f"{type(value).__name__}")
-
-
 def _env_call(op: str, env: Environment, arg):
   """What a worker runs: ``(env, first observation)`` of a reset, ``(env, (observation, reward,
-  done, info))`` of a step, checked here so that only plain data reaches the trainer."""
+  done, info))`` of a step, checked here (``rljax.envs.validate``) so that only plain data of the
+  protocol's types reaches the trainer."""
   if op == "reset":
-    return env, _observation(env.reset(arg))
-  result = env.step(arg)
-  if not isinstance(result, StepResult):
-    try:
-      result = StepResult(*result)
-    except TypeError:
-      raise TypeError(f"step returned {type(result).__name__}, not a StepResult or "
-                      "(observation, reward, done, info)") from None
-  reward = float(result.reward)
-  if not math.isfinite(reward):
-    raise ValueError(f"step returned the reward {reward}")
-  done = bool(result.done)
-  observation = "" if done else _observation(result.observation)
-  info = plain(result.info if isinstance(result.info, dict) else {})
-  return env, (observation, reward, done, info)
+    return env, validate.check_reset(env.reset(arg))
+  return env, validate.check_step(env.step(arg))
 
 
 _POOL: isolation.VerifierPool | None = None

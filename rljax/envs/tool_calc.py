@@ -16,8 +16,9 @@ would compete with copying them.
 The environment (``env.name='tool_calc'``) answers ``calc`` calls with the calculator and scores
 the final answer (the text after the last ``#`` of the turn without a call) against the problem's:
 reward 1 if equal, else 0. It works with any problem whose answer is a number (e.g.
-``embedded:arithmetic`` too). Demonstrations are written in the compact format (the char
-vocabulary has no braces or quotes for the hermes one).
+``embedded:arithmetic`` too). A demonstration's call and result are structured, and the cold start
+writes them in the run's ``env.tool_format`` (``rljax.train.sft.encode_example``): compact for the
+char vocabulary (no braces or quotes for the hermes one), hermes in the chat template's form.
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ from rljax.data import tasks as tasks_lib
 from rljax.data.tasks import MARKER, Problem, Task, marked_answer
 from rljax.envs.base import register_env
 from rljax.envs.tool_env import ToolEnv
-from rljax.envs.tools import render_call
+from rljax.envs.tools import render_calls, tool_observation
 
 _INT = re.compile(r"-?\d+")
 
@@ -61,10 +62,13 @@ class ToolCalcTask(Task):
       expression, answer = f"{expression}+{c}", answer + c
     use_tool = rng.random() < lv.tool_prob
     final = f" {MARKER}{answer}"
-    # The policy's call, the calculator's observation, the policy's answer (or the answer alone).
-    episode = (render_call("calc", {"expression": expression}, "compact"), str(answer), final) \
+    # The policy's call, the calculator's observation, the policy's answer (or the answer alone);
+    # the call and its result structured, so that SFT writes them in the run's tool format.
+    episode = ((("calc", {"expression": expression}),), (str(answer),), final) \
         if use_tool else (final,)
-    return Problem(prompt=f"{expression}=", answer=str(answer), solution="".join(episode),
+    solution = (render_calls(episode[0], "compact") + tool_observation(episode[1], "compact")
+                + final) if use_tool else final
+    return Problem(prompt=f"{expression}=", answer=str(answer), solution=solution,
                    meta=self._meta(tool=use_tool, episode=episode))
 
   def verify(self, completion: str, problem: Problem) -> float:

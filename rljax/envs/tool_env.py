@@ -1,7 +1,8 @@
 """``ToolEnv``: an environment whose turns are tool calls until a final answer.
 
-A turn holding tool calls is answered with their results (one observation per call, in the
-run's ``env.tool_format``) and the episode goes on; a turn without a call is the final answer,
+A turn holding tool calls is answered with their results, in call order (compact: the results'
+text; hermes: one tool message per call, ``tools.tool_messages``, which the driver renders with the
+tokenizer's chat template) and the episode goes on; a turn without a call is the final answer,
 scored by ``score``. Calls that cannot be read or run are answered with an error observation and
 counted in ``info['tool_errors']``.
 """
@@ -34,10 +35,10 @@ class ToolEnv(Environment):
     if not calls:
       reward, correct = self.score(action)
       return StepResult("", float(reward), True, {"correct": bool(correct)})
-    parts, errors = [], 0
+    results, errors = [], 0
     for call in calls:
       text, ok = self.call_tool(call)
       errors += not ok
-      parts.append(tools_lib.render_result(text, ok, self.tool_format))
-    return StepResult("".join(parts), 0.0, False,
+      results.append(tools_lib.result_text(text, ok, self.tool_format))
+    return StepResult(tools_lib.tool_observation(results, self.tool_format), 0.0, False,
                       {"tool_calls": len(calls), "tool_errors": errors})

@@ -2,19 +2,28 @@
 
 Two ways to write a call (``TOOL_FORMATS``):
 
-- ``'hermes'`` (Qwen / Hermes function calling), for Hugging Face tokenizers::
+- ``'hermes'`` (Qwen / Hermes function calling), for Hugging Face tokenizers, written as Qwen's
+  chat template writes an assistant message's calls (``render_calls``; parallel calls one per
+  block, separated by a newline)::
 
-    <tool_call>{"name": "calc", "arguments": {"expression": "123*45"}}</tool_call>
+    <tool_call>
+    {"name": "calc", "arguments": {"expression": "123*45"}}
+    </tool_call>
 
-  answered with ``<tool_response>\\n5535\\n</tool_response>\\n``.
+  answered with one ``{"role": "tool", "content": "5535"}`` message per call
+  (``tool_messages``), which the rollout driver renders with the tokenizer's chat template
+  (``Tokenizer.render_followup``), or, for a tokenizer without one, as
+  ``<tool_response>\\n5535\\n</tool_response>\\n`` (``render_result``).
 - ``'compact'``, for the embedded char-level tasks (whose vocabulary has no braces or quotes):
   ``<NAME ARGS>``, e.g. ``<calc 123*45>``, answered with the bare result, ``5535``. ``ARGS``
   (everything up to ``>``, no ``<``) is the tool's ``compact_arg`` argument.
 
-A turn ends at the format's close marker (``</tool_call>`` or ``>``), so a turn holds at most one
-complete call at its end. A call that cannot be read (an unclosed ``<``, JSON that does not parse,
-an unknown tool, arguments the tool rejects, a tool that raises) becomes an error *observation*
-(``error``, ``error: <why>`` in hermes), counted as a tool error: never an exception.
+A compact turn ends at its close marker ``>``, so it holds at most one complete call at its end; a
+hermes turn with a chat template is a whole assistant message (it ends at EOS), every call in it
+run before the policy continues; without a chat template a hermes turn ends at ``</tool_call>``.
+A call that cannot be read (an unclosed ``<``, JSON that does not parse, an unknown tool,
+arguments the tool rejects, a tool that raises) becomes an error *observation* (``error``,
+``error: <why>`` in hermes), counted as a tool error: never an exception.
 
 A tool is a function of keyword arguments returning text (or a number)::
 
@@ -191,20 +200,57 @@ def run_tool(call: ToolCall, tools: Optional[Dict[str, Tool]] = None) -> tuple[s
   return format_number(result) if isinstance(result, (int, float, Fraction)) else str(result), True
 
 
-def render_result(text: str, ok: bool, tool_format: str) -> str:
-  """The observation answering one call."""
+def result_text(text: str, ok: bool, tool_format: str) -> str:
+  """What answers one call: the result, or the error (``error`` compact, ``error: <why>``
+  hermes)."""
   _check_format(tool_format)
   if tool_format == "hermes":
-    body = text if ok else f"error: {text}"
-    return f"<tool_response>\n{body}\n</tool_response>\n"
+    return text if ok else f"error: {text}"
   return text if ok else "error"
 
 
+def render_result(text: str, ok: bool, tool_format: str) -> str:
+  """The observation text answering one call without a chat template."""
+  body = result_text(text, ok, tool_format)
+  return f"<tool_response>\n{body}\n</tool_response>\n" if tool_format == "hermes" else body
+
+
+def tool_messages(results) -> List[dict]:
+  """The chat messages answering an assistant message's calls: ``[{"role": "tool", "content":
+  text}]``, one per ``text`` of ``results`` in call order (a hermes observation)."""
+  return [{"role": "tool", "content": str(text)} for text in results]
+
+
+def tool_observation(results, tool_format: str):
+  """The observation answering a turn's calls, ``results`` their ``result_text``s in call order:
+  compact, the texts joined; hermes, one tool message each (``tool_messages``)."""
+  _check_format(tool_format)
+  return tool_messages(results) if tool_format == "hermes" else "".join(results)
+
+
+def render_messages(messages) -> str:
+  """Chat messages as text for a tokenizer without a chat template: a tool message as
+  ``<tool_response>\\n...\\n</tool_response>\\n``, any other message's content as it is."""
+  return "".join(f"<tool_response>\n{m['content']}\n</tool_response>\n" if m["role"] == "tool"
+                 else m["content"] for m in messages)
+
+
+def render_calls(calls, tool_format: str) -> str:
+  """How the policy writes the calls ``[(name, arguments)]`` of one turn (demonstrations for the
+  SFT cold start, docs, tests). Hermes exactly as Qwen's chat template renders an assistant
+  message's ``tool_calls`` (its content empty): blocks ``<tool_call>\\n{"name": ..., "arguments":
+  ...}\\n</tool_call>`` joined by a newline, the JSON with ``json.dumps`` defaults and unicode
+  unescaped, as the template's ``tojson`` writes it."""
+  return ("\n" if tool_format == "hermes" else "").join(
+      render_call(name, arguments, tool_format) for name, arguments in calls)
+
+
 def render_call(name: str, arguments: dict, tool_format: str) -> str:
-  """How the policy writes a call (demonstrations for the SFT cold start, docs, tests)."""
+  """How the policy writes one call (``render_calls``)."""
   _check_format(tool_format)
   if tool_format == "hermes":
-    return f"{HERMES_OPEN}{json.dumps({'name': name, 'arguments': arguments})}{HERMES_CLOSE}"
+    payload = json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False)
+    return f"{HERMES_OPEN}\n{payload}\n{HERMES_CLOSE}"
   tool = TOOLS.get(name)
   value = arguments[tool.compact_arg] if tool is not None and tool.compact_arg in arguments \
       else " ".join(str(v) for v in arguments.values())

@@ -72,11 +72,12 @@ def evaluate_config(config, *, samples: int = 1, checkpoint: str | None = None) 
 
 def _evaluate_config(config, *, samples: int, checkpoint: str | None) -> dict:
   build.check_reward_fn(config)  # before minutes of loading, as train does
-  from rljax.envs.checks import check_env_config
+  from rljax.envs.checks import check_env_config, check_env_startup
   check_env_config(config)
   if checkpoint:
     check_same_tokenizer(config, checkpoint)
   tokenizer = tokenizer_lib.load_tokenizer(config.data.tokenizer, config.data.chat_template)
+  check_env_startup(config, tokenizer)
   if checkpoint:
     model_cfg, params = load_run_params(checkpoint)
   else:

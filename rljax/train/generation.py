@@ -11,6 +11,8 @@ import jax
 import numpy as np
 
 from rljax import rollout as rollout_lib
+from rljax.data import prompt_policy
+from rljax.envs.failures import FailureReport
 from rljax.parallel import distributed, rules
 from rljax.rewards import shaping
 from rljax.rollout import inflight
@@ -33,6 +35,9 @@ class Generator:
   # ``rollout.inflight_chunk``: tokens per chunk of a rollout that takes newer weights between
   # chunks when the caller passes ``newest`` (the asynchronous sampler); 0 = off.
   inflight_chunk: int = 0
+  # rljax.envs.failures.FailureReport: told of every multi-turn batch (its failed episodes
+  # logged, sampled into the run dir, the run stopped if the first batch all failed).
+  env_failures: Any = None
 
   @property
   def mesh(self):
@@ -40,11 +45,22 @@ class Generator:
 
 
 
-def with_env(gen: Generator, config) -> Generator:
-  """``gen`` set up for the config's rollout mode: multi-turn in ``env.name``'s environment, or
-  single-turn (unchanged) when it is None."""
+def with_env(gen: Generator, config, failure_log: str | None = None) -> Generator:
+  """``gen`` set up for the config's rollout mode: multi-turn in ``env.name``'s environment
+  (its first observations limited to the model's context less ``env.max_tokens``; failed
+  episodes reported, a sample written to ``failure_log``), or single-turn (unchanged) when it is
+  None."""
   from rljax.envs.rollout import EnvSettings
-  return dataclasses.replace(gen, env=EnvSettings.from_config(config))
+  settings = EnvSettings.from_config(config)
+  if settings is None:
+    return gen
+  budget, key = prompt_policy.completion_budget(config)
+  limit = prompt_policy.prompt_token_limit(
+      config.data.max_prompt_tokens, prompt_policy.model_context(config, gen.tokenizer), budget,
+      key)
+  return dataclasses.replace(
+      gen, env=dataclasses.replace(settings, max_prompt_tokens=limit),
+      env_failures=FailureReport(settings.name, failure_log, config.reward.max_logged_failures))
 
 
 def continuations(gen: Generator, params) -> Callable:
@@ -90,6 +106,8 @@ def generate(gen: Generator, params, problems, key, sampling: rollout_lib.Sampli
   decoded in chunks, each with the newest weights (``rljax.rollout.inflight``)."""
   if gen.env is not None:
     result = episodes(gen, params, problems, key, sampling, group_size)
+    if gen.env_failures is not None:
+      gen.env_failures(result)
     return result.rollout, result.transcripts, result.counts
   prompt_ids = [gen.tokenizer.encode_prompt(p.prompt) for p in problems]
   tokens, mask = rollout_lib.left_pad(prompt_ids, gen.prompt_bucket, gen.tokenizer.pad_id)

@@ -9,6 +9,7 @@ it has not done.
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from typing import Callable
 
@@ -18,7 +19,7 @@ import numpy as np
 from rljax import models
 from rljax.models import transformer
 from rljax.parallel import distributed, rules
-from rljax.envs.checks import check_env_config
+from rljax.envs.checks import check_env_config, check_env_startup
 from rljax.rollout.sampler import Rollout
 from rljax.train import actors, build, compilation_cache, evaluation, filters, generation
 from rljax.train import preemption
@@ -179,6 +180,7 @@ def train(config) -> dict:
   SIGINT end it with ``preemption.Stop`` (SIGTERM after saving the last step)."""
   prepared = build.prepare(config)  # every check that needs no run dir, before claiming it
   check_env_config(config)
+  check_env_startup(config, prepared.tokenizer)
   # The cache is set once the run dir is claimed and before anything is compiled (the SFT cold
   # start included).
   with models.matmul_precision(config.model), run_dir_lib.claimed(config), \
@@ -188,7 +190,9 @@ def train(config) -> dict:
     try:
       with guard.droppable():
         run = build.build_run(config, prepared)
-        run.generator = generation.with_env(run.generator, config)  # the rollout mode
+        run.generator = generation.with_env(  # the rollout mode
+            run.generator, config,
+            os.path.join(config.train.run_dir, run_dir_lib.ENV_FAILURES_FILE))
       return _train(run, guard)
     except (preemption.Preempted, KeyboardInterrupt) as reason:
       stop = guard.stop(run, reason)

@@ -42,6 +42,7 @@ logger = logging.getLogger(__name__)
 LOCK_FILE = "run.lock"
 CONFIG_FILE = "config.json"
 DATA_FILE = "data.json"
+ENV_FAILURES_FILE = "env_failures.jsonl"  # failed environment calls (rljax.envs.failures)
 
 # Keys that may differ between the run that wrote a directory and the run resuming it: where
 # and how often to write, evaluate and show things, and how to lay the same computation out.

@@ -19,6 +19,8 @@ import optax
 
 from rljax import algos, models
 from rljax.data import datasets
+from rljax.envs import tools, validate
+from rljax.envs.rollout import message_turns
 from rljax.models import transformer
 
 STAMP_FILE = "rljax_sft_stamp.json"
@@ -39,6 +41,8 @@ def cold_start_stamp(config) -> dict:
   if config.env.name is not None:
     # Multi-turn cold starts leave the observations unlearned; ones saved before did not.
     stamp["observations"] = "unlearned"
+    if config.env.tool_format == "hermes":  # demonstrations rendered as the run's turns are
+      stamp["tool_format"] = "hermes"
   return stamp
 
 
@@ -54,26 +58,41 @@ def read_stamp(directory: str) -> dict | None:
   return stamp
 
 
-def encode_example(tokenizer, problem) -> tuple[list[int], list[int]]:
+def encode_example(tokenizer, problem,
+                   tool_format: str = "compact") -> tuple[list[int], list[int]]:
   """(tokens, loss mask): the prompt, then the reference solution and EOS, which are learned. A
   multi-turn demonstration (``problem.meta['episode']``) is encoded piece by piece, as the rollout
-  driver encodes an episode: its observations are in the input but not learned (mask 0), as in
-  the RL loss; the policy's turns and EOS are."""
+  driver encodes an episode in ``tool_format``: its observations are in the input but not
+  learned (mask 0), as in the RL loss; the policy's turns and EOS are. A piece that is a tuple
+  is structured: a turn's calls ``((name, arguments), ...)`` (written with ``tools.render_calls``)
+  or their results ``(text, ...)`` (answered as ``ToolEnv`` answers them). Where turns are chat
+  messages (hermes calls with a chat template: ``rljax.envs.rollout.message_turns``) every turn
+  ends with EOS and the results are rendered by the chat template, so the demonstration is the
+  conversation exactly as the template renders it."""
+  chat = message_turns(tokenizer, tool_format)
   tokens = list(tokenizer.encode_prompt(problem.prompt))
   learn = [0] * len(tokens)
   for k, piece in enumerate(problem.meta.get("episode", (problem.solution,))):
-    ids = tokenizer.encode(piece)
+    if k % 2 == 0:  # the policy's turn
+      text = piece if isinstance(piece, str) else tools.render_calls(piece, tool_format)
+      ids = tokenizer.encode(text) + ([tokenizer.eos_id] if chat else [])
+    else:
+      observation = piece if isinstance(piece, str) else tools.tool_observation(piece,
+                                                                                 tool_format)
+      ids = validate.observation_ids(tokenizer, observation)
     tokens, learn = tokens + ids, learn + [int(k % 2 == 0)] * len(ids)
+  if chat:
+    return tokens, learn
   return tokens + [tokenizer.eos_id], learn + [1]
 
 
-def make_batch(tokenizer, problems, width: int):
+def make_batch(tokenizer, problems, width: int, tool_format: str = "compact"):
   """Left-padded [B, width] tokens, attention mask and loss mask."""
   tokens = np.full((len(problems), width), tokenizer.pad_id, np.int32)
   attn = np.zeros((len(problems), width), np.int32)
   loss = np.zeros((len(problems), width), np.float32)
   for i, p in enumerate(problems):
-    ids, learn = encode_example(tokenizer, p)
+    ids, learn = encode_example(tokenizer, p, tool_format)
     if len(ids) > width:
       raise ValueError(f"SFT example of {len(ids)} tokens exceeds the width {width} "
                        f"(data.prompt_bucket + rollout.max_new_tokens): {p.prompt!r}")
@@ -120,7 +139,8 @@ def train_sft(config, tokenizer, *, log=print):
     if any(not p.solution for p in problems):
       raise ValueError(f"SFT needs reference solutions; data.source={config.data.source!r} has "
                        "none (use an embedded task)")
-    params, opt_state, loss = step(params, opt_state, *make_batch(tokenizer, problems, width))
+    params, opt_state, loss = step(params, opt_state, *make_batch(tokenizer, problems, width,
+                                                                  config.env.tool_format))
     if (i + 1) % max(s.steps // 10, 1) == 0 or i == 0:
       log(f"sft step {i + 1}/{s.steps} loss {float(loss):.4f} ({time.perf_counter() - t0:.0f}s)")
   return model_cfg, params

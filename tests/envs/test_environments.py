@@ -34,10 +34,18 @@ def test_tool_calc_episode():
 
 
 def test_tool_calc_hermes():
+  """Hermes calls are answered with one tool message per call, in call order (the driver
+  renders them with the chat template); parallel calls of one turn all run."""
   env = make_env("tool_calc", tool_format="hermes")
   env.reset(_problem("tool_calc", make_task("tool_calc", 0).problem_at(0, 1).answer))
   call = '<tool_call>{"name": "calc", "arguments": {"expression": "2*21"}}</tool_call>'
-  assert env.step(call).observation == "<tool_response>\n42\n</tool_response>\n"
+  assert env.step(call).observation == [{"role": "tool", "content": "42"}]
+  two = ('<tool_call>\n{"name": "calc", "arguments": {"expression": "3*4"}}\n</tool_call>\n'
+         '<tool_call>\n{"name": "calc", "arguments": {"expression": "1/0"}}\n</tool_call>')
+  result = env.step(two)
+  assert result.observation == [{"role": "tool", "content": "12"},
+                                {"role": "tool", "content": "error: division by zero"}]
+  assert result.info == {"tool_calls": 2, "tool_errors": 1}
 
 
 def test_guess_episode():

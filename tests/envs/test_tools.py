@@ -108,3 +108,13 @@ def test_registry_unknown_tool_bad_arguments_and_raising_tool():
     tools.unregister_tool("testboom")
   with pytest.raises(ValueError, match="lowercase"):
     tools.register_tool("Bad_Name")
+
+
+def test_parallel_hermes_calls_are_written_as_qwen_writes_them():
+  calls = (("calc", {"expression": "12*3"}), ("note", {"text": "café ≠ 3"}))
+  text = tools.render_calls(calls, "hermes")
+  assert text == ('<tool_call>\n{"name": "calc", "arguments": {"expression": "12*3"}}\n'
+                  '</tool_call>\n<tool_call>\n{"name": "note", "arguments": {"text": '
+                  '"café ≠ 3"}}\n</tool_call>')
+  assert parse_tool_calls(text, "hermes") == [ToolCall(n, a) for n, a in calls]
+  assert tools.render_calls(calls[:1], "compact") == "<calc 12*3>"
