@@ -6,7 +6,7 @@
   model = rljax.load("tiny")                               # or "hf:/path", or a run directory
   rollout, texts = model.sample(["1+2="], group_size=4)    # stops at the tokenizer's EOS
   logp, entropy = model.logprobs(rollout)                  # [B, T] each
-  algo = rljax.algos.resolve(config)                       # pure functions, bound
+  algo = rljax.algorithm.resolve(config)                       # pure functions, bound
 """
 from __future__ import annotations
 

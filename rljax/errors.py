@@ -40,6 +40,15 @@ class StartupError(RljaxError, ValueError):
   combination the algorithm does not allow)."""
 
 
+class ConfigError(RljaxError, ValueError):
+  """A config value outside what the key allows, or keys that do not fit together (the message
+  names the keys)."""
+
+
+class UnusedKeyError(ConfigError):
+  """A key differs from its default and nothing the config resolved to reads it."""
+
+
 class DataError(RljaxError, ValueError):
   """A dataset file or line that cannot be read (the message names file and line)."""
 
@@ -61,6 +70,10 @@ class UnknownNameError(RljaxError, KeyError, ValueError):
 
   def __str__(self):  # KeyError's would print the message's repr
     return str(self.args[0])
+
+
+class UnknownComponentError(ConfigError, UnknownNameError):
+  """A config key names no registered component (the message lists the registered names)."""
 
 
 class ModelFileError(RljaxError, ValueError):

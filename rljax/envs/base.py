@@ -33,10 +33,11 @@ import dataclasses
 from typing import Any, Callable, Dict, List, Sequence, Union
 
 from rljax.errors import UnknownNameError
-from rljax.keys import Check
+from rljax.defaults import options
+from rljax.keys import add_family
 
 Observation = Union[str, Sequence[int]]
-TOOL_FORMATS = ("compact", "hermes")
+TOOL_FORMATS = options("env.tool_format")
 
 
 @dataclasses.dataclass
@@ -115,8 +116,8 @@ def unregister_env(name: str) -> None:
 
 
 def env_names() -> List[str]:
-  """The registered environments (the package's own are imported first)."""
-  import rljax.envs  # noqa: F401  (its package scan registers the built-in environments)
+  """The registered environments (importing this module runs ``rljax/envs/__init__.py``
+  first, whose package scan registers the built-in ones)."""
   return sorted(ENVS)
 
 
@@ -132,18 +133,15 @@ def make_env(name: str, *, max_turns: int = 4, tool_format: str = "compact") -> 
   return get_env_class(name)(max_turns=max_turns, tool_format=tool_format)
 
 
-class _EnvNameCheck(Check):
-  """``env.name``'s declaration: None (single-turn) or a registered environment, the registered
-  ones listed when the value is not one of them."""
+class _Registered:
+  """The environments as ``registered("environment")`` keys (``env.name``) look them up."""
 
-  def __call__(self, value):
-    if self.ok(value):
-      return None
-    return f"None (single-turn) or a registered environment: {', '.join(env_names())}"
+  @staticmethod
+  def names():
+    return env_names()
 
 
-ENV_NAME = _EnvNameCheck(lambda v: v is None or (isinstance(v, str) and v in env_names()),
-                         "None (single-turn rollouts) or a registered environment name", str)
+add_family("environment", _Registered)
 
 
 def plain(value: Any, depth: int = 0):

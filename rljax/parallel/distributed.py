@@ -28,6 +28,8 @@ from typing import Any
 import jax
 import numpy as np
 
+from rljax.parallel import rules
+
 logger = logging.getLogger(__name__)
 
 _STATE: dict[str, Any] = {"method": None}
@@ -175,8 +177,6 @@ def host_local_to_global(array, mesh, sharding=None):
   ``sharding`` defaults to ``rules.batch_sharding(mesh, ndim)``. Single process: a plain
   ``device_put``. Every process must call this with the same shapes.
   """
-  from rljax.parallel import rules
-
   def one(x):
     x = np.asarray(x)
     sh = sharding if sharding is not None else rules.batch_sharding(mesh, x.ndim)

@@ -56,7 +56,7 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from rljax.parallel.mesh import AXES
+from rljax.defaults import MESH_AXES as AXES  # the mesh's axes (rljax.parallel.mesh)
 
 DEFAULT_RULES: dict[str, Any] = {
     "batch": ("data", "fsdp", "expert"),

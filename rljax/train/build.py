@@ -16,9 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from rljax import config_checks, models
-from rljax.defaults import KEY_BY_NAME
 from rljax import rollout as rollout_lib
-from rljax.algos.resolve import Algorithm, resolve
+from rljax.algorithm import Algorithm, resolve
 from rljax.data import datasets, prompt_policy, tokenizer as tokenizer_lib
 from rljax.errors import ModelFileError, RljaxError, StartupError
 from rljax.models import ModelConfig, transformer
@@ -93,40 +92,18 @@ def _hf_source(config, tokenizer, *, train_if_missing: bool) -> str | None:
   raise StartupError(f"model.source must be 'tiny', 'sft' or 'hf:PATH', got {source!r}")
 
 
-# 'tiny'/'sft' keys that only a family with MoE layers reads, and run settings only MoE layers use.
-_TINY_ONLY = ("model.family",)
-_TINY_MOE = ("model.num_experts", "model.experts_per_token", "model.moe_intermediate_size")
-_MOE_SETTINGS = ("model.moe_dispatch", "model.moe_capacity_factor", "model.router_replay")
-
-
 def check_model_keys(config, algo: Algorithm, tokenizer) -> Algorithm:
-  """The model keys the run's architecture reads, and ``algo.router_aux_coef``'s default.
-
-  A 'tiny'-model key set with a checkpoint source, an MoE key set for a model without MoE layers,
-  or a load-balancing weight on such a model is refused by name (no key is silently ignored).
-  ``algo.router_aux_coef`` None takes the checkpoint's ``router_aux_loss_coef``."""
+  """The keys read only by some architectures (``read_if`` over the model in
+  rljax/defaults.py: MoE settings on a model without MoE layers, 'tiny' sizes with a checkpoint
+  source), and ``algo.router_aux_coef``'s default: None takes the checkpoint's
+  ``router_aux_loss_coef``."""
   model_cfg = resolve_model_config(config, tokenizer)
-  fresh = config.model.source in ("tiny", "sft")
-  unread = [k for k in _TINY_ONLY + _TINY_MOE if not fresh and _changed(config, k)]
-  if not model_cfg.moe_layers:
-    unread += [k for k in _TINY_MOE + _MOE_SETTINGS if _changed(config, k)]
-    if config.algo.router_aux_coef is not None:
-      unread.append("algo.router_aux_coef")
-  if unread:
-    where = f"model.source={config.model.source!r}, a {model_cfg.model_type} model"
-    raise StartupError(f"{', '.join(sorted(set(unread)))} not read by {where}"
-                       f"{'' if model_cfg.moe_layers else ' without MoE layers'}: set "
-                       f"{'it' if len(set(unread)) == 1 else 'them'} back to the default")
+  config_checks.check_unused(config, algo, model_cfg)
   if config.algo.router_aux_coef is not None or not model_cfg.moe_layers:
     return algo
   with config.unlocked():
     config.algo.router_aux_coef = float(model_cfg.router_aux_loss_coef)
   return resolve(config)
-
-
-def _changed(config, key: str) -> bool:
-  section, name = key.split(".")
-  return config[section][name] != KEY_BY_NAME[key].default
 
 
 def resolve_model_config(config, tokenizer) -> ModelConfig:
@@ -395,7 +372,6 @@ def prepare(config) -> Prepared:
   run_dir_lib.check_path(config.train.run_dir)
   algo = _startup(resolve, config)
   check_reward_fn(config)
-  _startup(step_lib.check_update_schedule, config)
   distributed.initialize(config.dist)
   tokenizer = tokenizer_lib.load_tokenizer(config.data.tokenizer, config.data.chat_template)
   _check_model_files(config, algo, tokenizer)

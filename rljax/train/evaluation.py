@@ -13,7 +13,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from rljax import models
+from rljax import config_checks, models
 from rljax.data import datasets, prompt_policy, tokenizer as tokenizer_lib
 from rljax.parallel import rules
 from rljax.rewards import verifiers
@@ -72,8 +72,7 @@ def evaluate_config(config, *, samples: int = 1, checkpoint: str | None = None) 
 
 def _evaluate_config(config, *, samples: int, checkpoint: str | None) -> dict:
   build.check_reward_fn(config)  # before minutes of loading, as train does
-  from rljax.envs.checks import check_env_config
-  check_env_config(config)
+  config_checks.check_config(config)  # values, unread keys, relations: before any loading
   if checkpoint:
     check_same_tokenizer(config, checkpoint)
   tokenizer = tokenizer_lib.load_tokenizer(config.data.tokenizer, config.data.chat_template)

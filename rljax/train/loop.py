@@ -18,7 +18,6 @@ import numpy as np
 from rljax import models
 from rljax.models import transformer
 from rljax.parallel import distributed, rules
-from rljax.envs.checks import check_env_config
 from rljax.rollout.sampler import Rollout
 from rljax.train import actors, build, compilation_cache, evaluation, filters, generation
 from rljax.train import preemption
@@ -178,7 +177,6 @@ def train(config) -> dict:
   """Run ``config`` end to end; returns the final eval and the last step's metrics. SIGTERM and
   SIGINT end it with ``preemption.Stop`` (SIGTERM after saving the last step)."""
   prepared = build.prepare(config)  # every check that needs no run dir, before claiming it
-  check_env_config(config)
   # The cache is set once the run dir is claimed and before anything is compiled (the SFT cold
   # start included).
   with models.matmul_precision(config.model), run_dir_lib.claimed(config), \

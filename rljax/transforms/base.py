@@ -34,6 +34,7 @@ import dataclasses
 from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
 from rljax.algos.registry import Registry
+from rljax.keys import add_family
 
 Metrics = Dict[str, Any]
 
@@ -108,6 +109,7 @@ class Minibatch:
 
 
 TRANSFORMS = Registry("transform")
+add_family("transform", TRANSFORMS)
 
 
 def register_transform(name: str, *, order: int, reads: Tuple[str, ...]):

@@ -2,7 +2,7 @@
 and the combinations they refuse, each naming its key."""
 import pytest
 
-from rljax.algos.resolve import resolve
+from rljax.algorithm import resolve
 
 
 def settings(**overrides):
