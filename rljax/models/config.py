@@ -11,8 +11,11 @@ import json
 import os
 from typing import Any, Mapping
 
+import jax
+
 from rljax.defaults import KEY_BY_NAME, REMAT_MODES, options
 from rljax.errors import ConfigError, ModelFileError
+from rljax.models import families
 
 # The run settings' choices, as ``rljax/defaults.py`` declares the keys.
 MATMUL_PRECISIONS = options("model.matmul_precision")
@@ -164,7 +167,6 @@ class ModelConfig:
   @classmethod
   def from_hf_dict(cls, hf: Mapping[str, Any], **overrides) -> "ModelConfig":
     """The architecture of an HF config.json (its family reads the keys it needs)."""
-    from rljax.models import families
     model_type = hf.get("model_type")
     if model_type not in supported_model_types():
       archs = hf.get("architectures")
@@ -202,13 +204,11 @@ class ModelConfig:
 
   def to_hf_dict(self) -> dict:
     """A config.json that ``transformers`` loads as the same architecture."""
-    from rljax.models import families
     return families.get(self.model_type).config_to_hf(self)
 
 
 def supported_model_types() -> tuple[str, ...]:
   """The HF ``model_type``s with a family in ``rljax.models.families``."""
-  from rljax.models import families
   return families.model_types()
 
 
@@ -218,7 +218,6 @@ def compute_dtype(value: str, platform: str | None = None) -> str:
   if value != "auto":
     return value
   if platform is None:
-    import jax
     platform = jax.default_backend()
   return "float32" if platform == "cpu" else "bfloat16"
 
@@ -240,7 +239,6 @@ _TINY_MOE = dict(norm_topk_prob=True, router_aux_loss_coef=0.001)
 def tiny_config(model_cfg, vocab_size: int, **overrides) -> ModelConfig:
   """A fresh small model from the ``config.model`` section (``model.source='tiny'``) of the
   family ``model.family``."""
-  from rljax.models import families
   family = model_cfg.family
   fields = dict(
       vocab_size=vocab_size,
@@ -275,5 +273,4 @@ def matmul_precision(model_section):
                       f"{list(MATMUL_PRECISIONS)}")
   if value == "default":
     return contextlib.nullcontext()
-  import jax
   return jax.default_matmul_precision(value)
