@@ -32,8 +32,10 @@ import abc
 import dataclasses
 from typing import Any, Callable, Dict, List, Sequence, Union
 
-from rljax.errors import UnknownNameError
+import numpy as np
+
 from rljax.defaults import options
+from rljax.errors import UnknownNameError
 from rljax.keys import add_family
 
 Observation = Union[str, Sequence[int]]
@@ -157,12 +159,8 @@ def plain(value: Any, depth: int = 0):
     return [plain(v, depth + 1) for v in list(value)[:1000]]
   if isinstance(value, dict):
     return {str(k)[:100]: plain(v, depth + 1) for k, v in list(value.items())[:100]}
-  try:
-    import numpy as np
-    if isinstance(value, np.generic):
-      return plain(value.item(), depth + 1)
-  except ImportError:  # pragma: no cover
-    pass
+  if isinstance(value, np.generic):
+    return plain(value.item(), depth + 1)
   try:
     return repr(value)[:200]
   except BaseException:

@@ -18,6 +18,8 @@ import dataclasses
 import math
 from typing import Any, List, Sequence
 
+import numpy as np
+
 from rljax.envs.base import Environment, StepResult, plain
 from rljax.rewards import isolation
 
@@ -38,13 +40,8 @@ def _observation(value):
   if isinstance(value, (list, tuple)) and all(isinstance(v, int) and not isinstance(v, bool)
                                               for v in value):
     return [int(v) for v in value]
-  try:
-    import numpy as np
-    if isinstance(value, np.ndarray) and value.ndim == 1 and np.issubdtype(value.dtype,
-                                                                            np.integer):
-      return [int(v) for v in value]
-  except ImportError:  # pragma: no cover
-    pass
+  if isinstance(value, np.ndarray) and value.ndim == 1 and np.issubdtype(value.dtype, np.integer):
+    return [int(v) for v in value]
   raise TypeError(f"an observation must be text or a list of token ids, got "
                   f"{type(value).__name__}")
 
