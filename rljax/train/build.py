@@ -31,6 +31,9 @@ from rljax.train.checkpoint import Checkpointer
 from rljax.train.metrics import MetricsWriter
 from rljax.train import state as state_lib
 from rljax.train.state import TrainState, create_state, make_optimizer, total_updates
+from rljax.train import run_dir as run_dir_lib
+from rljax.train import sft
+from rljax.train.plot import plot_run
 
 
 # Compiled samplers shared by every run of the process (notebooks, tests, eval after train):
@@ -81,7 +84,6 @@ def sampling_params(config, tokenizer, greedy: bool = False) -> rollout_lib.Samp
 def _hf_source(config, tokenizer, *, train_if_missing: bool) -> str | None:
   source = config.model.source
   if source == "sft":
-    from rljax.train import sft
     if train_if_missing:
       return sft.ensure_sft_checkpoint(config, tokenizer)
     return config.sft.out_dir
@@ -367,7 +369,6 @@ def prepare(config) -> Prepared:
   """Every check that needs neither the run dir nor the weights, in about a second: values,
   names, the run dir's path, the tokenizer, every prompt, the model files' headers and the mesh.
   ``loop.train`` calls it before claiming the run dir, so a mistake there leaves nothing."""
-  from rljax.train import run_dir as run_dir_lib
   config_checks.check_config(config)
   run_dir_lib.check_path(config.train.run_dir)
   algo = _startup(resolve, config)
@@ -451,7 +452,6 @@ def finish(run) -> None:
   if distributed.is_main_process():
     if cfg.train.export_hf:
       models.save_hf(os.path.join(cfg.train.run_dir, "hf"), run.generator.model.cfg, params)
-    from rljax.train.plot import plot_run
     plot_run(os.path.join(cfg.train.run_dir, "metrics.jsonl"),
              os.path.join(cfg.train.run_dir, "curves.png"))
   run.writer.close()

@@ -20,6 +20,7 @@ from rljax.rewards import verifiers
 from rljax.train import build, generation
 from rljax.train.checkpoint import Checkpointer
 from rljax.train.run_dir import RunDirError
+from rljax.parallel import mesh as mesh_lib
 
 EVAL_BATCH = 128  # problems per sampler call
 # Multi-turn evals also report, per episode: turns, tool calls, tool errors, and the share of
@@ -80,7 +81,6 @@ def _evaluate_config(config, *, samples: int, checkpoint: str | None) -> dict:
     model_cfg, params = load_run_params(checkpoint)
   else:
     model_cfg, params = build.load_policy(config, tokenizer)
-  from rljax.parallel import mesh as mesh_lib
   source = datasets.make_prompt_source(config.data)
   prompt_policy.apply_prompt_policy(source, config, tokenizer)
   generator = generation.with_env(build.make_generator(

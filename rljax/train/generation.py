@@ -15,6 +15,9 @@ from rljax.parallel import distributed, rules
 from rljax.rewards import shaping
 from rljax.rollout import inflight
 from rljax.rollout.sampler import Rollout
+from rljax.envs.rollout import EnvSettings
+from rljax.envs.rollout import run_episodes
+from rljax.envs.continuous import run_episodes_continuous
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,7 +46,6 @@ class Generator:
 def with_env(gen: Generator, config) -> Generator:
   """``gen`` set up for the config's rollout mode: multi-turn in ``env.name``'s environment, or
   single-turn (unchanged) when it is None."""
-  from rljax.envs.rollout import EnvSettings
   return dataclasses.replace(gen, env=EnvSettings.from_config(config))
 
 
@@ -68,12 +70,10 @@ def episodes(gen: Generator, params, problems, key, sampling: rollout_lib.Sampli
   turn-synchronous driver around the policy's sharded sampler, or continuous batching across
   turns (its cache store and lanes on the default device; the params are read where they are)."""
   if gen.env.engine == "continuous":
-    from rljax.envs.continuous import run_episodes_continuous
     return run_episodes_continuous(problems, key, cfg=gen.model.cfg, params=params,
                                    tokenizer=gen.tokenizer, settings=gen.env, sampling=sampling,
                                    group_size=group_size, prompt_bucket=gen.prompt_bucket,
                                    slots=gen.env.slots, dtype=gen.model.dtype)
-  from rljax.envs.rollout import run_episodes
   return run_episodes(problems, key, generate=continuations(gen, params), tokenizer=gen.tokenizer,
                       settings=gen.env, sampling=sampling, group_size=group_size,
                       prompt_bucket=gen.prompt_bucket, row_multiple=rules.batch_divisor(gen.mesh))

@@ -24,6 +24,7 @@ from rljax.train import preemption
 from rljax.train import run_dir as run_dir_lib
 from rljax.train.metrics import summarize
 from rljax.transforms import HostRollout
+from rljax.models import attention
 
 # --- rollout and rewards -------------------------------------------------------------------------
 
@@ -204,7 +205,6 @@ def train(config) -> dict:
 
 def describe_model(model_cfg) -> str:
   """One start-up line: the family, its size and the kernels it will run with."""
-  from rljax.models import attention
   kernel = attention.resolve_backend(model_cfg.attention, dtype=model_cfg.dtype,
                                      self_attention=True)
   moe = (f", {model_cfg.num_experts} experts top-{model_cfg.experts_per_token} in "

@@ -35,6 +35,7 @@ from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
 from rljax.algos.registry import Registry
 from rljax.keys import add_family
+from rljax.algos.registry import LOSS_AGGS, POLICY_LOSSES
 
 Metrics = Dict[str, Any]
 
@@ -142,6 +143,5 @@ def level(algo: Mapping[str, Any], key: str) -> Optional[str]:
 
 def per_sequence_objective(algo: Mapping[str, Any]) -> bool:
   """Whether the resolved objective gives one loss per sequence (no per-token weights)."""
-  from rljax.algos.registry import LOSS_AGGS, POLICY_LOSSES
   agg = POLICY_LOSSES.meta(algo["policy_loss"]).get("loss_agg") or algo["loss_agg"]
   return bool(LOSS_AGGS.meta(agg).get("per_sequence"))
