@@ -5,6 +5,8 @@ traceback and exit status 1."""
 from __future__ import annotations
 
 import errno
+import logging
+import sys
 
 USER_ERROR = 2  # exit status of a user error (argparse uses 2 for bad arguments too)
 
@@ -149,8 +151,6 @@ def quiet_disk_full_logs() -> None:
   """Filters the background noise of a failed orbax save (see ``_QuietDiskFull``); the error
   itself still reaches the main thread. Also drops the "Event loop is closed" errors tensorstore's
   callbacks raise, unraisable, into the event loop orbax closed after the failure."""
-  import logging
-  import sys
   for name in ("absl", "asyncio"):
     logger = logging.getLogger(name)
     if not any(isinstance(f, _QuietDiskFull) for f in logger.filters):

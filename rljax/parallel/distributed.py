@@ -27,6 +27,7 @@ from typing import Any
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 
 from rljax.parallel import rules
 
@@ -154,7 +155,6 @@ def to_host(tree):
   """numpy copies of (possibly multi-process sharded) arrays, the full global value on every
   process. A collective: every process must call it (``jax.device_get`` cannot fetch rows held by
   other processes). Use it for metrics, rollouts handed to Python verifiers, and exports."""
-  from jax.experimental import multihost_utils
 
   def one(x):
     if isinstance(x, jax.Array) and not x.is_fully_addressable:
