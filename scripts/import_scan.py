@@ -10,7 +10,7 @@ and prints three lists:
 - upward imports: a module importing one of a higher layer;
 - function-local imports: an ``import`` inside a function or class body.
 
-The layers (``docs/design``: models < rollout < rewards/data/parallel < algos < transforms/envs <
+The layers (the project's design: models < rollout < rewards/data/parallel < algos < transforms/envs <
 train < api/cli), with the top-level modules placed among them:
 
   0 base        errors, keys, defaults, config_loader   the key declarations and errors: they
