@@ -163,7 +163,7 @@ class Facts:
 class When:
   """A condition on the run: ``test(facts, key) -> bool`` (``key``: the dotted name of the key it
   is the ``read_if`` of); ``says``: the condition in words (docs, "it is read with ...");
-  ``unless``: why the key is not read when it is false (a string or ``f(facts) -> str``);
+  ``unless``: why the key is not read when it is false (a string or ``f(facts, key) -> str``);
   ``needs``: the facts beyond the config it looks at ('algorithm', 'model'), so the walker
   applies it once they are known. ``a & b``, ``a | b`` combine conditions."""
   test: Callable[[Facts, str], bool]
@@ -211,12 +211,12 @@ def above(name: str, bound, unless=None) -> When:
   return When(lambda f, k: f[name] > bound, f"{name} > {bound!r}", unless)
 
 
+_KEY_FAMILIES: Dict[str, str] = {}  # filled by ``declare``: registered key -> its family
+
+
 def meta_says(name: str, test: Callable[[dict], bool], says: str, unless=None) -> When:
   """The component that the key ``name`` (a ``registered`` key) names declares ``test(meta)``."""
   return When(lambda f, k: test(registry_meta(_KEY_FAMILIES[name], f[name])), says, unless)
-
-
-_KEY_FAMILIES: Dict[str, str] = {}  # filled by ``declare``: registered key -> its family
 
 
 def component_reads() -> When:

@@ -77,8 +77,8 @@ BAD = [
     # Keys nothing reads, refused from their read_if declarations alone.
     ("grpo", {"critic.value_clip": "0.3"},
      "critic.value_clip=0.3 is not used: there is no critic (critic.enabled=False)"),
-    ("grpo", {"model.source": "hf:/nowhere"},
-     "model.hidden_size=32 is not used: model.source='hf:/nowhere' brings its own architecture"),
+    ("grpo", {"model.source": "hf:/nowhere", "model.family": "qwen3"},
+     "model.family='qwen3' is not used: model.source='hf:/nowhere' brings its own architecture"),
     ("grpo", {"teacher.source": "tiny"}, "teacher.source='tiny' is not used: there is no "
      "distillation (algo.opd_coef=0)"),
     ("grpo", {"env.slots": "4"}, "env.slots=4 is not used: rollouts are single-turn"),
