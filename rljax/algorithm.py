@@ -1,9 +1,11 @@
 """An algorithm resolved once: config names -> function objects with bound hyperparameters.
 
 ``resolve(config)`` runs at start-up, before any model is built: it looks up every registered
-name of the ``algo`` section (an unknown one fails listing the registered names), checks
-every ``algo.*`` key against its declaration (``rljax/defaults.py``), and returns an ``Algorithm``. Below this point nothing reads a
-ConfigDict.
+name of the ``algo`` section (an unknown one fails listing the registered names), checks every
+``algo.*`` key against its declaration (``rljax/defaults.py``), refuses a key set away from its
+default that nothing resolved reads (``rljax.config_checks.check_unused``), and returns an
+``Algorithm``. Below this point nothing reads a ConfigDict. It sits above ``rljax.algos`` (the
+components) and ``rljax.transforms`` (the stateful pieces it resolves too).
 
 Hyperparameters: a float key a component reads is *traced*: it travels as an entry of the
 ``hparams`` dict passed to the compiled step, so a sweep over a coefficient (or a ``vmap`` over
