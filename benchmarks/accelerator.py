@@ -5,7 +5,7 @@
                                    [--compilation-cache DIR] [--profile DIR]
   python benchmarks/accelerator.py --smoke        # a tiny model on the CPU, in seconds (the test)
 
-Models: random weights in the shapes of ``rljax.parallel.plan.MODEL_SHAPES`` (Qwen2.5-0.5B and
+Models: random weights in the shapes of ``rljax.plan.MODEL_SHAPES`` (Qwen2.5-0.5B and
 -1.5B: tied embeddings, vocabulary 151936), created on the device. Precision: the project's policy,
 ``model.dtype='auto'`` (bfloat16 compute on accelerators, float32 on CPU) with float32 parameters
 and optimizer state; the sampler computes in the model's dtype (``rollout.dtype`` unset).
@@ -63,10 +63,10 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from rljax import config_loader  # noqa: E402
-from rljax.algos import resolve  # noqa: E402
+from rljax.algorithm import resolve  # noqa: E402
 from rljax.models import transformer  # noqa: E402
 from rljax.parallel import mesh as mesh_lib  # noqa: E402
-from rljax.parallel import plan as plan_lib  # noqa: E402
+from rljax import plan as plan_lib  # noqa: E402
 from rljax.rollout import Rollout, SamplingParams, make_sampler  # noqa: E402
 from rljax.train import build, compilation_cache  # noqa: E402
 import profile_summary  # noqa: E402

@@ -53,7 +53,7 @@ from rljax import config_loader  # noqa: E402
 from rljax.models import tiny_config, llama  # noqa: E402
 from rljax.parallel import mesh as mesh_lib  # noqa: E402
 from rljax.rollout import SamplingParams  # noqa: E402
-from rljax.algos import resolve  # noqa: E402
+from rljax.algorithm import resolve  # noqa: E402
 from rljax.train import build  # noqa: E402
 from bench_common import matmul_flops, matmul_precisions  # noqa: E402
 

@@ -13,7 +13,7 @@ def __getattr__(name):
   if name in _API:
     from rljax import api
     return getattr(api, name)
-  if name == "algos":
+  if name in ("algos", "algorithm"):
     import importlib
-    return importlib.import_module("rljax.algos")
+    return importlib.import_module(f"rljax.{name}")
   raise AttributeError(f"module 'rljax' has no attribute {name!r}")

@@ -6,7 +6,7 @@
   model = rljax.load("tiny")                               # or "hf:/path", or a run directory
   rollout, texts = model.sample(["1+2="], group_size=4)    # stops at the tokenizer's EOS
   logp, entropy = model.logprobs(rollout)                  # [B, T] each
-  algo = rljax.algos.resolve(config)                       # pure functions, bound
+  algo = rljax.algorithm.resolve(config)                       # pure functions, bound
 """
 from __future__ import annotations
 
@@ -26,6 +26,9 @@ from rljax.models import ModelConfig, transformer
 from rljax.models.config import compute_dtype
 from rljax.rollout import engine
 from rljax.rollout.sampler import Rollout, SamplingParams
+from rljax import defaults
+from rljax.train import step
+from rljax.train import evaluation
 
 
 def config(path: str | None = None, overrides: Mapping[str, Any] | None = None
@@ -34,7 +37,6 @@ def config(path: str | None = None, overrides: Mapping[str, Any] | None = None
   default), or the ``get_config()`` of a config file, with ``overrides`` ({"a.b": value}) set.
   Unknown keys and values of the wrong type are errors naming the key."""
   if path is None:
-    from rljax import defaults
     result = defaults.get_config()
   else:
     result = config_loader.load_config_file(path)
@@ -85,7 +87,6 @@ class Model:
   def logprobs(self, rollout: Rollout, chunk: int = 512) -> tuple[jax.Array, jax.Array]:
     """Teacher-forced log-probs of a rollout's completion tokens and the full-vocabulary
     entropies at each position: ``([B, T], [B, T])``."""
-    from rljax.train import step
     return step.completion_stats(self.cfg, self.params, rollout, chunk)
 
 
@@ -120,7 +121,6 @@ def load(source: str = "tiny", *, tokenizer: str | None = None,
     raise FileNotFoundError(f"rljax.load: {source!r} is not 'tiny', 'hf:PATH', a Hugging Face "
                             "directory or an rljax run directory")
   if os.path.isdir(os.path.join(path, "checkpoints")):
-    from rljax.train import evaluation
     run_config = evaluation.run_config(path)
     model_cfg, params = evaluation.load_run_params(path, run_config)
     model_cfg, params = with_precision(model_cfg, params, **precision)

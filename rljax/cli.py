@@ -120,7 +120,7 @@ def cmd_plan(argv):
   parser.add_argument("--device", default=None,
                       help="v5p-64 | 8xh100-80g | cpu | 8x80GB (default: the config's plan.device)")
   args = parser.parse_args(rest)
-  from rljax.parallel import plan
+  from rljax import plan
   report = plan.plan_main(config, args.device)
   print(report)
   return report
@@ -147,8 +147,9 @@ def cmd_keys(argv):
   parser.add_argument("prefix", nargs="?", default="", help="only keys starting with this")
   parser.add_argument("--markdown", action="store_true", help="the table of docs/config.md")
   args = parser.parse_args(argv)
-  from rljax import keys
-  text = keys.markdown_table() if args.markdown else keys.text_table(args.prefix) + "\n"
+  from rljax import config_checks, defaults, keys  # config_checks loads every registry
+  text = (keys.markdown_table(defaults.KEYS, defaults.RELATIONS) if args.markdown
+          else keys.text_table(defaults.KEYS, args.prefix) + "\n")
   sys.stdout.write(text)
   return text
 

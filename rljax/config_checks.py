@@ -1,124 +1,124 @@
-"""Start-up validation: every key checked against its declaration before anything is built.
+"""Start-up validation: the one walker that applies the key declarations of ``rljax/defaults.py``.
 
 ``check_config(config)`` is a pure function of the config: it raises one ``ConfigError`` naming
 the key, its value and what is allowed, or returns None. It runs in well under a second (no model,
 no data, no compilation), so a typo or a negative epsilon costs a second, not an SFT run and an
-eval. What each key allows is declared once, in ``rljax/defaults.py`` (``KEYS``); this module
-adds only the constraints between keys. A key absent from the config is skipped (a config saved
-by an older version).
+eval. In order:
+
+1. every value against its key's ``check``;
+2. every key set away from its default against its ``read_if``: a key nothing reads is an
+   ``UnusedKeyError`` naming it and why (``algo.dual_clip_c=3.0 is not used by advantage 'grpo',
+   policy_loss 'cispo'; it is read by policy_loss 'gspo', policy_loss 'ppo'``);
+3. the ``RELATIONS`` between keys.
+
+A condition that looks at more than the config (the resolved algorithm, the model's architecture)
+is applied by ``check_unused`` once that is known: ``rljax.algorithm.resolve`` passes the
+algorithm, ``rljax.train.build`` the model. A key absent from the config is skipped (a config
+saved by an older version).
 """
 from __future__ import annotations
 
-from rljax.defaults import KEYS
-from rljax.errors import RljaxError, UnknownNameError
+from typing import Any, Dict
+
+# Every registry the declarations name (``registered(...)``, ``component_reads``), loaded here so
+# that the checks see the package's components whoever calls them.
+import rljax.algos  # noqa: F401
+import rljax.envs  # noqa: F401
+import rljax.models.families  # noqa: F401
+import rljax.rewards.verifiers  # noqa: F401
+import rljax.transforms  # noqa: F401
+from rljax.defaults import KEY_BY_NAME, KEYS, RELATIONS
+from rljax.errors import ConfigError, UnknownComponentError, UnusedKeyError
+from rljax.keys import Facts
+
+__all__ = ["ConfigError", "UnknownComponentError", "UnusedKeyError", "check_config",
+           "check_section", "check_unused", "check_eval_samples"]
 
 
-class ConfigError(RljaxError, ValueError):
-  """A config value outside what the key allows (the message names the key)."""
+def flat(config) -> Dict[str, Any]:
+  """``{dotted key: value}`` of a ConfigDict or nested dict (the declared keys it has)."""
+  out = {}
+  for key in KEYS:
+    node, present = config, True
+    for part in key.name.split("."):
+      if part not in node:
+        present = False
+        break
+      node = node[part]
+    if present:
+      out[key.name] = node
+  return out
 
 
-class UnknownComponentError(ConfigError, UnknownNameError):
-  """A key names no registered component (the message lists the registered names)."""
+def _fail(key: str, value, allowed: str) -> ConfigError:
+  error = UnknownComponentError if KEY_BY_NAME[key].check.family else ConfigError
+  return error(f"{key}={value!r} is not allowed: expected {allowed}")
 
 
 def check_section(section: str, values) -> None:
   """The declared checks of one section (e.g. ``algo``) on a mapping of its keys, for callers
-  that hold only that section (``rljax.algos.resolve`` of an ``algo`` dict)."""
+  that hold only that section (``rljax.algorithm.resolve`` of an ``algo`` dict)."""
   for key in KEYS:
     if key.section == section and (leaf := key.name[len(section) + 1:]) in values:
       if (allowed := key.check(values[leaf])) is not None:
         raise _fail(key.name, values[leaf], allowed)
 
 
-def _lookup(config, dotted: str):
-  node = config
-  for part in dotted.split("."):
-    if part not in node:
-      return False, None
-    node = node[part]
-  return True, node
-
-
-def _fail(key: str, value, allowed: str) -> ConfigError:
-  from rljax.defaults import KEY_BY_NAME
-  error = UnknownComponentError if KEY_BY_NAME[key].check.family else ConfigError
-  return error(f"{key}={value!r} is not allowed: expected {allowed}")
-
-
 def check_config(config) -> None:
-  """Raise ``ConfigError`` (one line: key, value, what is allowed) for the first bad value."""
+  """Raise a ``ConfigError`` (one line: key, value, what is allowed or why it is not read) for
+  the first bad value, unread key or broken relation that the config alone shows."""
+  values = flat(config)
+  for name, value in values.items():
+    if (allowed := KEY_BY_NAME[name].check(value)) is not None:
+      raise _fail(name, value, allowed)
+  facts = Facts(values)
+  _check_read(facts)
+  _check_relations(facts)
+
+
+def check_unused(config, algorithm=None, model=None) -> None:
+  """The ``read_if`` conditions with the resolved ``algorithm`` and/or the ``model``
+  architecture known (those that need them apply only then); the config-only ones again."""
+  _check_read(Facts(flat(config), algorithm, model))
+
+
+def _differs(name: str, value) -> bool:
+  default = KEY_BY_NAME[name].default
+  if isinstance(default, (list, tuple)) or isinstance(value, (list, tuple)):
+    return tuple(value or ()) != tuple(default or ())
+  return value != default
+
+
+def _check_read(facts: Facts) -> None:
   for key in KEYS:
-    present, value = _lookup(config, key.name)
-    if present and (allowed := key.check(value)) is not None:
-      raise _fail(key.name, value, allowed)
-  _check_relations(config)
+    if key.name not in facts.config or not facts.known(key.read_if.needs):
+      continue
+    value = facts[key.name]
+    if not _differs(key.name, value):
+      continue
+    try:
+      read = key.read_if.test(facts, key.name)
+    except KeyError:  # a config saved before a key the condition looks at existed
+      continue
+    if not read:
+      why = key.read_if.why_not(facts, key.name)
+      if why.startswith("by "):  # named with the components that would read it
+        why = (f" {why}. Set it back to {key.default!r} or switch on what reads it")
+      else:
+        why = f": {why}"
+      raise UnusedKeyError(f"{key.name}={value!r} is not used{why}")
 
 
-def _check_relations(config) -> None:
-  """Constraints between keys."""
-  from rljax.parallel.mesh import AXES  # the mesh's axes; the section's other keys place devices
-  fill = [f"mesh.{axis}" for axis in AXES if _lookup(config, f"mesh.{axis}") == (True, -1)]
-  if len(fill) > 1:
-    raise ConfigError(f"only one mesh axis may be -1 (the devices the others leave), got "
-                      f"{', '.join(fill)}")
-  m = config.model
-  if m.source in ("tiny", "sft") and m.hidden_size % m.num_heads:
-    raise ConfigError(f"model.hidden_size={m.hidden_size} must be a multiple of "
-                      f"model.num_heads={m.num_heads}")
-  if m.source in ("tiny", "sft") and m.num_heads % m.num_kv_heads:
-    raise ConfigError(f"model.num_heads={m.num_heads} must be a multiple of "
-                      f"model.num_kv_heads={m.num_kv_heads}")
-  r = config.rollout
-  rows = r.prompts_per_step * r.group_size
-  a = config.algo
-  if rows % (a.minibatches * a.micro_batches):
-    raise ConfigError(
-        f"rollout.prompts_per_step x rollout.group_size = {rows} rows do not split into "
-        f"algo.minibatches={a.minibatches} x algo.micro_batches={a.micro_batches} equal parts")
-  if "teacher" in config and a.opd_coef > 0 and not config.teacher.source:
-    raise ConfigError(f"algo.opd_coef={a.opd_coef!r} needs a distillation teacher: set "
-                      "teacher.source ('hf:PATH', 'run:DIR', 'sft' or 'tiny')")
-  _check_inflight(config)
-  if r.group_size == 1 and needs_groups(config.algo):
-    raise ConfigError(
-        f"rollout.group_size=1 with algo.advantage={a.advantage!r}"
-        + (f" (adv_std={a.adv_std!r})" if a.advantage == "grpo" else "")
-        + ": this estimator's baseline comes from the other completions of the prompt; "
-        "use rollout.group_size >= 2")
-
-
-def _check_inflight(config) -> None:
-  """``rollout.inflight_chunk`` needs an asynchronous sampler and a single-turn rollout whose
-  record it can join across chunks."""
-  r = config.rollout
-  chunk = r.get("inflight_chunk", 0)
-  if not chunk:
-    return
-  from rljax.algos.usage import UnusedKeyError
-  if not r.max_staleness:
-    raise UnusedKeyError(f"rollout.inflight_chunk={chunk} is not used: the synchronous loop "
-                         "(rollout.max_staleness=0) gets new weights only between steps; set "
-                         "rollout.max_staleness >= 1")
-  if chunk >= r.max_new_tokens:
-    raise UnusedKeyError(f"rollout.inflight_chunk={chunk} is not used: a rollout of "
-                         f"rollout.max_new_tokens={r.max_new_tokens} is one chunk")
-  if "env" in config and config.env.name:
-    raise ConfigError(f"rollout.inflight_chunk={chunk}: multi-turn episodes "
-                      f"(env.name={config.env.name!r}) take new weights between steps only")
-  if config.model.get("router_replay") == "R3":
-    raise ConfigError(f"rollout.inflight_chunk={chunk} with model.router_replay='R3': the "
-                      "sampler's experts are not joined across chunks; use 'R2' or 'off'")
-
-
-def needs_groups(algo_cfg) -> bool:
-  """Whether ``algo.advantage`` needs groups of at least 2 completions: its registered estimator
-  reads ``group_size`` and declares no smaller minimum (``min_group_size``). An unknown name is
-  left to ``rljax.algos.resolve``, which lists the registered ones."""
-  from rljax.algos.registry import ADVANTAGES
-  if algo_cfg.advantage not in ADVANTAGES:
-    return False
-  meta = ADVANTAGES.meta(algo_cfg.advantage)
-  return "group_size" in meta["inputs"] and meta.get("min_group_size", 2) > 1
+def _check_relations(facts: Facts) -> None:
+  for relation in RELATIONS:
+    if not facts.known(relation.needs):
+      continue
+    try:
+      message = relation.broken(facts)
+    except KeyError:  # a config saved before one of its keys existed
+      continue
+    if message is not None:
+      raise (UnusedKeyError if relation.unused else ConfigError)(message)
 
 
 def check_eval_samples(samples) -> None:

@@ -14,6 +14,7 @@ import os
 import ml_collections
 
 from rljax.errors import ConfigFileError, ConfigKeyError, ConfigTypeError, UsageError
+from rljax.defaults import KEY_BY_NAME
 
 _TRUE = {"true", "1", "yes"}
 _FALSE = {"false", "0", "no"}
@@ -178,7 +179,6 @@ def reset(config: ml_collections.ConfigDict, *names: str) -> ml_collections.Conf
   """Sets the dotted keys ``names`` back to their declared defaults: a preset that switches off
   what its base switched on (e.g. the KL term) also clears the settings nothing reads any more
   (a key away from its default that nothing reads is an error at start-up)."""
-  from rljax.defaults import KEY_BY_NAME
   for name in names:
     *sections, leaf = name.split(".")
     node = config

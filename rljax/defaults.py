@@ -1,25 +1,45 @@
-"""Every config key, declared once: default, allowed values, one line of documentation.
+"""Every config key, declared once: default, allowed values, when it is read, one line of doc.
 
 ``rljax.config()`` / ``get_config()`` builds the default ConfigDict from ``KEYS``;
-``rljax.config_checks`` checks every value against its declaration at start-up; ``rljax keys``
-prints them and ``docs/config.md`` is generated from them (``python -m rljax keys --markdown``).
-A preset (``configs/<algo>.py``) changes only what makes that algorithm. Override anything on
-the command line with ``--config.section.key=value``.
+``rljax.config_checks`` checks every value against its declaration at start-up, refuses a key set
+away from its default that nothing reads, and checks ``RELATIONS``; ``rljax keys`` prints them and
+``docs/config.md`` is generated from them (``python -m rljax keys --markdown``). A preset
+(``configs/<algo>.py``) changes only what makes that algorithm. Override anything on the command
+line with ``--config.section.key=value``.
+
+The format (``rljax.keys``), one line per fact::
+
+  Key("section.name", default, check, "one line of doc"[, read_if=WHEN])
+
+- ``check``: what the value may be: ``BOOL``, ``SIZE``, ``integer(lo, hi)``, ``real(lo, hi)``,
+  ``choice(...)``, ``registered("advantage")`` (a registered component), ``optional(...)``.
+  Components take a choice key's values from here (``options("model.router_replay")``).
+- ``read_if``: when the run reads the key (default ``ALWAYS``). A key whose condition is false
+  must keep its default, or the run stops naming it and the reason (``When.unless``). Conditions:
+  ``equals(key, v)``, ``differs(key, v)``, ``above(key, v)``, ``meta_says(key, test, says)`` (the
+  component a key names declares something), ``component_reads()`` (an ``algo.*``
+  hyperparameter, read when a resolved component binds it: its registration names the key), the
+  named ones below (``CRITIC``, ``MULTI_TURN``, ...), combined with ``&`` and ``|``.
+- Constraints between keys are ``Relation``s in ``RELATIONS`` at the end of the file.
+
+This module sits at the bottom of the package (it imports only ``rljax.keys``): models and
+components read their choices from it, and it registers nothing by being read.
 """
 import ml_collections
 from ml_collections.config_dict import placeholder
 
-from rljax.envs.base import ENV_NAME, TOOL_FORMATS
-from rljax.keys import (ADAM_BETA, BOOL, FRACTION, KEY_TUPLE, NONEMPTY, NONNEG,
-                        PASS_RATE_WINDOW, POSITIVE, SEED, SIZE, STRING, Check, Key, choice,
-                        integer, optional, real, registered)
-from rljax.models.config import supported_model_types
+from rljax.keys import (ADAM_BETA, ALWAYS, BOOL, FRACTION, KEY_TUPLE, NONEMPTY, NONNEG,
+                        PASS_RATE_WINDOW, POSITIVE, SEED, SIZE, STRING, Check, Facts, Key,
+                        Relation,
+                        When, above, choice, component_reads, declare, differs, equals,
+                        integer, meta_says, optional, real, registered, registry_meta,
+                        registry_names)
 
 DTYPES = ("float32", "bfloat16", "float16")
 ROLLOUT_LEVELS = ("none", "token", "sequence", "geometric")
+REMAT_MODES = ("none", "full", "dots")  # model.remat; True/False of old configs: full/none
+MESH_AXES = ("data", "fsdp", "expert", "tensor")  # the mesh's axes, in its device order
 MESH_AXIS = integer(1, also=(-1,))  # any one axis may be -1: the devices the others leave
-MODEL_FAMILY = Check(lambda v: isinstance(v, str) and v in supported_model_types(),
-                     "a registered model family (HF model_type)", str)
 MODEL_DIM = integer(1, 2**20)  # a model dimension; larger ones overflow int32 shapes, never fit
 STRING_TUPLE = Check(lambda v: isinstance(v, (tuple, list)) and all(isinstance(t, str) for t in v),
                      "a tuple of strings", tuple)
@@ -28,12 +48,61 @@ LOGGER_NAMES = Check(lambda v: isinstance(v, (tuple, list)) and "jsonl" in v
                      and all(isinstance(n, str) for n in v),
                      "a tuple of logger names that includes 'jsonl'", tuple)
 
-KEYS = (
+# --- when keys are read --------------------------------------------------------------------------
+COMPONENT = component_reads()
+CRITIC = equals("critic.enabled", True, "there is no critic (critic.enabled=False)")
+KL_TERM = differs("algo.kl_placement", "none")
+DYNAMIC_SAMPLING = equals("algo.dynamic_sampling", True)
+OVERLONG_SHAPING = differs("reward.overlong_buffer", 0,
+                           "the overlong punishment is off (reward.overlong_buffer=0)")
+SINGLE_TURN = equals("env.name", None, lambda f, k: (
+    f"env.name={f['env.name']!r} scores the episodes (its steps run under env.timeout_s in the "
+    "reward.workers processes)"))
+MULTI_TURN = differs("env.name", None, "rollouts are single-turn (env.name=None); set env.name "
+                                       "to an environment or drop the key")
+FRESH_MODEL = When(lambda f, k: f["model.source"] in ("tiny", "sft"),
+                   "model.source='tiny' or 'sft'", lambda f, k: (
+                       f"model.source={f['model.source']!r} brings its own architecture"))
+
+
+def logger_on(*names: str) -> When:
+  """``train.loggers`` names one of ``names`` (the trackers that read a ``train.*`` key)."""
+  says = " or ".join(f"'{n}'" for n in names)
+  return When(lambda f, k: bool(set(names) & set(f["train.loggers"])),
+              f"train.loggers naming {says}", lambda f, k: (
+                  f"it is read by the {' and '.join(names)} logger{'s' if len(names) > 1 else ''}"
+                  f", and train.loggers={tuple(f['train.loggers'])!r} names none"))
+
+
+TRACKERS = ("wandb", "mlflow")  # the loggers that keep a run on a tracking service
+TRACKED = logger_on(*TRACKERS)
+MOE_MODEL = When(lambda f, k: bool(f.model.moe_layers), "a model with MoE layers",
+                 lambda f, k: (f"model.source={f['model.source']!r} is a {f.model.model_type} "
+                               "model without MoE layers"), frozenset({"model"}))
+
+
+def _token_level(meta) -> bool:
+  return "token_rewards" in meta["inputs"]
+
+
+def _one_reward_per_episode(f, k) -> str:
+  readers = [n for n in registry_names("advantage") if _token_level(registry_meta("advantage", n))]
+  return (f"algo.advantage={f['algo.advantage']!r} reads one reward per episode; the token-level "
+          f"estimators read it ({', '.join(readers)})")
+
+
+def _agg_modes(algorithm) -> set:
+  return {algorithm.policy_agg} | {r.agg for r in algorithm.regularizers}
+
+
+KEYS = declare((
     Key("seed", 0, SEED, "the run's seed: model init, sampling, shuffling, Clip-Cov draws"),
     # --- model ---------------------------------------------------------------------------------
     Key("model.source", "tiny", NONEMPTY,
         "'tiny' (random, the sizes below) | 'hf:PATH' (a Hugging Face directory) | 'sft' (the "
         "supervised cold start of section sft, trained first if not on disk)"),
+    # The sizes are read by 'tiny'/'sft' only; a checkpoint source does not refuse them yet (the
+    # tests' tiny settings carry them into hf: runs), unlike model.family and the MoE sizes.
     Key("model.hidden_size", 128, MODEL_DIM, "width of the 'tiny'/'sft' model"),
     Key("model.intermediate_size", 384, MODEL_DIM, "MLP width of the 'tiny'/'sft' model"),
     Key("model.num_layers", 4, MODEL_DIM, "layers of the 'tiny'/'sft' model"),
@@ -41,29 +110,35 @@ KEYS = (
     Key("model.num_kv_heads", 2, MODEL_DIM, "key/value heads of the 'tiny'/'sft' model (GQA)"),
     Key("model.rope_theta", 10000.0, POSITIVE, "RoPE base of the 'tiny'/'sft' model"),
     Key("model.tie_embeddings", True, BOOL, "'tiny'/'sft' model: LM head = embedding matrix"),
-    Key("model.family", "llama", MODEL_FAMILY,
-        "'tiny'/'sft' model: its family, an HF model_type (`rljax.models.families`)"),
+    Key("model.family", "llama", registered("model_family"),
+        "'tiny'/'sft' model: its family, an HF model_type (`rljax.models.families`)",
+        read_if=FRESH_MODEL),
     Key("model.num_experts", 4, MODEL_DIM,
-        "'tiny'/'sft' model of an MoE family: experts of each (sparse) layer"),
+        "'tiny'/'sft' model of an MoE family: experts of each (sparse) layer",
+        read_if=FRESH_MODEL & MOE_MODEL),
     Key("model.experts_per_token", 2, MODEL_DIM,
-        "'tiny'/'sft' model of an MoE family: experts each token is routed to (top-k)"),
+        "'tiny'/'sft' model of an MoE family: experts each token is routed to (top-k)",
+        read_if=FRESH_MODEL & MOE_MODEL),
     Key("model.moe_intermediate_size", 96, MODEL_DIM,
-        "'tiny'/'sft' model of an MoE family: MLP width of one expert"),
+        "'tiny'/'sft' model of an MoE family: MLP width of one expert",
+        read_if=FRESH_MODEL & MOE_MODEL),
     Key("model.moe_dispatch", "sparse", choice("dense", "sparse", "capacity"),
         "MoE layers in the trainer: sparse (dropless: tokens sorted by expert, grouped matmuls) "
         "| dense (the reference: every expert sees every token) | capacity (GShard dispatch, "
-        "tokens past an expert's capacity dropped and counted in moe/dropped)"),
+        "tokens past an expert's capacity dropped and counted in moe/dropped)", read_if=MOE_MODEL),
     Key("model.moe_capacity_factor", 1.25, POSITIVE,
-        "MoE capacity dispatch: slots per expert = factor x tokens x k / experts"),
+        "MoE capacity dispatch: slots per expert = factor x tokens x k / experts",
+        read_if=MOE_MODEL & equals("model.moe_dispatch", "capacity")),
     Key("model.router_replay", "off", choice("off", "R2", "R3"),
         "MoE routing in the trainer: off (its own) | R2 (the old-log-prob forward's experts, "
-        "replayed in the update) | R3 (the sampler's experts, replayed in every policy forward)"),
+        "replayed in the update) | R3 (the sampler's experts, replayed in every policy forward)",
+        read_if=MOE_MODEL),
     Key("model.dtype", "auto", choice("auto", *DTYPES),
         "compute dtype; auto = bfloat16 on GPUs/TPUs (params stay model.param_dtype), float32 "
         "on CPU"),
     Key("model.param_dtype", "float32", choice(*DTYPES), "parameter (master weight) dtype"),
     Key("model.remat", "none",
-        choice("none", "full", "dots", True, False, "True", "False", "true", "false"),
+        choice(*REMAT_MODES, True, False, "True", "False", "true", "false"),
         "per-layer rematerialisation: none | full (keep each layer's input) | dots (also the "
         "weight matmuls' outputs); True/False read as full/none"),
     Key("model.scan_layers", False, BOOL,
@@ -127,16 +202,26 @@ KEYS = (
         "in-flight weight updates (docs/async.md; needs rollout.max_staleness >= 1): decode in "
         "chunks of this many tokens, each with the newest weights the learner has published "
         "(the rows still decoding re-prefilled by them; extras['token_version'] per token); "
-        "0 = off"),
+        "0 = off",
+        read_if=above("rollout.max_staleness", 0, (
+        "the synchronous loop (rollout.max_staleness=0) gets new weights only between steps; "
+        "set rollout.max_staleness >= 1")) & When(
+            lambda f, k: f[k] < f["rollout.max_new_tokens"], "fewer than rollout.max_new_tokens",
+            lambda f, k: f"a rollout of rollout.max_new_tokens={f['rollout.max_new_tokens']} is "
+                         "one chunk")),
     # --- reward (docs/algorithms.md section 1) -------------------------------------------------
-    Key("reward.fn", "exact_match", registered("reward_fn"), "the verifier"),
-    Key("reward.format_weight", 0.0, real(), "weight of the format term added to correctness"),
-    Key("reward.wrong_value", 0.0, real(), "reward of a wrong answer (0 or -1)"),
+    Key("reward.fn", "exact_match", registered("reward_fn"), "the verifier", read_if=SINGLE_TURN),
+    Key("reward.format_weight", 0.0, real(), "weight of the format term added to correctness",
+        read_if=SINGLE_TURN),
+    Key("reward.wrong_value", 0.0, real(), "reward of a wrong answer (0 or -1)",
+        read_if=SINGLE_TURN),
     Key("reward.overlong_buffer", 0, integer(0, 2**31 - 1),
-        "DAPO soft overlong punishment: buffer in tokens before max_new_tokens; 0 = off"),
-    Key("reward.overlong_penalty", 1.0, NONNEG, "DAPO soft overlong punishment: maximum penalty"),
+        "DAPO soft overlong punishment: buffer in tokens before max_new_tokens; 0 = off",
+        read_if=SINGLE_TURN),
+    Key("reward.overlong_penalty", 1.0, NONNEG, "DAPO soft overlong punishment: maximum penalty",
+        read_if=OVERLONG_SHAPING),
     Key("reward.timeout_s", 5.0, POSITIVE,
-        "per verifier call: a hard bound (the worker process is killed)"),
+        "per verifier call: a hard bound (the worker process is killed)", read_if=SINGLE_TURN),
     Key("reward.workers", 4, integer(1, 1024), "verifier worker processes"),
     Key("reward.max_logged_failures", 100, integer(0),
         "failed calls sampled into run_dir/reward_failures.jsonl (a multi-turn run's failed "
@@ -147,147 +232,190 @@ KEYS = (
     Key("reward.worker_max_calls", 0, integer(0),
         "replace a verifier worker after this many calls (a leak's bound); 0 = never"),
     # --- multi-turn environment (docs/multiturn.md) -------------------------------------------
-    Key("env.name", None, ENV_NAME,
+    Key("env.name", None, optional(registered("environment")),
         "None = single-turn rollouts scored by reward.fn | a registered environment: multi-turn "
         "rollouts (turns of at most rollout.max_new_tokens, tool calls, observations) scored by "
         "it"),
     Key("env.max_turns", 4, integer(1, 10**4),
-        "most policy turns per episode; an episode still running after them ends unsolved"),
+        "most policy turns per episode; an episode still running after them ends unsolved",
+        read_if=MULTI_TURN),
     Key("env.max_tokens", 256, SIZE,
         "token budget of a trajectory after its prompt (policy and environment tokens): the "
-        "record's T; a trajectory that reaches it ends, flagged truncated"),
+        "record's T; a trajectory that reaches it ends, flagged truncated", read_if=MULTI_TURN),
     Key("env.timeout_s", 5.0, POSITIVE,
         "per reset / step call in its worker process (reward.workers of them): a hard bound, the "
-        "trajectory of a call past it (or crashing) ends with reward 0, counted"),
-    Key("env.tool_format", "compact", choice(*TOOL_FORMATS),
+        "trajectory of a call past it (or crashing) ends with reward 0, counted",
+        read_if=MULTI_TURN),
+    Key("env.tool_format", "compact", choice("compact", "hermes"),
         "how tool calls are written: compact '<calc 12*3>' (char-level tasks) | hermes "
         "'<tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call>' (Qwen / Hermes; with "
         "data.chat_template a turn is a whole assistant message, answered by the chat "
-        "template's tool messages)"),
+        "template's tool messages)", read_if=MULTI_TURN),
     Key("env.engine", "turn_sync", choice("turn_sync", "continuous"),
         "turn_sync: every turn is one sampler call over the live rows, then every step (a turn "
         "waits for its slowest row and tool) | continuous: a row whose turn ends steps its "
         "environment while the others decode, and re-enters with its KV cache kept "
-        "(rljax/envs/continuous.py)"),
+        "(rljax/envs/continuous.py)", read_if=MULTI_TURN),
     Key("env.turn_discount", 1.0, FRACTION,
         "token-level estimators (gae, reinforce_pp, remax): < 1 puts each turn's reward at its "
         "last policy token, discounted per turn (a token of turn k sees sum_j>=k d^(j-k) r_j); "
-        "1 = the episode's summed reward on its last token"),
+        "1 = the episode's summed reward on its last token",
+        read_if=MULTI_TURN & meta_says("algo.advantage", _token_level, "a token-level estimator",
+                                      _one_reward_per_episode)),
     Key("env.slots", 0, integer(0, 2**31 - 1),
         "continuous engine: rows decoding at once (lanes); 0 = every row of the batch (a call "
-        "narrows to S/8, S/4 or S/2 lanes when that holds the rows decoding or ready to)"),
+        "narrows to S/8, S/4 or S/2 lanes when that holds the rows decoding or ready to)",
+        read_if=MULTI_TURN & equals("env.engine", "continuous", lambda f, k: (
+        f"only env.engine='continuous' decodes in lanes (env.engine={f['env.engine']!r})"))),
     # --- algorithm (sections 2-5, 7) -----------------------------------------------------------
     Key("algo.advantage", "grpo", registered("advantage"), "advantage estimator"),
     Key("algo.adv_std", "group", choice("group", "batch", "none"),
-        "grpo/passk_n: divide by the std of the group | batch | none"),
-    Key("algo.adv_whiten", False, BOOL, "whiten advantages over the batch"),
-    Key("algo.gamma", 1.0, FRACTION, "discount"),
-    Key("algo.lam", 0.95, FRACTION, "GAE lambda (the policy's)"),
-    Key("algo.lam_critic", None, optional(FRACTION), "GAE lambda of critic targets; None = lam"),
+        "grpo/passk_n: divide by the std of the group | batch | none", read_if=COMPONENT),
+    Key("algo.adv_whiten", False, BOOL, "whiten advantages over the batch",
+        read_if=meta_says("algo.advantage", lambda m: not m.get("whitened"),
+                          "an estimator that does not whiten by definition") | COMPONENT),
+    Key("algo.gamma", 1.0, FRACTION, "discount", read_if=COMPONENT),
+    Key("algo.lam", 0.95, FRACTION, "GAE lambda (the policy's)", read_if=COMPONENT),
+    Key("algo.lam_critic", None, optional(FRACTION), "GAE lambda of critic targets; None = lam",
+        read_if=COMPONENT),
     Key("algo.lam_alpha", None, optional(real(0, lo_open=True)),
-        "VAPO length-adaptive lambda = 1 - 1/(alpha l); None = off (VAPO 0.05)"),
+        "VAPO length-adaptive lambda = 1 - 1/(alpha l); None = off (VAPO 0.05)", read_if=COMPONENT),
     Key("algo.policy_loss", "ppo", registered("policy_loss"), "policy objective"),
-    Key("algo.clip_eps_low", 0.2, real(0, 1), "PPO clip: ratio >= 1 - eps_low"),
-    Key("algo.clip_eps_high", 0.2, NONNEG, "PPO clip: ratio <= 1 + eps_high (DAPO 0.28)"),
+    Key("algo.clip_eps_low", 0.2, real(0, 1), "PPO clip: ratio >= 1 - eps_low", read_if=COMPONENT),
+    Key("algo.clip_eps_high", 0.2, NONNEG, "PPO clip: ratio <= 1 + eps_high (DAPO 0.28)",
+        read_if=COMPONENT),
     Key("algo.dual_clip_c", None, optional(real(1, lo_open=True)),
-        "dual-clip PPO: for A < 0 the loss is at most -A c; None = off"),
-    Key("algo.cispo_eps_high", 4.0, NONNEG, "CISPO: IS weight <= 1 + eps_high"),
+        "dual-clip PPO: for A < 0 the loss is at most -A c; None = off", read_if=COMPONENT),
+    Key("algo.cispo_eps_high", 4.0, NONNEG, "CISPO: IS weight <= 1 + eps_high", read_if=COMPONENT),
     Key("algo.cispo_eps_low", None, optional(NONNEG),
-        "CISPO: IS weight >= 1 - eps_low; None = no lower bound"),
-    Key("algo.gmpo_eps", 0.4, real(0, lo_open=True), "GMPO: log-ratio clip"),
-    Key("algo.loss_agg", "seq_mean_token_mean", registered("loss_agg"), "loss aggregation"),
+        "CISPO: IS weight >= 1 - eps_low; None = no lower bound", read_if=COMPONENT),
+    Key("algo.gmpo_eps", 0.4, real(0, lo_open=True), "GMPO: log-ratio clip", read_if=COMPONENT),
+    Key("algo.loss_agg", "seq_mean_token_mean", registered("loss_agg"), "loss aggregation",
+        read_if=meta_says("algo.policy_loss", lambda m: not m.get("loss_agg"),
+                          "an objective that does not force its own aggregation") | COMPONENT),
     Key("algo.loss_norm_constant", None, optional(real(0, lo_open=True)),
-        "seq_mean_token_sum_norm's constant; None = rollout.max_new_tokens"),
-    Key("algo.kl_estimator", "k3", registered("kl_estimator"), "KL estimator"),
+        "seq_mean_token_sum_norm's constant; None = rollout.max_new_tokens",
+        read_if=When(lambda f, k: "seq_mean_token_sum_norm" in _agg_modes(f.algorithm),
+                     "algo.loss_agg='seq_mean_token_sum_norm'",
+                     needs=frozenset({"algorithm"})) | COMPONENT),
+    Key("algo.kl_estimator", "k3", registered("kl_estimator"), "KL estimator",
+        read_if=KL_TERM | COMPONENT),
     Key("algo.kl_placement", "loss", choice("loss", "reward", "none"),
         "KL to the reference: in the loss | in the reward | none (no reference model)"),
-    Key("algo.kl_coef", 0.04, NONNEG, "KL weight beta (initial, with kl_target)"),
+    Key("algo.kl_coef", 0.04, NONNEG, "KL weight beta (initial, with kl_target)",
+        read_if=COMPONENT),
     Key("algo.kl_target", None, optional(real(0, lo_open=True)),
-        "adaptive KL (Ziegler et al.): target KL; None = fixed coefficient"),
-    Key("algo.kl_horizon", 10000, integer(1), "adaptive KL: horizon in rows"),
+        "adaptive KL (Ziegler et al.): target KL; None = fixed coefficient", read_if=COMPONENT),
+    Key("algo.kl_horizon", 10000, integer(1), "adaptive KL: horizon in rows", read_if=COMPONENT),
     Key("algo.ref_update", "frozen", choice("frozen", "ema"),
-        "reference model: frozen | ema of the policy (T1)"),
-    Key("algo.ref_ema_decay", 0.99, FRACTION, "EMA reference: decay d"),
+        "reference model: frozen | ema of the policy (T1)", read_if=KL_TERM | COMPONENT),
+    Key("algo.ref_ema_decay", 0.99, FRACTION, "EMA reference: decay d",
+        read_if=(KL_TERM & equals("algo.ref_update", "ema")) | COMPONENT),
     Key("algo.kl_normalize", False, BOOL,
-        "T1's normalised KL: the KL term's aggregation is token_mean"),
+        "T1's normalised KL: the KL term's aggregation is token_mean",
+        read_if=equals("algo.kl_placement", "loss") | COMPONENT),
     Key("algo.router_aux_coef", None, optional(NONNEG),
         "MoE load-balancing loss weight (Switch Transformer); None = the checkpoint's "
-        "router_aux_loss_coef (0 without MoE layers)"),
-    Key("algo.entropy_coef", 0.0, real(), "entropy bonus weight (8.7: the controller's c_0)"),
-    Key("algo.pos_lm_coef", 0.0, NONNEG, "VAPO: LM loss weight on positive examples"),
+        "router_aux_loss_coef (0 without MoE layers)", read_if=MOE_MODEL),
+    Key("algo.entropy_coef", 0.0, real(), "entropy bonus weight (8.7: the controller's c_0)",
+        read_if=COMPONENT),
+    Key("algo.pos_lm_coef", 0.0, NONNEG, "VAPO: LM loss weight on positive examples",
+        read_if=COMPONENT),
     Key("algo.overlong_filter", False, BOOL, "truncated completions get no loss (DAPO ablation)"),
     Key("algo.dynamic_sampling", False, BOOL,
         "DAPO: resample until P groups with a reward spread are kept"),
-    Key("algo.max_gen_batches", 10, integer(1, 10**6), "dynamic sampling: most rounds per step"),
+    Key("algo.max_gen_batches", 10, integer(1, 10**6), "dynamic sampling: most rounds per step",
+        read_if=DYNAMIC_SAMPLING | COMPONENT),
     Key("algo.keep_pass_rate", None, PASS_RATE_WINDOW,
-        "dynamic sampling: keep groups whose pass rate is in [lo, hi]; None = a reward spread"),
+        "dynamic sampling: keep groups whose pass rate is in [lo, hi]; None = a reward spread",
+        read_if=DYNAMIC_SAMPLING | COMPONENT),
     Key("algo.epochs", 1, integer(1, 10**6), "passes over each rollout batch"),
     Key("algo.minibatches", 1, integer(1, 10**6), "optimizer steps per epoch"),
     Key("algo.micro_batches", 1, integer(1, 10**6),
         "gradient accumulation inside each minibatch (exact aggregation)"),
     Key("algo.tis_cap", None, optional(real(0, lo_open=True)),
-        "alias of rollout_is='token' with rollout_is_cap=tis_cap (not both); None = off"),
+        "alias of rollout_is='token' with rollout_is_cap=tis_cap (not both); None = off",
+        read_if=COMPONENT),
     # --- section 8 -----------------------------------------------------------------------------
-    Key("algo.sapo_tau_pos", 1.0, POSITIVE, "SAPO gate temperature where A > 0"),
-    Key("algo.sapo_tau_neg", 1.05, POSITIVE, "SAPO gate temperature where A <= 0"),
+    Key("algo.sapo_tau_pos", 1.0, POSITIVE, "SAPO gate temperature where A > 0", read_if=COMPONENT),
+    Key("algo.sapo_tau_neg", 1.05, POSITIVE, "SAPO gate temperature where A <= 0",
+        read_if=COMPONENT),
     Key("algo.sapo_level", "token", choice("token", "sequence"),
-        "SAPO: gate on the token ratio | on GSPO's sequence ratio"),
+        "SAPO: gate on the token ratio | on GSPO's sequence ratio", read_if=COMPONENT),
     Key("algo.clip_cov_ratio", 2e-4, real(0, 1, lo_open=True),
-        "Clip-Cov: share of the minibatch's valid tokens zeroed"),
-    Key("algo.clip_cov_lb", 1.0, real(), "Clip-Cov candidates: lb < token covariance"),
-    Key("algo.clip_cov_ub", 5.0, real(), "Clip-Cov candidates: token covariance < ub"),
+        "Clip-Cov: share of the minibatch's valid tokens zeroed", read_if=COMPONENT),
+    Key("algo.clip_cov_lb", 1.0, real(), "Clip-Cov candidates: lb < token covariance",
+        read_if=COMPONENT),
+    Key("algo.clip_cov_ub", 5.0, real(), "Clip-Cov candidates: token covariance < ub",
+        read_if=COMPONENT),
     Key("algo.kl_cov_ratio", 2e-3, real(0, 1, lo_open=True),
-        "KL-Cov: share of valid tokens (top covariance) given |delta|"),
-    Key("algo.kl_cov_coef", 1.0, NONNEG, "KL-Cov: weight of |delta| on the selected tokens"),
+        "KL-Cov: share of valid tokens (top covariance) given |delta|", read_if=COMPONENT),
+    Key("algo.kl_cov_coef", 1.0, NONNEG, "KL-Cov: weight of |delta| on the selected tokens",
+        read_if=COMPONENT),
     Key("algo.passk_k", None, optional(integer(1, 2**31 - 1)),
-        "pass@k training's k; must be set with advantage='passk'"),
+        "pass@k training's k; must be set with advantage='passk'", read_if=COMPONENT),
     Key("algo.rollout_is", "none", choice(*ROLLOUT_LEVELS),
-        "rollout IS weights sampler -> old: none | token | sequence | geometric"),
-    Key("algo.rollout_is_cap", 2.0, POSITIVE, "rollout IS: upper truncation"),
+        "rollout IS weights sampler -> old: none | token | sequence | geometric",
+        read_if=COMPONENT),
+    Key("algo.rollout_is_cap", 2.0, POSITIVE, "rollout IS: upper truncation", read_if=COMPONENT),
     Key("algo.rollout_is_over_cap", "truncate", choice("truncate", "mask"),
         "rollout IS, a ratio above the cap: truncate (weight = cap; TIS, verl) | mask (weight 0, "
-        "the token still counted in the loss's denominator; AReaL's decoupled objective)"),
-    Key("algo.rollout_is_floor", None, optional(NONNEG), "rollout IS: lower truncation; None = none"),
-    Key("algo.rollout_is_batch_norm", False, BOOL, "rollout IS: divide by the batch mean"),
+        "the token still counted in the loss's denominator; AReaL's decoupled objective)",
+        read_if=COMPONENT),
+    Key("algo.rollout_is_floor", None, optional(NONNEG), "rollout IS: lower truncation; None = none",
+        read_if=COMPONENT),
+    Key("algo.rollout_is_batch_norm", False, BOOL, "rollout IS: divide by the batch mean",
+        read_if=COMPONENT),
     Key("algo.rollout_rs", "none", choice(*ROLLOUT_LEVELS),
-        "rollout rejection: none | token | sequence | geometric"),
-    Key("algo.rollout_rs_lo", 0.0, optional(NONNEG), "rollout rejection: keep ratios >= lo"),
-    Key("algo.rollout_rs_hi", None, optional(NONNEG), "rollout rejection: keep ratios <= hi"),
+        "rollout rejection: none | token | sequence | geometric", read_if=COMPONENT),
+    Key("algo.rollout_rs_lo", 0.0, optional(NONNEG), "rollout rejection: keep ratios >= lo",
+        read_if=COMPONENT),
+    Key("algo.rollout_rs_hi", None, optional(NONNEG), "rollout rejection: keep ratios <= hi",
+        read_if=COMPONENT),
     Key("algo.rollout_rs_veto", None, optional(real(0, lo_open=True)),
-        "reject a row with any token ratio below this; None = off"),
+        "reject a row with any token ratio below this; None = off", read_if=COMPONENT),
     Key("algo.rollout_rs_k3", None, optional(NONNEG),
         "reject a row whose mean k3(rho) exceeds this; None = off"),
     Key("algo.entropy_top_rho", 1.0, NONNEG,
-        "80/20: only the top-rho highest-entropy tokens train; 1 = off"),
+        "80/20: only the top-rho highest-entropy tokens train; 1 = off", read_if=COMPONENT),
     Key("algo.entropy_mask_source", "old", choice("old", "current"),
-        "80/20 mask entropy: old (H_old of the scoring forward; 'current' is not implemented)"),
+        "80/20 mask entropy: old (H_old of the scoring forward; 'current' is not implemented)",
+        read_if=COMPONENT),
     Key("algo.entropy_ctrl", False, BOOL,
-        "Skywork-OR1 adaptive entropy coefficient (starts at entropy_coef)"),
-    Key("algo.entropy_target", 0.2, real(), "entropy controller: bonus on below this entropy"),
-    Key("algo.entropy_coef_delta", 1e-4, NONNEG, "entropy controller: step per RL step"),
-    Key("algo.entropy_coef_min", 0.0, real(), "entropy controller: lower clip"),
-    Key("algo.entropy_coef_max", 0.005, real(), "entropy controller: upper clip"),
+        "Skywork-OR1 adaptive entropy coefficient (starts at entropy_coef)", read_if=COMPONENT),
+    Key("algo.entropy_target", 0.2, real(), "entropy controller: bonus on below this entropy",
+        read_if=COMPONENT),
+    Key("algo.entropy_coef_delta", 1e-4, NONNEG, "entropy controller: step per RL step",
+        read_if=COMPONENT),
+    Key("algo.entropy_coef_min", 0.0, real(), "entropy controller: lower clip", read_if=COMPONENT),
+    Key("algo.entropy_coef_max", 0.005, real(), "entropy controller: upper clip",
+        read_if=COMPONENT),
     Key("algo.entropy_ctrl_estimate", "full", choice("full", "sampled"),
-        "entropy controller's measure: full (mean H of the update) | sampled (-mean old_logp)"),
+        "entropy controller's measure: full (mean H of the update) | sampled (-mean old_logp)",
+        read_if=COMPONENT),
     Key("algo.opd_coef", 0.0, NONNEG,
-        "on-policy distillation: weight of -reverse KL to the teacher; 0 = off"),
+        "on-policy distillation: weight of -reverse KL to the teacher; 0 = off", read_if=COMPONENT),
     Key("algo.opd_discount", 0.0, FRACTION,
-        "on-policy distillation: discount of the future reverse KL; 0 = per token"),
+        "on-policy distillation: discount of the future reverse KL; 0 = per token",
+        read_if=COMPONENT),
     Key("algo.opd_length_norm", False, BOOL,
-        "on-policy distillation: divide the discounted sum by its discounted count (MiniLLM)"),
+        "on-policy distillation: divide the discounted sum by its discounted count (MiniLLM)",
+        read_if=COMPONENT),
     Key("algo.opd_student_logp", "old", choice("old", "sampler"),
-        "on-policy distillation: student log-prob in the reverse KL"),
+        "on-policy distillation: student log-prob in the reverse KL", read_if=COMPONENT),
     # --- teacher of on-policy distillation (algo.opd_coef > 0) ---------------------------------
     Key("teacher.source", "", STRING,
         "'' = none | 'hf:PATH' | 'run:DIR' (DIR/hf) | 'sft' (sft.out_dir) | 'tiny' (random, "
-        "seed + 1: for tests); same tokenizer as the policy"),
-    Key("teacher.dtype", "", choice("", *DTYPES), "teacher compute dtype; '' = model.dtype"),
+        "seed + 1: for tests); same tokenizer as the policy",
+        read_if=above("algo.opd_coef", 0, "there is no distillation (algo.opd_coef=0)")),
+    Key("teacher.dtype", "", choice("", *DTYPES), "teacher compute dtype; '' = model.dtype",
+        read_if=above("algo.opd_coef", 0, "there is no distillation (algo.opd_coef=0)")),
     # --- critic (section 6) --------------------------------------------------------------------
     Key("critic.enabled", False, BOOL, "train a value model (PPO, VC-PPO, VAPO, ORZ)"),
-    Key("critic.lr", 1e-5, POSITIVE, "critic learning rate"),
-    Key("critic.value_clip", 0.5, NONNEG, "value clip around the old values"),
+    Key("critic.lr", 1e-5, POSITIVE, "critic learning rate", read_if=CRITIC),
+    Key("critic.value_clip", 0.5, NONNEG, "value clip around the old values", read_if=CRITIC),
     Key("critic.pretrain_steps", 0, integer(0, 10**6),
-        "value pretraining steps on Monte-Carlo returns before RL (VC-PPO)"),
+        "value pretraining steps on Monte-Carlo returns before RL (VC-PPO)", read_if=CRITIC),
     # --- optimizer -----------------------------------------------------------------------------
     Key("optim.lr", 1e-6, POSITIVE, "policy learning rate"),
     Key("optim.warmup_steps", 0, integer(0),
@@ -316,16 +444,17 @@ KEYS = (
         "where metrics go: jsonl (run_dir/metrics.jsonl, always on) | tensorboard | wandb | "
         "mlflow (docs/integrations.md)"),
     Key("train.tracker_project", "rljax", NONEMPTY,
-        "wandb/mlflow loggers: the W&B project, the MLflow experiment"),
+        "wandb/mlflow loggers: the W&B project, the MLflow experiment", read_if=TRACKED),
     Key("train.tracker_run_name", "", STRING,
-        "wandb/mlflow loggers: the run's name; '' = the run dir's name"),
+        "wandb/mlflow loggers: the run's name; '' = the run dir's name", read_if=TRACKED),
     Key("train.tracker_group", "", STRING,
         "wandb/mlflow loggers: the W&B group, the MLflow tag rljax.group ('' = none); "
-        "`rljax sweep` sets it to the study's name"),
-    Key("train.tracker_tags", (), STRING_TUPLE, "wandb/mlflow loggers: the run's tags"),
+        "`rljax sweep` sets it to the study's name", read_if=TRACKED),
+    Key("train.tracker_tags", (), STRING_TUPLE, "wandb/mlflow loggers: the run's tags",
+        read_if=TRACKED),
     Key("train.mlflow_tracking_uri", "", STRING,
         "mlflow logger: the tracking server or store; '' = MLflow's own default "
-        "(MLFLOW_TRACKING_URI)"),
+        "(MLFLOW_TRACKING_URI)", read_if=logger_on("mlflow")),
     Key("train.max_skipped_steps", 10, integer(0),
         "stop after this many consecutive steps whose every update was skipped as non-finite; "
         "0 = never"),
@@ -362,9 +491,111 @@ KEYS = (
     Key("dist.coordinator_address", "", STRING, "host:port of process 0"),
     Key("dist.num_processes", None, optional(integer(1)), "processes; None = from the cluster"),
     Key("dist.process_id", None, optional(integer(0)), "this process; None = from the cluster"),
-)
+))
 
 KEY_BY_NAME = {key.name: key for key in KEYS}
+
+
+# --- between keys --------------------------------------------------------------------------------
+
+def _one_filled_mesh_axis(f):
+  fill = [f"mesh.{axis}" for axis in MESH_AXES if f[f"mesh.{axis}"] == -1]
+  if len(fill) > 1:
+    return (f"only one mesh axis may be -1 (the devices the others leave), got "
+            f"{', '.join(fill)}")
+
+
+def _multiple(name, of, only_if=lambda f: True):
+  def broken(f):
+    if only_if(f) and f[name] % f[of]:
+      return f"{name}={f[name]} must be a multiple of {of}={f[of]}"
+  return broken
+
+
+def _rows_split(f):
+  rows = f["rollout.prompts_per_step"] * f["rollout.group_size"]
+  if rows % (f["algo.minibatches"] * f["algo.micro_batches"]):
+    return (f"rollout.prompts_per_step x rollout.group_size = {rows} rows do not split into "
+            f"algo.minibatches={f['algo.minibatches']} x "
+            f"algo.micro_batches={f['algo.micro_batches']} equal parts")
+
+
+def _teacher(f):
+  if f["algo.opd_coef"] > 0 and not f["teacher.source"]:
+    return (f"algo.opd_coef={f['algo.opd_coef']!r} needs a distillation teacher: set "
+            "teacher.source ('hf:PATH', 'run:DIR', 'sft' or 'tiny')")
+
+
+def _needs_groups(f):
+  """An estimator that reads ``group_size`` and declares no smaller minimum (``min_group_size``)
+  has its baseline from the other completions of the prompt."""
+  advantage = f["algo.advantage"]
+  meta = registry_meta("advantage", advantage)
+  if (f["rollout.group_size"] == 1 and "group_size" in meta["inputs"]
+      and meta.get("min_group_size", 2) > 1):
+    return (f"rollout.group_size=1 with algo.advantage={advantage!r}"
+            + (f" (adv_std={f['algo.adv_std']!r})" if advantage == "grpo" else "")
+            + ": this estimator's baseline comes from the other completions of the prompt; "
+            "use rollout.group_size >= 2")
+
+
+def _inflight_single_turn(f):
+  chunk = f["rollout.inflight_chunk"]
+  if chunk and f["env.name"] is not None:
+    return (f"rollout.inflight_chunk={chunk}: multi-turn episodes (env.name={f['env.name']!r}) "
+            "take new weights between steps only")
+  if chunk and f["model.router_replay"] == "R3":
+    return (f"rollout.inflight_chunk={chunk} with model.router_replay='R3': the sampler's "
+            "experts are not joined across chunks; use 'R2' or 'off'")
+
+
+def _replay_single_turn(f):
+  if f["model.router_replay"] == "R3" and f["env.name"] is not None:
+    return ("model.router_replay='R3' replays the experts the sampler chose for each token; "
+            f"multi-turn episodes (env.name={f['env.name']!r}) do not record them: use 'R2' (the "
+            "old-log-prob forward's experts) or 'off'")
+
+
+def _hermes_tokenizer(f):
+  if f["env.name"] is not None and f["env.tool_format"] == "hermes" \
+      and f["data.tokenizer"] == "char":
+    return ("env.tool_format='hermes' needs a tokenizer that can write "
+            "'<tool_call>{\"name\": ...}</tool_call>'; the char tokenizer has no braces, quotes or "
+            "'_': use env.tool_format='compact'")
+
+
+def _overlong_buffer(f):
+  if f["env.name"] is None and f["reward.overlong_buffer"] > f["rollout.max_new_tokens"]:
+    return (f"reward.overlong_buffer={f['reward.overlong_buffer']} is larger than "
+            f"rollout.max_new_tokens={f['rollout.max_new_tokens']}: the punishment would start "
+            "before the first token; use a buffer of at most the completion budget")
+
+
+RELATIONS = (
+    Relation(tuple(f"mesh.{axis}" for axis in MESH_AXES), "at most one axis is -1",
+             _one_filled_mesh_axis),
+    Relation(("model.hidden_size", "model.num_heads"), "heads divide the width ('tiny'/'sft')",
+             _multiple("model.hidden_size", "model.num_heads", lambda f: FRESH_MODEL.test(f, ""))),
+    Relation(("model.num_heads", "model.num_kv_heads"),
+             "key/value heads divide the query heads ('tiny'/'sft')",
+             _multiple("model.num_heads", "model.num_kv_heads", lambda f: FRESH_MODEL.test(f, ""))),
+    Relation(("rollout.prompts_per_step", "rollout.group_size", "algo.minibatches",
+              "algo.micro_batches"), "the P x G rows of a step split into minibatches x "
+             "micro_batches equal parts", _rows_split),
+    Relation(("algo.opd_coef", "teacher.source"), "distillation (opd_coef > 0) needs a teacher",
+             _teacher),
+    Relation(("rollout.group_size", "algo.advantage"),
+             "G >= 2 for an estimator whose baseline is the group", _needs_groups),
+    Relation(("rollout.inflight_chunk", "env.name", "model.router_replay"),
+             "in-flight updates: single-turn rollouts, router replay not R3",
+             _inflight_single_turn),
+    Relation(("model.router_replay", "env.name"), "R3 replay: single-turn rollouts",
+             _replay_single_turn),
+    Relation(("env.tool_format", "data.tokenizer"), "hermes tool calls need a real tokenizer",
+             _hermes_tokenizer),
+    Relation(("reward.overlong_buffer", "rollout.max_new_tokens"),
+             "DAPO's overlong buffer is at most the completion budget", _overlong_buffer),
+)
 
 
 def options(name: str) -> tuple:

@@ -5,6 +5,8 @@ traceback and exit status 1."""
 from __future__ import annotations
 
 import errno
+import logging
+import sys
 
 USER_ERROR = 2  # exit status of a user error (argparse uses 2 for bad arguments too)
 
@@ -40,6 +42,15 @@ class StartupError(RljaxError, ValueError):
   combination the algorithm does not allow)."""
 
 
+class ConfigError(RljaxError, ValueError):
+  """A config value outside what the key allows, or keys that do not fit together (the message
+  names the keys)."""
+
+
+class UnusedKeyError(ConfigError):
+  """A key differs from its default and nothing the config resolved to reads it."""
+
+
 class DataError(RljaxError, ValueError):
   """A dataset file or line that cannot be read (the message names file and line)."""
 
@@ -61,6 +72,10 @@ class UnknownNameError(RljaxError, KeyError, ValueError):
 
   def __str__(self):  # KeyError's would print the message's repr
     return str(self.args[0])
+
+
+class UnknownComponentError(ConfigError, UnknownNameError):
+  """A config key names no registered component (the message lists the registered names)."""
 
 
 class ModelFileError(RljaxError, ValueError):
@@ -136,8 +151,6 @@ def quiet_disk_full_logs() -> None:
   """Filters the background noise of a failed orbax save (see ``_QuietDiskFull``); the error
   itself still reaches the main thread. Also drops the "Event loop is closed" errors tensorstore's
   callbacks raise, unraisable, into the event loop orbax closed after the failure."""
-  import logging
-  import sys
   for name in ("absl", "asyncio"):
     logger = logging.getLogger(name)
     if not any(isinstance(f, _QuietDiskFull) for f in logger.filters):

@@ -1,17 +1,25 @@
-"""How a config key is declared: default, allowed values, one line of documentation.
+"""How a config key is declared: default, allowed values, when it is read, one line of doc.
 
-``rljax/defaults.py`` declares every key once with ``Key``; the defaults (``rljax.config()``),
-the start-up checks (``rljax.config_checks``), ``rljax keys`` and ``docs/config.md`` are all
-generated from those declarations. A check is a callable ``check(value) -> None | str`` (None
-when the value is allowed, else what is allowed) that also knows the Python type of its values
-(``type``, for keys whose default is None) and says what it allows (``allowed``).
+``rljax/defaults.py`` declares every key once with ``Key`` and the constraints between keys with
+``Relation``; the defaults (``rljax.config()``), the start-up checks (``rljax.config_checks``),
+``rljax keys`` and ``docs/config.md`` are all generated from those declarations.
+
+- A ``Check`` is a callable ``check(value) -> None | str`` (None when the value is allowed, else
+  what is allowed) that also knows the Python type of its values (``type``, for keys whose
+  default is None) and says what it allows (``allowed``).
+- A ``When`` is a condition on the run (``Facts``: the config's values by dotted name, and once
+  resolved the algorithm and the model's architecture): ``Key.read_if`` says when a key is read,
+  and a key set away from its default while its condition is false is refused by name.
+
+This module is the bottom of the package: it imports nothing of it. Registries higher up make
+their names known here (``add_family``), so a declaration can say "a registered advantage".
 """
 from __future__ import annotations
 
 import dataclasses
 import math
 import numbers
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
 
 
 def _is_int(value) -> bool:
@@ -35,13 +43,15 @@ class Check:
     if self.ok(value):
       return None
     if self.family:
-      return f"a registered {self.family} name: {', '.join(registry_names(self.family))}"
+      names = f"a registered {self.family} name: {', '.join(registry_names(self.family))}"
+      return f"None or {names}" if self.ok(None) else names
     return self.allowed
 
 
 def optional(check: Check) -> Check:
   """``check``, or None (the key's 'off' or 'derived' value)."""
-  return Check(lambda v: v is None or check.ok(v), f"{check.allowed} (or None)", check.type)
+  return Check(lambda v: v is None or check.ok(v), f"{check.allowed} (or None)", check.type,
+               check.family, check.options)
 
 
 def integer(lo: Optional[int] = None, hi: Optional[int] = None, *, also: tuple = ()) -> Check:
@@ -107,56 +117,206 @@ def registered(family: str) -> Check:
   return Check(ok, f"a registered {family} name (`rljax components`)", str, family)
 
 
+# --- registries, made known from above ----------------------------------------------------------
+
+_FAMILIES: Dict[str, Any] = {}  # family -> its registry: ``names()`` and ``meta(name)``
+
+
+def add_family(family: str, registry) -> None:
+  """Makes ``registry`` (an object with ``names()`` and, optionally, ``meta(name)``) the one
+  ``registered(family)`` looks names up in. Each registry calls it when it is created."""
+  _FAMILIES[family] = registry
+
+
 def registry_names(family: str) -> list:
-  if family == "reward_fn":
-    from rljax.rewards import verifiers
-    return verifiers.REWARD_FNS.names()
-  from rljax.algos.registry import list_registries
-  return list_registries()[family]
+  if family not in _FAMILIES:
+    raise LookupError(f"no registry of {family!r} names is loaded (import rljax.config_checks, "
+                      "which imports every registry)")
+  return list(_FAMILIES[family].names())
+
+
+def registry_meta(family: str, name: str) -> dict:
+  """What ``name`` registered in ``family`` declares (its inputs, hyperparameters, flags)."""
+  registry_names(family)
+  return _FAMILIES[family].meta(name)
+
+
+# --- when a key is read --------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Facts:
+  """What a condition may look at: ``config`` (value by dotted name), and, once they are known,
+  the resolved ``algorithm`` (``rljax.algorithm.Algorithm``) and the policy's ``model``
+  architecture (``rljax.models.ModelConfig``)."""
+  config: Mapping[str, Any]
+  algorithm: Any = None
+  model: Any = None
+
+  def __getitem__(self, name: str):
+    return self.config[name]
+
+  def known(self, needs: frozenset) -> bool:
+    return all(getattr(self, fact) is not None for fact in needs)
+
+
+@dataclasses.dataclass(frozen=True)
+class When:
+  """A condition on the run: ``test(facts, key) -> bool`` (``key``: the dotted name of the key it
+  is the ``read_if`` of); ``says``: the condition in words (docs, "it is read with ...");
+  ``unless``: why the key is not read when it is false (a string or ``f(facts, key) -> str``);
+  ``needs``: the facts beyond the config it looks at ('algorithm', 'model'), so the walker
+  applies it once they are known. ``a & b``, ``a | b`` combine conditions."""
+  test: Callable[[Facts, str], bool]
+  says: str
+  unless: Any = None
+  needs: frozenset = frozenset()
+  parts: tuple = ()  # of an ``a & b``: the first part that is false says why
+  components: bool = False  # a resolved component reads the key (``component_reads``)
+
+  def why_not(self, facts: Facts, key: str) -> str:
+    for part in self.parts:
+      if not part.test(facts, key):
+        return part.why_not(facts, key)
+    if callable(self.unless):
+      return self.unless(facts, key)
+    return self.unless or f"it is read only with {self.says}"
+
+  def __and__(self, other: "When") -> "When":
+    return When(lambda f, k: self.test(f, k) and other.test(f, k),
+                f"{self.says} and {other.says}", None, self.needs | other.needs, (self, other))
+
+  def __or__(self, other: "When") -> "When":
+    unless = self.unless or other.unless
+    if self.components or other.components:  # the components named, and the other condition
+      also = [p.says for p in (self, other) if not p.components]
+      unless = lambda f, k: _component_message(f, k, also)
+    says = " or ".join(f"({p.says})" if " and " in p.says else p.says for p in (self, other))
+    return When(lambda f, k: self.test(f, k) or other.test(f, k), says, unless,
+                self.needs | other.needs,
+                components=self.components or other.components)
+
+
+ALWAYS = When(lambda f, k: True, "always")
+
+
+def equals(name: str, value, unless=None) -> When:
+  return When(lambda f, k: f[name] == value, f"{name}={value!r}", unless)
+
+
+def differs(name: str, value, unless=None) -> When:
+  return When(lambda f, k: f[name] != value, f"{name} != {value!r}", unless)
+
+
+def above(name: str, bound, unless=None) -> When:
+  return When(lambda f, k: f[name] > bound, f"{name} > {bound!r}", unless)
+
+
+_KEY_FAMILIES: Dict[str, str] = {}  # filled by ``declare``: registered key -> its family
+
+
+def meta_says(name: str, test: Callable[[dict], bool], says: str, unless=None) -> When:
+  """The component that the key ``name`` (a ``registered`` key) names declares ``test(meta)``."""
+  return When(lambda f, k: test(registry_meta(_KEY_FAMILIES[name], f[name])), says, unless)
+
+
+def component_reads() -> When:
+  """The key (``algo.*``) is a hyperparameter that a component the config resolved to binds:
+  an advantage estimator, the objective, a regulariser, a transform (their registrations say
+  which keys they read). Unread, it is named with the components that would read it."""
+  return When(lambda f, k: k.split(".", 1)[1] in f.algorithm.keys_read,
+              "a resolved component reads it", _component_message, frozenset({"algorithm"}),
+              components=True)
+
+
+def _component_message(f: Facts, key: str, also: Sequence[str] = ()) -> str:
+  """'by advantage 'grpo', policy_loss 'cispo'; it is read by policy_loss 'ppo', ...'."""
+  leaf = key.split(".", 1)[1]
+  described = (f"advantage {f['algo.advantage']!r}, policy_loss {f['algo.policy_loss']!r}"
+               + "".join(f", transform {t.name!r}" for t in f.algorithm.transforms))
+  readers = []
+  for family, label in (("advantage", "advantage"), ("policy_loss", "policy_loss"),
+                        ("regularizer", "regulariser"), ("transform", "transform")):
+    for name in registry_names(family) if family in _FAMILIES else ():
+      meta = registry_meta(family, name)
+      if (leaf in meta.get("hparams", {}).values() or meta.get("coef") == leaf
+          or leaf in meta.get("reads", ())):
+        readers.append(f"{label} '{name}'")
+  readers += list(also)
+  return f"by {described}" + (f"; it is read by {', '.join(readers)}" if readers else "")
 
 
 @dataclasses.dataclass(frozen=True)
 class Key:
-  """One config key: its dotted name, default, check and one-line doc."""
+  """One config key: its dotted name, default, check, one-line doc and when it is read."""
   name: str
   default: Any
   check: Check
   doc: str
+  read_if: When = ALWAYS
 
   @property
   def section(self) -> str:
     return self.name.split(".")[0] if "." in self.name else ""
 
 
-def _declared():
-  from rljax.defaults import KEYS
-  return KEYS
+@dataclasses.dataclass(frozen=True)
+class Relation:
+  """A constraint between ``keys``: ``broken(facts) -> None | str`` returns the one-line error
+  (naming the keys and their values) when the combination cannot run; ``says``: the rule in
+  words (docs); ``unused``: the error is an ``UnusedKeyError`` (a key that would be ignored)."""
+  keys: Tuple[str, ...]
+  says: str
+  broken: Callable[[Facts], Optional[str]]
+  needs: frozenset = frozenset()
+  unused: bool = False
 
+
+def declare(keys: Sequence[Key]) -> Tuple[Key, ...]:
+  """The declarations, checked once: names unique, defaults allowed by their checks."""
+  seen = set()
+  for key in keys:
+    if key.name in seen:
+      raise ValueError(f"config key {key.name!r} is declared twice")
+    seen.add(key.name)
+    if key.check.family:
+      _KEY_FAMILIES[key.name] = key.check.family
+  return tuple(keys)
+
+
+# --- tables --------------------------------------------------------------------------------------
 
 def _allowed(key: Key) -> str:
-  if key.check.family:
+  if key.check.family and key.check.family in _FAMILIES:
     return f"a registered name: {', '.join(registry_names(key.check.family))}"
   return key.check.allowed
 
 
-def text_table(prefix: str = "") -> str:
+def text_table(declared: Sequence[Key], prefix: str = "") -> str:
   """``rljax keys``: one block per key."""
-  return "\n".join(f"{k.name} = {k.default!r}\n    {k.doc}\n    allowed: {_allowed(k)}"
-                   for k in _declared() if k.name.startswith(prefix))
+  return "\n".join(
+      f"{k.name} = {k.default!r}\n    {k.doc}\n    allowed: {_allowed(k)}"
+      + ("" if k.read_if is ALWAYS else f"\n    read with: {k.read_if.says}")
+      for k in declared if k.name.startswith(prefix))
 
 
-def markdown_table() -> str:
+def markdown_table(declared: Sequence[Key], relations: Sequence[Relation] = ()) -> str:
   """``docs/config.md``, generated from the declarations (a test keeps the file in step)."""
   lines = ["# Config keys", "",
            "Generated from `rljax/defaults.py` by `python -m rljax keys --markdown`; do not edit.",
-           "Override any key with `--config.KEY=VALUE`.", ""]
+           "Override any key with `--config.KEY=VALUE`. A key set away from its default is read "
+           "only under its *read with* condition; otherwise the run stops naming it.", ""]
   section = None
-  for k in _declared():
+  cell = lambda text: str(text).replace("|", "\\|")
+  for k in declared:
     if k.section != section:
       section = k.section
-      lines += ["", f"## {section or 'top level'}", "", "| key | default | allowed | what |",
-                "|---|---|---|---|"]
-    cell = lambda text: str(text).replace("|", "\\|")
+      lines += ["", f"## {section or 'top level'}", "",
+                "| key | default | allowed | read with | what |", "|---|---|---|---|---|"]
     # Registered names are listed by `rljax components` (plugins and notebooks add more).
-    lines.append(f"| `{k.name}` | `{k.default!r}` | {cell(k.check.allowed)} | {cell(k.doc)} |")
+    read = "" if k.read_if is ALWAYS else cell(k.read_if.says)
+    lines.append(f"| `{k.name}` | `{k.default!r}` | {cell(k.check.allowed)} | {read} | "
+                 f"{cell(k.doc)} |")
+  if relations:
+    lines += ["", "## Between keys", "", "Checked at start-up, before anything is built.", ""]
+    lines += [f"- {', '.join(f'`{name}`' for name in r.keys)}: {r.says}" for r in relations]
   return "\n".join(lines) + "\n"

@@ -1,7 +1,7 @@
 """The RL components of docs/algorithms.md as small pure functions, registered by name.
 
-``configs/<algo>.py`` picks the names; ``resolve(config)`` looks them up once and returns an
-``Algorithm`` whose methods the trainer (or a notebook) calls:
+``configs/<algo>.py`` picks the names; ``rljax.algorithm.resolve(config)`` looks them up once and
+returns an ``Algorithm`` whose methods the trainer (or a notebook) calls:
 
   algo = resolve(config)
   algo.advantages(rewards=..., mask=..., values=None, token_rewards=None) -> (A, returns)
@@ -41,4 +41,3 @@ import pkgutil as _pkgutil
 # listed by hand (tests/algos/test_registry.py checks that no registration is left out).
 for _module in _pkgutil.iter_modules(__path__):
   _importlib.import_module(f"{__name__}.{_module.name}")
-from rljax.algos.resolve import Algorithm, Bound, Regularizer, hparams_tree, resolve

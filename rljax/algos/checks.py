@@ -1,6 +1,6 @@
 """Argument checks for components whose float hyperparameters may arrive traced.
 
-``rljax.algos.resolve`` passes float hyperparameters as traced arrays (a sweep reuses one
+``rljax.algorithm.resolve`` passes float hyperparameters as traced arrays (a sweep reuses one
 compilation) and range-checks the config once at start-up; a component called directly with a
 Python number still gets a clear error naming the config key.
 """

@@ -2,7 +2,7 @@
 
 An algorithm is a configuration: ``configs/<algo>.py`` names an advantage estimator, a policy
 objective, a loss aggregation, a KL estimator and the regularisers' coefficients, and
-``rljax.algos.resolve`` looks each name up once, at start-up. A name that is not registered is
+``rljax.algorithm.resolve`` looks each name up once, at start-up. A name that is not registered is
 an error that lists what exists, so a typo in a config fails in the first second instead of
 silently running another algorithm.
 
@@ -15,6 +15,7 @@ import inspect
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 from rljax.errors import UnknownNameError  # noqa: F401  (re-exported)
+from rljax.keys import add_family
 
 
 def signature_of(fn: Callable, hparams: Optional[Mapping[str, str]] = None
@@ -114,6 +115,8 @@ _ALL = {
     "kl_estimator": KL_ESTIMATORS,
     "regularizer": REGULARIZERS,
 }
+for _family, _registry in _ALL.items():  # what ``registered(family)`` keys look names up in
+  add_family(_family, _registry)
 
 
 def register_advantage(name: str, hparams: Optional[Mapping[str, str]] = None, **meta):

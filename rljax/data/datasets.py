@@ -76,7 +76,7 @@ def read_jsonl(path: str) -> list[Problem]:
 def read_hf(path: str) -> list[Problem]:
   """Problems of local dataset files read with Hugging Face ``datasets`` (never downloads)."""
   try:
-    import datasets
+    import datasets  # the optional [hf] extra: hf: data sources only
   except ImportError:
     raise ImportError(
         f"data.source='hf:{path}' needs the Hugging Face datasets library: pip install datasets"

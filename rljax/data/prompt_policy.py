@@ -22,6 +22,8 @@ from typing import Callable
 
 from rljax.data.tasks import Problem
 from rljax.errors import RljaxError, TokenizerError
+from rljax import models
+from rljax.models import ModelConfig
 
 POLICIES = ("error", "drop")
 
@@ -57,8 +59,6 @@ def prompt_token_limit(max_prompt_tokens: int, context: int, budget: int,
 def model_context(config, tokenizer) -> int:
   """``max_position_embeddings`` of the policy ``model.source`` names, without loading weights
   (and without training the SFT cold start: its architecture is the tiny one)."""
-  from rljax import models
-  from rljax.models import ModelConfig
   source = config.model.source
   if source in ("tiny", "sft"):
     return models.tiny_config(config.model, tokenizer.vocab_size, eos_token_id=tokenizer.eos_id,

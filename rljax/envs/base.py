@@ -36,12 +36,15 @@ import abc
 import dataclasses
 from typing import Any, Callable, Dict, List, Sequence, Union
 
+import numpy as np
+
+from rljax.defaults import options
 from rljax.errors import UnknownNameError
-from rljax.keys import Check
+from rljax.keys import add_family
 
 # Text, token ids, or chat messages ({"role": ..., "content": ...}) rendered with the chat template.
 Observation = Union[str, Sequence[int], Sequence[dict]]
-TOOL_FORMATS = ("compact", "hermes")
+TOOL_FORMATS = options("env.tool_format")
 
 
 @dataclasses.dataclass
@@ -122,8 +125,8 @@ def unregister_env(name: str) -> None:
 
 
 def env_names() -> List[str]:
-  """The registered environments (the package's own are imported first)."""
-  import rljax.envs  # noqa: F401  (its package scan registers the built-in environments)
+  """The registered environments (importing this module runs ``rljax/envs/__init__.py``
+  first, whose package scan registers the built-in ones)."""
   return sorted(ENVS)
 
 
@@ -139,18 +142,15 @@ def make_env(name: str, *, max_turns: int = 4, tool_format: str = "compact") -> 
   return get_env_class(name)(max_turns=max_turns, tool_format=tool_format)
 
 
-class _EnvNameCheck(Check):
-  """``env.name``'s declaration: None (single-turn) or a registered environment, the registered
-  ones listed when the value is not one of them."""
+class _Registered:
+  """The environments as ``registered("environment")`` keys (``env.name``) look them up."""
 
-  def __call__(self, value):
-    if self.ok(value):
-      return None
-    return f"None (single-turn) or a registered environment: {', '.join(env_names())}"
+  @staticmethod
+  def names():
+    return env_names()
 
 
-ENV_NAME = _EnvNameCheck(lambda v: v is None or (isinstance(v, str) and v in env_names()),
-                         "None (single-turn rollouts) or a registered environment name", str)
+add_family("environment", _Registered)
 
 
 def plain(value: Any, depth: int = 0):
@@ -166,12 +166,8 @@ def plain(value: Any, depth: int = 0):
     return [plain(v, depth + 1) for v in list(value)[:1000]]
   if isinstance(value, dict):
     return {str(k)[:100]: plain(v, depth + 1) for k, v in list(value.items())[:100]}
-  try:
-    import numpy as np
-    if isinstance(value, np.generic):
-      return plain(value.item(), depth + 1)
-  except ImportError:  # pragma: no cover
-    pass
+  if isinstance(value, np.generic):
+    return plain(value.item(), depth + 1)
   try:
     return repr(value)[:200]
   except BaseException:

@@ -43,12 +43,15 @@ import copy
 import dataclasses
 from typing import Any, Callable, List, Optional, Sequence
 
+import jax  # the driver's only JAX use: folding the key per turn
 import numpy as np
 
 from rljax.envs import tools as tools_lib
 from rljax.envs import validate
 from rljax.envs.base import Environment, make_env
 from rljax.envs.runner import EnvOutcome, EnvRunner
+from rljax.rollout.engine import left_pad
+from rljax.rollout.record import Rollout
 
 SOURCE_PAD, SOURCE_POLICY, SOURCE_ENV = 0, 1, 2
 WIDTH_BUCKET = 32  # continuation prompts are left-padded to a multiple of this
@@ -284,7 +287,6 @@ def finish_episodes(episodes: Sequence[Episode], prompts: Sequence[Sequence[int]
                     tokenizer, group_size: int, prompt_bucket: int, budget: int,
                     counts: dict, turn_discount: float = 1.0) -> MultiTurnResult:
   """The ``MultiTurnResult`` of finished episodes: the record and the batch's ``env/*`` sums."""
-  from rljax.rollout.engine import left_pad
   counts["env/episodes"] = float(len(episodes))
   for ep in episodes:
     counts["env/turns"] += ep.turns
@@ -320,9 +322,7 @@ def run_episodes(problems: Sequence, key, *, generate: GenerateFn, tokenizer, se
     row_multiple: every sampler call's row count is a multiple of this (data-parallel width).
     runner: where reset / step run (default: the settings' worker pool).
   """
-  import jax  # the driver's only JAX use: folding the key per turn
 
-  from rljax.rollout.engine import left_pad
   runner = runner or settings.runner
   pad = tokenizer.pad_id
   g = int(group_size)
@@ -447,7 +447,6 @@ def build_record(episodes: Sequence[Episode], prompt_tokens: np.ndarray, prompt_
   ``turn_discount < 1`` (``env.turn_discount``) ``extras['token_rewards']`` [B, T] holds each
   row's ``turn_token_rewards`` (zeros for a failed episode, whose reward is 0), which the
   token-level estimators read instead of the outcome on the last token."""
-  from rljax.rollout.record import Rollout
   b = len(episodes)
   tokens = np.full((b, t), pad_id, np.int32)
   source = np.zeros((b, t), np.int32)

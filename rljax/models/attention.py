@@ -324,6 +324,7 @@ def cudnn_attention(q, k, v, k_valid, *, window=None, implementation: str | None
 def splash_attention(q, k, v, k_valid, *, window=None, interpret: bool | None = None):
   """Self-attention through Pallas splash attention (MQA kernel vmapped over the ``G`` key/value
   heads and the batch; padding as segment ids). ``interpret`` defaults to "not on a TPU"."""
+  # The TPU kernels (Mosaic): imported only where they run.
   from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
   from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
   b, s, h, dh = q.shape

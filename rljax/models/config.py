@@ -11,16 +11,23 @@ import json
 import os
 from typing import Any, Mapping
 
-from rljax.errors import ModelFileError
+import jax
 
+from rljax.defaults import KEY_BY_NAME, REMAT_MODES, options
+from rljax.errors import ConfigError, ModelFileError
+from rljax.models import families
+
+# The run settings' choices, as ``rljax/defaults.py`` declares the keys.
+MATMUL_PRECISIONS = options("model.matmul_precision")
+REMAT_CHOICES = REMAT_MODES
+ATTENTION_BACKENDS = options("model.attention")
+# What a checkpoint's architecture may be (config.json), beside the keys.
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
-MATMUL_PRECISIONS = ("default", "high", "highest")
-REMAT_CHOICES = ("none", "full", "dots")
-ATTENTION_BACKENDS = ("auto", "xla", "blockwise", "cudnn", "pallas")
 LAYER_TYPES = ("full_attention", "sliding_attention")
-MOE_DISPATCH = ("dense", "sparse", "capacity")
-ROUTER_REPLAY = ("off", "R2", "R3")
 HIDDEN_ACTS = ("silu", "gelu_pytorch_tanh")
+# The fields a run sets from its ``model`` section, checked against the keys' declarations.
+DECLARED_FIELDS = ("remat", "scan_layers", "attention", "attention_block", "moe_dispatch",
+                   "moe_capacity_factor", "router_replay")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,16 +93,10 @@ class ModelConfig:
     key = self.remat.lower() if isinstance(self.remat, str) else self.remat
     if isinstance(key, bool) or key in ("true", "false"):
       object.__setattr__(self, "remat", old[key])
-    if self.remat not in REMAT_CHOICES:
-      raise ValueError(f"model.remat={self.remat!r}: expected one of {REMAT_CHOICES} "
-                       "(or True/False for 'full'/'none')")
-    if not isinstance(self.scan_layers, bool):
-      raise ValueError(f"model.scan_layers={self.scan_layers!r}: expected True or False")
-    if self.attention not in ATTENTION_BACKENDS:
-      raise ValueError(f"model.attention={self.attention!r}: expected one of "
-                       f"{ATTENTION_BACKENDS}")
-    if self.attention_block < 1:
-      raise ValueError(f"model.attention_block={self.attention_block}: must be >= 1")
+    for name in DECLARED_FIELDS:  # a direct call gets the checks a config gets
+      value = getattr(self, name)
+      if (allowed := KEY_BY_NAME[f"model.{name}"].check(value)) is not None:
+        raise ConfigError(f"model.{name}={value!r} is not allowed: expected {allowed}")
     if self.sliding_window is not None and self.sliding_window < 1:
       raise ValueError(f"sliding_window={self.sliding_window}: must be >= 1 or None")
     if self.model_type not in supported_model_types():
@@ -108,11 +109,6 @@ class ModelConfig:
                          f"{LAYER_TYPES}")
     if self.hidden_act not in HIDDEN_ACTS:
       raise ValueError(f"unsupported hidden_act={self.hidden_act!r}; supported: {HIDDEN_ACTS}")
-    if self.router_replay not in ROUTER_REPLAY:
-      raise ValueError(f"model.router_replay={self.router_replay!r}: expected one of "
-                       f"{ROUTER_REPLAY}")
-    if self.moe_dispatch not in MOE_DISPATCH:
-      raise ValueError(f"model.moe_dispatch={self.moe_dispatch!r}: expected one of {MOE_DISPATCH}")
     object.__setattr__(self, "moe_layers", tuple(int(i) for i in self.moe_layers))
     if self.moe_layers and not (0 < self.experts_per_token <= self.num_experts):
       raise ValueError(f"experts_per_token={self.experts_per_token} must be in [1, num_experts="
@@ -171,7 +167,6 @@ class ModelConfig:
   @classmethod
   def from_hf_dict(cls, hf: Mapping[str, Any], **overrides) -> "ModelConfig":
     """The architecture of an HF config.json (its family reads the keys it needs)."""
-    from rljax.models import families
     model_type = hf.get("model_type")
     if model_type not in supported_model_types():
       archs = hf.get("architectures")
@@ -209,13 +204,11 @@ class ModelConfig:
 
   def to_hf_dict(self) -> dict:
     """A config.json that ``transformers`` loads as the same architecture."""
-    from rljax.models import families
     return families.get(self.model_type).config_to_hf(self)
 
 
 def supported_model_types() -> tuple[str, ...]:
   """The HF ``model_type``s with a family in ``rljax.models.families``."""
-  from rljax.models import families
   return families.model_types()
 
 
@@ -225,7 +218,6 @@ def compute_dtype(value: str, platform: str | None = None) -> str:
   if value != "auto":
     return value
   if platform is None:
-    import jax
     platform = jax.default_backend()
   return "float32" if platform == "cpu" else "bfloat16"
 
@@ -247,7 +239,6 @@ _TINY_MOE = dict(norm_topk_prob=True, router_aux_loss_coef=0.001)
 def tiny_config(model_cfg, vocab_size: int, **overrides) -> ModelConfig:
   """A fresh small model from the ``config.model`` section (``model.source='tiny'``) of the
   family ``model.family``."""
-  from rljax.models import families
   family = model_cfg.family
   fields = dict(
       vocab_size=vocab_size,
@@ -278,8 +269,8 @@ def matmul_precision(model_section):
   """
   value = model_section.matmul_precision
   if value not in MATMUL_PRECISIONS:
-    raise ValueError(f"model.matmul_precision={value!r}: expected one of {MATMUL_PRECISIONS}")
+    raise ConfigError(f"model.matmul_precision={value!r} is not allowed: expected one of "
+                      f"{list(MATMUL_PRECISIONS)}")
   if value == "default":
     return contextlib.nullcontext()
-  import jax
   return jax.default_matmul_precision(value)

@@ -14,7 +14,10 @@ from typing import Callable, Iterator
 
 import jax
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
+from safetensors import safe_open
+from safetensors.numpy import save_file
 
 from rljax.errors import MissingTensorError, ModelFileError
 from rljax.models import families, transformer
@@ -80,7 +83,6 @@ def _unreadable(file: str, error: Exception) -> ModelFileError:
 
 
 def _open_safetensors(file: str):
-  from safetensors import safe_open
   if not os.path.isfile(file):
     raise ModelFileError(f"{file} is listed in the safetensors index but does not exist")
   try:
@@ -231,8 +233,6 @@ def save_hf(path: str, cfg: ModelConfig, params: dict, *, dtype: str | None = No
 
   Shards into several safetensors files with an index when larger than ``max_shard_bytes``.
   """
-  import ml_dtypes
-  from safetensors.numpy import save_file
   if "value_head" in params:
     raise ValueError("save_hf exports causal-LM policies; this tree holds a value model")
   os.makedirs(path, exist_ok=True)
@@ -276,8 +276,8 @@ def check_conversion(path: str, prompts: list[list[int]] | None = None, seed: in
   rljax) per token; the count of NaN or infinite logits of either side).
   """
   try:
-    import torch
-    import transformers
+    import torch  # the optional [hf] extra, for this check only
+    import transformers  # slow to import: only for this check
   except ImportError as e:
     raise RuntimeError("check-conversion needs PyTorch and transformers: "
                        "pip install 'rljax[hf]' (torch==2.13.0)") from e

@@ -23,6 +23,7 @@ from rljax.models import attention as attention_lib
 from rljax.models import families
 from rljax.models import layers
 from rljax.models.config import ModelConfig
+from rljax.models import kv_cache
 
 # ``model.remat``: what each layer keeps for the backward pass. 'full' keeps only the layer's
 # input and recomputes the rest; 'dots' also keeps the outputs of the weight matmuls (2-D GEMMs:
@@ -315,7 +316,6 @@ def head_weight(cfg: ModelConfig, params: dict):
 
 def init_cache(cfg: ModelConfig, batch: int, slots: int):
   """The sampler's zeroed KV cache (``rljax.models.kv_cache``) for ``batch`` rows of ``slots``."""
-  from rljax.models import kv_cache
   return kv_cache.init_cache(cfg, batch, slots)
 
 
@@ -323,7 +323,6 @@ def cached_step(cfg: ModelConfig, params: dict, tokens, positions, cache, cache_
   """Prefill (``cache_index`` 0, S > 1) or decode (S = 1) through the KV cache: the S new tokens
   are written at slots ``cache_index ..`` and attend to the slots marked in ``kv_mask`` [B, K]
   up to their own. Returns (hidden [B, S, D], new cache)."""
-  from rljax.models import kv_cache
   attend = kv_cache.attend_at(cfg, cache_index, kv_mask.astype(bool), tokens.shape[1])
   hidden, cache, _ = bind(cfg, params)(tokens, positions, attend, cache)
   return hidden, cache

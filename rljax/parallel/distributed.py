@@ -27,6 +27,9 @@ from typing import Any
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
+
+from rljax.parallel import rules
 
 logger = logging.getLogger(__name__)
 
@@ -152,7 +155,6 @@ def to_host(tree):
   """numpy copies of (possibly multi-process sharded) arrays, the full global value on every
   process. A collective: every process must call it (``jax.device_get`` cannot fetch rows held by
   other processes). Use it for metrics, rollouts handed to Python verifiers, and exports."""
-  from jax.experimental import multihost_utils
 
   def one(x):
     if isinstance(x, jax.Array) and not x.is_fully_addressable:
@@ -175,8 +177,6 @@ def host_local_to_global(array, mesh, sharding=None):
   ``sharding`` defaults to ``rules.batch_sharding(mesh, ndim)``. Single process: a plain
   ``device_put``. Every process must call this with the same shapes.
   """
-  from rljax.parallel import rules
-
   def one(x):
     x = np.asarray(x)
     sh = sharding if sharding is not None else rules.batch_sharding(mesh, x.ndim)

@@ -26,7 +26,10 @@ import numpy as np
 from jax.experimental import mesh_utils
 from jax.sharding import AxisType, Mesh
 
-AXES = ("data", "fsdp", "expert", "tensor")
+from rljax.defaults import MESH_AXES
+from rljax.parallel import distributed
+
+AXES = MESH_AXES  # the mesh.* keys that lay devices out, in the mesh's order
 
 
 def _read(mesh_cfg, key):
@@ -108,7 +111,6 @@ def start_cpu_devices(config) -> int | None:
   the sampler's own devices (``mesh.sampler_devices``) lay the devices out, or the resolved
   count is 0 (JAX's default).
   """
-  from rljax.parallel import distributed
   if ("xla_force_host_platform_device_count" in os.environ.get("XLA_FLAGS", "")
       or config.dist.coordinator_address or config.dist.num_processes
       or (config.dist.mode == "auto" and distributed.detect_cluster())

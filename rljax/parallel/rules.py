@@ -56,7 +56,8 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from rljax.parallel.mesh import AXES
+from rljax.defaults import MESH_AXES as AXES  # the mesh's axes (rljax.parallel.mesh)
+from rljax.models.kv_cache import CACHE_AXES
 
 DEFAULT_RULES: dict[str, Any] = {
     "batch": ("data", "fsdp", "expert"),
@@ -280,7 +281,6 @@ def cache_shardings(mesh, cache, rules=None):
   """Shardings of the sampler's KV cache (``rljax.models.kv_cache``: per layer ``(k, v)``, each
   named by ``kv_cache.CACHE_AXES``): rows on the batch axes, kv heads on ``tensor`` (replicated
   where G does not divide)."""
-  from rljax.models.kv_cache import CACHE_AXES
   return jax.tree.map(lambda x: logical_sharding(mesh, CACHE_AXES, tuple(x.shape), rules), cache)
 
 

@@ -28,6 +28,7 @@ run, and leaves no process behind (short of one that deliberately signals the tr
 from __future__ import annotations
 
 import atexit
+import ctypes
 import dataclasses
 import logging
 import multiprocessing
@@ -61,7 +62,6 @@ def _load_libc():
   a thread that does not exist in the child)."""
   if not sys.platform.startswith("linux"):
     return None
-  import ctypes
   try:
     return ctypes.CDLL("libc.so.6", use_errno=True)
   except OSError:

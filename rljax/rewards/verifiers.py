@@ -23,6 +23,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from rljax.data.tasks import MARKER, Problem, make_task, marked_answer
+from rljax.keys import add_family
 from rljax.rewards import isolation
 
 RewardFn = Callable[[str, Problem], float]
@@ -36,6 +37,7 @@ class RewardRegistry(dict):
 
 
 REWARD_FNS = RewardRegistry()
+add_family("reward_fn", REWARD_FNS)
 
 
 class _DropDisabledTimeoutWarning(logging.Filter):

@@ -39,6 +39,8 @@ from typing import Iterable, Mapping, Sequence
 import numpy as np
 
 from rljax.sweep import study as study_lib
+from rljax.sweep import runner
+from rljax.train.metrics import read_jsonl
 
 FINAL_WINDOW = 0.1  # fraction of the train steps that the final_* metrics average over
 LEVEL = 0.95
@@ -149,8 +151,6 @@ def run_summary(records: Sequence[Mapping], wall_attempts: Sequence[Mapping] = (
 
 def load_runs(specs) -> dict[tuple[str, int], list[dict]]:
   """metrics.jsonl records of every finished run of ``specs`` (``runner.RunSpec``)."""
-  from rljax.sweep import runner
-  from rljax.train.metrics import read_jsonl
   return {(s.variant, s.seed): read_jsonl(os.path.join(s.run_dir, "metrics.jsonl"))
           for s in specs if runner.run_state(s) == "finished"}
 

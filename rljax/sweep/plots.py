@@ -86,7 +86,7 @@ def run_curve(records: Sequence[Mapping], key: str) -> tuple[np.ndarray, np.ndar
 def plot_study(records: Mapping[tuple[str, int], list], variants: Sequence[str], path: str,
                title: str) -> list[str]:
   """One PNG with a panel per logged curve; returns the metric keys drawn."""
-  import matplotlib
+  import matplotlib  # pyplot needs its backend chosen before it is first imported
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 

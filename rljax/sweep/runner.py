@@ -33,8 +33,12 @@ import sys
 import time
 from typing import Callable, Iterable
 
-from rljax.algos import usage
+from rljax import config_loader, defaults
 from rljax.sweep import study as study_lib
+from rljax.train import run_dir as run_dir_lib
+from rljax.train import sft
+from rljax.train.metrics import read_jsonl
+from rljax.train.run_dir import flatten_config
 
 WALL_FILE = "sweep_wall.json"  # per run dir: wall time and exit status of each attempt
 LOG_FILE = "sweep.log"  # per run dir: stdout and stderr of the train subprocess
@@ -84,7 +88,7 @@ def plan_runs(study: study_lib.Study, root: str,
       per_run = extra + (("seed", str(seed)), ("data.train_seed", str(seed)),
                          ("train.run_dir", run_dir))
       config = study_lib.variant_config(study, variant, per_run)
-      if set(config.train.loggers) & set(usage.TRACKER_KEYS["tracker_group"]):
+      if set(config.train.loggers) & set(defaults.TRACKERS):
         # W&B/MLflow runs of a study: one group per study, named by variant and seed.
         per_run += (("train.tracker_group", study.name),
                     ("train.tracker_run_name", f"{study.name}/{variant.name}/seed{seed}"))
@@ -101,7 +105,6 @@ def plan_runs(study: study_lib.Study, root: str,
 def _sft_key(config) -> str:
   """A short hash of everything the cold start depends on (rljax.train.sft's stamp), so runs
   share a cold start exactly when the trainer would reuse it."""
-  from rljax.train import sft
   stamp = sft.cold_start_stamp(config)
   return hashlib.sha256(json.dumps(stamp, sort_keys=True).encode()).hexdigest()[:10]
 
@@ -112,7 +115,6 @@ def run_state(spec: RunSpec) -> str:
   """'finished', 'partial' (has a committed checkpoint) or 'new' (module docstring)."""
   metrics = os.path.join(spec.run_dir, "metrics.jsonl")
   if os.path.isfile(metrics):
-    from rljax.train.metrics import read_jsonl
     if any(r["step"] == spec.steps and "eval_accuracy" in r for r in read_jsonl(metrics)):
       return "finished"
   ckpt = os.path.join(spec.run_dir, "checkpoints")
@@ -129,8 +131,6 @@ def check_same_config(spec: RunSpec, config_path: str, finished: bool = False) -
   saved = os.path.join(spec.run_dir, "config.json")
   if not os.path.isfile(saved):
     return []
-  from rljax import config_loader, defaults
-  from rljax.train.run_dir import flatten_config
   want = flatten_config(json.loads(
       config_loader.load_config(config_path, list(spec.overrides)).to_json_best_effort()))
   with open(saved) as f:
@@ -169,7 +169,6 @@ def read_wall(run_dir: str) -> list[dict]:
 def train_argv(spec: RunSpec, config_path: str, python: str = sys.executable) -> tuple[str, ...]:
   """The run's ``rljax train`` command; it resumes when the run dir already holds a run (the
   trainer refuses ``resume=True`` on a dir with none, a misspelt path)."""
-  from rljax.train import run_dir as run_dir_lib
   resume = ("--config.train.resume=True",) if run_dir_lib.holds_run(spec.run_dir) else ()
   return (python, "-m", "rljax", "train", "--config", config_path,
           *[f"--config.{k}={v}" for k, v in spec.overrides], *resume)
@@ -182,8 +181,6 @@ def sft_argv(spec: RunSpec, config_path: str, python: str = sys.executable) -> t
 
 def sft_is_ready(spec: RunSpec, config_path: str) -> bool:
   """Whether the cold start ``spec`` loads is on disk with the stamp the trainer checks."""
-  from rljax import config_loader
-  from rljax.train import sft
   config = config_loader.load_config(config_path, list(spec.overrides))
   return sft.read_stamp(spec.sft_dir) == sft.cold_start_stamp(config)
 

@@ -16,9 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from rljax import config_checks, models
-from rljax.defaults import KEY_BY_NAME
 from rljax import rollout as rollout_lib
-from rljax.algos.resolve import Algorithm, resolve
+from rljax.algorithm import Algorithm, resolve
 from rljax.data import datasets, prompt_policy, tokenizer as tokenizer_lib
 from rljax.errors import ModelFileError, RljaxError, StartupError
 from rljax.models import ModelConfig, transformer
@@ -33,6 +32,9 @@ from rljax.train import trackers
 from rljax.train.metrics import MetricsWriter, write_eval_table
 from rljax.train import state as state_lib
 from rljax.train.state import TrainState, create_state, make_optimizer, total_updates
+from rljax.train import run_dir as run_dir_lib
+from rljax.train import sft
+from rljax.train.plot import plot_run
 
 
 # Compiled samplers shared by every run of the process (notebooks, tests, eval after train):
@@ -83,7 +85,6 @@ def sampling_params(config, tokenizer, greedy: bool = False) -> rollout_lib.Samp
 def _hf_source(config, tokenizer, *, train_if_missing: bool) -> str | None:
   source = config.model.source
   if source == "sft":
-    from rljax.train import sft
     if train_if_missing:
       return sft.ensure_sft_checkpoint(config, tokenizer)
     return config.sft.out_dir
@@ -94,40 +95,18 @@ def _hf_source(config, tokenizer, *, train_if_missing: bool) -> str | None:
   raise StartupError(f"model.source must be 'tiny', 'sft' or 'hf:PATH', got {source!r}")
 
 
-# 'tiny'/'sft' keys that only a family with MoE layers reads, and run settings only MoE layers use.
-_TINY_ONLY = ("model.family",)
-_TINY_MOE = ("model.num_experts", "model.experts_per_token", "model.moe_intermediate_size")
-_MOE_SETTINGS = ("model.moe_dispatch", "model.moe_capacity_factor", "model.router_replay")
-
-
 def check_model_keys(config, algo: Algorithm, tokenizer) -> Algorithm:
-  """The model keys the run's architecture reads, and ``algo.router_aux_coef``'s default.
-
-  A 'tiny'-model key set with a checkpoint source, an MoE key set for a model without MoE layers,
-  or a load-balancing weight on such a model is refused by name (no key is silently ignored).
-  ``algo.router_aux_coef`` None takes the checkpoint's ``router_aux_loss_coef``."""
+  """The keys read only by some architectures (``read_if`` over the model in
+  rljax/defaults.py: MoE settings on a model without MoE layers, 'tiny' sizes with a checkpoint
+  source), and ``algo.router_aux_coef``'s default: None takes the checkpoint's
+  ``router_aux_loss_coef``."""
   model_cfg = resolve_model_config(config, tokenizer)
-  fresh = config.model.source in ("tiny", "sft")
-  unread = [k for k in _TINY_ONLY + _TINY_MOE if not fresh and _changed(config, k)]
-  if not model_cfg.moe_layers:
-    unread += [k for k in _TINY_MOE + _MOE_SETTINGS if _changed(config, k)]
-    if config.algo.router_aux_coef is not None:
-      unread.append("algo.router_aux_coef")
-  if unread:
-    where = f"model.source={config.model.source!r}, a {model_cfg.model_type} model"
-    raise StartupError(f"{', '.join(sorted(set(unread)))} not read by {where}"
-                       f"{'' if model_cfg.moe_layers else ' without MoE layers'}: set "
-                       f"{'it' if len(set(unread)) == 1 else 'them'} back to the default")
+  config_checks.check_unused(config, algo, model_cfg)
   if config.algo.router_aux_coef is not None or not model_cfg.moe_layers:
     return algo
   with config.unlocked():
     config.algo.router_aux_coef = float(model_cfg.router_aux_loss_coef)
   return resolve(config)
-
-
-def _changed(config, key: str) -> bool:
-  section, name = key.split(".")
-  return config[section][name] != KEY_BY_NAME[key].default
 
 
 def resolve_model_config(config, tokenizer) -> ModelConfig:
@@ -391,13 +370,11 @@ def prepare(config) -> Prepared:
   """Every check that needs neither the run dir nor the weights, in about a second: values,
   names, the run dir's path, the tokenizer, every prompt, the model files' headers and the mesh.
   ``loop.train`` calls it before claiming the run dir, so a mistake there leaves nothing."""
-  from rljax.train import run_dir as run_dir_lib
   config_checks.check_config(config)
   run_dir_lib.check_path(config.train.run_dir)
   algo = _startup(resolve, config)
   check_reward_fn(config)
   trackers.check_config(config)
-  _startup(step_lib.check_update_schedule, config)
   distributed.initialize(config.dist)
   tokenizer = tokenizer_lib.load_tokenizer(config.data.tokenizer, config.data.chat_template)
   _check_model_files(config, algo, tokenizer)
@@ -478,7 +455,6 @@ def finish(run) -> None:
   if distributed.is_main_process():
     if cfg.train.export_hf:
       models.save_hf(os.path.join(cfg.train.run_dir, "hf"), run.generator.model.cfg, params)
-    from rljax.train.plot import plot_run
     jsonl = os.path.join(cfg.train.run_dir, "metrics.jsonl")
     artifacts = [os.path.join(cfg.train.run_dir, name) for name in ("curves.png", "evals.csv")]
     plot_run(jsonl, artifacts[0])

@@ -13,13 +13,15 @@ import jax
 import ml_collections
 import numpy as np
 
-from rljax import models
+from rljax import config_checks, models
 from rljax.data import datasets, prompt_policy, tokenizer as tokenizer_lib
+from rljax.envs.checks import check_env_startup
 from rljax.parallel import rules
 from rljax.rewards import verifiers
 from rljax.train import build, generation
 from rljax.train.checkpoint import Checkpointer
 from rljax.train.run_dir import RunDirError
+from rljax.parallel import mesh as mesh_lib
 
 EVAL_BATCH = 128  # problems per sampler call
 # Multi-turn evals also report, per episode: turns, tool calls, tool errors, and the share of
@@ -72,8 +74,7 @@ def evaluate_config(config, *, samples: int = 1, checkpoint: str | None = None) 
 
 def _evaluate_config(config, *, samples: int, checkpoint: str | None) -> dict:
   build.check_reward_fn(config)  # before minutes of loading, as train does
-  from rljax.envs.checks import check_env_config, check_env_startup
-  check_env_config(config)
+  config_checks.check_config(config)  # values, unread keys, relations: before any loading
   if checkpoint:
     check_same_tokenizer(config, checkpoint)
   tokenizer = tokenizer_lib.load_tokenizer(config.data.tokenizer, config.data.chat_template)
@@ -82,7 +83,6 @@ def _evaluate_config(config, *, samples: int, checkpoint: str | None) -> dict:
     model_cfg, params = load_run_params(checkpoint)
   else:
     model_cfg, params = build.load_policy(config, tokenizer)
-  from rljax.parallel import mesh as mesh_lib
   source = datasets.make_prompt_source(config.data)
   prompt_policy.apply_prompt_policy(source, config, tokenizer)
   generator = generation.with_env(build.make_generator(

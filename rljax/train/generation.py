@@ -17,6 +17,9 @@ from rljax.parallel import distributed, rules
 from rljax.rewards import shaping
 from rljax.rollout import inflight
 from rljax.rollout.sampler import Rollout
+from rljax.envs.rollout import EnvSettings
+from rljax.envs.rollout import run_episodes
+from rljax.envs.continuous import run_episodes_continuous
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,7 +53,6 @@ def with_env(gen: Generator, config, failure_log: str | None = None) -> Generato
   (its first observations limited to the model's context less ``env.max_tokens``; failed
   episodes reported, a sample written to ``failure_log``), or single-turn (unchanged) when it is
   None."""
-  from rljax.envs.rollout import EnvSettings
   settings = EnvSettings.from_config(config)
   if settings is None:
     return gen
@@ -84,12 +86,10 @@ def episodes(gen: Generator, params, problems, key, sampling: rollout_lib.Sampli
   turn-synchronous driver around the policy's sharded sampler, or continuous batching across
   turns (its cache store and lanes on the default device; the params are read where they are)."""
   if gen.env.engine == "continuous":
-    from rljax.envs.continuous import run_episodes_continuous
     return run_episodes_continuous(problems, key, cfg=gen.model.cfg, params=params,
                                    tokenizer=gen.tokenizer, settings=gen.env, sampling=sampling,
                                    group_size=group_size, prompt_bucket=gen.prompt_bucket,
                                    slots=gen.env.slots, dtype=gen.model.dtype)
-  from rljax.envs.rollout import run_episodes
   return run_episodes(problems, key, generate=continuations(gen, params), tokenizer=gen.tokenizer,
                       settings=gen.env, sampling=sampling, group_size=group_size,
                       prompt_bucket=gen.prompt_bucket, row_multiple=rules.batch_divisor(gen.mesh))

@@ -19,13 +19,14 @@ import numpy as np
 from rljax import models
 from rljax.models import transformer
 from rljax.parallel import distributed, rules
-from rljax.envs.checks import check_env_config, check_env_startup
+from rljax.envs.checks import check_env_startup
 from rljax.rollout.sampler import Rollout
 from rljax.train import actors, build, compilation_cache, evaluation, filters, generation
 from rljax.train import preemption
 from rljax.train import run_dir as run_dir_lib
 from rljax.train.metrics import summarize
 from rljax.transforms import HostRollout
+from rljax.models import attention
 
 # --- rollout and rewards -------------------------------------------------------------------------
 
@@ -179,7 +180,6 @@ def train(config) -> dict:
   """Run ``config`` end to end; returns the final eval and the last step's metrics. SIGTERM and
   SIGINT end it with ``preemption.Stop`` (SIGTERM after saving the last step)."""
   prepared = build.prepare(config)  # every check that needs no run dir, before claiming it
-  check_env_config(config)
   check_env_startup(config, prepared.tokenizer)
   # The cache is set once the run dir is claimed and before anything is compiled (the SFT cold
   # start included).
@@ -210,7 +210,6 @@ def train(config) -> dict:
 
 def describe_model(model_cfg) -> str:
   """One start-up line: the family, its size and the kernels it will run with."""
-  from rljax.models import attention
   kernel = attention.resolve_backend(model_cfg.attention, dtype=model_cfg.dtype,
                                      self_attention=True)
   moe = (f", {model_cfg.num_experts} experts top-{model_cfg.experts_per_token} in "

@@ -30,6 +30,7 @@ import os
 from typing import Any, Callable, Iterable, Mapping, Protocol
 
 import numpy as np
+from tqdm.auto import tqdm
 
 DEFAULT_POSTFIX = ("reward_mean", "accuracy", "entropy", "kl", "len_mean", "sec_step")
 MAIN = "metrics"  # the main stream: run_dir/metrics.jsonl, TensorBoard run_dir/tb
@@ -332,5 +333,4 @@ def _summary_writer(logdir: str, purge_step: int | None):
 
 
 def _progress_bar(total: int | None, initial: int):
-  from tqdm.auto import tqdm
   return tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True, smoothing=0.1)

@@ -29,6 +29,7 @@ import contextlib
 import os
 import signal
 import threading
+from rljax.rewards import isolation
 
 RESUME_HINT = "resume with --config.train.resume=True"
 
@@ -76,7 +77,6 @@ class Guard:
             f"complete checkpoint in {os.path.join(self.run_dir, 'checkpoints')}\n")
     os.write(2, line.encode())
     with contextlib.suppress(BaseException):
-      from rljax.rewards import isolation
       isolation.close_shared_pool()  # no atexit after os._exit: the workers' groups go now
     os._exit(1)
 

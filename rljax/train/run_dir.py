@@ -36,6 +36,8 @@ import time
 
 from rljax import errors
 from rljax.errors import RljaxError
+from rljax.data import datasets
+from rljax.parallel import distributed
 
 logger = logging.getLogger(__name__)
 
@@ -206,7 +208,6 @@ def write_config(run_dir: str, config_json: str) -> None:
 
 
 def data_record(config) -> dict:
-  from rljax.data import datasets
   return {"source": config.data.source, "sha256": datasets.fingerprint(config.data.source)}
 
 
@@ -271,7 +272,6 @@ _HELD: dict[str, RunLock] = {}
 def claimed(config):
   """Hold ``train.run_dir`` for a run (module docstring): lock, fresh/resume checks,
   ``config.json``. Released when the block exits, however it exits."""
-  from rljax.parallel import distributed
   distributed.initialize(config.dist)
   run_dir = config.train.run_dir
   check_path(run_dir)

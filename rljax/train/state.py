@@ -7,6 +7,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 import optax
+from rljax.algos.entropy import EntropyCtrlState
 
 
 
@@ -92,7 +93,6 @@ def legacy_layout(saved_paths: set, abstract: TrainState):
   old["kl_coef"] = jax.ShapeDtypeStruct((), jnp.float32, sharding=scalar.sharding)
   old["entropy_ctrl"] = None
   if any(p.startswith("entropy_ctrl/") for p in saved_paths):
-    from rljax.algos.entropy import EntropyCtrlState
     value = jax.ShapeDtypeStruct((), jnp.result_type(float), sharding=scalar.sharding)
     old["entropy_ctrl"] = EntropyCtrlState(value, value, value)
 

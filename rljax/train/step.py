@@ -6,7 +6,7 @@ fields filled. With one optimizer update per batch the policy's forward is left 
 whose own forward gives the same log-probs (``old_logp`` stays None). ``train_step`` runs
 ``epochs x minibatches`` optimizer updates (``rljax.train.update``), each accumulating gradients
 over micro-batches with exact ``(sum, count)`` aggregation. The algorithm comes in resolved
-(``rljax.algos.resolve``) and its float hyperparameters as a traced ``hp`` dict.
+(``rljax.algorithm.resolve``) and its float hyperparameters as a traced ``hp`` dict.
 
 Transforms (``rljax.transforms``: controllers, rollout correction, token selections, ...) are
 called through their hooks and never named here: ``score`` runs every ``on_score`` after the
@@ -26,7 +26,7 @@ import optax
 from rljax import algos
 from rljax.algos import losses as loss_lib
 from rljax.algos import value as value_lib
-from rljax.algos.resolve import Algorithm
+from rljax.algorithm import Algorithm
 from rljax.models import ModelConfig, transformer
 from rljax.rewards import shaping
 from rljax.rollout.sampler import Rollout
@@ -462,22 +462,3 @@ def monte_carlo_hparams(hp, mc_learner: Learner):
   """The run's ``hp`` with the Monte-Carlo ``lam_critic`` of value pretraining: the run's own
   ``lam_critic`` may be another number, or unset (then ``hp`` has no entry for it)."""
   return {**hp, "lam_critic": mc_learner.algo.hparams["lam_critic"]}
-
-
-def check_update_schedule(config) -> None:
-  """Raises a ``ValueError`` naming the keys when the update schedule cannot run:
-  ``rollout.prompts_per_step``, ``rollout.group_size``, ``algo.epochs``, ``algo.minibatches`` and
-  ``algo.micro_batches`` must be at least 1, and the ``P x G`` rows of a step must split into
-  ``minibatches x micro_batches`` equal parts."""
-  algo, r = config.algo, config.rollout
-  for section, key in (("rollout", "prompts_per_step"), ("rollout", "group_size"),
-                       ("algo", "epochs"), ("algo", "minibatches"), ("algo", "micro_batches")):
-    value = config[section][key]
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-      raise ValueError(f"{section}.{key}={value!r} must be an integer >= 1")
-  rows = r.prompts_per_step * r.group_size
-  if rows % (algo.minibatches * algo.micro_batches):
-    raise ValueError(
-        f"rollout.prompts_per_step x rollout.group_size = {rows} rows do not split into "
-        f"algo.minibatches={algo.minibatches} x algo.micro_batches={algo.micro_batches} equal "
-        "parts")

@@ -26,7 +26,6 @@ import secrets
 import time
 from typing import Any, Callable, Mapping
 
-from rljax.algos import usage
 from rljax.errors import StartupError
 from rljax.train.metrics import MAIN, JsonlLogger, TensorBoardLogger
 from rljax.train.run_dir import flatten_config
@@ -234,7 +233,8 @@ PACKAGES = {"wandb": "wandb", "mlflow": "mlflow"}
 
 def check_config(config) -> None:
   """Start-up checks of ``train.loggers``: registered names, no repeats, the trackers' packages
-  installed, and no tracker key set for a tracker that is not on."""
+  installed (a tracker key set for a tracker that is not on is refused with every unread key,
+  from its declaration in ``rljax.defaults``)."""
   names = tuple(config.train.loggers)
   unknown = [n for n in names if n not in LOGGERS]
   if unknown:
@@ -246,7 +246,6 @@ def check_config(config) -> None:
     if package and importlib.util.find_spec(package) is None:
       raise StartupError(f"train.loggers names {name!r} but {package} is not installed: "
                          f"pip install 'rljax[{name}]'")
-  usage.check_unused_train(config.train)
 
 
 def factory(config) -> Callable[[str, int | None], list]:

@@ -34,6 +34,8 @@ import dataclasses
 from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
 from rljax.algos.registry import Registry
+from rljax.keys import add_family
+from rljax.algos.registry import LOSS_AGGS, POLICY_LOSSES
 
 Metrics = Dict[str, Any]
 
@@ -108,6 +110,7 @@ class Minibatch:
 
 
 TRANSFORMS = Registry("transform")
+add_family("transform", TRANSFORMS)
 
 
 def register_transform(name: str, *, order: int, reads: Tuple[str, ...]):
@@ -140,6 +143,5 @@ def level(algo: Mapping[str, Any], key: str) -> Optional[str]:
 
 def per_sequence_objective(algo: Mapping[str, Any]) -> bool:
   """Whether the resolved objective gives one loss per sequence (no per-token weights)."""
-  from rljax.algos.registry import LOSS_AGGS, POLICY_LOSSES
   agg = POLICY_LOSSES.meta(algo["policy_loss"]).get("loss_agg") or algo["loss_agg"]
   return bool(LOSS_AGGS.meta(agg).get("per_sequence"))

@@ -8,6 +8,7 @@ from rljax.models.config import compute_dtype
 from rljax.algos import distill
 from rljax.errors import ModelFileError, StartupError
 from rljax.transforms.base import Transform, register_transform, traced
+from rljax.models import transformer
 
 
 def teacher_path(teacher_section, sft_out_dir: str):
@@ -27,7 +28,6 @@ def teacher_path(teacher_section, sft_out_dir: str):
 
 def load_teacher(config, tokenizer, policy_cfg):
   """``(ModelConfig, params)`` of the teacher; it must share the policy's tokenizer."""
-  from rljax.models import transformer
   if not config.teacher.source:
     raise StartupError("algo.opd_coef > 0 needs a teacher: set teacher.source ('hf:PATH', "
                        "'run:DIR', 'sft' or 'tiny')")

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from rljax.algos import advantages as adv_lib
-from rljax.algos import resolve
+from rljax.algorithm import resolve
 
 from .helpers import cast, group_rewards, jit, prefix_mask
 

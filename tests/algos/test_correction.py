@@ -272,7 +272,7 @@ def test_mask_mode_is_areals_decoupled_objective(x64):
   computes AReaL's decoupled loss (sampler = behaviour, ``old_logp`` = proximal policy); the
   masked tokens stay in the denominator, and truncation gives another loss."""
   from configs.base import get_config
-  from rljax.algos.resolve import resolve
+  from rljax.algorithm import resolve
   from rljax.rollout.record import Rollout
   from rljax.transforms import Scored
   old, sampler, m = make_inputs(70, extreme=False)

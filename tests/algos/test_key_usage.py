@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 
 from rljax import config_loader
-from rljax.algos import usage
 from rljax.algos import value as value_lib
-from rljax.algos.resolve import hparams_tree, resolve
+from rljax.algorithm import hparams_tree, resolve
 from rljax.defaults import KEYS
+from rljax.errors import UnusedKeyError
 from rljax.rewards import shaping
 from rljax.rollout.record import Rollout
 from rljax.train import build, filters
@@ -193,7 +193,7 @@ def test_every_key_changes_the_algorithm_or_is_refused_by_name(preset):
     value = perturbed_value(key, preset_config[section][leaf])
     try:
       after = fingerprint(_config(preset, key, value))
-    except usage.UnusedKeyError as e:
+    except UnusedKeyError as e:
       if str(e).startswith(f"{key.name}={value!r} is not used"):
         outcomes["unused"].append(key.name)
       else:  # a switch: its new value leaves another of the preset's settings unread
@@ -214,7 +214,7 @@ def test_every_key_changes_the_algorithm_or_is_refused_by_name(preset):
 def test_dual_clip_on_cispo_names_the_objectives_that_read_it():
   config = _config("cispo")
   config.algo.dual_clip_c = 3.0
-  with pytest.raises(usage.UnusedKeyError,
+  with pytest.raises(UnusedKeyError,
                      match=r"algo.dual_clip_c=3.0 is not used by advantage 'grpo', policy_loss "
                            r"'cispo'; it is read by policy_loss 'gspo', policy_loss 'ppo'"):
     resolve(config)
@@ -223,12 +223,12 @@ def test_dual_clip_on_cispo_names_the_objectives_that_read_it():
 def test_critic_and_shaping_keys_without_their_feature_are_refused():
   config = _config("grpo")
   config.critic.value_clip = 0.3
-  with pytest.raises(usage.UnusedKeyError, match=r"critic.value_clip=0.3 is not used: there is no "
+  with pytest.raises(UnusedKeyError, match=r"critic.value_clip=0.3 is not used: there is no "
                                                   r"critic \(critic.enabled=False\)"):
     resolve(config)
   config = _config("grpo")
   config.reward.overlong_penalty = 2.0
-  with pytest.raises(usage.UnusedKeyError, match=r"reward.overlong_penalty=2.0 .*overlong_buffer=0"):
+  with pytest.raises(UnusedKeyError, match=r"reward.overlong_penalty=2.0 .*overlong_buffer=0"):
     resolve(config)
 
 

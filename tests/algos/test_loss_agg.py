@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from rljax.algos import kl as kl_lib
-from rljax.algos import resolve
+from rljax.algorithm import resolve
 from rljax.algos import losses
 
 from .helpers import cast, jit, log_ratios, prefix_mask

@@ -4,7 +4,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rljax.algos import losses, resolve
+from rljax.algos import losses
+from rljax.algorithm import resolve
 
 from .helpers import cast, jit, log_ratios, prefix_mask
 

@@ -67,7 +67,7 @@ def test_inputs_and_hyperparameters_come_from_the_signature():
 
 
 def test_floats_are_traced_and_other_settings_static(algo_cfg):
-  from rljax.algos import resolve
+  from rljax.algorithm import resolve
   algo_cfg.policy_loss, algo_cfg.cispo_eps_low = "cispo", None
   algo = resolve(algo_cfg)
   assert dict(algo.objective.traced) == {"eps_high": "cispo_eps_high"}
@@ -79,7 +79,7 @@ def test_floats_are_traced_and_other_settings_static(algo_cfg):
 
 
 def test_a_component_reading_a_missing_key_fails_at_resolve(algo_cfg):
-  from rljax.algos import resolve
+  from rljax.algorithm import resolve
 
   @algos.register_policy_loss("test_needs_missing_key")
   def needs_missing_key(logp, old_logp, advantages, mask, *, no_such_key):

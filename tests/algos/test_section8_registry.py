@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from rljax.algos import cov, passk, remax, sapo
-from rljax.algos.resolve import resolve
+from rljax.algorithm import resolve
 
 from .helpers import log_ratios, prefix_mask
 

@@ -1,4 +1,4 @@
-"""Section 8 components accept traced float hyperparameters (``rljax.algos.resolve`` passes every
+"""Section 8 components accept traced float hyperparameters (``rljax.algorithm.resolve`` passes every
 float key as an entry of a float32 ``hparams`` tree, so a sweep reuses one compilation): the
 results equal the call with the same values as Python numbers."""
 import jax

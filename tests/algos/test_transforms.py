@@ -3,7 +3,8 @@ and the combinations they refuse, each naming its key."""
 import pytest
 
 from configs.base import get_config
-from rljax.algos.resolve import resolve
+from rljax.algorithm import resolve
+from rljax.errors import UnusedKeyError
 
 
 def settings(**overrides):
@@ -22,10 +23,9 @@ def test_tis_cap_is_the_token_level_alias_and_not_both():
 
 
 def test_over_cap_is_read_only_with_weights():
-  from rljax.algos import usage
   config = get_config()
   config.algo.rollout_is_over_cap = "mask"
-  with pytest.raises(usage.UnusedKeyError, match=r"algo.rollout_is_over_cap='mask' is not used.*"
+  with pytest.raises(UnusedKeyError, match=r"algo.rollout_is_over_cap='mask' is not used.*"
                                                   r"transform 'rollout_correction'"):
     resolve(config)
   for weights in (dict(rollout_is="sequence"), dict(tis_cap=3.0)):
@@ -34,7 +34,7 @@ def test_over_cap_is_read_only_with_weights():
     assert "rollout_is_over_cap" in keys
     config.algo.update(rollout_is="none", tis_cap=None)
   config.algo.update(rollout_rs="token", rollout_rs_hi=2.0)  # rejection alone: no weights
-  with pytest.raises(usage.UnusedKeyError, match="algo.rollout_is_over_cap"):
+  with pytest.raises(UnusedKeyError, match="algo.rollout_is_over_cap"):
     resolve(config)
 
 

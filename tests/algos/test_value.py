@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rljax.algos import resolve
+from rljax.algorithm import resolve
 from rljax.algos import value as value_lib
 
 from .helpers import cast, jit, prefix_mask

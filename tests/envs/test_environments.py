@@ -5,7 +5,8 @@ import pytest
 from rljax.data.tasks import make_task
 from rljax.data.tokenizer import CharTokenizer
 from rljax.envs import StepResult, env_names, make_env, register_env, unregister_env
-from rljax.envs.base import Environment, ENV_NAME
+from rljax.defaults import KEY_BY_NAME
+from rljax.envs.base import Environment
 from rljax.errors import UnknownNameError
 from rljax.train import sft
 
@@ -137,8 +138,9 @@ def test_guess_eval_set_cycles_through_every_number():
 
 def test_registry():
   assert {"tool_calc", "guess"} <= set(env_names())
-  assert ENV_NAME(None) is None and ENV_NAME("guess") is None
-  assert "registered environment: " in ENV_NAME("gues") and "tool_calc" in ENV_NAME("gues")
+  env_name = KEY_BY_NAME["env.name"].check  # env.name: None or a registered environment
+  assert env_name(None) is None and env_name("guess") is None
+  assert "registered environment name: " in env_name("gues") and "tool_calc" in env_name("gues")
   with pytest.raises(UnknownNameError, match="registered environments"):
     make_env("nope")
 

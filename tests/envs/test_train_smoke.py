@@ -7,8 +7,7 @@ import os
 import pytest
 
 from rljax import cli, config_loader
-from rljax.config_checks import ConfigError
-from rljax.envs.checks import check_env_config
+from rljax.config_checks import ConfigError, check_config
 from tests.train import tiny
 
 TINY = {
@@ -50,34 +49,33 @@ def _config(**overrides):
 
 
 def test_env_key_checks():
-  check_env_config(_config())
+  check_config(_config())
   with pytest.raises(ConfigError, match=r"reward.fn='test_char_sum_mod4' is not used: "
                                         r"env.name='guess' scores"):
-    check_env_config(_config(**{"reward.fn": tiny.REWARD}))
+    check_config(_config(**{"reward.fn": tiny.REWARD}))
   with pytest.raises(ConfigError, match="reward.overlong_buffer=4 is not used"):
-    check_env_config(_config(**{"reward.overlong_buffer": 4}))
+    check_config(_config(**{"reward.overlong_buffer": 4}))
   with pytest.raises(ConfigError, match="the char tokenizer has no braces"):
-    check_env_config(_config(**{"env.tool_format": "hermes"}))
+    check_config(_config(**{"env.tool_format": "hermes"}))
   single = config_loader.load_config(os.path.join(tiny.ROOT, "configs", "grpo.py"),
                                      [("env.max_turns", "3")])
   with pytest.raises(ConfigError, match=r"env.max_turns=3 is not used: rollouts are single-turn"):
-    check_env_config(single)
+    check_config(single)
   with pytest.raises(ConfigError, match=r"env.slots=8 is not used: only env.engine='continuous'"):
-    check_env_config(_config(**{"env.slots": 8}))
-  check_env_config(_config(**{"env.slots": 8, "env.engine": "continuous"}))
+    check_config(_config(**{"env.slots": 8}))
+  check_config(_config(**{"env.slots": 8, "env.engine": "continuous"}))
   single = config_loader.load_config(os.path.join(tiny.ROOT, "configs", "grpo.py"),
                                      [("env.engine", "continuous")])
   with pytest.raises(ConfigError, match=r"env.engine='continuous' is not used"):
-    check_env_config(single)
+    check_config(single)
   with pytest.raises(ConfigError, match=r"env.turn_discount=0.9 is not used: algo.advantage="
                                         r"'grpo' reads one reward per episode; .*reinforce_pp"):
-    check_env_config(_config(**{"env.turn_discount": 0.9}))
-  check_env_config(_config(**{"env.turn_discount": 0.9, "algo.advantage": "reinforce_pp"}))
+    check_config(_config(**{"env.turn_discount": 0.9}))
+  check_config(_config(**{"env.turn_discount": 0.9, "algo.advantage": "reinforce_pp"}))
   with pytest.raises(ConfigError, match=r"model.router_replay='R3' .*env.name='guess'.*'R2'"):
-    check_env_config(_config(**{"model.router_replay": "R3"}))
-  check_env_config(_config(**{"model.router_replay": "R2"}))
-  from rljax import config_checks
+    check_config(_config(**{"model.router_replay": "R3"}))
+  check_config(_config(**{"model.router_replay": "R2"}))
   with pytest.raises(ConfigError, match=r"env.engine.*turn_sync.*continuous"):
-    config_checks.check_config(_config(**{"env.engine": "async"}))
-  with pytest.raises(ConfigError, match="registered environment: .*guess.*tool_calc"):
-    config_checks.check_config(_config(**{"env.name": "gues"}))
+    check_config(_config(**{"env.engine": "async"}))
+  with pytest.raises(ConfigError, match="registered environment name: .*guess.*tool_calc"):
+    check_config(_config(**{"env.name": "gues"}))

@@ -245,7 +245,7 @@ def test_remat_keeps_the_named_self_attention_kernel():
 def test_auto_never_picks_blockwise_on_accelerators(monkeypatch):
   """A float32-compute run on a GPU gets cuDNN's fused kernel (in bfloat16 inputs), not the
   pure-JAX blockwise one; the plan predicts the same choice."""
-  from rljax.parallel import plan
+  from rljax import plan
   for dtype in (jnp.float32, jnp.bfloat16):
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
     assert attn.resolve_backend("auto", dtype=dtype, self_attention=True) == "cudnn"

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from rljax import config_loader, models
-from rljax.algos import resolve
+from rljax.algorithm import resolve
 from rljax.train import build
 from rljax.train import step as step_lib
 from tests.train import tiny

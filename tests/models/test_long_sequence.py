@@ -11,7 +11,7 @@ import pytest
 from configs import base
 from rljax import algos
 from rljax.models import llama, transformer
-from rljax.parallel import plan as plan_lib
+from rljax import plan as plan_lib
 
 MiB = 2 ** 20
 # The stated bound for the 8k-token step of the 2-layer, 64-wide model below: XLA reports 92 MiB

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from rljax.parallel import plan as plan_lib
+from rljax import plan as plan_lib
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 GiB = 1024 ** 3

@@ -3,6 +3,7 @@ before any model, data or compiled function is built."""
 import os
 import time
 
+import numpy as np
 import pytest
 
 from rljax import cli, config_checks, config_loader
@@ -70,6 +71,17 @@ BAD = [
     ("grpo", {"algo.entropy_ctrl_estimate": "mean"}, "algo.entropy_ctrl_estimate='mean'"),
     ("grpo", {"teacher.dtype": "int8"}, "teacher.dtype='int8'"),
     ("opd", {"teacher.source": ""}, "algo.opd_coef=1.0 needs a distillation teacher"),
+    # DAPO's soft overlong punishment starts max_new_tokens - overlong_buffer tokens in.
+    ("dapo", {"reward.overlong_buffer": "9"},
+     "reward.overlong_buffer=9 is larger than rollout.max_new_tokens=8"),
+    # Keys nothing reads, refused from their read_if declarations alone.
+    ("grpo", {"critic.value_clip": "0.3"},
+     "critic.value_clip=0.3 is not used: there is no critic (critic.enabled=False)"),
+    ("grpo", {"model.source": "hf:/nowhere", "model.family": "qwen3"},
+     "model.family='qwen3' is not used: model.source='hf:/nowhere' brings its own architecture"),
+    ("grpo", {"teacher.source": "tiny"}, "teacher.source='tiny' is not used: there is no "
+     "distillation (algo.opd_coef=0)"),
+    ("grpo", {"env.slots": "4"}, "env.slots=4 is not used: rollouts are single-turn"),
 ]
 
 
@@ -124,6 +136,16 @@ def test_every_key_of_every_config_is_declared_and_g1_is_fine_without_groups():
   config_checks.check_config(ppo)  # GAE needs no group
 
 
+def test_overlong_buffer_may_be_the_whole_budget():
+  config = config_loader.load_config(os.path.join(tiny.ROOT, "configs", "dapo.py"),
+                                     [("rollout.max_new_tokens", "16")])
+  config_checks.check_config(config)  # buffer 16 of 16: the punishment ramps from the start
+  from rljax.rewards import shaping
+  penalty = shaping.overlong_penalty(np.asarray([0, 8, 16]), max_new_tokens=16, overlong_buffer=16,
+                                     overlong_penalty=1.0)
+  assert list(map(float, penalty)) == [0.0, -0.5, -1.0]  # (16 - 16 - |o|) / 16
+
+
 def test_nan_parses_as_a_float_not_a_type_error():
   config = config_loader.load_config(BASE, [("algo.entropy_coef", "-inf")])
   assert config.algo.entropy_coef == float("-inf")
@@ -132,9 +154,9 @@ def test_nan_parses_as_a_float_not_a_type_error():
 
 
 def test_docs_config_table_is_generated_from_the_declarations():
-  from rljax import keys
+  from rljax import defaults, keys
   with open(os.path.join(tiny.ROOT, "docs", "config.md")) as f:
-    assert f.read() == keys.markdown_table(), (
+    assert f.read() == keys.markdown_table(defaults.KEYS, defaults.RELATIONS), (
         "docs/config.md is stale: python -m rljax keys --markdown > docs/config.md")
 
 

@@ -71,16 +71,17 @@ def test_replayed_sampler_routes_reproduce_the_sampler():
 
 
 @pytest.mark.parametrize("keys, named", [
-    ({"model.num_experts": 8}, "model.num_experts"),
-    ({"model.router_replay": "R3", "algo.router_aux_coef": 0.01},
-     "algo.router_aux_coef, model.router_replay"),
+    ({"model.num_experts": 8}, "model.num_experts=8"),
+    ({"model.router_replay": "R3", "algo.router_aux_coef": 0.01}, "model.router_replay='R3'"),
+    ({"algo.router_aux_coef": 0.01}, "algo.router_aux_coef=0.01"),
 ])
 def test_moe_keys_on_a_dense_model_are_refused_by_name(keys, named):
-  from rljax.errors import StartupError
+  from rljax.errors import UnusedKeyError
   from rljax.train import build
   config = rljax_config()
   for key, value in keys.items():
     section, name = key.split(".")
     config[section][name] = value
-  with pytest.raises(StartupError, match=f"{named} not read by .*llama model without MoE"):
+  with pytest.raises(UnusedKeyError,
+                     match=f"{named} is not used: .* is a llama model without MoE layers"):
     build.prepare(config)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from rljax import cli, config_loader
-from rljax.algos import resolve
+from rljax.algorithm import resolve
 from rljax.models import llama
 from rljax.train import metrics as metrics_lib
 from tests.train import tiny
@@ -73,7 +73,7 @@ def test_preset_runs_and_applies_its_components(preset, tmp_path):
 
 
 # Metrics of these runs made with the code before the algorithm was resolved into bound functions
-# (rljax.algos.resolve) and one Rollout record replaced the batch tuples: the refactor changed no
+# (rljax.algorithm.resolve) and one Rollout record replaced the batch tuples: the refactor changed no
 # number. New metrics may appear; none may change or disappear.
 BEFORE_API = os.path.join(os.path.dirname(__file__), "data", "preset_metrics_before_api.json")
 TIMING = ("sec_", "tokens_per_sec")

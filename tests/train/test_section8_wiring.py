@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from rljax import cli, config_loader
-from rljax.algos import resolve
+from rljax.algorithm import resolve
 from rljax.models import llama, tiny_config
 from rljax.train import build, generation, loop
 from rljax.train import metrics as metrics_lib

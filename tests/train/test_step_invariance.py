@@ -7,7 +7,7 @@ import pytest
 from rljax import config_loader
 from rljax.models import tiny_config
 from rljax.models import llama
-from rljax.algos import resolve
+from rljax.algorithm import resolve
 from rljax.train import build, step as step_lib, update as update_lib
 from tests.train import tiny
 

@@ -16,7 +16,7 @@ from mlflow.tracking import MlflowClient  # installed by the test bootstrap (rlj
 from wandb.proto import wandb_internal_pb2
 
 from rljax import cli, config_loader
-from rljax.algos.usage import UnusedKeyError
+from rljax.errors import UnusedKeyError
 from rljax.errors import StartupError
 from rljax.train import trackers
 from rljax.train.metrics import MetricsWriter, eval_table, read_jsonl

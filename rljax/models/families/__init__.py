@@ -10,6 +10,8 @@ import importlib
 import pkgutil
 from typing import Any, Callable, Mapping
 
+from rljax.keys import add_family
+
 # HF tensor name (within ``model.layers.{i}.``) -> (rljax path within ``layers_i``, transpose,
 # expert index or None). Stacked expert weights take one HF tensor per expert.
 TensorMap = dict
@@ -60,6 +62,17 @@ def _scan() -> None:
 def model_types() -> tuple[str, ...]:
   _scan()
   return tuple(sorted(_FAMILIES))
+
+
+class _Registered:
+  """The families as ``registered("model_family")`` keys (``model.family``) look them up."""
+
+  @staticmethod
+  def names():
+    return model_types()
+
+
+add_family("model_family", _Registered)
 
 
 def get(model_type: str) -> Family:

@@ -12,6 +12,7 @@ from rljax.models import layers
 from rljax.models.config import ModelConfig
 from rljax.models.families import (Family, common_from_hf, common_to_hf, dense_tensors,
                                    register_family)
+from rljax.models import moe
 
 
 class PreNormBlock(nnx.Module):
@@ -22,7 +23,6 @@ class PreNormBlock(nnx.Module):
     self.post_attention_layernorm = layers.RMSNorm(cfg.hidden_size, cfg=cfg)
     self.moe = cfg.is_moe_layer(layer)
     if self.moe:
-      from rljax.models import moe
       self.mlp = moe.MoE(
           hidden_size=cfg.hidden_size, moe_intermediate_size=cfg.moe_intermediate_size,
           num_experts=cfg.num_experts, experts_per_token=cfg.experts_per_token,

@@ -11,6 +11,7 @@ from rljax.models.config import ModelConfig
 from rljax.models.families import (Family, common_from_hf, common_to_hf, dense_tensors,
                                    register_family)
 from rljax.models.families.llama import PreNormBlock
+from rljax.models.config import _TINY_MOE
 
 _ARCHITECTURES = {"qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}
 
@@ -71,7 +72,6 @@ def layer_tensors(cfg: ModelConfig, layer: int) -> dict:
 def tiny_fields(model_section, fields) -> dict:
   if fields["model_type"] != "qwen3_moe":
     return {}
-  from rljax.models.config import _TINY_MOE
   m = model_section
   return dict(_TINY_MOE, num_experts=m.num_experts, experts_per_token=m.experts_per_token,
               moe_intermediate_size=m.moe_intermediate_size,

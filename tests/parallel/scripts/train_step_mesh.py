@@ -21,7 +21,7 @@ from rljax.data.tokenizer import load_tokenizer  # noqa: E402
 from rljax.models import llama, tiny_config  # noqa: E402
 from rljax.parallel import mesh as mesh_lib, rules  # noqa: E402
 from rljax.rollout import left_pad  # noqa: E402
-from rljax.algos import resolve  # noqa: E402
+from rljax.algorithm import resolve  # noqa: E402
 from rljax.train import build, loop  # noqa: E402
 
 assert jax.device_count() == 8, jax.devices()

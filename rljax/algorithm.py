@@ -1,9 +1,11 @@
 """An algorithm resolved once: config names -> function objects with bound hyperparameters.
 
 ``resolve(config)`` runs at start-up, before any model is built: it looks up every registered
-name of the ``algo`` section (an unknown one fails listing the registered names), checks
-every ``algo.*`` key against its declaration (``rljax/defaults.py``), and returns an ``Algorithm``. Below this point nothing reads a
-ConfigDict.
+name of the ``algo`` section (an unknown one fails listing the registered names), checks every
+``algo.*`` key against its declaration (``rljax/defaults.py``), refuses a key set away from its
+default that nothing resolved reads (``rljax.config_checks.check_unused``), and returns an
+``Algorithm``. Below this point nothing reads a ConfigDict. It sits above ``rljax.algos`` (the
+components) and ``rljax.transforms`` (the stateful pieces it resolves too).
 
 Hyperparameters: a float key a component reads is *traced*: it travels as an entry of the
 ``hparams`` dict passed to the compiled step, so a sweep over a coefficient (or a ``vmap`` over
@@ -24,12 +26,13 @@ import chex
 import jax
 import jax.numpy as jnp
 
+from rljax import config_checks
 from rljax.algos import advantages as adv_lib
 from rljax.algos import kl as kl_lib
 from rljax.algos import losses as loss_lib
-from rljax.config_checks import check_section
 from rljax.algos.registry import (ADVANTAGES, KL_ESTIMATORS, LOSS_AGGS, POLICY_LOSSES,
                                   REGULARIZERS, Registry, signature_of)
+from rljax.transforms import resolve_transforms
 
 Hparams = Mapping[str, chex.Numeric]
 
@@ -127,6 +130,11 @@ class Algorithm:
   minibatches: int
   micro_batches: int
   hparams: Dict[str, float]
+  # The algo.* keys (leaf names) its components bind: the estimator's and the objective's
+  # hyperparameters (less those their registration says another setting overrides), the
+  # regularisers' values and weights, the transforms' keys. ``component_reads()`` in
+  # rljax/defaults.py reads it.
+  keys_read: frozenset = frozenset()
 
   @property
   def needs_old_logp(self) -> bool:
@@ -233,7 +241,7 @@ def resolve(config, *, group_size: Optional[int] = None, critic: Optional[bool] 
     algo = settings
     group_size = 2 if group_size is None else group_size
     critic = False if critic is None else critic
-  check_section("algo", algo)  # each key against its declaration (rljax/defaults.py)
+  config_checks.check_section("algo", algo)  # each key against its declaration
   hparams: Dict[str, float] = {}
   if algo["loss_norm_constant"] is not None:
     hparams["loss_norm_constant"] = float(algo["loss_norm_constant"])
@@ -261,7 +269,6 @@ def resolve(config, *, group_size: Optional[int] = None, critic: Optional[bool] 
       algo["policy_loss"]).get("loss_agg"):
     raise ValueError(f"algo.loss_agg={policy_agg!r} aggregates one loss per sequence; "
                      f"algo.policy_loss={algo['policy_loss']!r} gives one per token")
-  from rljax.transforms import resolve_transforms  # imports every transform module
   transforms = resolve_transforms(algo, hparams)
   driven = {coef for t in transforms for coef in t.drives}
 
@@ -292,11 +299,23 @@ def resolve(config, *, group_size: Optional[int] = None, critic: Optional[bool] 
       transforms=transforms,
       overlong_filter=bool(algo["overlong_filter"]), group_size=group_size,
       epochs=algo["epochs"], minibatches=algo["minibatches"],
-      micro_batches=algo["micro_batches"], hparams=hparams)
+      micro_batches=algo["micro_batches"], hparams=hparams,
+      keys_read=_keys_read(algo, advantage, objective, regularizers, transforms))
   if "algo" in settings:  # a run's whole config; a bare algo section composes components
-    from rljax.algos import usage
-    usage.check_unused(algo, algorithm, critic=settings["critic"], reward=settings.get("reward"))
+    config_checks.check_unused(settings, algorithm)
   return algorithm
+
+
+def _keys_read(algo, advantage: Bound, objective: Bound, regularizers, transforms) -> frozenset:
+  read = set()
+  for registry, bound in ((ADVANTAGES, advantage), (POLICY_LOSSES, objective)):
+    ignored = registry.meta(bound.name).get("ignored_keys")  # read, but overridden by another
+    read |= set(bound.keys) - (ignored(algo) if ignored else set())
+  for reg in regularizers:
+    read |= set(reg.values.keys) | {reg.coef}
+  for t in transforms:
+    read |= set(t.keys)
+  return frozenset(read)
 
 
 def hparams_tree(algo: Algorithm, dtype=jnp.float32) -> Dict[str, jax.Array]:

@@ -82,6 +82,8 @@ from rljax.parallel import mesh as mesh_lib
 from rljax.parallel import rules as rules_lib
 from rljax.rollout import sampler as sampler_lib
 from rljax.train import update as update_lib
+from rljax.train.state import make_optimizer, total_updates
+from rljax.data import tokenizer as tokenizer_lib
 
 GiB = 1024 ** 3
 
@@ -226,7 +228,6 @@ def model_config(config, model: str | None = None, device_kind: str = "cpu"
     return source, ModelConfig.from_hf_dir(source[3:], **dtypes)
   if source in ("tiny", "sft"):
     try:
-      from rljax.data import tokenizer as tokenizer_lib
       vocab = tokenizer_lib.load_tokenizer(config.data.tokenizer).vocab_size
     except Exception as e:  # noqa: BLE001 - planning must not need the data stack
       raise ConfigError(f"model.source={source!r}: cannot read the vocabulary size from "
@@ -245,7 +246,6 @@ def _model_tree(cfg: ModelConfig, head: str = "lm"):
 def run_optimizer(config) -> optax.GradientTransformation:
   """The optimizer the trainer builds for ``config`` (``rljax.train.build.optimizers``): the plan
   counts the state the run will really hold."""
-  from rljax.train.state import make_optimizer, total_updates
   return make_optimizer(config.optim, config.optim.lr, total_updates(config))
 
 
