@@ -12,13 +12,12 @@
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 
 from rljax import config_loader
-from rljax.errors import USER_ERROR, UsageError
+from rljax.errors import USER_ERROR, ArgumentParser, UsageError
 
 
 def _config(argv, *, required=True):
@@ -53,6 +52,9 @@ def cmd_train(argv):
 
 def cmd_sft(argv):
   config, rest = _config(argv)
+  if rest:
+    raise UsageError(f"unexpected arguments {rest}; sft takes --config PATH and "
+                     "--config.key=value overrides only")
   from rljax.data import tokenizer as tokenizer_lib
   from rljax.train import sft
   tokenizer = tokenizer_lib.load_tokenizer(config.data.tokenizer, config.data.chat_template)
@@ -63,7 +65,7 @@ def cmd_sft(argv):
 
 def cmd_eval(argv):
   config, rest = _config(argv)
-  parser = argparse.ArgumentParser(prog="rljax eval")
+  parser = ArgumentParser(prog="rljax eval")
   parser.add_argument("--samples", type=int, default=1, help="k for pass@k and maj@k")
   parser.add_argument("--checkpoint", default=None,
                       help="an rljax run directory: its latest checkpoint is evaluated")
@@ -71,13 +73,15 @@ def cmd_eval(argv):
   from rljax import config_checks
   config_checks.check_eval_samples(args.samples)
   from rljax.train import evaluation
-  result = evaluation.evaluate_config(config, samples=args.samples, checkpoint=args.checkpoint)
+  _, overrides, _ = config_loader.split_config_args(argv)
+  result = evaluation.evaluate_config(config, samples=args.samples, checkpoint=args.checkpoint,
+                                      overridden=[key for key, _ in overrides])
   print(json.dumps(result))
   return result
 
 
 def cmd_check_conversion(argv):
-  parser = argparse.ArgumentParser(prog="rljax check-conversion")
+  parser = ArgumentParser(prog="rljax check-conversion")
   parser.add_argument("path", help="local Hugging Face model directory")
   args = parser.parse_args(argv)
   try:
@@ -98,7 +102,11 @@ def cmd_check_conversion(argv):
 
 
 def cmd_convert(argv):
-  parser = argparse.ArgumentParser(prog="rljax convert")
+  if any(arg.startswith("--config") for arg in argv):
+    # Nothing a config sets changes the export: the weights and their architecture are the run's.
+    raise UsageError("rljax convert takes no --config or --config.KEY overrides: the model is the "
+                     "run's (its config.json); usage: rljax convert RUN_DIR OUT [--force]")
+  parser = ArgumentParser(prog="rljax convert")
   parser.add_argument("run_dir")
   parser.add_argument("out")
   parser.add_argument("--force", action="store_true",
@@ -115,7 +123,7 @@ def cmd_convert(argv):
 
 def cmd_plan(argv):
   config, rest = _config(argv)
-  parser = argparse.ArgumentParser(prog="rljax plan")
+  parser = ArgumentParser(prog="rljax plan")
   parser.add_argument("--device", default=None,
                       help="v5p-64 | 8xh100-80g | cpu | 8x80GB (default: the config's plan.device)")
   args = parser.parse_args(rest)
@@ -126,6 +134,8 @@ def cmd_plan(argv):
 
 
 def cmd_components(argv):
+  if argv:
+    raise UsageError(f"rljax components takes no arguments, got {argv}")
   from rljax import envs
   from rljax.algos import list_registries
   from rljax.rewards import verifiers
@@ -138,11 +148,19 @@ def cmd_components(argv):
 
 
 def cmd_keys(argv):
-  parser = argparse.ArgumentParser(prog="rljax keys")
+  parser = ArgumentParser(prog="rljax keys")
   parser.add_argument("prefix", nargs="?", default="", help="only keys starting with this")
   parser.add_argument("--markdown", action="store_true", help="the table of docs/config.md")
   args = parser.parse_args(argv)
+  if args.markdown and args.prefix:
+    raise UsageError(f"rljax keys --markdown prints the table of every key; drop {args.prefix!r} "
+                     "(or drop --markdown to list the keys under it)")
   from rljax import keys
+  from rljax.defaults import KEY_BY_NAME
+  if not any(name.startswith(args.prefix) for name in KEY_BY_NAME):
+    sections = sorted({name.split(".")[0] for name in KEY_BY_NAME if "." in name})
+    raise UsageError(f"rljax keys: no config key starts with {args.prefix!r}; sections: "
+                     f"{', '.join(sections)}")
   text = keys.markdown_table() if args.markdown else keys.text_table(args.prefix) + "\n"
   sys.stdout.write(text)
   return text

@@ -140,7 +140,7 @@ def check_same_config(spec: RunSpec, config_path: str, finished: bool = False) -
     return [f"{k}: run dir has {have.get(k, _MISSING)!r}, today's default {want.get(k, _MISSING)!r}"
             for k in drift]
   k = next(k for k in differing if k not in drift or not finished)
-  raise SystemExit(f"error: {spec.run_dir} holds a run with another config ({k}: study wants "
+  raise study_lib.StudyError(f"{spec.run_dir} holds a run with another config ({k}: study wants "
                    f"{want.get(k, _MISSING)!r}, run dir has {have.get(k, _MISSING)!r}); delete "
                    "that directory to rerun it, or choose another --root")
 

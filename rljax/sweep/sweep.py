@@ -13,17 +13,17 @@ paired difference to the baseline), ``results.md`` (the tables) and ``curves.png
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import os
 
+from rljax.errors import ArgumentParser
 from rljax.sweep import aggregate, plots, runner
 from rljax.sweep import study as study_lib
 
 
 def parse_args(argv):
-  parser = argparse.ArgumentParser(prog="rljax sweep", description=__doc__.splitlines()[0])
+  parser = ArgumentParser(prog="rljax sweep", description=__doc__.splitlines()[0])
   parser.add_argument("study", help="a study file with get_study() (experiments/studies/*.py)")
   parser.add_argument("--root", default="runs/studies",
                       help="directory of all studies (default runs/studies)")
@@ -58,7 +58,7 @@ def aggregate_study(study: study_lib.Study, specs, out_dir: str) -> dict:
                                                          runner.read_wall(s.run_dir))
                for s in specs if (s.variant, s.seed) in records}
   if not summaries:
-    raise SystemExit(f"error: study {study.name!r} has no finished run to aggregate")
+    raise study_lib.StudyError(f"study {study.name!r} has no finished run to aggregate")
   per_run = [{"variant": v, "seed": k, **values} for (v, k), values in summaries.items()]
   rows = aggregate.summarize_study(study, summaries)
   paths = {"runs_csv": os.path.join(out_dir, "runs.csv"),
@@ -112,6 +112,7 @@ def main(argv) -> dict:
   summary = {"study": study.name, "ran": ran, "failed": [f["label"] for f in failed], **paths}
   print(json.dumps(summary))
   if failed:
+    # Not the study's mistake: the runs' own (their logs say why), exit status 1.
     raise SystemExit(f"error: {len(failed)} job(s) failed; logs: "
                      + ", ".join(f["log"] for f in failed))
   return summary
@@ -122,10 +123,10 @@ def _with_seeds(study: study_lib.Study, text: str) -> study_lib.Study:
   try:
     seeds = tuple(int(k) for k in text.split(","))
   except ValueError:
-    raise SystemExit(f"error: --seeds expects comma-separated integers, got {text!r}") from None
+    raise study_lib.StudyError(f"--seeds expects comma-separated integers, got {text!r}") from None
   unknown = [k for k in seeds if k not in study.seeds]
   if unknown:
-    raise SystemExit(f"error: --seeds {unknown} are not seeds of study {study.name!r}; its seeds: "
+    raise study_lib.StudyError(f"--seeds {unknown} are not seeds of study {study.name!r}; its seeds: "
                      f"{list(study.seeds)}")
   return dataclasses.replace(study, seeds=seeds)
 
