@@ -212,8 +212,9 @@ def entry(argv=None):
   """The console entry point: ``main``, with the user's errors (``RljaxError``, a full disk) as
   one line on stderr and exit status 2, a preemption (SIGTERM) and Ctrl-C (SIGINT) as one line
   each; internal errors keep their traceback (exit status 1)."""
-  from rljax import errors
+  from rljax import errors, lifetime
   from rljax.train.preemption import Stop
+  lifetime.die_with_parent()  # a run started by a sweep ends with it (kill -9 included)
   errors.quiet_disk_full_logs()
   try:
     return main(argv)

@@ -16,10 +16,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import signal
 
 from rljax.errors import ArgumentParser
 from rljax.sweep import aggregate, plots, runner
 from rljax.sweep import study as study_lib
+from rljax.train.preemption import Stop
 
 
 def parse_args(argv):
@@ -99,13 +101,16 @@ def main(argv) -> dict:
         f"{runner.study_dir(args.root, study)}", flush=True)
   failed = []
   if not args.aggregate_only:
-    for result in runner.run_jobs(sft_jobs, args.parallel, log=_log):
-      if result["returncode"]:
-        failed.append(result)
-    # A train run whose cold start failed would only fail again: run the others.
-    bad_sft = {f["job"].sft_dir for f in failed}
-    train_jobs = [j for j in train_jobs if j.sft_dir is None or j.sft_dir not in bad_sft]
-    failed += [r for r in runner.run_jobs(train_jobs, args.parallel, log=_log) if r["returncode"]]
+    with runner.forwarding_signals():
+      for result in runner.run_jobs(sft_jobs, args.parallel, log=_log):
+        if result["returncode"]:
+          failed.append(result)
+      # A train run whose cold start failed would only fail again: run the others.
+      bad_sft = {f["job"].sft_dir for f in failed}
+      train_jobs = [j for j in train_jobs if j.sft_dir is None or j.sft_dir not in bad_sft]
+      failed += [r for r in runner.run_jobs(train_jobs, args.parallel, log=_log)
+                 if r["returncode"]]
+      _stop_if_signalled()
   ran = [] if args.aggregate_only else [j.run for j in train_jobs]
   paths = aggregate_study(study, specs, os.path.join(runner.study_dir(args.root, study),
                                                      "results"))
@@ -116,6 +121,16 @@ def main(argv) -> dict:
     raise SystemExit(f"error: {len(failed)} job(s) failed; logs: "
                      + ", ".join(f["log"] for f in failed))
   return summary
+
+
+def _stop_if_signalled() -> None:
+  """After SIGTERM/SIGINT (forwarded to the runs, which ended): one line and 128 + signal."""
+  signum = runner.stop_signal()
+  if signum is not None:
+    name = signal.Signals(signum).name
+    raise Stop(f"sweep stopped by {name}: forwarded to its runs, which stopped (SIGTERM: each at "
+               "a step boundary, with a checkpoint); no process is left. Rerun the same command "
+               "to resume", 128 + signum)
 
 
 def _with_seeds(study: study_lib.Study, text: str) -> study_lib.Study:
