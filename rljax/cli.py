@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
+import tempfile
 
 from rljax import config_loader
 from rljax.errors import USER_ERROR, ArgumentParser, UsageError
@@ -116,9 +118,32 @@ def cmd_convert(argv):
   from rljax import models
   run_dir.check_convert_target(args.run_dir, args.out, force=args.force)
   model_cfg, params = evaluation.load_run_params(args.run_dir)
-  models.save_hf(args.out, model_cfg, params)
+  _export_atomically(args.out, lambda path: models.save_hf(path, model_cfg, params))
   print(args.out)
   return args.out
+
+
+def _export_atomically(out: str, write) -> None:
+  """``write(path)`` into a new sibling directory ``OUT.partial-*``, then moved to ``out``
+  (renamed onto a new or empty ``out``; file by file into one ``--force`` allows): an interrupted
+  convert leaves no half-written model that reads as a whole one, and removes its staging
+  directory (all but kill -9)."""
+  parent = os.path.dirname(os.path.abspath(out))
+  os.makedirs(parent, exist_ok=True)
+  staging = tempfile.mkdtemp(prefix=os.path.basename(os.path.abspath(out)) + ".partial-",
+                             dir=parent)
+  umask = os.umask(0)
+  os.umask(umask)
+  os.chmod(staging, 0o777 & ~umask)  # mkdtemp's 0700 would become OUT's mode
+  try:
+    write(staging)
+    if not os.path.isdir(out) or not os.listdir(out):
+      os.replace(staging, out)
+    else:
+      for name in os.listdir(staging):
+        os.replace(os.path.join(staging, name), os.path.join(out, name))
+  finally:
+    shutil.rmtree(staging, ignore_errors=True)
 
 
 def cmd_plan(argv):

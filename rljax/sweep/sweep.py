@@ -7,7 +7,9 @@
   python -m rljax sweep STUDY --root /tmp/smoke --set train.steps=2 --seeds 0   # smoke run
 
 Finished runs are skipped, killed ones resume from their last checkpoint, and a finished study
-only re-aggregates (rljax.sweep.runner). Results go to ``<root>/<study>/results/``:
+only re-aggregates (rljax.sweep.runner). SIGTERM or Ctrl-C stops the runs in flight (forwarded
+to them; a second one kills them) and starts no other; kill -9 of the sweep stops its runs too
+(rljax.lifetime): no process is left, and the same command resumes. Results go to ``<root>/<study>/results/``:
 ``runs.csv`` (one row per run), ``summary.csv`` (per variant and metric: mean, 95% t-interval,
 paired difference to the baseline), ``results.md`` (the tables) and ``curves.png``.
 """

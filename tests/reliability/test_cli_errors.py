@@ -274,3 +274,31 @@ def test_sweep_study_file_is_refused_before_any_process_starts(tmp_path):
   assert proc.returncode == 2
   assert proc.stderr.startswith("error: study 's': metrics ['nope'] are not summary metrics")
   assert proc.stderr.count("\n") == 1
+
+
+# --- rljax convert: never a half-written model ------------------------------------------------------
+
+@pytest.mark.slow
+def test_convert_writes_the_model_or_nothing(run_dir, tmp_path, monkeypatch, capsys):
+  from rljax import models
+  out = tmp_path / "hf"
+  real = models.save_hf
+
+  def interrupted(path, *args, **kwargs):
+    with open(os.path.join(path, "config.json"), "w") as f:
+      f.write("{}")
+    raise KeyboardInterrupt  # Ctrl-C while the weights are written
+  monkeypatch.setattr(models, "save_hf", interrupted)
+  with pytest.raises(SystemExit) as info:
+    cli.entry(["convert", run_dir, str(out)])
+  assert info.value.code == 130
+  assert capsys.readouterr().err == "interrupted (SIGINT)\n"
+  assert os.listdir(tmp_path) == []  # no OUT, no staging directory
+  monkeypatch.setattr(models, "save_hf", real)
+  cli.entry(["convert", run_dir, str(out)])
+  assert sorted(os.listdir(out)) == ["config.json", "model.safetensors"]
+  assert models.check_hf_dir(str(out)).num_layers == int(tiny.OVERRIDES["model.num_layers"])
+  umask = os.umask(0)
+  os.umask(umask)
+  assert os.stat(out).st_mode & 0o777 == 0o777 & ~umask  # not the staging directory's 0700
+  assert [n for n in os.listdir(tmp_path)] == ["hf"]
