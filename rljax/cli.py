@@ -129,9 +129,13 @@ def _export_atomically(out: str, write) -> None:
   convert leaves no half-written model that reads as a whole one, and removes its staging
   directory (all but kill -9)."""
   parent = os.path.dirname(os.path.abspath(out))
-  os.makedirs(parent, exist_ok=True)
-  staging = tempfile.mkdtemp(prefix=os.path.basename(os.path.abspath(out)) + ".partial-",
-                             dir=parent)
+  try:
+    os.makedirs(parent, exist_ok=True)
+    staging = tempfile.mkdtemp(prefix=os.path.basename(os.path.abspath(out)) + ".partial-",
+                               dir=parent)
+  except OSError as e:
+    raise UsageError(f"convert: cannot write the output {out!r}: {e.strerror} ({e.filename}); "
+                     "name a directory that can be created") from None
   umask = os.umask(0)
   os.umask(umask)
   os.chmod(staging, 0o777 & ~umask)  # mkdtemp's 0700 would become OUT's mode

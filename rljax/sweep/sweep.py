@@ -103,6 +103,7 @@ def main(argv) -> dict:
         f"{runner.study_dir(args.root, study)}", flush=True)
   failed = []
   if not args.aggregate_only:
+    _make_dir(runner.study_dir(args.root, study))
     with runner.forwarding_signals():
       for result in runner.run_jobs(sft_jobs, args.parallel, log=_log):
         if result["returncode"]:
@@ -123,6 +124,15 @@ def main(argv) -> dict:
     raise SystemExit(f"error: {len(failed)} job(s) failed; logs: "
                      + ", ".join(f["log"] for f in failed))
   return summary
+
+
+def _make_dir(path: str) -> None:
+  """The study's directory, or one line saying why it cannot be (before any run starts)."""
+  try:
+    os.makedirs(path, exist_ok=True)
+  except OSError as e:
+    raise study_lib.StudyError(f"cannot create the study directory {path!r}: {e.strerror} "
+                               f"({e.filename}); choose another --root") from None
 
 
 def _stop_if_signalled() -> None:

@@ -414,11 +414,18 @@ def prepare(config) -> Prepared:
 
 
 def check_resumable(config, algo: Algorithm, tokenizer) -> None:
-  """A resumed run's latest checkpoint must hold the state this config builds (the same arrays,
-  of the same shapes), from its metadata alone: a key named in ``train.resume_override`` that
-  changes the model or the optimizer state (``model.family``, a width, the critic) is refused
-  here, before the run dir is claimed and its ``config.json`` rewritten, not by the restore
-  (which would set the checkpoints aside as unreadable)."""
+  """``train.resume_override`` names keys or sections that exist. A resumed run's latest
+  checkpoint must hold the state this config builds (the same arrays, of the same shapes), from
+  its metadata alone: a key named in ``train.resume_override`` that changes the model or the
+  optimizer state (``model.family``, a width, the critic) is refused here, before the run dir is
+  claimed and its ``config.json`` rewritten, not by the restore (which would set the checkpoints
+  aside as unreadable)."""
+  keys = run_dir_lib.flatten_config(json.loads(config.to_json_best_effort()))
+  unknown = [n for n in config.train.resume_override
+             if not any(k == n or k.startswith(n + ".") for k in keys)]
+  if unknown:  # a misspelt name would let nothing differ, silently
+    raise StartupError(f"train.resume_override names {unknown}, which are no config keys or "
+                       "sections; name them as in --config.KEY (e.g. ('optim.lr',) or ('model',))")
   run_dir = config.train.run_dir
   if not config.train.resume or not run_dir_lib.committed_steps(run_dir):
     return

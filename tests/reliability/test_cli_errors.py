@@ -76,10 +76,21 @@ def test_plan_devices_that_name_whole_chips_still_parse():
      f"'{NOT_THERE}' is not an rljax run directory (no config.json)"),
     (["plan", "--config", GRPO, "--device"], "rljax plan: argument --device: expected one"),
     (["sweep"], "rljax sweep: the following arguments are required: study"),
+    (["eval", "--config", GRPO, "--samples", str(10 ** 12)],  # was an int32 overflow traceback
+     "eval --samples=1000000000000 is not allowed: expected an integer >= 1 and <= 65536"),
 ])
 def test_bad_arguments_are_one_line(argv, expected, capsys):
   err = _one_line_error(argv, capsys)
   assert err.startswith("error: " + expected), err
+
+
+def test_resume_override_naming_no_key_is_one_line(tmp_path, capsys):
+  err = _one_line_error(tiny.args("grpo", str(tmp_path / "run"),
+                                  {"train.resume_override": "('optim.lr','nokey','model')"}),
+                        capsys)
+  assert err.startswith("error: train.resume_override names ['nokey'], which are no config keys"), \
+      err
+  assert not os.path.exists(tmp_path / "run")
 
 
 def test_convert_refuses_any_config_override(tmp_path, capsys):
@@ -140,6 +151,15 @@ def test_sweep_option_mistakes_are_one_line(options, expected, tmp_path, capsys)
   err = _one_line_error(["sweep", str(path), "--root", str(tmp_path / "runs"), "--print-commands",
                          *options], capsys)
   assert err.startswith("error: " + expected), err
+
+
+def test_sweep_root_that_cannot_be_created_is_one_line(tmp_path, capsys):
+  path = tmp_path / "study.py"
+  path.write_text(_STUDY.format(**_GOOD))
+  (tmp_path / "file").write_text("x")
+  err = _one_line_error(["sweep", str(path), "--root", str(tmp_path / "file")], capsys)
+  assert err == (f"error: cannot create the study directory '{tmp_path}/file/s': Not a directory "
+                 f"({tmp_path}/file/s); choose another --root")
 
 
 def test_aggregating_a_study_with_no_finished_run_is_one_line(tmp_path, capsys):
@@ -295,6 +315,10 @@ def test_convert_writes_the_model_or_nothing(run_dir, tmp_path, monkeypatch, cap
   assert capsys.readouterr().err == "interrupted (SIGINT)\n"
   assert os.listdir(tmp_path) == []  # no OUT, no staging directory
   monkeypatch.setattr(models, "save_hf", real)
+  (tmp_path / "file").write_text("x")
+  err = _one_line_error(["convert", run_dir, str(tmp_path / "file" / "hf")], capsys)
+  assert err.startswith(f"error: convert: cannot write the output '{tmp_path}/file/hf': ")
+  os.remove(tmp_path / "file")
   cli.entry(["convert", run_dir, str(out)])
   assert sorted(os.listdir(out)) == ["config.json", "model.safetensors"]
   assert models.check_hf_dir(str(out)).num_layers == int(tiny.OVERRIDES["model.num_layers"])
