@@ -326,3 +326,12 @@ def test_convert_writes_the_model_or_nothing(run_dir, tmp_path, monkeypatch, cap
   os.umask(umask)
   assert os.stat(out).st_mode & 0o777 == 0o777 & ~umask  # not the staging directory's 0700
   assert [n for n in os.listdir(tmp_path)] == ["hf"]
+  # --force into a directory holding other files: the model's files written, the others kept.
+  forced = tmp_path / "forced"
+  forced.mkdir()
+  (forced / "README.md").write_text("mine")
+  cli.entry(["convert", run_dir, str(forced), "--force"])
+  assert sorted(os.listdir(forced)) == ["README.md", "config.json", "model.safetensors"]
+  assert models.check_hf_dir(str(forced)).num_layers == int(tiny.OVERRIDES["model.num_layers"])
+  assert (forced / "README.md").read_text() == "mine"
+  assert sorted(os.listdir(tmp_path)) == ["forced", "hf"]
