@@ -16,7 +16,6 @@ import json
 import os
 import shutil
 import sys
-import tempfile
 
 from rljax import config_loader
 from rljax.errors import USER_ERROR, ArgumentParser, UsageError
@@ -128,17 +127,14 @@ def _export_atomically(out: str, write) -> None:
   (renamed onto a new or empty ``out``; file by file into one ``--force`` allows): an interrupted
   convert leaves no half-written model that reads as a whole one, and removes its staging
   directory (all but kill -9)."""
-  parent = os.path.dirname(os.path.abspath(out))
+  staging = f"{os.path.abspath(out)}.partial-{os.getpid()}"
+  shutil.rmtree(staging, ignore_errors=True)  # a killed convert's that had this pid
   try:
-    os.makedirs(parent, exist_ok=True)
-    staging = tempfile.mkdtemp(prefix=os.path.basename(os.path.abspath(out)) + ".partial-",
-                               dir=parent)
+    os.makedirs(os.path.dirname(staging), exist_ok=True)
+    os.mkdir(staging)  # the umask's mode, as OUT would have had
   except OSError as e:
     raise UsageError(f"convert: cannot write the output {out!r}: {e.strerror} ({e.filename}); "
                      "name a directory that can be created") from None
-  umask = os.umask(0)
-  os.umask(umask)
-  os.chmod(staging, 0o777 & ~umask)  # mkdtemp's 0700 would become OUT's mode
   try:
     write(staging)
     if not os.path.isdir(out) or not os.listdir(out):

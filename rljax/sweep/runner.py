@@ -23,11 +23,11 @@ run): it is aggregated with a warning naming the keys, since it ran what the stu
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import hashlib
 import json
 import os
-import contextlib
 import shlex
 import signal
 import subprocess
@@ -144,9 +144,10 @@ def check_same_config(spec: RunSpec, config_path: str, finished: bool = False) -
     return [f"{k}: run dir has {have.get(k, _MISSING)!r}, today's default {want.get(k, _MISSING)!r}"
             for k in drift]
   k = next(k for k in differing if k not in drift or not finished)
-  raise study_lib.StudyError(f"{spec.run_dir} holds a run with another config ({k}: study wants "
-                   f"{want.get(k, _MISSING)!r}, run dir has {have.get(k, _MISSING)!r}); delete "
-                   "that directory to rerun it, or choose another --root")
+  raise study_lib.StudyError(
+      f"{spec.run_dir} holds a run with another config ({k}: study wants "
+      f"{want.get(k, _MISSING)!r}, run dir has {have.get(k, _MISSING)!r}); delete that directory "
+      "to rerun it, or choose another --root")
 
 
 _MISSING = "<missing>"

@@ -9,7 +9,8 @@
 Finished runs are skipped, killed ones resume from their last checkpoint, and a finished study
 only re-aggregates (rljax.sweep.runner). SIGTERM or Ctrl-C stops the runs in flight (forwarded
 to them; a second one kills them) and starts no other; kill -9 of the sweep stops its runs too
-(rljax.lifetime): no process is left, and the same command resumes. Results go to ``<root>/<study>/results/``:
+(rljax.lifetime): no process is left, and the same command resumes. Results go to
+``<root>/<study>/results/``:
 ``runs.csv`` (one row per run), ``summary.csv`` (per variant and metric: mean, 95% t-interval,
 paired difference to the baseline), ``results.md`` (the tables) and ``curves.png``.
 """
@@ -150,11 +151,12 @@ def _with_seeds(study: study_lib.Study, text: str) -> study_lib.Study:
   try:
     seeds = tuple(int(k) for k in text.split(","))
   except ValueError:
-    raise study_lib.StudyError(f"--seeds expects comma-separated integers, got {text!r}") from None
+    raise study_lib.StudyError(
+        f"--seeds expects comma-separated integers, got {text!r}") from None
   unknown = [k for k in seeds if k not in study.seeds]
   if unknown:
-    raise study_lib.StudyError(f"--seeds {unknown} are not seeds of study {study.name!r}; its seeds: "
-                     f"{list(study.seeds)}")
+    raise study_lib.StudyError(f"--seeds {unknown} are not seeds of study {study.name!r}; its "
+                               f"seeds: {list(study.seeds)}")
   return dataclasses.replace(study, seeds=seeds)
 
 
