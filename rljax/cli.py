@@ -17,7 +17,7 @@ import os
 import shutil
 import sys
 
-from rljax import config_loader
+from rljax import config_loader, lifetime
 from rljax.errors import USER_ERROR, ArgumentParser, UsageError
 
 
@@ -237,7 +237,7 @@ def entry(argv=None):
   """The console entry point: ``main``, with the user's errors (``RljaxError``, a full disk) as
   one line on stderr and exit status 2, a preemption (SIGTERM) and Ctrl-C (SIGINT) as one line
   each; internal errors keep their traceback (exit status 1)."""
-  from rljax import errors, lifetime
+  from rljax import errors
   from rljax.train.preemption import Stop
   lifetime.die_with_parent()  # a run started by a sweep ends with it (kill -9 included)
   errors.quiet_disk_full_logs()

@@ -13,6 +13,7 @@ children from its main thread or from pool threads that live until every child h
 """
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import sys
@@ -33,7 +34,6 @@ def die_with_parent(sig: int = signal.SIGTERM) -> None:
   expected = os.environ.pop(PARENT_ENV, None)
   if not expected or not sys.platform.startswith("linux"):
     return
-  import ctypes  # stdlib; only processes started by a sweep load it
   libc = ctypes.CDLL(None, use_errno=True)
   if libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
     raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
