@@ -13,13 +13,13 @@
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
+import shutil
 import sys
 
-from rljax import config_loader
-from rljax.errors import USER_ERROR, UsageError
+from rljax import config_loader, lifetime
+from rljax.errors import USER_ERROR, ArgumentParser, UsageError
 
 
 def _config(argv, *, required=True):
@@ -54,6 +54,9 @@ def cmd_train(argv):
 
 def cmd_sft(argv):
   config, rest = _config(argv)
+  if rest:
+    raise UsageError(f"unexpected arguments {rest}; sft takes --config PATH and "
+                     "--config.key=value overrides only")
   from rljax.data import tokenizer as tokenizer_lib
   from rljax.train import sft
   tokenizer = tokenizer_lib.load_tokenizer(config.data.tokenizer, config.data.chat_template)
@@ -64,7 +67,7 @@ def cmd_sft(argv):
 
 def cmd_eval(argv):
   config, rest = _config(argv)
-  parser = argparse.ArgumentParser(prog="rljax eval")
+  parser = ArgumentParser(prog="rljax eval")
   parser.add_argument("--samples", type=int, default=1, help="k for pass@k and maj@k")
   parser.add_argument("--checkpoint", default=None,
                       help="an rljax run directory: its latest checkpoint is evaluated")
@@ -72,13 +75,15 @@ def cmd_eval(argv):
   from rljax import config_checks
   config_checks.check_eval_samples(args.samples)
   from rljax.train import evaluation
-  result = evaluation.evaluate_config(config, samples=args.samples, checkpoint=args.checkpoint)
+  _, overrides, _ = config_loader.split_config_args(argv)
+  result = evaluation.evaluate_config(config, samples=args.samples, checkpoint=args.checkpoint,
+                                      overridden=[key for key, _ in overrides])
   print(json.dumps(result))
   return result
 
 
 def cmd_check_conversion(argv):
-  parser = argparse.ArgumentParser(prog="rljax check-conversion")
+  parser = ArgumentParser(prog="rljax check-conversion")
   parser.add_argument("path", help="local Hugging Face model directory")
   args = parser.parse_args(argv)
   try:
@@ -99,7 +104,11 @@ def cmd_check_conversion(argv):
 
 
 def cmd_convert(argv):
-  parser = argparse.ArgumentParser(prog="rljax convert")
+  if any(arg.startswith("--config") for arg in argv):
+    # Nothing a config sets changes the export: the weights and their architecture are the run's.
+    raise UsageError("rljax convert takes no --config or --config.KEY overrides: the model is the "
+                     "run's (its config.json); usage: rljax convert RUN_DIR OUT [--force]")
+  parser = ArgumentParser(prog="rljax convert")
   parser.add_argument("run_dir")
   parser.add_argument("out")
   parser.add_argument("--force", action="store_true",
@@ -109,14 +118,38 @@ def cmd_convert(argv):
   from rljax import models
   run_dir.check_convert_target(args.run_dir, args.out, force=args.force)
   model_cfg, params = evaluation.load_run_params(args.run_dir)
-  models.save_hf(args.out, model_cfg, params)
+  _export_atomically(args.out, lambda path: models.save_hf(path, model_cfg, params))
   print(args.out)
   return args.out
 
 
+def _export_atomically(out: str, write) -> None:
+  """``write(path)`` into a new sibling directory ``OUT.partial-*``, then moved to ``out``
+  (renamed onto a new or empty ``out``; file by file into one ``--force`` allows): an interrupted
+  convert leaves no half-written model that reads as a whole one, and removes its staging
+  directory (all but kill -9)."""
+  staging = f"{os.path.abspath(out)}.partial-{os.getpid()}"
+  shutil.rmtree(staging, ignore_errors=True)  # a killed convert's that had this pid
+  try:
+    os.makedirs(os.path.dirname(staging), exist_ok=True)
+    os.mkdir(staging)  # the umask's mode, as OUT would have had
+  except OSError as e:
+    raise UsageError(f"convert: cannot write the output {out!r}: {e.strerror} ({e.filename}); "
+                     "name a directory that can be created") from None
+  try:
+    write(staging)
+    if not os.path.isdir(out) or not os.listdir(out):
+      os.replace(staging, out)
+    else:
+      for name in os.listdir(staging):
+        os.replace(os.path.join(staging, name), os.path.join(out, name))
+  finally:
+    shutil.rmtree(staging, ignore_errors=True)
+
+
 def cmd_plan(argv):
   config, rest = _config(argv)
-  parser = argparse.ArgumentParser(prog="rljax plan")
+  parser = ArgumentParser(prog="rljax plan")
   parser.add_argument("--device", default=None,
                       help="v5p-64 | 8xh100-80g | cpu | 8x80GB (default: the config's plan.device)")
   args = parser.parse_args(rest)
@@ -127,7 +160,7 @@ def cmd_plan(argv):
 
 
 def cmd_components(argv):
-  parser = argparse.ArgumentParser(prog="rljax components")
+  parser = ArgumentParser(prog="rljax components")
   parser.add_argument("--markdown", action="store_true",
                       help="the algorithm reference, docs/algorithms.md")
   args = parser.parse_args(argv)
@@ -143,11 +176,18 @@ def cmd_components(argv):
 
 
 def cmd_keys(argv):
-  parser = argparse.ArgumentParser(prog="rljax keys")
+  parser = ArgumentParser(prog="rljax keys")
   parser.add_argument("prefix", nargs="?", default="", help="only keys starting with this")
   parser.add_argument("--markdown", action="store_true", help="the table of docs/config.md")
   args = parser.parse_args(argv)
+  if args.markdown and args.prefix:
+    raise UsageError(f"rljax keys --markdown prints the table of every key; drop {args.prefix!r} "
+                     "(or drop --markdown to list the keys under it)")
   from rljax import config_checks, defaults, keys  # config_checks loads every registry
+  if not any(name.startswith(args.prefix) for name in defaults.KEY_BY_NAME):
+    sections = sorted({name.split(".")[0] for name in defaults.KEY_BY_NAME if "." in name})
+    raise UsageError(f"rljax keys: no config key starts with {args.prefix!r}; sections: "
+                     f"{', '.join(sections)}")
   text = (keys.markdown_table(defaults.KEYS, defaults.RELATIONS) if args.markdown
           else keys.text_table(defaults.KEYS, args.prefix) + "\n")
   sys.stdout.write(text)
@@ -202,6 +242,7 @@ def entry(argv=None):
   each; internal errors keep their traceback (exit status 1)."""
   from rljax import errors
   from rljax.train.preemption import Stop
+  lifetime.die_with_parent()  # a run started by a sweep ends with it (kill -9 included)
   errors.quiet_disk_full_logs()
   try:
     return main(argv)

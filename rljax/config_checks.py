@@ -121,7 +121,12 @@ def _check_relations(facts: Facts) -> None:
       raise (UnusedKeyError if relation.unused else ConfigError)(message)
 
 
+MAX_EVAL_SAMPLES = 2 ** 16  # k of pass@k; the sampler's row count (k x a batch) stays in int32
+
+
 def check_eval_samples(samples) -> None:
-  """``rljax eval --samples K``: K >= 1."""
-  if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
-    raise ConfigError(f"eval --samples={samples!r} is not allowed: expected an integer >= 1")
+  """``rljax eval --samples K``: 1 <= K <= ``MAX_EVAL_SAMPLES``."""
+  if isinstance(samples, bool) or not isinstance(samples, int) or not \
+      1 <= samples <= MAX_EVAL_SAMPLES:
+    raise ConfigError(f"eval --samples={samples!r} is not allowed: expected an integer >= 1 and "
+                      f"<= {MAX_EVAL_SAMPLES}")

@@ -4,6 +4,7 @@ traceback, and exits with ``USER_ERROR`` (2). Anything else is an internal error
 traceback and exit status 1."""
 from __future__ import annotations
 
+import argparse
 import errno
 import logging
 import sys
@@ -35,6 +36,15 @@ class ConfigTypeError(RljaxError, TypeError):
 
 class UsageError(RljaxError):
   """The command line itself is malformed (a flag without its value, an unknown command)."""
+
+
+class ArgumentParser(argparse.ArgumentParser):
+  """``argparse`` whose mistakes (an unknown flag, a missing or malformed value) are a
+  ``UsageError``: one line naming the command, exit status ``USER_ERROR``, as every other error of
+  the command line, instead of argparse's usage block."""
+
+  def error(self, message):
+    raise UsageError(f"{self.prog}: {message} (see {self.prog} --help)")
 
 
 class StartupError(RljaxError, ValueError):

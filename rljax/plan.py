@@ -155,12 +155,24 @@ def _host_memory() -> int:
 
 
 def _parse_bytes(text: str) -> int | None:
-  m = re.fullmatch(r"([0-9.]+(?:e[0-9]+)?)\s*(gib|gb|mib|mb|tib|tb)?", text.strip().lower())
+  """Bytes of ``70GiB``, ``8e10``, ``80 GB``...; None unless a positive, finite amount below
+  2**64 (``1e400GB`` is infinite, ``0GB`` holds nothing)."""
+  m = re.fullmatch(r"((?:\d+\.?\d*|\.\d+)(?:e[+-]?\d+)?)\s*(gib|gb|mib|mb|tib|tb)?",
+                   text.strip().lower())
   if not m:
     return None
   unit = {None: 1, "gib": GiB, "gb": 10 ** 9, "mib": 2 ** 20, "mb": 10 ** 6, "tib": 1024 * GiB,
           "tb": 10 ** 12}[m.group(2)]
-  return int(float(m.group(1)) * unit)
+  amount = float(m.group(1)) * unit
+  return int(amount) if math.isfinite(amount) and 1 <= amount < 2 ** 64 else None
+
+
+_MAX_DEVICES = 2 ** 20  # far above any system; the mesh code overflows on counts past int32
+
+
+def _check_count(spec: str, count: int, what: str) -> None:
+  if not 1 <= count <= _MAX_DEVICES:
+    raise ConfigError(f"device {spec!r}: {what} {count} is not between 1 and {_MAX_DEVICES}")
 
 
 def parse_device(spec: str) -> dict:
@@ -181,12 +193,20 @@ def parse_device(spec: str) -> dict:
   m = re.fullmatch(r"(v4|v5p|v5e|v5litepod|v6e)-(\d+)", text)
   if m:
     kind = _ALIASES.get(m.group(1), m.group(1))
-    cores = int(m.group(2))
-    chips = max(1, cores // _CORES_PER_CHIP[kind])
+    cores, per_chip = int(m.group(2)), _CORES_PER_CHIP[kind]
+    if cores < 1 or cores % per_chip:  # v5p-0 or v5p-1 named no whole chip (was read as one)
+      raise ConfigError(f"device {spec!r}: {m.group(1)}-N counts "
+                        + ("TensorCores, 2 per chip: N must be a positive even number "
+                           "(v5p-8 = 4 chips)" if per_chip == 2 else
+                           "chips: N must be at least 1 (v5e-8 = 8 chips)"))
+    chips = cores // per_chip
+    _check_count(spec, chips, "the chip count")
     return dict(name=spec, kind=kind, count=chips, bytes=override or DEVICE_MEMORY[kind],
                 hosts=max(1, chips // _CHIPS_PER_HOST[kind]))
   m = re.fullmatch(r"(?:(\d+)\s*x\s*)?(.+)", text)
   count = int(m.group(1)) if m.group(1) else None
+  if count is not None:
+    _check_count(spec, count, "the count N of N x NAME")
   name = _ALIASES.get(m.group(2), m.group(2))
   if name == "cpu":
     memory = _host_memory()
@@ -197,7 +217,7 @@ def parse_device(spec: str) -> dict:
     if memory is None:
       raise ConfigError(f"unknown device {spec!r}: use a TPU type (v5p-64, v4-32, v5e-16, v6e-8), "
                        f"[N x]NAME with NAME in {sorted(DEVICE_MEMORY) + ['cpu']}, or "
-                       "[N x]BYTES (e.g. 8x80GB)")
+                       "[N x]BYTES with a positive, finite amount (e.g. 8x80GB)")
   hosts = None if count is None or name == "cpu" else max(1, math.ceil(count / 8))
   return dict(name=spec, kind=name, count=count, bytes=override or memory, hosts=hosts)
 

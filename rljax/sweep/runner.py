@@ -23,17 +23,20 @@ run): it is aggregated with a warning naming the keys, since it ran what the stu
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import hashlib
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
+import threading
 import time
 from typing import Callable, Iterable
 
-from rljax import config_loader, defaults
+from rljax import config_loader, defaults, lifetime
 from rljax.sweep import study as study_lib
 from rljax.train import run_dir as run_dir_lib
 from rljax.train import sft
@@ -147,9 +150,10 @@ def check_same_config(spec: RunSpec, config_path: str, finished: bool = False) -
     return [f"{k}: run dir has {have.get(k, _MISSING)!r}, today's default {want.get(k, _MISSING)!r}"
             for k in drift]
   k = next(k for k in differing if k not in drift or not finished)
-  raise SystemExit(f"error: {spec.run_dir} holds a run with another config ({k}: study wants "
-                   f"{want.get(k, _MISSING)!r}, run dir has {have.get(k, _MISSING)!r}); delete "
-                   "that directory to rerun it, or choose another --root")
+  raise study_lib.StudyError(
+      f"{spec.run_dir} holds a run with another config ({k}: study wants "
+      f"{want.get(k, _MISSING)!r}, run dir has {have.get(k, _MISSING)!r}); delete that directory "
+      "to rerun it, or choose another --root")
 
 
 _MISSING = "<missing>"
@@ -202,11 +206,88 @@ def printable(argv: Iterable[str]) -> str:
   return shlex.join(parts)
 
 
+# --- the runs' processes ----------------------------------------------------------------------------
+# Every job runs in its own session and process group (what it starts, e.g. the SFT cold start,
+# is in it too) and dies with the sweep (rljax.lifetime). SIGTERM and SIGINT sent to the sweep
+# are forwarded to the group of every running job (a run stops as a preempted one does: at a step
+# boundary, with a checkpoint), no job starts after them, and a second one kills the groups.
+
+_LIVE: dict[int, subprocess.Popen] = {}  # pid -> the running job's process
+_LIVE_LOCK = threading.RLock()  # re-entered by the signal handler in the main thread
+_SIGNALS: list[int] = []  # received by this sweep, in order
+
+
+def stop_signal() -> int | None:
+  """The first SIGTERM/SIGINT the sweep received (None: none): no job starts after it."""
+  return _SIGNALS[0] if _SIGNALS else None
+
+
+def _signal_group(proc: subprocess.Popen, signum: int) -> None:
+  try:
+    os.killpg(proc.pid, signum)
+  except (ProcessLookupError, PermissionError):  # ended (and reaped) meanwhile
+    pass
+
+
+def _forwarded() -> int:
+  """What a job gets: the first signal, SIGKILL after a second one."""
+  return _SIGNALS[0] if len(_SIGNALS) == 1 else signal.SIGKILL
+
+
+def _forward(signum: int, frame=None) -> None:
+  _SIGNALS.append(signum)
+  with _LIVE_LOCK:
+    for proc in list(_LIVE.values()):
+      _signal_group(proc, _forwarded())
+
+
+@contextlib.contextmanager
+def forwarding_signals():
+  """Within the block, SIGTERM/SIGINT go to the running jobs (see above); on leaving it, jobs
+  still running (an exception left the block) are sent SIGTERM, then SIGKILL after 30 s."""
+  del _SIGNALS[:]
+  main = threading.current_thread() is threading.main_thread()
+  previous = {s: signal.signal(s, _forward) for s in (signal.SIGTERM, signal.SIGINT)} if main \
+      else {}
+  try:
+    yield
+  finally:
+    for s, handler in previous.items():
+      signal.signal(s, handler)
+    with _LIVE_LOCK:
+      left = list(_LIVE.values())
+    for proc in left:
+      _signal_group(proc, signal.SIGTERM)
+    for proc in left:
+      try:
+        proc.wait(timeout=30)
+      except subprocess.TimeoutExpired:
+        _signal_group(proc, signal.SIGKILL)
+
+
+def _run_child(argv, log, env) -> int | None:
+  """``argv``'s exit status (None: not started, the sweep is stopping)."""
+  with _LIVE_LOCK:
+    if _SIGNALS:
+      return None
+    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                            env=lifetime.child_env(env))
+    _LIVE[proc.pid] = proc
+    if _SIGNALS:  # arrived (in this thread's handler) while the process was being started
+      _signal_group(proc, _forwarded())
+  try:
+    return proc.wait()
+  finally:
+    with _LIVE_LOCK:
+      _LIVE.pop(proc.pid, None)
+
+
 # --- running -----------------------------------------------------------------------------------------
 
 def run_job(job: Job) -> dict:
   """Run one subprocess, its output appended to ``job.log_path``; records the attempt's wall
-  time in ``job.wall_path``. Returns ``{'label', 'returncode', 'wall_s', 'log'}``."""
+  time in ``job.wall_path``. Returns ``{'label', 'returncode', 'wall_s', 'log'}``; returncode
+  None when the sweep was stopped before the job started (nothing recorded)."""
   os.makedirs(os.path.dirname(job.log_path), exist_ok=True)
   env = dict(os.environ)
   # The subprocess imports the same rljax as this process, wherever the cwd is.
@@ -216,8 +297,11 @@ def run_job(job: Job) -> dict:
   with open(job.log_path, "a", encoding="utf-8") as log:
     log.write(f"$ {shlex.join(job.argv)}\n")
     log.flush()
-    returncode = subprocess.run(job.argv, stdout=log, stderr=subprocess.STDOUT, env=env).returncode
+    returncode = _run_child(job.argv, log, env)
   wall = time.perf_counter() - t0
+  if returncode is None:
+    return {"label": job.label, "returncode": None, "wall_s": 0.0, "log": job.log_path,
+            "job": job}
   if job.wall_path is not None:
     attempts = read_wall(os.path.dirname(job.wall_path))
     attempts.append({"wall_s": wall, "returncode": returncode})
@@ -232,7 +316,8 @@ def run_job(job: Job) -> dict:
 def run_jobs(jobs: list[Job], parallel: int, log: Callable[[str], None] = print) -> list[dict]:
   """Run ``jobs`` with at most ``parallel`` at once (in list order when sequential)."""
   def report(result):
-    status = "ok" if result["returncode"] == 0 else f"FAILED (exit {result['returncode']})"
+    status = ("not started (the sweep is stopping)" if result["returncode"] is None else
+              "ok" if result["returncode"] == 0 else f"FAILED (exit {result['returncode']})")
     log(f"done  {result['label']}: {status} in {result['wall_s']:.0f} s (log {result['log']})")
     return result
 

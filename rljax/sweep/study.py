@@ -22,10 +22,12 @@ the way ``rljax.config_loader.parse_value`` reads them back.
 from __future__ import annotations
 
 import dataclasses
+import numbers
 import os
 from typing import Any, Iterable, Mapping, Sequence
 
 from rljax import config_loader
+from rljax.errors import RljaxError
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -36,6 +38,11 @@ SUMMARY_METRICS = (
     "final_len_correct", "final_len_wrong", "final_truncation_rate", "mean_truncation_rate",
     "wall_time_s",
 )
+
+
+class StudyError(RljaxError, ValueError):
+  """A study file, its options or its runs' directories the sweep cannot use (the message says
+  what to change): one line and exit status 2 on the command line."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,8 +76,14 @@ class Study:
   description: str = ""
 
   def __post_init__(self):
-    object.__setattr__(self, "variants", tuple(self.variants))
-    object.__setattr__(self, "seeds", tuple(int(s) for s in self.seeds))
+    try:
+      object.__setattr__(self, "variants", tuple(self.variants))
+      object.__setattr__(self, "seeds", tuple(_seed(s) for s in self.seeds))
+    except TypeError:
+      raise StudyError(f"study {self.name!r}: variants and seeds must be sequences, got "
+                       f"{self.variants!r} and {self.seeds!r}") from None
+    if isinstance(self.metrics, str):  # one name, not its letters
+      object.__setattr__(self, "metrics", (self.metrics,))
     object.__setattr__(self, "metrics", tuple(self.metrics))
     object.__setattr__(self, "overrides", overrides_of(self.overrides))
     _validate(self)
@@ -79,11 +92,17 @@ class Study:
     for v in self.variants:
       if v.name == name:
         return v
-    raise KeyError(f"study {self.name!r} has no variant {name!r}; "
+    raise StudyError(f"study {self.name!r} has no variant {name!r}; "
                    f"variants: {[v.name for v in self.variants]}")
 
   def config_path(self) -> str:
     return resolve_config_path(self.config)
+
+
+def _seed(value: Any) -> int:
+  if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+    raise StudyError(f"seed {value!r} ({type(value).__name__}) is not an integer")
+  return int(value)
 
 
 def cli_value(value: Any) -> str:
@@ -98,7 +117,7 @@ def cli_value(value: Any) -> str:
     return repr(value)
   if isinstance(value, (tuple, list)):
     return repr(tuple(value))
-  raise TypeError(f"override value {value!r} ({type(value).__name__}) is not a config value; "
+  raise StudyError(f"override value {value!r} ({type(value).__name__}) is not a config value; "
                   "use str, bool, int, float, None or a tuple")
 
 
@@ -128,7 +147,7 @@ def resolve_config_path(path: str) -> str:
   for candidate in (path, os.path.join(REPO_ROOT, path)):
     if os.path.isfile(candidate):
       return os.path.abspath(candidate)
-  raise FileNotFoundError(f"study config {path!r} found neither relative to the cwd nor to "
+  raise StudyError(f"study config {path!r} found neither relative to the cwd nor to "
                           f"{REPO_ROOT}")
 
 
@@ -136,7 +155,7 @@ def load_study(path: str) -> Study:
   """Import a study file and return its validated ``get_study()``."""
   study = config_loader.call_file_function(path, "get_study", kind="study")
   if not isinstance(study, Study):
-    raise TypeError(f"{path}: get_study() must return rljax.sweep.study.Study, got "
+    raise StudyError(f"{path}: get_study() must return rljax.sweep.study.Study, got "
                     f"{type(study).__name__}")
   return study
 
@@ -148,29 +167,33 @@ def variant_config(study: Study, variant: Variant, extra: Iterable[tuple[str, st
 
 
 def _validate(study: Study) -> None:
+  strays = [v for v in study.variants if not isinstance(v, Variant)]
+  if strays:
+    raise StudyError(f"study {study.name!r}: variants must be Variant records (made by "
+                     f"independent() or ladder()), got {strays[0]!r}")
   names = [v.name for v in study.variants]
   if not names:
-    raise ValueError(f"study {study.name!r}: variants is empty")
+    raise StudyError(f"study {study.name!r}: variants is empty")
   if len(set(names)) != len(names):
-    raise ValueError(f"study {study.name!r}: variant names repeat: {names}")
+    raise StudyError(f"study {study.name!r}: variant names repeat: {names}")
   for name in names + [study.name]:
     if not name or "/" in name or name.startswith(".") or name.startswith("_"):
-      raise ValueError(f"study {study.name!r}: {name!r} cannot be a directory name (no '/', "
+      raise StudyError(f"study {study.name!r}: {name!r} cannot be a directory name (no '/', "
                        "not empty, not starting with '.' or '_')")
   if study.baseline not in names:
-    raise ValueError(f"study {study.name!r}: baseline {study.baseline!r} is not a variant; "
+    raise StudyError(f"study {study.name!r}: baseline {study.baseline!r} is not a variant; "
                      f"variants: {names}")
   if not study.seeds or len(set(study.seeds)) != len(study.seeds):
-    raise ValueError(f"study {study.name!r}: seeds must be distinct and non-empty, got "
+    raise StudyError(f"study {study.name!r}: seeds must be distinct and non-empty, got "
                      f"{study.seeds}")
   unknown = [m for m in study.metrics if m not in SUMMARY_METRICS]
   if unknown or not study.metrics:
-    raise ValueError(f"study {study.name!r}: metrics {unknown or '()'} are not summary metrics; "
+    raise StudyError(f"study {study.name!r}: metrics {unknown or '()'} are not summary metrics; "
                      f"allowed: {list(SUMMARY_METRICS)}")
   reserved = {"seed", "data.train_seed", "train.run_dir", "train.resume", "sft.out_dir"}
   for source, pairs in [("overrides", study.overrides)] + [
       (f"variant {v.name!r}", v.overrides) for v in study.variants]:
     clash = sorted(reserved & {k for k, _ in pairs})
     if clash:
-      raise ValueError(f"study {study.name!r}: {source} sets {clash}, which the sweep sets per "
+      raise StudyError(f"study {study.name!r}: {source} sets {clash}, which the sweep sets per "
                        "run (seed, data order, run and cold-start directories)")

@@ -7,23 +7,28 @@
   python -m rljax sweep STUDY --root /tmp/smoke --set train.steps=2 --seeds 0   # smoke run
 
 Finished runs are skipped, killed ones resume from their last checkpoint, and a finished study
-only re-aggregates (rljax.sweep.runner). Results go to ``<root>/<study>/results/``:
+only re-aggregates (rljax.sweep.runner). SIGTERM or Ctrl-C stops the runs in flight (forwarded
+to them; a second one kills them) and starts no other; kill -9 of the sweep stops its runs too
+(rljax.lifetime): no process is left, and the same command resumes. Results go to
+``<root>/<study>/results/``:
 ``runs.csv`` (one row per run), ``summary.csv`` (per variant and metric: mean, 95% t-interval,
 paired difference to the baseline), ``results.md`` (the tables) and ``curves.png``.
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import os
+import signal
 
+from rljax.errors import ArgumentParser
 from rljax.sweep import aggregate, plots, runner
 from rljax.sweep import study as study_lib
+from rljax.train.preemption import Stop
 
 
 def parse_args(argv):
-  parser = argparse.ArgumentParser(prog="rljax sweep", description=__doc__.splitlines()[0])
+  parser = ArgumentParser(prog="rljax sweep", description=__doc__.splitlines()[0])
   parser.add_argument("study", help="a study file with get_study() (experiments/studies/*.py)")
   parser.add_argument("--root", default="runs/studies",
                       help="directory of all studies (default runs/studies)")
@@ -58,7 +63,7 @@ def aggregate_study(study: study_lib.Study, specs, out_dir: str) -> dict:
                                                          runner.read_wall(s.run_dir))
                for s in specs if (s.variant, s.seed) in records}
   if not summaries:
-    raise SystemExit(f"error: study {study.name!r} has no finished run to aggregate")
+    raise study_lib.StudyError(f"study {study.name!r} has no finished run to aggregate")
   per_run = [{"variant": v, "seed": k, **values} for (v, k), values in summaries.items()]
   rows = aggregate.summarize_study(study, summaries)
   paths = {"runs_csv": os.path.join(out_dir, "runs.csv"),
@@ -99,22 +104,46 @@ def main(argv) -> dict:
         f"{runner.study_dir(args.root, study)}", flush=True)
   failed = []
   if not args.aggregate_only:
-    for result in runner.run_jobs(sft_jobs, args.parallel, log=_log):
-      if result["returncode"]:
-        failed.append(result)
-    # A train run whose cold start failed would only fail again: run the others.
-    bad_sft = {f["job"].sft_dir for f in failed}
-    train_jobs = [j for j in train_jobs if j.sft_dir is None or j.sft_dir not in bad_sft]
-    failed += [r for r in runner.run_jobs(train_jobs, args.parallel, log=_log) if r["returncode"]]
+    _make_dir(runner.study_dir(args.root, study))
+    with runner.forwarding_signals():
+      for result in runner.run_jobs(sft_jobs, args.parallel, log=_log):
+        if result["returncode"]:
+          failed.append(result)
+      # A train run whose cold start failed would only fail again: run the others.
+      bad_sft = {f["job"].sft_dir for f in failed}
+      train_jobs = [j for j in train_jobs if j.sft_dir is None or j.sft_dir not in bad_sft]
+      failed += [r for r in runner.run_jobs(train_jobs, args.parallel, log=_log)
+                 if r["returncode"]]
+      _stop_if_signalled()
   ran = [] if args.aggregate_only else [j.run for j in train_jobs]
   paths = aggregate_study(study, specs, os.path.join(runner.study_dir(args.root, study),
                                                      "results"))
   summary = {"study": study.name, "ran": ran, "failed": [f["label"] for f in failed], **paths}
   print(json.dumps(summary))
   if failed:
+    # Not the study's mistake: the runs' own (their logs say why), exit status 1.
     raise SystemExit(f"error: {len(failed)} job(s) failed; logs: "
                      + ", ".join(f["log"] for f in failed))
   return summary
+
+
+def _make_dir(path: str) -> None:
+  """The study's directory, or one line saying why it cannot be (before any run starts)."""
+  try:
+    os.makedirs(path, exist_ok=True)
+  except OSError as e:
+    raise study_lib.StudyError(f"cannot create the study directory {path!r}: {e.strerror} "
+                               f"({e.filename}); choose another --root") from None
+
+
+def _stop_if_signalled() -> None:
+  """After SIGTERM/SIGINT (forwarded to the runs, which ended): one line and 128 + signal."""
+  signum = runner.stop_signal()
+  if signum is not None:
+    name = signal.Signals(signum).name
+    raise Stop(f"sweep stopped by {name}: forwarded to its runs, which stopped (SIGTERM: each at "
+               "a step boundary, with a checkpoint); no process is left. Rerun the same command "
+               "to resume", 128 + signum)
 
 
 def _with_seeds(study: study_lib.Study, text: str) -> study_lib.Study:
@@ -122,11 +151,12 @@ def _with_seeds(study: study_lib.Study, text: str) -> study_lib.Study:
   try:
     seeds = tuple(int(k) for k in text.split(","))
   except ValueError:
-    raise SystemExit(f"error: --seeds expects comma-separated integers, got {text!r}") from None
+    raise study_lib.StudyError(
+        f"--seeds expects comma-separated integers, got {text!r}") from None
   unknown = [k for k in seeds if k not in study.seeds]
   if unknown:
-    raise SystemExit(f"error: --seeds {unknown} are not seeds of study {study.name!r}; its seeds: "
-                     f"{list(study.seeds)}")
+    raise study_lib.StudyError(f"--seeds {unknown} are not seeds of study {study.name!r}; its "
+                               f"seeds: {list(study.seeds)}")
   return dataclasses.replace(study, seeds=seeds)
 
 

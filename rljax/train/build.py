@@ -24,6 +24,7 @@ from rljax.models import ModelConfig, transformer
 from rljax.models.config import compute_dtype, run_settings
 from rljax.parallel import distributed, mesh as mesh_lib, rules
 from rljax.rewards import verifiers
+from rljax.train import run_dir as run_dir_lib
 from rljax.train import step as step_lib
 from rljax.train import update as update_lib
 from rljax.train.generation import Generator
@@ -387,8 +388,46 @@ def prepare(config) -> Prepared:
     sampler_mesh = None
   else:
     _check_rows_split(config, sampler_mesh, sampler=True)
+  check_resumable(config, algo, tokenizer)
   return Prepared(algo=algo, tokenizer=tokenizer, source=source, mesh=mesh,
                   sampler_mesh=sampler_mesh)
+
+
+def check_resumable(config, algo: Algorithm, tokenizer) -> None:
+  """``train.resume_override`` names keys or sections that exist. A resumed run's latest
+  checkpoint must hold the state this config builds (the same arrays, of the same shapes), from
+  its metadata alone: a key named in ``train.resume_override`` that changes the model or the
+  optimizer state (``model.family``, a width, the critic) is refused here, before the run dir is
+  claimed and its ``config.json`` rewritten, not by the restore (which would set the checkpoints
+  aside as unreadable)."""
+  keys = run_dir_lib.flatten_config(json.loads(config.to_json_best_effort()))
+  unknown = [n for n in config.train.resume_override
+             if not any(k == n or k.startswith(n + ".") for k in keys)]
+  if unknown:  # a misspelt name would let nothing differ, silently
+    raise StartupError(f"train.resume_override names {unknown}, which are no config keys or "
+                       "sections; name them as in --config.KEY (e.g. ('optim.lr',) or ('model',))")
+  run_dir = config.train.run_dir
+  if not config.train.resume or not run_dir_lib.committed_steps(run_dir):
+    return
+  shapes, _ = abstract_state(config, resolve_model_config(config, tokenizer), algo)
+  with Checkpointer(os.path.join(run_dir, "checkpoints"), keep=1, read_only=True) as ckpt:
+    found = ckpt.differences(shapes, migrate=state_lib.legacy_layout)
+  if found is None or not found[1]:
+    return
+  step, differences = found
+  named = tuple(config.train.resume_override)
+  saved = run_dir_lib.read_config(run_dir) or {}
+  differing = [d.split(":")[0] for d in run_dir_lib.config_differences(
+      saved, json.loads(config.to_json_best_effort()))] if saved else []
+  changed = [k for k in differing if any(k == n or k.startswith(n + ".") for n in named)]
+  more = f" (and {len(differences) - 3} more)" if len(differences) > 3 else ""
+  raise run_dir_lib.RunDirError(
+      f"cannot resume {run_dir}: its checkpoint {step} holds another train state than this config "
+      f"builds ({'; '.join(differences[:3])}{more}); "
+      + (f"the keys {changed} named in train.resume_override change it" if changed else
+         "the config changed the model or optimizer state")
+      + ": resume with the values of its config.json, or start a new run in another "
+      "train.run_dir")
 
 
 def build_run(config, prepared: Prepared | None = None) -> Run:

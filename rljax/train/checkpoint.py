@@ -206,6 +206,24 @@ class Checkpointer:
     state = restored[STATE] if convert is None else convert(restored[STATE])
     return state, restored[EXTRA]
 
+  def differences(self, abstract_state: Any, migrate=None) -> tuple[int, list[str]] | None:
+    """``(step, state_differences)`` of the newest committed checkpoint whose metadata reads
+    (None: there is none), without reading any array: what ``restore`` would refuse, or orbax
+    fail on, known before anything is loaded or written."""
+    for step in reversed(self.all_steps()):
+      try:
+        saved = self._manager.item_metadata(step)[STATE]
+      except Exception:  # unreadable: restore_latest reports it and falls back past it
+        continue
+      if saved is None:
+        continue
+      saved_tree = getattr(saved, "tree", saved)
+      wanted = abstract_state
+      if migrate is not None and (old := migrate(_leaf_paths(saved_tree), abstract_state)):
+        wanted = old[0]
+      return step, state_differences(saved_tree, wanted)
+    return None
+
   def restore_latest(self, abstract_state: Any, log=logger.warning, migrate=None
                      ) -> tuple[int, Any, dict]:
     """``(step, state, extra)`` of the newest checkpoint that restores.
@@ -322,6 +340,26 @@ def _leaf_paths(tree: Any) -> set[str]:
   """Paths of the non-None leaves (empty containers, such as optax's EmptyState, have none)."""
   leaves = jax.tree_util.tree_flatten_with_path(tree, is_leaf=lambda x: x is None)[0]
   return {_path_str(path) for path, leaf in leaves if leaf is not None}
+
+
+def _leaf_shapes(tree: Any) -> dict[str, tuple]:
+  """``{path: shape}`` of the non-None leaves (orbax's ArrayMetadata, ShapeDtypeStructs, arrays,
+  python scalars)."""
+  leaves = jax.tree_util.tree_flatten_with_path(tree, is_leaf=lambda x: x is None)[0]
+  return {_path_str(path): tuple(np.shape(leaf) if getattr(leaf, "shape", None) is None
+                                 else leaf.shape)
+          for path, leaf in leaves if leaf is not None}
+
+
+def state_differences(saved_tree: Any, abstract_state: Any) -> list[str]:
+  """``'path: why'`` for every array the checkpoint's tree and ``abstract_state`` disagree on: in
+  one and not the other, or of another shape. (A dtype may differ: restoring casts.)"""
+  saved, wanted = _leaf_shapes(saved_tree), _leaf_shapes(abstract_state)
+  out = [f"{p}: not in the checkpoint" for p in sorted(set(wanted) - set(saved))]
+  out += [f"{p}: only in the checkpoint" for p in sorted(set(saved) - set(wanted))]
+  out += [f"{p}: checkpoint shape {saved[p]}, this config's {wanted[p]}"
+          for p in sorted(set(saved) & set(wanted)) if saved[p] != wanted[p]]
+  return out
 
 
 def _check_same_arrays(saved_tree: Any, abstract_state: Any, step: int) -> None:

@@ -40,6 +40,41 @@ def run_config(run_dir: str) -> ml_collections.ConfigDict:
     raise RunDirError(f"{path} is not readable JSON ({e})") from None
 
 
+# The model.* keys that ``eval --checkpoint`` takes from the eval's command line: how the sampler
+# computes, not what the weights are. Every other model.* key (the family, the widths, the source,
+# the parameter dtype, the training-only memory settings) is the checkpoint's, from its
+# config.json; an override that contradicts it is refused.
+EVAL_MODEL_SETTINGS = ("dtype", "attention", "attention_block", "matmul_precision",
+                       "scan_layers", "moe_dispatch", "moe_capacity_factor")
+
+
+def _plain(value):
+  return json.loads(json.dumps(value.to_dict() if hasattr(value, "to_dict") else value))
+
+
+def checkpoint_config(config, run_dir: str, overridden=()) -> ml_collections.ConfigDict:
+  """The config of the run in ``run_dir`` (its config.json), with the ``EVAL_MODEL_SETTINGS``
+  that the command line overrides (``overridden``: the ``--config.KEY`` names) taken from
+  ``config``; any other ``model.*`` override whose value differs from the run's is an error."""
+  saved = run_config(run_dir)
+  for key in overridden:
+    section, _, name = key.partition(".")
+    if section != "model" or not name:
+      continue
+    wanted, have = _plain(config.model[name]), _plain(saved.model.get(name))
+    if wanted == have:
+      continue
+    if name in EVAL_MODEL_SETTINGS:
+      with saved.unlocked():
+        saved.model[name] = config.model[name]
+      continue
+    raise RunDirError(
+        f"eval --checkpoint {run_dir}: --config.{key}={wanted!r} contradicts the checkpoint "
+        f"(its config.json has {key}={have!r}): the model is the checkpoint's; drop the override "
+        f"(an eval of a checkpoint sets only model.{{{', '.join(EVAL_MODEL_SETTINGS)}}})")
+  return saved
+
+
 def check_same_tokenizer(config, run_dir: str) -> None:
   """A checkpoint's token ids mean something only with the tokenizer it was trained with: the
   run's config.json records it (another one scored 1.6% instead of 46.9%, silently)."""
@@ -67,12 +102,17 @@ def load_run_params(run_dir: str, config=None):
   return model_cfg, state.params
 
 
-def evaluate_config(config, *, samples: int = 1, checkpoint: str | None = None) -> dict:
+def evaluate_config(config, *, samples: int = 1, checkpoint: str | None = None,
+                    overridden=()) -> dict:
+  """pass@1 (and with ``samples`` > 1 pass@k, maj@k) of ``model.source`` or of the latest
+  checkpoint of the run dir ``checkpoint``; ``overridden``: the config keys the command line set
+  (``checkpoint_config``: which ``model.*`` ones an eval of a checkpoint takes)."""
+  run = checkpoint_config(config, checkpoint, overridden) if checkpoint else None
   with models.matmul_precision(config.model):
-    return _evaluate_config(config, samples=samples, checkpoint=checkpoint)
+    return _evaluate_config(config, samples=samples, checkpoint=checkpoint, run=run)
 
 
-def _evaluate_config(config, *, samples: int, checkpoint: str | None) -> dict:
+def _evaluate_config(config, *, samples: int, checkpoint: str | None, run=None) -> dict:
   build.check_reward_fn(config)  # before minutes of loading, as train does
   config_checks.check_config(config)  # values, unread keys, relations: before any loading
   if checkpoint:
@@ -80,7 +120,7 @@ def _evaluate_config(config, *, samples: int, checkpoint: str | None) -> dict:
   tokenizer = tokenizer_lib.load_tokenizer(config.data.tokenizer, config.data.chat_template)
   check_env_startup(config, tokenizer)
   if checkpoint:
-    model_cfg, params = load_run_params(checkpoint)
+    model_cfg, params = load_run_params(checkpoint, run)
   else:
     model_cfg, params = build.load_policy(config, tokenizer)
   source = datasets.make_prompt_source(config.data)

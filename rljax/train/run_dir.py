@@ -173,6 +173,16 @@ def config_differences(saved: dict, current: dict, allowed=()) -> list[str]:
   return diffs
 
 
+def read_config(run_dir: str) -> dict | None:
+  """The ``config.json`` of the run in ``run_dir`` as a dict (None: there is none, or it does not
+  read)."""
+  try:
+    with open(os.path.join(run_dir, CONFIG_FILE)) as f:
+      return json.load(f)
+  except (OSError, ValueError):
+    return None
+
+
 def check_start(config, current: dict) -> None:
   """Raise ``RunDirError`` unless ``config`` may start (fresh) or resume in its run dir."""
   t = config.train

@@ -9,6 +9,7 @@ import pytest
 from rljax import config_loader
 from rljax.sweep import aggregate, plots, runner
 from rljax.sweep import study as study_lib
+from rljax.sweep.study import StudyError
 
 # Student t critical values t_{0.975, df} from a printed table (e.g. NIST/SEMATECH 1.3.6.7.2).
 T_TABLE = {1: 12.706, 2: 4.303, 4: 2.776, 9: 2.262, 29: 2.045}
@@ -250,11 +251,11 @@ def test_a_finished_run_of_an_older_default_is_aggregated_and_a_changed_study_is
           "sft.out_dir": "/elsewhere/seed1-0123456789"})  # its cold start's hash moved with it
   notes = runner.check_same_config(spec, study.config_path(), finished=True)
   assert [n.split(":")[0] for n in notes] == ["model.attention_block", "sft.out_dir"]
-  with pytest.raises(SystemExit, match="model.attention_block"):  # cannot be resumed
+  with pytest.raises(StudyError, match="model.attention_block"):  # cannot be resumed
     runner.check_same_config(spec, study.config_path(), finished=False)
   # What the study sets (its base config's lr, the variant's eps_high) must match.
   for key in ("optim.lr", "algo.clip_eps_high"):
     section, name = key.split(".")
     save(**{key: config[section][name] * 2})
-    with pytest.raises(SystemExit, match=key):
+    with pytest.raises(StudyError, match=key):
       runner.check_same_config(spec, study.config_path(), finished=True)

@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from rljax.sweep import sweep
+from rljax.sweep.study import StudyError
 from rljax.train.metrics import read_jsonl
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -94,7 +95,7 @@ def test_resume_runs_only_what_is_missing_then_only_aggregates(finished, capsys)
   assert [_attempts(root, run) for run in RUNS] == [1, 1, 1, 1]
   # Nothing is missing: no command to print; a different config is refused, not mixed in.
   assert sweep.main([STUDY, "--root", str(root), "--print-commands"]) == {"commands": 0}
-  with pytest.raises(SystemExit, match="optim.lr"):
+  with pytest.raises(StudyError, match="optim.lr"):
     sweep.main([STUDY, "--root", str(root), "--aggregate-only", "--set", "optim.lr=0.5"])
 
 
@@ -113,5 +114,5 @@ def test_seeds_option_restricts_the_study(tmp_path, capsys):
       == {"commands": 2}
   lines = capsys.readouterr().out.strip().splitlines()
   assert all("--config.seed=1 " in line for line in lines)
-  with pytest.raises(SystemExit, match=r"\[7\] are not seeds of study 'smoke'"):
+  with pytest.raises(StudyError, match=r"\[7\] are not seeds of study 'smoke'"):
     sweep.main([STUDY, "--root", str(tmp_path), "--print-commands", "--seeds", "0,7"])
