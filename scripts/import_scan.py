@@ -34,7 +34,7 @@ import os
 import sys
 
 LAYERS = {
-    "errors": 0, "keys": 0, "defaults": 0, "config_loader": 0,
+    "errors": 0, "keys": 0, "defaults": 0, "config_loader": 0, "lifetime": 0,
     "models": 1,
     "rollout": 2,
     "rewards": 3, "data": 3, "parallel": 3,
