@@ -30,6 +30,8 @@ setup(
         "hf": ["torch==2.13.0", "datasets>=3.0"],
         "tpu": ["jax[tpu]"],
         "gpu": ["jax[cuda12]"],
+        # data.source='reasoning_gym:NAME': reasoning-gym's procedural tasks and their scorers.
+        "reasoning_gym": ["reasoning-gym>=0.1.25"],
         # benchmarks/train_step.py's second peer: TRL's GRPOTrainer (CPU).
         "bench": ["torch==2.13.0", "trl==1.16.0", "datasets>=3.0"],
     },

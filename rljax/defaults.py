@@ -9,6 +9,7 @@ the command line with ``--config.section.key=value``.
 import ml_collections
 from ml_collections.config_dict import placeholder
 
+from rljax.data.reasoning_gym_tasks import KEY_DEFAULTS as GYM
 from rljax.envs.base import ENV_NAME, TOOL_FORMATS
 from rljax.keys import (ADAM_BETA, BOOL, FRACTION, KEY_TUPLE, NONEMPTY, NONNEG,
                         PASS_RATE_WINDOW, POSITIVE, SEED, SIZE, STRING, Check, Key, choice,
@@ -82,11 +83,20 @@ KEYS = (
         "of a device, 1 on accelerators)"),
     # --- data ----------------------------------------------------------------------------------
     Key("data.source", "embedded:arithmetic", NONEMPTY,
-        "'embedded:arithmetic' | 'embedded:countdown' | 'jsonl:PATH' | 'hf:PATH' (local "
+        "'embedded:arithmetic' | 'embedded:countdown' | 'reasoning_gym:NAME[,NAME...]' "
+        "(reasoning-gym tasks, extra [reasoning_gym]) | 'jsonl:PATH' | 'hf:PATH' (local "
         "datasets files)"),
     Key("data.difficulty", 1, integer(0, 1000), "embedded tasks: problem difficulty"),
-    Key("data.train_seed", 0, SEED, "embedded tasks: seed of the training problems"),
-    Key("data.eval_seed", 1, SEED, "embedded tasks: seed of the held-out problems"),
+    Key("data.train_seed", 0, SEED, "generated tasks: seed of the training problems"),
+    Key("data.eval_seed", 1, SEED, "generated tasks: seed of the held-out problems"),
+    Key("data.reasoning_gym.weights", GYM["weights"], STRING,
+        "reasoning_gym source: 'NAME=W,NAME=W' sampling weight of each task; '' = equal"),
+    Key("data.reasoning_gym.config", GYM["config"], STRING,
+        "reasoning_gym source: JSON {task: {setting: value}} passed to the task's generator "
+        "(reasoning_gym.create_dataset); seed 0 and the library's size unless given"),
+    Key("data.reasoning_gym.template", GYM["template"], NONEMPTY,
+        "reasoning_gym source: the prompt, a str.format template over the item's question and "
+        "metadata fields, e.g. '{expression}='"),
     Key("data.num_eval", 256, SIZE, "held-out problems evaluated before/after training"),
     Key("data.tokenizer", "char", NONEMPTY, "'char' or a local Hugging Face tokenizer directory"),
     Key("data.chat_template", False, BOOL, "wrap prompts in the tokenizer's chat template"),

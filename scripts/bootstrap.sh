@@ -10,6 +10,6 @@ if [ ! -x .venv/bin/python ]; then
 fi
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   .venv/bin/python -m pip install -q --upgrade pip
-  .venv/bin/python -m pip install -q -c constraints.txt -e ".[test]"
+  .venv/bin/python -m pip install -q -c constraints.txt -e ".[test,reasoning_gym]"
   echo "$want" > "$stamp"
 fi
