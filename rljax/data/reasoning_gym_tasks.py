@@ -98,7 +98,10 @@ def parse_settings(text: str, names: list[str]) -> dict[str, dict]:
 def _dataset(name: str, settings_json: str):
   """The task's ``ProceduralDataset`` built with its settings (seed 0 unless they give one)."""
   rg = _library()
-  if name not in rg.factory.DATASETS or name == "composite":
+  if name == "composite":
+    raise DataError("data.source='reasoning_gym:composite': list the tasks instead "
+                    "('reasoning_gym:chain_sum,gcd') and weight them in data.reasoning_gym.weights")
+  if name not in rg.factory.DATASETS:
     close = difflib.get_close_matches(name, sorted(rg.factory.DATASETS), n=3)
     raise DataError(f"data.source names no reasoning-gym task {name!r}"
                     + (f" (did you mean {', '.join(close)}?)" if close else "")

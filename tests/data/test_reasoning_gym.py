@@ -93,6 +93,7 @@ def test_weights_set_how_often_each_task_is_drawn():
     ("reasoning_gym:chain_summ", {}, r"no reasoning-gym task 'chain_summ' \(did you mean "
      r"chain_sum.*reasoning_gym\.factory\.DATASETS"),
     ("reasoning_gym:chain_sum,", {}, "distinct tasks separated by commas"),
+    ("reasoning_gym:composite", {}, "list the tasks instead"),
     ("reasoning_gym:chain_sum", {"weights": "chain_sum=-1"}, "positive weight"),
     ("reasoning_gym:chain_sum", {"weights": "gcd=1"}, "'gcd', which is not a task of"),
     ("reasoning_gym:chain_sum", {"config": "{chain_sum: 1}"}, "is not JSON"),
