@@ -9,6 +9,7 @@ by an older version).
 """
 from __future__ import annotations
 
+from rljax.data.reasoning_gym_tasks import SOURCE_KIND as GYM_SOURCE
 from rljax.defaults import KEYS
 from rljax.errors import RljaxError, UnknownNameError
 
@@ -79,6 +80,11 @@ def _check_relations(config) -> None:
     raise ConfigError(f"algo.opd_coef={a.opd_coef!r} needs a distillation teacher: set "
                       "teacher.source ('hf:PATH', 'run:DIR', 'sft' or 'tiny')")
   _check_inflight(config)
+  if ("data" in config and "reward" in config and config.reward.fn == GYM_SOURCE
+      and not config.data.source.startswith(GYM_SOURCE + ":")):
+    raise ConfigError(f"reward.fn={GYM_SOURCE!r} scores problems of data.source="
+                      f"'{GYM_SOURCE}:NAME' only (it calls the generating task's scorer); "
+                      f"data.source={config.data.source!r}")
   if r.group_size == 1 and needs_groups(config.algo):
     raise ConfigError(
         f"rollout.group_size=1 with algo.advantage={a.advantage!r}"

@@ -8,6 +8,7 @@ import pytest
 import reasoning_gym
 
 from rljax import cli, config_loader
+from rljax.config_checks import ConfigError, check_config
 from rljax.data import datasets, is_eval_prompt
 from rljax.errors import DataError
 from rljax.rewards import score_completions
@@ -112,6 +113,14 @@ def test_keys_the_source_does_not_read_are_refused():
     datasets.make_prompt_source(_config(**{"data.source": "embedded:arithmetic"}).data)
   with pytest.raises(DataError, match="data.difficulty=0 is not used"):
     datasets.make_prompt_source(_config(**{"data.difficulty": "0"}).data)
+
+
+def test_the_reasoning_gym_reward_needs_its_source():
+  config = _config(**{"data.source": "embedded:arithmetic"})
+  with pytest.raises(ConfigError, match=r"reward.fn='reasoning_gym' scores problems of "
+                     r"data.source='reasoning_gym:NAME' only.*'embedded:arithmetic'"):
+    check_config(config)
+  check_config(_config())
 
 
 def test_train_two_steps_in_process(tmp_path):
