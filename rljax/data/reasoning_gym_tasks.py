@@ -157,6 +157,15 @@ class ReasoningGymTask(Task):
     return Problem(prompt=self._prompt(name, entry), answer=answer,
                    solution=f"{MARKER}{answer}", meta={SOURCE_KIND: record})
 
+  def eval_set(self, seed: int, n: int) -> list[Problem]:
+    try:
+      return super().eval_set(seed, n)
+    except ValueError as e:  # the tenth of a small problem space: its remedy is a larger size
+      sizes = {name: len(d) for name, d in self.datasets.items()}
+      raise DataError(f"data.num_eval={n}: {e}; the tasks' problem spaces are their "
+                      f"generators' sizes {sizes}: set a larger 'size' in "
+                      "data.reasoning_gym.config, or lower data.num_eval") from None
+
   def verify(self, completion: str, problem: Problem) -> float:
     return score_completion(completion, problem)
 

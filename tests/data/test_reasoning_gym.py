@@ -9,7 +9,7 @@ import reasoning_gym
 
 from rljax import cli, config_loader
 from rljax.config_checks import ConfigError, check_config
-from rljax.data import datasets, is_eval_prompt
+from rljax.data import datasets, is_eval_prompt, tasks
 from rljax.errors import DataError
 from rljax.rewards import score_completions
 from tests.train import tiny
@@ -105,6 +105,16 @@ def test_weights_set_how_often_each_task_is_drawn():
 def test_bad_settings_are_one_line_errors(source, gym, message):
   with pytest.raises(DataError, match=message) as error:
     datasets.PromptSource(source, gym=gym)
+  assert "\n" not in str(error.value)
+
+
+def test_an_eval_set_larger_than_the_held_out_part_names_the_size(monkeypatch):
+  # chain_sum at the library's size (500 items): at most ~50 distinct held-out prompts; fewer
+  # fruitless draws before giving up keep the test short (all 500 items are seen long before)
+  monkeypatch.setattr(tasks, "_EVAL_PATIENCE", 5000)
+  with pytest.raises(DataError, match=r"data.num_eval=256: .*sizes \{'chain_sum': 500\}: set "
+                     r"a larger 'size'") as error:
+    datasets.PromptSource("reasoning_gym:chain_sum", gym={}).eval_set(256)
   assert "\n" not in str(error.value)
 
 
