@@ -69,14 +69,21 @@ def generated_task(kind: str, arg: str, difficulty: int = 1,
   return None
 
 
+def _gym_section(data) -> dict:
+  """``data.reasoning_gym`` as a dict, defaults filled in (a config saved before the section
+  existed has none)."""
+  return {**GYM_KEYS, **dict(data.get("reasoning_gym") or {})}
+
+
 def check_source_keys(data) -> None:
   """Keys of the ``data`` section that the source does not read may not leave their defaults:
   ``data.reasoning_gym.*`` without a reasoning_gym source, ``data.difficulty`` with one."""
   kind = parse_source(data.source)[0]
+  gym = _gym_section(data)
   if kind != reasoning_gym_tasks.SOURCE_KIND:
     for key, default in GYM_KEYS.items():
-      if data.reasoning_gym[key] != default:
-        raise DataError(f"data.reasoning_gym.{key}={data.reasoning_gym[key]!r} is not used: "
+      if gym[key] != default:
+        raise DataError(f"data.reasoning_gym.{key}={gym[key]!r} is not used: "
                         f"data.source={data.source!r} is not a reasoning_gym: source")
   elif data.difficulty != 1:
     raise DataError(f"data.difficulty={data.difficulty!r} is not used by data.source="
@@ -381,4 +388,4 @@ def make_prompt_source(data, *, stream_seed: int | None = None) -> PromptSource:
   return PromptSource(data.source, difficulty=data.difficulty,
                       train_seed=data.train_seed if stream_seed is None else stream_seed,
                       eval_seed=data.eval_seed, invalid_rows=data.invalid_rows,
-                      gym=dict(data.reasoning_gym))
+                      gym=_gym_section(data))
