@@ -1,4 +1,4 @@
-"""DAPO on a reasoning-gym task (chain_sum, its easiest settings) from an SFT cold start, on a CPU.
+"""DAPO on a reasoning-gym task (chain_sum, near its easiest settings) from an SFT cold start, on a CPU.
 
   pip install 'rljax[reasoning_gym]'
   python -m rljax train --config configs/reasoning_gym.py
@@ -9,7 +9,8 @@ The prompt is the bare expression (``data.reasoning_gym.template``): the library
 has capitals, which the character vocabulary does not hold; with a Hugging Face tokenizer use the
 default ``'{question}'`` and ``data.chat_template=True``. A short SFT cold start teaches the
 ``'#answer'`` format from the reference answers, then DAPO trains on the task's reward. Held-out
-accuracy of three seeds (a gain on each, within the noise on two): docs/results/reasoning_gym.md. ``--config.train.steps=3`` for a smoke run.
+accuracy of three seeds (a gain on each, within the noise on two): docs/results/reasoning_gym.md.
+``--config.train.steps=3`` for a smoke run.
 """
 import json
 
