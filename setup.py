@@ -33,6 +33,8 @@ setup(
         # Experiment trackers (train.loggers): W&B, and MLflow's tracking client.
         "wandb": ["wandb>=0.19.10"],
         "mlflow": ["mlflow-skinny>=3.0"],
+        # data.source='reasoning_gym:NAME': reasoning-gym's procedural tasks and their scorers.
+        "reasoning_gym": ["reasoning-gym>=0.1.25"],
         # benchmarks/train_step.py's second peer: TRL's GRPOTrainer (CPU).
         "bench": ["torch==2.13.0", "trl==1.16.0", "datasets>=3.0"],
     },

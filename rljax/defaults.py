@@ -76,6 +76,15 @@ def logger_on(*names: str) -> When:
 
 TRACKERS = ("wandb", "mlflow")  # the loggers that keep a run on a tracking service
 TRACKED = logger_on(*TRACKERS)
+# data.source kinds whose keys only they read (rljax.data.datasets parses the source).
+REASONING_GYM = "reasoning_gym"
+GYM_SOURCE = When(lambda f, k: f["data.source"].startswith(REASONING_GYM + ":"),
+                  f"data.source='{REASONING_GYM}:NAME'", lambda f, k: (
+                      f"data.source={f['data.source']!r} is not a {REASONING_GYM}: source"))
+EMBEDDED_SOURCE = When(lambda f, k: not f["data.source"].startswith(REASONING_GYM + ":"),
+                       "a data.source other than reasoning_gym", lambda f, k: (
+                           f"data.source={f['data.source']!r} reads its generators' settings "
+                           "from data.reasoning_gym.config"))
 MOE_MODEL = When(lambda f, k: bool(f.model.moe_layers), "a model with MoE layers",
                  lambda f, k: (f"model.source={f['model.source']!r} is a {f.model.model_type} "
                                "model without MoE layers"), frozenset({"model"}))
@@ -164,11 +173,23 @@ KEYS = declare((
         "of a device, 1 on accelerators)"),
     # --- data ----------------------------------------------------------------------------------
     Key("data.source", "embedded:arithmetic", NONEMPTY,
-        "'embedded:arithmetic' | 'embedded:countdown' | 'jsonl:PATH' | 'hf:PATH' (local "
+        "'embedded:arithmetic' | 'embedded:countdown' | 'reasoning_gym:NAME[,NAME...]' "
+        "(reasoning-gym tasks, extra [reasoning_gym]) | 'jsonl:PATH' | 'hf:PATH' (local "
         "datasets files)"),
-    Key("data.difficulty", 1, integer(0, 1000), "embedded tasks: problem difficulty"),
-    Key("data.train_seed", 0, SEED, "embedded tasks: seed of the training problems"),
-    Key("data.eval_seed", 1, SEED, "embedded tasks: seed of the held-out problems"),
+    Key("data.difficulty", 1, integer(0, 1000), "embedded tasks: problem difficulty",
+        read_if=EMBEDDED_SOURCE),
+    Key("data.train_seed", 0, SEED, "generated tasks: seed of the training problems"),
+    Key("data.eval_seed", 1, SEED, "generated tasks: seed of the held-out problems"),
+    Key("data.reasoning_gym.weights", "", STRING,
+        "reasoning_gym source: 'NAME=W,NAME=W' sampling weight of each task; '' = equal",
+        read_if=GYM_SOURCE),
+    Key("data.reasoning_gym.config", "{}", STRING,
+        "reasoning_gym source: JSON {task: {setting: value}} passed to the task's generator "
+        "(reasoning_gym.create_dataset); seed 0 and the library's size unless given",
+        read_if=GYM_SOURCE),
+    Key("data.reasoning_gym.template", "{question}", NONEMPTY,
+        "reasoning_gym source: the prompt, a str.format template over the item's question and "
+        "metadata fields, e.g. '{expression}='", read_if=GYM_SOURCE),
     Key("data.num_eval", 256, SIZE, "held-out problems evaluated before/after training"),
     Key("data.tokenizer", "char", NONEMPTY, "'char' or a local Hugging Face tokenizer directory"),
     Key("data.chat_template", False, BOOL, "wrap prompts in the tokenizer's chat template"),
@@ -571,6 +592,12 @@ def _overlong_buffer(f):
             "before the first token; use a buffer of at most the completion budget")
 
 
+def _gym_reward(f):
+  if f["reward.fn"] == REASONING_GYM and not GYM_SOURCE.test(f, ""):
+    return (f"reward.fn={REASONING_GYM!r} scores problems of data.source='{REASONING_GYM}:NAME' "
+            f"only (it calls the generating task's scorer); data.source={f['data.source']!r}")
+
+
 RELATIONS = (
     Relation(tuple(f"mesh.{axis}" for axis in MESH_AXES), "at most one axis is -1",
              _one_filled_mesh_axis),
@@ -595,6 +622,8 @@ RELATIONS = (
              _hermes_tokenizer),
     Relation(("reward.overlong_buffer", "rollout.max_new_tokens"),
              "DAPO's overlong buffer is at most the completion budget", _overlong_buffer),
+    Relation(("reward.fn", "data.source"), "the reasoning_gym scorer needs its source",
+             _gym_reward),
 )
 
 

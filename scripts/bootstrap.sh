@@ -11,6 +11,6 @@ if [ ! -x .venv/bin/python ]; then
 fi
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   .venv/bin/python -m pip install -q --upgrade pip
-  .venv/bin/python -m pip install -q -c constraints.txt -e ".[test,wandb,mlflow]"
+  .venv/bin/python -m pip install -q -c constraints.txt -e ".[test,wandb,mlflow,reasoning_gym]"
   echo "$want" > "$stamp"
 fi

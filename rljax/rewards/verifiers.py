@@ -22,6 +22,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from rljax.data import reasoning_gym_tasks
 from rljax.data.tasks import MARKER, Problem, make_task, marked_answer
 from rljax.keys import add_family
 from rljax.rewards import isolation
@@ -207,6 +208,15 @@ def math_verify_reward(completion: str, problem: Problem) -> float:
   return float(math_verify.verify(gold, pred, timeout_seconds=None))
 
 
+@register_reward("reasoning_gym", binary=False, preload=("reasoning_gym",))
+def reasoning_gym_reward(completion: str, problem: Problem) -> float:
+  """The reasoning-gym task's own ``score_answer`` of the completion's answer (the last
+  ``<answer>...</answer>``, else the text after the last ``#``); for ``data.source=
+  'reasoning_gym:...'`` (``rljax.data.reasoning_gym_tasks``). 1.0 is correct; some tasks give
+  partial credit in [0, 1)."""
+  return reasoning_gym_tasks.score_completion(completion, problem)
+
+
 def _as_math(answer: str) -> str:
   """A bare answer wrapped in ``$...$``: math_verify's LaTeX extraction needs delimiters
   (``'x+1'`` alone parses to nothing)."""
@@ -224,6 +234,8 @@ def format_ok(completion: str, problem: Problem) -> bool:
   task = _task_of(problem)
   if task is not None:
     return task.format_ok(completion)
+  if reasoning_gym_tasks.SOURCE_KIND in problem.meta:
+    return reasoning_gym_tasks.format_ok(completion)
   answer = final_answer(completion)
   return answer is not None and answer != ""
 

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from rljax import cli
-from rljax.parallel import plan
+from rljax import plan
 from rljax.sweep import runner
 from rljax.train import evaluation
 from tests.train import tiny
