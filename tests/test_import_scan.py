@@ -22,6 +22,7 @@ LOCAL_IMPORT_DEPENDENCIES = {
     "scipy": "one statistic of the sweep reports",
     "jax.experimental.pallas.ops.tpu.splash_attention": "the TPU kernels (Mosaic), where they run",
     "jax._src.clusters": "cluster detection through JAX's private API, guarded",
+    "reasoning_gym": "the optional [reasoning_gym] extra: only a reasoning_gym: data source",
     "wandb": "the optional [wandb] extra: only a run whose train.loggers names it",
     "mlflow.tracking": "the optional [mlflow] extra: only a run whose train.loggers names it",
     "mlflow.entities": "the optional [mlflow] extra: only a run whose train.loggers names it",

@@ -126,7 +126,8 @@ def test_keys_the_source_does_not_read_are_refused():
 
 
 def test_the_reasoning_gym_reward_needs_its_source():
-  config = _config(**{"data.source": "embedded:arithmetic"})
+  config = _config(**{"data.source": "embedded:arithmetic", "data.reasoning_gym.config": "{}",
+                      "data.reasoning_gym.template": "{question}"})
   with pytest.raises(ConfigError, match=r"reward.fn='reasoning_gym' scores problems of "
                      r"data.source='reasoning_gym:NAME' only.*'embedded:arithmetic'"):
     check_config(config)
