@@ -111,6 +111,9 @@ def registry_names(family: str) -> list:
   if family == "reward_fn":
     from rljax.rewards import verifiers
     return verifiers.REWARD_FNS.names()
+  if family == "rollout_engine":
+    from rljax.rollout import engines
+    return engines.ENGINES.names()
   from rljax.algos.registry import list_registries
   return list_registries()[family]
 

@@ -13,8 +13,9 @@ from rljax.envs.tools import (TOOLS, ToolCall, ToolError, parse_tool_calls, regi
                               render_call, render_result, run_tool, tool_names, unregister_tool)
 from rljax.envs.tool_env import ToolEnv
 
-# The drivers (rollout, continuous) import JAX and register nothing: their users import them.
-_NOT_SCANNED = ("rollout", "continuous")
+# The drivers and their engines (rollout, continuous, engines) import JAX: their users import
+# them (rljax.train.build imports engines, which registers the multi-turn engines).
+_NOT_SCANNED = ("rollout", "continuous", "engines")
 for _module in _pkgutil.iter_modules(__path__):
   if _module.name not in _NOT_SCANNED:
     _importlib.import_module(f"{__name__}.{_module.name}")
