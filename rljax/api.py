@@ -25,7 +25,7 @@ from rljax.data import tokenizer as tokenizer_lib
 from rljax.models import ModelConfig, transformer
 from rljax.models.config import compute_dtype
 from rljax.models.source import parse_source
-from rljax.rollout import engine as text
+from rljax.rollout import text
 from rljax.rollout import engines
 from rljax.rollout.sampler import Rollout, SamplingParams
 

@@ -253,7 +253,7 @@ def finish_episodes(episodes: Sequence[Episode], prompts: Sequence[Sequence[int]
                     tokenizer, group_size: int, prompt_bucket: int, budget: int,
                     counts: dict, turn_discount: float = 1.0) -> MultiTurnResult:
   """The ``MultiTurnResult`` of finished episodes: the record and the batch's ``env/*`` sums."""
-  from rljax.rollout.engine import left_pad
+  from rljax.rollout.text import left_pad
   counts["env/episodes"] = float(len(episodes))
   for ep in episodes:
     counts["env/turns"] += ep.turns
@@ -291,7 +291,7 @@ def run_episodes(problems: Sequence, key, *, generate: GenerateFn, tokenizer, se
   """
   import jax  # the driver's only JAX use: folding the key per turn
 
-  from rljax.rollout.engine import left_pad
+  from rljax.rollout.text import left_pad
   runner = runner or settings.runner
   pad = tokenizer.pad_id
   g = int(group_size)

@@ -40,7 +40,7 @@ independent noise per row, so group members differ and the same key reproduces t
 (independently of how the batch is sharded: threefry is partitionable).
 
 Compilation: ``sample`` is compiled once per distinct ``(cfg, sp, group_size)`` and input shape
-``(Pn, P)``. Prompts are left-padded to a multiple of a bucket (``engine.left_pad``), so a run with
+``(Pn, P)``. Prompts are left-padded to a multiple of a bucket (``text.left_pad``), so a run with
 a fixed number of prompts per step compiles ``ceil(max_prompt_len / bucket)`` times at most.
 """
 from __future__ import annotations
