@@ -14,7 +14,7 @@ from rljax.envs.continuous import run_episodes_continuous
 from rljax.envs.rollout import EnvSettings, MultiTurnResult, run_episodes
 from rljax.errors import StartupError
 from rljax.rollout.engines import JaxEngine, RolloutEngine, register_episode_engine
-from rljax.rollout.transforms import SamplingParams
+from rljax.rollout.sampling import SamplingParams
 
 
 class EpisodeEngineBase:

@@ -40,7 +40,7 @@ from rljax.errors import StartupError, UnknownNameError
 from rljax.models.config import ModelConfig
 from rljax.rollout import sampler as sampler_lib
 from rljax.rollout.record import Rollout
-from rljax.rollout.transforms import SamplingParams
+from rljax.rollout.sampling import SamplingParams
 
 
 @runtime_checkable

@@ -58,7 +58,7 @@ from rljax.models import kv_cache, transformer
 from rljax.models.config import ModelConfig
 from rljax.rollout import continuous, decode, noise
 from rljax.rollout.record import Rollout  # noqa: F401 (re-exported: the sampler's output)
-from rljax.rollout.transforms import (SamplingParams, _is_identity, pick_tokens,  # noqa: F401
+from rljax.rollout.sampling import (SamplingParams, _is_identity, pick_tokens,  # noqa: F401
                                       process_logits)
 
 # The decode loop is split into segments of about this many steps (the cache grows between

@@ -32,7 +32,7 @@ import jax.numpy as jnp
 from rljax.models import kv_cache, transformer
 from rljax.models.config import ModelConfig
 from rljax.rollout import decode, noise
-from rljax.rollout.transforms import SamplingParams, pick_tokens_rows
+from rljax.rollout.sampling import SamplingParams, pick_tokens_rows
 
 
 def init_store(cfg: ModelConfig, rows: int, length: int) -> tuple:

@@ -18,7 +18,7 @@ from rljax.envs.rollout import (SOURCE_ENV, SOURCE_PAD, SOURCE_POLICY, EnvSettin
 from rljax.models import llama
 from rljax.rollout import sampler
 from rljax.rollout.record import Rollout
-from rljax.rollout.transforms import SamplingParams
+from rljax.rollout.sampling import SamplingParams
 from rljax.train import step as step_lib
 
 TOK = CharTokenizer()
