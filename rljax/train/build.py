@@ -250,8 +250,8 @@ def make_task_verifier(config, source, failure_log: str | None = None) -> Callab
   return verifiers.task_verifier(config.reward, failure_log)  # verifiers in killable processes
 
 
-def learner(config, model_cfg: ModelConfig, algo: Algorithm, aux_cfgs: tuple = (),
-            mesh=None) -> step_lib.Learner:
+def step_spec(config, model_cfg: ModelConfig, algo: Algorithm, aux_cfgs: tuple = (),
+              mesh=None) -> step_lib.StepSpec:
   """The step's closure; ``aux_cfgs``: ``(transform name, architecture)`` of the transforms'
   frozen models; ``mesh`` (default: one device of the default backend) sets how rows are sharded
   and the platform that ``model.forward_tokens=-1`` resolves for."""
@@ -259,7 +259,7 @@ def learner(config, model_cfg: ModelConfig, algo: Algorithm, aux_cfgs: tuple = (
   platform = (mesh.devices.flat[0] if mesh is not None else jax.devices()[0]).platform
   forward_tokens = update_lib.forward_tokens(config.model.forward_tokens, platform)
   placed = {} if mesh is None else {"keep_rows": functools.partial(_keep_rows, mesh)}
-  return step_lib.Learner(algo=algo, model_cfg=model_cfg, actor_tx=actor_tx, critic_tx=critic_tx,
+  return step_lib.StepSpec(algo=algo, model_cfg=model_cfg, actor_tx=actor_tx, critic_tx=critic_tx,
                           logits_chunk=config.model.logits_chunk,
                           critic_clip=config.critic.value_clip, aux_cfgs=tuple(aux_cfgs),
                           seed=config.seed, forward_tokens=forward_tokens,
@@ -305,8 +305,8 @@ def sharded_state_and_fns(config, model_cfg: ModelConfig, params, mesh,
     # Value pretraining scores rollouts with Monte-Carlo returns (lam_critic = 1).
     settings = config.to_dict()
     settings["algo"]["lam_critic"] = 1.0
-    mc = learner(config, model_cfg, resolve(settings), aux_cfgs, mesh)
-  fns = step_lib.step_fns(learner(config, model_cfg, algo, aux_cfgs, mesh), mc)
+    mc = step_spec(config, model_cfg, resolve(settings), aux_cfgs, mesh)
+  fns = step_lib.step_fns(step_spec(config, model_cfg, algo, aux_cfgs, mesh), mc)
   aux_sharding = {name: _param_sharding(mesh, cfg) for name, cfg in aux_cfgs} or None
   compiled = step_lib.compile_step_fns(
       fns, state_sharding=sharding, rows=lambda tree: rules.batch_shardings(mesh, tree),

@@ -33,7 +33,7 @@ def _setup(config, teacher_cfg=None):
   algo = resolve(config)
   _, make = build.abstract_state(config, model_cfg, algo)
   aux_cfgs = () if teacher_cfg is None else (("opd", teacher_cfg),)
-  fns = step_lib.step_fns(build.learner(config, model_cfg, algo, aux_cfgs))
+  fns = step_lib.step_fns(build.step_spec(config, model_cfg, algo, aux_cfgs))
   return fns, make(params), algo.hparams, model_cfg, params
 
 
