@@ -1,7 +1,7 @@
 """The sampler / learner seam (DESIGN.md, "Seams, not names"): who produces rollout batches, who
 consumes them, and how weights travel between the two.
 
-* A ``Sampler`` holds a policy version and hands out one ``Batch`` per step, tagged with the
+* A ``BatchSampler`` holds a policy version and hands out one ``Batch`` per step, tagged with the
   version (learner steps done) of the weights that sampled it. ``publish`` gives it the
   learner's newest weights.
 * A ``Learner`` consumes a ``Batch`` and updates the weights (``rljax.train.loop.RunLearner``).
@@ -67,7 +67,7 @@ class Batch:
   sec_rollout: float
 
 
-class Sampler(Protocol):
+class BatchSampler(Protocol):
   def next(self, step: int) -> Batch:
     """Step ``step``'s batch (blocks until it is ready); steps are asked for in order."""
 
@@ -267,9 +267,9 @@ def join_stopped(timeout_s: float) -> None:
     sampler._thread.join(max(deadline - time.monotonic(), 0.0))
 
 
-def make_sampler(max_staleness: int, collect: Collect, source_state: Callable[[], dict],
-                 engine: RolloutEngine, params, *, start: int, steps: int,
-                 inflight: bool = False) -> Sampler:
+def make_batch_sampler(max_staleness: int, collect: Collect, source_state: Callable[[], dict],
+                       engine: RolloutEngine, params, *, start: int, steps: int,
+                       inflight: bool = False) -> BatchSampler:
   """The synchronous sampler for ``rollout.max_staleness=0``, else the asynchronous one
   (``inflight``: its rollouts take newer weights between chunks), both through ``engine``
   starting from the learner's ``params``."""

@@ -265,7 +265,7 @@ def _train(run: build.Run, guard: preemption.Guard) -> dict:
   # The data position of the state the learner holds: a checkpoint records this one, not the
   # position the sampler has drawn up to (actors.py: what a resumed run replays).
   consumed = run.source.state_dict()
-  sampler = actors.make_sampler(
+  sampler = actors.make_batch_sampler(
       staleness, lambda step, params, newest: collect_batch(run, step, params=params,
                                                             newest=newest),
       run.source.state_dict, run.engine, run.state.params, start=start, steps=cfg.train.steps,
@@ -287,7 +287,7 @@ def _train(run: build.Run, guard: preemption.Guard) -> dict:
   return result
 
 
-def _steps(run: build.Run, guard: preemption.Guard, sampler: actors.Sampler,
+def _steps(run: build.Run, guard: preemption.Guard, sampler: actors.BatchSampler,
            learner: actors.Learner, start: int, consumed: dict, evaluate) -> dict:
   """Steps ``start .. train.steps``: the sampler's batch, the learner's update, the new weights
   back to the sampler; metrics, evals and checkpoints. Returns the last step's metrics."""
