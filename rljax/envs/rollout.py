@@ -25,8 +25,8 @@ every non-padding position), ``rewards`` the sum of the turns' rewards, ``correc
 step's ``info['correct']``, ``lengths`` the policy tokens per row (``sum(mask)``).
 
 ``generate(tokens [N, W], mask [N, W], key, sampling, group_size) -> Rollout`` (NumPy) is the one
-call that produces tokens: the train loop passes the policy's sampler
-(``rljax.train.generation``), tests pass ``rljax.rollout.sampler.sample``. The continuous engine
+call that produces tokens: the train loop passes its rollout engine's (``rljax.envs.engines``),
+tests pass ``rljax.rollout.sampler.sample``. The continuous engine
 (``rljax.envs.continuous``, ``env.engine='continuous'``) replaces this loop, not only
 ``generate``, and shares its bookkeeping (``start_episodes``, ``end_segment``, ``apply_step``,
 ``finish_episodes``), so both write the same record. Row counts are padded to a few sizes
