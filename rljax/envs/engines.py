@@ -2,7 +2,7 @@
 (``rollout.engine``), passes ``generate`` / weights / ``close`` through to it, and adds
 ``episodes(problems, key, sampling, group_size)``.
 
-- ``turn_sync``: ``rljax.envs.rollout.run_episodes``, every turn one ``base.generate`` call over
+- ``turn_sync``: ``rljax.envs.episodes.run_episodes``, every turn one ``base.generate`` call over
   the live rows;
 - ``continuous``: ``rljax.envs.continuous.run_episodes_continuous``, continuous batching across
   turns with its own decode loop, reading the base engine's weights and sampler dtype (so the
@@ -11,7 +11,7 @@
 from __future__ import annotations
 
 from rljax.envs.continuous import run_episodes_continuous
-from rljax.envs.rollout import EnvSettings, MultiTurnResult, run_episodes
+from rljax.envs.episodes import EnvSettings, MultiTurnResult, run_episodes
 from rljax.errors import StartupError
 from rljax.rollout.engines import JaxEngine, RolloutEngine, register_episode_engine
 from rljax.rollout.sampling import SamplingParams

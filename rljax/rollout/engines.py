@@ -69,7 +69,7 @@ class EpisodeEngine(RolloutEngine, Protocol):
 
   def episodes(self, problems, key, sampling: SamplingParams, group_size: int):
     """``group_size`` episodes per problem: a result with ``rollout``, ``transcripts`` and
-    ``counts`` (``rljax.envs.rollout.MultiTurnResult``)."""
+    ``counts`` (``rljax.envs.episodes.MultiTurnResult``)."""
 
 
 class EngineBase:

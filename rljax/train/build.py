@@ -21,7 +21,7 @@ from rljax import rollout as rollout_lib
 from rljax.algos.resolve import Algorithm, resolve
 from rljax.data import datasets, prompt_policy, tokenizer as tokenizer_lib
 from rljax.envs import engines as _episode_engines  # noqa: F401 (registers env.engine's)
-from rljax.envs.rollout import EnvSettings
+from rljax.envs.episodes import EnvSettings
 from rljax.errors import ModelFileError, RljaxError, StartupError
 from rljax.models import ModelConfig, transformer
 from rljax.models.config import compute_dtype, run_settings

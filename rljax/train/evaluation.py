@@ -22,7 +22,7 @@ from rljax.train.run_dir import RunDirError
 
 EVAL_BATCH = 128  # problems per sampler call
 # Multi-turn evals also report, per episode: turns, tool calls, tool errors, and the share of
-# episodes with at least one tool call (``rljax.envs.rollout`` records them per row).
+# episodes with at least one tool call (``rljax.envs.episodes`` records them per row).
 EPISODE_METRICS = ("turns", "tool_calls", "tool_errors", "tool_use")
 
 

@@ -42,7 +42,7 @@ Metrics = dict  # name -> (sum, count)
 def sequence_inputs(rollout: Rollout):
   """Prompt + completion ``tokens`` and ``attn_mask`` ``[B, S]`` for a teacher-forced forward.
 
-  Multi-turn rollouts (``rljax.envs.rollout``) carry ``extras['source']`` [B, T] (0 padding, 1
+  Multi-turn rollouts (``rljax.envs.episodes``) carry ``extras['source']`` [B, T] (0 padding, 1
   policy, 2 environment): the forward attends to policy *and* environment tokens (the
   observations the policy saw), while ``mask`` (the losses') stays on policy tokens only."""
   tokens = jnp.concatenate([rollout.prompt_tokens, rollout.tokens], axis=1).astype(jnp.int32)
