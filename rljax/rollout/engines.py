@@ -246,8 +246,9 @@ class JaxEngine(EngineBase):
       return jax.tree.map(np.asarray, out)
     # Every process holds the same prompts; each feeds its own rows of the global batch, and
     # every process gets all completions back (the verifiers see the whole batch).
-    tokens, mask, key = p.to_device((tokens, mask, np.asarray(key)),
-                                    (p.rows, p.rows, p.replicated))
+    if not jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):  # a raw uint32 key
+      key = np.asarray(key)  # (a typed key has no NumPy form: it is placed as it is)
+    tokens, mask, key = p.to_device((tokens, mask, key), (p.rows, p.rows, p.replicated))
     out = p.to_host(self._sampler(sampling, group_size)(self.weights, tokens, mask, key))
     return jax.tree.map(np.asarray, out)
 
