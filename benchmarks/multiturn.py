@@ -102,7 +102,7 @@ def main(argv=None):
   from rljax.data.tasks import Problem
   from rljax.data.tokenizer import CharTokenizer
   from rljax.envs.continuous import EngineStats, run_episodes_continuous
-  from rljax.envs.rollout import EnvSettings, run_episodes
+  from rljax.envs.episodes import EnvSettings, run_episodes
   from rljax.models import llama
   from rljax.rollout import SamplingParams, sampler
 

@@ -135,9 +135,12 @@ def rljax_step_fn(new_tokens: int, column: str = "default"):
   # stop_ids=() : exactly new_tokens tokens, as the peer is forced to generate.
   sp = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, greedy=False,
                       max_new_tokens=new_tokens, stop_ids=(), pad_id=0)
-  # The RL loop's sampler: rows split over the mesh's batch axes (rljax.train.build).
-  sampler = build.LoadedModel(model_cfg, mesh).sample
-  sample = lambda params, tokens, mask, key: sampler(params, tokens, mask, key, sp, GROUP)
+  # The RL loop's rollout engine: rows split over the mesh's batch axes (rljax.train.build).
+  engine = build.make_engine(config, model_cfg, mesh, tokenizer=None)
+
+  def sample(params, tokens, mask, key):
+    engine.load_weights(params, 0)
+    return engine.generate(tokens, mask, key, sp, GROUP)
   rng = np.random.default_rng(0)
   prompts = rng.integers(3, VOCAB, (PROMPTS, PROMPT_LEN)).astype(np.int32)
   prompt_mask = np.ones_like(prompts)

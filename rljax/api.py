@@ -20,15 +20,14 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from rljax import config_loader, models
+from rljax import config_loader, defaults, models
 from rljax.data import tokenizer as tokenizer_lib
 from rljax.models import ModelConfig, transformer
 from rljax.models.config import compute_dtype
-from rljax.rollout import engine
+from rljax.models.source import parse_source
+from rljax.rollout import engines, text
 from rljax.rollout.sampler import Rollout, SamplingParams
-from rljax import defaults
-from rljax.train import step
-from rljax.train import evaluation
+from rljax.train import evaluation, step
 
 
 def config(path: str | None = None, overrides: Mapping[str, Any] | None = None
@@ -46,6 +45,9 @@ def config(path: str | None = None, overrides: Mapping[str, Any] | None = None
   return result
 
 
+LOAD_SOURCES = ("tiny", "hf", "run")  # kinds of rljax.models.source that load takes
+
+
 @functools.partial(jax.jit, static_argnums=0)
 def _hidden(cfg: ModelConfig, params, tokens, mask):
   return transformer.forward(cfg, params, tokens, mask)
@@ -58,10 +60,13 @@ def _head(cfg: ModelConfig, params, hidden):
 
 @dataclasses.dataclass
 class Model:
-  """A policy with its tokenizer: ``logits``, ``sample`` and ``logprobs`` on plain inputs."""
+  """A policy with its tokenizer: ``logits``, ``sample`` and ``logprobs`` on plain inputs.
+  ``engine``: the registered rollout engine ``sample`` uses (``rollout.engine``'s choices), on
+  one device with the default ``rollout`` settings."""
   cfg: ModelConfig
   params: Any
   tokenizer: Any
+  engine: str = "all_rows"
 
   def logits(self, tokens, mask=None, chunk: int = 512) -> np.ndarray:
     """Logits ``[B, S, V]`` (float32, on the host) of left-padded ``tokens [B, S]`` (``mask`` 1
@@ -81,8 +86,16 @@ class Model:
     sp = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy,
                         max_new_tokens=max_new_tokens, stop_ids=(self.tokenizer.eos_id,),
                         pad_id=self.tokenizer.pad_id)
-    return engine.generate_text(self.cfg, self.params, self.tokenizer, list(prompts),
-                                jax.random.PRNGKey(seed), sp, group_size, bucket)
+    tokens, mask, sp = text.text_prompts(self.cfg, self.tokenizer, list(prompts), sp, bucket)
+    sampler = self.rollout_engine()
+    sampler.load_weights(self.params, 0)
+    rollout = sampler.generate(tokens, mask, jax.random.PRNGKey(seed), sp, group_size)
+    return rollout, [self.tokenizer.decode(c) for c in text.completion_ids(rollout)]
+
+  def rollout_engine(self) -> engines.RolloutEngine:
+    """The registered engine ``self.engine`` for this model, on one device (no mesh)."""
+    settings = config(overrides={"rollout.engine": self.engine})
+    return engines.ENGINES.get(self.engine)(settings, self.cfg, engines.Placement())
 
   def logprobs(self, rollout: Rollout, chunk: int = 512) -> tuple[jax.Array, jax.Array]:
     """Teacher-forced log-probs of a rollout's completion tokens and the full-vocabulary
@@ -105,24 +118,27 @@ def load(source: str = "tiny", *, tokenizer: str | None = None,
     character tokenizer of the embedded tasks;
   - ``"hf:PATH"`` or a Hugging Face directory: its weights (safetensors) and, if the directory
     has one, its tokenizer;
-  - an rljax run directory (``train.run_dir``): the latest checkpoint's policy.
+  - an rljax run directory (``train.run_dir``, or ``"run:DIR"``): the latest checkpoint's
+    policy; ``"run:DIR@STEP"``: checkpoint ``STEP``'s.
+
+  The forms are ``rljax.models.source``'s; anything else is a one-line ``StartupError``.
 
   ``dtype``: the compute dtype ('auto': bfloat16 on GPUs/TPUs, float32 on CPU); ``param_dtype``:
   the weights' (float32 master weights by default).
   """
   precision = dict(dtype=compute_dtype(dtype), param_dtype=param_dtype)
-  if source == "tiny":
+  parsed = parse_source(source, "rljax.load's source", LOAD_SOURCES, bare_paths=True)
+  if parsed.kind == "tiny":
     tok = tokenizer_lib.load_tokenizer(tokenizer or "char")
     model_cfg = models.tiny_config(model_config or config().model, tok.vocab_size,
                                    eos_token_id=tok.eos_id, pad_token_id=tok.pad_id, **precision)
     return Model(model_cfg, transformer.init_params(model_cfg, seed=seed), tok)
-  path = source[3:] if source.startswith("hf:") else source
+  path = parsed.path
   if not os.path.isdir(path):
-    raise FileNotFoundError(f"rljax.load: {source!r} is not 'tiny', 'hf:PATH', a Hugging Face "
-                            "directory or an rljax run directory")
-  if os.path.isdir(os.path.join(path, "checkpoints")):
+    raise FileNotFoundError(f"rljax.load: {source!r}: {path!r} is not a directory")
+  if parsed.kind == "run":
     run_config = evaluation.run_config(path)
-    model_cfg, params = evaluation.load_run_params(path, run_config)
+    model_cfg, params = evaluation.load_run_params(path, run_config, step=parsed.step)
     model_cfg, params = with_precision(model_cfg, params, **precision)
     tok = tokenizer_lib.load_tokenizer(tokenizer or run_config.data.tokenizer,
                                        run_config.data.chat_template)

@@ -210,10 +210,14 @@ KEYS = declare((
     Key("rollout.top_k", 0, integer(0, 2**31 - 1), "top-k sampling; 0 = off"),
     Key("rollout.top_p", 1.0, real(0, 1, lo_open=True), "nucleus sampling; 1 = off"),
     Key("rollout.min_p", 0.0, real(0, 1, hi_open=True), "min-p sampling; 0 = off"),
+    Key("rollout.engine", "all_rows", registered("rollout_engine"),
+        "what samples (rljax.rollout.engines, docs/rollout.md): all_rows (every row of a call "
+        "decoded together) | continuous (slot budgets below, freed slots refilled) | any "
+        "registered engine; read once, when the run is built"),
     Key("rollout.max_concurrent_rows", 0, integer(0, 2**31 - 1),
-        "slot budget S per data shard (continuous batching); 0 = all rows at once"),
+        "rollout.engine='continuous': slot budget S per data shard; 0 = all rows at once"),
     Key("rollout.kv_cache_bytes", 0, integer(0),
-        "KV-cache budget per data shard, caps S too; 0 = no cap"),
+        "rollout.engine='continuous': KV-cache budget per data shard, caps S too; 0 = no cap"),
     Key("rollout.dtype", None, optional(choice(*DTYPES)),
         "sampler weights + KV cache dtype; None = model.dtype"),
     Key("rollout.max_staleness", 0, integer(0, 64),

@@ -1,6 +1,6 @@
 """Multi-turn environments and tools (``env.*`` keys; docs/multiturn.md).
 
-``register_env`` / ``register_tool`` add one; ``rljax.envs.rollout`` is the turn-synchronous
+``register_env`` / ``register_tool`` add one; ``rljax.envs.episodes`` is the turn-synchronous
 rollout driver the train loop uses when ``env.name`` is set. Every module of the package but the
 driver is imported here, so an environment or tool registers itself by existing.
 """
@@ -14,8 +14,9 @@ from rljax.envs.tools import (TOOLS, ToolCall, ToolError, parse_tool_calls, regi
                               tool_names, unregister_tool)
 from rljax.envs.tool_env import ToolEnv
 
-# The drivers (rollout, continuous) import JAX and register nothing: their users import them.
-_NOT_SCANNED = ("rollout", "continuous")
+# The drivers and their engines (episodes, continuous, engines) import JAX: their users import
+# them (rljax.train.build imports engines, which registers the multi-turn engines).
+_NOT_SCANNED = ("episodes", "continuous", "engines")
 for _module in _pkgutil.iter_modules(__path__):
   if _module.name not in _NOT_SCANNED:
     _importlib.import_module(f"{__name__}.{_module.name}")

@@ -13,7 +13,7 @@ def check_env_startup(config, tokenizer) -> None:
 
   - it can be constructed and travel to the worker processes and back (pickled: a class defined
     where the workers cannot import it, e.g. in the config file, cannot);
-  - with hermes calls and a chat template (``rljax.envs.rollout.message_turns``), the template
+  - with hermes calls and a chat template (``rljax.envs.episodes.message_turns``), the template
     renders tool messages after an assistant message (Gemma 3's refuses a tool role).
   """
   if "env" not in config or config.env.name is None:

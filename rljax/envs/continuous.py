@@ -1,6 +1,6 @@
 """Continuous batching across turns (``env.engine='continuous'``), the host half.
 
-The turn-synchronous driver (``rljax.envs.rollout.run_episodes``) runs a turn of every live row
+The turn-synchronous driver (``rljax.envs.episodes.run_episodes``) runs a turn of every live row
 in one sampler call, then every row's environment step, so each turn waits for its longest row
 and its slowest tool, and re-prefills every trajectory from its first token. Here a row leaves
 the decode loop as soon as its turn ends, its environment steps in a worker process
@@ -30,7 +30,7 @@ The loop, on the host:
 
 A *segment* is what one sampler call of the turn-synchronous driver draws for a row: at most
 ``rollout.max_new_tokens`` tokens, up to a stop id. The two engines apply identical rules to it,
-so they write the same record (``rljax.envs.rollout``'s layout: tokens after the prompt, the
+so they write the same record (``rljax.envs.episodes``'s layout: tokens after the prompt, the
 mask on policy tokens, ``extras['source']``, ``sampler_logp`` on policy tokens), greedy
 trajectories are the same, and the trainer cannot tell them apart. Token ``t`` of a row's segment
 ``s`` is drawn with ``fold_in(fold_in(key, s), t)`` at the row's own noise counters, so a
@@ -48,7 +48,7 @@ from typing import Any, List, Optional, Sequence
 import jax
 import numpy as np
 
-from rljax.envs.rollout import (EnvSettings, MultiTurnResult, apply_step, end_segment,
+from rljax.envs.episodes import (EnvSettings, MultiTurnResult, apply_step, end_segment,
                                 finish_episodes, new_counts, start_episodes, turn_action,
                                 turn_close, turn_sampling)
 from rljax.envs.runner import EnvRunner

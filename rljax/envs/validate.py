@@ -11,7 +11,7 @@ Two halves, both here:
   their types (``correct`` a bool: ``'no'`` must not count as correct; ``tool_calls`` /
   ``tool_errors`` counts in ``[0, MAX_COUNT]``), the rest plain data.
 - *in the driver* (``first_observation_ids``, ``observation_ids``, called by the engines' shared
-  bookkeeping in ``rljax.envs.rollout``): the tokens. Text longer than the room it may fill times
+  bookkeeping in ``rljax.envs.episodes``): the tokens. Text longer than the room it may fill times
   ``MAX_CHARS_PER_TOKEN`` is never encoded whole (a 10 MB observation costs a slice, not the
   trainer's memory); ids lie in ``[0, vocab)``; the first observation is not empty (it would be a
   lone BOS) and leaves ``env.max_tokens`` positions in the model's context.

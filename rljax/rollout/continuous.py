@@ -37,7 +37,7 @@ import jax.numpy as jnp
 from rljax.models import kv_cache, transformer
 from rljax.models.config import ModelConfig
 from rljax.rollout import decode, kv_blocks
-from rljax.rollout.transforms import SamplingParams, pick_tokens_rows
+from rljax.rollout.sampling import SamplingParams, pick_tokens_rows
 
 
 def default_refill_rows(slots: int) -> int:

@@ -25,7 +25,7 @@ import jax
 import numpy as np
 
 from rljax.rollout.record import Rollout
-from rljax.rollout.transforms import SamplingParams
+from rljax.rollout.sampling import SamplingParams
 
 # (params, tokens [N, W], mask [N, W], key, sampling, group_size) -> Rollout with NumPy fields
 SampleFn = Callable[..., Rollout]

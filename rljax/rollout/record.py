@@ -45,7 +45,7 @@ class Rollout:
     ``is_weight`` [B, T] and the 80/20 mask's ``old_entropy`` [B, T] (score), Clip-Cov's
     ``cov_sel`` and the 80/20 ``entropy_keep`` [B, T] (per optimizer minibatch). Rows first, so
     they are sharded like every other field; the losses read them by name.
-  Multi-turn rollouts (``rljax.envs.rollout``, ``env.name`` set) fill the same record: ``tokens``
+  Multi-turn rollouts (``rljax.envs.episodes``, ``env.name`` set) fill the same record: ``tokens``
     are everything after the first prompt, the policy's turns *and* the environment's
     observations; ``mask`` (and ``sampler_logp`` / ``draw_logp``) cover policy tokens only; their
     ``extras`` add ``source`` [B, T] int32, who wrote each position (0 padding, 1 policy, 2

@@ -40,7 +40,7 @@ independent noise per row, so group members differ and the same key reproduces t
 (independently of how the batch is sharded: threefry is partitionable).
 
 Compilation: ``sample`` is compiled once per distinct ``(cfg, sp, group_size)`` and input shape
-``(Pn, P)``. Prompts are left-padded to a multiple of a bucket (``engine.left_pad``), so a run with
+``(Pn, P)``. Prompts are left-padded to a multiple of a bucket (``text.left_pad``), so a run with
 a fixed number of prompts per step compiles ``ceil(max_prompt_len / bucket)`` times at most.
 """
 from __future__ import annotations
@@ -58,7 +58,7 @@ from rljax.models import kv_cache, transformer
 from rljax.models.config import ModelConfig
 from rljax.rollout import continuous, decode, noise
 from rljax.rollout.record import Rollout  # noqa: F401 (re-exported: the sampler's output)
-from rljax.rollout.transforms import (SamplingParams, _is_identity, pick_tokens,  # noqa: F401
+from rljax.rollout.sampling import (SamplingParams, _is_identity, pick_tokens,  # noqa: F401
                                       process_logits)
 
 # The decode loop is split into segments of about this many steps (the cache grows between

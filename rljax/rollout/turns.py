@@ -1,7 +1,7 @@
 """Continuous batching across turns, the compiled half: a KV-cache *store* whose rows outlive a
 turn, so an episode that waits for its environment keeps its cache and re-enters where it left.
 
-The turn-synchronous driver (``rljax.envs.rollout``) re-prefills every row's whole trajectory at
+The turn-synchronous driver (``rljax.envs.episodes``) re-prefills every row's whole trajectory at
 each turn and waits for its slowest row and its slowest tool. Here every episode owns one row of
 a device-resident store, per layer ``(k, v)`` [M, G, L, Dh], holding the keys and values of its
 trajectory so far (prompt, turns, observations) as one contiguous run from index 0, so that a
@@ -32,7 +32,7 @@ import jax.numpy as jnp
 from rljax.models import kv_cache, transformer
 from rljax.models.config import ModelConfig
 from rljax.rollout import decode, noise
-from rljax.rollout.transforms import SamplingParams, pick_tokens_rows
+from rljax.rollout.sampling import SamplingParams, pick_tokens_rows
 
 
 def init_store(cfg: ModelConfig, rows: int, length: int) -> tuple:

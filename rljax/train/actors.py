@@ -1,7 +1,7 @@
 """The sampler / learner seam (DESIGN.md, "Seams, not names"): who produces rollout batches, who
 consumes them, and how weights travel between the two.
 
-* A ``Sampler`` holds a policy version and hands out one ``Batch`` per step, tagged with the
+* A ``BatchSampler`` holds a policy version and hands out one ``Batch`` per step, tagged with the
   version (learner steps done) of the weights that sampled it. ``publish`` gives it the
   learner's newest weights.
 * A ``Learner`` consumes a ``Batch`` and updates the weights (``rljax.train.loop.RunLearner``).
@@ -21,8 +21,10 @@ The importance ratio of the stale samples is what the rollout correction (``algo
 ``rollout_rs``, docs/algorithms.md#transform-rollout_correction) already corrects: rljax
 recomputes ``old_logp`` with the learner's weights, so ``sampler -> old`` covers both the
 numerical mismatch and the staleness (with ``algo.rollout_is_over_cap='mask'``, AReaL's decoupled
-PPO objective; 'truncate', verl's TIS). Weights move to the sampler's devices with ``WeightSync``
-(``mesh.sampler_devices``), measured in bytes and seconds per transfer.
+PPO objective; 'truncate', verl's TIS). Both samplers sample through the run's rollout engine
+(``rljax.rollout.engines``): ``publish`` hands the learner's weights to ``engine.transfer``
+(copied to the sampler's devices with ``mesh.sampler_devices``, measured in bytes and seconds per
+transfer), and a batch starts by ``engine.load_weights`` of the version it is sampled with.
 
 Resume (docs/async.md): the checkpoint at step s holds the learner's state and the data position
 after the last batch it *consumed* (``Batch.data``), not after what the sampler drew ahead. A
@@ -41,8 +43,8 @@ import time
 import weakref
 from typing import Any, Callable, Optional, Protocol
 
-import jax
 
+from rljax.rollout.engines import RolloutEngine
 from rljax.rollout.record import Rollout
 
 
@@ -66,7 +68,7 @@ class Batch:
   sec_rollout: float
 
 
-class Sampler(Protocol):
+class BatchSampler(Protocol):
   def next(self, step: int) -> Batch:
     """Step ``step``'s batch (blocks until it is ready); steps are asked for in order."""
 
@@ -94,45 +96,6 @@ class Learner(Protocol):
     """The newest weights (a pytree on the learner's devices)."""
 
 
-# --- weights: learner -> sampler --------------------------------------------------------------
-
-class WeightSync:
-  """Places the learner's weights where the sampler reads them.
-
-  ``shardings`` (a pytree of the sampler's ``NamedSharding``s) when the sampler has devices of
-  its own: ``jax.device_put`` copies the weights there. None when colocated: with ``copy`` (the
-  asynchronous sampler) a copy on the same devices, because the learner's next update donates
-  the buffers the sampler would still be reading; without it the weights themselves (the
-  synchronous loop samples before the update, so no copy is needed).
-  """
-
-  def __init__(self, shardings=None, copy: bool = False):
-    self.shardings, self.copy = shardings, copy
-
-  @property
-  def moves(self) -> bool:
-    return self.shardings is not None or self.copy
-
-  def place(self, params):
-    """``params`` readable by the sampler (nothing copied where that is not needed)."""
-    if self.shardings is not None:
-      return jax.device_put(params, self.shardings)
-    if self.copy:
-      return jax.tree.map(lambda x: jax.device_put(x, x.sharding, may_alias=False), params)
-    return params
-
-  def __call__(self, params) -> tuple[Any, dict]:
-    """(the sampler's weights, ``weights/sync_bytes`` and ``weights/sync_sec``: bytes written to
-    the sampler's devices, all shards, and the wall time until they are there)."""
-    if not self.moves:
-      return params, {}
-    t0 = time.perf_counter()
-    placed = jax.block_until_ready(self.place(params))
-    sec = time.perf_counter() - t0
-    nbytes = sum(s.data.nbytes for x in jax.tree.leaves(placed) for s in x.addressable_shards)
-    return placed, {"weights/sync_bytes": float(nbytes), "weights/sync_sec": sec}
-
-
 # --- the synchronous sampler --------------------------------------------------------------------
 
 # (step, params, newest) -> (rollout, info). ``newest``: None, or with in-flight weight updates
@@ -145,19 +108,20 @@ class SyncSampler:
   """``rollout.max_staleness=0``: step s's batch is sampled when the learner asks for it, with
   the weights after s steps (staleness 0)."""
 
-  def __init__(self, collect: Collect, source_state: Callable[[], dict], weights: WeightSync,
+  def __init__(self, collect: Collect, source_state: Callable[[], dict], engine: RolloutEngine,
                params, version: int):
-    self._collect, self._source_state, self._weights = collect, source_state, weights
-    self._params, self._version = weights(params)[0], version
+    self._collect, self._source_state, self._engine = collect, source_state, engine
+    self._params, self._version = engine.transfer(params)[0], version
 
   def next(self, step: int) -> Batch:
     t0 = time.perf_counter()
+    self._engine.load_weights(self._params, self._version)
     rollout, info = self._collect(step, self._params, None)
     return Batch(step, self._version, rollout, info, self._source_state(),
                  time.perf_counter() - t0)
 
   def publish(self, params, version: int) -> dict:
-    self._params, metrics = self._weights(params)
+    self._params, metrics = self._engine.transfer(params)
     self._version = version
     return metrics
 
@@ -191,15 +155,15 @@ class AsyncSampler:
 
   POLL_S = 0.1  # how often blocked waits look for ``close`` (and let signals through)
 
-  def __init__(self, collect: Collect, source_state: Callable[[], dict], weights: WeightSync,
+  def __init__(self, collect: Collect, source_state: Callable[[], dict], engine: RolloutEngine,
                params, *, start: int, steps: int, max_staleness: int, inflight: bool = False):
     if max_staleness < 1:
       raise ValueError(f"rollout.max_staleness={max_staleness}: the asynchronous sampler needs "
                        ">= 1 (0 is the synchronous loop)")
     self.max_staleness, self.inflight = max_staleness, inflight
-    self._collect, self._source_state, self._weights = collect, source_state, weights
+    self._collect, self._source_state, self._engine = collect, source_state, engine
     self._cond = threading.Condition()
-    self._latest = (start, weights(params)[0])  # (version, weights on the sampler's devices)
+    self._latest = (start, engine.transfer(params)[0])  # (version, weights the engine reads)
     self._queue: queue.Queue = queue.Queue(maxsize=max_staleness + 1)
     self._busy = threading.Lock()  # held while a batch is sampled
     self._stopped = False
@@ -219,6 +183,7 @@ class AsyncSampler:
           version, params = self._latest
         with self._busy:
           t0 = time.perf_counter()
+          self._engine.load_weights(params, version)
           rollout, info = self._collect(step, params, self._newest if self.inflight else None)
           batch = Batch(step, version, rollout, info, self._source_state(),
                         time.perf_counter() - t0)
@@ -264,7 +229,7 @@ class AsyncSampler:
     return self._queue.qsize()
 
   def publish(self, params, version: int) -> dict:
-    placed, metrics = self._weights(params)
+    placed, metrics = self._engine.transfer(params)
     with self._cond:
       self._latest = (version, placed)
       self._cond.notify_all()
@@ -303,14 +268,15 @@ def join_stopped(timeout_s: float) -> None:
     sampler._thread.join(max(deadline - time.monotonic(), 0.0))
 
 
-def make_sampler(max_staleness: int, collect: Collect, source_state: Callable[[], dict],
-                 weights: WeightSync, params, *, start: int, steps: int,
-                 inflight: bool = False) -> Sampler:
+def make_batch_sampler(max_staleness: int, collect: Collect, source_state: Callable[[], dict],
+                       engine: RolloutEngine, params, *, start: int, steps: int,
+                       inflight: bool = False) -> BatchSampler:
   """The synchronous sampler for ``rollout.max_staleness=0``, else the asynchronous one
-  (``inflight``: its rollouts take newer weights between chunks)."""
+  (``inflight``: its rollouts take newer weights between chunks), both through ``engine``
+  starting from the learner's ``params``."""
   if max_staleness == 0:
-    return SyncSampler(collect, source_state, weights, params, start)
-  return AsyncSampler(collect, source_state, weights, params, start=start, steps=steps,
+    return SyncSampler(collect, source_state, engine, params, start)
+  return AsyncSampler(collect, source_state, engine, params, start=start, steps=steps,
                       max_staleness=max_staleness, inflight=inflight)
 
 

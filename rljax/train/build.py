@@ -13,67 +13,71 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from rljax import config_checks, models
 from rljax import rollout as rollout_lib
 from rljax.algorithm import Algorithm, resolve
 from rljax.data import datasets, prompt_policy, tokenizer as tokenizer_lib
+from rljax.envs import engines as _episode_engines  # noqa: F401 (registers env.engine's)
+from rljax.envs.episodes import EnvSettings
+from rljax.envs.failures import FailureReport
 from rljax.errors import ModelFileError, RljaxError, StartupError
 from rljax.models import ModelConfig, transformer
 from rljax.models.config import compute_dtype, run_settings
+from rljax.models.source import ModelSource, parse_source
 from rljax.parallel import distributed, mesh as mesh_lib, rules
 from rljax.rewards import verifiers
-from rljax.train import run_dir as run_dir_lib
-from rljax.train import step as step_lib
-from rljax.train import update as update_lib
-from rljax.train.generation import Generator
-from rljax.train.checkpoint import Checkpointer
-from rljax.train import trackers
-from rljax.train.metrics import MetricsWriter, write_eval_table
-from rljax.train import state as state_lib
-from rljax.train.state import TrainState, create_state, make_optimizer, total_updates
+from rljax.rollout.engines import (ENGINES, EPISODE_ENGINES, EpisodeEngine, Placement,
+                                   RolloutEngine)
 from rljax.train import run_dir as run_dir_lib
 from rljax.train import sft
+from rljax.train import state as state_lib
+from rljax.train import step as step_lib
+from rljax.train import trackers
+from rljax.train import update as update_lib
+from rljax.train.checkpoint import Checkpointer
+from rljax.train.generation import Generator
+from rljax.train.metrics import MetricsWriter, write_eval_table
 from rljax.train.plot import plot_run
+from rljax.train.state import TrainState, create_state, make_optimizer, total_updates
 
 
-# Compiled samplers shared by every run of the process (notebooks, tests, eval after train):
-# one per (architecture, sampling setting, group size, mesh).
-_SAMPLERS: dict = {}
+def engine_placement(model_cfg: ModelConfig, mesh, learner_mesh=None) -> Placement:
+  """Where the rollout engine runs: ``mesh`` (the sampler's), rows split over its data axes and
+  weights sharded by the partition rules; colocated when it is ``learner_mesh`` (or that is
+  None)."""
+  return Placement(
+      mesh=mesh, colocated=learner_mesh is None or mesh is learner_mesh,
+      row_multiple=rules.batch_divisor(mesh), data_axes=tuple(rules.batch_axes()),
+      rows=rules.batch_sharding(mesh, 2), replicated=rules.replicated(mesh),
+      param_sharding=_param_sharding(mesh, model_cfg), to_device=distributed.from_host,
+      to_host=distributed.to_host)
 
 
-@dataclasses.dataclass
-class LoadedModel:
-  """A policy architecture on a mesh; ``sample`` uses the compiled sampler for its setting.
-  ``max_concurrent_rows`` / ``kv_cache_bytes`` (0 = off) bound the slots decoded at once per
-  data shard (continuous batching); ``dtype`` is the sampler's weight and KV-cache dtype
-  (None = the model's)."""
-  cfg: ModelConfig
-  mesh: Any
-  max_concurrent_rows: int = 0
-  kv_cache_bytes: int = 0
-  dtype: str | None = None
-
-  def sample(self, params, tokens, mask, key, sampling, group_size):
-    cache_key = (self.cfg, sampling, group_size, self.mesh, self.max_concurrent_rows,
-                 self.kv_cache_bytes, self.dtype)
-    fn = _SAMPLERS.get(cache_key)
-    if fn is None:
-      # Weights stay sharded by the partition rules; prompts split as batch rows are.
-      fn = _SAMPLERS[cache_key] = rollout_lib.make_sampler(
-          self.cfg, sampling, group_size, mesh=self.mesh, data_axis=rules.batch_axes(),
-          param_sharding=rules.param_shardings(self.mesh, transformer.logical_axes(self.cfg),
-                                               transformer.param_shapes(self.cfg)),
-          max_concurrent_rows=self.max_concurrent_rows or None,
-          kv_cache_bytes=self.kv_cache_bytes or None, dtype=self.dtype)
-    return fn(params, tokens, mask, key)
+def make_engine(config, model_cfg: ModelConfig, mesh, tokenizer, learner_mesh=None,
+                settings: EnvSettings | None = None) -> RolloutEngine:
+  """The run's rollout engine, chosen once: ``rollout.engine``'s on ``mesh``, inside
+  ``env.engine``'s multi-turn driver when ``env.name`` is set (``settings``: another
+  environment than the config's)."""
+  factory = _startup(ENGINES.get, config.rollout.engine)
+  engine = _startup(factory, config, model_cfg, engine_placement(model_cfg, mesh, learner_mesh))
+  settings = settings or env_settings(config, tokenizer)
+  if settings is None:
+    return engine
+  driver = _startup(EPISODE_ENGINES.get, settings.engine)
+  return _startup(driver, engine, settings, tokenizer, config.data.prompt_bucket)
 
 
-def loaded_model(config, model_cfg: ModelConfig, mesh) -> LoadedModel:
-  r = config.rollout
-  return LoadedModel(model_cfg, mesh, max_concurrent_rows=r.max_concurrent_rows,
-                     kv_cache_bytes=r.kv_cache_bytes, dtype=r.dtype)
+def env_settings(config, tokenizer) -> EnvSettings | None:
+  """``env.name``'s settings (None: single-turn), its first observations limited to the model's
+  context less the episode's budget (``env.max_tokens``), as prompts are."""
+  settings = EnvSettings.from_config(config)
+  if settings is None:
+    return None
+  budget, key = prompt_policy.completion_budget(config)
+  limit = prompt_policy.prompt_token_limit(
+      config.data.max_prompt_tokens, prompt_policy.model_context(config, tokenizer), budget, key)
+  return dataclasses.replace(settings, max_prompt_tokens=limit)
 
 
 def sampling_params(config, tokenizer, greedy: bool = False) -> rollout_lib.SamplingParams:
@@ -83,17 +87,21 @@ def sampling_params(config, tokenizer, greedy: bool = False) -> rollout_lib.Samp
       max_new_tokens=r.max_new_tokens, stop_ids=(tokenizer.eos_id,), pad_id=tokenizer.pad_id)
 
 
+POLICY_SOURCES = ("tiny", "sft", "hf")  # the kinds of rljax.models.source that model.source takes
+
+
+def model_source(config) -> ModelSource:
+  """``model.source`` parsed (``rljax.models.source``); a bad one is a one-line error."""
+  return parse_source(config.model.source, "model.source", POLICY_SOURCES)
+
+
 def _hf_source(config, tokenizer, *, train_if_missing: bool) -> str | None:
-  source = config.model.source
-  if source == "sft":
-    if train_if_missing:
-      return sft.ensure_sft_checkpoint(config, tokenizer)
-    return config.sft.out_dir
-  if source.startswith("hf:"):
-    return source[3:]
-  if source == "tiny":
-    return None
-  raise StartupError(f"model.source must be 'tiny', 'sft' or 'hf:PATH', got {source!r}")
+  """The policy's Hugging Face directory (None: 'tiny'); 'sft' trained first when missing and
+  ``train_if_missing``."""
+  source = model_source(config)
+  if source.kind == "sft" and train_if_missing:
+    return sft.ensure_sft_checkpoint(config, tokenizer)
+  return source.hf_dir(config.sft.out_dir)
 
 
 def check_model_keys(config, algo: Algorithm, tokenizer) -> Algorithm:
@@ -116,7 +124,7 @@ def resolve_model_config(config, tokenizer) -> ModelConfig:
   with it), so that is known before it exists."""
   m = config.model
   path = _hf_source(config, tokenizer, train_if_missing=False)
-  if path is None or m.source == "sft":
+  if path is None or model_source(config).kind == "sft":
     return models.tiny_config(m, tokenizer.vocab_size, eos_token_id=tokenizer.eos_id,
                               pad_token_id=tokenizer.pad_id)
   return ModelConfig.from_hf_dir(path, dtype=compute_dtype(m.dtype), param_dtype=m.param_dtype,
@@ -218,26 +226,25 @@ class Run:
   # {transform name: params} of the transforms' frozen models (the distillation teacher), never
   # trained or checkpointed; the last argument of ``fns.score`` when there is one.
   aux: Any = None
-  # The learner's mesh when the sampler has devices of its own (``mesh.sampler_devices``); None:
-  # colocated, the generator's mesh.
-  learner_mesh: Any = None
+  # The learner's mesh: the train state and the scored batches live on it (the rollout engine
+  # runs on its own when ``mesh.sampler_devices`` gives it devices).
+  mesh: Any = None
 
   @property
   def aux_args(self) -> tuple:
     return () if not self.aux else (self.aux,)
 
   @property
-  def mesh(self):
-    """The learner's mesh: the train state and the scored batches live on it."""
-    return self.generator.mesh if self.learner_mesh is None else self.learner_mesh
+  def engine(self) -> RolloutEngine:
+    return self.generator.engine
 
 
 def make_task_verifier(config, source, failure_log: str | None = None) -> Callable:
   return verifiers.task_verifier(config.reward, failure_log)  # verifiers in killable processes
 
 
-def learner(config, model_cfg: ModelConfig, algo: Algorithm, aux_cfgs: tuple = (),
-            mesh=None) -> step_lib.Learner:
+def step_spec(config, model_cfg: ModelConfig, algo: Algorithm, aux_cfgs: tuple = (),
+              mesh=None) -> step_lib.StepSpec:
   """The step's closure; ``aux_cfgs``: ``(transform name, architecture)`` of the transforms'
   frozen models; ``mesh`` (default: one device of the default backend) sets how rows are sharded
   and the platform that ``model.forward_tokens=-1`` resolves for."""
@@ -245,7 +252,7 @@ def learner(config, model_cfg: ModelConfig, algo: Algorithm, aux_cfgs: tuple = (
   platform = (mesh.devices.flat[0] if mesh is not None else jax.devices()[0]).platform
   forward_tokens = update_lib.forward_tokens(config.model.forward_tokens, platform)
   placed = {} if mesh is None else {"keep_rows": functools.partial(_keep_rows, mesh)}
-  return step_lib.Learner(algo=algo, model_cfg=model_cfg, actor_tx=actor_tx, critic_tx=critic_tx,
+  return step_lib.StepSpec(algo=algo, model_cfg=model_cfg, actor_tx=actor_tx, critic_tx=critic_tx,
                           logits_chunk=config.model.logits_chunk,
                           critic_clip=config.critic.value_clip, aux_cfgs=tuple(aux_cfgs),
                           seed=config.seed, forward_tokens=forward_tokens,
@@ -291,8 +298,8 @@ def sharded_state_and_fns(config, model_cfg: ModelConfig, params, mesh,
     # Value pretraining scores rollouts with Monte-Carlo returns (lam_critic = 1).
     settings = config.to_dict()
     settings["algo"]["lam_critic"] = 1.0
-    mc = learner(config, model_cfg, resolve(settings), aux_cfgs, mesh)
-  fns = step_lib.step_fns(learner(config, model_cfg, algo, aux_cfgs, mesh), mc)
+    mc = step_spec(config, model_cfg, resolve(settings), aux_cfgs, mesh)
+  fns = step_lib.step_fns(step_spec(config, model_cfg, algo, aux_cfgs, mesh), mc)
   aux_sharding = {name: _param_sharding(mesh, cfg) for name, cfg in aux_cfgs} or None
   compiled = step_lib.compile_step_fns(
       fns, state_sharding=sharding, rows=lambda tree: rules.batch_shardings(mesh, tree),
@@ -300,14 +307,20 @@ def sharded_state_and_fns(config, model_cfg: ModelConfig, params, mesh,
   return state, compiled, sharding
 
 
-def make_generator(config, model: LoadedModel, tokenizer, source,
-                   failure_log: str | None = None) -> Generator:
+def make_generator(config, engine: RolloutEngine, tokenizer, source,
+                   failure_log: str | None = None,
+                   env_failure_log: str | None = None) -> Generator:
+  """``failure_log`` / ``env_failure_log``: where failed verifier calls / failed episodes of a
+  multi-turn engine are sampled (None: reported, not written)."""
   r = config.reward
-  return Generator(model=model, tokenizer=tokenizer,
+  failures = None
+  if isinstance(engine, EpisodeEngine):
+    failures = FailureReport(config.env.name, env_failure_log, r.max_logged_failures)
+  return Generator(engine=engine, tokenizer=tokenizer,
                    verifier=make_task_verifier(config, source, failure_log),
                    prompt_bucket=config.data.prompt_bucket, overlong_buffer=r.overlong_buffer,
                    overlong_penalty=r.overlong_penalty,
-                   inflight_chunk=config.rollout.get("inflight_chunk", 0))
+                   inflight_chunk=config.rollout.get("inflight_chunk", 0), env_failures=failures)
 
 
 @dataclasses.dataclass
@@ -340,10 +353,9 @@ def _check_model_files(config, algo: Algorithm, tokenizer) -> None:
   """The policy's Hugging Face directory and the transforms' frozen models, from their headers:
   a missing or empty directory, an unsupported architecture, a truncated file or a wrong shape is
   found here, before the run dir is claimed, not after minutes of loading."""
-  if config.model.source.startswith("hf:"):
-    check_vocab(config, _named("model.source", config.model.source, config.model.source[3:]),
-                tokenizer)
-  _hf_source(config, tokenizer, train_if_missing=False)  # an unknown model.source
+  source = model_source(config)  # an unknown model.source
+  if source.kind == "hf":
+    check_vocab(config, _named("model.source", source.text, source.path), tokenizer)
   for t in algo.transforms:
     if t.check_aux is not None:
       for key, value, path in t.check_aux(config):
@@ -463,13 +475,14 @@ def build_run(config, prepared: Prepared | None = None) -> Run:
     with open(os.path.join(run_dir, "config.json"), "w") as f:
       f.write(config.to_json_best_effort(indent=2))
 
-  model = loaded_model(config, model_cfg, prepared.sampler_mesh or mesh)
-  generator = make_generator(config, model, tokenizer, source,
-                             failure_log=os.path.join(run_dir, verifiers.FAILURE_LOG))
+  engine = make_engine(config, model_cfg, prepared.sampler_mesh or mesh, tokenizer,
+                       learner_mesh=mesh)
+  generator = make_generator(
+      config, engine, tokenizer, source, failure_log=os.path.join(run_dir, verifiers.FAILURE_LOG),
+      env_failure_log=os.path.join(run_dir, run_dir_lib.ENV_FAILURES_FILE))
   return Run(config=config, algo=algo, generator=generator, source=source, fns=compiled,
              state=state, sampling=sampling_params(config, tokenizer), writer=writer,
-             checkpointer=checkpointer, aux=aux,
-             learner_mesh=None if prepared.sampler_mesh is None else mesh)
+             checkpointer=checkpointer, aux=aux, mesh=mesh)
 
 
 def checkpoint_extra(run, data: dict | None = None) -> dict:
@@ -493,11 +506,12 @@ def finish(run) -> None:
   params = distributed.to_host(run.state.params) if cfg.train.export_hf else None
   if distributed.is_main_process():
     if cfg.train.export_hf:
-      models.save_hf(os.path.join(cfg.train.run_dir, "hf"), run.generator.model.cfg, params)
+      models.save_hf(os.path.join(cfg.train.run_dir, "hf"), run.engine.model_cfg, params)
     jsonl = os.path.join(cfg.train.run_dir, "metrics.jsonl")
     artifacts = [os.path.join(cfg.train.run_dir, name) for name in ("curves.png", "evals.csv")]
     plot_run(jsonl, artifacts[0])
     write_eval_table(jsonl, artifacts[1])
     for path in artifacts:
       run.writer.log_artifact(path)
+  run.engine.close()
   run.writer.close()

@@ -16,7 +16,6 @@ import numpy as np
 from rljax import config_checks, models
 from rljax.data import datasets, prompt_policy, tokenizer as tokenizer_lib
 from rljax.envs.checks import check_env_startup
-from rljax.parallel import rules
 from rljax.rewards import verifiers
 from rljax.train import build, generation
 from rljax.train.checkpoint import Checkpointer
@@ -25,7 +24,7 @@ from rljax.parallel import mesh as mesh_lib
 
 EVAL_BATCH = 128  # problems per sampler call
 # Multi-turn evals also report, per episode: turns, tool calls, tool errors, and the share of
-# episodes with at least one tool call (``rljax.envs.rollout`` records them per row).
+# episodes with at least one tool call (``rljax.envs.episodes`` records them per row).
 EPISODE_METRICS = ("turns", "tool_calls", "tool_errors", "tool_use")
 
 
@@ -87,8 +86,9 @@ def check_same_tokenizer(config, run_dir: str) -> None:
           f"pass --config.data.{key}={saved[key]}")
 
 
-def load_run_params(run_dir: str, config=None):
-  """(ModelConfig, policy params) of the latest checkpoint in ``run_dir``."""
+def load_run_params(run_dir: str, config=None, step: int | None = None):
+  """(ModelConfig, policy params) of checkpoint ``step`` in ``run_dir`` (None: the latest one
+  that restores)."""
   config = config or run_config(run_dir)
   tokenizer = tokenizer_lib.load_tokenizer(config.data.tokenizer, config.data.chat_template)
   model_cfg = build.resolve_model_config(config, tokenizer)
@@ -97,7 +97,10 @@ def load_run_params(run_dir: str, config=None):
   shapes, _ = build.abstract_state(config, model_cfg)
   abstract = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype,
                                                          sharding=build.single_device()), shapes)
-  _, state, _ = checkpointer.restore_latest(abstract)
+  if step is None:
+    _, state, _ = checkpointer.restore_latest(abstract)
+  else:
+    state, _ = checkpointer.restore(step, abstract)
   checkpointer.close()
   return model_cfg, state.params
 
@@ -125,9 +128,8 @@ def _evaluate_config(config, *, samples: int, checkpoint: str | None, run=None) 
     model_cfg, params = build.load_policy(config, tokenizer)
   source = datasets.make_prompt_source(config.data)
   prompt_policy.apply_prompt_policy(source, config, tokenizer)
-  generator = generation.with_env(build.make_generator(
-      config, build.loaded_model(config, model_cfg, mesh_lib.make_mesh(config.mesh)), tokenizer,
-      source), config)
+  engine = build.make_engine(config, model_cfg, mesh_lib.make_mesh(config.mesh), tokenizer)
+  generator = build.make_generator(config, engine, tokenizer, source)
   sampling = build.sampling_params(config, tokenizer)
   problems = source.eval_set(config.data.num_eval)
   result = {"num_problems": len(problems)}
@@ -145,14 +147,15 @@ def _evaluate_config(config, *, samples: int, checkpoint: str | None, run=None) 
 def evaluate(generator: generation.Generator, params, problems, *, sampling, seed: int,
              samples: int = 1, greedy: bool = True, key=None) -> dict:
   """Accuracy on ``problems``: pass@1 (greedy by default); with ``samples=k`` also pass@k and
-  majority@k over k sampled completions per problem. Multi-turn rollouts (``generator.env``)
+  majority@k over k sampled completions per problem. Multi-turn rollouts (a multi-turn engine)
   add ``EPISODE_METRICS``, means over the episodes pass@1 is computed on, and have no
   majority@k (an episode has no one final answer to vote on)."""
   sampling = dataclasses.replace(sampling, greedy=greedy)
   key = jax.random.PRNGKey(seed + 1) if key is None else key
   correct, answers, episodes = [], [], []
-  # A multiple of the data-parallel width, so that every device decodes the same number of rows.
-  divisor = rules.batch_divisor(generator.mesh)
+  # A multiple of the engine's row multiple (the data-parallel width), so that every device
+  # decodes the same number of rows.
+  divisor = generator.engine.row_multiple
   width = min(EVAL_BATCH, -(-len(problems) // divisor) * divisor)
   for start in range(0, len(problems), width):
     chunk = problems[start:start + width]
@@ -175,7 +178,7 @@ def evaluate(generator: generation.Generator, params, problems, *, sampling, see
     result["tool_use"] = float((stats["tool_calls"] > 0).mean())
   if samples > 1:
     result[f"pass@{samples}"] = float(correct.any(axis=1).mean())
-  if samples > 1 and getattr(generator, "env", None) is None:  # episodes: no one final answer
+  if samples > 1 and not generator.multi_turn:  # episodes: no one final answer
     votes = np.asarray(answers, dtype=object).reshape(len(problems), samples)
     result[f"maj@{samples}"] = float(np.mean([_majority_correct(v, c)
                                               for v, c in zip(votes, correct)]))

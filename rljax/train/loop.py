@@ -9,7 +9,6 @@ it has not done.
 from __future__ import annotations
 
 import dataclasses
-import os
 import time
 from typing import Callable
 
@@ -17,7 +16,6 @@ import jax
 import numpy as np
 
 from rljax import models
-from rljax.models import transformer
 from rljax.parallel import distributed, rules
 from rljax.envs.checks import check_env_startup
 from rljax.rollout.sampler import Rollout
@@ -190,9 +188,6 @@ def train(config) -> dict:
     try:
       with guard.droppable():
         run = build.build_run(config, prepared)
-        run.generator = generation.with_env(  # the rollout mode
-            run.generator, config,
-            os.path.join(config.train.run_dir, run_dir_lib.ENV_FAILURES_FILE))
       return _train(run, guard)
     except (preemption.Preempted, KeyboardInterrupt) as reason:
       stop = guard.stop(run, reason)
@@ -246,27 +241,15 @@ class RunLearner:
     return summarize(distributed.to_host({**score_metrics, **metrics}))
 
 
-def weight_sync(run: build.Run) -> actors.WeightSync:
-  """How the learner's weights reach the sampler: copied to its own devices (``mesh.
-  sampler_devices``), copied on the same ones (an asynchronous colocated sampler), or read in
-  place (the synchronous colocated loop)."""
-  if run.generator.mesh is run.mesh:
-    return actors.WeightSync(copy=run.config.rollout.max_staleness > 0)
-  model = run.generator.model
-  return actors.WeightSync(rules.param_shardings(
-      model.mesh, transformer.logical_axes(model.cfg), transformer.param_shapes(model.cfg)))
-
-
 def _train(run: build.Run, guard: preemption.Guard) -> dict:
   cfg = run.config
   start = int(distributed.to_host(run.state.step))
   eval_problems = run.source.eval_set(cfg.data.num_eval)
-  weights = weight_sync(run)
-  evaluate = lambda params: evaluation.evaluate(run.generator, weights.place(params),
-                                                eval_problems, sampling=run.sampling,
-                                                seed=cfg.seed)
+  place = lambda params: run.engine.transfer(params)[0]  # where the engine reads weights
+  evaluate = lambda params: evaluation.evaluate(run.generator, place(params), eval_problems,
+                                                sampling=run.sampling, seed=cfg.seed)
   result: dict = {}
-  run.writer.log(describe_model(run.generator.model.cfg))
+  run.writer.log(describe_model(run.engine.model_cfg))
   guard.at_step(start, None)  # checkpoint `start` exists, or start is 0: nothing to save
   if start == 0:
     with guard.droppable():
@@ -277,7 +260,7 @@ def _train(run: build.Run, guard: preemption.Guard) -> dict:
     result.update(_episode_metrics(initial, "eval_before_"))
     if run.fns.critic_step is not None and cfg.critic.pretrain_steps:
       with guard.droppable():  # the state at step 0 is never saved by a preemption
-        pretrain_critic(run, weights.place)
+        pretrain_critic(run, place)
   staleness = cfg.rollout.max_staleness
   warning = actors.uncorrected_staleness_warning(
       staleness, corrected=run.algo.transform("rollout_correction") is not None)
@@ -286,10 +269,10 @@ def _train(run: build.Run, guard: preemption.Guard) -> dict:
   # The data position of the state the learner holds: a checkpoint records this one, not the
   # position the sampler has drawn up to (actors.py: what a resumed run replays).
   consumed = run.source.state_dict()
-  sampler = actors.make_sampler(
+  sampler = actors.make_batch_sampler(
       staleness, lambda step, params, newest: collect_batch(run, step, params=params,
                                                             newest=newest),
-      run.source.state_dict, weights, run.state.params, start=start, steps=cfg.train.steps,
+      run.source.state_dict, run.engine, run.state.params, start=start, steps=cfg.train.steps,
       inflight=bool(cfg.rollout.get("inflight_chunk", 0)))
   learner = RunLearner(run)
   try:
@@ -308,7 +291,7 @@ def _train(run: build.Run, guard: preemption.Guard) -> dict:
   return result
 
 
-def _steps(run: build.Run, guard: preemption.Guard, sampler: actors.Sampler,
+def _steps(run: build.Run, guard: preemption.Guard, sampler: actors.BatchSampler,
            learner: actors.Learner, start: int, consumed: dict, evaluate) -> dict:
   """Steps ``start .. train.steps``: the sampler's batch, the learner's update, the new weights
   back to the sampler; metrics, evals and checkpoints. Returns the last step's metrics."""

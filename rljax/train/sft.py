@@ -20,7 +20,7 @@ import optax
 from rljax import algos, models
 from rljax.data import datasets
 from rljax.envs import tools, validate
-from rljax.envs.rollout import message_turns
+from rljax.envs.episodes import message_turns
 from rljax.models import transformer
 
 STAMP_FILE = "rljax_sft_stamp.json"
@@ -66,7 +66,7 @@ def encode_example(tokenizer, problem,
   learned (mask 0), as in the RL loss; the policy's turns and EOS are. A piece that is a tuple
   is structured: a turn's calls ``((name, arguments), ...)`` (written with ``tools.render_calls``)
   or their results ``(text, ...)`` (answered as ``ToolEnv`` answers them). Where turns are chat
-  messages (hermes calls with a chat template: ``rljax.envs.rollout.message_turns``) every turn
+  messages (hermes calls with a chat template: ``rljax.envs.episodes.message_turns``) every turn
   ends with EOS and the results are rendered by the chat template, so the demonstration is the
   conversation exactly as the template renders it."""
   chat = message_turns(tokenizer, tool_format)

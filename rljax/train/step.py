@@ -42,7 +42,7 @@ Metrics = dict  # name -> (sum, count)
 def sequence_inputs(rollout: Rollout):
   """Prompt + completion ``tokens`` and ``attn_mask`` ``[B, S]`` for a teacher-forced forward.
 
-  Multi-turn rollouts (``rljax.envs.rollout``) carry ``extras['source']`` [B, T] (0 padding, 1
+  Multi-turn rollouts (``rljax.envs.episodes``) carry ``extras['source']`` [B, T] (0 padding, 1
   policy, 2 environment): the forward attends to policy *and* environment tokens (the
   observations the policy saw), while ``mask`` (the losses') stays on policy tokens only."""
   tokens = jnp.concatenate([rollout.prompt_tokens, rollout.tokens], axis=1).astype(jnp.int32)
@@ -138,7 +138,7 @@ def moe_metrics(rollout: Rollout, used_routes, mask) -> Metrics:
 
 
 @dataclasses.dataclass(frozen=True)
-class Learner:
+class StepSpec:
   """What the compiled step closes over: the resolved algorithm, the architecture, the
   optimizers. ``reuse_policy_forward``: one optimizer update per batch, so the loss's forward
   gives the old log-probs (ratio 1) and scoring skips the policy forward; not when the old
@@ -184,7 +184,7 @@ def scalar_metrics(values: dict) -> Metrics:
   return {k: scalar_metric(v) for k, v in values.items()}
 
 
-def scoring_metrics(learner: Learner, mask, logp, entropy, sampler_logp, ref_logp) -> Metrics:
+def scoring_metrics(learner: StepSpec, mask, logp, entropy, sampler_logp, ref_logp) -> Metrics:
   """Entropy, the sampler / policy log-prob gap (and 8.2's ``mismatch/``, over the whole
   batch, from the reused forward's rows) and the KL estimate over the valid tokens."""
   gap = jnp.abs(logp - sampler_logp)
@@ -200,7 +200,7 @@ def scoring_metrics(learner: Learner, mask, logp, entropy, sampler_logp, ref_log
   return metrics
 
 
-def with_coefs(learner: Learner, state: TrainState, hp):
+def with_coefs(learner: StepSpec, state: TrainState, hp):
   """``hp`` with the coefficients the transforms drive from their state (the adaptive KL and
   entropy coefficients)."""
   hp = dict(hp)
@@ -210,7 +210,7 @@ def with_coefs(learner: Learner, state: TrainState, hp):
   return hp
 
 
-def score(learner: Learner, state: TrainState, rollout: Rollout, hp, aux=None
+def score(learner: StepSpec, state: TrainState, rollout: Rollout, hp, aux=None
           ) -> tuple[Rollout, Metrics]:
   """A rollout with rewards -> the same record with ``loss_mask``,
   ``old_logp`` (None when the loss provides it), ``ref_logp``, ``values``, ``returns``,
@@ -294,7 +294,7 @@ def _loss_inputs(batch: Rollout) -> dict:
               positive=batch.positive, rewards=batch.rewards)
 
 
-def minibatch_counts(learner: Learner, minibatch: Rollout, parts: int) -> dict:
+def minibatch_counts(learner: StepSpec, minibatch: Rollout, parts: int) -> dict:
   """The denominator of every loss term over the whole minibatch (clamped at 1: an all-padding
   minibatch contributes a zero loss, not NaN), and the number of micro-batches ``parts``."""
   algo, arrays = learner.algo, _loss_inputs(minibatch)
@@ -306,7 +306,7 @@ def minibatch_counts(learner: Learner, minibatch: Rollout, parts: int) -> dict:
   return counts
 
 
-def actor_loss(learner: Learner, params, coefs, micro: Rollout, counts):
+def actor_loss(learner: StepSpec, params, coefs, micro: Rollout, counts):
   """The policy objective plus every regulariser, each divided by its minibatch count:
   ``(loss, (metrics, rows))``, ``rows`` the forward's ``(logp, entropy)`` when it also gives the
   old log-probs (the scoring metrics are then computed over the whole minibatch), else None."""
@@ -344,7 +344,7 @@ def actor_loss(learner: Learner, params, coefs, micro: Rollout, counts):
   return total, (metrics, rows)
 
 
-def critic_loss(learner: Learner, critic_params, micro: Rollout, counts):
+def critic_loss(learner: StepSpec, critic_params, micro: Rollout, counts):
   values = completion_values(learner.model_cfg, critic_params, micro)
   loss_sum, metrics = value_lib.value_loss_sum(values, micro.values, micro.returns,
                                                micro.loss_mask, clip=learner.critic_clip)
@@ -354,7 +354,7 @@ def critic_loss(learner: Learner, critic_params, micro: Rollout, counts):
 
 # --- updates -------------------------------------------------------------------------------------
 
-def select_tokens(learner: Learner, hp, step, minibatch: Rollout, index
+def select_tokens(learner: StepSpec, hp, step, minibatch: Rollout, index
                   ) -> tuple[Rollout, Metrics]:
   """The transforms' per-minibatch extras (Clip-Cov / KL-Cov selection, the 80/20 mask) over
   the whole minibatch, before it is split into micro-batches (so the split cannot change them)."""
@@ -368,7 +368,7 @@ def select_tokens(learner: Learner, hp, step, minibatch: Rollout, index
   return minibatch, metrics
 
 
-def minibatch_update(learner: Learner, hp, state: TrainState, minibatch: Rollout, index, *,
+def minibatch_update(learner: StepSpec, hp, state: TrainState, minibatch: Rollout, index, *,
                      update_actor: bool):
   """One optimizer step of the actor (and of the critic when there is one) on a minibatch;
   ``index`` counts the step's optimizer updates (epoch x minibatches + minibatch)."""
@@ -407,7 +407,7 @@ def minibatch_update(learner: Learner, hp, state: TrainState, minibatch: Rollout
   return state.replace(skipped_updates=state.skipped_updates + skipped), metrics
 
 
-def _updates(learner: Learner, state: TrainState, batch: Rollout, hp, update_actor: bool):
+def _updates(learner: StepSpec, state: TrainState, batch: Rollout, hp, update_actor: bool):
   rng, shuffle_key = jax.random.split(state.rng)
   return update_lib.run_epochs(
       lambda s, mb, i: minibatch_update(learner, hp, s, mb, i, update_actor=update_actor),
@@ -415,7 +415,7 @@ def _updates(learner: Learner, state: TrainState, batch: Rollout, hp, update_act
       minibatches=learner.algo.minibatches, indexed=True, keep_rows=learner.keep_rows)
 
 
-def train_step(learner: Learner, state: TrainState, batch: Rollout, hp):
+def train_step(learner: StepSpec, state: TrainState, batch: Rollout, hp):
   """``epochs x minibatches`` updates on a scored batch, then every transform's ``on_step``
   (the adaptive KL and entropy coefficients)."""
   state, metrics = _updates(learner, state, batch, hp, update_actor=True)
@@ -428,7 +428,7 @@ def train_step(learner: Learner, state: TrainState, batch: Rollout, hp):
   return state.replace(step=state.step + 1, transforms=transform_state), metrics
 
 
-def critic_step(learner: Learner, state: TrainState, batch: Rollout, hp):
+def critic_step(learner: StepSpec, state: TrainState, batch: Rollout, hp):
   """Value pretraining: updates of the critic alone; the actor is not touched."""
   return _updates(learner, state, batch, hp, update_actor=False)
 
@@ -445,7 +445,7 @@ class StepFns:
   score_mc: Callable | None = None
 
 
-def step_fns(learner: Learner, mc_learner: Learner | None = None) -> StepFns:
+def step_fns(learner: StepSpec, mc_learner: StepSpec | None = None) -> StepFns:
   """The pure (unjitted) step functions of ``learner``."""
   has_critic = learner.critic_tx is not None
   return StepFns(
@@ -458,7 +458,7 @@ def step_fns(learner: Learner, mc_learner: Learner | None = None) -> StepFns:
       if mc_learner is not None else None)
 
 
-def monte_carlo_hparams(hp, mc_learner: Learner):
+def monte_carlo_hparams(hp, mc_learner: StepSpec):
   """The run's ``hp`` with the Monte-Carlo ``lam_critic`` of value pretraining: the run's own
   ``lam_critic`` may be another number, or unset (then ``hp`` has no entry for it)."""
   return {**hp, "lam_critic": mc_learner.algo.hparams["lam_critic"]}

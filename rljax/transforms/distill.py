@@ -5,25 +5,25 @@ import os
 
 from rljax import models
 from rljax.models.config import compute_dtype
+from rljax.models.source import parse_source
 from rljax.algos import distill
 from rljax.errors import ModelFileError, StartupError
 from rljax.transforms.base import Transform, register_transform, traced
 from rljax.models import transformer
 
 
+TEACHER_SOURCES = ("tiny", "sft", "hf", "run")  # kinds of rljax.models.source
+
+
 def teacher_path(teacher_section, sft_out_dir: str):
-  """The Hugging Face directory of ``teacher.source`` (None for 'tiny': random, for tests)."""
-  source = teacher_section.source
-  if source == "tiny":
-    return None
-  if source.startswith("hf:"):
-    return source[3:]
-  if source.startswith("run:"):
-    return os.path.join(source[4:], "hf")
-  if source == "sft":
-    return sft_out_dir
-  raise StartupError(f"teacher.source must be '', 'tiny', 'sft', 'hf:PATH' or 'run:DIR', got "
-                     f"{source!r}")
+  """The Hugging Face directory of ``teacher.source`` (None for 'tiny': random, for tests); a
+  run directory's teacher is its export ``DIR/hf``."""
+  source = parse_source(teacher_section.source, "teacher.source", TEACHER_SOURCES)
+  if source.step is not None:
+    raise StartupError(f"teacher.source={source.text!r}: a teacher is read from the run's Hugging "
+                       f"Face export ('run:{source.path}' = {source.hf_dir(sft_out_dir)}), not "
+                       "from a checkpoint step")
+  return source.hf_dir(sft_out_dir)
 
 
 def load_teacher(config, tokenizer, policy_cfg):

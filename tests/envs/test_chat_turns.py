@@ -18,7 +18,7 @@ from rljax.data.tasks import Problem
 from rljax.data.tokenizer import load_tokenizer
 from rljax.envs import ENVS, register_env
 from rljax.envs.checks import check_env_startup
-from rljax.envs.rollout import SOURCE_ENV, SOURCE_POLICY, EnvSettings, run_episodes
+from rljax.envs.episodes import SOURCE_ENV, SOURCE_POLICY, EnvSettings, run_episodes
 from rljax.envs.tool_calc import ToolCalcEnv
 from rljax.envs.tools import render_calls
 from rljax.train import sft

@@ -13,7 +13,7 @@ import pytest
 from rljax.data.tasks import Problem, make_task
 from rljax.envs import ENVS, Environment, StepResult, register_env
 from rljax.envs import continuous as engine_lib
-from rljax.envs.rollout import (SOURCE_ENV, SOURCE_POLICY, EnvSettings, run_episodes,
+from rljax.envs.episodes import (SOURCE_ENV, SOURCE_POLICY, EnvSettings, run_episodes,
                                 turn_text)
 from rljax.models import llama, transformer
 from rljax.rollout import sampler

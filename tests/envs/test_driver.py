@@ -13,12 +13,12 @@ from rljax.data.tasks import make_task
 from rljax.data.tokenizer import CharTokenizer
 from rljax.defaults import get_config
 from rljax.envs import ENVS, Environment, StepResult, register_env
-from rljax.envs.rollout import (SOURCE_ENV, SOURCE_PAD, SOURCE_POLICY, EnvSettings, _row_bucket,
+from rljax.envs.episodes import (SOURCE_ENV, SOURCE_PAD, SOURCE_POLICY, EnvSettings, _row_bucket,
                                 run_episodes, stop_ids)
 from rljax.models import llama
 from rljax.rollout import sampler
 from rljax.rollout.record import Rollout
-from rljax.rollout.transforms import SamplingParams
+from rljax.rollout.sampling import SamplingParams
 from rljax.train import step as step_lib
 
 TOK = CharTokenizer()

@@ -9,7 +9,7 @@ import numpy as np
 
 from rljax.data.tasks import Problem
 from rljax.envs import Environment, StepResult, register_env
-from rljax.envs.rollout import EnvSettings, run_episodes
+from rljax.envs.episodes import EnvSettings, run_episodes
 from tests.envs.test_driver import SP, TOK, ScriptedPolicy
 
 FLAKY = "test_flaky"

@@ -7,7 +7,7 @@ import pytest
 from rljax import algos
 from rljax.data.tasks import Problem
 from rljax.envs import ENVS, Environment, StepResult, register_env
-from rljax.envs.rollout import EnvSettings, run_episodes, turn_token_rewards
+from rljax.envs.episodes import EnvSettings, run_episodes, turn_token_rewards
 from tests.envs.test_driver import SP, TOK, ScriptedPolicy
 
 PAYER = "test_payer"

@@ -27,7 +27,7 @@ def test_grpo_step_updates_the_policy(family):
   params = models.init_params(model_cfg, seed=0)
   algo = resolve(config)
   _, make = build.abstract_state(config, model_cfg, algo)
-  fns, state = step_lib.step_fns(build.learner(config, model_cfg, algo)), make(params)
+  fns, state = step_lib.step_fns(build.step_spec(config, model_cfg, algo)), make(params)
   rewards = np.random.default_rng(1).integers(0, 2, B)
   rollout = tiny.synthetic_rollout(B, PW, T, VOCAB, rewards)
   batch, _ = jax.jit(fns.score)(state, rollout, algo.hparams)

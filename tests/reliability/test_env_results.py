@@ -16,10 +16,10 @@ from rljax.envs import ENVS, Environment, StepResult, register_env, unregister_e
 from rljax.envs import validate
 from rljax.envs.continuous import run_episodes_continuous
 from rljax.envs.failures import EnvironmentBrokenError, FailureReport
-from rljax.envs.rollout import SOURCE_ENV, EnvSettings, run_episodes
+from rljax.envs.episodes import SOURCE_ENV, EnvSettings, run_episodes
 from rljax.envs.runner import close_env_pool
 from rljax.models import llama
-from rljax.train.generation import Generator, with_env
+from rljax.train import build
 from tests.envs.test_driver import SP, ScriptedPolicy, tiny_model_config
 from tests.train import tiny
 
@@ -262,18 +262,13 @@ def test_the_continuous_engine_reads_results_through_the_same_checks():
   assert result.counts["env/errors"] == reference.counts["env/errors"] == 4
 
 
-def test_the_run_limits_first_observations_to_the_context_less_the_episode_budget(tmp_path):
-  config = config_loader.load_config(
-      os.path.join(tiny.ROOT, "configs", "guess.py"),
-      [(k, v) for k, v in TINY.items()] + [("reward.max_logged_failures", "7")])
-  gen = with_env(Generator(model=None, tokenizer=TOK, verifier=None, prompt_bucket=8,
-                           overlong_buffer=0, overlong_penalty=0.0), config,
-                 str(tmp_path / "env_failures.jsonl"))
+def test_the_run_limits_first_observations_to_the_context_less_the_episode_budget():
+  config = config_loader.load_config(os.path.join(tiny.ROOT, "configs", "guess.py"),
+                                     list(TINY.items()))
   context = models.tiny_config(config.model, TOK.vocab_size, eos_token_id=TOK.eos_id,
                                pad_token_id=TOK.pad_id).max_position_embeddings
-  assert gen.env.max_prompt_tokens == context - 40  # env.max_tokens of TINY
-  assert gen.env_failures.log.limit == 7 and gen.env_failures.env_name == "guess"
+  assert build.env_settings(config, TOK).max_prompt_tokens == context - 40  # TINY's env.max_tokens
   config = config_loader.load_config(
       os.path.join(tiny.ROOT, "configs", "guess.py"),
       [(k, v) for k, v in TINY.items()] + [("data.max_prompt_tokens", "9")])
-  assert with_env(gen, config).env.max_prompt_tokens == 9
+  assert build.env_settings(config, TOK).max_prompt_tokens == 9

@@ -12,7 +12,7 @@ import pytest
 from rljax import config_loader
 from rljax.config_checks import ConfigError, check_config
 from rljax.parallel import distributed, mesh as mesh_lib
-from rljax.train import actors, build, compilation_cache, generation, loop
+from rljax.train import actors, build, compilation_cache, loop
 from rljax.train import metrics as metrics_lib
 from rljax.train.metrics import summarize
 from tests.train import tiny
@@ -30,7 +30,6 @@ def _reference_loop(config) -> list[dict]:
   """The RL loop as it was before the seam, written out: for each step, sample with the train
   state's weights, score, update (no eval, no checkpoints: they change nothing it computes)."""
   run = build.build_run(config)
-  run.generator = generation.with_env(run.generator, config)
   rows = []
   try:
     for step in range(config.train.steps):

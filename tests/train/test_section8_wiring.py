@@ -33,7 +33,7 @@ def _setup(config, teacher_cfg=None):
   algo = resolve(config)
   _, make = build.abstract_state(config, model_cfg, algo)
   aux_cfgs = () if teacher_cfg is None else (("opd", teacher_cfg),)
-  fns = step_lib.step_fns(build.learner(config, model_cfg, algo, aux_cfgs))
+  fns = step_lib.step_fns(build.step_spec(config, model_cfg, algo, aux_cfgs))
   return fns, make(params), algo.hparams, model_cfg, params
 
 
@@ -269,7 +269,7 @@ def test_remax_baseline_is_one_greedy_completion_per_prompt(tmp_path, monkeypatc
   width = baseline_out.prompt_tokens.shape[1]
   tokens = np.concatenate([baseline_out.prompt_tokens, baseline_out.tokens], 1)
   attn = np.concatenate([baseline_out.prompt_mask, baseline_out.mask], 1)
-  logits = np.asarray(llama.logits(run.generator.model.cfg, params, jnp.asarray(tokens),
+  logits = np.asarray(llama.logits(run.engine.model_cfg, params, jnp.asarray(tokens),
                                    jnp.asarray(attn)))[:, width - 1:-1]
   valid = baseline_out.mask > 0
   np.testing.assert_array_equal(logits.argmax(-1)[valid], baseline_out.tokens[valid])

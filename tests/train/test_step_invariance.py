@@ -47,7 +47,7 @@ def _step_fns(config, model_cfg, params):
   """(unjitted StepFns, initial state, hparams) of a config, on one device."""
   algo = resolve(config)
   _, make = build.abstract_state(config, model_cfg, algo)
-  return step_lib.step_fns(build.learner(config, model_cfg, algo)), make(params), algo.hparams
+  return step_lib.step_fns(build.step_spec(config, model_cfg, algo)), make(params), algo.hparams
 
 
 @pytest.mark.slow

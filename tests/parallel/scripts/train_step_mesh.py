@@ -143,9 +143,9 @@ def sample_once(mesh_shape):
   prompts = ["1+1=", "hello", "abc", "what is 7*6?"]
   tokens, mask = left_pad([TOK.encode(p) for p in prompts], 8, TOK.pad_id)
   sampling = build.sampling_params(config, TOK, greedy=True)
-  out = build.LoadedModel(model_cfg, mesh).sample(on_mesh, tokens, mask, jax.random.key(0),
-                                                   sampling, 2)
-  return out
+  engine = build.make_engine(config, model_cfg, mesh, TOK)  # the RL loop's rollout engine
+  engine.load_weights(on_mesh, 0)
+  return engine.generate(tokens, mask, jax.random.key(0), sampling, 2)
 
 
 def main(args):

@@ -50,16 +50,14 @@ def completion_ids(rollout: Rollout, drop_stop: bool = True) -> list[list[int]]:
   return out
 
 
-def generate_text(cfg: ModelConfig, params, tokenizer, prompts: Sequence[str], key,
-                  sp: SamplingParams, group_size: int = 1, bucket: int = 16):
-  """Sample ``group_size`` completions per prompt string and decode them.
+def text_prompts(cfg: ModelConfig, tokenizer, prompts: Sequence[str], sp: SamplingParams,
+                 bucket: int = 16):
+  """Prompt strings as the sampler takes them: ``(tokens [N, W], mask [N, W], sampling)``.
 
   The tokenizer needs ``encode(str) -> list[int]`` (``encode_prompt`` is used instead when it
-  has one, to apply its chat template / BOS), ``decode(list[int]) -> str``, ``eos_id`` and
-  ``pad_id``. ``tokenizer.eos_id`` is added to the stop ids (``sp.stop_ids``, or the model's EOS
-  when it is None) and ``sp.pad_id`` is replaced by
-  ``tokenizer.pad_id``. Returns ``(rollout, texts)`` with ``len(texts) = len(prompts) *
-  group_size`` (groups contiguous); texts exclude the stop token.
+  has one, to apply its chat template / BOS), ``eos_id`` and ``pad_id``. ``tokenizer.eos_id`` is
+  added to the stop ids (``sp.stop_ids``, or the model's EOS when it is None) and ``sp.pad_id``
+  is replaced by ``tokenizer.pad_id``.
   """
   encode = getattr(tokenizer, "encode_prompt", None) or tokenizer.encode
   ids = [encode(p) for p in prompts]
@@ -67,6 +65,17 @@ def generate_text(cfg: ModelConfig, params, tokenizer, prompts: Sequence[str], k
   stop = stop if tokenizer.eos_id in stop else stop + (tokenizer.eos_id,)
   sp = dataclasses.replace(sp, stop_ids=stop, pad_id=tokenizer.pad_id)
   tokens, mask = left_pad(ids, bucket, tokenizer.pad_id)
+  return tokens, mask, sp
+
+
+def generate_text(cfg: ModelConfig, params, tokenizer, prompts: Sequence[str], key,
+                  sp: SamplingParams, group_size: int = 1, bucket: int = 16):
+  """Sample ``group_size`` completions per prompt string and decode them (``text_prompts`` says
+  what the tokenizer needs and how the stop ids are set; ``decode(list[int]) -> str`` too).
+  Returns ``(rollout, texts)`` with ``len(texts) = len(prompts) * group_size`` (groups
+  contiguous); texts exclude the stop token.
+  """
+  tokens, mask, sp = text_prompts(cfg, tokenizer, prompts, sp, bucket)
   rollout = sample(cfg, params, tokens, mask, key, sp, group_size)
   texts = [tokenizer.decode(c) for c in completion_ids(rollout)]
   return rollout, texts

@@ -29,8 +29,8 @@ every non-padding position), ``rewards`` the sum of the turns' rewards, ``correc
 step's ``info['correct']``, ``lengths`` the policy tokens per row (``sum(mask)``).
 
 ``generate(tokens [N, W], mask [N, W], key, sampling, group_size) -> Rollout`` (NumPy) is the one
-call that produces tokens: the train loop passes the policy's sampler
-(``rljax.train.generation``), tests pass ``rljax.rollout.sampler.sample``. The continuous engine
+call that produces tokens: the train loop passes its rollout engine's (``rljax.envs.engines``),
+tests pass ``rljax.rollout.sampler.sample``. The continuous engine
 (``rljax.envs.continuous``, ``env.engine='continuous'``) replaces this loop, not only
 ``generate``, and shares its bookkeeping (``start_episodes``, ``end_segment``, ``apply_step``,
 ``finish_episodes``), so both write the same record. Row counts are padded to a few sizes
@@ -50,7 +50,7 @@ from rljax.envs import tools as tools_lib
 from rljax.envs import validate
 from rljax.envs.base import Environment, make_env
 from rljax.envs.runner import EnvOutcome, EnvRunner
-from rljax.rollout.engine import left_pad
+from rljax.rollout.text import left_pad
 from rljax.rollout.record import Rollout
 
 SOURCE_PAD, SOURCE_POLICY, SOURCE_ENV = 0, 1, 2

@@ -1,0 +1,302 @@
+"""The rollout engine seam: what turns left-padded prompts into a ``Rollout``, and how weights
+reach it. Training, evaluation, ``rljax eval``, ``rljax.load(...).sample`` and the asynchronous
+sampler call an engine and nothing else (docs/rollout.md, "Writing a rollout engine").
+
+A ``RolloutEngine`` holds the weights it samples with:
+
+- ``transfer(params) -> (weights, metrics)``: the learner's parameters placed where the engine
+  reads them (copied to its own devices, copied beside the learner's, or as they are); the
+  metrics are the transfer's (``weights/sync_bytes``, ``weights/sync_sec``), empty when nothing
+  moved. It must copy whatever the learner's next update would overwrite (donate).
+- ``load_weights(weights, version)``: ``generate`` samples with these from now on; ``version``
+  counts the learner steps behind them (``version``: the last one loaded). In-flight weight updates call it between the chunks of
+  one rollout (``rljax.rollout.inflight``).
+- ``generate(tokens [N, W], mask [N, W], key, sampling, group_size) -> Rollout`` (NumPy fields,
+  ``N * group_size`` rows, groups contiguous): one call per batch of token ids.
+- ``row_multiple``: every ``generate`` call's ``N`` must be a multiple of it (data shards).
+- ``model_cfg``: the architecture it samples (stop ids, export, logging).
+- ``close()``: release what it holds (called when the run ends).
+
+Engines are registered by name (``@register_engine("name")``) and chosen once, at start-up, by
+``rollout.engine``; a factory is called as ``factory(config, model_cfg, placement)``
+(``Placement``: the sampler's mesh and shardings, whether it shares the learner's devices).
+Registered here: ``all_rows`` (every row of a call decoded together, ``rljax.rollout.sampler``)
+and ``continuous`` (at most ``rollout.max_concurrent_rows`` / ``kv_cache_bytes`` rows at a time
+per data shard, freed slots refilled: ``rljax.rollout.continuous``). Multi-turn
+drivers are engines too: ``@register_episode_engine("name")`` (chosen by ``env.engine``) wraps
+the base engine, ``factory(base, settings, tokenizer, prompt_bucket)``, and adds
+``episodes(problems, key, sampling, group_size)`` (``rljax.envs.engines``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Callable, Dict, Optional, Protocol, runtime_checkable
+
+import jax
+import numpy as np
+
+from rljax.errors import StartupError, UnknownNameError
+from rljax.keys import add_family
+from rljax.models.config import ModelConfig
+from rljax.rollout import sampler as sampler_lib
+from rljax.rollout.record import Rollout
+from rljax.rollout.sampling import SamplingParams
+
+
+@runtime_checkable
+class RolloutEngine(Protocol):
+  model_cfg: ModelConfig
+  row_multiple: int
+  version: int  # of the weights loaded last (-1: none yet)
+
+  def transfer(self, params) -> tuple[Any, dict]:
+    """The learner's ``params`` placed where this engine reads them, and the transfer's
+    metrics."""
+
+  def load_weights(self, weights, version: int) -> None:
+    """Sample with ``weights`` (``transfer``'s result) from now on."""
+
+  def generate(self, tokens, mask, key, sampling: SamplingParams, group_size: int) -> Rollout:
+    """``group_size`` completions of each left-padded prompt row (NumPy ``Rollout``)."""
+
+  def close(self) -> None:
+    """Release the weights and whatever else the engine holds."""
+
+
+@runtime_checkable
+class EpisodeEngine(RolloutEngine, Protocol):
+  """A multi-turn driver: a ``RolloutEngine`` that also runs whole episodes."""
+
+  def episodes(self, problems, key, sampling: SamplingParams, group_size: int):
+    """``group_size`` episodes per problem: a result with ``rollout``, ``transcripts`` and
+    ``counts`` (``rljax.envs.episodes.MultiTurnResult``)."""
+
+
+class EngineBase:
+  """What most engines share: the weights (``load_weights``), a ``transfer`` that hands the
+  learner's parameters through as they are (an engine that keeps them beside a learner that
+  donates them overrides it), ``row_multiple`` 1 and ``close``. A subclass writes
+  ``generate``."""
+
+  row_multiple = 1
+
+  def __init__(self, model_cfg: ModelConfig):
+    self.model_cfg = model_cfg
+    self.weights, self.version = None, -1
+
+  def transfer(self, params) -> tuple[Any, dict]:
+    return params, {}
+
+  def load_weights(self, weights, version: int) -> None:
+    self.weights, self.version = weights, int(version)
+
+  def generate(self, tokens, mask, key, sampling: SamplingParams, group_size: int) -> Rollout:
+    raise NotImplementedError(f"{type(self).__name__} must define generate")
+
+  def close(self) -> None:
+    self.weights = None
+
+
+class WeightSync:
+  """Places the learner's weights where a JAX engine reads them (its ``transfer``).
+
+  ``shardings`` (a pytree of the sampler's ``NamedSharding``s) when the sampler has devices of
+  its own: ``jax.device_put`` copies the weights there. None when colocated: with ``copy`` (the
+  asynchronous sampler) a copy on the same devices, because the learner's next update donates
+  the buffers the sampler would still be reading; without it the weights themselves (the
+  synchronous loop samples before the update, so no copy is needed).
+  """
+
+  def __init__(self, shardings=None, copy: bool = False):
+    self.shardings, self.copy = shardings, copy
+
+  @property
+  def moves(self) -> bool:
+    return self.shardings is not None or self.copy
+
+  def place(self, params):
+    """``params`` readable by the sampler (nothing copied where that is not needed)."""
+    if self.shardings is not None:
+      return jax.device_put(params, self.shardings)
+    if self.copy:
+      return jax.tree.map(lambda x: jax.device_put(x, x.sharding, may_alias=False), params)
+    return params
+
+  def __call__(self, params) -> tuple[Any, dict]:
+    """(the sampler's weights, ``weights/sync_bytes`` and ``weights/sync_sec``: bytes written to
+    the sampler's devices, all shards, and the wall time until they are there)."""
+    if not self.moves:
+      return params, {}
+    t0 = time.perf_counter()
+    placed = jax.block_until_ready(self.place(params))
+    sec = time.perf_counter() - t0
+    nbytes = sum(s.data.nbytes for x in jax.tree.leaves(placed) for s in x.addressable_shards)
+    return placed, {"weights/sync_bytes": float(nbytes), "weights/sync_sec": sec}
+
+
+# --- registries ----------------------------------------------------------------------------------
+
+class EngineRegistry:
+  """Engine factories by name; ``key``: the config key that picks one."""
+
+  def __init__(self, key: str):
+    self.key = key
+    self._factories: Dict[str, Callable[..., Any]] = {}
+
+  def register(self, name: str) -> Callable:
+    if not isinstance(name, str) or not name:
+      raise ValueError(f"{self.key}: an engine name must be a non-empty string, got {name!r}")
+
+    def decorator(factory):
+      if name in self._factories:
+        raise ValueError(f"{self.key}: engine {name!r} is already registered")
+      self._factories[name] = factory
+      return factory
+    return decorator
+
+  def unregister(self, name: str) -> None:
+    """Removes ``name`` (a test, or a notebook re-running the cell that registered it)."""
+    self.get(name)
+    del self._factories[name]
+
+  def names(self) -> list:
+    return sorted(self._factories)
+
+  def get(self, name: str) -> Callable:
+    if name not in self._factories:
+      raise UnknownNameError(f"{self.key}={name!r} is not a registered engine; registered: "
+                             f"{', '.join(self.names())}")
+    return self._factories[name]
+
+
+ENGINES = EngineRegistry("rollout.engine")
+EPISODE_ENGINES = EngineRegistry("env.engine")
+add_family("rollout_engine", ENGINES)  # rollout.engine's check: registered("rollout_engine")
+
+
+def register_engine(name: str) -> Callable:
+  """``@register_engine("name")`` on ``factory(config, model_cfg, placement) ->
+  RolloutEngine``: selectable as ``rollout.engine='name'``."""
+  return ENGINES.register(name)
+
+
+def register_episode_engine(name: str) -> Callable:
+  """``@register_episode_engine("name")`` on ``factory(base, settings, tokenizer,
+  prompt_bucket) -> EpisodeEngine``: selectable as ``env.engine='name'``."""
+  return EPISODE_ENGINES.register(name)
+
+
+# --- the JAX engines -----------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+  """Where an engine runs, from the mesh and the partition rules (``rljax.train.build``).
+
+  ``mesh`` None: one device, nothing sharded (``rljax.load(...).sample``). Otherwise ``rows`` /
+  ``replicated`` are the shardings of prompt rows and of the key, ``data_axes`` the mesh axes
+  rows are split over (``row_multiple`` shards), ``param_sharding`` the weights' shardings on
+  this mesh, ``colocated`` whether it is the learner's mesh; ``to_device(tree, shardings)`` /
+  ``to_host(tree)`` move host values in and results out (every process takes part)."""
+  mesh: Any = None
+  colocated: bool = True
+  row_multiple: int = 1
+  data_axes: tuple = ()
+  rows: Any = None
+  replicated: Any = None
+  param_sharding: Any = None
+  to_device: Callable = jax.device_put
+  to_host: Callable = jax.device_get
+
+
+# Compiled samplers shared by every engine of the process (notebooks, tests, eval after train):
+# one per (architecture, sampling setting, group size, mesh, slot budgets, dtype).
+_SAMPLERS: dict = {}
+
+
+class JaxEngine(EngineBase):
+  """The jitted KV-cache sampler (``rljax.rollout.sampler``) on a ``Placement``'s mesh, rows
+  sharded over its data axes. ``max_concurrent_rows`` / ``kv_cache_bytes`` (0 = off) bound the
+  rows decoded at once per data shard (continuous batching); ``dtype`` is the sampler's weight
+  and KV-cache dtype (None = the model's); ``sync`` places the learner's weights."""
+
+  def __init__(self, model_cfg: ModelConfig, placement: Placement = Placement(), *,
+               max_concurrent_rows: int = 0, kv_cache_bytes: int = 0,
+               dtype: Optional[str] = None, sync: Optional[WeightSync] = None):
+    super().__init__(model_cfg)
+    self.placement, self.dtype = placement, dtype
+    self.max_concurrent_rows, self.kv_cache_bytes = max_concurrent_rows, kv_cache_bytes
+    self.row_multiple = placement.row_multiple
+    self.sync = sync or WeightSync()
+
+  @property
+  def mesh(self):
+    return self.placement.mesh
+
+  def transfer(self, params) -> tuple[Any, dict]:
+    return self.sync(params)
+
+  def generate(self, tokens, mask, key, sampling: SamplingParams, group_size: int) -> Rollout:
+    if self.weights is None:
+      raise RuntimeError("the engine has no weights: load_weights first")
+    p = self.placement
+    budgets = dict(max_concurrent_rows=self.max_concurrent_rows,
+                   kv_cache_bytes=self.kv_cache_bytes, dtype=self.dtype)
+    if p.mesh is None:
+      out = sampler_lib.sample(self.model_cfg, self.weights, tokens, mask, key, sampling,
+                               group_size, **budgets)
+      return jax.tree.map(np.asarray, out)
+    # Every process holds the same prompts; each feeds its own rows of the global batch, and
+    # every process gets all completions back (the verifiers see the whole batch).
+    if not jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):  # a raw uint32 key
+      key = np.asarray(key)  # (a typed key has no NumPy form: it is placed as it is)
+    tokens, mask, key = p.to_device((tokens, mask, key), (p.rows, p.rows, p.replicated))
+    out = p.to_host(self._sampler(sampling, group_size)(self.weights, tokens, mask, key))
+    return jax.tree.map(np.asarray, out)
+
+  def _sampler(self, sampling: SamplingParams, group_size: int):
+    cache_key = (self.model_cfg, sampling, group_size, self.mesh, self.max_concurrent_rows,
+                 self.kv_cache_bytes, self.dtype)
+    fn = _SAMPLERS.get(cache_key)
+    if fn is None:
+      # Weights stay sharded by the partition rules; prompts split as batch rows are.
+      fn = _SAMPLERS[cache_key] = sampler_lib.make_sampler(
+          self.model_cfg, sampling, group_size, mesh=self.mesh,
+          data_axis=self.placement.data_axes, param_sharding=self.placement.param_sharding,
+          max_concurrent_rows=self.max_concurrent_rows or None,
+          kv_cache_bytes=self.kv_cache_bytes or None, dtype=self.dtype)
+    return fn
+
+
+def weight_sync(config, placement: Placement) -> WeightSync:
+  """How the learner's weights reach a JAX engine: copied to its own devices (``mesh.
+  sampler_devices``), copied on the same ones (an asynchronous colocated sampler), or read in
+  place (the synchronous colocated loop)."""
+  if placement.colocated:
+    return WeightSync(copy=config.rollout.max_staleness > 0)
+  return WeightSync(placement.param_sharding)
+
+
+CONTINUOUS_KEYS = ("max_concurrent_rows", "kv_cache_bytes")  # read by 'continuous' only
+
+
+@register_engine("all_rows")
+def all_rows_engine(config, model_cfg: ModelConfig, placement: Placement) -> JaxEngine:
+  """Every row of a call decoded together until the last one stops (``rljax.rollout.sampler``)."""
+  r = config.rollout
+  unread = [f"rollout.{k}={r[k]}" for k in CONTINUOUS_KEYS if r[k]]
+  if unread:
+    raise StartupError(f"{', '.join(unread)} not read by rollout.engine='all_rows': the slot "
+                         "budgets are continuous batching's; set rollout.engine='continuous'")
+  return JaxEngine(model_cfg, placement, dtype=r.dtype, sync=weight_sync(config, placement))
+
+
+@register_engine("continuous")
+def continuous_engine(config, model_cfg: ModelConfig, placement: Placement) -> JaxEngine:
+  """At most ``rollout.max_concurrent_rows`` rows (and what ``rollout.kv_cache_bytes`` holds)
+  decoding at once per data shard, a stopped row's slot refilled with the next pending row
+  (``rljax.rollout.continuous``); with neither set, or more slots than rows, all rows at once."""
+  r = config.rollout
+  return JaxEngine(model_cfg, placement, max_concurrent_rows=r.max_concurrent_rows,
+                   kv_cache_bytes=r.kv_cache_bytes, dtype=r.dtype,
+                   sync=weight_sync(config, placement))

@@ -1,0 +1,63 @@
+"""The registered JAX engines (``rljax.rollout.engines``): each is the sampler it names, its
+weights are the ones loaded last, and a key only the other engine reads is refused by name."""
+import jax
+import numpy as np
+import pytest
+
+import rljax
+from rljax.errors import StartupError, UnknownNameError
+from rljax.models import ModelConfig, transformer
+from rljax.rollout import SamplingParams, left_pad, sample
+from rljax.rollout.engines import ENGINES, EngineBase, JaxEngine, Placement
+
+CFG = ModelConfig(vocab_size=16, hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2,
+                  num_kv_heads=1, head_dim=16, max_position_embeddings=64)
+SP = SamplingParams(temperature=1.0, max_new_tokens=6, stop_ids=(3,), pad_id=0)
+TOKENS, MASK = left_pad([[1, 5, 7], [2, 9], [4, 4, 8, 6]], 4, 0)
+
+
+def _engine(name, **overrides):
+  config = rljax.config(overrides={"rollout.engine": name, **overrides})
+  return ENGINES.get(name)(config, CFG, Placement())
+
+
+def _fields(r):
+  return {k: np.asarray(getattr(r, k)) for k in ("tokens", "mask", "sampler_logp", "lengths")}
+
+
+@pytest.mark.parametrize("name, budget", [("all_rows", 0), ("continuous", 5)])
+def test_an_engine_is_the_sampler_it_names_with_the_weights_loaded_last(name, budget):
+  engine = _engine(name, **({"rollout.max_concurrent_rows": budget} if budget else {}))
+  assert isinstance(engine, JaxEngine) and engine.max_concurrent_rows == budget
+  first, second = (transformer.init_params(CFG, seed=s) for s in (0, 1))
+  key = jax.random.key(0)
+  engine.load_weights(first, 0)
+  engine.load_weights(second, 1)
+  got = _fields(engine.generate(TOKENS, MASK, key, SP, 4))
+  want = _fields(sample(CFG, second, TOKENS, MASK, key, SP, 4, max_concurrent_rows=budget))
+  for k in want:
+    np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+  other = _fields(sample(CFG, first, TOKENS, MASK, key, SP, 4))
+  assert not np.array_equal(got["sampler_logp"], other["sampler_logp"])  # not the first weights
+  assert engine.version == 1
+
+
+def test_slot_budgets_are_continuous_only():
+  with pytest.raises(StartupError, match=r"rollout.max_concurrent_rows=8 not read by "
+                                         r"rollout.engine='all_rows'"):
+    _engine("all_rows", **{"rollout.max_concurrent_rows": 8})
+
+
+def test_an_unknown_engine_lists_the_registered_ones():
+  with pytest.raises(UnknownNameError, match="registered: all_rows, continuous"):
+    ENGINES.get("vllm")
+
+
+def test_engine_base_holds_what_it_is_given():
+  engine = EngineBase(CFG)
+  weights = {"w": np.ones(2)}
+  assert engine.transfer(weights) == (weights, {}) and engine.version == -1
+  engine.load_weights(weights, 7)
+  assert engine.weights is weights and engine.version == 7
+  engine.close()
+  assert engine.weights is None
