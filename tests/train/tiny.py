@@ -22,6 +22,8 @@ OVERRIDES = {
     "reward.fn": REWARD, "optim.lr": "1e-3", "critic.pretrain_steps": "0",
     "train.steps": "2", "train.progress": "false", "train.export_hf": "false",
 }
+MODEL_SIZES = ("model.hidden_size", "model.intermediate_size", "model.num_layers",
+               "model.num_heads", "model.num_kv_heads")  # read by a 'tiny'/'sft' model only
 # Only where something reads them: a key set away from its default that nothing reads is an error.
 CRITIC = {"critic.lr": "1e-3"}
 DYNAMIC_SAMPLING = {"algo.max_gen_batches": "3"}
@@ -44,8 +46,11 @@ def overrides(preset: str) -> dict:
 
 
 def args(preset: str, run_dir: str, extra: dict | None = None) -> list[str]:
-  """``rljax train`` arguments for ``configs/<preset>.py`` at the tiny size."""
+  """``rljax train`` arguments for ``configs/<preset>.py`` at the tiny size (the sizes left out
+  where ``extra`` names a checkpoint source, which brings its own architecture)."""
   merged = dict(overrides(preset), **{"train.run_dir": run_dir}, **(extra or {}))
+  if not str(merged.get("model.source", "tiny")).startswith(("tiny", "sft")):
+    merged = {k: v for k, v in merged.items() if k not in MODEL_SIZES}
   return (["train", "--config", os.path.join(ROOT, "configs", f"{preset}.py")]
           + [f"--config.{k}={v}" for k, v in merged.items()])
 
