@@ -24,6 +24,7 @@ from typing import Any, Dict
 # that the checks see the package's components whoever calls them.
 import rljax.algos  # noqa: F401
 import rljax.envs  # noqa: F401
+import rljax.envs.engines  # noqa: F401
 import rljax.models.families  # noqa: F401
 import rljax.rewards.verifiers  # noqa: F401
 import rljax.rollout.engines  # noqa: F401

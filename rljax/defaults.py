@@ -280,7 +280,7 @@ KEYS = declare((
         "'<tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call>' (Qwen / Hermes; with "
         "data.chat_template a turn is a whole assistant message, answered by the chat "
         "template's tool messages)", read_if=MULTI_TURN),
-    Key("env.engine", "turn_sync", choice("turn_sync", "continuous"),
+    Key("env.engine", "turn_sync", registered("episode_engine"),
         "turn_sync: every turn is one sampler call over the live rows, then every step (a turn "
         "waits for its slowest row and tool) | continuous: a row whose turn ends steps its "
         "environment while the others decode, and re-enters with its KV cache kept "

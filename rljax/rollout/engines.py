@@ -173,6 +173,7 @@ class EngineRegistry:
 ENGINES = EngineRegistry("rollout.engine")
 EPISODE_ENGINES = EngineRegistry("env.engine")
 add_family("rollout_engine", ENGINES)  # rollout.engine's check: registered("rollout_engine")
+add_family("episode_engine", EPISODE_ENGINES)  # env.engine's (filled by rljax.envs.engines)
 
 
 def register_engine(name: str) -> Callable:
