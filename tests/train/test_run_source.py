@@ -8,7 +8,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from rljax import cli, config_loader
+from rljax import cli, config_loader, plan
 from rljax.train import build
 from tests.train import tiny
 
@@ -126,3 +126,12 @@ def test_tiny_sizes_are_refused_with_a_run_source(tmp_path, capsys, nothing_is_l
   err = capsys.readouterr().err
   assert info.value.code == 2 and "model.num_layers" in err, err
   assert f"model.source='run:{run}' brings its own architecture" in err, err
+
+
+def test_plan_takes_the_architecture_of_the_run(first_run):
+  config = config_loader.load_config(GRPO, [("model.source", f"run:{first_run}")])
+  name, cfg = plan.model_config(config)
+  sizes = {k.split(".")[1]: int(tiny.OVERRIDES[k]) for k in tiny.MODEL_SIZES}
+  assert name == f"run:{first_run}"
+  assert {k: getattr(cfg, k) for k in sizes} == sizes  # the first run's, not the defaults
+  assert cfg.vocab_size == 57 and cfg.dtype == "float32"  # the char tokenizer's vocabulary
