@@ -109,7 +109,8 @@ KEYS = declare((
     # --- model ---------------------------------------------------------------------------------
     Key("model.source", "tiny", NONEMPTY,
         "'tiny' (random, the sizes below) | 'hf:PATH' (a Hugging Face directory) | 'sft' (the "
-        "supervised cold start of section sft, trained first if not on disk)"),
+        "supervised cold start of section sft, trained first if not on disk) | 'run:DIR[@STEP]' "
+        "(the policy of another run's latest checkpoint, or of step STEP)"),
     Key("model.hidden_size", 128, MODEL_DIM, "width of the 'tiny'/'sft' model",
         read_if=FRESH_MODEL),
     Key("model.intermediate_size", 384, MODEL_DIM, "MLP width of the 'tiny'/'sft' model",

@@ -99,6 +99,10 @@ class MissingTensorError(ModelFileError, KeyError):
     return str(self.args[0])
 
 
+class RunDirError(RljaxError, RuntimeError):
+  """The run directory is in use, holds no run to resume, or holds a different run."""
+
+
 class TokenizerError(RljaxError, ValueError):
   """``data.tokenizer`` cannot be loaded or lacks what the run needs (EOS, a chat template)."""
 

@@ -78,6 +78,7 @@ from rljax.models import attention as attention_lib
 from rljax.models import kv_cache as kv_cache_lib
 from rljax.models import transformer
 from rljax.models.config import REMAT_CHOICES, ModelConfig, compute_dtype, tiny_config
+from rljax.models.source import parse_source, run_config
 from rljax.parallel import mesh as mesh_lib
 from rljax.parallel import rules as rules_lib
 from rljax.rollout import sampler as sampler_lib
@@ -234,7 +235,8 @@ def model_config(config, model: str | None = None, device_kind: str = "cpu"
                  ) -> tuple[str, ModelConfig]:
   """(name, ModelConfig) to plan for: ``model`` argument, else ``plan.model``, else
   ``model.source`` ('hf:PATH' reads PATH/config.json only; 'tiny' uses ``config.model``, and so
-  does 'sft': the cold start is trained with that architecture), computing in the dtype
+  does 'sft': the cold start is trained with that architecture; 'run:DIR' the architecture of
+  that run's config.json), computing in the dtype
   ``model.dtype`` gives on ``device_kind``."""
   m = config.model
   platform = "cpu" if device_kind == "cpu" else "accelerator"
@@ -246,6 +248,9 @@ def model_config(config, model: str | None = None, device_kind: str = "cpu"
     return source, ModelConfig(**MODEL_SHAPES[source], **dtypes)
   if source.startswith("hf:"):
     return source, ModelConfig.from_hf_dir(source[3:], **dtypes)
+  if source.startswith("run:"):  # another run's architecture, from its config.json
+    run = run_config(parse_source(source, "model.source").path)
+    return source, model_config(run, run.model.source, device_kind)[1].replace(**dtypes)
   if source in ("tiny", "sft"):
     try:
       vocab = tokenizer_lib.load_tokenizer(config.data.tokenizer).vocab_size
@@ -254,7 +259,8 @@ def model_config(config, model: str | None = None, device_kind: str = "cpu"
                         f"data.tokenizer={config.data.tokenizer!r} ({e})") from e
     return source, tiny_config(m, vocab, dtype=dtypes["dtype"])
   raise ConfigError(f"cannot plan for model {source!r}: use one of {sorted(MODEL_SHAPES)}, "
-                    "'hf:PATH' (a directory with config.json) or model.source='tiny' or 'sft'")
+                    "'hf:PATH' (a directory with config.json), 'run:DIR' or model.source='tiny' or "
+                    "'sft'")
 
 
 @functools.lru_cache(maxsize=16)

@@ -24,6 +24,7 @@ from rljax.data.tasks import Problem
 from rljax.errors import RljaxError, TokenizerError
 from rljax import models
 from rljax.models import ModelConfig
+from rljax.models.source import POLICY_SOURCES, parse_source, run_config
 
 POLICIES = ("error", "drop")
 
@@ -58,14 +59,15 @@ def prompt_token_limit(max_prompt_tokens: int, context: int, budget: int,
 
 def model_context(config, tokenizer) -> int:
   """``max_position_embeddings`` of the policy ``model.source`` names, without loading weights
-  (and without training the SFT cold start: its architecture is the tiny one)."""
-  source = config.model.source
-  if source in ("tiny", "sft"):
-    return models.tiny_config(config.model, tokenizer.vocab_size, eos_token_id=tokenizer.eos_id,
-                              pad_token_id=tokenizer.pad_id).max_position_embeddings
-  if source.startswith("hf:"):
-    return ModelConfig.from_hf_dir(source[3:]).max_position_embeddings
-  raise RljaxError(f"model.source must be 'tiny', 'sft' or 'hf:PATH', got {source!r}")
+  (and without training the SFT cold start: its architecture is the tiny one; a run's is its own
+  config's source's)."""
+  source = parse_source(config.model.source, "model.source", POLICY_SOURCES)
+  if source.kind == "run":
+    return model_context(run_config(source.path), tokenizer)
+  if source.kind == "hf":
+    return ModelConfig.from_hf_dir(source.path).max_position_embeddings
+  return models.tiny_config(config.model, tokenizer.vocab_size, eos_token_id=tokenizer.eos_id,
+                            pad_token_id=tokenizer.pad_id).max_position_embeddings
 
 
 def where(problem: Problem) -> str:

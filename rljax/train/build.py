@@ -24,7 +24,8 @@ from rljax.envs.failures import FailureReport
 from rljax.errors import ModelFileError, RljaxError, StartupError
 from rljax.models import ModelConfig, transformer
 from rljax.models.config import compute_dtype, run_settings
-from rljax.models.source import ModelSource, parse_source
+from rljax.models.source import (POLICY_SOURCES, ModelSource, check_same_tokenizer, parse_source,
+                                 run_config)
 from rljax.parallel import distributed, mesh as mesh_lib, rules
 from rljax.rewards import verifiers
 from rljax.rollout.engines import (ENGINES, EPISODE_ENGINES, EpisodeEngine, Placement,
@@ -87,9 +88,6 @@ def sampling_params(config, tokenizer, greedy: bool = False) -> rollout_lib.Samp
       max_new_tokens=r.max_new_tokens, stop_ids=(tokenizer.eos_id,), pad_id=tokenizer.pad_id)
 
 
-POLICY_SOURCES = ("tiny", "sft", "hf")  # the kinds of rljax.models.source that model.source takes
-
-
 def model_source(config) -> ModelSource:
   """``model.source`` parsed (``rljax.models.source``); a bad one is a one-line error."""
   return parse_source(config.model.source, "model.source", POLICY_SOURCES)
@@ -102,6 +100,25 @@ def _hf_source(config, tokenizer, *, train_if_missing: bool) -> str | None:
   if source.kind == "sft" and train_if_missing:
     return sft.ensure_sft_checkpoint(config, tokenizer)
   return source.hf_dir(config.sft.out_dir)
+
+
+def check_run_source(config, source: ModelSource) -> None:
+  """A 'run:DIR[@STEP]' policy source names an rljax run (its config.json) trained with this
+  config's tokenizer, holding a committed checkpoint (step ``STEP`` when given)."""
+  named = f"model.source={source.text!r}"
+  run_config(source.path)  # an rljax run directory at all
+  check_same_tokenizer(config, source.path, named)
+  steps = run_dir_lib.committed_steps(source.path)
+  if not steps:
+    raise run_dir_lib.RunDirError(f"{named}: {source.path!r} holds no checkpoint (no committed "
+                                  "step under checkpoints/); train it first")
+  if source.step is not None and source.step not in steps:
+    raise run_dir_lib.RunDirError(f"{named}: {source.path!r} has no checkpoint of step "
+                                  f"{source.step}; its steps are {steps}")
+
+
+def _same_dir(a: str, b: str) -> bool:
+  return os.path.realpath(a) == os.path.realpath(b)
 
 
 def check_model_keys(config, algo: Algorithm, tokenizer) -> Algorithm:
@@ -121,20 +138,50 @@ def check_model_keys(config, algo: Algorithm, tokenizer) -> Algorithm:
 def resolve_model_config(config, tokenizer) -> ModelConfig:
   """The policy's architecture from ``model.source``, without loading any weights. The 'sft'
   cold start has the 'tiny' architecture of ``config.model`` (a stale or missing one is trained
-  with it), so that is known before it exists."""
+  with it), so that is known before it exists; a run's is its own config's source's."""
   m = config.model
+  source = model_source(config)
+  if source.kind == "run":
+    cfg = resolve_model_config(run_config(source.path), tokenizer)
+    return cfg.replace(dtype=compute_dtype(m.dtype), param_dtype=m.param_dtype, **run_settings(m))
   path = _hf_source(config, tokenizer, train_if_missing=False)
-  if path is None or model_source(config).kind == "sft":
+  if path is None or source.kind == "sft":
     return models.tiny_config(m, tokenizer.vocab_size, eos_token_id=tokenizer.eos_id,
                               pad_token_id=tokenizer.pad_id)
   return ModelConfig.from_hf_dir(path, dtype=compute_dtype(m.dtype), param_dtype=m.param_dtype,
                                  **run_settings(m))
 
 
+def load_run_params(run_dir: str, config=None, step: int | None = None):
+  """(ModelConfig, policy params) of checkpoint ``step`` in ``run_dir`` (None: the latest one
+  that restores), the architecture and the state's layout from the run's config.json."""
+  config = config or run_config(run_dir)
+  tokenizer = tokenizer_lib.load_tokenizer(config.data.tokenizer, config.data.chat_template)
+  model_cfg = resolve_model_config(config, tokenizer)
+  checkpointer = Checkpointer(os.path.join(run_dir, "checkpoints"), keep=1,
+                              read_only=True)  # never touches the run's files
+  shapes, _ = abstract_state(config, model_cfg)
+  abstract = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype,
+                                                         sharding=single_device()), shapes)
+  if step is None:
+    _, state, _ = checkpointer.restore_latest(abstract)
+  else:
+    state, _ = checkpointer.restore(step, abstract)
+  checkpointer.close()
+  return model_cfg, state.params
+
+
 def load_policy(config, tokenizer) -> tuple[ModelConfig, dict]:
-  """``model.source``: 'tiny' (fresh random), 'hf:PATH', or 'sft' (the cold-start checkpoint,
-  trained first when ``sft.out_dir`` does not hold one yet)."""
+  """``model.source``: 'tiny' (fresh random), 'hf:PATH', 'sft' (the cold-start checkpoint,
+  trained first when ``sft.out_dir`` does not hold one yet) or 'run:DIR[@STEP]' (the policy of
+  another run's latest checkpoint, or of its step ``STEP``)."""
   m = config.model
+  source = model_source(config)
+  if source.kind == "run":
+    check_run_source(config, source)
+    _, params = load_run_params(source.path, step=source.step)
+    cast = lambda x: x.astype(m.param_dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x
+    return resolve_model_config(config, tokenizer), jax.tree.map(cast, params)
   path = _hf_source(config, tokenizer, train_if_missing=True)
   if path is None:
     cfg = resolve_model_config(config, tokenizer)
@@ -356,6 +403,11 @@ def _check_model_files(config, algo: Algorithm, tokenizer) -> None:
   source = model_source(config)  # an unknown model.source
   if source.kind == "hf":
     check_vocab(config, _named("model.source", source.text, source.path), tokenizer)
+  if source.kind == "run":
+    if _same_dir(source.path, config.train.run_dir):
+      raise StartupError(f"model.source={source.text!r} is this run's own train.run_dir: start "
+                         "from another run's checkpoint (a run resumes its own by itself)")
+    check_run_source(config, source)
   for t in algo.transforms:
     if t.check_aux is not None:
       for key, value, path in t.check_aux(config):

@@ -17,8 +17,9 @@ from rljax import config_checks, models
 from rljax.data import datasets, prompt_policy, tokenizer as tokenizer_lib
 from rljax.envs.checks import check_env_startup
 from rljax.rewards import verifiers
+from rljax.models.source import check_same_tokenizer, run_config
 from rljax.train import build, generation
-from rljax.train.checkpoint import Checkpointer
+from rljax.train.build import load_run_params
 from rljax.train.run_dir import RunDirError
 from rljax.parallel import mesh as mesh_lib
 
@@ -26,17 +27,6 @@ EVAL_BATCH = 128  # problems per sampler call
 # Multi-turn evals also report, per episode: turns, tool calls, tool errors, and the share of
 # episodes with at least one tool call (``rljax.envs.episodes`` records them per row).
 EPISODE_METRICS = ("turns", "tool_calls", "tool_errors", "tool_use")
-
-
-def run_config(run_dir: str) -> ml_collections.ConfigDict:
-  path = os.path.join(run_dir, "config.json")
-  if not os.path.isfile(path):
-    raise RunDirError(f"{run_dir!r} is not an rljax run directory (no config.json)")
-  try:
-    with open(path) as f:
-      return ml_collections.ConfigDict(json.load(f))
-  except (OSError, ValueError) as e:
-    raise RunDirError(f"{path} is not readable JSON ({e})") from None
 
 
 # The model.* keys that ``eval --checkpoint`` takes from the eval's command line: how the sampler
@@ -74,37 +64,6 @@ def checkpoint_config(config, run_dir: str, overridden=()) -> ml_collections.Con
   return saved
 
 
-def check_same_tokenizer(config, run_dir: str) -> None:
-  """A checkpoint's token ids mean something only with the tokenizer it was trained with: the
-  run's config.json records it (another one scored 1.6% instead of 46.9%, silently)."""
-  saved = run_config(run_dir).data
-  for key in ("tokenizer", "chat_template"):
-    if key in saved and saved[key] != config.data[key]:
-      raise RunDirError(
-          f"eval --checkpoint {run_dir}: the run was trained with data.{key}={saved[key]!r} (its "
-          f"config.json), this eval has data.{key}={config.data[key]!r}; drop that override or "
-          f"pass --config.data.{key}={saved[key]}")
-
-
-def load_run_params(run_dir: str, config=None, step: int | None = None):
-  """(ModelConfig, policy params) of checkpoint ``step`` in ``run_dir`` (None: the latest one
-  that restores)."""
-  config = config or run_config(run_dir)
-  tokenizer = tokenizer_lib.load_tokenizer(config.data.tokenizer, config.data.chat_template)
-  model_cfg = build.resolve_model_config(config, tokenizer)
-  checkpointer = Checkpointer(os.path.join(run_dir, "checkpoints"), keep=1,
-                              read_only=True)  # never touches the run's files
-  shapes, _ = build.abstract_state(config, model_cfg)
-  abstract = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype,
-                                                         sharding=build.single_device()), shapes)
-  if step is None:
-    _, state, _ = checkpointer.restore_latest(abstract)
-  else:
-    state, _ = checkpointer.restore(step, abstract)
-  checkpointer.close()
-  return model_cfg, state.params
-
-
 def evaluate_config(config, *, samples: int = 1, checkpoint: str | None = None,
                     overridden=()) -> dict:
   """pass@1 (and with ``samples`` > 1 pass@k, maj@k) of ``model.source`` or of the latest
@@ -119,7 +78,7 @@ def _evaluate_config(config, *, samples: int, checkpoint: str | None, run=None) 
   build.check_reward_fn(config)  # before minutes of loading, as train does
   config_checks.check_config(config)  # values, unread keys, relations: before any loading
   if checkpoint:
-    check_same_tokenizer(config, checkpoint)
+    check_same_tokenizer(config, checkpoint, f"eval --checkpoint {checkpoint}")
   tokenizer = tokenizer_lib.load_tokenizer(config.data.tokenizer, config.data.chat_template)
   check_env_startup(config, tokenizer)
   if checkpoint:

@@ -35,7 +35,7 @@ import socket
 import time
 
 from rljax import errors
-from rljax.errors import RljaxError
+from rljax.errors import RljaxError, RunDirError
 from rljax.data import datasets
 from rljax.parallel import distributed
 
@@ -62,10 +62,6 @@ RESUMABLE_CHANGES = (
     "sft.out_dir", "train.loggers", "train.tracker_project", "train.tracker_run_name",
     "train.tracker_group", "train.tracker_tags", "train.mlflow_tracking_uri",
 )
-
-
-class RunDirError(RljaxError, RuntimeError):
-  """The run directory is in use, holds no run to resume, or holds a different run."""
 
 
 class RunLock:

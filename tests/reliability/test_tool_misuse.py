@@ -31,7 +31,7 @@ def test_eval_with_another_tokenizer_than_the_run_is_refused(tmp_path, capsys):
   assert info.value.code == 2
   assert capsys.readouterr().err == (
       f"error: eval --checkpoint {run}: the run was trained with data.tokenizer='char' (its "
-      f"config.json), this eval has data.tokenizer='{tmp_path}'; drop that override or pass "
+      f"config.json), this config has data.tokenizer='{tmp_path}'; drop that override or pass "
       "--config.data.tokenizer=char\n")
 
 
