@@ -19,7 +19,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-WEIGHT_DTYPES = ("float8_e4m3fn",)
+from rljax.defaults import options
+
+WEIGHT_DTYPES = options("rollout.weight_dtype")
 EXPERT_KERNELS = ("gate_proj", "up_proj", "down_proj")
 
 
