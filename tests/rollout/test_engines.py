@@ -104,6 +104,18 @@ def test_fp8_sync_copies_for_an_asynchronous_sampler():
   assert metrics["weights/sync_bytes"] > 0
 
 
+def test_fp8_sync_to_the_samplers_own_devices_places_the_round_trip():
+  # mesh.sampler_devices: quantised, then put on the sampler's shardings (here one device).
+  params = transformer.init_params(CFG, seed=0)
+  device = jax.sharding.SingleDeviceSharding(jax.devices()[-1])
+  placed, _ = WeightSync(jax.tree.map(lambda _: device, params), weight_dtype="float8_e4m3fn")(
+      params)
+  for got, want in zip(jax.tree.leaves(placed), jax.tree.leaves(
+      quantize.round_trip_weights(params))):
+    assert got.sharding == device
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
 def test_an_unknown_weight_dtype_is_refused():
   with pytest.raises(ValueError, match="rollout.weight_dtype='int4'"):
     WeightSync(weight_dtype="int4")
