@@ -225,6 +225,13 @@ KEYS = declare((
         "rollout.engine='continuous': KV-cache budget per data shard, caps S too; 0 = no cap"),
     Key("rollout.dtype", None, optional(choice(*DTYPES)),
         "sampler weights + KV cache dtype; None = model.dtype"),
+    Key("rollout.weight_dtype", None, optional(choice("float8_e4m3fn")),
+        "low-precision sampling (docs/rollout.md): each time the learner's weights are "
+        "published to the engine, the layers' projection and expert kernels are quantised per "
+        "output channel to this dtype and the sampler computes with the dequantised values in "
+        "its dtype (rollout.dtype): the numerics of FP8 weights, the learner keeping full "
+        "precision; FP8 matmuls and their memory saving need an accelerator path not built "
+        "here; None = off"),
     Key("rollout.max_staleness", 0, integer(0, 64),
         "asynchronous RL (docs/async.md): the sampler may start step s's batch with weights of "
         "learner step >= s - max_staleness, in a background thread; 0 = synchronous"),

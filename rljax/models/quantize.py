@@ -10,6 +10,9 @@ the format's largest finite value (``q_max`` = 448 for ``float8_e4m3fn``):
 A channel of zeros gets ``s = 1`` (Q = 0). This is the weight scheme of vLLM's and
 TransformerEngine's per-channel FP8 (Micikevicius et al. 2022, "FP8 Formats for Deep Learning").
 
+Applied when the learner's weights are published to the rollout engine with
+``rollout.weight_dtype`` set (``rljax.rollout.engines.WeightSync``; docs/rollout.md).
+
 Which weights: the attention and MLP projections of every layer and the experts (``quantized``);
 not the embeddings, the LM head, the MoE router (its top-k decides the experts, so vLLM keeps it in
 full precision too), norms or biases.
@@ -19,7 +22,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-WEIGHT_DTYPES = ("float8_e4m3fn",)
+from rljax.defaults import options
+
+WEIGHT_DTYPES = options("rollout.weight_dtype")
 EXPERT_KERNELS = ("gate_proj", "up_proj", "down_proj")
 
 

@@ -38,6 +38,7 @@ import numpy as np
 
 from rljax.errors import StartupError, UnknownNameError
 from rljax.keys import add_family
+from rljax.models import quantize
 from rljax.models.config import ModelConfig
 from rljax.rollout import sampler as sampler_lib
 from rljax.rollout.record import Rollout
@@ -98,25 +99,40 @@ class EngineBase:
     self.weights = None
 
 
+# The weights a sampler holding FP8 kernels computes with, made once per publish in one program
+# (compiled once per parameter shapes and shardings), never per decode step.
+_round_trip = jax.jit(quantize.round_trip_weights, static_argnames="dtype")
+
+
 class WeightSync:
   """Places the learner's weights where a JAX engine reads them (its ``transfer``).
 
-  ``shardings`` (a pytree of the sampler's ``NamedSharding``s) when the sampler has devices of
+  ``weight_dtype`` (``rollout.weight_dtype``; None = off): the layers' projection and expert
+  kernels are first replaced by their per-channel round trip through that dtype
+  (``rljax.models.quantize.round_trip_weights``), in a new tree: the learner's parameters are
+  never changed. ``shardings`` (a pytree of the sampler's ``NamedSharding``s) when the sampler has devices of
   its own: ``jax.device_put`` copies the weights there. None when colocated: with ``copy`` (the
   asynchronous sampler) a copy on the same devices, because the learner's next update donates
   the buffers the sampler would still be reading; without it the weights themselves (the
   synchronous loop samples before the update, so no copy is needed).
   """
 
-  def __init__(self, shardings=None, copy: bool = False):
-    self.shardings, self.copy = shardings, copy
+  def __init__(self, shardings=None, copy: bool = False, weight_dtype: Optional[str] = None):
+    if weight_dtype is not None and weight_dtype not in quantize.WEIGHT_DTYPES:
+      raise ValueError(f"rollout.weight_dtype={weight_dtype!r}: expected one of "
+                       f"{quantize.WEIGHT_DTYPES} or None")
+    self.shardings, self.copy, self.weight_dtype = shardings, copy, weight_dtype
 
   @property
   def moves(self) -> bool:
-    return self.shardings is not None or self.copy
+    return self.shardings is not None or self.copy or self.weight_dtype is not None
 
   def place(self, params):
-    """``params`` readable by the sampler (nothing copied where that is not needed)."""
+    """``params`` readable by the sampler (nothing copied where that is not needed), quantised
+    first with ``weight_dtype``. The round trip's untouched leaves (embeddings, norms) may be
+    the learner's own buffers, so the copy below still applies to them."""
+    if self.weight_dtype is not None:
+      params = _round_trip(params, dtype=self.weight_dtype)
     if self.shardings is not None:
       return jax.device_put(params, self.shardings)
     if self.copy:
@@ -125,7 +141,8 @@ class WeightSync:
 
   def __call__(self, params) -> tuple[Any, dict]:
     """(the sampler's weights, ``weights/sync_bytes`` and ``weights/sync_sec``: bytes written to
-    the sampler's devices, all shards, and the wall time until they are there)."""
+    the sampler's devices, all shards, and the wall time until they are there, quantisation
+    included)."""
     if not self.moves:
       return params, {}
     t0 = time.perf_counter()
@@ -272,10 +289,11 @@ class JaxEngine(EngineBase):
 def weight_sync(config, placement: Placement) -> WeightSync:
   """How the learner's weights reach a JAX engine: copied to its own devices (``mesh.
   sampler_devices``), copied on the same ones (an asynchronous colocated sampler), or read in
-  place (the synchronous colocated loop)."""
+  place (the synchronous colocated loop); quantised first with ``rollout.weight_dtype``."""
+  dtype = config.rollout.weight_dtype
   if placement.colocated:
-    return WeightSync(copy=config.rollout.max_staleness > 0)
-  return WeightSync(placement.param_sharding)
+    return WeightSync(copy=config.rollout.max_staleness > 0, weight_dtype=dtype)
+  return WeightSync(placement.param_sharding, weight_dtype=dtype)
 
 
 CONTINUOUS_KEYS = ("max_concurrent_rows", "kv_cache_bytes")  # read by 'continuous' only

@@ -62,11 +62,24 @@ def make_engine(config, model_cfg: ModelConfig, mesh, tokenizer, learner_mesh=No
   environment than the config's)."""
   factory = _startup(ENGINES.get, config.rollout.engine)
   engine = _startup(factory, config, model_cfg, engine_placement(model_cfg, mesh, learner_mesh))
+  _check_weight_dtype(config, engine)
   settings = settings or env_settings(config, tokenizer)
   if settings is None:
     return engine
   driver = _startup(EPISODE_ENGINES.get, settings.engine)
   return _startup(driver, engine, settings, tokenizer, config.data.prompt_bucket)
+
+
+def _check_weight_dtype(config, engine) -> None:
+  """``rollout.weight_dtype`` is applied by a JAX engine's weight sync (``rljax.rollout.engines.
+  weight_sync``); an engine built without it would sample at full precision: refused by name."""
+  dtype = config.rollout.weight_dtype
+  sync = getattr(engine, "sync", None)
+  if dtype is not None and getattr(sync, "weight_dtype", None) != dtype:
+    raise StartupError(f"rollout.weight_dtype={dtype!r} is not applied by rollout.engine="
+                       f"{config.rollout.engine!r} (its weights do not pass through "
+                       "rljax.rollout.engines.weight_sync); set it to None or use all_rows / "
+                       "continuous")
 
 
 def env_settings(config, tokenizer) -> EnvSettings | None:

@@ -74,3 +74,11 @@ def test_a_registered_engine_trains_through_rljax_train(tmp_path, canned):
 def test_an_unregistered_engine_is_refused_by_name(tmp_path):
   with pytest.raises(RljaxError, match="rollout.engine='nope'"):
     cli.main(tiny.args("grpo", str(tmp_path / "run"), {"rollout.engine": "nope"}))
+
+
+def test_fp8_weights_with_an_engine_that_does_not_apply_them_are_refused(tmp_path, canned):
+  with pytest.raises(RljaxError, match="rollout.weight_dtype='float8_e4m3fn' is not applied by "
+                                       "rollout.engine='canned_test'"):
+    cli.main(tiny.args("grpo", str(tmp_path / "run"), {"rollout.engine": "canned_test",
+                                                       "rollout.weight_dtype": "float8_e4m3fn"}))
+  assert not [c for c in CALLS if c[0] == "generate"]  # refused before anything sampled
