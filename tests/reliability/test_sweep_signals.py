@@ -34,25 +34,42 @@ def _descendants(roots: set[int]) -> set[int]:
   return seen
 
 
-def _start_sweep(root):
-  env = dict(os.environ, PYTHONPATH=ROOT)  # the session's compilation cache is inherited
-  return subprocess.Popen([sys.executable, "-m", "rljax", "sweep", STUDY, "--root", str(root)],
-                          cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          text=True)
+@pytest.fixture
+def start_sweep():
+  """Starts ``rljax sweep`` of the stop study under a root; whatever a failed test left running
+  (the sweep, its run, the run's workers) is killed at teardown, so no later test sees it."""
+  started = []
+
+  def start(root):
+    env = dict(os.environ, PYTHONPATH=ROOT)  # the session's compilation cache is inherited
+    sweep = subprocess.Popen([sys.executable, "-m", "rljax", "sweep", STUDY, "--root", str(root)],
+                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)
+    started.append(sweep)
+    return sweep
+
+  yield start
+  for sweep in started:
+    for pid in _descendants({sweep.pid}) | {sweep.pid}:
+      try:
+        os.kill(pid, signal.SIGKILL)
+      except OSError:
+        pass
+    sweep.communicate()
 
 
-def _wait_for_workers(sweep, timeout_s=600):
-  """The pids under the sweep once its run has started verifier workers (processes under the
-  train process)."""
+def _wait_for_workers(sweep, workers=2, timeout_s=600):
+  """The pids under the sweep once its run has started its ``workers`` verifier workers
+  (processes under the train process; they start one after another)."""
   deadline = time.monotonic() + timeout_s
   while time.monotonic() < deadline:
     assert sweep.poll() is None, sweep.communicate()
     tree = _descendants({sweep.pid})
     table = isolation.process_table()
-    if any(table.get(pid, (None,))[0] in tree for pid in tree):  # a grandchild: the workers
+    if sum(table.get(pid, (None,))[0] in tree for pid in tree) >= workers:  # grandchildren
       return tree
     time.sleep(0.2)
-  raise AssertionError("the run never started its verifier workers")
+  raise AssertionError(f"the run never started its {workers} verifier workers")
 
 
 def _wait_all_gone(pids, timeout_s=180):
@@ -77,8 +94,8 @@ def _lock_is_free(run_dir):
 
 
 @pytest.mark.slow
-def test_sigterm_stops_the_sweep_and_its_run_with_no_process_left(tmp_path):
-  sweep = _start_sweep(tmp_path)
+def test_sigterm_stops_the_sweep_and_its_run_with_no_process_left(tmp_path, start_sweep):
+  sweep = start_sweep(tmp_path)
   tree = _wait_for_workers(sweep)
   assert len(tree) >= 3  # the train process and its 2 verifier workers
   sweep.send_signal(signal.SIGTERM)
@@ -101,8 +118,8 @@ def test_sigterm_stops_the_sweep_and_its_run_with_no_process_left(tmp_path):
 
 
 @pytest.mark.slow
-def test_kill_9_of_the_sweep_ends_its_run_and_workers(tmp_path):
-  sweep = _start_sweep(tmp_path)
+def test_kill_9_of_the_sweep_ends_its_run_and_workers(tmp_path, start_sweep):
+  sweep = start_sweep(tmp_path)
   tree = _wait_for_workers(sweep)
   sweep.kill()
   sweep.communicate(timeout=60)
