@@ -35,6 +35,9 @@ setup(
         "mlflow": ["mlflow-skinny>=3.0"],
         # data.source='reasoning_gym:NAME': reasoning-gym's procedural tasks and their scorers.
         "reasoning_gym": ["reasoning-gym>=0.1.25"],
+        # data.source='verifiers:ID' with env.name='verifiers': environments of the verifiers
+        # library (its classic API; 0.4 removed it).
+        "verifiers": ["verifiers>=0.3.1,<0.4", "datasets>=3.0"],
         # benchmarks/train_step.py's second peer: TRL's GRPOTrainer (CPU).
         "bench": ["torch==2.13.0", "trl==1.16.0", "datasets>=3.0"],
     },

@@ -85,6 +85,11 @@ EMBEDDED_SOURCE = When(lambda f, k: not f["data.source"].startswith(REASONING_GY
                        "a data.source other than reasoning_gym", lambda f, k: (
                            f"data.source={f['data.source']!r} reads its generators' settings "
                            "from data.reasoning_gym.config"))
+# data.source='verifiers:ID' with env.name='verifiers' (rljax/envs/verifiers_env.py).
+VERIFIERS = "verifiers"
+VERIFIERS_SOURCE = When(lambda f, k: f["data.source"].startswith(VERIFIERS + ":"),
+                        f"data.source='{VERIFIERS}:ID'", lambda f, k: (
+                            f"data.source={f['data.source']!r} is not a {VERIFIERS}: source"))
 MOE_MODEL = When(lambda f, k: bool(f.model.moe_layers), "a model with MoE layers",
                  lambda f, k: (f"model.source={f['model.source']!r} is a {f.model.model_type} "
                                "model without MoE layers"), frozenset({"model"}))
@@ -179,8 +184,9 @@ KEYS = declare((
     # --- data ----------------------------------------------------------------------------------
     Key("data.source", "embedded:arithmetic", NONEMPTY,
         "'embedded:arithmetic' | 'embedded:countdown' | 'reasoning_gym:NAME[,NAME...]' "
-        "(reasoning-gym tasks, extra [reasoning_gym]) | 'jsonl:PATH' | 'hf:PATH' (local "
-        "datasets files)"),
+        "(reasoning-gym tasks, extra [reasoning_gym]) | 'verifiers:ID' (a verifiers environment's "
+        "dataset, with env.name='verifiers'; extra [verifiers]) | 'jsonl:PATH' | 'hf:PATH' "
+        "(local datasets files)"),
     Key("data.difficulty", 1, integer(0, 1000), "embedded tasks: problem difficulty",
         read_if=EMBEDDED_SOURCE),
     Key("data.train_seed", 0, SEED, "generated tasks: seed of the training problems"),
@@ -195,6 +201,9 @@ KEYS = declare((
     Key("data.reasoning_gym.template", "{question}", NONEMPTY,
         "reasoning_gym source: the prompt, a str.format template over the item's question and "
         "metadata fields, e.g. '{expression}='", read_if=GYM_SOURCE),
+    Key("data.verifiers.args", "{}", STRING,
+        "verifiers source: JSON object of keyword arguments for the environment's loader "
+        "(load_environment or MODULE:FUNCTION)", read_if=VERIFIERS_SOURCE),
     Key("data.num_eval", 256, SIZE, "held-out problems evaluated before/after training"),
     Key("data.tokenizer", "char", NONEMPTY, "'char' or a local Hugging Face tokenizer directory"),
     Key("data.chat_template", False, BOOL, "wrap prompts in the tokenizer's chat template"),
@@ -614,6 +623,14 @@ def _gym_reward(f):
             f"only (it calls the generating task's scorer); data.source={f['data.source']!r}")
 
 
+def _verifiers_pair(f):
+  source, env = f["data.source"].startswith(VERIFIERS + ":"), f["env.name"] == VERIFIERS
+  if source != env:
+    return (f"data.source={f['data.source']!r} and env.name={f['env.name']!r}: a verifiers "
+            f"environment's dataset (data.source='{VERIFIERS}:ID') is run by its own episodes "
+            f"(env.name='{VERIFIERS}'), and that environment needs those prompts; set both")
+
+
 RELATIONS = (
     Relation(tuple(f"mesh.{axis}" for axis in MESH_AXES), "at most one axis is -1",
              _one_filled_mesh_axis),
@@ -640,6 +657,8 @@ RELATIONS = (
              "DAPO's overlong buffer is at most the completion budget", _overlong_buffer),
     Relation(("reward.fn", "data.source"), "the reasoning_gym scorer needs its source",
              _gym_reward),
+    Relation(("data.source", "env.name"), "a verifiers source and the verifiers environment go "
+             "together", _verifiers_pair),
 )
 
 
