@@ -5,6 +5,7 @@ the library's own ``run_rollout`` (its rollout loop and rubric scoring, with a c
 returns the same turns as messages written by hand): the rewards agree, and match the rubric's
 weights worked by hand. Then the bad inputs, and ``configs/verifiers.py`` for two steps."""
 import asyncio
+import dataclasses
 import json
 import os
 
@@ -15,10 +16,11 @@ import pytest
 from rljax import cli, config_loader
 from rljax.config_checks import ConfigError, check_config
 from rljax.data import datasets
-from rljax.data.tokenizer import CharTokenizer
+from rljax.data.tokenizer import CharTokenizer, load_tokenizer
 from rljax.envs import verifiers_demo
 from rljax.envs.episodes import SOURCE_ENV, SOURCE_POLICY, EnvSettings, run_episodes
 from rljax.errors import DataError
+from tests.envs.chat_templates import build_tokenizer
 from tests.envs.test_driver import SP, ScriptedPolicy
 from tests.train import tiny
 
@@ -33,8 +35,9 @@ ARGS = json.dumps({"num_examples": 40})
 FORMAT_WEIGHT = 0.1  # verifiers_demo's default weight of the integer-answer term
 
 
-def _problems(source, n, args=ARGS):
-  return datasets.load_problems(source, split="train", verifiers={"args": args})[:n]
+def _problems(source, n, args=ARGS, chat=False):
+  return datasets.load_problems(source, split="train",
+                                verifiers={"args": args, "chat": chat})[:n]
 
 
 def _settings(**kw):
@@ -151,6 +154,39 @@ def test_tool_environment_rewards_are_the_librarys_and_results_are_observations(
                                [1 + FORMAT_WEIGHT, FORMAT_WEIGHT, FORMAT_WEIGHT,
                                 1 + FORMAT_WEIGHT], rtol=1e-6)
   assert result.counts["env/errors"] == 0
+
+
+def test_chat_template_and_hermes_calls(tmp_path):
+  """With a chat template the episode is the library's conversation in the model's chat format:
+  the prompt messages rendered by the template, a hermes call read into the assistant message's
+  ``tool_calls``, the tool message rendered by the template as the observation."""
+  tok = load_tokenizer(build_tokenizer("qwen2.5", str(tmp_path / "qwen")), chat_template=True)
+  problems = _problems(CALC, 1, chat=True)
+  problem = problems[0]
+  expression, answer = problem.prompt[:-1], problem.answer
+  call = ('<tool_call>\n{"name": "calc", "arguments": {"expression": "%s"}}\n'
+                   '</tool_call>' % expression)
+
+  def script(text, member):
+    return call if "tool_response" not in text else f"#{answer}"
+
+  sp = dataclasses.replace(SP, stop_ids=(tok.eos_id,), pad_id=tok.pad_id, max_new_tokens=48)
+  result = run_episodes(problems, jax.random.PRNGKey(0),
+                        generate=ScriptedPolicy(script, tokenizer=tok),
+                        tokenizer=tok, settings=_settings(max_tokens=160, tool_format="hermes"),
+                        sampling=sp, group_size=1, prompt_bucket=8)
+  r = result.rollout
+  prompt = list(r.prompt_tokens[0][r.prompt_mask[0] > 0])
+  assert prompt == tok.encode_prompt([{"role": "user", "content": problem.prompt}])
+  source = r.extras["source"][0]
+  observed = tok.decode(r.tokens[0][source == SOURCE_ENV], skip_special_tokens=False)
+  assert observed == tok.render_followup([{"role": "tool", "content": answer}])
+  assert not r.mask[0][source == SOURCE_ENV].any()
+  library = library_reward(CALC, problem, [
+      ("", [ToolCall(id="c", name="calc", arguments=json.dumps({"expression": expression}))]),
+      (f"#{answer}", None)])
+  assert r.rewards[0] == pytest.approx(library) == pytest.approx(1 + FORMAT_WEIGHT)
+  assert r.extras["env_tool_calls"][0] == 1 and r.extras["env_turns"][0] == 2
 
 
 def not_an_environment(**kwargs):
