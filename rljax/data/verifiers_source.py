@@ -98,6 +98,10 @@ def environment(env_id: str, args_json: str = "{}"):
   if not isinstance(env, vf.Environment):
     raise DataError(f"data.source='verifiers:{env_id}' built a {type(env).__name__}, not a "
                     "verifiers Environment (vf.SingleTurnEnv, vf.MultiTurnEnv, vf.ToolEnv, ...)")
+  if not isinstance(env, vf.MultiTurnEnv):
+    raise DataError(f"data.source='verifiers:{env_id}' built a {type(env).__name__}: rljax runs "
+                    "the rollout loop of environments derived from vf.MultiTurnEnv "
+                    "(vf.SingleTurnEnv, vf.ToolEnv, ...), and this one is not")
   if env.rubric.has_group_rewards:
     raise DataError(f"data.source='verifiers:{env_id}': its rubric has group-level reward "
                     "functions (arguments 'completions', 'states', ...), which score a group "
