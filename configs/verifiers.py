@@ -27,7 +27,7 @@ from rljax.config_loader import preset
 def get_config():
   c = preset(__file__, "grpo.py")
   c.data.source = "verifiers:rljax.envs.verifiers_demo:load_arith_environment"
-  c.data.verifiers.args = json.dumps({"num_examples": 2000, "max_operand": 99})
+  c.data.verifiers.args = json.dumps({"num_examples": 2000})
   c.data.prompt_bucket = 8
   c.data.num_eval = 64
   c.env.name = "verifiers"

@@ -8,8 +8,8 @@ tests: their datasets are generated here, so nothing is downloaded.
   it is an integer (weight ``format_weight``);
 - ``load_calc_environment``: a ``vf.ToolEnv`` of 3-digit by 2-digit products (``'123*45='``) with
   a ``calc`` tool (``rljax.envs.tools.calc``): the policy may call it (``'<calc 123*45>'`` in the
-  compact format) and answers in a turn without a call; the same rubric, and the library's tool
-  metrics.
+  compact format; a failed call is answered ``error``) and answers in a turn without a call;
+  the same rubric, and the library's tool metrics.
 
   data.source='verifiers:rljax.envs.verifiers_demo:load_calc_environment'
 
@@ -93,5 +93,7 @@ def load_calc_environment(num_examples: int = 2000, seed: int = 0, max_turns: in
   import verifiers as vf  # optional extra [verifiers]
   from datasets import Dataset  # a dependency of verifiers
   rows = _rows(_product, num_examples, seed)
+  # A failed call is answered 'error' (the library's default answer, the exception's text, may
+  # hold characters the char tokenizer lacks).
   return vf.ToolEnv(dataset=Dataset.from_list(rows), tools=[calc], max_turns=max_turns,
-                    rubric=_rubric(vf, format_weight))
+                    error_formatter=lambda e: "error", rubric=_rubric(vf, format_weight))
