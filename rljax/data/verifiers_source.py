@@ -26,7 +26,6 @@ from __future__ import annotations
 import functools
 import importlib
 import json
-import logging
 
 from rljax import defaults
 from rljax.data.tasks import Problem, is_eval_prompt
@@ -160,7 +159,6 @@ def problems(env_id: str, args_json: str = "{}",
   the run wraps prompts in a chat template (``data.chat_template``), so its episodes observe chat
   messages."""
   env = environment(env_id, args_json)
-  logging.getLogger("datasets").setLevel(logging.WARNING)
   rows = list(env.get_dataset()) if (env.dataset is not None or env.dataset_source) else []
   train = [_problem(r, env_id, args_json, "train", i, chat) for i, r in enumerate(rows)]
   if env.eval_dataset is not None or env.eval_dataset_source is not None:

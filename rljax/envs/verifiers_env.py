@@ -15,7 +15,8 @@ An episode is the library's ``MultiTurnEnv.rollout`` loop cut at its model calls
   ``rljax.envs.tools`` into ``tool_calls``, the content the text before the first call),
   ``add_model_response``; then the environment's stop conditions (``is_completed``: its
   ``max_turns``, no tool call, its own ``@vf.stop`` methods, an error) and, if it goes on,
-  ``get_prompt_messages`` (its ``env_response``: tool results, a game's reply), whose new messages
+  ``get_prompt_messages`` (its ``env_response``: tool results, a game's reply; at rljax's
+  ``env.max_turns`` the rollout ends there, as at the environment's own), whose new messages
   are the observation (chat messages with ``data.chat_template``; else their text, a tool result
   bare in the compact format and as ``<tool_response>`` in hermes);
 - when the rollout is complete: ``cleanup`` (the library renders the completion), then
@@ -272,7 +273,13 @@ class VerifiersEnv(Environment):
     response, n_calls, unreadable = turn_message(action, state, self.tool_format, turn)
     await env.add_model_response(state, self.prompt, response)
     conversation = list(self.prompt) + list(state["trajectory"][-1]["completion"])
-    prompt = await self._next_prompt(env, state, conversation)
+    if len(state["trajectory"]) >= self.max_turns and not await env.is_completed(state):
+      # rljax's cap (env.max_turns) below the environment's own: the rollout ends here and is
+      # scored, as the library scores one that reaches its max_turns.
+      state["is_completed"], state["stop_condition"] = True, "max_turns_reached"
+      prompt = None
+    else:
+      prompt = await self._next_prompt(env, state, conversation)
     counts = {"tool_calls": n_calls, "tool_errors": unreadable}
     if prompt is None:
       reward, info = await self._score(env, state)

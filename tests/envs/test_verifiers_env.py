@@ -189,6 +189,24 @@ def test_chat_template_and_hermes_calls(tmp_path):
   assert r.extras["env_tool_calls"][0] == 1 and r.extras["env_turns"][0] == 2
 
 
+def test_rljax_turn_cap_scores_the_rollout_as_the_librarys_own_cap():
+  """env.max_turns below the environment's max_turns: the episode is scored at rljax's cap, as
+  the library scores a rollout that reaches its own max_turns (the same environment built with
+  max_turns=1)."""
+  problem = _problems(CALC, 1)[0]
+  expression, answer = problem.prompt[:-1], problem.answer
+  turn = f"#{answer}<calc {expression}>"  # an answer, then a call the cap leaves unanswered
+  result = run_episodes([problem], jax.random.PRNGKey(0),
+                        generate=ScriptedPolicy(lambda text, member: turn), tokenizer=TOK,
+                        settings=_settings(max_turns=1, max_tokens=40), sampling=SP,
+                        group_size=1, prompt_bucket=8)
+  capped = json.dumps({"num_examples": 40, "max_turns": 1})
+  call = ToolCall(id="c", name="calc", arguments=json.dumps({"expression": expression}))
+  library = library_reward(CALC, problem, [(f"#{answer}", [call])], args=capped)
+  assert result.rollout.rewards[0] == pytest.approx(library) == pytest.approx(1 + FORMAT_WEIGHT)
+  assert result.episodes[0].end == "done" and result.episodes[0].turns == 1
+
+
 def not_an_environment(**kwargs):
   return {"dataset": []}
 
