@@ -8,6 +8,7 @@ import asyncio
 import dataclasses
 import json
 import os
+import time
 
 import jax
 import numpy as np
@@ -215,9 +216,14 @@ def _raises(completion, answer) -> float:
   raise ZeroDivisionError("the reward function failed")
 
 
-def broken_rubric(num_examples: int = 40):
+def _hangs(completion) -> float:
+  time.sleep(3600)
+  return 1.0
+
+
+def broken_rubric(num_examples: int = 40, hang: bool = False):
   env = verifiers_demo.load_arith_environment(num_examples=num_examples)
-  env.rubric.add_reward_func(_raises)
+  env.rubric.add_reward_func(_hangs if hang else _raises)
   return env
 
 
@@ -245,6 +251,15 @@ def test_bad_input():
   assert result.counts["env/errors"] == 4 and not result.rollout.rewards.any()
   assert all("the rubric failed" in f["detail"] and "_raises" in f["detail"]
              for f in result.failures)
+  # A reward function that never returns costs its episode env.timeout_s, not the run.
+  hanging = _problems(source, 1, args=json.dumps({"num_examples": 40, "hang": True}))
+  start = time.monotonic()
+  result = run_episodes(hanging, jax.random.PRNGKey(0),
+                        generate=ScriptedPolicy(lambda text, member: "#1"), tokenizer=TOK,
+                        settings=_settings(max_turns=1, timeout_s=1.0), sampling=SP,
+                        group_size=2, prompt_bucket=8)
+  assert result.counts["env/timeouts"] == 2 and not result.rollout.rewards.any()
+  assert time.monotonic() - start < 60
 
 
 def _config(**overrides):
