@@ -207,7 +207,7 @@ class VerifiersEnv(Environment):
     if self.state is not None:
       from verifiers.utils.usage_utils import StateUsageTracker  # optional extra [verifiers]
       tracker = StateUsageTracker()
-      if usage:
+      if usage and any(usage.values()):  # an unused tracker stays unseen, as the library's
         tracker.increment(usage.get("input_tokens", 0), usage.get("output_tokens", 0))
       self.state["usage_tracker"], self.state["usage"] = tracker, tracker.usage
       self.state["client"] = turn_client()
