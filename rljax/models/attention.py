@@ -383,6 +383,7 @@ def cudnn_attention(q, k, v, k_segments, *, window=None, implementation: str | N
   ``block`` instead, exact on any layout.
   ``implementation='xla'`` runs the same masking on any platform (tests)."""
   segments = as_segments(k_segments)
+  dtype = q.dtype
 
   def one_segment(q, k, v, segments):
     valid = segments > 0
@@ -404,7 +405,6 @@ def cudnn_attention(q, k, v, k_segments, *, window=None, implementation: str | N
   def packed(q, k, v, segments):
     return blockwise_attention(q, k, v, segments, window=window, block=block).astype(dtype)
 
-  dtype = q.dtype
   return jax.lax.cond(several_segments(segments), packed, one_segment, q, k, v, segments)
 
 
