@@ -378,9 +378,10 @@ def cudnn_attention(q, k, v, k_segments, *, window=None, implementation: str | N
   start at slot 0 (unless ``aligned``: it does already), so padding becomes
   ``key/query_seq_lengths`` and causality by slot is ``is_causal`` (rotation keeps the order of
   the run; RoPE was applied before, by position). The valid runs must be contiguous.
-  That API holds one sequence per row: a batch where some row holds several segments
-  (``several_segments``, decided at run time by ``lax.cond``) runs ``blockwise_attention`` with
-  ``block`` instead, exact on any layout.
+  That API holds one sequence per row (one ``query/key_value_seq_lengths`` entry; the packed
+  layout of cuDNN's own entry point, ``q_offsets``/``kv_offsets``, is private to JAX): a batch
+  where some row holds several segments (``several_segments``, decided at run time by
+  ``lax.cond``) runs ``blockwise_attention`` with ``block`` instead, exact on any layout.
   ``implementation='xla'`` runs the same masking on any platform (tests)."""
   segments = as_segments(k_segments)
   dtype = q.dtype
