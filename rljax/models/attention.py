@@ -90,7 +90,7 @@ def attention(q, k, v, k_segments, *, q_offset=0, window: int | None = None,
   """Masked GQA attention (module doc). q [B, S, H, Dh]; k, v [B, K, G, Dh]; k_segments [B, K]
   int segment ids (0 padding; a bool / 0-1 key mask is one segment); ``q_offset`` the slot of
   query 0 (int or traced scalar). ``aligned``: every row's first valid slot is 0
-  (``align_rows``), which spares ``cudnn`` its rotations. Returns [B, S, H, Dh]."""
+  (``aligns_rows``), which spares ``cudnn`` its rotations. Returns [B, S, H, Dh]."""
   chex.assert_rank([q, k, v, k_segments], [4, 4, 4, 2])
   chex.assert_equal_shape([k, v])
   b, s, h, dh = q.shape
