@@ -236,3 +236,25 @@ def test_packed_forward_equals_each_sequence_alone(family, backend, monkeypatch)
   crossing = np.asarray(run(params, packed, (seg > 0).astype(seg.dtype))[0])
   row, lo = where[1]
   assert np.abs(crossing[row, lo:lo + LENGTHS[1]] - alone[1, -LENGTHS[1]:]).max() > 1e3 * tol
+
+
+def test_packed_gradient_equals_each_sequence_alone():
+  """d/d(params) of the next-token log-likelihood (within each sequence) of gemma3 (sliding and
+  global layers, blockwise backward with segment and window skipping): packed rows against the
+  sequences one per row; the same terms, summed in another order."""
+  cfg, params = _family_config("gemma3")
+  cfg = cfg.replace(attention="blockwise", attention_block=4)
+  tokens, mask, packed, seg, _ = _batches()
+
+  def nll(p, t, s):
+    hidden = transformer.forward(cfg, p, t, s)
+    logp = jax.nn.log_softmax(transformer.bind(cfg, p).logits(hidden)[:, :-1], -1)
+    picked = jnp.take_along_axis(logp, t[:, 1:, None], -1)[..., 0]
+    same = (s[:, :-1] == s[:, 1:]) & (s[:, :-1] > 0)  # the next token is of the same sequence
+    return -(picked * same).sum()
+
+  grad = jax.jit(jax.grad(nll))
+  got, want = (jax.tree.leaves(grad(params, t, s)) for t, s in ((packed, seg), (tokens, mask)))
+  for g, w in zip(got, want):
+    scale = max(np.abs(np.asarray(w)).max(), 1e-3)
+    assert np.abs(np.asarray(g) - np.asarray(w)).max() <= 1e-5 * scale
