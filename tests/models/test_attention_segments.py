@@ -1,8 +1,8 @@
 """Packed rows: several sequences per row, told apart by segment ids (``rljax.models.attention``'s
 module doc). Every CPU attention backend against float64 NumPy attention of each sequence on its
 own (forward, gradient, sliding window, queries at an offset), hand-worked segment spans and
-positions, and the packed forward of a tiny model of each family against the forwards of its
-sequences one per row."""
+positions, and the packed forward (and one gradient) of a tiny model of each family against the
+forwards of its sequences one per row."""
 import functools
 
 import jax
