@@ -25,6 +25,9 @@ The format (``rljax.keys``), one line per fact::
 This module sits at the bottom of the package (it imports only ``rljax.keys``): models and
 components read their choices from it, and it registers nothing by being read.
 """
+import re
+import string
+
 import ml_collections
 from ml_collections.config_dict import placeholder
 
@@ -184,11 +187,39 @@ def composed_sources(f) -> dict:
   return reward_weights(f["reward.sources"]) or {task_source(f): 1.0}
 
 
+def judge_template(text) -> str:
+  """``reward.judge.template``: a ``str.format`` template naming ``{prompt}`` and
+  ``{completion}`` and nothing else (literal braces doubled)."""
+  if not isinstance(text, str):
+    raise ValueError(f"got {type(text).__name__}, not a string")
+  try:
+    fields = {f for _, f, _, _ in string.Formatter().parse(text) if f is not None}
+  except ValueError as e:
+    raise ValueError(f"not a format template ({e})") from None
+  missing = {"prompt", "completion"} - fields
+  if missing or fields - {"prompt", "completion"}:
+    raise ValueError(f"it names {sorted(fields) or 'no field'}; expected exactly {{prompt}} and "
+                     "{completion}")
+  return text
+
+
+def judge_pattern(text) -> str:
+  """``reward.judge.pattern``: a regular expression whose first match is read as a number."""
+  try:
+    re.compile(text)
+  except (re.error, TypeError) as e:
+    raise ValueError(f"not a regular expression ({e})") from None
+  return text
+
+
 def named_source(name: str) -> When:
   """``reward.sources`` names the source ``name`` (its keys are read only then)."""
   return When(lambda f, k: name in composed_sources(f), f"'{name}' in reward.sources",
               lambda f, k: f"reward.sources={f['reward.sources']!r} does not name '{name}'")
 
+
+JUDGE = named_source("judge")
+JUDGE_NUMBER = JUDGE & equals("reward.judge.parse", "number")
 
 KEYS = declare((
     Key("seed", 0, SEED, "the run's seed: model init, sampling, shuffling, Clip-Cov draws"),
@@ -357,6 +388,46 @@ KEYS = declare((
     Key("reward.clip", "", parsed(reward_clip, "'name:lo:hi,...' with lo < hi"),
         "per-source clipping to [lo, hi] before weighting (after reward.normalize), e.g. "
         "'rm:-5:5'; '' = none"),
+    # --- the LLM judge: reward source 'judge' (rljax.rewards.judge) ------------------------------
+    Key("reward.judge.source", "policy", NONEMPTY,
+        "the judge's weights: 'policy' (the policy's own at step 0: model.source) | 'hf:PATH' | "
+        "'run:DIR' (DIR/hf); it reads text with the run's tokenizer (data.tokenizer)",
+        read_if=JUDGE),
+    Key("reward.judge.template", "question: {prompt}\nanswer: {completion}\nscore: ",
+        parsed(judge_template, "a template naming {prompt} and {completion}"),
+        "the judge's prompt, a str.format template over the row's prompt and completion (as "
+        "prompts are: chat template, BOS)", read_if=JUDGE),
+    Key("reward.judge.parse", "number", choice("number", "p_yes"),
+        "verdict -> score: number (the first match of reward.judge.pattern in the judge's "
+        "generated verdict, clipped to reward.judge.range) | p_yes (P(reward.judge.yes) of the "
+        "judge's next token after the template, no sampling)", read_if=JUDGE),
+    Key("reward.judge.pattern", r"-?\d+(?:\.\d+)?",
+        parsed(judge_pattern, "a regular expression"),
+        "parse=number: the verdict's score is the first match (its group 1 if it has groups)",
+        read_if=JUDGE_NUMBER),
+    Key("reward.judge.range", (0.0, 10.0),
+        Check(lambda v: isinstance(v, (tuple, list)) and len(v) == 2 and all(
+            isinstance(x, (int, float)) and not isinstance(x, bool) and abs(x) < float("inf")
+            for x in v) and v[0] < v[1], "(lo, hi) finite numbers with lo < hi", tuple),
+        "parse=number: a parsed score is clipped to [lo, hi]", read_if=JUDGE_NUMBER),
+    Key("reward.judge.fallback", 0.0, real(),
+        "parse=number: the score of a verdict without a number (counted in "
+        "reward/judge_unparsable)", read_if=JUDGE_NUMBER),
+    Key("reward.judge.yes", " yes", NONEMPTY,
+        "parse=p_yes: the text whose probability is the score; one token of the run's "
+        "tokenizer (e.g. 'y' with the char tokenizer)", read_if=JUDGE & equals(
+            "reward.judge.parse", "p_yes")),
+    Key("reward.judge.engine", "all_rows", registered("rollout_engine"),
+        "parse=number: the rollout engine that generates the verdicts (rollout.engine's "
+        "registry; one device, unsharded)", read_if=JUDGE_NUMBER),
+    Key("reward.judge.max_new_tokens", 8, SIZE, "parse=number: the verdict's length in tokens",
+        read_if=JUDGE_NUMBER),
+    Key("reward.judge.greedy", True, BOOL,
+        "parse=number: greedy verdicts; False = sampled at reward.judge.temperature (the key "
+        "drawn from the run's seed and the batch's tokens: a resumed run draws the same)",
+        read_if=JUDGE_NUMBER),
+    Key("reward.judge.temperature", 1.0, POSITIVE, "parse=number, sampled verdicts: temperature",
+        read_if=JUDGE_NUMBER & equals("reward.judge.greedy", False)),
     Key("reward.workers", 4, integer(1, 1024), "verifier worker processes"),
     Key("reward.max_logged_failures", 100, integer(0),
         "failed calls sampled into run_dir/reward_failures.jsonl (a multi-turn run's failed "
