@@ -19,6 +19,7 @@ from rljax import envs
 from rljax.envs import engines as _env_engines  # noqa: F401 (registers the 'env' reward source)
 from rljax.algos import (advantages, correction, cov, distill, entropy, kl, registry, value)
 from rljax.defaults import KEY_BY_NAME
+from rljax.rewards import gold as _gold  # noqa: F401 (registers the 'gold' reward source)
 from rljax.rewards import judge as _judge  # noqa: F401 (registers the 'judge' reward source)
 from rljax.rewards import shaping, sources, verifiers
 from rljax.train import filters
