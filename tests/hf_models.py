@@ -84,14 +84,17 @@ def left_padded(lengths, width, vocab, seed):
 REWARD_ARCHS = ("llama", "qwen2", "qwen3")  # the families' *ForSequenceClassification
 
 
-def build_reward_model(name: str, path: str, seed: int = 0, num_labels: int = 1) -> str:
+def build_reward_model(name: str, path: str, seed: int = 0, num_labels: int = 1,
+                       vocab: int = VOCAB) -> str:
   """A random ``*ForSequenceClassification`` of ``hf_config(name)`` (``pad_token_id`` 0, by which
-  ``transformers`` pools each row at its last non-padding token), saved as safetensors."""
+  ``transformers`` pools each row at its last non-padding token) with ``vocab`` ids, saved as
+  safetensors."""
   import torch
   import transformers
   torch.manual_seed(seed)
   config = hf_config(name)
   config.num_labels = num_labels
+  config.vocab_size = vocab
   model = transformers.AutoModelForSequenceClassification.from_config(config, dtype=torch.float32)
   with torch.no_grad():
     for pname, p in model.named_parameters():
