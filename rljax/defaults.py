@@ -88,6 +88,8 @@ EMBEDDED_SOURCE = When(lambda f, k: not f["data.source"].startswith(REASONING_GY
                        "a data.source other than reasoning_gym", lambda f, k: (
                            f"data.source={f['data.source']!r} reads its generators' settings "
                            "from data.reasoning_gym.config"))
+RM_SOURCE = differs("reward.model.source", "",
+                    "no reward model scores the rollouts (reward.model.source='')")
 MOE_MODEL = When(lambda f, k: bool(f.model.moe_layers), "a model with MoE layers",
                  lambda f, k: (f"model.source={f['model.source']!r} is a {f.model.model_type} "
                                "model without MoE layers"), frozenset({"model"}))
@@ -437,6 +439,23 @@ KEYS = declare((
         "limit"),
     Key("reward.worker_max_calls", 0, integer(0),
         "replace a verifier worker after this many calls (a leak's bound); 0 = never"),
+    # --- scalar reward model as a reward (docs/reward_models.md) -------------------------------
+    Key("reward.model.source", "", STRING,
+        "'' = none | 'hf:PATH' (a *ForSequenceClassification directory, one label) | "
+        "'run:DIR[@STEP]' (an `rljax rm` run: its export DIR/hf, or DIR/exports/STEP)"),
+    Key("reward.model.tokenizer", "", STRING,
+        "the reward model's tokenizer: '' = its own (the hf: directory's tokenizer files, the "
+        "rm run's data.tokenizer) | 'char' | a local Hugging Face tokenizer directory; the "
+        "policy's ids are reused when it is the policy's, else the text is re-encoded",
+        read_if=RM_SOURCE),
+    Key("reward.model.chat_template", False, BOOL,
+        "render prompts with the reward model tokenizer's chat template", read_if=RM_SOURCE),
+    Key("reward.model.batch_size", 0, integer(0),
+        "rows per reward-model forward (a multiple of the data-parallel width); 0 = the whole "
+        "batch in one", read_if=RM_SOURCE),
+    Key("reward.model.dtype", "", choice("", *DTYPES),
+        "reward-model compute dtype; '' = model.dtype (bfloat16 on accelerators)",
+        read_if=RM_SOURCE),
     # --- multi-turn environment (docs/multiturn.md) -------------------------------------------
     Key("env.name", None, optional(registered("environment")),
         "None = single-turn rollouts scored by reward.fn | a registered environment: multi-turn "
@@ -674,6 +693,22 @@ KEYS = declare((
     Key("sft.seed", 1234, SEED, "SFT examples come from their own stream of the train split"),
     Key("sft.out_dir", "runs/sft", NONEMPTY,
         "reused when it holds a checkpoint made with the same sft/model keys"),
+    # --- reward-model training (`rljax rm`, docs/reward_models.md) -----------------------------
+    Key("rm.train_file", "", STRING,
+        "`rljax rm`: JSONL preference pairs, one {\"prompt\", \"chosen\", \"rejected\"} per line"),
+    Key("rm.eval_file", "", STRING,
+        "`rljax rm`: held-out pairs for the pairwise accuracy; '' = rm.eval_fraction of "
+        "rm.train_file"),
+    Key("rm.eval_fraction", 0.1, real(0.0, 1.0),
+        "`rljax rm`: share of rm.train_file held out (at least one pair)",
+        read_if=equals("rm.eval_file", "", "rm.eval_file names the held-out pairs")),
+    Key("rm.steps", 200, integer(1, 10**9), "`rljax rm`: optimizer steps (lr etc.: optim.*)"),
+    Key("rm.batch_size", 16, SIZE, "`rljax rm`: preference pairs per step"),
+    Key("rm.max_tokens", 256, SIZE,
+        "`rljax rm`: tokens of one scored row (prompt, response, EOS); a longer pair is an error "
+        "naming its line"),
+    Key("rm.eval_every", 0, integer(0),
+        "`rljax rm`: held-out pairwise accuracy every N steps; 0 = before and after"),
     # --- device mesh ---------------------------------------------------------------------------
     Key("mesh.data", -1, MESH_AXIS, "data-parallel axis; -1 = the devices the others leave"),
     Key("mesh.fsdp", 1, MESH_AXIS, "fully sharded data-parallel axis"),
