@@ -16,7 +16,7 @@ import itertools
 import json
 import os
 import random
-from typing import Iterator, Sequence
+from typing import Iterable, Iterator
 
 import numpy as np
 
@@ -55,7 +55,7 @@ def candidates(problem: Problem, rng: random.Random) -> list[str]:
           f"{MARKER}{wrong}", f"{first} {MARKER}{answer}", f"{first} {MARKER}{wrong}"]
 
 
-def preference_pairs(problems: Sequence[Problem], tokenizer, per_problem: int,
+def preference_pairs(problems: Iterable[Problem], tokenizer, per_problem: int,
                      seed: int) -> Iterator[dict]:
   """``{"prompt", "chosen", "rejected"}`` pairs labelled by ``gold_score`` (lengths in tokens
   of ``tokenizer``, EOS included): ``per_problem`` random pairs of ``candidates`` per problem
@@ -72,12 +72,17 @@ def preference_pairs(problems: Sequence[Problem], tokenizer, per_problem: int,
       yield {"prompt": problem.prompt, "chosen": chosen[1], "rejected": rejected[1]}
 
 
-def write_pairs(path: str, task: str, difficulty: int, tokenizer, *, num_problems: int,
-                per_problem: int, seed: int) -> int:
-  """Writes the gold-labelled pairs of ``num_problems`` training problems of the embedded
-  ``task`` to the JSONL file ``path`` (atomically); returns the number of pairs."""
-  problems = list(itertools.islice(make_task(task, difficulty).train_stream(seed), num_problems))
-  lines = [json.dumps(p) for p in preference_pairs(problems, tokenizer, per_problem, seed)]
+PAIRS_PER_PROBLEM = 4
+
+
+def write_pairs(path: str, task: str, difficulty: int, tokenizer, *, num_pairs: int,
+                seed: int) -> int:
+  """Writes ``num_pairs`` gold-labelled pairs (``PAIRS_PER_PROBLEM`` per training problem of the
+  embedded ``task``, in stream order) to the JSONL file ``path``, atomically; returns how many."""
+  stream = make_task(task, difficulty).train_stream(seed)
+  pairs = itertools.islice(preference_pairs(stream, tokenizer, PAIRS_PER_PROBLEM, seed),
+                           num_pairs)
+  lines = [json.dumps(p) for p in pairs]
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   staging = f"{path}.tmp{os.getpid()}"
   with open(staging, "w", encoding="utf-8") as f:
