@@ -13,7 +13,7 @@ from rljax.data import tokenizer as tokenizer_lib
 from rljax.errors import StartupError
 from rljax.models.source import parse_source
 from rljax.rewards import gold
-from rljax.rewards.reward_model import EXPORT_DIR, SOURCE_KEY
+from rljax.rewards.reward_model import EXPORT_DIR, SOURCE_KEY, SOURCE_KINDS
 from rljax.train import reward_training
 
 EMBEDDED = "embedded:"
@@ -23,8 +23,8 @@ def reward_model_dir(config) -> str:
   """The run directory ``DIR`` of ``reward.model.source='run:DIR'``, where the cold start trains
   the reward model (the demo's cold start needs that form)."""
   text = config.reward.model.source
-  source = parse_source(text, SOURCE_KEY, ("run",)) if text else None
-  if source is None or source.step is not None:
+  source = parse_source(text, SOURCE_KEY, SOURCE_KINDS) if text else None
+  if source is None or source.kind != "run" or source.step is not None:
     raise StartupError(f"reward.gold.pairs={config.reward.gold.pairs} trains the reward model "
                        f"first: {SOURCE_KEY} must be 'run:DIR' (where it is trained), got {text!r}")
   return source.path
