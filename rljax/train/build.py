@@ -9,7 +9,7 @@ import dataclasses
 import functools
 import json
 import os
-from typing import Any, Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -19,6 +19,7 @@ from rljax import rollout as rollout_lib
 from rljax.algorithm import Algorithm, resolve
 from rljax.data import datasets, prompt_policy, tokenizer as tokenizer_lib
 from rljax.envs import engines as _episode_engines  # noqa: F401 (registers env.engine's)
+from rljax.defaults import ENV_SOURCE, VERIFIER_SOURCE
 from rljax.envs.episodes import EnvSettings
 from rljax.envs.failures import FailureReport
 from rljax.errors import ModelFileError, RljaxError, StartupError
@@ -27,6 +28,7 @@ from rljax.models.config import compute_dtype, run_settings
 from rljax.models.source import (POLICY_SOURCES, ModelSource, check_same_tokenizer, parse_source,
                                  run_config)
 from rljax.parallel import distributed, mesh as mesh_lib, rules
+from rljax.rewards import sources as reward_sources
 from rljax.rewards import verifiers
 from rljax.rollout.engines import (ENGINES, EPISODE_ENGINES, EpisodeEngine, Placement,
                                    RolloutEngine)
@@ -299,10 +301,6 @@ class Run:
     return self.generator.engine
 
 
-def make_task_verifier(config, source, failure_log: str | None = None) -> Callable:
-  return verifiers.task_verifier(config.reward, failure_log)  # verifiers in killable processes
-
-
 def step_spec(config, model_cfg: ModelConfig, algo: Algorithm, aux_cfgs: tuple = (),
               mesh=None) -> step_lib.StepSpec:
   """The step's closure; ``aux_cfgs``: ``(transform name, architecture)`` of the transforms'
@@ -369,18 +367,25 @@ def sharded_state_and_fns(config, model_cfg: ModelConfig, params, mesh,
 
 def make_generator(config, engine: RolloutEngine, tokenizer, source,
                    failure_log: str | None = None,
-                   env_failure_log: str | None = None) -> Generator:
-  """``failure_log`` / ``env_failure_log``: where failed verifier calls / failed episodes of a
-  multi-turn engine are sampled (None: reported, not written)."""
+                   env_failure_log: str | None = None, mesh=None,
+                   task_only: bool = False) -> Generator:
+  """``failure_log`` / ``env_failure_log``: where failed reward calls / failed episodes of a
+  multi-turn engine are sampled (None: reported, not written). The reward is composed of
+  ``reward.sources`` (``rljax.rewards.sources``; their factories see ``mesh``, the learner's);
+  ``task_only``: of the task's own source alone (an evaluation reads only its correct flags)."""
   r = config.reward
-  failures = None
+  failures, task = None, VERIFIER_SOURCE
   if isinstance(engine, EpisodeEngine):
     failures = FailureReport(config.env.name, env_failure_log, r.max_logged_failures)
-  return Generator(engine=engine, tokenizer=tokenizer,
-                   verifier=make_task_verifier(config, source, failure_log),
+    task = ENV_SOURCE
+  reward = _startup(functools.partial(reward_sources.make_reward, task_only=task_only, task=task),
+                    config, tokenizer, engine.model_cfg, mesh)
+  log = None if failure_log is None else verifiers.FailureLog(failure_log, r.max_logged_failures)
+  return Generator(engine=engine, tokenizer=tokenizer, reward=reward,
                    prompt_bucket=config.data.prompt_bucket, overlong_buffer=r.overlong_buffer,
                    overlong_penalty=r.overlong_penalty,
-                   inflight_chunk=config.rollout.get("inflight_chunk", 0), env_failures=failures)
+                   inflight_chunk=config.rollout.get("inflight_chunk", 0), env_failures=failures,
+                   failure_log=log)
 
 
 @dataclasses.dataclass
@@ -544,7 +549,7 @@ def build_run(config, prepared: Prepared | None = None) -> Run:
                        learner_mesh=mesh)
   generator = make_generator(
       config, engine, tokenizer, source, failure_log=os.path.join(run_dir, verifiers.FAILURE_LOG),
-      env_failure_log=os.path.join(run_dir, run_dir_lib.ENV_FAILURES_FILE))
+      env_failure_log=os.path.join(run_dir, run_dir_lib.ENV_FAILURES_FILE), mesh=mesh)
   return Run(config=config, algo=algo, generator=generator, source=source, fns=compiled,
              state=state, sampling=sampling_params(config, tokenizer), writer=writer,
              checkpointer=checkpointer, aux=aux, mesh=mesh)
