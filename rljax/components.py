@@ -21,6 +21,7 @@ from rljax.algos import (advantages, correction, cov, distill, entropy, kl, regi
 from rljax.defaults import KEY_BY_NAME
 from rljax.rewards import gold as _gold  # noqa: F401 (registers the 'gold' reward source)
 from rljax.rewards import judge as _judge  # noqa: F401 (registers the 'judge' reward source)
+from rljax.rewards import reward_model as _rm  # noqa: F401 (registers the 'rm' reward source)
 from rljax.rewards import shaping, sources, verifiers
 from rljax.train import filters
 from rljax.transforms import TRANSFORMS

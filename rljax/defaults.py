@@ -88,8 +88,6 @@ EMBEDDED_SOURCE = When(lambda f, k: not f["data.source"].startswith(REASONING_GY
                        "a data.source other than reasoning_gym", lambda f, k: (
                            f"data.source={f['data.source']!r} reads its generators' settings "
                            "from data.reasoning_gym.config"))
-RM_SOURCE = differs("reward.model.source", "",
-                    "no reward model scores the rollouts (reward.model.source='')")
 MOE_MODEL = When(lambda f, k: bool(f.model.moe_layers), "a model with MoE layers",
                  lambda f, k: (f"model.source={f['model.source']!r} is a {f.model.model_type} "
                                "model without MoE layers"), frozenset({"model"}))
@@ -221,6 +219,8 @@ def named_source(name: str) -> When:
 
 
 JUDGE = named_source("judge")
+REWARD_MODEL_SOURCE = "rm"  # the learned scalar reward model (rljax.rewards.reward_model)
+RM_SOURCE = named_source(REWARD_MODEL_SOURCE)
 JUDGE_NUMBER = JUDGE & equals("reward.judge.parse", "number")
 
 KEYS = declare((
@@ -448,8 +448,9 @@ KEYS = declare((
         "replace a verifier worker after this many calls (a leak's bound); 0 = never"),
     # --- scalar reward model as a reward (docs/reward_models.md) -------------------------------
     Key("reward.model.source", "", STRING,
-        "'' = none | 'hf:PATH' (a *ForSequenceClassification directory, one label) | "
-        "'run:DIR[@STEP]' (an `rljax rm` run: its export DIR/hf, or DIR/exports/STEP)"),
+        "reward source 'rm': 'hf:PATH' (a *ForSequenceClassification directory, one label) | "
+        "'run:DIR[@STEP]' (an `rljax rm` run: its export DIR/hf, or DIR/exports/STEP)",
+        read_if=RM_SOURCE),
     Key("reward.model.tokenizer", "", STRING,
         "the reward model's tokenizer: '' = its own (the hf: directory's tokenizer files, the "
         "rm run's data.tokenizer) | 'char' | a local Hugging Face tokenizer directory; the "
@@ -858,6 +859,13 @@ def _turn_rewards_alone(f):
             "weight 0, logged only) or env.turn_discount=1")
 
 
+def _reward_model_named(f):
+  if RM_SOURCE.test(f, "") and not f["reward.model.source"]:
+    return (f"reward.sources={f['reward.sources']!r} names '{REWARD_MODEL_SOURCE}': set "
+            "reward.model.source ('hf:PATH' of a sequence classifier or 'run:DIR' of an "
+            "`rljax rm` run)")
+
+
 RELATIONS = (
     Relation(("reward.normalize", "reward.clip", "reward.sources"),
              "per-source normalisation names sources of the reward", _normalized_sources),
@@ -891,6 +899,9 @@ RELATIONS = (
              "DAPO's overlong buffer is at most the completion budget", _overlong_buffer),
     Relation(("reward.fn", "data.source"), "the reasoning_gym scorer needs its source",
              _gym_reward),
+    Relation(("reward.sources", "reward.model.source"),
+             f"the reward model source '{REWARD_MODEL_SOURCE}' needs reward.model.source",
+             _reward_model_named),
 )
 
 

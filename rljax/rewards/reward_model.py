@@ -35,13 +35,14 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
-from rljax import models
+from rljax import defaults, models
 from rljax.data import tokenizer as tokenizer_lib
 from rljax.errors import ModelFileError, RljaxError, StartupError, TokenizerError
 from rljax.models import ModelConfig, transformer
 from rljax.models.config import compute_dtype, run_settings
 from rljax.models.source import ModelSource, parse_source, run_config
-from rljax.parallel import distributed, rules
+from rljax.parallel import distributed, mesh as mesh_lib, rules
+from rljax.rewards.sources import register_reward_source
 
 SOURCE_KEY = "reward.model.source"
 SOURCE_KINDS = ("hf", "run")
@@ -229,8 +230,15 @@ def load_reward_model(config, policy_tokenizer, mesh) -> RewardModel:
                      batch_size=rm.batch_size, name=rm.source)
 
 
-def make_source(config, tokenizer, model_cfg, mesh) -> Callable:
-  """The reward source: ``batch -> scores [B] float32`` (``model_cfg``: the policy's, unused:
-  the reward model has its own architecture)."""
-  del model_cfg
+@register_reward_source(defaults.REWARD_MODEL_SOURCE)
+def reward_model_source(config, tokenizer, model_cfg, mesh) -> Callable:
+  """A learned scalar reward model (``reward.model.*``, ``rljax.rewards.reward_model``): a
+  frozen ``*ForSequenceClassification`` with one label scores each prompt and completion at its
+  last token, ``r = h_last . w_score`` (the Bradley-Terry reward of ``rljax rm``; Ouyang et al.
+  2022), on the learner's mesh; the policy's ids are reused when its tokenizer is the reward
+  model's, else the text is re-encoded. Non-finite scores stop the step before its update."""
+  del model_cfg  # the reward model has its own architecture
+  if mesh is None:  # one device (an evaluation or a test builds no mesh)
+    mesh = jax.sharding.Mesh(np.asarray(jax.devices()[:1]).reshape((1,) * len(mesh_lib.AXES)),
+                             mesh_lib.AXES)
   return load_reward_model(config, tokenizer, mesh)

@@ -19,7 +19,7 @@ from rljax import rollout as rollout_lib
 from rljax.algorithm import Algorithm, resolve
 from rljax.data import datasets, prompt_policy, tokenizer as tokenizer_lib
 from rljax.envs import engines as _episode_engines  # noqa: F401 (registers env.engine's)
-from rljax.defaults import ENV_SOURCE, VERIFIER_SOURCE
+from rljax.defaults import ENV_SOURCE, REWARD_MODEL_SOURCE, VERIFIER_SOURCE, reward_weights
 from rljax.envs.episodes import EnvSettings
 from rljax.envs.failures import FailureReport
 from rljax.errors import ModelFileError, RljaxError, StartupError
@@ -29,7 +29,7 @@ from rljax.models.source import (POLICY_SOURCES, ModelSource, check_same_tokeniz
                                  run_config)
 from rljax.parallel import distributed, mesh as mesh_lib, rules
 from rljax.rewards import sources as reward_sources
-from rljax.rewards import verifiers
+from rljax.rewards import gold, reward_model, verifiers
 from rljax.rollout.engines import (ENGINES, EPISODE_ENGINES, EpisodeEngine, Placement,
                                    RolloutEngine)
 from rljax.train import run_dir as run_dir_lib
@@ -415,9 +415,9 @@ def check_reward_fn(config) -> None:
 
 
 def _check_model_files(config, algo: Algorithm, tokenizer) -> None:
-  """The policy's Hugging Face directory and the transforms' frozen models, from their headers:
-  a missing or empty directory, an unsupported architecture, a truncated file or a wrong shape is
-  found here, before the run dir is claimed, not after minutes of loading."""
+  """The policy's Hugging Face directory, the transforms' frozen models and the reward model,
+  from their headers: a missing or empty directory, an unsupported architecture, a truncated file
+  or a wrong shape is found here, before the run dir is claimed, not after minutes of loading."""
   source = model_source(config)  # an unknown model.source
   if source.kind == "hf":
     check_vocab(config, _named("model.source", source.text, source.path), tokenizer)
@@ -430,6 +430,9 @@ def _check_model_files(config, algo: Algorithm, tokenizer) -> None:
     if t.check_aux is not None:
       for key, value, path in t.check_aux(config):
         _named(key, value, path)
+  if REWARD_MODEL_SOURCE in reward_weights(config.reward.sources) and \
+      not gold.cold_start_pending(config):  # else trained first (rljax.train.rlhf), then read
+    reward_model.check_files(config.reward.model)
 
 
 def _named(key: str, value: str, path: str) -> ModelConfig:

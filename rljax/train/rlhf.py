@@ -11,23 +11,10 @@ import ml_collections
 
 from rljax.data import tokenizer as tokenizer_lib
 from rljax.errors import StartupError
-from rljax.models.source import parse_source
 from rljax.rewards import gold
-from rljax.rewards.reward_model import EXPORT_DIR, SOURCE_KEY, SOURCE_KINDS
 from rljax.train import reward_training
 
 EMBEDDED = "embedded:"
-
-
-def reward_model_dir(config) -> str:
-  """The run directory ``DIR`` of ``reward.model.source='run:DIR'``, where the cold start trains
-  the reward model (the demo's cold start needs that form)."""
-  text = config.reward.model.source
-  source = parse_source(text, SOURCE_KEY, SOURCE_KINDS) if text else None
-  if source is None or source.kind != "run" or source.step is not None:
-    raise StartupError(f"reward.gold.pairs={config.reward.gold.pairs} trains the reward model "
-                       f"first: {SOURCE_KEY} must be 'run:DIR' (where it is trained), got {text!r}")
-  return source.path
 
 
 def rm_config(config, run_dir: str) -> ml_collections.ConfigDict:
@@ -45,8 +32,8 @@ def prepare_reward_model(config, *, log=print) -> None:
   pairs = config.reward.gold.pairs
   if not pairs:
     return
-  run_dir = reward_model_dir(config)
-  if os.path.isfile(os.path.join(run_dir, EXPORT_DIR, "config.json")):
+  run_dir = gold.reward_model_dir(config)
+  if not gold.cold_start_pending(config):
     log(f"using the reward model in {run_dir}")
     return
   data = config.data.source

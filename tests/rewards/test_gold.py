@@ -77,7 +77,7 @@ def test_the_cold_start_reuses_a_trained_reward_model_and_refuses_other_forms(tm
   rlhf.prepare_reward_model(config, log=said.append)
   assert said == [f"using the reward model in {tmp_path / 'rm'}"]
   assert not os.path.exists(config.rm.train_file)  # nothing written, nothing trained
-  with pytest.raises(StartupError, match="reward.model.source must be 'run:DIR'"):
+  with pytest.raises(StartupError, match="reward.model.source must be 'run:DIR' .where it is"):
     rlhf.prepare_reward_model(_demo_config(tmp_path, source="hf:/some/rm"))
   config = _demo_config(tmp_path / "fresh")
   config.data.source = "jsonl:x.jsonl"

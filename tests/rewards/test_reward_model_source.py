@@ -1,9 +1,9 @@
 """The reward model as a reward source: the policy's ids reused or the text re-encoded with the
 reward model's own tokenizer, both scored as ``transformers`` scores them; one-line refusals; the
 same scores on 8 simulated devices as on one."""
+import dataclasses
 import json
 import os
-import types
 
 import numpy as np
 import pytest
@@ -13,7 +13,7 @@ from rljax.data.tokenizer import CharTokenizer, load_tokenizer
 from rljax.defaults import get_config
 from rljax.errors import ModelFileError, TokenizerError
 from rljax.parallel import mesh as mesh_lib
-from rljax.rewards import reward_model
+from rljax.rewards import reward_model, sources
 from tests import hf_models
 from tests.envs import chat_templates
 
@@ -23,8 +23,8 @@ ENDED = [True, True, True, False]  # the last row hit the token budget: no EOS
 
 
 def policy_batch(tok, width_p=8, width_t=12):
-  """What the loop hands a reward source (``RewardBatch``'s fields): left-padded prompts,
-  right-padded completions with EOS where they ended."""
+  """The ``RewardBatch`` the loop hands a reward source: left-padded prompts, right-padded
+  completions with EOS where they ended."""
   n = len(PROMPTS)
   prompt_tokens = np.full((n, width_p), tok.pad_id, np.int32)
   prompt_mask = np.zeros_like(prompt_tokens)
@@ -36,9 +36,9 @@ def policy_batch(tok, width_p=8, width_t=12):
     out = (tok.encode(c) + [tok.eos_id])[:width_t] if ended else tok.encode(c)[:width_t]
     tokens[i, :len(out)], mask[i, :len(out)] = out, 1
   completions = [tok.decode(row[m.astype(bool)]) for row, m in zip(tokens, mask)]
-  return types.SimpleNamespace(prompts=PROMPTS, completions=completions, problems=[None] * n,
-                               prompt_tokens=prompt_tokens, prompt_mask=prompt_mask,
-                               tokens=tokens, mask=mask)
+  return sources.RewardBatch(prompts=PROMPTS, completions=completions, problems=[None] * n,
+                             prompt_tokens=prompt_tokens, prompt_mask=prompt_mask, tokens=tokens,
+                             mask=mask)
 
 
 def rm_config(source, **rm):
@@ -126,8 +126,8 @@ def test_tokenizer_mismatches_that_cannot_be_bridged(char_rm, bpe_rm, one_device
   policy = load_tokenizer(bpe_rm)
   rm = reward_model.load_reward_model(rm_config(f"hf:{char_rm}", tokenizer="char"), policy,
                                       one_device)
-  batch = policy_batch(CharTokenizer())
-  batch.completions = ["19", "Twelve", "99", "4"]
+  batch = dataclasses.replace(policy_batch(CharTokenizer()),
+                              completions=["19", "Twelve", "99", "4"])
   with pytest.raises(TokenizerError, match="its tokenizer cannot encode row 1 .*'T'"):
     rm(batch)
 
@@ -156,3 +156,34 @@ def test_a_run_source_names_its_export(tmp_path):
   with pytest.raises(ModelFileError, match=r"run:.*@7'.*exports/7 is not a directory"):
     reward_model.model_dir(f"run:{tmp_path}@7")
   assert json.loads(json.dumps(reward_model.SOURCE_KINDS)) == ["hf", "run"]
+
+
+def test_composed_as_the_source_rm(char_rm):
+  """``reward.sources='verifier:0,rm:2'``: the reward is twice the model's scores, logged raw as
+  reward/rm; the source is built with no mesh (one device), as an evaluation builds it."""
+  config = rm_config(f"hf:{char_rm}", tokenizer="char")
+  config.reward.sources = "verifier:0,rm:2"
+  tok = CharTokenizer()
+  batch = policy_batch(tok)
+  direct = reward_model.load_reward_model(config, tok, mesh_lib.make_mesh(config.mesh))(batch)
+  reward = sources.make_reward(config, tok, None, None, task="verifier")
+  verdicts = sources.Scored(np.zeros(4, np.float32), correct=np.zeros(4, bool))
+  reward = dataclasses.replace(reward, terms=tuple(
+      dataclasses.replace(t, source=lambda b: verdicts) if t.name == "verifier" else t
+      for t in reward.terms))  # no verifier processes: the problems are not the point here
+  composed = reward(batch)
+  np.testing.assert_allclose(composed.values["rm"], direct, rtol=1e-6)
+  np.testing.assert_allclose(composed.rewards, 2 * direct, rtol=1e-6)
+
+
+def test_config_keys_are_read_only_with_the_source_rm():
+  from rljax import config_checks
+  from rljax.errors import ConfigError
+  config = get_config()
+  config.reward.sources = "verifier:1,rm:0.5"
+  with pytest.raises(ConfigError, match="names 'rm': set reward.model.source"):
+    config_checks.check_config(config)
+  config = get_config()
+  config.reward.model.tokenizer = "char"
+  with pytest.raises(ConfigError, match=r"reward.model.tokenizer.*does not name 'rm'"):
+    config_checks.check_config(config)

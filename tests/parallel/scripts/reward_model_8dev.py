@@ -3,7 +3,6 @@ model source on meshes of 8 devices and on one device. Prints one JSON line per 
 import json
 import sys
 import tempfile
-import types
 
 import jax
 
@@ -16,7 +15,7 @@ from rljax.data.tokenizer import CharTokenizer  # noqa: E402
 from rljax.defaults import get_config  # noqa: E402
 from rljax.models.config import ModelConfig  # noqa: E402
 from rljax.parallel import mesh as mesh_lib  # noqa: E402
-from rljax.rewards import reward_model  # noqa: E402
+from rljax.rewards import reward_model, sources  # noqa: E402
 
 assert jax.device_count() == 8, jax.devices()
 
@@ -34,9 +33,9 @@ def batch():
   prompt_len, completion_len = rng.integers(1, P + 1, ROWS), rng.integers(1, T + 1, ROWS)
   prompt_mask = (np.arange(P)[None] >= P - prompt_len[:, None]).astype(np.int32)
   mask = (np.arange(T)[None] < completion_len[:, None]).astype(np.int32)
-  return types.SimpleNamespace(prompts=[""] * ROWS, completions=[""] * ROWS,
-                               problems=[None] * ROWS, prompt_tokens=prompt_tokens * prompt_mask,
-                               prompt_mask=prompt_mask, tokens=tokens * mask, mask=mask)
+  return sources.RewardBatch(prompts=[""] * ROWS, completions=[""] * ROWS,
+                             problems=[None] * ROWS, prompt_tokens=prompt_tokens * prompt_mask,
+                             prompt_mask=prompt_mask, tokens=tokens * mask, mask=mask)
 
 
 def main(meshes):
