@@ -99,3 +99,7 @@ def test_rewards_against_kl_pair_the_steps_that_logged_both(tmp_path):
                                                            "reward/none"]) == ["reward/rm",
                                                                                "reward/gold"]
   assert os.path.getsize(png) > 0
+  # The trend: sorted by KL, windows of max(1, 9 // 8) = 1 point, then of 2 for 16 points.
+  assert plot.kl_trend([0.3, 0.1, 0.2], [3.0, 1.0, 2.0]) == ([0.1, 0.2, 0.3], [1.0, 2.0, 3.0])
+  x, y = plot.kl_trend(list(range(16))[::-1], list(range(16))[::-1])
+  assert x == y == [j + 0.5 for j in range(15)]
