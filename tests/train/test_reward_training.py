@@ -45,7 +45,7 @@ RM_ARGS = {"model.hidden_size": "32", "model.intermediate_size": "64", "model.nu
            "model.num_heads": "2", "model.num_kv_heads": "1", "rm.steps": "30",
            "rm.batch_size": "16", "rm.max_tokens": "24", "rm.eval_every": "15",
            "optim.lr": "3e-3", "optim.warmup_steps": "5", "train.progress": "false",
-           "train.checkpoint_every": "15"}
+           "train.checkpoint_every": "10", "train.keep_checkpoints": "2"}
 
 
 @pytest.fixture(scope="module")
@@ -70,11 +70,12 @@ def test_learns_the_rule_to_over_90_percent_held_out(rm_run):
 
 
 def test_run_dir_holds_checkpoints_and_an_export_per_checkpoint(rm_run):
+  """Checkpoints every 10 steps, 2 kept: 20 and 30, and their exports (10's went with it)."""
   _, run_dir = rm_run
-  assert sorted(os.listdir(os.path.join(run_dir, "checkpoints"))) == ["15", "30"]
-  assert sorted(os.listdir(os.path.join(run_dir, reward_model.STEP_EXPORTS))) == ["15", "30"]
-  _, path = reward_model.model_dir(f"run:{run_dir}@15")
-  assert path == os.path.join(run_dir, "exports", "15")
+  assert sorted(os.listdir(os.path.join(run_dir, "checkpoints"))) == ["20", "30"]
+  assert sorted(os.listdir(os.path.join(run_dir, reward_model.STEP_EXPORTS))) == ["20", "30"]
+  _, path = reward_model.model_dir(f"run:{run_dir}@20")
+  assert path == os.path.join(run_dir, "exports", "20")
   assert reward_model.model_dir(f"run:{run_dir}")[1] == os.path.join(run_dir, "hf")
 
 
