@@ -430,6 +430,13 @@ KEYS = declare((
         read_if=JUDGE_NUMBER),
     Key("reward.judge.temperature", 1.0, POSITIVE, "parse=number, sampled verdicts: temperature",
         read_if=JUDGE_NUMBER & equals("reward.judge.greedy", False)),
+    # --- the RLHF demo's gold scorer: reward source 'gold' (rljax.rewards.gold) ----------------
+    Key("reward.gold.pairs", 0, integer(0, 10**7),
+        "the RLHF demo's cold start (configs/rlhf.py): when > 0 and reward.model.source="
+        "'run:DIR' holds no export yet, the gold scorer labels this many preference pairs of the "
+        "embedded task into rm.train_file (kept if it exists) and `rljax rm` trains the reward "
+        "model into DIR first (rm.*, model.*), as model.source='sft' is trained first; 0 = off",
+        read_if=named_source("gold")),
     Key("reward.workers", 4, integer(1, 1024), "verifier worker processes"),
     Key("reward.max_logged_failures", 100, integer(0),
         "failed calls sampled into run_dir/reward_failures.jsonl (a multi-turn run's failed "

@@ -16,12 +16,14 @@ import itertools
 import json
 import os
 import random
-from typing import Iterator, Sequence
+from typing import Iterable, Iterator
 
 import numpy as np
 
 from rljax.data.tasks import MARKER, Problem, make_task
 from rljax.errors import StartupError
+from rljax.models.source import parse_source
+from rljax.rewards.reward_model import EXPORT_DIR, SOURCE_KEY, SOURCE_KINDS
 from rljax.rewards.sources import RewardBatch, Scored, register_reward_source
 
 BREVITY = 0.02  # gold lost per completion token: a 20-token chain of thought costs 0.4
@@ -55,7 +57,7 @@ def candidates(problem: Problem, rng: random.Random) -> list[str]:
           f"{MARKER}{wrong}", f"{first} {MARKER}{answer}", f"{first} {MARKER}{wrong}"]
 
 
-def preference_pairs(problems: Sequence[Problem], tokenizer, per_problem: int,
+def preference_pairs(problems: Iterable[Problem], tokenizer, per_problem: int,
                      seed: int) -> Iterator[dict]:
   """``{"prompt", "chosen", "rejected"}`` pairs labelled by ``gold_score`` (lengths in tokens
   of ``tokenizer``, EOS included): ``per_problem`` random pairs of ``candidates`` per problem
@@ -72,18 +74,42 @@ def preference_pairs(problems: Sequence[Problem], tokenizer, per_problem: int,
       yield {"prompt": problem.prompt, "chosen": chosen[1], "rejected": rejected[1]}
 
 
-def write_pairs(path: str, task: str, difficulty: int, tokenizer, *, num_problems: int,
-                per_problem: int, seed: int) -> int:
-  """Writes the gold-labelled pairs of ``num_problems`` training problems of the embedded
-  ``task`` to the JSONL file ``path`` (atomically); returns the number of pairs."""
-  problems = list(itertools.islice(make_task(task, difficulty).train_stream(seed), num_problems))
-  lines = [json.dumps(p) for p in preference_pairs(problems, tokenizer, per_problem, seed)]
+PAIRS_PER_PROBLEM = 4
+
+
+def write_pairs(path: str, task: str, difficulty: int, tokenizer, *, num_pairs: int,
+                seed: int) -> int:
+  """Writes ``num_pairs`` gold-labelled pairs (``PAIRS_PER_PROBLEM`` per training problem of the
+  embedded ``task``, in stream order) to the JSONL file ``path``, atomically; returns how many."""
+  stream = make_task(task, difficulty).train_stream(seed)
+  pairs = itertools.islice(preference_pairs(stream, tokenizer, PAIRS_PER_PROBLEM, seed),
+                           num_pairs)
+  lines = [json.dumps(p) for p in pairs]
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   staging = f"{path}.tmp{os.getpid()}"
   with open(staging, "w", encoding="utf-8") as f:
     f.write("\n".join(lines) + "\n")
   os.replace(staging, path)
   return len(lines)
+
+
+def reward_model_dir(config) -> str:
+  """The run directory ``DIR`` of ``reward.model.source='run:DIR'``, where the demo's cold start
+  (``reward.gold.pairs``, ``rljax.train.rlhf``) trains the reward model: it needs that form."""
+  text = config.reward.model.source
+  source = parse_source(text, SOURCE_KEY, SOURCE_KINDS) if text else None
+  if source is None or source.kind != "run" or source.step is not None:
+    raise StartupError(f"reward.gold.pairs={config.reward.gold.pairs} trains the reward model "
+                       f"first: {SOURCE_KEY} must be 'run:DIR' (where it is trained), got {text!r}")
+  return source.path
+
+
+def cold_start_pending(config) -> bool:
+  """Whether the run trains its reward model first: ``reward.gold.pairs > 0`` and the
+  reward model's run directory holds no export yet (its files are checked after that)."""
+  if not config.reward.gold.pairs:
+    return False
+  return not os.path.isfile(os.path.join(reward_model_dir(config), EXPORT_DIR, "config.json"))
 
 
 @register_reward_source("gold")

@@ -29,7 +29,7 @@ from rljax.models.source import (POLICY_SOURCES, ModelSource, check_same_tokeniz
                                  run_config)
 from rljax.parallel import distributed, mesh as mesh_lib, rules
 from rljax.rewards import sources as reward_sources
-from rljax.rewards import reward_model, verifiers
+from rljax.rewards import gold, reward_model, verifiers
 from rljax.rollout.engines import (ENGINES, EPISODE_ENGINES, EpisodeEngine, Placement,
                                    RolloutEngine)
 from rljax.train import run_dir as run_dir_lib
@@ -41,7 +41,7 @@ from rljax.train import update as update_lib
 from rljax.train.checkpoint import Checkpointer
 from rljax.train.generation import Generator
 from rljax.train.metrics import MetricsWriter, write_eval_table
-from rljax.train.plot import plot_run
+from rljax.train.plot import plot_rewards_vs_kl, plot_run
 from rljax.train.state import TrainState, create_state, make_optimizer, total_updates
 
 
@@ -430,7 +430,8 @@ def _check_model_files(config, algo: Algorithm, tokenizer) -> None:
     if t.check_aux is not None:
       for key, value, path in t.check_aux(config):
         _named(key, value, path)
-  if REWARD_MODEL_SOURCE in reward_weights(config.reward.sources):
+  if REWARD_MODEL_SOURCE in reward_weights(config.reward.sources) and \
+      not gold.cold_start_pending(config):  # else trained first (rljax.train.rlhf), then read
     reward_model.check_files(config.reward.model)
 
 
@@ -565,6 +566,9 @@ def checkpoint_extra(run, data: dict | None = None) -> dict:
           "config": json.loads(run.config.to_json_best_effort())}
 
 
+REWARDS_VS_KL = "rewards_vs_kl.png"  # in the run dir
+
+
 def finish(run) -> None:
   """Final checkpoint, Hugging Face export of the policy, plot, and closing the sinks."""
   cfg = run.config
@@ -583,6 +587,13 @@ def finish(run) -> None:
     artifacts = [os.path.join(cfg.train.run_dir, name) for name in ("curves.png", "evals.csv")]
     plot_run(jsonl, artifacts[0])
     write_eval_table(jsonl, artifacts[1])
+    terms = run.generator.reward.terms
+    if len(terms) > 1 and cfg.algo.kl_placement != "none" and cfg.algo.ref_update == "frozen":
+      # Several sources and a frozen reference (the initial policy): each source against the KL
+      # from it, the over-optimisation picture when one of them is a proxy of another.
+      artifacts.append(os.path.join(cfg.train.run_dir, REWARDS_VS_KL))
+      plot_rewards_vs_kl({cfg.train.run_dir: jsonl}, artifacts[-1],
+                         [reward_sources.METRIC_PREFIX + t.name for t in terms])
     for path in artifacts:
       run.writer.log_artifact(path)
   run.engine.close()

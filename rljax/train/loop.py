@@ -21,7 +21,7 @@ from rljax.envs.checks import check_env_startup
 from rljax.rewards import sources as reward_sources
 from rljax.rollout.sampler import Rollout
 from rljax.train import actors, build, compilation_cache, evaluation, filters, generation
-from rljax.train import preemption
+from rljax.train import preemption, rlhf
 from rljax.train import run_dir as run_dir_lib
 from rljax.train.metrics import summarize
 from rljax.transforms import HostRollout
@@ -185,6 +185,7 @@ def train(config) -> dict:
   SIGINT end it with ``preemption.Stop`` (SIGTERM after saving the last step)."""
   prepared = build.prepare(config)  # every check that needs no run dir, before claiming it
   check_env_startup(config, prepared.tokenizer)
+  rlhf.prepare_reward_model(config)  # the RLHF demo's pairs and reward model, made first
   # The cache is set once the run dir is claimed and before anything is compiled (the SFT cold
   # start included).
   with models.matmul_precision(config.model), run_dir_lib.claimed(config), \

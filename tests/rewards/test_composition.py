@@ -1,17 +1,23 @@
 """The composed reward (``rljax.rewards.sources``): weights, whitening and clipping against
 hand-worked numbers, a weight-0 source logged but adding nothing, bad sources refused in one
 line, and the per-source metrics of a run."""
+import types
+
 import numpy as np
 import pytest
 
 import rljax
-from rljax import cli, config_checks
+
+from rljax import config_checks
+from rljax.data import datasets
+from rljax.data import tokenizer as tokenizer_lib
 from rljax.data.tasks import Problem
 from rljax.errors import ConfigError, RewardSourceError
 from rljax.rewards import sources
-from rljax.rollout.engines import ENGINES, register_engine
+from rljax.rollout.engines import Placement
+from rljax.train import build, loop
 from tests.train import tiny
-from tests.train.test_custom_engine import CALLS, CannedEngine
+from tests.train.test_custom_engine import CannedEngine
 
 # Raw scores of the test sources for the four completions of ``_batch`` (rows in order).
 RAW_A = [0.5, 2.0, -1.0, 0.25]
@@ -133,23 +139,26 @@ def test_bad_composition_keys_are_refused_in_one_line(reward, match):
   assert "\n" not in str(error.value)
 
 
-@pytest.fixture
-def canned():
-  register_engine("canned_sources")(CannedEngine)
-  CALLS.clear()
-  yield
-  ENGINES.unregister("canned_sources")
-
-
-def test_a_run_logs_each_source_raw_and_optimises_their_weighted_sum(tmp_path, canned):
-  # The canned completions "1", "2", "3", "4" (+ EOS): the verifier scores [0, 0, 0, 1] per
-  # group, test_len 2 tokens each, test_zero 100 (weight 0: logged only).
-  result = cli.main(tiny.args("grpo", str(tmp_path / "run"), {
-      "rollout.engine": "canned_sources",
-      "reward.sources": "verifier:1,test_len:0.5,test_zero:0"}))
-  last = result["last"]
-  assert last["reward/verifier"] == pytest.approx(0.25)
-  assert last["reward/test_len"] == pytest.approx(2.0)
-  assert last["reward/test_zero"] == pytest.approx(100.0)
-  assert last["reward_mean"] == pytest.approx(0.25 + 0.5 * 2.0)
-  assert last["accuracy"] == pytest.approx(0.25)
+def test_a_step_logs_each_source_raw_and_optimises_their_weighted_sum():
+  # The canned completions "1", "2", "3", "4" (+ EOS) of each group: the verifier scores
+  # [0, 0, 0, 1], test_len 2 tokens each, test_zero 100 (weight 0: logged only).
+  config = _config(sources="verifier:1,test_len:0.5,test_zero:0")
+  config.rollout.prompts_per_step, config.rollout.group_size = 2, 4
+  config.rollout.max_new_tokens, config.data.difficulty = 4, 0
+  tok = tokenizer_lib.load_tokenizer("char")
+  engine = CannedEngine(config, build.resolve_model_config(config, tok), Placement())
+  engine.load_weights({}, 0)
+  run = types.SimpleNamespace(
+      config=config, source=datasets.make_prompt_source(config.data),
+      generator=build.make_generator(config, engine, tok, None),
+      algo=types.SimpleNamespace(transforms=()), state=types.SimpleNamespace(params=None),
+      sampling=build.sampling_params(config, tok))
+  batch, info = loop.collect_batch(run, 0)
+  assert info["reward/verifier"] == pytest.approx(0.25)
+  assert info["reward/test_len"] == pytest.approx(2.0)
+  assert info["reward/test_zero"] == pytest.approx(100.0)
+  np.testing.assert_allclose(batch.rewards, np.tile([1.0, 1.0, 1.0, 2.0], 2))
+  assert info["reward_mean"] == pytest.approx(0.25 + 0.5 * 2.0)
+  assert info["accuracy"] == pytest.approx(0.25)
+  # The raw scores stay on the host: the batch sent to the devices has no extras of theirs.
+  assert not any(k.startswith("reward/") for k in batch.extras)
