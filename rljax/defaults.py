@@ -459,8 +459,8 @@ KEYS = declare((
     Key("reward.model.chat_template", False, BOOL,
         "render prompts with the reward model tokenizer's chat template", read_if=RM_SOURCE),
     Key("reward.model.batch_size", 0, integer(0),
-        "rows per reward-model forward (a multiple of the data-parallel width); 0 = the whole "
-        "batch in one", read_if=RM_SOURCE),
+        "rows per reward-model forward (rounded up to a multiple of the data-parallel width); "
+        "0 = the whole batch in one", read_if=RM_SOURCE),
     Key("reward.model.dtype", "", choice("", *DTYPES),
         "reward-model compute dtype; '' = model.dtype (bfloat16 on accelerators)",
         read_if=RM_SOURCE),

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 
 import jax
@@ -129,6 +130,10 @@ def train_reward_model(config, *, log=print) -> dict:
     checkpointer = Checkpointer(os.path.join(t.run_dir, "checkpoints"), keep=t.keep_checkpoints)
     start = 0
     if t.resume and checkpointer.latest_step() is not None:
+      if checkpointer.latest_step() > r.steps:
+        raise run_dir_lib.RunDirError(
+            f"rm.steps={r.steps} is below the latest checkpoint {checkpointer.latest_step()} of "
+            f"{t.run_dir}: a resumed run can only grow rm.steps")
       start, state, _ = checkpointer.restore_latest(fns.abstract(state))
     writer = MetricsWriter(t.run_dir, enabled=distributed.is_main_process(),
                            progress_total=r.steps, progress=t.progress, start_step=start,
@@ -164,11 +169,17 @@ def train_reward_model(config, *, log=print) -> dict:
 
 
 def _save(checkpointer, config, cfg, state, step: int, tokenizer) -> None:
-  """Checkpoint ``step`` and its export ``exports/<step>`` (what ``run:DIR@STEP`` reads)."""
+  """Checkpoint ``step`` and its export ``exports/<step>`` (what ``run:DIR@STEP`` reads); the
+  exports of checkpoints ``train.keep_checkpoints`` dropped go with them."""
   checkpointer.save(step, state, {"config": json.loads(config.to_json_best_effort())},
                     force=step == config.rm.steps)
-  _export(os.path.join(config.train.run_dir, reward_model.STEP_EXPORTS, str(step)), cfg,
-          state["params"], tokenizer)
+  exports = os.path.join(config.train.run_dir, reward_model.STEP_EXPORTS)
+  _export(os.path.join(exports, str(step)), cfg, state["params"], tokenizer)
+  if distributed.is_main_process():
+    kept = {str(s) for s in checkpointer.all_steps()}
+    for name in os.listdir(exports):
+      if name not in kept:
+        shutil.rmtree(os.path.join(exports, name), ignore_errors=True)
 
 
 def _export(path: str, cfg, params, tokenizer) -> None:

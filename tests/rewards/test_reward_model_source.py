@@ -187,3 +187,17 @@ def test_config_keys_are_read_only_with_the_source_rm():
   config.reward.model.tokenizer = "char"
   with pytest.raises(ConfigError, match=r"reward.model.tokenizer.*does not name 'rm'"):
     config_checks.check_config(config)
+
+
+def test_reward_model_dtype_is_its_compute_dtype(char_rm, one_device):
+  """reward.model.dtype=bfloat16 (the default on accelerators, through model.dtype='auto'): the
+  forward runs in bfloat16, close to float32's scores but not equal to them."""
+  tok = CharTokenizer()
+  batch = policy_batch(tok)
+  full = reward_model.load_reward_model(rm_config(f"hf:{char_rm}", tokenizer="char"), tok,
+                                        one_device)
+  half = reward_model.load_reward_model(
+      rm_config(f"hf:{char_rm}", tokenizer="char", dtype="bfloat16"), tok, one_device)
+  assert (full.cfg.dtype, half.cfg.dtype) == ("float32", "bfloat16")
+  diff = np.abs(half(batch) - full(batch))
+  assert 0 < diff.max() < 0.1 * np.abs(full(batch)).max()
