@@ -2,6 +2,7 @@
 
   train             --config configs/dapo.py [--config.key=value ...]   RL training
   sft               --config configs/main.py                            supervised cold start
+  rm                --config configs/rm.py --config.rm.train_file=PAIRS.jsonl   reward model
   eval              --config X [--samples K] [--checkpoint RUN_DIR | --config.model.source=hf:P]
   check-conversion  PATH                   rljax vs transformers logits on a HF directory
   convert           RUN_DIR OUT [--force]  latest checkpoint of a run -> Hugging Face directory
@@ -63,6 +64,17 @@ def cmd_sft(argv):
   path = sft.ensure_sft_checkpoint(config, tokenizer)
   print(path)
   return path
+
+
+def cmd_rm(argv):
+  config, rest = _config(argv)
+  if rest:
+    raise UsageError(f"unexpected arguments {rest}; rm takes --config PATH and "
+                     "--config.key=value overrides only")
+  from rljax.train import reward_training
+  result = reward_training.train_reward_model(config)
+  print(json.dumps(result))
+  return result
 
 
 def cmd_eval(argv):
@@ -200,7 +212,7 @@ def cmd_sweep(argv):
 
 
 COMMANDS = {
-    "train": cmd_train, "sft": cmd_sft, "eval": cmd_eval,
+    "train": cmd_train, "sft": cmd_sft, "rm": cmd_rm, "eval": cmd_eval,
     "check-conversion": cmd_check_conversion, "convert": cmd_convert, "plan": cmd_plan,
     "components": cmd_components, "keys": cmd_keys, "sweep": cmd_sweep,
 }

@@ -16,9 +16,13 @@ import inspect
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from rljax import envs
+from rljax.envs import engines as _env_engines  # noqa: F401 (registers the 'env' reward source)
 from rljax.algos import (advantages, correction, cov, distill, entropy, kl, registry, value)
 from rljax.defaults import KEY_BY_NAME
-from rljax.rewards import shaping, verifiers
+from rljax.rewards import gold as _gold  # noqa: F401 (registers the 'gold' reward source)
+from rljax.rewards import judge as _judge  # noqa: F401 (registers the 'judge' reward source)
+from rljax.rewards import reward_model as _rm  # noqa: F401 (registers the 'rm' reward source)
+from rljax.rewards import shaping, sources, verifiers
 from rljax.train import filters
 from rljax.transforms import TRANSFORMS
 
@@ -28,6 +32,7 @@ def families() -> Dict[str, List[str]]:
   table = dict(registry.list_registries())
   table["transform"] = sorted(TRANSFORMS.names(), key=lambda n: TRANSFORMS.meta(n)["order"])
   table["reward_fn"] = verifiers.REWARD_FNS.names()
+  table["reward_source"] = sources.REWARD_SOURCES.names()  # reward.sources
   table["env"], table["tool"] = envs.env_names(), envs.tool_names()  # env.name; tools of envs
   return table
 
@@ -77,6 +82,11 @@ SECTIONS: Tuple[Section, ...] = (
             family="reward_fn",
             functions=(verifiers.format_ok, shaping.overlong_penalty,
                        shaping.overlong_filter_mask, kl.kl_reward_penalty, kl.kl_reward_tokens)),
+    Section("1.1 Reward sources (`reward.sources`)",
+            "The reward is a weighted sum of named sources (docs/reward_models.md), each "
+            "normalised as `reward.normalize` / `reward.clip` declare and logged raw as "
+            "`reward/<name>`; the shaping above applies to the sum.",
+            family="reward_source", functions=(sources.whiten, sources.normalize)),
     Section("2. Advantage estimators (`algo.advantage`)",
             "Outcome estimators compute a row advantage `A_i` and broadcast it, `A[i,t] = A_i "
             "m[i,t]`; every estimator is exactly 0 on padding. Group estimators need `G >= 2` "
@@ -255,6 +265,11 @@ def _entries(section: Section) -> List[str]:
   if section.family == "reward_fn":
     for name in verifiers.REWARD_FNS.names():
       lines += _reward_entry(name)
+  elif section.family == "reward_source":
+    for name in sources.REWARD_SOURCES.names():
+      factory = sources.REWARD_SOURCES.get(name)
+      lines += [heading("reward_source", name), "", _where(factory), "",
+                _md(inspect.getdoc(factory)), ""]
   elif section.family == "transform":
     for name in families()["transform"]:
       lines += _transform_entry(name)

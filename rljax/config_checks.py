@@ -26,6 +26,10 @@ import rljax.algos  # noqa: F401
 import rljax.envs  # noqa: F401
 import rljax.envs.engines  # noqa: F401
 import rljax.models.families  # noqa: F401
+import rljax.rewards.gold  # noqa: F401
+import rljax.rewards.judge  # noqa: F401
+import rljax.rewards.reward_model  # noqa: F401
+import rljax.rewards.sources  # noqa: F401
 import rljax.rewards.verifiers  # noqa: F401
 import rljax.rollout.engines  # noqa: F401
 import rljax.transforms  # noqa: F401

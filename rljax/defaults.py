@@ -25,6 +25,9 @@ The format (``rljax.keys``), one line per fact::
 This module sits at the bottom of the package (it imports only ``rljax.keys``): models and
 components read their choices from it, and it registers nothing by being read.
 """
+import re
+import string
+
 import ml_collections
 from ml_collections.config_dict import placeholder
 
@@ -32,7 +35,7 @@ from rljax.keys import (ADAM_BETA, ALWAYS, BOOL, FRACTION, KEY_TUPLE, NONEMPTY, 
                         PASS_RATE_WINDOW, POSITIVE, SEED, SIZE, STRING, Check, Facts, Key,
                         Relation,
                         When, above, choice, component_reads, declare, differs, equals,
-                        integer, meta_says, optional, real, registered, registry_meta,
+                        integer, meta_says, optional, parsed, real, registered, registry_meta,
                         registry_names)
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -108,6 +111,122 @@ def _one_reward_per_episode(f, k) -> str:
 def _agg_modes(algorithm) -> set:
   return {algorithm.policy_agg} | {r.agg for r in algorithm.regularizers}
 
+
+# --- reward composition (docs/reward_models.md): parsed here, composed by rljax.rewards.sources --
+# The task's own source: it always runs (its correct flags are the run's accuracy and eval's
+# pass@1) and is the whole reward when reward.sources is ''.
+VERIFIER_SOURCE, ENV_SOURCE = "verifier", "env"  # single-turn rollouts, multi-turn episodes
+NORMALIZATIONS = ("whiten",)
+
+
+def _terms(text, fields: str) -> list:
+  """``'a:x,b:y'`` -> ``[('a', ['x']), ('b', ['y'])]``: each term a name and the ``fields``
+  (e.g. ``'weight'``, ``'lo:hi'``) after it; every name once. ValueError names the bad term."""
+  if not isinstance(text, str):
+    raise ValueError(f"got {type(text).__name__} {text!r}, not a string")
+  width = len(fields.split(":"))
+  terms, seen = [], set()
+  for term in (t.strip() for t in text.split(",")) if text.strip() else ():
+    name, *rest = [part.strip() for part in term.split(":")]
+    if not name or len(rest) != width:
+      raise ValueError(f"term {term!r} is not 'name:{fields}'")
+    if name in seen:
+      raise ValueError(f"{name!r} is named twice")
+    seen.add(name)
+    terms.append((name, rest))
+  return terms
+
+
+def _number(text: str, term: str) -> float:
+  try:
+    value = float(text)
+  except ValueError:
+    raise ValueError(f"{term}: {text!r} is not a number") from None
+  if value != value or value in (float("inf"), float("-inf")):
+    raise ValueError(f"{term}: {text!r} is not finite")
+  return value
+
+
+def reward_weights(text: str) -> dict:
+  """``reward.sources``: ``'verifier:1.0,judge:0.5'`` -> ``{'verifier': 1.0, 'judge': 0.5}``
+  (``''`` -> ``{}``: the task's own source alone). Names must be registered reward sources."""
+  weights = {name: _number(w, f"weight of {name!r}") for name, (w,) in _terms(text, "weight")}
+  if weights:
+    known = registry_names("reward_source")
+    unknown = [n for n in weights if n not in known]
+    if unknown:
+      raise ValueError(f"{unknown[0]!r} is not a registered reward source; registered: "
+                       f"{', '.join(known)}")
+    if not any(weights.values()):
+      raise ValueError("every weight is 0: nothing would be optimised")
+  return weights
+
+
+def reward_normalize(text: str) -> dict:
+  """``reward.normalize``: ``'judge:whiten'`` -> ``{'judge': 'whiten'}``."""
+  out = {name: how for name, (how,) in _terms(text, "how")}
+  for name, how in out.items():
+    if how not in NORMALIZATIONS:
+      raise ValueError(f"{name}:{how}: the normalisation must be one of {list(NORMALIZATIONS)}")
+  return out
+
+
+def reward_clip(text: str) -> dict:
+  """``reward.clip``: ``'rm:-5:5'`` -> ``{'rm': (-5.0, 5.0)}`` (after whitening, if any)."""
+  out = {}
+  for name, (lo, hi) in _terms(text, "lo:hi"):
+    lo, hi = _number(lo, f"{name} lo"), _number(hi, f"{name} hi")
+    if not lo < hi:
+      raise ValueError(f"{name}:{lo}:{hi} needs lo < hi")
+    out[name] = (lo, hi)
+  return out
+
+
+def task_source(f) -> str:
+  """The task's own reward source: the verifier, or the environment of multi-turn episodes."""
+  return VERIFIER_SOURCE if f["env.name"] is None else ENV_SOURCE
+
+
+def composed_sources(f) -> dict:
+  """``{name: weight}`` of the run's reward: ``reward.sources``, or the task's source alone."""
+  return reward_weights(f["reward.sources"]) or {task_source(f): 1.0}
+
+
+def judge_template(text) -> str:
+  """``reward.judge.template``: a ``str.format`` template naming ``{prompt}`` and
+  ``{completion}`` and nothing else (literal braces doubled)."""
+  if not isinstance(text, str):
+    raise ValueError(f"got {type(text).__name__}, not a string")
+  try:
+    fields = {f for _, f, _, _ in string.Formatter().parse(text) if f is not None}
+  except ValueError as e:
+    raise ValueError(f"not a format template ({e})") from None
+  missing = {"prompt", "completion"} - fields
+  if missing or fields - {"prompt", "completion"}:
+    raise ValueError(f"it names {sorted(fields) or 'no field'}; expected exactly {{prompt}} and "
+                     "{completion}")
+  return text
+
+
+def judge_pattern(text) -> str:
+  """``reward.judge.pattern``: a regular expression whose first match is read as a number."""
+  try:
+    re.compile(text)
+  except (re.error, TypeError) as e:
+    raise ValueError(f"not a regular expression ({e})") from None
+  return text
+
+
+def named_source(name: str) -> When:
+  """``reward.sources`` names the source ``name`` (its keys are read only then)."""
+  return When(lambda f, k: name in composed_sources(f), f"'{name}' in reward.sources",
+              lambda f, k: f"reward.sources={f['reward.sources']!r} does not name '{name}'")
+
+
+JUDGE = named_source("judge")
+REWARD_MODEL_SOURCE = "rm"  # the learned scalar reward model (rljax.rewards.reward_model)
+RM_SOURCE = named_source(REWARD_MODEL_SOURCE)
+JUDGE_NUMBER = JUDGE & equals("reward.judge.parse", "number")
 
 KEYS = declare((
     Key("seed", 0, SEED, "the run's seed: model init, sampling, shuffling, Clip-Cov draws"),
@@ -268,6 +387,65 @@ KEYS = declare((
         read_if=OVERLONG_SHAPING),
     Key("reward.timeout_s", 5.0, POSITIVE,
         "per verifier call: a hard bound (the worker process is killed)", read_if=SINGLE_TURN),
+    Key("reward.sources", "", parsed(reward_weights, "'name:weight,...' of registered reward "
+                                     "sources (`rljax components`), finite weights, not all 0"),
+        "the run's reward: a weighted sum of named sources, e.g. 'verifier:1.0,judge:0.5' "
+        "(docs/reward_models.md); each logged raw as reward/<name>, a weight-0 source logged "
+        "only; '' = the task's own source alone: 'verifier' (reward.fn), or 'env' with env.name. "
+        "That source always runs (its correct flags are the accuracy)"),
+    Key("reward.normalize", "", parsed(reward_normalize, "'name:whiten,...'"),
+        "per-source normalisation before weighting: 'judge:whiten' = (x - mean) / sqrt(var + "
+        "1e-8) over the rows scored together (population variance); '' = none"),
+    Key("reward.clip", "", parsed(reward_clip, "'name:lo:hi,...' with lo < hi"),
+        "per-source clipping to [lo, hi] before weighting (after reward.normalize), e.g. "
+        "'rm:-5:5'; '' = none"),
+    # --- the LLM judge: reward source 'judge' (rljax.rewards.judge) ------------------------------
+    Key("reward.judge.source", "policy", NONEMPTY,
+        "the judge's weights: 'policy' (the policy's own at step 0: model.source) | 'hf:PATH' | "
+        "'run:DIR' (DIR/hf); it reads text with the run's tokenizer (data.tokenizer)",
+        read_if=JUDGE),
+    Key("reward.judge.template", "question: {prompt}\nanswer: {completion}\nscore: ",
+        parsed(judge_template, "a template naming {prompt} and {completion}"),
+        "the judge's prompt, a str.format template over the row's prompt and completion (as "
+        "prompts are: chat template, BOS)", read_if=JUDGE),
+    Key("reward.judge.parse", "number", choice("number", "p_yes"),
+        "verdict -> score: number (the first match of reward.judge.pattern in the judge's "
+        "generated verdict, clipped to reward.judge.range) | p_yes (P(reward.judge.yes) of the "
+        "judge's next token after the template, no sampling)", read_if=JUDGE),
+    Key("reward.judge.pattern", r"-?\d+(?:\.\d+)?",
+        parsed(judge_pattern, "a regular expression"),
+        "parse=number: the verdict's score is the first match (its group 1 if it has groups)",
+        read_if=JUDGE_NUMBER),
+    Key("reward.judge.range", (0.0, 10.0),
+        Check(lambda v: isinstance(v, (tuple, list)) and len(v) == 2 and all(
+            isinstance(x, (int, float)) and not isinstance(x, bool) and abs(x) < float("inf")
+            for x in v) and v[0] < v[1], "(lo, hi) finite numbers with lo < hi", tuple),
+        "parse=number: a parsed score is clipped to [lo, hi]", read_if=JUDGE_NUMBER),
+    Key("reward.judge.fallback", 0.0, real(),
+        "parse=number: the score of a verdict without a number (counted in "
+        "reward/judge_unparsable)", read_if=JUDGE_NUMBER),
+    Key("reward.judge.yes", " yes", NONEMPTY,
+        "parse=p_yes: the text whose probability is the score; one token of the run's "
+        "tokenizer (e.g. 'y' with the char tokenizer)", read_if=JUDGE & equals(
+            "reward.judge.parse", "p_yes")),
+    Key("reward.judge.engine", "all_rows", registered("rollout_engine"),
+        "parse=number: the rollout engine that generates the verdicts (rollout.engine's "
+        "registry; one device, unsharded)", read_if=JUDGE_NUMBER),
+    Key("reward.judge.max_new_tokens", 8, SIZE, "parse=number: the verdict's length in tokens",
+        read_if=JUDGE_NUMBER),
+    Key("reward.judge.greedy", True, BOOL,
+        "parse=number: greedy verdicts; False = sampled at reward.judge.temperature (the key "
+        "drawn from the run's seed and the batch's tokens: a resumed run draws the same)",
+        read_if=JUDGE_NUMBER),
+    Key("reward.judge.temperature", 1.0, POSITIVE, "parse=number, sampled verdicts: temperature",
+        read_if=JUDGE_NUMBER & equals("reward.judge.greedy", False)),
+    # --- the RLHF demo's gold scorer: reward source 'gold' (rljax.rewards.gold) ----------------
+    Key("reward.gold.pairs", 0, integer(0, 10**7),
+        "the RLHF demo's cold start (configs/rlhf.py): when > 0 and reward.model.source="
+        "'run:DIR' holds no export yet, the gold scorer labels this many preference pairs of the "
+        "embedded task into rm.train_file (kept if it exists) and `rljax rm` trains the reward "
+        "model into DIR first (rm.*, model.*), as model.source='sft' is trained first; 0 = off",
+        read_if=named_source("gold")),
     Key("reward.workers", 4, integer(1, 1024), "verifier worker processes"),
     Key("reward.max_logged_failures", 100, integer(0),
         "failed calls sampled into run_dir/reward_failures.jsonl (a multi-turn run's failed "
@@ -277,6 +455,24 @@ KEYS = declare((
         "limit"),
     Key("reward.worker_max_calls", 0, integer(0),
         "replace a verifier worker after this many calls (a leak's bound); 0 = never"),
+    # --- scalar reward model as a reward (docs/reward_models.md) -------------------------------
+    Key("reward.model.source", "", STRING,
+        "reward source 'rm': 'hf:PATH' (a *ForSequenceClassification directory, one label) | "
+        "'run:DIR[@STEP]' (an `rljax rm` run: its export DIR/hf, or DIR/exports/STEP)",
+        read_if=RM_SOURCE),
+    Key("reward.model.tokenizer", "", STRING,
+        "the reward model's tokenizer: '' = its own (the hf: directory's tokenizer files, the "
+        "rm run's data.tokenizer) | 'char' | a local Hugging Face tokenizer directory; the "
+        "policy's ids are reused when it is the policy's, else the text is re-encoded",
+        read_if=RM_SOURCE),
+    Key("reward.model.chat_template", False, BOOL,
+        "render prompts with the reward model tokenizer's chat template", read_if=RM_SOURCE),
+    Key("reward.model.batch_size", 0, integer(0),
+        "rows per reward-model forward (rounded up to a multiple of the data-parallel width); "
+        "0 = the whole batch in one", read_if=RM_SOURCE),
+    Key("reward.model.dtype", "", choice("", *DTYPES),
+        "reward-model compute dtype; '' = model.dtype (bfloat16 on accelerators)",
+        read_if=RM_SOURCE),
     # --- multi-turn environment (docs/multiturn.md) -------------------------------------------
     Key("env.name", None, optional(registered("environment")),
         "None = single-turn rollouts scored by reward.fn | a registered environment: multi-turn "
@@ -514,6 +710,22 @@ KEYS = declare((
     Key("sft.seed", 1234, SEED, "SFT examples come from their own stream of the train split"),
     Key("sft.out_dir", "runs/sft", NONEMPTY,
         "reused when it holds a checkpoint made with the same sft/model keys"),
+    # --- reward-model training (`rljax rm`, docs/reward_models.md) -----------------------------
+    Key("rm.train_file", "", STRING,
+        "`rljax rm`: JSONL preference pairs, one {\"prompt\", \"chosen\", \"rejected\"} per line"),
+    Key("rm.eval_file", "", STRING,
+        "`rljax rm`: held-out pairs for the pairwise accuracy; '' = rm.eval_fraction of "
+        "rm.train_file"),
+    Key("rm.eval_fraction", 0.1, real(0.0, 1.0),
+        "`rljax rm`: share of rm.train_file held out (at least one pair)",
+        read_if=equals("rm.eval_file", "", "rm.eval_file names the held-out pairs")),
+    Key("rm.steps", 200, integer(1, 10**9), "`rljax rm`: optimizer steps (lr etc.: optim.*)"),
+    Key("rm.batch_size", 16, SIZE, "`rljax rm`: preference pairs per step"),
+    Key("rm.max_tokens", 256, SIZE,
+        "`rljax rm`: tokens of one scored row (prompt, response, EOS); a longer pair is an error "
+        "naming its line"),
+    Key("rm.eval_every", 0, integer(0),
+        "`rljax rm`: held-out pairwise accuracy every N steps; 0 = before and after"),
     # --- device mesh ---------------------------------------------------------------------------
     Key("mesh.data", -1, MESH_AXIS, "data-parallel axis; -1 = the devices the others leave"),
     Key("mesh.fsdp", 1, MESH_AXIS, "fully sharded data-parallel axis"),
@@ -631,7 +843,54 @@ def _verifiers_pair(f):
             f"(env.name='{VERIFIERS}'), and that environment needs those prompts; set both")
 
 
+def _normalized_sources(f):
+  names = composed_sources(f)
+  for key, parse in (("reward.normalize", reward_normalize), ("reward.clip", reward_clip)):
+    stray = [n for n in parse(f[key]) if n not in names]
+    if stray:
+      return (f"{key}={f[key]!r} names {stray[0]!r}, which is not a source of the reward "
+              f"(reward.sources={f['reward.sources']!r}: {', '.join(names)})")
+
+
+def _task_source_fits(f):
+  names, own = composed_sources(f), task_source(f)
+  other = ENV_SOURCE if own == VERIFIER_SOURCE else VERIFIER_SOURCE
+  if other in names:
+    why = (f"single-turn rollouts (env.name=None) are scored by '{VERIFIER_SOURCE}'"
+           if own == VERIFIER_SOURCE else
+           f"multi-turn episodes (env.name={f['env.name']!r}) are scored by '{ENV_SOURCE}'")
+    return f"reward.sources={f['reward.sources']!r} names '{other}': {why}"
+
+
+def _turn_rewards_alone(f):
+  """Per-turn token rewards (turn_discount < 1) carry the environment's reward only."""
+  if f["env.name"] is None or f["env.turn_discount"] >= 1.0:
+    return None
+  names = composed_sources(f)
+  added = [n for n, w in names.items() if w and n != ENV_SOURCE]
+  if names.get(ENV_SOURCE) != 1.0 or added or ENV_SOURCE in reward_normalize(
+      f["reward.normalize"]) or ENV_SOURCE in reward_clip(f["reward.clip"]):
+    return (f"env.turn_discount={f['env.turn_discount']} places the environment's own turn "
+            f"rewards on tokens; reward.sources={f['reward.sources']!r} (with reward.normalize/"
+            "clip) changes the episode's reward: use 'env:1.0' unnormalised (other sources with "
+            "weight 0, logged only) or env.turn_discount=1")
+
+
+def _reward_model_named(f):
+  if RM_SOURCE.test(f, "") and not f["reward.model.source"]:
+    return (f"reward.sources={f['reward.sources']!r} names '{REWARD_MODEL_SOURCE}': set "
+            "reward.model.source ('hf:PATH' of a sequence classifier or 'run:DIR' of an "
+            "`rljax rm` run)")
+
+
 RELATIONS = (
+    Relation(("reward.normalize", "reward.clip", "reward.sources"),
+             "per-source normalisation names sources of the reward", _normalized_sources),
+    Relation(("reward.sources", "env.name"),
+             "'verifier' scores single-turn rollouts, 'env' multi-turn episodes",
+             _task_source_fits),
+    Relation(("reward.sources", "env.turn_discount"),
+             "per-turn token rewards: the environment's reward alone", _turn_rewards_alone),
     Relation(tuple(f"mesh.{axis}" for axis in MESH_AXES), "at most one axis is -1",
              _one_filled_mesh_axis),
     Relation(("model.hidden_size", "model.num_heads"), "heads divide the width ('tiny'/'sft')",
@@ -659,6 +918,9 @@ RELATIONS = (
              _gym_reward),
     Relation(("data.source", "env.name"), "a verifiers source and the verifiers environment go "
              "together", _verifiers_pair),
+    Relation(("reward.sources", "reward.model.source"),
+             f"the reward model source '{REWARD_MODEL_SOURCE}' needs reward.model.source",
+             _reward_model_named),
 )
 
 

@@ -88,6 +88,10 @@ class UnknownComponentError(ConfigError, UnknownNameError):
   """A config key names no registered component (the message lists the registered names)."""
 
 
+class RewardSourceError(RljaxError, ValueError):
+  """A reward source returned what the composition cannot use (NaN, infinity, the wrong shape)."""
+
+
 class ModelFileError(RljaxError, ValueError):
   """A Hugging Face model directory that cannot be used (missing, unreadable, unsupported)."""
 

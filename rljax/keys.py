@@ -38,10 +38,14 @@ class Check:
   type: type
   family: str = ""  # a registry whose names are allowed (listed when a value fails)
   options: tuple = ()  # the values of a ``choice``
+  # ``why(value) -> None | str``: what exactly is wrong with a value ``ok`` refuses (``parsed``)
+  why: Optional[Callable[[Any], Optional[str]]] = None
 
   def __call__(self, value) -> Optional[str]:
     if self.ok(value):
       return None
+    if self.why is not None:
+      return self.why(value) or self.allowed
     if self.family:
       names = f"a registered {self.family} name: {', '.join(registry_names(self.family))}"
       return f"None or {names}" if self.ok(None) else names
@@ -86,6 +90,18 @@ def choice(*options) -> Check:
   return Check(lambda v: v in options and type(v) in kinds | {type(None)},
                f"one of {list(options)}", str if str in kinds else next(iter(kinds)),
                options=options)
+
+
+def parsed(parse: Callable[[Any], Any], allowed: str, type_: type = str) -> Check:
+  """A value that ``parse(value)`` accepts; the ``ValueError`` it raises for one it refuses is
+  what the error says (e.g. which term of a ``'name:weight,...'`` list is wrong)."""
+  def why(value) -> Optional[str]:
+    try:
+      parse(value)
+    except ValueError as e:
+      return f"{allowed} ({e})"
+    return None
+  return Check(lambda v: why(v) is None, allowed, type_, why=why)
 
 
 BOOL = Check(lambda v: isinstance(v, bool), "True or False", bool)

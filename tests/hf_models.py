@@ -79,3 +79,58 @@ def left_padded(lengths, width, vocab, seed):
     tokens[i, width - n:] = rng.integers(3, vocab, n)
     mask[i, width - n:] = 1
   return tokens, mask
+
+
+REWARD_ARCHS = ("llama", "qwen2", "qwen3")  # the families' *ForSequenceClassification
+
+
+def build_reward_model(name: str, path: str, seed: int = 0, num_labels: int = 1,
+                       vocab: int = VOCAB) -> str:
+  """A random ``*ForSequenceClassification`` of ``hf_config(name)`` (``pad_token_id`` 0, by which
+  ``transformers`` pools each row at its last non-padding token) with ``vocab`` ids, saved as
+  safetensors."""
+  import torch
+  import transformers
+  torch.manual_seed(seed)
+  config = hf_config(name)
+  config.num_labels = num_labels
+  config.vocab_size = vocab
+  model = transformers.AutoModelForSequenceClassification.from_config(config, dtype=torch.float32)
+  with torch.no_grad():
+    for pname, p in model.named_parameters():
+      if pname.endswith("bias") or "norm" in pname:
+        p.add_(0.1 * torch.randn_like(p))
+      if pname == "score.weight":  # transformers' init is small: make the scores O(1)
+        p.normal_(0.0, 1.0)
+  model.save_pretrained(path)
+  return path
+
+
+def hf_scores(path: str, tokens: np.ndarray, mask: np.ndarray) -> np.ndarray:
+  """Scores [B] of a saved sequence classifier with one label, position ids from the mask."""
+  import torch
+  import transformers
+  model = transformers.AutoModelForSequenceClassification.from_pretrained(path,
+                                                                          dtype=torch.float32)
+  model.eval()
+  pos = np.maximum(np.cumsum(mask, -1) - 1, 0)
+  with torch.no_grad():
+    out = model(input_ids=torch.tensor(tokens, dtype=torch.long),
+                attention_mask=torch.tensor(mask, dtype=torch.long),
+                position_ids=torch.tensor(pos, dtype=torch.long))
+  return out.logits[:, 0].double().numpy()
+
+
+def prompt_and_completion(prompt_lengths, completion_lengths, prompt_width, completion_width,
+                          vocab, seed, pad_id=0):
+  """Rows as rljax scores them: left-padded prompts then right-padded completions, padding
+  ``pad_id`` and real tokens from 3 on (never the pad id): tokens and mask [B, P + T]."""
+  rng = np.random.default_rng(seed)
+  rows = len(prompt_lengths)
+  tokens = np.full((rows, prompt_width + completion_width), pad_id, np.int32)
+  mask = np.zeros_like(tokens)
+  for i, (p, c) in enumerate(zip(prompt_lengths, completion_lengths)):
+    span = slice(prompt_width - p, prompt_width + c)
+    tokens[i, span] = rng.integers(3, vocab, p + c)
+    mask[i, span] = 1
+  return tokens, mask

@@ -76,6 +76,11 @@ class Tokenizer(abc.ABC):
     raise TokenizerError(f"{type(self).__name__} has no chat template to render chat messages "
                          "with (data.chat_template=True with a Hugging Face tokenizer has one)")
 
+  def fingerprint(self) -> str:
+    """What fixes the ids of every text: two tokenizers with the same fingerprint encode any text
+    alike (a model's ids mean the same under both). By default this very object only."""
+    return f"{type(self).__qualname__}@{id(self)}"
+
   def encode_prompt(self, prompt) -> list[int]:
     """Ids of a prompt ready for generation: chat template, then BOS unless already present."""
     ids = self.encode(self.apply_chat_template(prompt))
@@ -102,6 +107,9 @@ class CharTokenizer(Tokenizer):
   def vocabulary(self) -> str:
     """All characters this tokenizer can encode, in id order."""
     return _CHAR_SYMBOLS
+
+  def fingerprint(self) -> str:
+    return "char:" + "".join(self._id_to_piece)
 
   def encode(self, text: str) -> list[int]:
     try:
@@ -172,6 +180,18 @@ class HFTokenizer(Tokenizer):
 
   def encode(self, text: str) -> list[int]:
     return list(self._hf.encode(text, add_special_tokens=False))
+
+  def fingerprint(self) -> str:
+    """The fast tokenizer's whole definition (vocabulary, merges, normaliser, pre-tokeniser,
+    special tokens) as ``tokenizer.json`` holds it; a slow one's vocabulary and special ids."""
+    backend = getattr(self._hf, "backend_tokenizer", None)
+    if backend is not None:
+      return backend.to_str()
+    return repr((sorted(self._hf.get_vocab().items()), self.eos_id, self.pad_id, self.bos_id))
+
+  def save_pretrained(self, path: str) -> None:
+    """The tokenizer's files into ``path`` (beside an exported model)."""
+    self._hf.save_pretrained(path)
 
   def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
     ids = [int(i) for i in ids]

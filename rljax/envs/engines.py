@@ -7,12 +7,17 @@
 - ``continuous``: ``rljax.envs.continuous.run_episodes_continuous``, continuous batching across
   turns with its own decode loop, reading the base engine's weights and sampler dtype (so the
   base must be a JAX engine: ``rljax.rollout.engines.JaxEngine``).
+
+The environment's reward is the reward source ``env`` (``rljax.rewards.sources``), registered
+here.
 """
 from __future__ import annotations
 
+from rljax.defaults import ENV_SOURCE
 from rljax.envs.continuous import run_episodes_continuous
 from rljax.envs.episodes import EnvSettings, MultiTurnResult, run_episodes
-from rljax.errors import StartupError
+from rljax.errors import RewardSourceError, StartupError
+from rljax.rewards.sources import RewardBatch, Scored, register_reward_source
 from rljax.rollout.engines import JaxEngine, RolloutEngine, register_episode_engine
 from rljax.rollout.sampling import SamplingParams
 
@@ -81,3 +86,16 @@ class ContinuousTurnsEngine(EpisodeEngineBase):
 
 register_episode_engine("turn_sync")(TurnSyncEngine)
 register_episode_engine("continuous")(ContinuousTurnsEngine)
+
+
+@register_reward_source(ENV_SOURCE)
+def env_source(config, tokenizer, model_cfg, mesh):
+  """The environment's reward of multi-turn episodes (``env.name``): the sum of an episode's turn
+  rewards (0 for an episode whose step timed out or failed) and its verdict, as the episode
+  driver scored them (``rljax.envs.episodes``)."""
+  def score(batch: RewardBatch) -> Scored:
+    if batch.episode_rewards is None:
+      raise RewardSourceError("reward source 'env' scores multi-turn episodes; this batch has "
+                              "single-turn completions (env.name=None)")
+    return Scored(values=batch.episode_rewards, correct=batch.episode_correct)
+  return score

@@ -180,20 +180,8 @@ class ModelConfig:
   def from_hf_dir(cls, path: str, **overrides) -> "ModelConfig":
     """The architecture of a local Hugging Face directory; anything wrong with it is one
     ``ModelFileError`` naming the directory or its config.json."""
-    if not os.path.isdir(path):
-      raise ModelFileError(f"{path!r} is not a directory: expected a local Hugging Face model "
-                           "directory (config.json + model.safetensors)")
+    hf = read_hf_config(path)
     cfg_path = os.path.join(path, "config.json")
-    if not os.path.isfile(cfg_path):
-      raise ModelFileError(f"no config.json in {path!r}: not a Hugging Face model directory")
-    try:
-      with open(cfg_path, encoding="utf-8") as f:
-        hf = json.load(f)
-    except (OSError, ValueError) as e:
-      raise ModelFileError(f"{cfg_path} is not readable JSON ({e}); re-download or re-export "
-                           "the model") from None
-    if not isinstance(hf, dict):
-      raise ModelFileError(f"{cfg_path} holds a JSON {type(hf).__name__}, not an object")
     try:
       return cls.from_hf_dict(hf, **overrides)
     except KeyError as e:
@@ -205,6 +193,26 @@ class ModelConfig:
   def to_hf_dict(self) -> dict:
     """A config.json that ``transformers`` loads as the same architecture."""
     return families.get(self.model_type).config_to_hf(self)
+
+
+def read_hf_config(path: str) -> dict:
+  """The config.json of a local Hugging Face directory as a dict; a missing directory or file,
+  or one that is not a JSON object, is one ``ModelFileError`` naming it."""
+  if not os.path.isdir(path):
+    raise ModelFileError(f"{path!r} is not a directory: expected a local Hugging Face model "
+                         "directory (config.json + model.safetensors)")
+  cfg_path = os.path.join(path, "config.json")
+  if not os.path.isfile(cfg_path):
+    raise ModelFileError(f"no config.json in {path!r}: not a Hugging Face model directory")
+  try:
+    with open(cfg_path, encoding="utf-8") as f:
+      hf = json.load(f)
+  except (OSError, ValueError) as e:
+    raise ModelFileError(f"{cfg_path} is not readable JSON ({e}); re-download or re-export "
+                         "the model") from None
+  if not isinstance(hf, dict):
+    raise ModelFileError(f"{cfg_path} holds a JSON {type(hf).__name__}, not an object")
+  return hf
 
 
 def supported_model_types() -> tuple[str, ...]:

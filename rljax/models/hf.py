@@ -1,5 +1,9 @@
 """Hugging Face checkpoints: load a local directory (config.json + safetensors) and export back.
 
+Causal LMs (``*ForCausalLM``: ``head='lm'``) and reward models (``*ForSequenceClassification``
+with one label: ``head='score'``, the ``score.weight`` [1, D] projection without bias over the
+last real token) of every supported family.
+
 Loading streams tensor by tensor: each tensor is read in its stored dtype, transposed where the
 layouts differ, cast to the parameter dtype and placed, so a bf16 checkpoint never exists twice in
 float32 on the host.
@@ -21,9 +25,11 @@ from safetensors.numpy import save_file
 
 from rljax.errors import MissingTensorError, ModelFileError
 from rljax.models import families, transformer
-from rljax.models.config import ModelConfig
+from rljax.models.config import ModelConfig, read_hf_config
 
 _IGNORED = re.compile(r".*rotary_emb\.inv_freq$")
+CAUSAL_LM, SEQUENCE_CLASSIFIER = "ForCausalLM", "ForSequenceClassification"
+SCORE_TENSOR = "score.weight"
 
 
 @functools.lru_cache(maxsize=32)
@@ -33,7 +39,8 @@ def tensor_names(cfg: ModelConfig) -> dict:
   family = families.get(cfg.model_type)
   names = {"model.embed_tokens.weight": (("embed_tokens",), False, None),
            "model.norm.weight": (("norm", "scale"), False, None),
-           "lm_head.weight": (("lm_head", "kernel"), True, None)}
+           "lm_head.weight": (("lm_head", "kernel"), True, None),
+           SCORE_TENSOR: (("score", "kernel"), True, None)}
   for layer in range(cfg.num_layers):
     for suffix, (sub, transpose, index) in family.layer_tensors(cfg, layer).items():
       names[f"model.layers.{layer}.{suffix}"] = ((f"layers_{layer}",) + sub, transpose, index)
@@ -111,10 +118,38 @@ def iter_hf_shapes(path: str) -> Iterator[tuple[str, tuple]]:
         yield name, tuple(f.get_slice(name).get_shape())
 
 
+def num_labels(hf: dict) -> int:
+  """Outputs of a ``*ForSequenceClassification`` config.json: its ``id2label`` entries
+  (``transformers`` saves those, not ``num_labels``), else ``num_labels``, else its default 2."""
+  if isinstance(hf.get("id2label"), dict):
+    return len(hf["id2label"])
+  return int(hf.get("num_labels", 2))
+
+
+def check_sequence_classifier(path: str) -> dict:
+  """The config.json of ``path`` when it is a reward model rljax can score with: a
+  ``*ForSequenceClassification`` architecture with one label. Anything else is one
+  ``ModelFileError`` naming what it is instead."""
+  hf = read_hf_config(path)
+  archs = hf.get("architectures") or []
+  if not any(str(a).endswith(SEQUENCE_CLASSIFIER) for a in archs):
+    raise ModelFileError(f"{path} is not a sequence classifier (config.json architectures="
+                         f"{archs}): a reward model is a *{SEQUENCE_CLASSIFIER} checkpoint with "
+                         "one label (score head)")
+  labels = num_labels(hf)
+  if labels != 1:
+    raise ModelFileError(f"{path} is a sequence classifier with {labels} labels; a reward model "
+                         "has one (a scalar score): num_labels=1")
+  return hf
+
+
 def check_hf_dir(path: str, head: str = "lm") -> ModelConfig:
   """What ``load_hf`` would refuse, found from config.json and the safetensors headers in well
-  under a second: an unsupported architecture, a truncated file, a tensor of the wrong shape, a
-  missing one. Returns the architecture."""
+  under a second: an unsupported architecture (for ``head='score'``, anything but a sequence
+  classifier with one label), a truncated file, a tensor of the wrong shape, a missing one.
+  Returns the architecture."""
+  if head == "score":
+    check_sequence_classifier(path)
   cfg = ModelConfig.from_hf_dir(path)
   _match_tensors(path, cfg, head, iter_hf_shapes(path))
   return cfg
@@ -140,11 +175,14 @@ def load_hf(path: str, *, dtype: str | None = None, param_dtype: str | None = No
   """Load a local Hugging Face directory of a supported family into rljax.
 
   ``head='value'`` builds a critic whose trunk is the checkpoint and whose scalar head is freshly
-  initialised (value models start from the policy). ``place(path, array)`` puts each converted
+  initialised (value models start from the policy). ``head='score'`` loads a reward model: a
+  ``*ForSequenceClassification`` checkpoint with one label (``check_sequence_classifier``). ``place(path, array)`` puts each converted
   tensor on devices (e.g. with its ``NamedSharding``); the default is ``jnp.asarray``.
   Raises on a missing tensor, a shape mismatch or an unsupported architecture, naming it.
   """
   overrides = {k: v for k, v in (("dtype", dtype), ("param_dtype", param_dtype)) if v}
+  if head == "score":
+    check_sequence_classifier(path)
   cfg = ModelConfig.from_hf_dir(path, **overrides)
   shapes = dict(_flat_paths(transformer.param_shapes(cfg, head)))
   place = place or (lambda _, x: jnp.asarray(x))
@@ -186,8 +224,12 @@ def _target(path: str, cfg: ModelConfig, head: str, shapes: dict, name: str, sha
     return None
   target, transpose, index = mapped
   if target not in shapes:
-    if target == ("lm_head", "kernel") and (cfg.tie_embeddings or head == "value"):
+    if target == ("lm_head", "kernel") and (cfg.tie_embeddings or head != "lm"):
       return None  # a tied checkpoint may still store the (identical) output matrix
+    if target == ("score", "kernel"):
+      raise ModelFileError(f"{path} is a sequence classifier ({SCORE_TENSOR}): a reward model, "
+                           "not a causal LM; name it where a reward model is read "
+                           "(reward.model.source)")
     raise MissingTensorError(f"{path}: tensor {name!r} has no place in a model with this "
                              "config.json")
   want = tuple(shapes[target].shape)[0 if index is None else 1:]
@@ -229,12 +271,20 @@ def _check_complete(path: str, cfg: ModelConfig, shapes: dict, loaded: set) -> N
 
 def save_hf(path: str, cfg: ModelConfig, params: dict, *, dtype: str | None = None,
             max_shard_bytes: int = 2 << 30, tokenizer=None) -> None:
-  """Write ``params`` as a directory ``transformers.AutoModelForCausalLM`` loads.
+  """Write ``params`` as a directory ``transformers.AutoModelForCausalLM`` loads, or, for a
+  reward model (``head='score'`` params), ``AutoModelForSequenceClassification``: architecture
+  ``<Family>ForSequenceClassification``, one label, ``pad_token_id`` (by which ``transformers``
+  finds each row's last token).
 
   Shards into several safetensors files with an index when larger than ``max_shard_bytes``.
   """
   if "value_head" in params:
-    raise ValueError("save_hf exports causal-LM policies; this tree holds a value model")
+    raise ValueError("save_hf exports causal-LM policies and reward models; this tree holds a "
+                     "value model")
+  reward_model = "score" in params
+  if reward_model and cfg.pad_token_id is None:
+    raise ValueError("a reward model's export needs pad_token_id (transformers pools each row at "
+                     "its last token that is not padding): set it in the ModelConfig")
   os.makedirs(path, exist_ok=True)
   out_dtype = np.dtype(ml_dtypes.bfloat16) if (dtype or cfg.param_dtype) == "bfloat16" \
       else np.dtype(dtype or cfg.param_dtype)
@@ -251,6 +301,10 @@ def save_hf(path: str, cfg: ModelConfig, params: dict, *, dtype: str | None = No
       shards[-1][name] = array
       size += array.nbytes
   hf_cfg = cfg.to_hf_dict()
+  if reward_model:
+    hf_cfg.update(architectures=[a.replace(CAUSAL_LM, SEQUENCE_CLASSIFIER)
+                                 for a in hf_cfg["architectures"]],
+                  id2label={"0": "LABEL_0"}, label2id={"LABEL_0": 0})
   hf_cfg["torch_dtype"] = str(np.dtype(out_dtype)) if out_dtype != ml_dtypes.bfloat16 \
       else "bfloat16"
   with open(os.path.join(path, "config.json"), "w") as f:

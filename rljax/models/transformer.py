@@ -35,6 +35,7 @@ REMAT_POLICIES = {
     "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
 }
 _ONE_HOT_EMBED_MAX_VOCAB = 1024
+HEADS = ("lm", "value", "score")
 
 
 class MoEOut(NamedTuple):
@@ -67,11 +68,14 @@ class Transformer(nnx.Module):
 
   ``head='lm'``: next-token logits (tied to the embedding when ``cfg.tie_embeddings``).
   ``head='value'``: a scalar value per position (the critic), no vocabulary projection.
+  ``head='score'``: a scalar reward of the whole sequence (a reward model): the ``score``
+  projection [D, 1] without bias of ``transformers``' ``*ForSequenceClassification`` with one
+  label, read at the last real token of each row (``sequence_scores``).
   """
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, head: str = "lm"):
-    if head not in ("lm", "value"):
-      raise ValueError(f"head must be 'lm' or 'value', got {head!r}")
+    if head not in HEADS:
+      raise ValueError(f"head must be one of {HEADS}, got {head!r}")
     family = families.get(cfg.model_type)
     pdt = jnp.dtype(cfg.param_dtype)
     self.cfg = cfg
@@ -90,6 +94,9 @@ class Transformer(nnx.Module):
     if head == "value":
       self.value_head = layers.Linear(cfg.hidden_size, 1, axes=("embed", None), bias=True,
                                       cfg=cfg, rngs=rngs)
+    if head == "score":
+      self.score = layers.Linear(cfg.hidden_size, 1, axes=("embed", None), bias=False, cfg=cfg,
+                                 rngs=rngs)
 
   def __call__(self, tokens, positions, attend: layers.Attend, cache=None, *,
                last_only: bool = False, valid=None, routes=None, rope_tables=None):
@@ -191,7 +198,7 @@ class Transformer(nnx.Module):
     """Output projection [D, V] in the compute dtype."""
     dtype = jnp.dtype(self.cfg.dtype)
     if self.head != "lm":
-      raise ValueError("a value model has no vocabulary head")
+      raise ValueError(f"a {self.head!r} model has no vocabulary head")
     if self.cfg.tie_embeddings:
       return self.embed_tokens[...].T.astype(dtype)
     return self.lm_head.kernel[...].astype(dtype)
@@ -201,6 +208,10 @@ class Transformer(nnx.Module):
 
   def values(self, hidden):
     return self.value_head(hidden)[..., 0].astype(jnp.float32)
+
+  def scores(self, pooled):
+    """Reward [B] float32 of the pooled hidden states [B, D]."""
+    return self.score(pooled)[..., 0].astype(jnp.float32)
 
 
 def rope_specs(cfg: ModelConfig) -> list:
@@ -323,6 +334,23 @@ def logits(cfg: ModelConfig, params: dict, tokens, attn_mask):
   """Full causal forward returning logits [B, S, V] (tests and small models only)."""
   hidden, model, _ = forward_with_routes(cfg, params, tokens, attn_mask)
   return model.logits(hidden)
+
+
+def last_valid_index(attn_mask):
+  """Index [B] of the last real token of each row of ``attn_mask`` [B, S]: ``S - 1 - argmax``
+  over the reversed mask, whatever the padding (left-padded prompts, right-padded completions)."""
+  width = attn_mask.shape[-1]
+  return width - 1 - jnp.argmax(attn_mask[:, ::-1].astype(jnp.int32), axis=-1)
+
+
+def sequence_scores(cfg: ModelConfig, params: dict, tokens, attn_mask):
+  """Reward-model scores [B] float32 of rows ``tokens`` [B, S] (``attn_mask`` marks the real
+  tokens): ``r = h[b, last(b)] . w_score``, the final-norm hidden state at each row's last real
+  token times the ``score`` head, as ``transformers``' ``*ForSequenceClassification`` pools (its
+  last token that is not ``pad_token_id``). ``params`` of ``head='score'``."""
+  hidden, model, _ = forward_with_routes(cfg, params, tokens, attn_mask, head="score")
+  pooled = jnp.take_along_axis(hidden, last_valid_index(attn_mask)[:, None, None], axis=1)[:, 0]
+  return model.scores(pooled)
 
 
 def head_weight(cfg: ModelConfig, params: dict):

@@ -155,19 +155,20 @@ class WeightSync:
 # --- registries ----------------------------------------------------------------------------------
 
 class EngineRegistry:
-  """Engine factories by name; ``key``: the config key that picks one."""
+  """Engine factories by name; ``key``: the config key that picks one; ``what``: what a factory
+  makes, in messages (the reward sources of ``rljax.rewards.sources`` are registered alike)."""
 
-  def __init__(self, key: str):
-    self.key = key
+  def __init__(self, key: str, what: str = "engine"):
+    self.key, self.what = key, what
     self._factories: Dict[str, Callable[..., Any]] = {}
 
   def register(self, name: str) -> Callable:
     if not isinstance(name, str) or not name:
-      raise ValueError(f"{self.key}: an engine name must be a non-empty string, got {name!r}")
+      raise ValueError(f"{self.key}: {self.what} names must be non-empty strings, got {name!r}")
 
     def decorator(factory):
       if name in self._factories:
-        raise ValueError(f"{self.key}: engine {name!r} is already registered")
+        raise ValueError(f"{self.key}: {self.what} {name!r} is already registered")
       self._factories[name] = factory
       return factory
     return decorator
@@ -182,7 +183,7 @@ class EngineRegistry:
 
   def get(self, name: str) -> Callable:
     if name not in self._factories:
-      raise UnknownNameError(f"{self.key}={name!r} is not a registered engine; registered: "
+      raise UnknownNameError(f"{self.key}={name!r} is not a registered {self.what}; registered: "
                              f"{', '.join(self.names())}")
     return self._factories[name]
 

@@ -126,3 +126,41 @@ def plot_study(records: Mapping[tuple[str, int], list], variants: Sequence[str],
   fig.savefig(path, dpi=110)
   plt.close(fig)
   return [k for k, _ in panels]
+
+
+def plot_overoptimization(records: Mapping[tuple[str, int], list], variants: Sequence[str],
+                          path: str, proxy: str = "reward/rm", gold: str = "reward/gold",
+                          kl: str = "kl", title: str = "") -> None:
+  """Reward over-optimisation (Gao, Schulman, Hilton 2022, arXiv 2210.10760): two panels, the
+  proxy reward and the gold reward against the KL from the initial policy, one line per variant:
+  at each step the seed mean of the (smoothed, ``run_curve``) reward with its t-band against the
+  seed mean of the KL."""
+  import matplotlib  # pyplot needs its backend chosen before it is first imported
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  fig, axes = plt.subplots(1, 2, figsize=(12, 3.6), squeeze=False)
+  colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+  for ax, key in zip(axes.flat, (proxy, gold)):
+    for i, variant in enumerate(variants):
+      runs = [recs for (name, _), recs in sorted(records.items()) if name == variant]
+      rewards = [c for c in (run_curve(r, key) for r in runs) if c[0].size]
+      kls = [c for c in (run_curve(r, kl) for r in runs) if c[0].size]
+      if not rewards or len(kls) != len(rewards):
+        continue
+      steps, mean, low, high = seed_band(rewards)
+      kl_steps, kl_mean, _, _ = seed_band(kls)
+      x = np.interp(steps, kl_steps, kl_mean)
+      color = colors[i % len(colors)]
+      ax.plot(x, mean, color=color, label=f"{variant} (n={len(rewards)})")
+      if len(rewards) > 1:
+        ax.fill_between(x, low, high, color=color, alpha=0.2, linewidth=0)
+    ax.set_title(f"{key} (proxy)" if key == proxy else f"{key} (gold)")
+    ax.set_xlabel(f"{kl}: KL from the initial policy")
+    ax.grid(alpha=0.3)
+  axes.flat[0].legend(fontsize=8)
+  fig.suptitle(title)
+  fig.tight_layout()
+  os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+  fig.savefig(path, dpi=110)
+  plt.close(fig)

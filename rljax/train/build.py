@@ -9,7 +9,7 @@ import dataclasses
 import functools
 import json
 import os
-from typing import Any, Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -19,6 +19,7 @@ from rljax import rollout as rollout_lib
 from rljax.algorithm import Algorithm, resolve
 from rljax.data import datasets, prompt_policy, tokenizer as tokenizer_lib
 from rljax.envs import engines as _episode_engines  # noqa: F401 (registers env.engine's)
+from rljax.defaults import ENV_SOURCE, REWARD_MODEL_SOURCE, VERIFIER_SOURCE, reward_weights
 from rljax.envs.episodes import EnvSettings
 from rljax.envs.failures import FailureReport
 from rljax.errors import ModelFileError, RljaxError, StartupError
@@ -27,7 +28,8 @@ from rljax.models.config import compute_dtype, run_settings
 from rljax.models.source import (POLICY_SOURCES, ModelSource, check_same_tokenizer, parse_source,
                                  run_config)
 from rljax.parallel import distributed, mesh as mesh_lib, rules
-from rljax.rewards import verifiers
+from rljax.rewards import sources as reward_sources
+from rljax.rewards import gold, reward_model, verifiers
 from rljax.rollout.engines import (ENGINES, EPISODE_ENGINES, EpisodeEngine, Placement,
                                    RolloutEngine)
 from rljax.train import run_dir as run_dir_lib
@@ -39,7 +41,7 @@ from rljax.train import update as update_lib
 from rljax.train.checkpoint import Checkpointer
 from rljax.train.generation import Generator
 from rljax.train.metrics import MetricsWriter, write_eval_table
-from rljax.train.plot import plot_run
+from rljax.train.plot import plot_rewards_vs_kl, plot_run
 from rljax.train.state import TrainState, create_state, make_optimizer, total_updates
 
 
@@ -299,10 +301,6 @@ class Run:
     return self.generator.engine
 
 
-def make_task_verifier(config, source, failure_log: str | None = None) -> Callable:
-  return verifiers.task_verifier(config.reward, failure_log)  # verifiers in killable processes
-
-
 def step_spec(config, model_cfg: ModelConfig, algo: Algorithm, aux_cfgs: tuple = (),
               mesh=None) -> step_lib.StepSpec:
   """The step's closure; ``aux_cfgs``: ``(transform name, architecture)`` of the transforms'
@@ -369,18 +367,25 @@ def sharded_state_and_fns(config, model_cfg: ModelConfig, params, mesh,
 
 def make_generator(config, engine: RolloutEngine, tokenizer, source,
                    failure_log: str | None = None,
-                   env_failure_log: str | None = None) -> Generator:
-  """``failure_log`` / ``env_failure_log``: where failed verifier calls / failed episodes of a
-  multi-turn engine are sampled (None: reported, not written)."""
+                   env_failure_log: str | None = None, mesh=None,
+                   task_only: bool = False) -> Generator:
+  """``failure_log`` / ``env_failure_log``: where failed reward calls / failed episodes of a
+  multi-turn engine are sampled (None: reported, not written). The reward is composed of
+  ``reward.sources`` (``rljax.rewards.sources``; their factories see ``mesh``, the learner's);
+  ``task_only``: of the task's own source alone (an evaluation reads only its correct flags)."""
   r = config.reward
-  failures = None
+  failures, task = None, VERIFIER_SOURCE
   if isinstance(engine, EpisodeEngine):
     failures = FailureReport(config.env.name, env_failure_log, r.max_logged_failures)
-  return Generator(engine=engine, tokenizer=tokenizer,
-                   verifier=make_task_verifier(config, source, failure_log),
+    task = ENV_SOURCE
+  reward = _startup(functools.partial(reward_sources.make_reward, task_only=task_only, task=task),
+                    config, tokenizer, engine.model_cfg, mesh)
+  log = None if failure_log is None else verifiers.FailureLog(failure_log, r.max_logged_failures)
+  return Generator(engine=engine, tokenizer=tokenizer, reward=reward,
                    prompt_bucket=config.data.prompt_bucket, overlong_buffer=r.overlong_buffer,
                    overlong_penalty=r.overlong_penalty,
-                   inflight_chunk=config.rollout.get("inflight_chunk", 0), env_failures=failures)
+                   inflight_chunk=config.rollout.get("inflight_chunk", 0), env_failures=failures,
+                   failure_log=log)
 
 
 @dataclasses.dataclass
@@ -410,9 +415,9 @@ def check_reward_fn(config) -> None:
 
 
 def _check_model_files(config, algo: Algorithm, tokenizer) -> None:
-  """The policy's Hugging Face directory and the transforms' frozen models, from their headers:
-  a missing or empty directory, an unsupported architecture, a truncated file or a wrong shape is
-  found here, before the run dir is claimed, not after minutes of loading."""
+  """The policy's Hugging Face directory, the transforms' frozen models and the reward model,
+  from their headers: a missing or empty directory, an unsupported architecture, a truncated file
+  or a wrong shape is found here, before the run dir is claimed, not after minutes of loading."""
   source = model_source(config)  # an unknown model.source
   if source.kind == "hf":
     check_vocab(config, _named("model.source", source.text, source.path), tokenizer)
@@ -425,6 +430,9 @@ def _check_model_files(config, algo: Algorithm, tokenizer) -> None:
     if t.check_aux is not None:
       for key, value, path in t.check_aux(config):
         _named(key, value, path)
+  if REWARD_MODEL_SOURCE in reward_weights(config.reward.sources) and \
+      not gold.cold_start_pending(config):  # else trained first (rljax.train.rlhf), then read
+    reward_model.check_files(config.reward.model)
 
 
 def _named(key: str, value: str, path: str) -> ModelConfig:
@@ -544,7 +552,7 @@ def build_run(config, prepared: Prepared | None = None) -> Run:
                        learner_mesh=mesh)
   generator = make_generator(
       config, engine, tokenizer, source, failure_log=os.path.join(run_dir, verifiers.FAILURE_LOG),
-      env_failure_log=os.path.join(run_dir, run_dir_lib.ENV_FAILURES_FILE))
+      env_failure_log=os.path.join(run_dir, run_dir_lib.ENV_FAILURES_FILE), mesh=mesh)
   return Run(config=config, algo=algo, generator=generator, source=source, fns=compiled,
              state=state, sampling=sampling_params(config, tokenizer), writer=writer,
              checkpointer=checkpointer, aux=aux, mesh=mesh)
@@ -556,6 +564,9 @@ def checkpoint_extra(run, data: dict | None = None) -> dict:
   the prompt source's own) and the config."""
   return {"data": run.source.state_dict() if data is None else data,
           "config": json.loads(run.config.to_json_best_effort())}
+
+
+REWARDS_VS_KL = "rewards_vs_kl.png"  # in the run dir
 
 
 def finish(run) -> None:
@@ -576,6 +587,13 @@ def finish(run) -> None:
     artifacts = [os.path.join(cfg.train.run_dir, name) for name in ("curves.png", "evals.csv")]
     plot_run(jsonl, artifacts[0])
     write_eval_table(jsonl, artifacts[1])
+    terms = run.generator.reward.terms
+    if len(terms) > 1 and cfg.algo.kl_placement != "none" and cfg.algo.ref_update == "frozen":
+      # Several sources and a frozen reference (the initial policy): each source against the KL
+      # from it, the over-optimisation picture when one of them is a proxy of another.
+      artifacts.append(os.path.join(cfg.train.run_dir, REWARDS_VS_KL))
+      plot_rewards_vs_kl({cfg.train.run_dir: jsonl}, artifacts[-1],
+                         [reward_sources.METRIC_PREFIX + t.name for t in terms])
     for path in artifacts:
       run.writer.log_artifact(path)
   run.engine.close()

@@ -88,7 +88,7 @@ def _evaluate_config(config, *, samples: int, checkpoint: str | None, run=None) 
   source = datasets.make_prompt_source(config.data)
   prompt_policy.apply_prompt_policy(source, config, tokenizer)
   engine = build.make_engine(config, model_cfg, mesh_lib.make_mesh(config.mesh), tokenizer)
-  generator = build.make_generator(config, engine, tokenizer, source)
+  generator = build.make_generator(config, engine, tokenizer, source, task_only=True)
   sampling = build.sampling_params(config, tokenizer)
   problems = source.eval_set(config.data.num_eval)
   result = {"num_problems": len(problems)}

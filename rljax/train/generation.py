@@ -1,4 +1,5 @@
-"""Problems -> scored rollouts: sample completions with the policy, verify them, shape rewards.
+"""Problems -> scored rollouts: sample completions with the policy, score them with the run's
+reward sources (``rljax.rewards.sources``), shape rewards.
 
 Used by the RL loop (``rljax.train.loop.collect_batch``) and by evaluation alike.
 """
@@ -10,7 +11,7 @@ from typing import Any, Callable
 import numpy as np
 
 from rljax import rollout as rollout_lib
-from rljax.rewards import shaping
+from rljax.rewards import shaping, sources
 from rljax.rollout import inflight
 from rljax.rollout.engines import EpisodeEngine, RolloutEngine
 from rljax.rollout.sampler import Rollout
@@ -18,13 +19,13 @@ from rljax.rollout.sampler import Rollout
 
 @dataclasses.dataclass(frozen=True)
 class Generator:
-  """What turns problems into scored rollouts: the rollout engine, the tokenizer, the verifier,
-  and the reward shaping (``rljax.train.loop.generate``)."""
+  """What turns problems into scored rollouts: the rollout engine, the tokenizer, the composed
+  reward (``reward.sources``) and the reward shaping (``rljax.train.loop.generate``)."""
   # ``rollout.engine``'s engine; with ``env.name`` set, ``env.engine``'s multi-turn driver around
   # it (an ``EpisodeEngine``: whole episodes in that environment, scored by it).
   engine: RolloutEngine
   tokenizer: Any
-  verifier: Callable  # (completions, problems) -> rljax.rewards.Scores
+  reward: Callable  # RewardBatch -> rljax.rewards.sources.Composed (a sources.Reward)
   prompt_bucket: int
   overlong_buffer: int
   overlong_penalty: float
@@ -34,6 +35,9 @@ class Generator:
   # rljax.envs.failures.FailureReport: told of every multi-turn batch (its failed episodes
   # logged, sampled into the run dir, the run stopped if the first batch all failed).
   env_failures: Any = None
+  # rljax.rewards.verifiers.FailureLog: where the sources' failed calls are sampled (None: not
+  # written; each batch's failures are still logged in one line).
+  failure_log: Any = None
 
   @property
   def multi_turn(self) -> bool:
@@ -47,21 +51,28 @@ class Generator:
 def generate(gen: Generator, params, problems, key, sampling: rollout_lib.SamplingParams,
              group_size: int, newest=None) -> tuple[Rollout, list[str], dict]:
   """Sample ``group_size`` completions per problem with ``gen.engine`` and score them on the
-  host: the engine's ``Rollout`` (NumPy) with ``rewards`` (shaped), ``correct`` and
-  ``row_valid`` added, the decoded completions, and the verifier's counts (``reward/timeouts``,
-  ``/errors``, ``/invalid``). A multi-turn engine runs episodes in its environment
-  (``rljax.envs.engines``): the transcripts after the prompts, and the ``env/*`` counts.
+  host: the engine's ``Rollout`` (NumPy) with ``rewards`` (composed, then shaped), ``correct``
+  (the task source's) and ``row_valid`` added and each source's raw scores in its host
+  ``extras['reward/<name>']``, the decoded completions, and the sources' counts
+  (``reward/timeouts``, ``/errors``, ``/invalid`` of the verifier). A multi-turn engine runs
+  episodes in its environment (``rljax.envs.engines``; its reward is the source ``env``): the
+  transcripts after the prompts, and the ``env/*`` counts.
   ``params``: weights the engine reads (``engine.transfer``'s), loaded first; None: the ones it
   holds. ``newest``: ``() -> (version, weights)``; with ``gen.inflight_chunk`` the completions are
   decoded in chunks, each after loading the newest weights (``rljax.rollout.inflight``)."""
   engine = gen.engine
   if params is not None:
     engine.load_weights(params, engine.version)
+  rows = [p for p in problems for _ in range(group_size)]
   if gen.multi_turn:
     result = engine.episodes(problems, key, sampling, group_size)
     if gen.env_failures is not None:
       gen.env_failures(result)
-    return result.rollout, result.transcripts, result.counts
+    out = result.rollout
+    composed = _score(gen, out, rows, result.transcripts, out.rewards, out.correct)
+    scored = out.replace(rewards=composed.rewards, correct=composed.correct,
+                         extras={**out.extras, **composed.extras()})
+    return scored, result.transcripts, {**result.counts, **composed.metrics}
   prompt_ids = [gen.tokenizer.encode_prompt(p.prompt) for p in problems]
   tokens, mask = rollout_lib.left_pad(prompt_ids, gen.prompt_bucket, gen.tokenizer.pad_id)
   if newest is not None and gen.inflight_chunk:
@@ -75,12 +86,27 @@ def generate(gen: Generator, params, problems, key, sampling: rollout_lib.Sampli
   else:
     out = engine.generate(tokens, mask, key, sampling, group_size)
   completions = [gen.tokenizer.decode(row[:n]) for row, n in zip(out.tokens, out.lengths)]
-  scores = gen.verifier(completions, [p for p in problems for _ in range(group_size)])
-  rewards, correct = scores
-  rewards = np.asarray(rewards, np.float32) + np.asarray(
+  composed = _score(gen, out, rows, completions)
+  # Shaping applies after composition (docs/algorithms.md section 1).
+  rewards = composed.rewards + np.asarray(
       shaping.overlong_penalty(out.lengths, max_new_tokens=sampling.max_new_tokens,
                                overlong_buffer=gen.overlong_buffer,
                                overlong_penalty=gen.overlong_penalty), np.float32)
-  scored = out.replace(rewards=rewards, correct=np.asarray(correct, bool),
-                       row_valid=np.ones(len(completions), np.float32))
-  return scored, completions, scores.metrics()
+  scored = out.replace(rewards=rewards, correct=composed.correct,
+                       row_valid=np.ones(len(completions), np.float32),
+                       extras={**out.extras, **composed.extras()})
+  return scored, completions, dict(composed.metrics)
+
+
+def _score(gen: Generator, out: Rollout, rows, completions, episode_rewards=None,
+           episode_correct=None) -> sources.Composed:
+  """The composed reward of a sampled batch (``rows``: its problem per row); failed calls
+  sampled into ``gen.failure_log``."""
+  batch = sources.RewardBatch(
+      prompts=[p.prompt for p in rows], completions=completions, problems=rows,
+      prompt_tokens=out.prompt_tokens, prompt_mask=out.prompt_mask, tokens=out.tokens,
+      mask=out.mask, episode_rewards=episode_rewards, episode_correct=episode_correct)
+  composed = gen.reward(batch)
+  if gen.failure_log is not None and composed.failures:
+    gen.failure_log.append(list(composed.failures))
+  return composed

@@ -18,9 +18,10 @@ import numpy as np
 from rljax import models
 from rljax.parallel import distributed, rules
 from rljax.envs.checks import check_env_startup
+from rljax.rewards import sources as reward_sources
 from rljax.rollout.sampler import Rollout
 from rljax.train import actors, build, compilation_cache, evaluation, filters, generation
-from rljax.train import preemption
+from rljax.train import preemption, rlhf
 from rljax.train import run_dir as run_dir_lib
 from rljax.train.metrics import summarize
 from rljax.transforms import HostRollout
@@ -89,6 +90,10 @@ def collect_batch(run: build.Run, step: int, stream: int = 0,
     if sum(k.num_rows for k in kept) >= num_prompts * group_size:
       break
   generated = filters.concat_groups(all_rounds)
+  # Each source's raw scores are logged here, over every row generated, and not sent on.
+  source_means = reward_sources.source_means(generated.extras)
+  strip = lambda part: part.replace(extras=reward_sources.without_source_values(part.extras))
+  generated, kept = strip(generated), [strip(k) for k in kept]
   if kept:
     batch = filters.pad_groups(filters.concat_groups(kept), num_prompts, group_size)
   else:  # nothing had a spread: a batch of zero-weight rows keeps the step's shape
@@ -108,6 +113,7 @@ def collect_batch(run: build.Run, step: int, stream: int = 0,
       "generated_tokens": float(generated.lengths.sum()),
   }
   info.update({k: sum(c[k] for c in verifier_counts) for k in verifier_counts[0]})
+  info.update(source_means)
   info["data/dropped_prompts"] = float(run.source.dropped_prompts)
   info["data/invalid_rows"] = float(run.source.invalid_rows)
   for name, rows in (("correct", generated.correct), ("wrong", ~generated.correct)):
@@ -179,6 +185,7 @@ def train(config) -> dict:
   SIGINT end it with ``preemption.Stop`` (SIGTERM after saving the last step)."""
   prepared = build.prepare(config)  # every check that needs no run dir, before claiming it
   check_env_startup(config, prepared.tokenizer)
+  rlhf.prepare_reward_model(config)  # the RLHF demo's pairs and reward model, made first
   # The cache is set once the run dir is claimed and before anything is compiled (the SFT cold
   # start included).
   with models.matmul_precision(config.model), run_dir_lib.claimed(config), \

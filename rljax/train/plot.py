@@ -126,3 +126,52 @@ def plot_compare(runs: Mapping[str, str], png_path: str,
     fig.suptitle(title)
   _save(fig, png_path)
   return present
+
+
+def against(records: Sequence[dict], x_key: str, y_key: str) -> tuple[list[float], list[float]]:
+  """``(x, y)`` of the steps that logged both keys, in step order."""
+  x_steps, xs = series(records, x_key)
+  y_by_step = dict(zip(*series(records, y_key)))
+  pairs = [(x, y_by_step[s]) for s, x in zip(x_steps, xs) if s in y_by_step]
+  return [p[0] for p in pairs], [p[1] for p in pairs]
+
+
+def kl_trend(x: Sequence[float], y: Sequence[float]) -> tuple[list[float], list[float]]:
+  """The points sorted by ``x``, both coordinates averaged over a window of ``max(1, n // 8)``
+  neighbours (``n - w + 1`` points): the trend of a noisy per-step reward against the KL."""
+  order = sorted(range(len(x)), key=lambda i: x[i])
+  xs, ys = [x[i] for i in order], [y[i] for i in order]
+  w = max(1, len(xs) // 8)
+  mean = lambda v: [sum(v[j:j + w]) / w for j in range(len(v) - w + 1)]
+  return mean(xs), mean(ys)
+
+
+def plot_rewards_vs_kl(runs: Mapping[str, str], png_path: str, keys: Sequence[str],
+                       kl_key: str = "kl", title: str | None = None) -> list[str]:
+  """Reward over-optimisation (Gao, Schulman, Hilton 2022, arXiv 2210.10760): each reward key
+  (e.g. the proxy ``reward/rm`` and the gold ``reward/gold``) against the KL from the initial
+  policy (``kl``: the reference is the frozen start), one panel per key: each run's
+  (``{label: jsonl_path}``) steps as points and their ``kl_trend`` as a line. Returns the keys
+  plotted."""
+  records = {label: read_jsonl(path) for label, path in runs.items()}
+  present = [k for k in keys if any(against(r, kl_key, k)[0] for r in records.values())]
+  if not present:
+    _empty(png_path, f"none of {list(keys)} logged with {kl_key}")
+    return []
+  fig, axes = _grid(len(present))
+  for ax, key in zip(axes, present):
+    for i, (label, run_records) in enumerate(records.items()):
+      x, y = against(run_records, kl_key, key)
+      if x:  # every step a point; the line: the mean of KL-neighbouring steps (the trend)
+        ax.scatter(x, y, s=9, alpha=0.5, color=f"C{i % 10}")
+        ax.plot(*kl_trend(x, y), label=label, color=f"C{i % 10}")
+    ax.set_title(key)
+    ax.set_xlabel(f"{kl_key} (from the initial policy)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+  for ax in axes[len(present):]:
+    ax.set_axis_off()
+  if title:
+    fig.suptitle(title)
+  _save(fig, png_path)
+  return present

@@ -61,6 +61,7 @@ RESUMABLE_CHANGES = (
     "model.logits_chunk", "model.forward_tokens", "model.parallel_chunks",
     "sft.out_dir", "train.loggers", "train.tracker_project", "train.tracker_run_name",
     "train.tracker_group", "train.tracker_tags", "train.mlflow_tracking_uri",
+    "rm.steps", "rm.eval_every",  # `rljax rm`: as train.steps and train.eval_every
 )
 
 

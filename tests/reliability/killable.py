@@ -94,12 +94,12 @@ def install(point: str, run_dir: str) -> None:
     nth_call(loop, "to_device", 1, timed, point)
   elif kind == "rollout":
     def sample_then_die(original, args, kwargs):
-      real = args[0].verifier
+      real = args[0].reward
 
-      def verifier(completions, problems):
+      def reward(batch):
         die(point)
-        return real(completions, problems)
-      generator = dataclasses.replace(args[0], verifier=verifier)
+        return real(batch)
+      generator = dataclasses.replace(args[0], reward=reward)
       return original(generator, *args[1:], **kwargs)
     nth_call(generation, "generate", int(arg), sample_then_die, point)
   elif kind == "eval":

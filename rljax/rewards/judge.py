@@ -1,0 +1,184 @@
+"""The LLM judge: a reward source (``'judge'`` in ``reward.sources``) that asks a language model
+for a verdict on each completion (docs/reward_models.md).
+
+The judge's prompt is ``reward.judge.template`` filled with the row's prompt and completion,
+encoded as prompts are (chat template, BOS). Its verdict becomes a score by
+``reward.judge.parse``:
+
+- ``number``: the judge generates ``reward.judge.max_new_tokens`` tokens through rljax's own
+  rollout engine (``reward.judge.engine``, e.g. the ``JaxEngine`` of ``all_rows``), greedy or
+  sampled; the first match of
+  ``reward.judge.pattern`` in the decoded verdict is the score, clipped to ``reward.judge.range``.
+  A verdict without one scores ``reward.judge.fallback`` and is counted
+  (``reward/judge_unparsable``), never an exception.
+- ``p_yes``: no sampling: one forward over the judge's prompt, the score is
+  ``P(yes) = softmax(z)[yes]`` of the logits ``z`` of the token after it, ``yes`` the one token of
+  ``reward.judge.yes``.
+
+The judge's weights (``reward.judge.source``): ``policy`` (the policy's own at step 0, from
+``model.source``: the random 'tiny' model of the run's seed or its Hugging Face directory),
+``hf:PATH`` or ``run:DIR`` (the run's export ``DIR/hf``). It reads text with the run's tokenizer,
+so a judge of another vocabulary is refused. It runs frozen on the default device.
+"""
+from __future__ import annotations
+
+import functools
+import re
+import zlib
+from typing import Callable, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rljax import models
+from rljax.errors import ModelFileError, StartupError
+from rljax.models import transformer
+from rljax.models.config import ModelConfig, compute_dtype, run_settings
+from rljax.models.source import parse_source
+from rljax.rewards.sources import RewardBatch, Scored, register_reward_source
+from rljax.rollout import text as text_lib
+from rljax.rollout.engines import ENGINES, Placement
+from rljax.rollout.sampling import SamplingParams
+
+JUDGE_SOURCES = ("hf", "run")  # besides 'policy': kinds of rljax.models.source
+UNPARSABLE = "reward/judge_unparsable"
+
+
+# --- verdicts -> scores (pure) -------------------------------------------------------------------
+
+def parse_number(verdict: str, pattern: str, lo: float, hi: float) -> Optional[float]:
+  """The first match of ``pattern`` in ``verdict`` as a float (its first group when the pattern
+  has groups), clipped to ``[lo, hi]``; None when nothing matches or the match is no number."""
+  match = re.search(pattern, verdict)
+  if match is None:
+    return None
+  try:
+    value = float(match.group(1) if match.re.groups else match.group(0))
+  except (TypeError, ValueError):
+    return None
+  if value != value:  # 'nan' matched by a permissive pattern
+    return None
+  return float(min(max(value, lo), hi))
+
+
+def parse_numbers(verdicts: Sequence[str], pattern: str, lo: float, hi: float,
+                  fallback: float) -> tuple[np.ndarray, int]:
+  """``([B] float32 scores, count of unparsable verdicts)``: ``parse_number`` of each verdict,
+  ``fallback`` where it finds none."""
+  parsed = [parse_number(v, pattern, lo, hi) for v in verdicts]
+  scores = np.asarray([fallback if p is None else p for p in parsed], np.float32)
+  return scores, sum(p is None for p in parsed)
+
+
+@functools.partial(jax.jit, static_argnames="cfg")
+def next_token_logp(cfg: ModelConfig, params, tokens, mask):
+  """``log softmax(z)`` [N, V] float32 of the token after each left-padded row (tokens, mask
+  [N, W]): the logits at the last position (every row's last real token)."""
+  hidden, model, _ = transformer.forward_with_routes(cfg, params, tokens, mask)
+  logits = model.logits(hidden[:, -1:])[:, 0]
+  return jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+
+
+# --- the judge's weights -------------------------------------------------------------------------
+
+def load_judge(config, tokenizer, policy_cfg: ModelConfig) -> tuple[ModelConfig, dict]:
+  """``(ModelConfig, params)`` of ``reward.judge.source``; another vocabulary, EOS or padding
+  than the run's tokenizer is refused in one line."""
+  text = config.reward.judge.source
+  m = config.model
+  if text == "policy":
+    source = parse_source(m.source, "model.source")
+    if source.kind == "tiny":  # the policy's own random start (rljax.train.build.load_policy)
+      return policy_cfg, transformer.init_params(policy_cfg, seed=config.seed)
+    if source.kind == "run":
+      raise StartupError(f"reward.judge.source='policy' with model.source={m.source!r}: a judge "
+                         f"reads Hugging Face weights; name the run's export with "
+                         f"reward.judge.source='run:{source.path}'")
+    path = source.hf_dir(config.sft.out_dir)
+  else:
+    source = parse_source(text, "reward.judge.source", JUDGE_SOURCES)
+    if source.step is not None:
+      raise StartupError(f"reward.judge.source={text!r}: a judge is read from the run's Hugging "
+                         f"Face export ('run:{source.path}'), not from a checkpoint step")
+    path = source.hf_dir(config.sft.out_dir)
+  try:
+    cfg, params = models.load_hf(path, dtype=compute_dtype(m.dtype), param_dtype=m.param_dtype)
+  except (ModelFileError, OSError) as e:
+    raise ModelFileError(f"reward.judge.source={text!r}: {e}") from None
+  if cfg.vocab_size < tokenizer.vocab_size or (cfg.eos_token_id, cfg.pad_token_id) != (
+      policy_cfg.eos_token_id, policy_cfg.pad_token_id):
+    raise StartupError(
+        f"reward.judge.source={text!r} has another tokenizer than the run's (vocab "
+        f"{cfg.vocab_size} / eos {cfg.eos_token_id} / pad {cfg.pad_token_id} vs "
+        f"{tokenizer.vocab_size} / {policy_cfg.eos_token_id} / {policy_cfg.pad_token_id}): the "
+        "judge reads the completions with data.tokenizer")
+  return cfg.replace(**run_settings(m)), params
+
+
+# --- the source ----------------------------------------------------------------------------------
+
+def judge_prompts(batch: RewardBatch, template: str) -> list[str]:
+  """The judge's prompt of each row: ``template`` filled with its prompt and completion."""
+  return [template.format(prompt=p, completion=c)
+          for p, c in zip(batch.prompts, batch.completions)]
+
+
+def batch_key(seed: int, tokens: np.ndarray) -> jax.Array:
+  """A sampled verdict's key: the run's seed and a checksum of the judge's prompt ids, so the
+  same batch draws the same verdicts (a resumed run too) and different batches differ."""
+  digest = zlib.crc32(np.ascontiguousarray(tokens, np.int32).tobytes())
+  return jax.random.fold_in(jax.random.PRNGKey(seed), digest & 0x7FFFFFFF)
+
+
+class Judge:
+  """``judge(batch) -> Scored``: the score of each row by the judge model (module doc)."""
+
+  def __init__(self, config, tokenizer, cfg: ModelConfig, params):
+    j = config.reward.judge
+    self.tokenizer, self.cfg, self.params = tokenizer, cfg, params
+    self.template, self.parse, self.seed = j.template, j.parse, config.seed
+    self.bucket = config.data.prompt_bucket
+    if j.parse == "p_yes":
+      ids = tokenizer.encode(j.yes)
+      if len(ids) != 1:
+        raise StartupError(f"reward.judge.yes={j.yes!r} is {len(ids)} tokens of data.tokenizer="
+                           f"{config.data.tokenizer!r}; P(yes) needs one token (e.g. 'y' with "
+                           "the char tokenizer, ' yes' with most BPE tokenizers)")
+      self.yes_id = ids[0]
+    else:
+      self.pattern, self.range, self.fallback = j.pattern, tuple(j.range), j.fallback
+      self.sampling = SamplingParams(
+          temperature=j.temperature, greedy=j.greedy, max_new_tokens=j.max_new_tokens,
+          stop_ids=(tokenizer.eos_id,), pad_id=tokenizer.pad_id)
+      self.engine = ENGINES.get(j.engine)(config, cfg, Placement())
+      self.engine.load_weights(self.engine.transfer(params)[0], 0)
+
+  def encode(self, batch: RewardBatch) -> tuple[np.ndarray, np.ndarray]:
+    ids = [self.tokenizer.encode_prompt(p) for p in judge_prompts(batch, self.template)]
+    return text_lib.left_pad(ids, self.bucket, self.tokenizer.pad_id)
+
+  def verdicts(self, tokens, mask) -> list[str]:
+    """The judge's generated verdicts (parse='number')."""
+    out = self.engine.generate(tokens, mask, batch_key(self.seed, tokens), self.sampling, 1)
+    return [self.tokenizer.decode(row[:n]) for row, n in zip(out.tokens, out.lengths)]
+
+  def __call__(self, batch: RewardBatch) -> Scored:
+    tokens, mask = self.encode(batch)
+    if self.parse == "p_yes":
+      logp = next_token_logp(self.cfg, self.params, jnp.asarray(tokens), jnp.asarray(mask))
+      return Scored(np.exp(np.asarray(logp)[:, self.yes_id]).astype(np.float32))
+    scores, unparsable = parse_numbers(self.verdicts(tokens, mask), self.pattern, *self.range,
+                                       self.fallback)
+    return Scored(scores, metrics={UNPARSABLE: float(unparsable)})
+
+
+@register_reward_source("judge")
+def judge_source(config, tokenizer, model_cfg, mesh) -> Callable:
+  """An LLM judge (``reward.judge.*``, ``rljax.rewards.judge``): ``reward.judge.template`` over
+  the row's prompt and completion; the score is the first number of the judge's verdict in
+  ``reward.judge.range`` (``parse='number'``; unparsable verdicts score ``reward.judge.fallback``,
+  counted in ``reward/judge_unparsable``) or ``P(reward.judge.yes)`` of its next token
+  (``parse='p_yes'``)."""
+  cfg, params = load_judge(config, tokenizer, model_cfg)
+  return Judge(config, tokenizer, cfg, params)

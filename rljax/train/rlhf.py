@@ -1,0 +1,53 @@
+"""The RLHF demo's cold start (``configs/rlhf.py``, docs/reward_models.md): before RL, the
+hidden gold scorer (``rljax.rewards.gold``) labels preference pairs of the embedded task and
+``rljax rm`` trains the reward model the run optimises, as ``model.source='sft'`` trains its
+checkpoint first. Both are kept on disk: a second run reuses them.
+"""
+from __future__ import annotations
+
+import os
+
+import ml_collections
+
+from rljax.data import tokenizer as tokenizer_lib
+from rljax.errors import StartupError
+from rljax.rewards import gold
+from rljax.train import reward_training
+
+EMBEDDED = "embedded:"
+
+
+def rm_config(config, run_dir: str) -> ml_collections.ConfigDict:
+  """The ``rljax rm`` config of the cold start: the run's, its run dir the reward model's."""
+  rm = ml_collections.ConfigDict(config.to_dict())
+  rm.train.run_dir, rm.train.resume = run_dir, False
+  rm.train.loggers = ("jsonl",)
+  return rm
+
+
+def prepare_reward_model(config, *, log=print) -> None:
+  """With ``reward.gold.pairs > 0``: the pairs in ``rm.train_file`` (written when missing) and
+  the reward model of ``reward.model.source='run:DIR'`` (trained into ``DIR`` when ``DIR`` holds
+  no export yet). Nothing to do otherwise."""
+  pairs = config.reward.gold.pairs
+  if not pairs:
+    return
+  run_dir = gold.reward_model_dir(config)
+  if not gold.cold_start_pending(config):
+    log(f"using the reward model in {run_dir}")
+    return
+  data = config.data.source
+  if not data.startswith(EMBEDDED):
+    raise StartupError(f"reward.gold.pairs={pairs}: the gold scorer labels embedded tasks; "
+                       f"data.source={data!r}")
+  path = config.rm.train_file
+  if not path:
+    raise StartupError(f"reward.gold.pairs={pairs} writes its pairs to rm.train_file: set it")
+  if not os.path.isfile(path):
+    tokenizer = tokenizer_lib.load_tokenizer(config.data.tokenizer, config.data.chat_template)
+    written = gold.write_pairs(path, data[len(EMBEDDED):], config.data.difficulty, tokenizer,
+                               num_pairs=pairs, seed=config.data.train_seed)
+    log(f"wrote {written} gold-labelled preference pairs to {path}")
+  log(f"training the reward model into {run_dir} (rljax rm)")
+  result = reward_training.train_reward_model(rm_config(config, run_dir), log=log)
+  log(f"reward model: held-out pairwise accuracy {result['eval_accuracy']:.3f}")
