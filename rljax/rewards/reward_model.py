@@ -168,23 +168,17 @@ class RewardModel:
     valid = np.flatnonzero(np.asarray(batch.mask[i]))
     ended = bool(valid.size) and int(batch.tokens[i][valid[-1]]) == self.policy_tokenizer.eos_id
     try:
-      ids = encode_scored(self.tokenizer, batch.prompts[i], batch.completions[i], ended)
+      return encode_scored(self.tokenizer, batch.prompts[i], batch.completions[i], ended)
     except TokenizerError as e:
       raise TokenizerError(f"{SOURCE_KEY}={self.name!r}: its tokenizer cannot encode row {i} "
                            f"(the policy's tokenizer is another one): {e}") from None
-    top = max(ids)
-    if top >= self.cfg.vocab_size:
-      raise TokenizerError(f"{SOURCE_KEY}={self.name!r}: its tokenizer gave id {top}, beyond the "
-                           f"model's vocabulary of {self.cfg.vocab_size}: it is not the reward "
-                           "model's tokenizer (set reward.model.tokenizer)")
-    return ids
 
   def __call__(self, batch) -> np.ndarray:
     """Scores [B] float32 of a ``RewardBatch`` (host arrays and texts)."""
     tokens, mask = self.rows(batch)
     rows = len(tokens)
     divisor = rules.batch_divisor(self.mesh)
-    chunk = self.batch_size or rows
+    chunk = min(self.batch_size or rows, rows)
     chunk = -(-chunk // divisor) * divisor
     padded = -(-rows // chunk) * chunk
     fill = np.zeros(padded - rows, np.int64)  # pad rows: copies of row 0, dropped below

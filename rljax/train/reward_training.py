@@ -35,7 +35,7 @@ from rljax.models.config import compute_dtype, read_hf_config, run_settings
 from rljax.models.source import POLICY_SOURCES, parse_source
 from rljax.parallel import distributed, mesh as mesh_lib, rules
 from rljax.rewards import reward_model
-from rljax.train import build, run_dir as run_dir_lib, trackers
+from rljax.train import build, run_dir as run_dir_lib, sft, trackers
 from rljax.train.checkpoint import Checkpointer
 from rljax.train.metrics import MetricsWriter
 from rljax.train.state import make_optimizer
@@ -183,9 +183,12 @@ def _save(checkpointer, config, cfg, state, step: int, tokenizer) -> None:
 
 
 def _export(path: str, cfg, params, tokenizer) -> None:
+  """``path`` replaced by the ``transformers`` export of ``params`` as a whole (written beside
+  it, then renamed: a kill leaves the old export or the new one, never half of one)."""
   params = distributed.to_host(params)  # a collective: every process gathers
   if distributed.is_main_process():
-    models.save_hf(path, cfg, params, tokenizer=tokenizer)
+    sft.publish_atomically(path, lambda tmp: models.save_hf(tmp, cfg, params,
+                                                            tokenizer=tokenizer))
 
 
 class _Fns:
