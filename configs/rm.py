@@ -1,5 +1,5 @@
 """A scalar reward model trained on preference pairs: ``rljax rm --config configs/rm.py
---config.rm.train_file=PAIRS.jsonl`` (docs/reward_models_scalar.md).
+--config.rm.train_file=PAIRS.jsonl`` (docs/reward_models.md).
 
 Bradley-Terry loss on ``{"prompt", "chosen", "rejected"}`` lines, 10% of them held out for the
 pairwise accuracy; a tiny model from scratch on the char tokenizer (``model.source`` takes any
