@@ -16,9 +16,11 @@ import jax
 import numpy as np
 import pytest
 
+from rljax.config_checks import check_config
+from rljax.errors import ConfigError, RunDirError, UnusedKeyError
 from rljax.models import lora, transformer
 from rljax.train import checkpoint as checkpoint_lib
-from rljax.train import loop
+from rljax.train import build, loop
 from rljax.train import metrics as metrics_lib
 from rljax.train.checkpoint import Checkpointer
 from tests.parallel.conftest import run_script
@@ -124,3 +126,31 @@ def test_sampler_on_its_own_device_samples_the_published_adapters(tmp_path):
   for name, staleness in (("sync", 0), ("async", 1)):
     assert result[name]["sampler_devices"] == [1]  # the merged weights moved to its device
     _check_sampler(result[name]["records"], staleness)
+
+
+@pytest.mark.parametrize("extra,error,match", [
+    ({"model.lora.rank": "0", "model.lora.alpha": "8.0"}, UnusedKeyError,
+     r"^model.lora.alpha=8.0 is not used: model.lora.rank=0 \(no adapters\)$"),
+    ({"critic.enabled": "True", "critic.lr": "1e-3"}, ConfigError,
+     r"^model.lora.rank=4 with critic.enabled=True: the critic is a full trainable copy"),
+    ({"algo.ref_update": "ema"}, ConfigError,
+     r"^model.lora.rank=4 with algo.ref_update='ema': the reference of a LoRA policy is its "
+     r"frozen base"),
+])
+def test_bad_lora_settings_are_one_line(tmp_path, extra, error, match):
+  with pytest.raises(error, match=match) as info:
+    check_config(lora_checks.config(tmp_path, extra))
+  assert "\n" not in str(info.value)
+
+
+def test_unknown_target_and_foreign_base_are_one_line(tmp_path):
+  cfg = lora_checks.config(tmp_path, {"model.lora.targets": "('q_proj','qkv_proj')"})
+  with pytest.raises(ConfigError, match=r"^model.lora.targets names \['qkv_proj'\], which are "
+                                        r"no projection; choose from"):
+    lora_checks.model_config(cfg)
+  extra = {"lora_base": build.base_record(cfg)}
+  build.check_base_source(cfg, extra, "run")  # the same base: accepted
+  extra["lora_base"]["source"] = "hf:/elsewhere"
+  with pytest.raises(RunDirError, match=r"^run: its adapters were trained on model.source="
+                                        r"'hf:/elsewhere', not on model.source='tiny'"):
+    build.check_base_source(cfg, extra, "run")
