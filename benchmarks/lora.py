@@ -76,11 +76,14 @@ def synthetic_rollout(vocab: int, rows: int, prompt: int, completion: int) -> Ro
                  rewards=rewards, correct=rewards > 0, row_valid=np.ones(rows, np.float32))
 
 
-def update_memory(name: str, rows: int, seq: int, prompt: int, rank: int, base_dtype: str
-                  ) -> tuple[dict, dict]:
-  """(XLA's memory analysis of the compiled train_step, the plan's bytes) from abstract shapes."""
+def update_memory(name: str, rows: int, seq: int, prompt: int, rank: int, base_dtype: str,
+                  layers: int | None) -> tuple[dict, dict]:
+  """(XLA's memory analysis of the compiled train_step, the plan's bytes) from abstract shapes;
+  ``layers``: the model's first ``layers`` layers only (None: all)."""
   config = grpo_config(update_settings(rows, seq, prompt, rank, base_dtype))
   _, cfg = plan_lib.model_config(config, name, "accelerator")
+  if layers:
+    cfg = cfg.replace(num_layers=layers)
   algo = resolve(config)
   shapes, _ = build.abstract_state(config, cfg, algo)
   fns = step_lib.step_fns(build.step_spec(config, cfg, algo))
@@ -97,9 +100,10 @@ def update_memory(name: str, rows: int, seq: int, prompt: int, rank: int, base_d
   return xla, p
 
 
-def memory_table(models, rows: int, seq: int, prompt: int) -> None:
+def memory_table(models, rows: int, seq: int, prompt: int, layers: int | None) -> None:
+  depth = f"the first {layers} layers" if layers else "all layers"
   print(f"\n## Update memory, XLA's analysis of the compiled step ({rows} x {seq} tokens, bf16 "
-        "compute, remat none)\n")
+        f"compute, remat none, {depth}; the plan's column: the whole model)\n")
   print("| model | setting | state + batch (arguments) GiB | temporaries GiB | total GiB | "
         "x full | plan: params + opt + ref GiB | compile s |")
   print("|---|---|---|---|---|---|---|---|")
@@ -107,7 +111,7 @@ def memory_table(models, rows: int, seq: int, prompt: int) -> None:
     full = None
     for label, rank, base_dtype in SETTINGS:
       t0 = time.perf_counter()
-      xla, p = update_memory(name, rows, seq, prompt, rank, base_dtype)
+      xla, p = update_memory(name, rows, seq, prompt, rank, base_dtype, layers)
       seconds = time.perf_counter() - t0
       full = full or xla["total"]
       resident = p["params"] + p["opt_state"] + p["reference"]
@@ -201,11 +205,14 @@ def main(argv=None):
   parser.add_argument("--models", default="qwen2.5-0.5b,qwen2.5-7b")
   parser.add_argument("--seq", type=int, default=1024, help="tokens of the update's row")
   parser.add_argument("--reps", type=int, default=5)
+  parser.add_argument("--layers", type=int, default=0,
+                      help="compile the memory table's models with their first N layers only "
+                           "(0: all; XLA:CPU takes over 20 min for the full 0.5B step)")
   parser.add_argument("--smoke", action="store_true", help="0.5B memory only, 2 reps, no plan")
   args = parser.parse_args(argv)
   models = ["qwen2.5-0.5b"] if args.smoke else args.models.split(",")
   print(f"# jax {jax.__version__}, {jax.devices()[0].device_kind}, {os.cpu_count()} CPUs")
-  memory_table(models, 2, 256 if args.smoke else args.seq, 128)
+  memory_table(models, 2, 256 if args.smoke else args.seq, 128, args.layers or None)
   speed_table(2 if args.smoke else args.reps, 8, 32, 64,
               [] if args.smoke else ["qwen2.5-0.5b"])
   if not args.smoke:
