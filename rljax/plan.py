@@ -586,6 +586,7 @@ def _plan(config, device: str | None = None, *, model: str | None = None,
   return dict(
       model=dict(name=name, num_params=cfg.num_params(), layers=L, hidden=d, heads=h,
                  lora_rank=cfg.lora_rank, adapter_params=lora.count(adapter_shapes),
+                 base_dtype=cfg.lora_base_dtype or cfg.param_dtype,
                  kv_heads=g, head_dim=dh, intermediate=f, vocab=cfg.vocab_size,
                  experts=cfg.num_experts, experts_per_token=cfg.experts_per_token,
                  moe_intermediate=cfg.moe_intermediate_size, moe_layers=len(cfg.moe_layers),
@@ -640,7 +641,8 @@ def format_plan(p: dict) -> str:
       + (f"split {p['batch_shards']} ways" if p["batch_shards"] > 1 else "not split"),
       "",
       f"per device                                                  GiB",
-      f"  params ({m['param_dtype']})".ljust(56) + _gib(by["params"]),
+      (f"  params (base {m['base_dtype']}, adapters {m['param_dtype']})" if m["lora_rank"]
+       else f"  params ({m['param_dtype']})").ljust(56) + _gib(by["params"]),
   ]
   if m["lora_rank"]:
     lines += [f"    of which LoRA adapters (rank {m['lora_rank']}, "
