@@ -4,6 +4,7 @@ is tagged with (shared by tests/train/test_lora.py and the 2-device script
 tests/parallel/scripts/lora_placement.py)."""
 import functools
 import os
+import time
 
 import jax
 import numpy as np
@@ -37,16 +38,25 @@ def _host(tree):
   return jax.tree.map(lambda x: np.array(jax.device_get(x)), tree)
 
 
-def run(cfg):
+def run(cfg, hold: bool = False):
   """``loop.train(cfg)`` recording, per learned batch: its step and version, the largest
   |sampler log-prob - trainer log-prob| over its valid tokens with the trainer's weights of that
   version, the same against the initial policy (the base), and, for the first batch, the
   |reference log-prob - base forward| of the step's scoring. Returns (train's result, records,
-  the params of every version)."""
-  records, versions = [], {}
-  real_learn = loop.RunLearner.learn
+  the params of every version). ``hold``: each update waits until the sampler has started the
+  next batch (an asynchronous sampler then samples it with weights one update old)."""
+  records, versions, started = [], {}, set()
+  real_learn, real_collect = loop.RunLearner.learn, loop.collect_batch
+
+  def collect(run_, step, stream=0, **kwargs):
+    started.add(step)
+    return real_collect(run_, step, stream, **kwargs)
 
   def learn(self, batch):
+    deadline = time.monotonic() + 120
+    while (hold and batch.step + 1 < cfg.train.steps and batch.step + 1 not in started
+           and time.monotonic() < deadline):
+      time.sleep(0.01)
     run_ = self.run
     model_cfg = run_.model_cfg
     versions.setdefault(int(jax.device_get(run_.state.step)), _host(run_.state.params))
@@ -67,11 +77,11 @@ def run(cfg):
     records.append(record)
     return real_learn(self, batch)
 
-  loop.RunLearner.learn = learn
+  loop.RunLearner.learn, loop.collect_batch = learn, collect
   try:
     result = loop.train(cfg)
   finally:
-    loop.RunLearner.learn = real_learn
+    loop.RunLearner.learn, loop.collect_batch = real_learn, real_collect
   return result, records, versions
 
 

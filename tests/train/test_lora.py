@@ -113,8 +113,9 @@ def test_lora_run_sampler_frozen_base_reference_and_resume(tmp_path, monkeypatch
 
 def test_asynchronous_sampler_samples_the_published_adapters(tmp_path):
   cfg = lora_checks.config(tmp_path, {"rollout.max_staleness": "1", "train.steps": "3"})
-  _, records, _ = lora_checks.run(cfg)
+  _, records, _ = lora_checks.run(cfg, hold=True)
   _check_sampler(records, staleness=1)
+  assert any(r["step"] - r["version"] == 1 for r in records), records  # stale batches checked
 
 
 
@@ -126,6 +127,7 @@ def test_sampler_on_its_own_device_samples_the_published_adapters(tmp_path):
   for name, staleness in (("sync", 0), ("async", 1)):
     assert result[name]["sampler_devices"] == [1]  # the merged weights moved to its device
     _check_sampler(result[name]["records"], staleness)
+  assert any(r["step"] - r["version"] == 1 for r in result["async"]["records"])
 
 
 @pytest.mark.parametrize("extra,error,match", [

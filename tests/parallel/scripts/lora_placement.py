@@ -28,7 +28,7 @@ def main():
     loop.collect_batch = collect
     cfg = lora_checks.config(os.path.join(sys.argv[1], name),
                              {"mesh.sampler_devices": "1", **extra})
-    _, records, _ = lora_checks.run(cfg)
+    _, records, _ = lora_checks.run(cfg, hold=name == "async")
     out[name] = {"sampler_devices": sorted(seen), "records": records}
   loop.collect_batch = real_collect
   print(json.dumps(out))
