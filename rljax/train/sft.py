@@ -37,7 +37,9 @@ def cold_start_stamp(config) -> dict:
   run and an absolute one in another, is still found valid."""
   data = {k: v for k, v in config.data.to_dict().items() if k not in _EVAL_ONLY_DATA_KEYS}
   sft = {k: v for k, v in config.sft.to_dict().items() if k != "out_dir"}
-  stamp = {"sft": sft, "model": config.model.to_dict(), "data": data, "seed": config.seed}
+  # The adapters a run puts on the cold start (model.lora.*) are not part of it.
+  model = {k: v for k, v in config.model.to_dict().items() if k != "lora"}
+  stamp = {"sft": sft, "model": model, "data": data, "seed": config.seed}
   if config.env.name is not None:
     # Multi-turn cold starts leave the observations unlearned; ones saved before did not.
     stamp["observations"] = "unlearned"
@@ -112,10 +114,11 @@ def sft_loss(model_cfg, params, tokens, attn, loss_mask, chunk: int):
 
 
 def train_sft(config, tokenizer, *, log=print):
-  """Train a fresh tiny policy on reference solutions: returns (ModelConfig, params)."""
+  """Train a fresh tiny policy on reference solutions: returns (ModelConfig, params). The cold
+  start is a full model: a run with low-rank adapters (``model.lora.*``) puts them on it."""
   s = config.sft
   model_cfg = models.tiny_config(config.model, tokenizer.vocab_size, eos_token_id=tokenizer.eos_id,
-                                 pad_token_id=tokenizer.pad_id)
+                                 pad_token_id=tokenizer.pad_id).base
   params = transformer.init_params(model_cfg, seed=config.seed)
   schedule = optax.join_schedules(
       [optax.linear_schedule(0.0, s.lr, max(s.warmup_steps, 1)),
