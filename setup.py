@@ -37,6 +37,9 @@ setup(
         "reasoning_gym": ["reasoning-gym>=0.1.25"],
         # benchmarks/train_step.py's second peer: TRL's GRPOTrainer (CPU).
         "bench": ["torch==2.13.0", "trl==1.16.0", "datasets>=3.0"],
+        # LoRA adapters in PEFT's format: rljax writes and reads them without peft; the tests
+        # check them against peft + transformers (torch).
+        "peft": ["peft==0.21.2", "torch==2.13.0"],
     },
     entry_points={"console_scripts": ["rljax=rljax.cli:entry"]},
 )
