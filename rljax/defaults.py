@@ -43,6 +43,10 @@ MESH_AXIS = integer(1, also=(-1,))  # any one axis may be -1: the devices the ot
 MODEL_DIM = integer(1, 2**20)  # a model dimension; larger ones overflow int32 shapes, never fit
 STRING_TUPLE = Check(lambda v: isinstance(v, (tuple, list)) and all(isinstance(t, str) for t in v),
                      "a tuple of strings", tuple)
+# The names themselves are checked by rljax.models.lora.resolve_targets (one line naming them).
+LORA_TARGETS = Check(lambda v: isinstance(v, (tuple, list)) and len(v) > 0
+                     and all(isinstance(t, str) for t in v),
+                     "a non-empty tuple of projection names, or ('all',)", tuple)
 # The names themselves are looked up in rljax.train.trackers.LOGGERS at start-up.
 LOGGER_NAMES = Check(lambda v: isinstance(v, (tuple, list)) and "jsonl" in v
                      and all(isinstance(n, str) for n in v),
@@ -60,6 +64,7 @@ SINGLE_TURN = equals("env.name", None, lambda f, k: (
     "reward.workers processes)"))
 MULTI_TURN = differs("env.name", None, "rollouts are single-turn (env.name=None); set env.name "
                                        "to an environment or drop the key")
+LORA = above("model.lora.rank", 0, "model.lora.rank=0 (no adapters)")
 FRESH_MODEL = When(lambda f, k: f["model.source"] in ("tiny", "sft"),
                    "model.source='tiny' or 'sft'", lambda f, k: (
                        f"model.source={f['model.source']!r} brings its own architecture"))
@@ -176,6 +181,20 @@ KEYS = declare((
         "row chunks (model.forward_tokens) computed side by side per scan iteration: "
         "independent, so XLA:CPU runs them on separate threads; -1 = auto (one per CPU thread "
         "of a device, 1 on accelerators)"),
+    Key("model.lora.rank", 0, integer(0, 2**16),
+        "rank r of low-rank adapters (LoRA) on the projections model.lora.targets; the rest of "
+        "the model is the frozen base, which is also the KL reference; 0 = full fine-tuning"),
+    Key("model.lora.alpha", 32.0, POSITIVE,
+        "LoRA scale alpha: the update is (alpha / r) x A B (fixed alpha with 1/r keeps the best "
+        "learning rate about rank-independent)", read_if=LORA),
+    Key("model.lora.targets", ("all",), LORA_TARGETS,
+        "projections that get adapters, PEFT target_modules names: q_proj k_proj v_proj o_proj "
+        "gate_proj up_proj down_proj (an MLP name covers the MoE experts too) or 'all'",
+        read_if=LORA),
+    Key("model.lora.base_dtype", "param", choice("param", "compute"),
+        "the frozen base's dtype: param (model.param_dtype) | compute (model.dtype: bfloat16 on "
+        "accelerators halves the base's memory; adapters and their optimizer state stay in "
+        "model.param_dtype)", read_if=LORA),
     # --- data ----------------------------------------------------------------------------------
     Key("data.source", "embedded:arithmetic", NONEMPTY,
         "'embedded:arithmetic' | 'embedded:countdown' | 'reasoning_gym:NAME[,NAME...]' "
@@ -563,6 +582,20 @@ def _teacher(f):
             "teacher.source ('hf:PATH', 'run:DIR', 'sft' or 'tiny')")
 
 
+def _lora_critic(f):
+  if f["model.lora.rank"] > 0 and f["critic.enabled"]:
+    return (f"model.lora.rank={f['model.lora.rank']} with critic.enabled=True: the critic is a "
+            "full trainable copy of the policy's trunk and shares nothing with the frozen base; "
+            "use a critic-free estimator (critic.enabled=False) or model.lora.rank=0")
+
+
+def _lora_reference(f):
+  if f["model.lora.rank"] > 0 and f["algo.ref_update"] == "ema" and f["algo.kl_placement"] != "none":
+    return (f"model.lora.rank={f['model.lora.rank']} with algo.ref_update='ema': the reference "
+            "of a LoRA policy is its frozen base (no second copy to average into); use "
+            "algo.ref_update='frozen' or model.lora.rank=0")
+
+
 def _needs_groups(f):
   """An estimator that reads ``group_size`` and declares no smaller minimum (``min_group_size``)
   has its baseline from the other completions of the prompt."""
@@ -640,6 +673,11 @@ RELATIONS = (
              "DAPO's overlong buffer is at most the completion budget", _overlong_buffer),
     Relation(("reward.fn", "data.source"), "the reasoning_gym scorer needs its source",
              _gym_reward),
+    Relation(("model.lora.rank", "critic.enabled"),
+             "LoRA: no critic (it would be a full copy sharing nothing with the base)",
+             _lora_critic),
+    Relation(("model.lora.rank", "algo.ref_update", "algo.kl_placement"),
+             "LoRA: the reference is the frozen base (algo.ref_update='frozen')", _lora_reference),
 )
 
 

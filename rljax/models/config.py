@@ -15,7 +15,7 @@ import jax
 
 from rljax.defaults import KEY_BY_NAME, REMAT_MODES, options
 from rljax.errors import ConfigError, ModelFileError
-from rljax.models import families
+from rljax.models import families, lora
 
 # The run settings' choices, as ``rljax/defaults.py`` declares the keys.
 MATMUL_PRECISIONS = options("model.matmul_precision")
@@ -85,6 +85,13 @@ class ModelConfig:
   # as one kernel, gate/up as one kernel. The parameter tree of a model follows them.
   fused_qkv: bool = False
   fused_mlp: bool = False
+  # Low-rank adapters (``rljax.models.lora``; ``model.lora.*``): rank 0 is none (the parameter
+  # tree and the forward are the base model's). ``lora_targets``: projection names (``'all'``
+  # expands to every one); ``lora_base_dtype``: the frozen base's dtype (None: ``param_dtype``).
+  lora_rank: int = 0
+  lora_alpha: float = 32.0
+  lora_targets: tuple = lora.TARGETS
+  lora_base_dtype: str | None = None
 
   def __post_init__(self):
     # Old configs and command lines say remat=True/False (``--config.model.remat=True`` now
@@ -119,8 +126,27 @@ class ModelConfig:
     rope_type = self.rope_dict.get("rope_type", "default")
     if rope_type not in SUPPORTED_ROPE_TYPES:
       raise ValueError(f"unsupported rope_type={rope_type!r}; supported: {SUPPORTED_ROPE_TYPES}")
+    self._check_lora()
     if isinstance(self.eos_token_id, list):
       object.__setattr__(self, "eos_token_id", tuple(self.eos_token_id))
+
+  def _check_lora(self) -> None:
+    if not isinstance(self.lora_rank, int) or self.lora_rank < 0:
+      raise ConfigError(f"model.lora.rank={self.lora_rank!r}: expected an integer >= 0")
+    try:
+      object.__setattr__(self, "lora_targets", lora.resolve_targets(self.lora_targets))
+    except ValueError as e:
+      raise ConfigError(str(e)) from None
+    if self.lora_rank and (self.fused_qkv or self.fused_mlp):
+      raise ValueError("adapters attach to the unfused q/k/v and gate/up kernels; the fused "
+                       "(sampler) layout is built from merged weights (lora.merge_adapters)")
+    if self.lora_rank and not self.lora_alpha > 0:
+      raise ConfigError(f"model.lora.alpha={self.lora_alpha!r}: expected a number > 0")
+
+  @property
+  def base(self) -> "ModelConfig":
+    """The same architecture without adapters (the reference model, the merged weights)."""
+    return self if not self.lora_rank else self.replace(lora_rank=0, lora_base_dtype=None)
 
   @property
   def rope_dict(self) -> dict:
@@ -224,11 +250,21 @@ def compute_dtype(value: str, platform: str | None = None) -> str:
 
 def run_settings(model_section) -> dict:
   """The ``ModelConfig`` fields a run sets whatever the checkpoint: rematerialisation, the layer
-  layout (scan), the attention backend, and how MoE layers dispatch and replay routes."""
+  layout (scan), the attention backend, how MoE layers dispatch and replay routes, and the
+  low-rank adapters."""
   m = model_section
   return dict(remat=m.remat, scan_layers=m.scan_layers, attention=m.attention,
               attention_block=m.attention_block, moe_dispatch=m.moe_dispatch,
-              moe_capacity_factor=m.moe_capacity_factor, router_replay=m.router_replay)
+              moe_capacity_factor=m.moe_capacity_factor, router_replay=m.router_replay,
+              **lora_settings(m))
+
+
+def lora_settings(model_section) -> dict:
+  """The adapters a run puts on its policy (``model.lora.*``), as ``ModelConfig`` fields."""
+  lo = model_section.lora
+  base_dtype = compute_dtype(model_section.dtype) if lo.base_dtype == "compute" else None
+  return dict(lora_rank=lo.rank, lora_alpha=float(lo.alpha), lora_targets=lo.targets,
+              lora_base_dtype=base_dtype if lo.rank else None)
 
 
 # A 'tiny' MoE model: every layer sparse, top-k weights renormalised, transformers' default

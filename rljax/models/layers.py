@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from rljax.models import lora
 from rljax.models.config import ModelConfig
 
 # attend(q [B, Sq, H, Dh], k, v [B, S, G, Dh], layer_cache, window) -> (out [B, Sq, H, Dh],
@@ -32,20 +33,39 @@ def _dtype(name: str):
 
 
 class Linear(nnx.Module):
-  """``y = x W (+ b)`` with ``W`` stored ``[in, out]`` and logical axis names."""
+  """``y = x W (+ b)`` with ``W`` stored ``[in, out]`` and logical axis names.
 
-  def __init__(self, d_in, d_out, *, axes, bias, cfg: ModelConfig, rngs: nnx.Rngs, std=0.02):
+  ``target``: the projection's name (``q_proj``, ``down_proj``, ...); when ``cfg`` puts low-rank
+  adapters on it (``cfg.lora_rank > 0`` and the name in ``cfg.lora_targets``) the layer also holds
+  ``lora_a`` [in, r] and ``lora_b`` [r, out] (``rljax.models.lora``) and computes
+  ``y = x W (+ b) + (alpha / r) (x A) B``."""
+
+  def __init__(self, d_in, d_out, *, axes, bias, cfg: ModelConfig, rngs: nnx.Rngs, std=0.02,
+               target: str | None = None):
     pdt = _dtype(cfg.param_dtype)
     self.kernel = nnx.Param(std * jax.random.normal(rngs.params(), (d_in, d_out), pdt),
                             logical_axes=axes)
     self.bias = nnx.Param(jnp.zeros((d_out,), pdt), logical_axes=axes[1:]) if bias else None
     self.dtype = _dtype(cfg.dtype)
+    self.lora_scale = None
+    if cfg.lora_rank and target in cfg.lora_targets:
+      r = cfg.lora_rank
+      self.lora_a = nnx.Param(lora.init_a(getattr(rngs, lora.STREAM)(), (d_in, r), pdt),
+                              logical_axes=(axes[0], lora.RANK_AXIS))
+      self.lora_b = nnx.Param(jnp.zeros((r, d_out), pdt), logical_axes=(lora.RANK_AXIS, axes[1]))
+      self.lora_scale = lora.lora_scale(cfg)
 
   def __call__(self, x):
     # Flattened to a 2-D GEMM: XLA:CPU runs the weight gradient of a dot contracting two leading
     # axes ([B, S, in] x [B, S, out]) several times slower than the same [B*S] contraction.
     kernel = self.kernel[...].astype(self.dtype)
-    y = jnp.dot(x.astype(self.dtype).reshape(-1, x.shape[-1]), kernel)
+    rows = x.astype(self.dtype).reshape(-1, x.shape[-1])
+    y = jnp.dot(rows, kernel)
+    if self.lora_scale is not None:
+      # (x A) B, never A B: [in, r] and [r, out] GEMMs instead of an [in, out] product.
+      low = jnp.dot(rows, self.lora_a[...].astype(self.dtype))
+      y = y + jnp.asarray(self.lora_scale, self.dtype) * jnp.dot(
+          low, self.lora_b[...].astype(self.dtype))
     y = y.reshape(x.shape[:-1] + (kernel.shape[-1],))
     if self.bias is not None:
       y = y + self.bias[...].astype(self.dtype)
@@ -156,9 +176,12 @@ class GatedMLP(nnx.Module):
       self.gate_up_proj = Linear(d, 2 * f, axes=("embed", "mlp"), bias=cfg.mlp_bias, cfg=cfg,
                                  rngs=rngs)
     else:
-      self.gate_proj = Linear(d, f, axes=("embed", "mlp"), bias=cfg.mlp_bias, cfg=cfg, rngs=rngs)
-      self.up_proj = Linear(d, f, axes=("embed", "mlp"), bias=cfg.mlp_bias, cfg=cfg, rngs=rngs)
-    self.down_proj = Linear(f, d, axes=("mlp", "embed"), bias=cfg.mlp_bias, cfg=cfg, rngs=rngs)
+      self.gate_proj = Linear(d, f, axes=("embed", "mlp"), bias=cfg.mlp_bias, cfg=cfg, rngs=rngs,
+                              target="gate_proj")
+      self.up_proj = Linear(d, f, axes=("embed", "mlp"), bias=cfg.mlp_bias, cfg=cfg, rngs=rngs,
+                            target="up_proj")
+    self.down_proj = Linear(f, d, axes=("mlp", "embed"), bias=cfg.mlp_bias, cfg=cfg, rngs=rngs,
+                            target="down_proj")
     self.act = ACTIVATIONS[cfg.hidden_act]
     self.fused = cfg.fused_mlp
 
@@ -184,13 +207,13 @@ class Attention(nnx.Module):
                              cfg=cfg, rngs=rngs)
     else:
       self.q_proj = Linear(d, h * dh, axes=("embed", "q_heads"), bias=cfg.qkv_bias, cfg=cfg,
-                           rngs=rngs)
+                           rngs=rngs, target="q_proj")
       self.k_proj = Linear(d, g * dh, axes=("embed", "kv_heads"), bias=cfg.qkv_bias, cfg=cfg,
-                           rngs=rngs)
+                           rngs=rngs, target="k_proj")
       self.v_proj = Linear(d, g * dh, axes=("embed", "kv_heads"), bias=cfg.qkv_bias, cfg=cfg,
-                           rngs=rngs)
+                           rngs=rngs, target="v_proj")
     self.o_proj = Linear(h * dh, d, axes=("q_heads", "embed"), bias=cfg.o_bias, cfg=cfg,
-                         rngs=rngs)
+                         rngs=rngs, target="o_proj")
     if qk_norm:
       self.q_norm = RMSNorm(dh, cfg=cfg, offset=norm_offset, axis="head_dim")
       self.k_norm = RMSNorm(dh, cfg=cfg, offset=norm_offset, axis="head_dim")

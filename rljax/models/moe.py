@@ -48,6 +48,11 @@ leaf               shape      logical axes                     HF tensor
 ``down_proj``      [E, F, D]  ``("experts", "mlp", "embed")``  ``experts.{e}.down_proj.weight``
 =================  =========  ===============================  =================================
 
+With low-rank adapters on a projection (``lora_targets``, ``rljax.models.lora``), e.g.
+``gate_proj``, the block also holds ``gate_proj_lora_a`` [E, D, r] (axes ``("experts", "embed",
+"lora_rank")``) and ``gate_proj_lora_b`` [E, r, F], and every dispatch computes expert ``e``'s
+projection as ``x W_e + (alpha / r) (x A_e) B_e``.
+
 Axis names: B batch, S sequence, T = B*S tokens, D hidden, F expert width
 (``moe_intermediate_size``), E experts, k experts per token, C slots per expert.
 """
@@ -62,7 +67,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from rljax.models import lora
+
 DISPATCHES = ("dense", "sparse", "capacity")
+PROJECTIONS = ("gate_proj", "up_proj", "down_proj")  # the expert kernels, as named in the tree
 # The sparse dispatch's blocks (``block_rows``): the most rows of padding it adds, as a share of
 # the T*k token-choice pairs (the FLOPs it may add), the most rows of a block, and what one
 # block's kernel gather costs in rows of matmul (XLA:CPU, fitted to the block sizes that
@@ -302,7 +310,7 @@ class MoE(nnx.Module):
 
   def __init__(self, *, hidden_size, moe_intermediate_size, num_experts, experts_per_token,
                norm_topk_prob, param_dtype, dtype, rngs: nnx.Rngs, dispatch="dense",
-               capacity_factor=1.25):
+               capacity_factor=1.25, lora_rank=0, lora_alpha=1.0, lora_targets=()):
     if dispatch not in DISPATCHES:
       raise ValueError(f"dispatch={dispatch!r}; allowed: {DISPATCHES}")
     if not 1 <= experts_per_token <= num_experts:
@@ -320,6 +328,16 @@ class MoE(nnx.Module):
     self.gate_proj = kernel((e, d, f), ("experts", "embed", "mlp"))
     self.up_proj = kernel((e, d, f), ("experts", "embed", "mlp"))
     self.down_proj = kernel((e, f, d), ("experts", "mlp", "embed"))
+    # Low-rank adapters of the targeted expert kernels: A [E, in, r] (U(-1/sqrt(in), ..)), B = 0.
+    self.adapted = tuple(n for n in PROJECTIONS if lora_rank and n in lora_targets)
+    for name in self.adapted:
+      (_, d_in, d_out), axes = getattr(self, name).shape, getattr(self, name).logical_axes
+      setattr(self, f"{name}_{lora.A}", nnx.Param(
+          lora.init_a(getattr(rngs, lora.STREAM)(), (e, d_in, lora_rank), pdt),
+          logical_axes=(axes[0], axes[1], lora.RANK_AXIS)))
+      setattr(self, f"{name}_{lora.B}", nnx.Param(
+          jnp.zeros((e, lora_rank, d_out), pdt), logical_axes=(axes[0], lora.RANK_AXIS, axes[2])))
+    self.lora_scale = lora_alpha / lora_rank if lora_rank else None
     self.num_experts = e
     self.experts_per_token = experts_per_token
     self.norm_topk_prob = norm_topk_prob
@@ -330,21 +348,56 @@ class MoE(nnx.Module):
   def _kernels(self):
     return tuple(w[...].astype(self.dtype) for w in (self.gate_proj, self.up_proj, self.down_proj))
 
+  def _project(self, name, x, matmul):
+    """Expert projection ``name`` of ``x``: ``matmul(x, W)``, plus ``scale * matmul(matmul(x,
+    A), B)`` when it has adapters. ``matmul(x, kernels [E, I, O])`` is the dispatch's contraction
+    (an einsum over an expert axis, or ``grouped_matmul``)."""
+    cast = lambda w: w[...].astype(self.dtype)
+    y = matmul(x, cast(getattr(self, name)))
+    if name in self.adapted:
+      low = matmul(x, cast(getattr(self, f"{name}_{lora.A}")))
+      y = y + jnp.asarray(self.lora_scale, self.dtype) * matmul(
+          low, cast(getattr(self, f"{name}_{lora.B}")))
+    return y
+
   def _dense(self, x, weights):
     """x [T, D], weights [T, E] -> [T, D]: every expert on every token, then the gated sum."""
-    gate, up, down = self._kernels()
-    hidden = jax.nn.silu(jnp.einsum("td,edf->tef", x, gate)) * jnp.einsum("td,edf->tef", x, up)
+    # [T, D] x [E, D, F] -> [T, E, F]; an adapter's [T, E, r] x [E, r, F] -> [T, E, F].
+    fan_out = lambda x, w: jnp.einsum("td,edf->tef" if x.ndim == 2 else "ter,erf->tef", x, w)
+    hidden = (jax.nn.silu(self._project("gate_proj", x, fan_out))
+              * self._project("up_proj", x, fan_out))
     # Gating the [T, E, F] hidden before down_proj sums over experts inside one contraction,
-    # never materialising the [T, E, D] per-expert outputs.
-    return jnp.einsum("tef,efd->td", hidden * weights[..., None], down)
+    # never materialising the [T, E, D] per-expert outputs; an adapter's A keeps the expert axis
+    # ([T, E, F] x [E, F, r] -> [T, E, r]) and its B sums over it.
+    gated = hidden * weights[..., None]
+    cast = lambda w: w[...].astype(self.dtype)
+    y = jnp.einsum("tef,efd->td", gated, cast(self.down_proj))
+    if "down_proj" in self.adapted:
+      low = jnp.einsum("tef,efr->ter", gated, cast(self.down_proj_lora_a))
+      y = y + jnp.asarray(self.lora_scale, self.dtype) * jnp.einsum(
+          "ter,erd->td", low, cast(self.down_proj_lora_b))
+    return y
 
   def _capacity(self, x, dispatch, combine):
     """x [T, D], dispatch/combine [T, E, C] -> [T, D]: gather into slots, run, scatter back."""
-    gate, up, down = self._kernels()
     slots = jnp.einsum("tec,td->ecd", dispatch, x)
-    hidden = (jax.nn.silu(jnp.einsum("ecd,edf->ecf", slots, gate))
-              * jnp.einsum("ecd,edf->ecf", slots, up))
-    return jnp.einsum("tec,ecd->td", combine, jnp.einsum("ecf,efd->ecd", hidden, down))
+    per_expert = lambda x, w: jnp.einsum("eci,eio->eco", x, w)
+    hidden = (jax.nn.silu(self._project("gate_proj", slots, per_expert))
+              * self._project("up_proj", slots, per_expert))
+    return jnp.einsum("tec,ecd->td", combine, self._project("down_proj", hidden, per_expert))
+
+  def _sparse(self, x, routes, gates):
+    """Dropless sparse dispatch (``sparse_experts``) through ``_project``."""
+    if not self.adapted:
+      return sparse_experts(x, routes, gates, *self._kernels())
+    num_tokens, k = routes.shape
+    layout = sparse_layout(routes, self.num_experts, block_rows(num_tokens * k, self.num_experts))
+    grouped = lambda rows, w: grouped_matmul(rows, w, layout.block_expert)
+    rows = jnp.concatenate([x, jnp.zeros((1, x.shape[-1]), x.dtype)])[layout.source]
+    hidden = (jax.nn.silu(self._project("gate_proj", rows, grouped))
+              * self._project("up_proj", rows, grouped))
+    out = self._project("down_proj", hidden, grouped)
+    return jnp.einsum("tkd,tk->td", out[layout.slot].reshape(num_tokens, k, -1), gates)
 
   def __call__(self, x, valid=None, routes=None) -> tuple[jax.Array, MoEStats]:
     """x [B, S, D]; valid [B, S] bool or None (all valid); routes [B, S, k] int or None.
@@ -376,7 +429,7 @@ class MoE(nnx.Module):
       y = self._dense(tokens, dense_combine_weights(routes, gates, num_experts))
       dropped, capacity = jnp.zeros((), jnp.int32), 0
     elif self.dispatch == "sparse":
-      y = sparse_experts(tokens, routes, gates, *self._kernels())
+      y = self._sparse(tokens, routes, gates)
       dropped, capacity = jnp.zeros((), jnp.int32), 0
     else:
       capacity = expert_capacity(b * s, num_experts, k, self.capacity_factor)

@@ -22,6 +22,7 @@ from flax import nnx
 from rljax.models import attention as attention_lib
 from rljax.models import families
 from rljax.models import layers
+from rljax.models import lora
 from rljax.models.config import ModelConfig
 from rljax.models import kv_cache
 
@@ -236,15 +237,18 @@ def _abstract(cfg: ModelConfig, head: str):
 
 
 def init_params(cfg: ModelConfig, seed: int = 0, head: str = "lm") -> dict:
-  """Random parameters (normal, std 0.02; norms at their identity) as a nested dict of arrays."""
-  _, state = nnx.split(Transformer(cfg, rngs=nnx.Rngs(seed), head=head))
-  return nnx.to_pure_dict(state)
+  """Random parameters (normal, std 0.02; norms at their identity) as a nested dict of arrays.
+  With adapters (``cfg.lora_rank``): the base model of the same seed, bit for bit, with fresh
+  adapters (``lora.with_adapters``: A uniform, B = 0)."""
+  _, state = nnx.split(Transformer(cfg.base, rngs=nnx.Rngs(seed), head=head))
+  return lora.with_adapters(cfg, nnx.to_pure_dict(state), seed)
 
 
 def param_shapes(cfg: ModelConfig, head: str = "lm") -> dict:
   """``jax.ShapeDtypeStruct`` for every parameter, without allocating any."""
   _, state = _abstract(cfg, head)
-  return jax.tree.map(lambda v: jax.ShapeDtypeStruct(v.shape, v.dtype), nnx.to_pure_dict(state))
+  shapes = jax.tree.map(lambda v: jax.ShapeDtypeStruct(v.shape, v.dtype), nnx.to_pure_dict(state))
+  return lora.cast_base(cfg, shapes)
 
 
 def logical_axes(cfg: ModelConfig, head: str = "lm") -> dict:

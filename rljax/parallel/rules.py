@@ -17,6 +17,8 @@ logical name      mesh axes                         what it is
 ``mlp``           ``'tensor'``                      MLP width (of the experts too)
 ``experts``       ``'expert'``                      E of stacked expert weights [E, D, F], [E, F, D]
 ``norm``          replicated                        RMSNorm scales
+``lora_rank``     replicated                        rank r of the low-rank adapters A [in, r],
+                                                    B [r, out] (which share their kernel's axes)
 ``length``        replicated                        sequence positions of activations
 ``cache_length``  replicated                        slots of the KV cache
 ``head_dim``      replicated                        per-head features of the KV cache
@@ -68,6 +70,7 @@ DEFAULT_RULES: dict[str, Any] = {
     "mlp": "tensor",
     "experts": "expert",
     "norm": None,
+    "lora_rank": None,
     "length": None,
     "cache_length": None,
     "head_dim": None,

@@ -27,7 +27,8 @@ class PreNormBlock(nnx.Module):
           hidden_size=cfg.hidden_size, moe_intermediate_size=cfg.moe_intermediate_size,
           num_experts=cfg.num_experts, experts_per_token=cfg.experts_per_token,
           norm_topk_prob=cfg.norm_topk_prob, param_dtype=cfg.param_dtype, dtype=cfg.dtype,
-          rngs=rngs, dispatch=cfg.moe_dispatch, capacity_factor=cfg.moe_capacity_factor)
+          rngs=rngs, dispatch=cfg.moe_dispatch, capacity_factor=cfg.moe_capacity_factor,
+          lora_rank=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_targets=cfg.lora_targets)
     else:
       self.mlp = layers.GatedMLP(cfg, rngs=rngs)
 
