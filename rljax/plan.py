@@ -13,7 +13,12 @@ What is counted (per device, the device holding the most):
   ``optax.adamw`` as ``rljax.train.state.make_optimizer`` builds it: ``mu``, ``nu`` in the
   parameter dtype, no separate float32 master copy, scalar counts replicated), placed by
   ``rules.opt_state_shardings``;
-- reference model (same shapes and rules as the policy) unless ``algo.kl_placement == 'none'``;
+- reference model (same shapes and rules as the policy) unless ``algo.kl_placement == 'none'``
+  or the policy has low-rank adapters (``model.lora.rank`` > 0: its reference is its own frozen
+  base, no copy). With adapters the params are the base (in ``model.lora.base_dtype``) plus the
+  adapters, and the optimizer state and gradients are the adapters' only; the sampler reads the
+  merged weights, a new copy of every adapted kernel made at each publish (counted in the
+  rollout phase, and as the sampler's weights);
 - critic (value model + its optimizer state and gradients) when ``critic.enabled``;
 - gradients: one copy in the parameter dtype, two with more than one micro-batch (accumulator and
   the current micro-batch's gradients; ``algo.micro_batches``, or more where
@@ -76,14 +81,15 @@ from jax.sharding import AbstractMesh
 from rljax.config_checks import ConfigError
 from rljax.models import attention as attention_lib
 from rljax.models import kv_cache as kv_cache_lib
-from rljax.models import transformer
-from rljax.models.config import REMAT_CHOICES, ModelConfig, compute_dtype, tiny_config
+from rljax.models import lora, transformer
+from rljax.models.config import (REMAT_CHOICES, ModelConfig, compute_dtype, lora_settings,
+                                 tiny_config)
 from rljax.models.source import parse_source, run_config
 from rljax.parallel import mesh as mesh_lib
 from rljax.parallel import rules as rules_lib
 from rljax.rollout import sampler as sampler_lib
 from rljax.train import update as update_lib
-from rljax.train.state import make_optimizer, total_updates
+from rljax.train.state import make_optimizer, total_updates, trainable
 from rljax.data import tokenizer as tokenizer_lib
 
 GiB = 1024 ** 3
@@ -243,7 +249,7 @@ def model_config(config, model: str | None = None, device_kind: str = "cpu"
   source = model or _plan_key(config, "model") or m.source
   dtypes = dict(dtype=compute_dtype(m.dtype, platform), param_dtype=m.param_dtype, remat=m.remat,
                 scan_layers=m.scan_layers, attention=m.attention,
-                attention_block=m.attention_block)
+                attention_block=m.attention_block, **lora_settings(m, platform))
   if source in MODEL_SHAPES:
     return source, ModelConfig(**MODEL_SHAPES[source], **dtypes)
   if source.startswith("hf:"):
@@ -257,7 +263,8 @@ def model_config(config, model: str | None = None, device_kind: str = "cpu"
     except Exception as e:  # noqa: BLE001 - planning must not need the data stack
       raise ConfigError(f"model.source={source!r}: cannot read the vocabulary size from "
                         f"data.tokenizer={config.data.tokenizer!r} ({e})") from e
-    return source, tiny_config(m, vocab, dtype=dtypes["dtype"])
+    return source, tiny_config(m, vocab, dtype=dtypes["dtype"],
+                               lora_base_dtype=dtypes["lora_base_dtype"])
   raise ConfigError(f"cannot plan for model {source!r}: use one of {sorted(MODEL_SHAPES)}, "
                     "'hf:PATH' (a directory with config.json), 'run:DIR' or model.source='tiny' or "
                     "'sft'")
@@ -352,7 +359,7 @@ def plan(config, device: str | None = None, *, model: str | None = None,
   if not n_sampler:
     p = _plan(config, device, **kwargs)
     if copies:
-      weights = copies * p["bytes"]["params"]
+      weights = copies * p["bytes"]["sampler_params"]
       p["bytes"]["sampler_weights"] = weights
       p["resident"] += weights
       _set_peak(p)
@@ -370,7 +377,7 @@ def plan(config, device: str | None = None, *, model: str | None = None,
     for axis, size in zip(mesh_lib.AXES, mesh_lib.sampler_shape(n_sampler)):
       sampler_config.mesh[axis] = size
   s = _plan(sampler_config, device, count=n_sampler, **kwargs)
-  weights = max(copies, 1) * s["bytes"]["params"]
+  weights = max(copies, 1) * s["bytes"]["sampler_params"]
   sampler = dict(devices=n_sampler, mesh=s["mesh"], weights=weights, rollout=s["rollout"],
                  kv_cache=s["bytes"]["kv_cache"], peak=weights + s["rollout"],
                  usable=s["device"]["usable"])
@@ -430,11 +437,23 @@ def _plan(config, device: str | None = None, *, model: str | None = None,
   axes, shapes = _model_tree(cfg)
   p_sh = rules_lib.param_shardings(mesh, axes, shapes, rules)
   params = rules_lib.per_device_bytes(shapes, p_sh)
-  opt_shapes = jax.eval_shape(tx.init, shapes)
+  # What the optimizer updates: every parameter, or only the adapters (``trainable``).
+  train_shapes, train_sh = trainable(shapes), trainable(p_sh)
+  opt_shapes = jax.eval_shape(tx.init, train_shapes)
   opt = rules_lib.per_device_bytes(
-      opt_shapes, rules_lib.opt_state_shardings(mesh, opt_shapes, p_sh, shapes))
+      opt_shapes, rules_lib.opt_state_shardings(mesh, opt_shapes, train_sh, train_shapes))
   fallbacks = rules_lib.fallbacks(mesh, axes, shapes, rules)
-  reference = 0 if config.algo.kl_placement == "none" else params
+  reference = 0 if config.algo.kl_placement == "none" or cfg.lora_rank else params
+  # The sampler's weights: the base layout (merged adapters), and the kernels the merge writes.
+  (base_shapes, adapter_shapes), (base_sh, adapter_sh) = (lora.split_adapters(shapes),
+                                                          lora.split_adapters(p_sh))
+  adapters = rules_lib.per_device_bytes(adapter_shapes, adapter_sh)
+  sampler_params = params - adapters
+  merged = rules_lib.per_device_bytes(*(lora.merged_leaves(cfg, t) for t in (shapes, p_sh)))
+  # Below, the weights' sizes are the base layout's in the parameter dtype (the sampler's
+  # weights, FSDP's gathers, the scanned layers), whatever the frozen base's dtype.
+  axes, shapes = _model_tree(cfg.base)
+  p_sh = rules_lib.param_shardings(mesh, axes, shapes, rules)
   critic = critic_opt = critic_grads = 0
   if config.critic.enabled:
     c_axes, c_shapes = _model_tree(cfg, "value")
@@ -498,7 +517,7 @@ def _plan(config, device: str | None = None, *, model: str | None = None,
   # --- train step ---
   mb = config.algo.minibatches
   micro = train_micro_batches(config, dev["kind"], rows // mb, batch_shards, slots)
-  grads = params * (2 if micro > 1 else 1)
+  grads = rules_lib.per_device_bytes(train_shapes, train_sh) * (2 if micro > 1 else 1)
   critic_grads = critic * (2 if micro > 1 else 1)
   if cfg.moe_layers:
     warnings.append(f"{len(cfg.moe_layers)} MoE layers: activations counted as a dense MLP of "
@@ -543,7 +562,7 @@ def _plan(config, device: str | None = None, *, model: str | None = None,
   activations = act_by_remat[cfg.remat]
 
   resident = params + opt + reference + critic + critic_opt
-  rollout_peak = kv_cache + kv_growth + prefill + rollout_gather
+  rollout_peak = kv_cache + kv_growth + prefill + rollout_gather + merged
   train_peak = grads + critic_grads + activations + logits + train_gather + scan_weights
   peak = resident + max(rollout_peak, train_peak)
   usable = int(dev["bytes"] * USABLE_FRACTION)
@@ -559,8 +578,14 @@ def _plan(config, device: str | None = None, *, model: str | None = None,
                      + (", no float32 master copy" if pb < 4 else ""))
   assumptions.append(f"gradients in {cfg.param_dtype}" + (" (accumulator + micro-batch)"
                                                           if micro > 1 else ""))
+  if cfg.lora_rank:
+    assumptions.append(f"LoRA rank {cfg.lora_rank} on {'/'.join(cfg.lora_targets)}: the base "
+                       f"({cfg.lora_base_dtype or cfg.param_dtype}) frozen, optimizer state and "
+                       "gradients of the adapters only, no reference copy; the rollout holds the "
+                       "merged kernels")
   return dict(
       model=dict(name=name, num_params=cfg.num_params(), layers=L, hidden=d, heads=h,
+                 lora_rank=cfg.lora_rank, adapter_params=lora.count(adapter_shapes),
                  kv_heads=g, head_dim=dh, intermediate=f, vocab=cfg.vocab_size,
                  experts=cfg.num_experts, experts_per_token=cfg.experts_per_token,
                  moe_intermediate=cfg.moe_intermediate_size, moe_layers=len(cfg.moe_layers),
@@ -573,7 +598,8 @@ def _plan(config, device: str | None = None, *, model: str | None = None,
       shapes=dict(rollout_rows=rows, rollout_rows_per_device=rows_dev, prompt_len=prompt_len,
                   cache_slots=slots, kv_heads_per_device=g_dev, prompts_per_device=prompts_dev,
                   train_rows_per_device=train_rows, train_seq=slots),
-      bytes=dict(params=params, opt_state=opt, gradients=grads, reference=reference,
+      bytes=dict(params=params, adapters=adapters, sampler_params=sampler_params,
+                 merged_weights=merged, opt_state=opt, gradients=grads, reference=reference,
                  critic=critic, critic_opt_state=critic_opt, critic_gradients=critic_grads,
                  kv_cache=kv_cache, kv_cache_growth=kv_growth, prefill=prefill,
                  rollout_gathered_weights=rollout_gather, activations=activations,
@@ -615,9 +641,16 @@ def format_plan(p: dict) -> str:
       "",
       f"per device                                                  GiB",
       f"  params ({m['param_dtype']})".ljust(56) + _gib(by["params"]),
+  ]
+  if m["lora_rank"]:
+    lines += [f"    of which LoRA adapters (rank {m['lora_rank']}, "
+              f"{_count(m['adapter_params'])} params)".ljust(56) + _gib(by["adapters"])]
+  lines += [
       "  optimizer state".ljust(56) + _gib(by["opt_state"]),
-      "  reference model".ljust(56) + (_gib(by["reference"]) if by["reference"]
-                                       else "       - (algo.kl_placement='none')"),
+      "  reference model".ljust(56) + (
+          _gib(by["reference"]) if by["reference"] else
+          "       - (LoRA: the frozen base)" if m["lora_rank"] else
+          "       - (algo.kl_placement='none')"),
   ]
   if by["critic"]:
     lines += ["  critic params".ljust(56) + _gib(by["critic"]),
@@ -632,6 +665,9 @@ def format_plan(p: dict) -> str:
       f"  rollout: prefill scores [Pn={s['prompts_per_device']}, P={s['prompt_len']}]".ljust(56)
       + _gib(by["prefill"]),
       "  rollout: gathered weights".ljust(56) + _gib(by["rollout_gathered_weights"]),
+  ] + ([
+      "  rollout: merged adapted kernels (LoRA)".ljust(56) + _gib(by["merged_weights"]),
+  ] if m["lora_rank"] else []) + [
       "  = rollout phase".ljust(56) + _gib(p["rollout"]),
       "  train: gradients (+ critic)".ljust(56)
       + _gib(by["gradients"] + by["critic_gradients"]),

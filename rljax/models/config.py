@@ -259,10 +259,12 @@ def run_settings(model_section) -> dict:
               **lora_settings(m))
 
 
-def lora_settings(model_section) -> dict:
-  """The adapters a run puts on its policy (``model.lora.*``), as ``ModelConfig`` fields."""
+def lora_settings(model_section, platform: str | None = None) -> dict:
+  """The adapters a run puts on its policy (``model.lora.*``), as ``ModelConfig`` fields
+  (``platform``: where the compute dtype is resolved, default the default backend)."""
   lo = model_section.lora
-  base_dtype = compute_dtype(model_section.dtype) if lo.base_dtype == "compute" else None
+  base_dtype = (compute_dtype(model_section.dtype, platform) if lo.base_dtype == "compute"
+                else None)
   return dict(lora_rank=lo.rank, lora_alpha=float(lo.alpha), lora_targets=lo.targets,
               lora_base_dtype=base_dtype if lo.rank else None)
 

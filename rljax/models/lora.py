@@ -130,6 +130,20 @@ def merge_adapters(params: dict, cfg) -> dict:
   return merged
 
 
+def merged_leaves(cfg, tree: dict) -> dict:
+  """The leaves of a parameter-shaped ``tree`` (arrays, shapes, shardings) that
+  ``merge_adapters`` writes anew: the kernels that have adapters (empty without adapters)."""
+  out = {}
+  for name, value in tree.items():
+    if isinstance(value, dict):
+      sub = merged_leaves(cfg, value)
+      if sub:
+        out[name] = sub
+    elif (name == "kernel" and A in tree) or f"{name}_{A}" in tree:
+      out[name] = value
+  return out
+
+
 def _targeted(path: tuple, targets: tuple) -> str | None:
   """Where the kernel at ``path`` (its leaf name last) takes adapters: 'linear' (a ``Linear``'s
   ``kernel`` inside a targeted projection), 'experts' (an MoE block's expert kernel named as a

@@ -14,7 +14,10 @@ A ``RolloutEngine`` holds the weights it samples with:
 - ``generate(tokens [N, W], mask [N, W], key, sampling, group_size) -> Rollout`` (NumPy fields,
   ``N * group_size`` rows, groups contiguous): one call per batch of token ids.
 - ``row_multiple``: every ``generate`` call's ``N`` must be a multiple of it (data shards).
-- ``model_cfg``: the architecture it samples (stop ids, export, logging).
+- ``model_cfg``: the architecture it samples (stop ids, export, logging): a policy with low-rank
+  adapters (``rljax.models.lora``) is sampled as its base architecture with the adapters merged
+  into the kernels, merged by ``transfer`` (``EngineBase``, ``WeightSync``) at every publish, so
+  the sampler can never decode weights older than those published.
 - ``close()``: release what it holds (called when the run ends).
 
 Engines are registered by name (``@register_engine("name")``) and chosen once, at start-up, by
@@ -38,7 +41,7 @@ import numpy as np
 
 from rljax.errors import StartupError, UnknownNameError
 from rljax.keys import add_family
-from rljax.models import quantize
+from rljax.models import lora, quantize
 from rljax.models.config import ModelConfig
 from rljax.rollout import sampler as sampler_lib
 from rljax.rollout.record import Rollout
@@ -78,16 +81,18 @@ class EngineBase:
   """What most engines share: the weights (``load_weights``), a ``transfer`` that hands the
   learner's parameters through as they are (an engine that keeps them beside a learner that
   donates them overrides it), ``row_multiple`` 1 and ``close``. A subclass writes
-  ``generate``."""
+  ``generate``. Built with a policy that has adapters, ``model_cfg`` is its base architecture
+  and ``transfer`` merges the adapters (``merged``)."""
 
   row_multiple = 1
 
   def __init__(self, model_cfg: ModelConfig):
-    self.model_cfg = model_cfg
+    self.model_cfg = model_cfg.base
+    self.adapters_cfg = model_cfg if model_cfg.lora_rank else None
     self.weights, self.version = None, -1
 
   def transfer(self, params) -> tuple[Any, dict]:
-    return params, {}
+    return merged(self.adapters_cfg, params)
 
   def load_weights(self, weights, version: int) -> None:
     self.weights, self.version = weights, int(version)
@@ -99,6 +104,22 @@ class EngineBase:
     self.weights = None
 
 
+# The merge of the adapters into their kernels (one fused ``W + (alpha/r) A @ B`` per kernel),
+# one program per architecture and shardings, run at every publish.
+_merge = jax.jit(lora.merge_adapters, static_argnums=1)
+
+
+def merged(adapters_cfg: Optional[ModelConfig], params) -> tuple[Any, dict]:
+  """``(params in the base layout, {'weights/merge_sec': wall time of the merge})`` for a policy
+  with adapters (``adapters_cfg``: its architecture); ``(params, {})`` when it has none. The
+  learner's parameters are never changed: the merged kernels are new buffers."""
+  if adapters_cfg is None:
+    return params, {}
+  t0 = time.perf_counter()
+  out = jax.block_until_ready(_merge(params, adapters_cfg))
+  return out, {"weights/merge_sec": time.perf_counter() - t0}
+
+
 # The weights a sampler holding FP8 kernels computes with, made once per publish in one program
 # (compiled once per parameter shapes and shardings), never per decode step.
 _round_trip = jax.jit(quantize.round_trip_weights, static_argnames="dtype")
@@ -107,30 +128,37 @@ _round_trip = jax.jit(quantize.round_trip_weights, static_argnames="dtype")
 class WeightSync:
   """Places the learner's weights where a JAX engine reads them (its ``transfer``).
 
-  ``weight_dtype`` (``rollout.weight_dtype``; None = off): the layers' projection and expert
-  kernels are first replaced by their per-channel round trip through that dtype
-  (``rljax.models.quantize.round_trip_weights``), in a new tree: the learner's parameters are
-  never changed. ``shardings`` (a pytree of the sampler's ``NamedSharding``s) when the sampler has devices of
-  its own: ``jax.device_put`` copies the weights there. None when colocated: with ``copy`` (the
-  asynchronous sampler) a copy on the same devices, because the learner's next update donates
-  the buffers the sampler would still be reading; without it the weights themselves (the
-  synchronous loop samples before the update, so no copy is needed).
+  ``adapters_cfg`` (the policy's architecture when it has low-rank adapters, else None): the
+  adapters are first merged into their kernels (``merged``), so the sampler decodes the base
+  architecture with the newest weights. ``weight_dtype`` (``rollout.weight_dtype``; None = off):
+  the layers' projection and expert kernels are then replaced by their per-channel round trip
+  through that dtype (``rljax.models.quantize.round_trip_weights``), in a new tree: the
+  learner's parameters are never changed. ``shardings`` (a pytree of the sampler's
+  ``NamedSharding``s) when the sampler has devices of its own: ``jax.device_put`` copies the
+  weights there. None when colocated: with ``copy`` (the asynchronous sampler) a copy on the same
+  devices, because the learner's next update donates the buffers the sampler would still be
+  reading; without it the weights themselves (the synchronous loop samples before the update, so
+  no copy is needed).
   """
 
-  def __init__(self, shardings=None, copy: bool = False, weight_dtype: Optional[str] = None):
+  def __init__(self, shardings=None, copy: bool = False, weight_dtype: Optional[str] = None,
+               adapters_cfg: Optional[ModelConfig] = None):
     if weight_dtype is not None and weight_dtype not in quantize.WEIGHT_DTYPES:
       raise ValueError(f"rollout.weight_dtype={weight_dtype!r}: expected one of "
                        f"{quantize.WEIGHT_DTYPES} or None")
     self.shardings, self.copy, self.weight_dtype = shardings, copy, weight_dtype
+    self.adapters_cfg = adapters_cfg
 
   @property
   def moves(self) -> bool:
-    return self.shardings is not None or self.copy or self.weight_dtype is not None
+    return (self.shardings is not None or self.copy or self.weight_dtype is not None
+            or self.adapters_cfg is not None)
 
   def place(self, params):
-    """``params`` readable by the sampler (nothing copied where that is not needed), quantised
-    first with ``weight_dtype``. The round trip's untouched leaves (embeddings, norms) may be
-    the learner's own buffers, so the copy below still applies to them."""
+    """``params`` (merged already) readable by the sampler (nothing copied where that is not
+    needed), quantised first with ``weight_dtype``. The round trip's and the merge's untouched
+    leaves (embeddings, norms) may be the learner's own buffers, so the copy below still applies
+    to them."""
     if self.weight_dtype is not None:
       params = _round_trip(params, dtype=self.weight_dtype)
     if self.shardings is not None:
@@ -141,15 +169,16 @@ class WeightSync:
 
   def __call__(self, params) -> tuple[Any, dict]:
     """(the sampler's weights, ``weights/sync_bytes`` and ``weights/sync_sec``: bytes written to
-    the sampler's devices, all shards, and the wall time until they are there, quantisation
-    included)."""
+    the sampler's devices, all shards, and the wall time until they are there, merge and
+    quantisation included; ``weights/merge_sec``: the adapters' merge alone)."""
     if not self.moves:
       return params, {}
     t0 = time.perf_counter()
+    params, metrics = merged(self.adapters_cfg, params)
     placed = jax.block_until_ready(self.place(params))
     sec = time.perf_counter() - t0
     nbytes = sum(s.data.nbytes for x in jax.tree.leaves(placed) for s in x.addressable_shards)
-    return placed, {"weights/sync_bytes": float(nbytes), "weights/sync_sec": sec}
+    return placed, {**metrics, "weights/sync_bytes": float(nbytes), "weights/sync_sec": sec}
 
 
 # --- registries ----------------------------------------------------------------------------------
@@ -245,7 +274,10 @@ class JaxEngine(EngineBase):
     self.placement, self.dtype = placement, dtype
     self.max_concurrent_rows, self.kv_cache_bytes = max_concurrent_rows, kv_cache_bytes
     self.row_multiple = placement.row_multiple
-    self.sync = sync or WeightSync()
+    self.sync = sync or WeightSync(adapters_cfg=self.adapters_cfg)
+    if self.sync.adapters_cfg != self.adapters_cfg:
+      raise ValueError("the engine's weight sync must merge the adapters of the policy it "
+                       "samples (weight_sync(config, placement, model_cfg))")
 
   @property
   def mesh(self):
@@ -286,14 +318,17 @@ class JaxEngine(EngineBase):
     return fn
 
 
-def weight_sync(config, placement: Placement) -> WeightSync:
+def weight_sync(config, placement: Placement, model_cfg: ModelConfig) -> WeightSync:
   """How the learner's weights reach a JAX engine: copied to its own devices (``mesh.
   sampler_devices``), copied on the same ones (an asynchronous colocated sampler), or read in
-  place (the synchronous colocated loop); quantised first with ``rollout.weight_dtype``."""
+  place (the synchronous colocated loop); adapters of ``model_cfg`` merged first, then quantised
+  with ``rollout.weight_dtype``."""
   dtype = config.rollout.weight_dtype
+  adapters = model_cfg if model_cfg.lora_rank else None
   if placement.colocated:
-    return WeightSync(copy=config.rollout.max_staleness > 0, weight_dtype=dtype)
-  return WeightSync(placement.param_sharding, weight_dtype=dtype)
+    return WeightSync(copy=config.rollout.max_staleness > 0, weight_dtype=dtype,
+                      adapters_cfg=adapters)
+  return WeightSync(placement.param_sharding, weight_dtype=dtype, adapters_cfg=adapters)
 
 
 CONTINUOUS_KEYS = ("max_concurrent_rows", "kv_cache_bytes")  # read by 'continuous' only
@@ -307,7 +342,8 @@ def all_rows_engine(config, model_cfg: ModelConfig, placement: Placement) -> Jax
   if unread:
     raise StartupError(f"{', '.join(unread)} not read by rollout.engine='all_rows': the slot "
                          "budgets are continuous batching's; set rollout.engine='continuous'")
-  return JaxEngine(model_cfg, placement, dtype=r.dtype, sync=weight_sync(config, placement))
+  return JaxEngine(model_cfg, placement, dtype=r.dtype,
+                   sync=weight_sync(config, placement, model_cfg))
 
 
 @register_engine("continuous")
@@ -318,4 +354,4 @@ def continuous_engine(config, model_cfg: ModelConfig, placement: Placement) -> J
   r = config.rollout
   return JaxEngine(model_cfg, placement, max_concurrent_rows=r.max_concurrent_rows,
                    kv_cache_bytes=r.kv_cache_bytes, dtype=r.dtype,
-                   sync=weight_sync(config, placement))
+                   sync=weight_sync(config, placement, model_cfg))

@@ -22,7 +22,7 @@ from rljax.envs import engines as _episode_engines  # noqa: F401 (registers env.
 from rljax.envs.episodes import EnvSettings
 from rljax.envs.failures import FailureReport
 from rljax.errors import ModelFileError, RljaxError, StartupError
-from rljax.models import ModelConfig, transformer
+from rljax.models import ModelConfig, lora, transformer
 from rljax.models.config import compute_dtype, run_settings
 from rljax.models.source import (POLICY_SOURCES, ModelSource, check_same_tokenizer, parse_source,
                                  run_config)
@@ -51,7 +51,8 @@ def engine_placement(model_cfg: ModelConfig, mesh, learner_mesh=None) -> Placeme
       mesh=mesh, colocated=learner_mesh is None or mesh is learner_mesh,
       row_multiple=rules.batch_divisor(mesh), data_axes=tuple(rules.batch_axes()),
       rows=rules.batch_sharding(mesh, 2), replicated=rules.replicated(mesh),
-      param_sharding=_param_sharding(mesh, model_cfg), to_device=distributed.from_host,
+      # The sampler reads merged weights (the base layout), never the adapters themselves.
+      param_sharding=_param_sharding(mesh, model_cfg.base), to_device=distributed.from_host,
       to_host=distributed.to_host)
 
 
@@ -167,41 +168,71 @@ def resolve_model_config(config, tokenizer) -> ModelConfig:
 
 def load_run_params(run_dir: str, config=None, step: int | None = None):
   """(ModelConfig, policy params) of checkpoint ``step`` in ``run_dir`` (None: the latest one
-  that restores), the architecture and the state's layout from the run's config.json."""
+  that restores), the architecture and the state's layout from the run's config.json. A policy
+  trained with low-rank adapters comes back merged, in its base architecture (its checkpoint
+  holds the adapters; the base is read again from the run's ``model.source``)."""
   config = config or run_config(run_dir)
   tokenizer = tokenizer_lib.load_tokenizer(config.data.tokenizer, config.data.chat_template)
   model_cfg = resolve_model_config(config, tokenizer)
   checkpointer = Checkpointer(os.path.join(run_dir, "checkpoints"), keep=1,
-                              read_only=True)  # never touches the run's files
+                              read_only=True, saved=state_lib.saved_part)  # never writes
   shapes, _ = abstract_state(config, model_cfg)
   abstract = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype,
                                                          sharding=single_device()), shapes)
   if step is None:
-    _, state, _ = checkpointer.restore_latest(abstract)
+    _, state, extra = checkpointer.restore_latest(abstract)
   else:
-    state, _ = checkpointer.restore(step, abstract)
+    state, extra = checkpointer.restore(step, abstract)
   checkpointer.close()
-  return model_cfg, state.params
+  if not model_cfg.lora_rank:
+    return model_cfg, state.params
+  check_base_source(config, extra, f"run {run_dir!r}")
+  _, base = load_policy(config, tokenizer)
+  params = state_lib.with_base(state, base).params
+  return model_cfg.base, lora.merge_adapters(params, model_cfg)
+
+
+def base_record(config) -> dict:
+  """What a checkpoint of a policy with adapters records about the base they were trained on
+  (``checkpoint_extra``): its source and the adapters' settings."""
+  m = config.model
+  return {"source": m.source, "rank": m.lora.rank, "alpha": float(m.lora.alpha),
+          "targets": list(m.lora.targets)}
+
+
+def check_base_source(config, extra: dict, what: str) -> None:
+  """The adapters of a checkpoint (``extra['lora_base']``) were trained on ``config``'s base: a
+  checkpoint of adapters restored onto another base is refused in one line."""
+  saved = extra.get("lora_base")
+  if saved is None:
+    return
+  if saved.get("source") != config.model.source:
+    raise run_dir_lib.RunDirError(
+        f"{what}: its adapters were trained on model.source={saved.get('source')!r}, not on "
+        f"model.source={config.model.source!r}; adapters of another base do not apply")
 
 
 def load_policy(config, tokenizer) -> tuple[ModelConfig, dict]:
   """``model.source``: 'tiny' (fresh random), 'hf:PATH', 'sft' (the cold-start checkpoint,
   trained first when ``sft.out_dir`` does not hold one yet) or 'run:DIR[@STEP]' (the policy of
-  another run's latest checkpoint, or of its step ``STEP``)."""
+  another run's latest checkpoint, or of its step ``STEP``). With ``model.lora.rank`` > 0 the
+  source is the frozen base and fresh adapters join it (``lora.with_adapters``: B = 0)."""
   m = config.model
   source = model_source(config)
   if source.kind == "run":
     check_run_source(config, source)
     _, params = load_run_params(source.path, step=source.step)
     cast = lambda x: x.astype(m.param_dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x
-    return resolve_model_config(config, tokenizer), jax.tree.map(cast, params)
+    cfg = resolve_model_config(config, tokenizer)
+    return cfg, lora.with_adapters(cfg, jax.tree.map(cast, params), config.seed)
   path = _hf_source(config, tokenizer, train_if_missing=True)
   if path is None:
     cfg = resolve_model_config(config, tokenizer)
     return cfg, transformer.init_params(cfg, seed=config.seed)
   cfg, params = models.load_hf(path, dtype=compute_dtype(m.dtype), param_dtype=m.param_dtype)
   check_vocab(config, cfg, tokenizer)
-  return cfg.replace(**run_settings(m)), params
+  cfg = cfg.replace(**run_settings(m))
+  return cfg, lora.with_adapters(cfg, params, config.seed)
 
 
 def check_vocab(config, cfg: ModelConfig, tokenizer) -> None:
@@ -228,7 +259,8 @@ def initial_state_fn(config, model_cfg: ModelConfig, algo: Algorithm):
   """A function creating the initial TrainState from policy ``params`` (jit it with shardings).
 
   The critic starts from the policy trunk with a fresh value head; the reference is a copy of
-  the policy, and exists only when there is a KL term.
+  the policy, and exists only when there is a KL term and the policy has no adapters (their
+  base is the reference then).
   """
   actor_tx, critic_tx = optimizers(config)
 
@@ -239,7 +271,9 @@ def initial_state_fn(config, model_cfg: ModelConfig, algo: Algorithm):
       critic_params["value_head"] = transformer.init_params(
           model_cfg.replace(num_layers=0, vocab_size=1), seed=config.seed + 7,
           head="value")["value_head"]
-    ref_params = jax.tree.map(jnp.copy, params) if algo.kl_placement is not None else None
+    # A policy with adapters has its frozen base as the reference (``step.reference``).
+    copy_ref = algo.kl_placement is not None and not model_cfg.lora_rank
+    ref_params = jax.tree.map(jnp.copy, params) if copy_ref else None
     return create_state(params, critic_params=critic_params, ref_params=ref_params,
                         actor_tx=actor_tx, critic_tx=critic_tx, seed=config.seed,
                         transforms={t.name: t.init() for t in algo.transforms if t.init})
@@ -257,8 +291,9 @@ def state_shardings(mesh, model_cfg: ModelConfig, state_shapes: TrainState) -> T
   rep = rules.replicated(mesh)
   policy = rules.param_shardings(mesh, transformer.logical_axes(model_cfg),
                                  transformer.param_shapes(model_cfg))
-  def opt(shapes, params_sh):
-    return None if shapes is None else rules.opt_state_shardings(mesh, shapes, params_sh)
+  def opt(shapes, params_sh):  # the trainable parameters' state (the adapters' with LoRA)
+    return None if shapes is None else rules.opt_state_shardings(
+        mesh, shapes, state_lib.trainable(params_sh))
   critic = None
   if state_shapes.critic_params is not None:
     critic = rules.param_shardings(mesh, transformer.logical_axes(model_cfg, "value"),
@@ -289,6 +324,8 @@ class Run:
   # The learner's mesh: the train state and the scored batches live on it (the rollout engine
   # runs on its own when ``mesh.sampler_devices`` gives it devices).
   mesh: Any = None
+  # The policy's architecture, adapters included (``engine.model_cfg`` is the one it samples).
+  model_cfg: Any = None
 
   @property
   def aux_args(self) -> tuple:
@@ -487,7 +524,8 @@ def check_resumable(config, algo: Algorithm, tokenizer) -> None:
   if not config.train.resume or not run_dir_lib.committed_steps(run_dir):
     return
   shapes, _ = abstract_state(config, resolve_model_config(config, tokenizer), algo)
-  with Checkpointer(os.path.join(run_dir, "checkpoints"), keep=1, read_only=True) as ckpt:
+  with Checkpointer(os.path.join(run_dir, "checkpoints"), keep=1, read_only=True,
+                    saved=state_lib.saved_part) as ckpt:
     found = ckpt.differences(shapes, migrate=state_lib.legacy_layout)
   if found is None or not found[1]:
     return
@@ -520,13 +558,15 @@ def build_run(config, prepared: Prepared | None = None) -> Run:
 
   run_dir = config.train.run_dir
   checkpointer = Checkpointer(os.path.join(run_dir, "checkpoints"),
-                              keep=config.train.keep_checkpoints)
+                              keep=config.train.keep_checkpoints, saved=state_lib.saved_part)
   start = 0
   if config.train.resume and checkpointer.latest_step() is not None:
     abstract = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
                             state, sharding)
-    start, state, extra = checkpointer.restore_latest(  # falls back past a bad one
+    start, restored, extra = checkpointer.restore_latest(  # falls back past a bad one
         abstract, migrate=state_lib.legacy_layout)
+    check_base_source(config, extra, f"cannot resume {run_dir}")
+    state = state_lib.with_base(restored, state.params)  # the frozen base, loaded above
     source.load_state_dict(extra["data"])
   elif checkpointer.latest_step() is not None:
     raise FileExistsError(f"{run_dir} already holds checkpoints: pass --config.train.resume=True "
@@ -547,15 +587,18 @@ def build_run(config, prepared: Prepared | None = None) -> Run:
       env_failure_log=os.path.join(run_dir, run_dir_lib.ENV_FAILURES_FILE))
   return Run(config=config, algo=algo, generator=generator, source=source, fns=compiled,
              state=state, sampling=sampling_params(config, tokenizer), writer=writer,
-             checkpointer=checkpointer, aux=aux, mesh=mesh)
+             checkpointer=checkpointer, aux=aux, mesh=mesh, model_cfg=model_cfg)
 
 
 def checkpoint_extra(run, data: dict | None = None) -> dict:
   """What a checkpoint records beside the state: the data position (``data``: the position after
   the last batch the learner consumed, where an asynchronous sampler has drawn further; default:
-  the prompt source's own) and the config."""
-  return {"data": run.source.state_dict() if data is None else data,
-          "config": json.loads(run.config.to_json_best_effort())}
+  the prompt source's own), the config and, with adapters, their base (``base_record``)."""
+  extra = {"data": run.source.state_dict() if data is None else data,
+           "config": json.loads(run.config.to_json_best_effort())}
+  if run.config.model.lora.rank:  # the state holds the adapters only: where their base is
+    extra["lora_base"] = base_record(run.config)
+  return extra
 
 
 def finish(run) -> None:
@@ -568,7 +611,12 @@ def finish(run) -> None:
     run.checkpointer.wait()
     run.checkpointer.close()
   # A collective: every process takes part in gathering the (possibly sharded) policy.
-  params = distributed.to_host(run.state.params) if cfg.train.export_hf else None
+  params = None
+  if cfg.train.export_hf:  # the merged weights (the base architecture) of a policy with adapters
+    params = run.state.params
+    if run.model_cfg is not None and run.model_cfg.lora_rank:
+      params = lora.merge_adapters(params, run.model_cfg)
+    params = distributed.to_host(params)
   if distributed.is_main_process():
     if cfg.train.export_hf:
       models.save_hf(os.path.join(cfg.train.run_dir, "hf"), run.engine.model_cfg, params)

@@ -61,10 +61,15 @@ class Checkpointer:
     directory: where step directories live (local path or a URL orbax understands, ``gs://``).
     keep: number of most recent checkpoints kept (>= 1); older ones are deleted after a save.
     async_save: write in a background thread (``save`` returns after the device-to-host copy).
+    saved: ``saved(state) -> the part of it written`` (and, applied to an abstract state, the
+      part read back): e.g. the adapters of a policy whose frozen base is read from its source
+      (``rljax.train.state.saved_part``); default: all of it. ``restore`` then returns that
+      part, which the caller completes.
   """
 
   def __init__(self, directory: str | os.PathLike, *, keep: int, async_save: bool = True,
-               read_only: bool = False):
+               read_only: bool = False, saved=None):
+    self._saved = saved or (lambda state: state)
     if not isinstance(keep, int) or keep < 1:
       raise ValueError(f"train.keep_checkpoints must be an integer >= 1, got {keep!r}")
     self.directory = _absolute(directory)
@@ -137,7 +142,7 @@ class Checkpointer:
           f"{latest}, which a resumed run would restore instead. Use a fresh train.run_dir, or "
           "delete the newer checkpoints.")
     self._set_aside_incomplete(step)
-    args = ocp.args.Composite(**{STATE: ocp.args.StandardSave(state),
+    args = ocp.args.Composite(**{STATE: ocp.args.StandardSave(self._saved(state)),
                                  EXTRA: ocp.args.JsonSave(to_json(extra))})
     # `force=True` only bypasses orbax's save-interval policy: when to save is the caller's call.
     saved = self._manager.save(step, args=args, force=True)
@@ -186,6 +191,7 @@ class Checkpointer:
     if step not in self._manager.all_steps():
       raise FileNotFoundError(
           f"no committed checkpoint {step} in {self.directory}; committed: {self.all_steps()}")
+    abstract_state = self._saved(abstract_state)
     _check_shardings(abstract_state)
     try:
       saved = self._manager.item_metadata(step)[STATE]
@@ -218,8 +224,8 @@ class Checkpointer:
       if saved is None:
         continue
       saved_tree = getattr(saved, "tree", saved)
-      wanted = abstract_state
-      if migrate is not None and (old := migrate(_leaf_paths(saved_tree), abstract_state)):
+      wanted = self._saved(abstract_state)
+      if migrate is not None and (old := migrate(_leaf_paths(saved_tree), wanted)):
         wanted = old[0]
       return step, state_differences(saved_tree, wanted)
     return None

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import optax
 from rljax.algos.entropy import EntropyCtrlState
-
+from rljax.models import lora
 
 
 @flax.struct.dataclass
@@ -16,7 +16,10 @@ class TrainState:
   """Everything a run needs to continue: a checkpoint is exactly this pytree.
 
   ``critic_*`` are None without a critic; ``ref_params`` is None when ``algo.kl_placement`` is
-  ``none`` (no reference model is even built). ``transforms``: ``{name: state}`` of the resolved
+  ``none`` (no reference model is even built) and when the policy has low-rank adapters (its
+  reference is its own frozen base, ``reference``). With adapters ``params`` holds the base and
+  the adapters (``rljax.models.lora``), ``opt_state`` the adapters' only (``trainable``), and a
+  checkpoint the adapters only (``saved_part``). ``transforms``: ``{name: state}`` of the resolved
   transforms that keep state (the KL coefficient, the entropy controller, ...), checkpointed
   with the rest so that a resumed run continues them.
   """
@@ -29,6 +32,38 @@ class TrainState:
   rng: jax.Array  # uint32 [2]
   skipped_updates: jax.Array  # int32 [], optimizer steps skipped for a non-finite loss/gradient
   transforms: Any = flax.struct.field(default_factory=dict)
+
+
+def trainable(params):
+  """What the optimizer updates: the adapters when ``params`` has any (the base is frozen: no
+  gradient, no optimizer state), else every parameter."""
+  base, adapters = lora.split_adapters(params)
+  return adapters if adapters else params
+
+
+def with_trainable(params, new):
+  """``params`` with its ``trainable`` part replaced by ``new`` (the frozen base untouched)."""
+  base, adapters = lora.split_adapters(params)
+  return lora.join_adapters(base, new) if adapters else new
+
+
+def saved_part(state: "TrainState") -> "TrainState":
+  """What a checkpoint holds of ``state`` (or of its abstract): everything, except that of a
+  policy with adapters only the adapters are kept (the base is read again from its source,
+  recorded beside the checkpoint; ``with_base``)."""
+  if not isinstance(state, TrainState) or not isinstance(state.params, dict):
+    return state
+  base, adapters = lora.split_adapters(state.params)
+  return state.replace(params=adapters) if adapters else state
+
+
+def with_base(restored: "TrainState", base: dict) -> "TrainState":
+  """A restored ``saved_part`` with the frozen ``base`` (a parameter tree without adapters, or
+  with them: they are replaced) put back."""
+  if not lora.has_adapters(restored.params):
+    return restored
+  return restored.replace(params=lora.join_adapters(lora.split_adapters(base)[0],
+                                                    restored.params))
 
 
 def learning_rate_schedule(optim_cfg, peak_lr: float, total_updates: int) -> optax.Schedule:
@@ -63,11 +98,12 @@ def total_updates(config) -> int:
 def create_state(params, *, critic_params=None, ref_params=None, actor_tx, critic_tx,
                  seed: int, transforms=None) -> TrainState:
   """A fresh TrainState; the reference starts as a copy of the policy when one is needed.
-  ``transforms``: the initial state of each transform that keeps one."""
+  ``transforms``: the initial state of each transform that keeps one. The optimizer state is
+  the ``trainable`` parameters' (the adapters' only, with LoRA)."""
   return TrainState(
       step=jnp.zeros((), jnp.int32),
       params=params,
-      opt_state=actor_tx.init(params),
+      opt_state=actor_tx.init(trainable(params)),
       critic_params=critic_params,
       critic_opt_state=None if critic_params is None else critic_tx.init(critic_params),
       ref_params=ref_params,

@@ -27,11 +27,12 @@ from rljax import algos
 from rljax.algos import losses as loss_lib
 from rljax.algos import value as value_lib
 from rljax.algorithm import Algorithm
-from rljax.models import ModelConfig, transformer
+from rljax.models import ModelConfig, lora, transformer
 from rljax.rewards import shaping
 from rljax.rollout.sampler import Rollout
 from rljax.train import update as update_lib
 from rljax.train.compiled import compile_step_fns  # noqa: F401  (re-exported: build uses it)
+from rljax.train import state as state_lib
 from rljax.train.state import TrainState
 from rljax.transforms import Minibatch, Scored
 from rljax.train.update import scalar_metric
@@ -210,6 +211,17 @@ def with_coefs(learner: StepSpec, state: TrainState, hp):
   return hp
 
 
+def reference(learner: StepSpec, state: TrainState) -> tuple[ModelConfig, dict] | None:
+  """``(architecture, params)`` of the KL reference, None without one: ``state.ref_params``, or
+  for a policy with low-rank adapters its own base with the adapters off (the rank-0
+  architecture on ``split_adapters(params)[0]``: no second copy of the weights)."""
+  if state.ref_params is not None:
+    return learner.model_cfg, state.ref_params
+  if learner.algo.kl_placement is not None and learner.model_cfg.lora_rank:
+    return learner.model_cfg.base, lora.split_adapters(state.params)[0]
+  return None
+
+
 def score(learner: StepSpec, state: TrainState, rollout: Rollout, hp, aux=None
           ) -> tuple[Rollout, Metrics]:
   """A rollout with rewards -> the same record with ``loss_mask``,
@@ -231,8 +243,8 @@ def score(learner: StepSpec, state: TrainState, rollout: Rollout, hp, aux=None
       moe_scoring = moe_metrics(rollout, moe["routes"], mask)
       if cfg.router_replay == "R2":  # the update replays the experts of this forward
         rollout = rollout.replace(extras={**rollout.extras, "routes": moe["routes"]})
-  if state.ref_params is not None:
-    ref_logp, _ = completion_stats(cfg, state.ref_params, rollout, chunk, split)
+  if (ref := reference(learner, state)) is not None:
+    ref_logp, _ = completion_stats(*ref, rollout, chunk, split)
   if state.critic_params is not None:
     values = completion_values(cfg, state.critic_params, rollout, split)
   rewards = rollout.rewards
@@ -380,14 +392,19 @@ def minibatch_update(learner: StepSpec, hp, state: TrainState, minibatch: Rollou
   split = learner.row_split(minibatch, at_least=algo.micro_batches)
   counts = minibatch_counts(learner, minibatch, split.parts)
   if update_actor:
+    # Gradients w.r.t. the trainable parameters only (the adapters, with LoRA); the frozen base
+    # enters the loss as a constant, so no gradient of it is ever computed.
+    frozen = state.params
     loss, grads, actor_metrics, rows = update_lib.accumulate_gradients(
-        lambda p, mb, c: actor_loss(learner, p, hp, mb, c), state.params, minibatch, counts,
+        lambda p, mb, c: actor_loss(learner, state_lib.with_trainable(frozen, p), hp, mb, c),
+        state_lib.trainable(state.params), minibatch, counts,
         parts=split.parts, side_by_side=split.side_by_side, row_outputs=True)
     if rows is not None:  # the metrics scoring left out, from the loss's forward
       actor_metrics.update(scoring_metrics(learner, minibatch.loss_mask, *rows,
                                            minibatch.sampler_logp, minibatch.ref_logp))
-    params, opt_state, grad_norm, applied = update_lib.apply_update(
-        learner.actor_tx, state.params, state.opt_state, grads, loss)
+    updated, opt_state, grad_norm, applied = update_lib.apply_update(
+        learner.actor_tx, state_lib.trainable(state.params), state.opt_state, grads, loss)
+    params = state_lib.with_trainable(state.params, updated)
     ref_params = state.ref_params
     if ref_params is not None:
       ref_params = algo.ref_update(ref_params, params, hp)
