@@ -200,20 +200,17 @@ def _check_scale(path: str, config: dict, cfg: ModelConfig) -> None:
                          f"{_number(cfg.lora_alpha)}: set model.lora.alpha={alpha}")
 
 
-def _iter_tensors(file: str):
+def _open(file: str):
   try:
-    with safe_open(file, framework="numpy") as f:
-      for name in f.keys():
-        yield name, f.get_tensor(name)
+    return safe_open(file, framework="numpy")
   except Exception as e:  # safetensors' own error types (SafetensorError, OSError, ...)
     raise ModelFileError(f"{file} is not a readable safetensors file ({type(e).__name__}: "
                          f"{e})") from None
 
 
-def load_peft_adapter(path: str, cfg: ModelConfig, place=None) -> dict:
-  """The adapter tree (``rljax.models.lora`` layout) of the PEFT LoRA directory ``path`` for the
-  model ``cfg``: each factor transposed, expert modules stacked, cast to the adapters' dtype.
-  ``place(path, array)`` puts each leaf on devices (default ``jnp.asarray``).
+def check_peft_adapter(path: str, cfg: ModelConfig) -> dict:
+  """What ``load_peft_adapter`` would refuse, from adapter_config.json and the safetensors header
+  alone (nothing is read): {PEFT tensor name: (adapter leaf path, expert index or None)}.
 
   Refuses in one line (``ModelFileError``): a directory that is no PEFT LoRA adapter, an option
   rljax does not implement, a rank or alpha other than the config's (naming the key to set),
@@ -223,12 +220,13 @@ def load_peft_adapter(path: str, cfg: ModelConfig, place=None) -> dict:
   config = read_adapter_config(path)
   _check_scale(path, config, cfg)
   file = os.path.join(path, WEIGHTS_FILE)
-  rank = cfg.lora_rank
-  base = dict(hf._flat_paths(transformer.param_shapes(cfg)))
+  base_tree = transformer.param_shapes(cfg.base)
+  base = dict(hf._flat_paths(base_tree))
   names = hf.tensor_names(cfg)
-  place = place or (lambda _, x: jnp.asarray(x))
-  leaves, stacks, targets = {}, {}, set()
-  for name, tensor in _iter_tensors(file):
+  placed, experts, targets = {}, {}, set()
+  with _open(file) as f:
+    shapes = {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}
+  for name, shape in shapes.items():
     parsed = _parse_name(name)
     if parsed is None:
       raise ModelFileError(f"{file}: tensor {name!r} is no LoRA factor (lora_A / lora_B) of a "
@@ -245,30 +243,50 @@ def load_peft_adapter(path: str, cfg: ModelConfig, place=None) -> dict:
                            "an adapter of another base model")
     kernel, _, index = mapped
     d_in, d_out = base[kernel].shape[-2:]
-    want = (rank, d_in) if factor == "lora_a" else (d_out, rank)
-    if tuple(tensor.shape) != want:
-      raise ModelFileError(f"the PEFT adapter {path!r}: tensor {name!r} has shape "
-                           f"{tuple(tensor.shape)}, this model expects {want}: an adapter of "
-                           "another base model")
+    want = (cfg.lora_rank, d_in) if factor == lora.A else (d_out, cfg.lora_rank)
+    if shape != want:
+      raise ModelFileError(f"the PEFT adapter {path!r}: tensor {name!r} has shape {shape}, this "
+                           f"model expects {want}: an adapter of another base model")
     targets.add(module)
     leaf = adapter_path(kernel, factor)
-    value = np.asarray(tensor, np.float32).T
-    if index is None:
-      leaves[leaf] = value
-    else:
-      experts = base[kernel].shape[0]
-      stack, filled = stacks.setdefault(
-          leaf, (np.zeros((experts,) + value.shape, np.float32), set()))
-      stack[index] = value
-      filled.add(index)
+    placed[name] = (leaf, index)
+    if index is not None:
+      experts.setdefault(leaf, set()).add(index)
   _check_targets(path, config, cfg, targets)
-  for leaf, (stack, filled) in stacks.items():
-    if len(filled) < stack.shape[0]:
-      missing = sorted(set(range(stack.shape[0])) - filled)
-      raise ModelFileError(f"the PEFT adapter {path!r} lacks {'/'.join(leaf)} of experts "
-                           f"{missing}")
-    leaves[leaf] = stack
-  return _tree(path, cfg, leaves, place)
+  want = dict(hf._flat_paths(lora.adapter_shapes(cfg, base_tree)))
+  have = {leaf for leaf, index in placed.values() if index is None}
+  have |= {leaf for leaf, got in experts.items() if len(got) == want[leaf][0]}
+  missing = [p for p in want if p not in have]
+  if missing:
+    names = [n for n, i in peft_names_of(cfg, missing[0])
+             if i is None or i not in experts.get(missing[0], ())]
+    raise ModelFileError(f"the PEFT adapter {path!r} lacks {len(missing)} of the factors "
+                         f"model.lora.targets={list(cfg.lora_targets)} attach to this model, "
+                         f"e.g. {names[0]!r}")
+  return placed
+
+
+def load_peft_adapter(path: str, cfg: ModelConfig, place=None) -> dict:
+  """The adapter tree (``rljax.models.lora`` layout) of the PEFT LoRA directory ``path`` for the
+  model ``cfg``: each factor transposed, expert modules stacked, in ``cfg.param_dtype``.
+  ``place(path, array)`` puts each leaf on devices (default ``jnp.asarray``). Whatever
+  ``check_peft_adapter`` refuses is refused first, before any tensor is read."""
+  placed = check_peft_adapter(path, cfg)
+  place = place or (lambda _, x: jnp.asarray(x))
+  dtype = np.dtype(jnp.dtype(cfg.param_dtype))
+  shapes = dict(hf._flat_paths(lora.adapter_shapes(cfg, transformer.param_shapes(cfg.base))))
+  leaves = {leaf: np.empty(shape, dtype) for leaf, shape in shapes.items()}
+  with _open(os.path.join(path, WEIGHTS_FILE)) as f:
+    for name, (leaf, index) in placed.items():
+      value = np.asarray(f.get_tensor(name)).T.astype(dtype)
+      if index is None:
+        leaves[leaf] = value
+      else:
+        leaves[leaf][index] = value
+  tree: dict = {}
+  for leaf, value in leaves.items():
+    hf._set(tree, leaf, place(leaf, value))
+  return tree
 
 
 def _check_targets(path: str, config: dict, cfg: ModelConfig, found: set) -> None:
@@ -285,20 +303,3 @@ def _check_targets(path: str, config: dict, cfg: ModelConfig, found: set) -> Non
     want = [t for t in lora.TARGETS if t in targets]
     raise ModelFileError(f"the PEFT adapter {path!r} targets {want} but model.lora.targets="
                          f"{list(cfg.lora_targets)}: set model.lora.targets={want}")
-
-
-def _tree(path: str, cfg: ModelConfig, leaves: dict, place) -> dict:
-  """The nested adapter tree of ``leaves`` ({param path: [.., in, r] / [.., r, out] array}),
-  checked against the adapters ``cfg`` attaches to its base and cast to their dtype."""
-  want = dict(hf._flat_paths(lora.adapter_shapes(cfg, transformer.param_shapes(cfg.base))))
-  missing = [p for p in want if p not in leaves]
-  if missing:
-    names = [n for n, _ in peft_names_of(cfg, missing[0])]
-    raise ModelFileError(f"the PEFT adapter {path!r} lacks {len(missing)} of the factors "
-                         f"model.lora.targets={list(cfg.lora_targets)} attach to this model, "
-                         f"e.g. {names[0]!r}")
-  dtype = np.dtype(jnp.dtype(cfg.param_dtype))
-  tree: dict = {}
-  for leaf in want:
-    hf._set(tree, leaf, place(leaf, leaves[leaf].astype(dtype)))
-  return tree

@@ -24,7 +24,7 @@ from rljax.envs.failures import FailureReport
 from rljax.errors import ModelFileError, RljaxError, StartupError
 from rljax.models import ModelConfig, lora, transformer
 from rljax.models.config import compute_dtype, run_settings
-from rljax.models.peft import load_peft_adapter
+from rljax.models.peft import check_peft_adapter, load_peft_adapter
 from rljax.models.source import (POLICY_SOURCES, ModelSource, check_same_tokenizer, parse_source,
                                  run_config)
 from rljax.parallel import distributed, mesh as mesh_lib, rules
@@ -464,7 +464,8 @@ def check_reward_fn(config) -> None:
 
 
 def _check_model_files(config, algo: Algorithm, tokenizer) -> None:
-  """The policy's Hugging Face directory and the transforms' frozen models, from their headers:
+  """The policy's Hugging Face directory, its PEFT adapter (``model.lora.init_from``) and the
+  transforms' frozen models, from their headers:
   a missing or empty directory, an unsupported architecture, a truncated file or a wrong shape is
   found here, before the run dir is claimed, not after minutes of loading."""
   source = model_source(config)  # an unknown model.source
@@ -475,6 +476,12 @@ def _check_model_files(config, algo: Algorithm, tokenizer) -> None:
       raise StartupError(f"model.source={source.text!r} is this run's own train.run_dir: start "
                          "from another run's checkpoint (a run resumes its own by itself)")
     check_run_source(config, source)
+  init_from = config.model.lora.init_from if config.model.lora.rank else None
+  if init_from:  # the adapter against the base's architecture, from its header
+    try:
+      check_peft_adapter(init_from, resolve_model_config(config, tokenizer))
+    except ModelFileError as e:
+      raise type(e)(f"model.lora.init_from: {e}") from None
   for t in algo.transforms:
     if t.check_aux is not None:
       for key, value, path in t.check_aux(config):
