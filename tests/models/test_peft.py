@@ -162,6 +162,9 @@ def _bad_adapter(case, src, dst, hf_dirs):
     return _variant(src, dst, options[case])
   if case == "lm_head":
     return _variant(src, dst, tensors=_lm_head_factors)
+  if case == "missing_factor":
+    return _variant(src, dst, tensors=lambda t: {k: v for k, v in t.items()
+                                                 if ".1.mlp.down_proj.lora_B" not in k})
   if case == "fused_experts":  # what peft writes for a transformers-5 Qwen3-MoE
     return _variant(src, dst, {"target_parameters": ["down_proj", "gate_up_proj"],
                                "rank_pattern": {r".*\.gate_up_proj": 2 * RANK}})
@@ -173,28 +176,34 @@ def _lm_head_factors(t):
                     "base_model.model.lm_head.lora_B.weight": np.zeros((97, RANK), np.float32)})
 
 
-@pytest.mark.parametrize("case, expected", [
-    ("not_peft", "is not a PEFT adapter directory (no adapter_config.json)"),
-    ("no_weights", "is not a PEFT adapter directory: no adapter_model.safetensors"),
-    ("ia3", "holds a 'IA3' PEFT adapter; rljax reads LoRA adapters"),
-    ("rslora", "sets use_rslora=true (rank-stabilised scaling alpha/sqrt(r)), which rljax LoRA "
-               "does not implement"),
-    ("dora", "sets use_dora=true (DoRA's magnitude vectors)"),
-    ("pissa", 'sets init_lora_weights="pissa" (an init that rewrites the base weights)'),
-    ("lm_head", "adapts 'lm_head'"),
-    ("fused_experts", 'sets target_parameters=["down_proj", "gate_up_proj"] (LoRA on fused expert '
-                      "parameters, rank 2r on gate_up_proj)"),
-    ("other_base", "tensor 'base_model.model.model.layers.0.self_attn.k_proj.lora_B.weight' has "
-                   "shape (32, 4), this model expects (64, 4): an adapter of another base model"),
-    ("rank", "has rank r=4 but model.lora.rank=8: set model.lora.rank=4"),
-    ("alpha", "has lora_alpha=8 but model.lora.alpha=16: set model.lora.alpha=8"),
-    ("targets", "targets ['q_proj', 'k_proj', 'v_proj', 'o_proj', 'gate_proj', 'up_proj', "
-                "'down_proj'] but model.lora.targets=['q_proj', 'v_proj']: set "
-                "model.lora.targets=['q_proj', 'k_proj', 'v_proj', 'o_proj', 'gate_proj', "
-                "'up_proj', 'down_proj']"),
-])
-def test_bad_adapters_are_refused_in_one_line(case, expected, qwen3, peft_written, hf_dirs,
-                                              tmp_path):
+# case -> what the one line says
+REFUSALS = {
+    "not_peft": "is not a PEFT adapter directory (no adapter_config.json)",
+    "no_weights": "is not a PEFT adapter directory: no adapter_model.safetensors",
+    "ia3": "holds a 'IA3' PEFT adapter; rljax reads LoRA adapters",
+    "rslora": "sets use_rslora=true (rank-stabilised scaling alpha/sqrt(r)), which rljax LoRA "
+              "does not implement",
+    "dora": "sets use_dora=true (DoRA's magnitude vectors)",
+    "pissa": 'sets init_lora_weights="pissa" (an init that rewrites the base weights)',
+    "lm_head": "adapts 'lm_head'",
+    "missing_factor": "lacks 1 of the factors model.lora.targets=['q_proj', 'k_proj', 'v_proj', "
+                      "'o_proj', 'gate_proj', 'up_proj', 'down_proj'] attach to this model, e.g. "
+                      "'base_model.model.model.layers.1.mlp.down_proj.lora_B.weight'",
+    "fused_experts": 'sets target_parameters=["down_proj", "gate_up_proj"] (LoRA on fused expert '
+                     "parameters, rank 2r on gate_up_proj)",
+    "other_base": "tensor 'base_model.model.model.layers.0.self_attn.k_proj.lora_B.weight' has "
+                  "shape (32, 4), this model expects (64, 4): an adapter of another base model",
+    "rank": "has rank r=4 but model.lora.rank=8: set model.lora.rank=4",
+    "alpha": "has lora_alpha=8 but model.lora.alpha=16: set model.lora.alpha=8",
+    "targets": "targets ['q_proj', 'k_proj', 'v_proj', 'o_proj', 'gate_proj', 'up_proj', "
+               "'down_proj'] but model.lora.targets=['q_proj', 'v_proj']: set "
+               "model.lora.targets=['q_proj', 'k_proj', 'v_proj', 'o_proj', 'gate_proj', "
+               "'up_proj', 'down_proj']",
+}
+
+
+@pytest.mark.parametrize("case", REFUSALS)
+def test_bad_adapters_are_refused_in_one_line(case, qwen3, peft_written, hf_dirs, tmp_path):
   _, cfg, _ = qwen3
   src, _ = peft_written
   path = _bad_adapter(case, src, str(tmp_path / "adapter"), hf_dirs)
@@ -207,4 +216,4 @@ def test_bad_adapters_are_refused_in_one_line(case, expected, qwen3, peft_writte
     rpeft.load_peft_adapter(path, cfg)
   message = str(info.value)
   assert "\n" not in message
-  assert expected in message, message
+  assert REFUSALS[case] in message, message
