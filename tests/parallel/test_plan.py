@@ -233,3 +233,35 @@ def test_sampler_on_its_own_devices_plans_both_meshes():
     colocated.rollout.max_staleness = 1
   p = plan_lib.plan(colocated)  # two copies of the sharded weights beside the state
   assert p["resident"] == base["resident"] + 2 * base["bytes"]["params"]
+
+
+def test_lora_7b_on_one_h100_against_a_hand_count():
+  """experiments/plans/qwen7b_lora_1xh100.py: adapters of rank r on the 7 projections of the 28
+  layers hold r * (A's inputs + B's outputs) = r * 90112 per layer in float32, AdamW's mu and nu
+  as much again each, gradients two copies (16 micro-batches); the base is bfloat16 (2 bytes a
+  parameter) with no reference copy; the rollout holds the 28 layers' merged kernels in bfloat16.
+  It fits one 80 GB H100 with adapters and does not as a full fine-tune."""
+  config = load("qwen7b_lora_1xh100")
+  d, q, kv, f, layers = 3584, 3584, 512, 18944, 28
+  per_layer = (d + q) + 2 * (d + kv) + (q + d) + 2 * (d + f) + (f + d)
+  assert per_layer == 90112
+  for rank in (64,):
+    with config.unlocked():
+      config.model.lora.rank = rank
+    p = plan_lib.plan(config)
+    adapters = 4 * rank * per_layer * layers
+    by = p["bytes"]
+    assert p["model"]["adapter_params"] == rank * per_layer * layers
+    assert by["adapters"] == adapters
+    assert by["params"] == 2 * QWEN7B + adapters
+    assert close(by["opt_state"], 2 * adapters, rel=1e-6)  # + the scalar counts
+    assert by["gradients"] == 2 * adapters and by["reference"] == 0
+    kernels = layers * (d * q + 2 * d * kv + q * d + 3 * d * f)
+    assert by["merged_weights"] == 2 * kernels
+    assert p["fits"], plan_lib.format_plan(p)
+  with config.unlocked():
+    config.model.lora.rank = 0
+    config.model.lora.base_dtype = "param"
+  full = plan_lib.plan(config)
+  assert full["bytes"]["reference"] == full["bytes"]["params"] == 4 * QWEN7B
+  assert full["bytes"]["merged_weights"] == 0 and not full["fits"]

@@ -15,16 +15,18 @@ TRAIN_MESHES = [(8, 1, 1), (1, 8, 1), (2, 2, 2), (1, 2, 4)]
 SAMPLE_MESHES = [(2, 2, 2), (1, 2, 4)]
 SCAN_MESH = (2, 2, 2)  # model.scan_layers=True on the mesh against the unrolled 1-device step
 MB_MESH = (2, 2, 2)  # two minibatches of 4 rows: the batch axes (data x fsdp) split each 4 ways
+LORA_MESH = (1, 2, 4)  # rank-4 adapters: A split like its kernel's input (fsdp), B its output
 
 
 @pytest.fixture(scope="module")
 def results():
   args = [",".join(map(str, m)) for m in TRAIN_MESHES]
   args += ["s" + ",".join(map(str, m)) for m in SAMPLE_MESHES]
-  args += ["scan" + ",".join(map(str, SCAN_MESH)), "mb" + ",".join(map(str, MB_MESH))]
+  args += ["scan" + ",".join(map(str, SCAN_MESH)), "mb" + ",".join(map(str, MB_MESH)),
+           "lora" + ",".join(map(str, LORA_MESH))]
   out = run_script("train_step_mesh.py", *args, num_devices=8, timeout=900)
   rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-  assert len(rows) == len(TRAIN_MESHES) + len(SAMPLE_MESHES) + 2, out
+  assert len(rows) == len(TRAIN_MESHES) + len(SAMPLE_MESHES) + 3, out
   return {(r["kind"], tuple(r["mesh"])): r for r in rows}
 
 
@@ -101,3 +103,20 @@ def test_greedy_sampling_matches_one_device(results, mesh):
   r = results[("sample", mesh)]
   assert r["tokens_equal"] and r["mask_equal"], r
   assert r["logp_max_diff"] < 1e-5, r
+
+
+@pytest.mark.slow
+def test_lora_step_matches_one_device_and_shards_adapters_like_their_kernel(results):
+  """The adapters' step on (data 1, fsdp 2, tensor 4) is the 1-device step; A [D, r] is split
+  over fsdp like q_proj's input axis, B [r, H*Dh] over tensor like its output axis, the rank
+  replicated; the optimizer state is the adapters' only: mu and nu of the 14 factors of the one
+  layer's 7 projections, and the two step counts (the full step's: of its 11 weights)."""
+  r = results[("train_lora", LORA_MESH)]
+  assert r["loss_abs_diff"] <= 1e-6 + 1e-5 * abs(r["loss_ref"]), r
+  assert r["param_max_abs_diff"] < 1e-5 and r["moved"] > 1e-4, r
+  assert r["param_bad"] == [] and r["opt_bad"] == [], r
+  specs = r["q_specs"]
+  assert specs["kernel"] == ["fsdp", "tensor"], specs
+  assert specs["lora_a"] == ["fsdp", None] and specs["lora_b"] == [None, "tensor"], specs
+  assert r["n_opt_leaves"] == r["n_opt_leaves_ref"] == 2 * 14 + 2
+  assert results[("train", LORA_MESH)]["n_opt_leaves"] == 2 * 11 + 2

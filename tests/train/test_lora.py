@@ -9,6 +9,7 @@
 - after training the adapted forward equals the rank-0 forward on ``merge_adapters``' weights;
 - checkpoints hold the adapters only, and a killed run resumes to the uninterrupted run's numbers.
 """
+import json
 import os
 
 import jax
@@ -20,6 +21,7 @@ from rljax.train import checkpoint as checkpoint_lib
 from rljax.train import loop
 from rljax.train import metrics as metrics_lib
 from rljax.train.checkpoint import Checkpointer
+from tests.parallel.conftest import run_script
 from tests.train import lora_checks
 
 TIMING = ("sec_rollout", "sec_update", "sec_step", "tokens_per_sec", "weights/merge_sec",
@@ -112,3 +114,13 @@ def test_asynchronous_sampler_samples_the_published_adapters(tmp_path):
   _, records, _ = lora_checks.run(cfg)
   _check_sampler(records, staleness=1)
 
+
+
+@pytest.mark.slow  # a 2-device subprocess
+def test_sampler_on_its_own_device_samples_the_published_adapters(tmp_path):
+  out = run_script("lora_placement.py", str(tmp_path), num_devices=2, timeout=600)
+  result = json.loads(out.strip().splitlines()[-1])
+  assert result["num_devices"] == 2
+  for name, staleness in (("sync", 0), ("async", 1)):
+    assert result[name]["sampler_devices"] == [1]  # the merged weights moved to its device
+    _check_sampler(result[name]["records"], staleness)

@@ -32,9 +32,10 @@ TOK = load_tokenizer("char")
 VOCAB = TOK.vocab_size
 
 
-def config_for(mesh, scan_layers=False, layers=1, minibatches=1):
+def config_for(mesh, scan_layers=False, layers=1, minibatches=1, lora_rank=0):
   d, f, t = mesh
   overrides = {
+      "model.lora.rank": str(lora_rank),
       "model.scan_layers": str(scan_layers), "model.num_layers": str(layers),
       # 4 query and 4 kv heads: both divide tensor=4, so (1, 2, 4) really splits the heads.
       "model.hidden_size": "32", "model.intermediate_size": "64",
@@ -67,8 +68,8 @@ def spec(sh):
   return str(sh.spec)
 
 
-def train_once(mesh_shape, scan_layers=False, layers=1, minibatches=1):
-  config = config_for(mesh_shape, scan_layers, layers, minibatches)
+def train_once(mesh_shape, scan_layers=False, layers=1, minibatches=1, lora_rank=0):
+  config = config_for(mesh_shape, scan_layers, layers, minibatches, lora_rank)
   mesh = mesh_lib.make_mesh(config.mesh, devices_for(mesh_shape))
   model_cfg = model_config(config)
   params = llama.init_params(model_cfg, seed=0)
@@ -119,16 +120,19 @@ def train_once(mesh_shape, scan_layers=False, layers=1, minibatches=1):
       mu_q_spec = spec(x.sharding)
       break
   q_spec = None
+  q_specs = {}  # q_proj's kernel and adapters (A shares the kernel's input axis, B its output)
   for path, x in jax.tree_util.tree_leaves_with_path(new_state.params):
     k = jax.tree_util.keystr(path)
-    if "q_proj" in k and "kernel" in k:
+    if "layers_0" in k and "q_proj" in k:
+      q_specs[k.rsplit("'", 2)[-2]] = list(x.sharding.spec) + [None] * (x.ndim - len(
+          x.sharding.spec))
+    if "q_proj" in k and "kernel" in k and q_spec is None:
       q_spec = spec(x.sharding)
-      break
   host_params = jax.tree.map(np.asarray, new_state.params)
   moved = max(float(np.abs(a - np.asarray(b)).max())
               for a, b in zip(jax.tree.leaves(host_params), jax.tree.leaves(params)))
   return dict(loss_sum=loss_sum, loss_count=loss_count, params=host_params, param_bad=param_bad,
-              opt_bad=opt_bad, q_spec=q_spec, mu_q_spec=mu_q_spec, moved=moved,
+              opt_bad=opt_bad, q_spec=q_spec, mu_q_spec=mu_q_spec, moved=moved, q_specs=q_specs,
               n_opt_leaves=len(opt_leaves), prepare_bad=prepare_bad, direct_error=direct_error,
               flops=flops)
 
@@ -153,17 +157,21 @@ def main(args):
   scan_meshes = [mesh_of(a[len("scan"):]) for a in args if a.startswith("scan")]
   # "mbM": two minibatches (the rows shuffled per epoch, then split) on mesh M.
   mb_meshes = [mesh_of(a[len("mb"):]) for a in args if a.startswith("mb")]
-  args = [a for a in args if not a.startswith(("scan", "mb"))]
+  # "loraM": the policy with rank-4 adapters on every projection (the base frozen) on mesh M.
+  lora_meshes = [mesh_of(a[len("lora"):]) for a in args if a.startswith("lora")]
+  args = [a for a in args if not a.startswith(("scan", "mb", "lora"))]
   train_meshes = [mesh_of(a) for a in args if not a.startswith("s")]
   sample_meshes = [mesh_of(a[1:]) for a in args if a.startswith("s")]
-  if train_meshes or scan_meshes or mb_meshes:
-    runs = ([("train", m, False, 1, 1) for m in train_meshes]
-            + [("train_scan", m, True, 2, 1) for m in scan_meshes]
-            + [("train_mb2", m, False, 1, 2) for m in mb_meshes])
-    refs = {(layers, mb): train_once((1, 1, 1), layers=layers, minibatches=mb)
-            for _, _, _, layers, mb in runs}
-    for kind, m, scan, layers, mb in runs:
-      r, ref = train_once(m, scan, layers, mb), refs[(layers, mb)]
+  if train_meshes or scan_meshes or mb_meshes or lora_meshes:
+    runs = ([("train", m, False, 1, 1, 0) for m in train_meshes]
+            + [("train_scan", m, True, 2, 1, 0) for m in scan_meshes]
+            + [("train_mb2", m, False, 1, 2, 0) for m in mb_meshes]
+            + [("train_lora", m, False, 1, 1, 4) for m in lora_meshes])
+    refs = {(layers, mb, rank): train_once((1, 1, 1), layers=layers, minibatches=mb,
+                                           lora_rank=rank)
+            for _, _, _, layers, mb, rank in runs}
+    for kind, m, scan, layers, mb, rank in runs:
+      r, ref = train_once(m, scan, layers, mb, rank), refs[(layers, mb, rank)]
       loss_ref = ref["loss_sum"] / ref["loss_count"]
       loss = r["loss_sum"] / r["loss_count"]
       pdiff, prel = 0.0, 0.0
@@ -177,7 +185,8 @@ def main(args):
           count=r["loss_count"], count_ref=ref["loss_count"], param_max_abs_diff=pdiff,
           param_max_rel_diff=prel, moved=ref["moved"], param_bad=r["param_bad"],
           opt_bad=r["opt_bad"], q_spec=r["q_spec"], mu_q_spec=r["mu_q_spec"],
-          n_opt_leaves=r["n_opt_leaves"], prepare_bad=r["prepare_bad"],
+          n_opt_leaves=r["n_opt_leaves"], prepare_bad=r["prepare_bad"], q_specs=r["q_specs"],
+          n_opt_leaves_ref=ref["n_opt_leaves"],
           direct_error=r["direct_error"], flops_ratio=r["flops"] / ref["flops"])), flush=True)
   if sample_meshes:
     ref = sample_once((1, 1, 1))
