@@ -40,6 +40,9 @@ setup(
         "verifiers": ["verifiers>=0.3.1,<0.4", "datasets>=3.0"],
         # benchmarks/train_step.py's second peer: TRL's GRPOTrainer (CPU).
         "bench": ["torch==2.13.0", "trl==1.16.0", "datasets>=3.0"],
+        # LoRA adapters in PEFT's format: rljax writes and reads them without peft; the tests
+        # check them against peft + transformers (torch).
+        "peft": ["peft==0.21.2", "torch==2.13.0"],
     },
     entry_points={"console_scripts": ["rljax=rljax.cli:entry"]},
 )

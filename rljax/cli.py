@@ -5,7 +5,8 @@
   rm                --config configs/rm.py --config.rm.train_file=PAIRS.jsonl   reward model
   eval              --config X [--samples K] [--checkpoint RUN_DIR | --config.model.source=hf:P]
   check-conversion  PATH                   rljax vs transformers logits on a HF directory
-  convert           RUN_DIR OUT [--force]  latest checkpoint of a run -> Hugging Face directory
+  convert           RUN_DIR OUT [--format peft|merged] [--force]   latest checkpoint of a run ->
+                    a PEFT adapter (a LoRA run's default) or full Hugging Face weights (merged)
   plan              --config X [--device v5p-64|8xh100-80g|8x80GB]   memory plan on the mesh
   components [--markdown]                  the registered components, environments and tools;
                                            --markdown: the algorithm reference (docs/algorithms.md)
@@ -21,6 +22,8 @@ import sys
 
 from rljax import config_loader, lifetime
 from rljax.errors import USER_ERROR, ArgumentParser, UsageError
+
+CONVERT_FORMATS = ("peft", "merged")  # rljax convert --format
 
 
 def _config(argv, *, required=True):
@@ -116,21 +119,39 @@ def cmd_check_conversion(argv):
 
 
 def cmd_convert(argv):
+  usage = "usage: rljax convert RUN_DIR OUT [--format peft|merged] [--force]"
   if any(arg.startswith("--config") for arg in argv):
     # Nothing a config sets changes the export: the weights and their architecture are the run's.
     raise UsageError("rljax convert takes no --config or --config.KEY overrides: the model is the "
-                     "run's (its config.json); usage: rljax convert RUN_DIR OUT [--force]")
+                     f"run's (its config.json); {usage}")
   parser = ArgumentParser(prog="rljax convert")
   parser.add_argument("run_dir")
   parser.add_argument("out")
+  parser.add_argument("--format", choices=CONVERT_FORMATS, default=None,
+                      help="peft: the adapters of a LoRA run as a PEFT adapter (its default); "
+                           "merged: full Hugging Face weights, adapters merged (any run's default)")
   parser.add_argument("--force", action="store_true",
                       help="write into OUT even if it holds files (they may be overwritten)")
   args = parser.parse_args(argv)
   from rljax.train import evaluation, run_dir
   from rljax import models
+  from rljax.models import peft, source
   run_dir.check_convert_target(args.run_dir, args.out, force=args.force)
-  model_cfg, params = evaluation.load_run_params(args.run_dir)
-  _export_atomically(args.out, lambda path: models.save_hf(path, model_cfg, params))
+  config = source.run_config(args.run_dir)
+  rank = config.model.get("lora", {}).get("rank", 0)
+  form = args.format or ("peft" if rank else "merged")
+  if form == "peft":
+    if not rank:
+      raise UsageError(f"convert --format peft: {args.run_dir!r} trained no adapters "
+                       "(model.lora.rank=0); export its weights with --format merged")
+    model_cfg, adapters = evaluation.load_run_params(args.run_dir, config, merged=False)
+    base = source.parse_source(config.model.source).hf_dir(config.sft.out_dir)
+    base = base and os.path.abspath(base)
+    _export_atomically(args.out, lambda path: peft.save_peft_adapter(path, model_cfg, adapters,
+                                                                     base_model=base))
+  else:
+    model_cfg, params = evaluation.load_run_params(args.run_dir, config)
+    _export_atomically(args.out, lambda path: models.save_hf(path, model_cfg, params))
   print(args.out)
   return args.out
 

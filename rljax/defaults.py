@@ -319,6 +319,11 @@ KEYS = declare((
         "the frozen base's dtype: param (model.param_dtype) | compute (model.dtype: bfloat16 on "
         "accelerators halves the base's memory; adapters and their optimizer state stay in "
         "model.param_dtype)", read_if=LORA),
+    Key("model.lora.init_from", None, optional(NONEMPTY),
+        "a PEFT LoRA adapter directory (adapter_config.json + adapter_model.safetensors) the "
+        "adapters start from instead of PEFT's init (B = 0); its rank, alpha and target modules "
+        "must be model.lora.rank, alpha and targets, its shapes the base's (docs/integrations.md)",
+        read_if=LORA),
     # --- data ----------------------------------------------------------------------------------
     Key("data.source", "embedded:arithmetic", NONEMPTY,
         "'embedded:arithmetic' | 'embedded:countdown' | 'reasoning_gym:NAME[,NAME...]' "

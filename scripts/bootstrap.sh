@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Creates .venv on first use and installs rljax with its test extras, the experiment trackers and
-# the task/environment libraries (their tests run too), pinned by constraints.txt.
+# the task/environment libraries, peft (their tests run too), pinned by constraints.txt.
 # Re-running is cheap: the install is skipped while setup.py and constraints.txt are unchanged.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,6 +11,6 @@ if [ ! -x .venv/bin/python ]; then
 fi
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   .venv/bin/python -m pip install -q --upgrade pip
-  .venv/bin/python -m pip install -q -c constraints.txt -e ".[test,wandb,mlflow,reasoning_gym,verifiers]"
+  .venv/bin/python -m pip install -q -c constraints.txt -e ".[test,wandb,mlflow,reasoning_gym,verifiers,peft]"
   echo "$want" > "$stamp"
 fi

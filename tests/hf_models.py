@@ -43,12 +43,16 @@ def hf_config(name: str):
   raise KeyError(name)
 
 
-def build(name: str, path: str, seed: int = 0) -> str:
-  """Random weights (biases made non-zero so they are tested), saved as safetensors."""
+def build(name: str, path: str, seed: int = 0, **overrides) -> str:
+  """Random weights (biases made non-zero so they are tested), saved as safetensors;
+  ``overrides``: config fields that differ from ``hf_config(name)``'s."""
   import torch
   import transformers
   torch.manual_seed(seed)
-  model = transformers.AutoModelForCausalLM.from_config(hf_config(name), dtype=torch.float32)
+  config = hf_config(name)
+  for key, value in overrides.items():
+    setattr(config, key, value)
+  model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
   with torch.no_grad():
     for pname, p in model.named_parameters():
       if pname.endswith("bias") or "norm" in pname:

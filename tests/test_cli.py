@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from rljax import cli, config_loader
+from rljax.errors import UsageError
 from rljax.models import llama
 from tests import hf_models, xla_cache
 from tests.train import tiny
@@ -64,6 +65,62 @@ def test_eval_and_convert_a_run(tmp_path):
   ours = np.asarray(llama.logits(model_cfg, params, tokens, mask))
   theirs = hf_models.hf_logits(out, tokens, mask)
   assert np.abs(ours - theirs)[mask.astype(bool)].max() <= 1e-4
+  with pytest.raises(UsageError, match=r"^convert --format peft: .* trained no adapters "
+                                       r"\(model.lora.rank=0\); export its weights with "
+                                       r"--format merged$"):
+    cli.main(["convert", run_dir, str(tmp_path / "adapter"), "--format", "peft"])
+  assert not os.path.exists(tmp_path / "adapter")
+
+
+LORA = {"model.lora.rank": "4", "model.lora.alpha": "8.0", "model.lora.targets": "('all',)"}
+
+
+def test_convert_a_lora_run_to_peft_and_merged(tmp_path):
+  """A LoRA run started from a PEFT adapter (model.lora.init_from, non-zero B) exports a PEFT
+  adapter that peft + transformers load onto the base and merged weights that transformers
+  loads, both with the logits of rljax's adapted forward."""
+  import peft  # installed by the test bootstrap (rljax[peft])
+  import torch
+  import transformers
+  from rljax.data import tokenizer as tokenizer_lib
+  from rljax.models import hf, lora, peft as rpeft, transformer
+  from rljax.train import build, evaluation
+  run_dir = str(tmp_path / "run")
+  train_args = tiny.args("grpo", run_dir, dict(LORA, **{"train.steps": "1"}))
+  config = config_loader.load_config(train_args[2], [
+      tuple(a[len("--config."):].split("=", 1)) for a in train_args[3:]])
+  tokenizer = tokenizer_lib.load_tokenizer(config.data.tokenizer, config.data.chat_template)
+  model_cfg, params = build.load_policy(config, tokenizer)
+  base, fresh = lora.split_adapters(params)
+  rng = np.random.default_rng(0)
+  start = jax.tree.map(lambda x: (0.1 * rng.standard_normal(x.shape)).astype(np.float32), fresh)
+  rpeft.save_peft_adapter(str(tmp_path / "start"), model_cfg, start, base_model=None)
+  base_dir = str(tmp_path / "base")
+  hf.save_hf(base_dir, model_cfg.base, base)
+
+  cli.main(train_args + [f"--config.model.lora.init_from={tmp_path / 'start'}"])
+  _, trained = evaluation.load_run_params(run_dir, merged=False)
+  for (path, a), (_, b) in zip(hf._flat_paths(start), hf._flat_paths(trained)):
+    # the run started from the adapter (a fresh start has B = 0) and took one small step
+    np.testing.assert_allclose(np.asarray(b), a, atol=0.02, err_msg="/".join(path))
+  cli.main(["convert", run_dir, str(tmp_path / "adapter")])  # a LoRA run's default: peft
+  cli.main(["convert", run_dir, str(tmp_path / "merged"), "--format", "merged"])
+
+  tokens, mask = hf_models.left_padded([5, 3], width=5, vocab=model_cfg.vocab_size, seed=1)
+  valid = mask.astype(bool)
+  ours = np.asarray(transformer.logits(model_cfg, lora.join_adapters(base, trained), tokens,
+                                       mask), np.float64)
+  merged = hf_models.hf_logits(str(tmp_path / "merged"), tokens, mask)
+  assert np.abs(ours - merged)[valid].max() <= 1e-4
+  model = peft.PeftModel.from_pretrained(
+      transformers.AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32),
+      str(tmp_path / "adapter"))
+  pos = np.maximum(np.cumsum(mask, -1) - 1, 0)
+  with torch.no_grad():
+    adapted = model.eval()(input_ids=torch.tensor(tokens, dtype=torch.long),
+                           attention_mask=torch.tensor(mask, dtype=torch.long),
+                           position_ids=torch.tensor(pos, dtype=torch.long)).logits.double()
+  assert np.abs(ours - adapted.numpy())[valid].max() <= 1e-4
 
 
 def test_training_on_a_jsonl_file_with_math_verify(tmp_path):

@@ -25,6 +25,7 @@ from rljax.envs.failures import FailureReport
 from rljax.errors import ModelFileError, RljaxError, StartupError
 from rljax.models import ModelConfig, lora, transformer
 from rljax.models.config import compute_dtype, run_settings
+from rljax.models.peft import check_peft_adapter, load_peft_adapter
 from rljax.models.source import (POLICY_SOURCES, ModelSource, check_same_tokenizer, parse_source,
                                  run_config)
 from rljax.parallel import distributed, mesh as mesh_lib, rules
@@ -168,11 +169,14 @@ def resolve_model_config(config, tokenizer) -> ModelConfig:
                                  **run_settings(m))
 
 
-def load_run_params(run_dir: str, config=None, step: int | None = None):
+def load_run_params(run_dir: str, config=None, step: int | None = None, *,
+                    merged: bool = True):
   """(ModelConfig, policy params) of checkpoint ``step`` in ``run_dir`` (None: the latest one
   that restores), the architecture and the state's layout from the run's config.json. A policy
   trained with low-rank adapters comes back merged, in its base architecture (its checkpoint
-  holds the adapters; the base is read again from the run's ``model.source``)."""
+  holds the adapters; the base is read again from the run's ``model.source``); with
+  ``merged=False`` as (its ModelConfig with the adapters, the adapter tree alone), the base not
+  read."""
   config = config or run_config(run_dir)
   tokenizer = tokenizer_lib.load_tokenizer(config.data.tokenizer, config.data.chat_template)
   model_cfg = resolve_model_config(config, tokenizer)
@@ -189,7 +193,9 @@ def load_run_params(run_dir: str, config=None, step: int | None = None):
   if not model_cfg.lora_rank:
     return model_cfg, state.params
   check_base_source(config, extra, f"run {run_dir!r}")
-  _, base = load_policy(config, tokenizer)
+  if not merged:
+    return model_cfg, lora.split_adapters(state.params)[1]
+  _, base = load_policy(config, tokenizer, init_from=False)
   params = state_lib.with_base(state, base).params
   return model_cfg.base, lora.merge_adapters(params, model_cfg)
 
@@ -214,11 +220,22 @@ def check_base_source(config, extra: dict, what: str) -> None:
         f"model.source={config.model.source!r}; adapters of another base do not apply")
 
 
-def load_policy(config, tokenizer) -> tuple[ModelConfig, dict]:
+def load_policy(config, tokenizer, *, init_from: bool = True) -> tuple[ModelConfig, dict]:
   """``model.source``: 'tiny' (fresh random), 'hf:PATH', 'sft' (the cold-start checkpoint,
   trained first when ``sft.out_dir`` does not hold one yet) or 'run:DIR[@STEP]' (the policy of
   another run's latest checkpoint, or of its step ``STEP``). With ``model.lora.rank`` > 0 the
-  source is the frozen base and fresh adapters join it (``lora.with_adapters``: B = 0)."""
+  source is the frozen base and fresh adapters join it (``lora.with_adapters``: B = 0), or the
+  PEFT adapter ``model.lora.init_from`` (unless ``init_from=False``: a base whose adapters come
+  from a checkpoint)."""
+  cfg, params = _policy_from_source(config, tokenizer)
+  path = config.model.lora.init_from if config.model.lora.rank else None
+  if path and init_from:
+    base, _ = lora.split_adapters(params)
+    params = lora.join_adapters(base, load_peft_adapter(path, cfg))
+  return cfg, params
+
+
+def _policy_from_source(config, tokenizer) -> tuple[ModelConfig, dict]:
   m = config.model
   source = model_source(config)
   if source.kind == "run":
@@ -452,9 +469,10 @@ def check_reward_fn(config) -> None:
 
 
 def _check_model_files(config, algo: Algorithm, tokenizer) -> None:
-  """The policy's Hugging Face directory, the transforms' frozen models and the reward model,
-  from their headers: a missing or empty directory, an unsupported architecture, a truncated file
-  or a wrong shape is found here, before the run dir is claimed, not after minutes of loading."""
+  """The policy's Hugging Face directory, its PEFT adapter (``model.lora.init_from``), the
+  transforms' frozen models and the reward model, from their headers: a missing or empty
+  directory, an unsupported architecture, a truncated file or a wrong shape is found here, before
+  the run dir is claimed, not after minutes of loading."""
   source = model_source(config)  # an unknown model.source
   if source.kind == "hf":
     check_vocab(config, _named("model.source", source.text, source.path), tokenizer)
@@ -463,6 +481,12 @@ def _check_model_files(config, algo: Algorithm, tokenizer) -> None:
       raise StartupError(f"model.source={source.text!r} is this run's own train.run_dir: start "
                          "from another run's checkpoint (a run resumes its own by itself)")
     check_run_source(config, source)
+  init_from = config.model.lora.init_from if config.model.lora.rank else None
+  if init_from:  # the adapter against the base's architecture, from its header
+    try:
+      check_peft_adapter(init_from, resolve_model_config(config, tokenizer))
+    except ModelFileError as e:
+      raise type(e)(f"model.lora.init_from: {e}") from None
   for t in algo.transforms:
     if t.check_aux is not None:
       for key, value, path in t.check_aux(config):
@@ -558,7 +582,8 @@ def build_run(config, prepared: Prepared | None = None) -> Run:
   prepared = prepared or prepare(config)
   algo, tokenizer, source, mesh = (prepared.algo, prepared.tokenizer, prepared.source,
                                    prepared.mesh)
-  model_cfg, params = load_policy(config, tokenizer)
+  resuming = config.train.resume and bool(run_dir_lib.committed_steps(config.train.run_dir))
+  model_cfg, params = load_policy(config, tokenizer, init_from=not resuming)
   aux_cfgs, aux = load_aux_models(config, algo, tokenizer, model_cfg, mesh)
   state, compiled, sharding = sharded_state_and_fns(config, model_cfg, params, mesh, algo,
                                                     aux_cfgs)

@@ -53,6 +53,16 @@ def _uppercase_prompt(tmp):
   return str(tmp / "d.jsonl")
 
 
+def _adapter_of_rank(tmp, rank):
+  """A PEFT LoRA directory whose adapter_config.json says ``rank`` (the ranks differ before any
+  tensor is looked at)."""
+  os.makedirs(tmp / "adapter")
+  (tmp / "adapter" / "adapter_config.json").write_text(json.dumps(
+      {"peft_type": "LORA", "r": rank, "lora_alpha": 32, "target_modules": ["q_proj"]}))
+  (tmp / "adapter" / "adapter_model.safetensors").write_bytes(b"")
+  return str(tmp / "adapter")
+
+
 def _symlink_loop(tmp):
   os.symlink(tmp / "b", tmp / "a")
   os.symlink(tmp / "a", tmp / "b")
@@ -126,6 +136,15 @@ PROBES = {
         _train({"data.source": lambda tmp: "jsonl:" + _uppercase_prompt(tmp)}),
         "{tmp}/d.jsonl:1: character 'W' in 'What is 2+2?' is not in the char tokenizer's "
         "vocabulary"),
+    "lora-init-from-missing": (
+        _train({"model.lora.rank": "4", "model.lora.init_from": "/no/such"}),
+        "model.lora.init_from: '/no/such' is not a PEFT adapter directory (no "
+        "adapter_config.json)"),
+    "lora-init-from-other-rank": (
+        _train({"model.lora.rank": "4",
+                "model.lora.init_from": lambda tmp: _adapter_of_rank(tmp, 2)}),
+        "model.lora.init_from: the PEFT adapter '{tmp}/adapter' has rank r=2 but "
+        "model.lora.rank=4: set model.lora.rank=2"),
     "gs-run-dir": (_train({"train.run_dir": "gs://bucket/run"}),
                    "train.run_dir='gs://bucket/run': run directories on object storage (gs://) "
                    "are not supported yet"),
