@@ -131,11 +131,15 @@ def _packed_forward(model_cfg: ModelConfig, params, tokens, valid, prompt_width:
                  aux=jnp.broadcast_to(moe[1], (rows,)),
                  dropped=jnp.broadcast_to(moe[2] / rows, (rows,)))
     return tokens_out(y, split.chunk), moe
-  shapes = jax.eval_shape(run, 0)
-  skip = lambda index: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
-  _, (y, moe) = jax.lax.scan(
-      lambda carry, index: (carry, jax.lax.cond(index < lay.used_chunks, run, skip, index)),
-      None, jnp.arange(c), unroll=min(split.side_by_side, c))
+  first = run(0)  # always run: a batch's tokens start in chunk 0
+  skip = lambda index: jax.tree.map(jnp.zeros_like, first)
+  if c == 1:
+    y, moe = jax.tree.map(lambda a: a[None], first)
+  else:
+    _, rest = jax.lax.scan(
+        lambda carry, index: (carry, jax.lax.cond(index < lay.used_chunks, run, skip, index)),
+        None, jnp.arange(1, c), unroll=min(split.side_by_side, c - 1))
+    y, moe = jax.tree.map(lambda a, b: jnp.concatenate([a[None], b]), first, rest)
   if moe is not None:
     chunk_of = lay.row // r
     rows_in = jnp.zeros((c,), jnp.float32).at[chunk_of].add(1.0)

@@ -149,14 +149,14 @@ def accumulate_chunks(loss_fn: Callable, params, minibatch, counts: Mapping[str,
     metrics, rows = aux(out)
     return grads, loss, metrics, rows
 
-  shapes = jax.eval_shape(compute, 0)
-  zeros = lambda *_: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+  first = compute(0)  # always run: a batch's tokens start in chunk 0
+  zeros = lambda index: jax.tree.map(jnp.zeros_like, first)
 
   def body(acc, index):
     return jax.tree.map(jnp.add, acc, jax.lax.cond(index < used, compute, zeros, index)), None
 
-  (grads, loss, metrics, rows), _ = jax.lax.scan(body, zeros(), jnp.arange(chunks),
-                                                 unroll=min(side_by_side, chunks))
+  grads, loss, metrics, rows = first if chunks == 1 else jax.lax.scan(
+      body, first, jnp.arange(1, chunks), unroll=min(side_by_side, chunks - 1))[0]
   if row_outputs:
     return loss, grads, metrics, rows
   return loss, grads, metrics
