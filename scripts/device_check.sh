@@ -11,6 +11,10 @@
 #      summed by name (benchmarks/profile_summary.py), then the sampler again with XLA's
 #      command buffers (CUDA graphs) extended to while loops, against the launches per
 #      decode step                                              (P_S, 200 s each)
+#   s. attention on packed rows (several sequences per row, segment ids) against padded rows at
+#      equal real tokens, forward + backward: cuDNN (one sequence per row: packed rows take its
+#      blockwise fallback) and blockwise, at 4k and 16k slots (benchmarks/packed_attention.py)
+#                                                               (S_S, 120 s)
 # Every step has its own timeout, logs under $OUT and the script goes on when one fails.
 #
 # The default is STEPS=e, about 8.5 minutes with the set-up: a-d ran on an H200 and e on an H100
@@ -48,6 +52,7 @@ D_S=${D_S:-120}
 E_S=${E_S:-220}
 E2_S=${E2_S:-260}
 P_S=${P_S:-200}
+S_S=${S_S:-120}
 STEPS=${STEPS:-e}
 D_EXTRA=${D_EXTRA:-}
 E_EXTRA=${E_EXTRA:-}
@@ -137,6 +142,14 @@ EOF
 CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,WHILE,CONDITIONAL" $PY benchmarks/accelerator.py \
       --models qwen2.5-0.5b --settings '' --sampler-rows 64 --no-peer --runs 2 \
       --profile "$WORK/profile_graphs" $E_EXTRA
+  fi
+
+  # s. cuDNN against its blockwise fallback on packed rows (bfloat16, as auto runs float32).
+  if [[ $STEPS == *s* ]]; then
+    step s_packed_attention "$S_S" $PY benchmarks/packed_attention.py --max_len 4096 \
+      --sequences 64 --backends cudnn,blockwise --dtype bfloat16
+    step s_packed_attention "$S_S" $PY benchmarks/packed_attention.py --max_len 16384 \
+      --sequences 32 --backends cudnn,blockwise --dtype bfloat16
   fi
 
   # d. The main job, shortened: the full SFT cold start (250 steps), 100 DAPO steps, eval only

@@ -1,35 +1,48 @@
 """Masked grouped-query attention with one meaning and several backends.
 
-``attention(q, k, v, k_valid, q_offset=..., window=..., backend=...)`` computes
+``attention(q, k, v, k_segments, q_offset=..., window=..., backend=...)`` computes
 
     out[b, s, h] = sum_k softmax_k(q[b, s, h] . k[b, k, h//R] / sqrt(Dh) | allowed) v[b, k, h//R]
-    allowed[b, s, k] = k_valid[b, k]  and  k <= q_offset + s  and  q_offset + s - k < window
+    allowed[b, s, k] = seg[b, k] > 0  and  seg[b, k] == qseg[b, s]
+                       and  k <= q_offset + s  and  q_offset + s - k < window
 
-i.e. causality *by slot* (query ``s`` sits at slot ``q_offset + s``; keys at slots ``0 .. K-1``),
-padding given by the key mask (left-padded prompts, right-padded completions: any row layout),
-and Mistral's sliding window (``transformers``' ``kv_idx > q_idx - sliding_window``) when
-``window`` is set. GQA: ``H = G * R`` query heads share ``G`` key/value heads, and no backend
-repeats K/V in memory. Queries with no allowed key (padding) get an unspecified finite output:
-callers read valid positions only, and no valid query attends to them.
+**Segments.** ``k_segments`` [B, K] int gives each key slot the sequence it belongs to: 0 is
+padding, ``1..n`` are sequences packed into the row as contiguous runs in increasing order
+(padding may sit between and after them). A query attends to the keys of its own segment only:
+``qseg[b, s]`` is the segment of the last non-padding slot at or before its slot ``q_offset + s``
+(``query_segments``: a running maximum, so a valid query's own segment). A 0/1 (or bool) mask is
+the one-segment case and means exactly what the key mask always meant, padding queries included.
+Causality is *by slot* (query ``s`` sits at slot ``q_offset + s``; keys at slots ``0 .. K-1``),
+and Mistral's sliding window (``transformers``' ``kv_idx > q_idx - sliding_window``) applies
+when ``window`` is set; both are measured within the row, which within one contiguous segment is
+the distance within its sequence, so a packed row attends exactly as its sequences would alone
+(their positions restart at 0 in each segment: ``transformer.positions_from_mask``). GQA:
+``H = G * R`` query heads share ``G`` key/value heads, and no backend repeats K/V in memory.
+Queries with no allowed key (padding) get an unspecified finite output: callers read valid
+positions only, and no valid query attends to them.
 
 Backends (``model.attention``):
 
 - ``xla``: the reference. Materialises the ``[B, H, S, K]`` float32 scores (today's formula).
 - ``blockwise``: query- and key-chunked online softmax (flash attention, Dao et al. 2022,
   "FlashAttention", Alg. 1 forward / Alg. 2 backward) in pure JAX with a custom VJP: memory
-  ``O(S + K)`` per head, forward and backward; key blocks outside the causal window are skipped.
+  ``O(S + K)`` per head, forward and backward. Key blocks that no query of a query block may
+  see are skipped: outside the causal window, or before the start of the block's first segment
+  (forward; in the backward, query blocks after the end of a key block's last segment).
   ``block`` is the largest block: ``S`` and ``K`` are split into near-equal blocks
   (``balanced_block``), so the causal skip works at short lengths too.
 - ``cudnn``: ``jax.nn.dot_product_attention`` (cuDNN flash attention; GPUs; float32 inputs are
   cast to bfloat16, the softmax accumulates in float32). Rows
   are rotated so their valid run starts at slot 0, which turns the padding into sequence lengths.
+  That API takes one sequence per row, so a batch where some row holds several segments runs
+  ``blockwise`` instead (``cudnn_attention``: a runtime ``lax.cond``, exact either way).
 - ``pallas``: splash attention (``jax.experimental.pallas.ops.tpu``; TPUs, or interpreted on CPU
-  for the tests), padding as segment ids.
+  for the tests), the segments as splash's own segment ids.
 - ``auto``: cudnn on GPUs (any compute dtype: float32 attends in bfloat16 inputs), pallas on
   TPUs, blockwise elsewhere (``auto_backend``).
 
 ``cudnn`` and ``pallas`` apply to self-attention (``q_offset == 0`` and ``S == K``: the training
-forward and the sampler's prefill) over rows whose valid tokens form one contiguous run, which is
+forward and the sampler's prefill) over rows whose segments are contiguous runs, which is
 what every caller passes; queries against a KV cache use ``xla`` up to one block of queries
 (decode steps: scores ``[S, K]``, linear in K) and ``blockwise`` beyond.
 """
@@ -72,46 +85,63 @@ def auto_backend(platform: str) -> str:
   return {"gpu": "cudnn", "tpu": "pallas"}.get(platform, "blockwise")
 
 
-def attention(q, k, v, k_valid, *, q_offset=0, window: int | None = None,
+def attention(q, k, v, k_segments, *, q_offset=0, window: int | None = None,
               backend: str = "auto", block: int = DEFAULT_BLOCK, aligned: bool = False):
-  """Masked GQA attention (module doc). q [B, S, H, Dh]; k, v [B, K, G, Dh]; k_valid [B, K]
-  bool; ``q_offset`` the slot of query 0 (int or traced scalar). ``aligned``: every row's valid
-  run starts at slot 0 (``align_rows``), which spares ``cudnn`` its rotations. Returns
-  [B, S, H, Dh]."""
-  chex.assert_rank([q, k, v, k_valid], [4, 4, 4, 2])
+  """Masked GQA attention (module doc). q [B, S, H, Dh]; k, v [B, K, G, Dh]; k_segments [B, K]
+  int segment ids (0 padding; a bool / 0-1 key mask is one segment); ``q_offset`` the slot of
+  query 0 (int or traced scalar). ``aligned``: every row's first valid slot is 0
+  (``align_rows``), which spares ``cudnn`` its rotations. Returns [B, S, H, Dh]."""
+  chex.assert_rank([q, k, v, k_segments], [4, 4, 4, 2])
   chex.assert_equal_shape([k, v])
   b, s, h, dh = q.shape
   if k.shape[0] != b or k.shape[3] != dh or h % k.shape[2]:
     raise ValueError(f"q {q.shape} and k {k.shape}: need k [B={b}, K, G, Dh={dh}], H % G == 0")
-  chex.assert_shape(k_valid, (b, k.shape[1]))
+  chex.assert_shape(k_segments, (b, k.shape[1]))
   if window is not None and window < 1:
     raise ValueError(f"sliding window must be >= 1 (or None), got {window}")
   self_attention = isinstance(q_offset, int) and q_offset == 0 and s == k.shape[1]
   kind = resolve_backend(backend, dtype=q.dtype, self_attention=self_attention,
                         num_queries=s, block=block)
-  k_valid = k_valid.astype(bool)
+  segments = as_segments(k_segments)
   if kind == "xla":
-    return reference_attention(q, k, v, k_valid, q_offset=q_offset, window=window)
+    return reference_attention(q, k, v, segments, q_offset=q_offset, window=window)
   if kind == "blockwise":
-    return blockwise_attention(q, k, v, k_valid, q_offset, window=window, block=block)
+    return blockwise_attention(q, k, v, segments, q_offset, window=window, block=block)
   if kind == "cudnn":
-    return cudnn_attention(q, k, v, k_valid, window=window, aligned=aligned)
-  return splash_attention(q, k, v, k_valid, window=window)
+    return cudnn_attention(q, k, v, segments, window=window, aligned=aligned, block=block)
+  return splash_attention(q, k, v, segments, window=window)
 
 
-def allowed_mask(k_valid, q_slots, k_slots, window):
-  """allowed [B, Sq, Kb] from k_valid [B, Kb], q_slots [Sq], k_slots [Kb] (module doc)."""
+def as_segments(k_segments):
+  """int32 segment ids [B, K] from segment ids or a bool / 0-1 key mask (one segment)."""
+  return jnp.asarray(k_segments).astype(jnp.int32)
+
+
+def query_segments(k_segments, q_offset, num_queries: int):
+  """[B, S] int32: the segment of queries at slots ``q_offset ..`` = the running maximum of the
+  key segments up to each slot (module doc: a valid slot's own segment; a padding slot belongs
+  to the segment before it, 0 before the first)."""
+  running = jax.lax.cummax(k_segments, axis=1)
+  return jax.lax.dynamic_slice_in_dim(running, q_offset, num_queries, axis=1)
+
+
+def allowed_mask(k_segments, q_segments, q_slots, k_slots, window):
+  """allowed [B, Sq, Kb] from k_segments [B, Kb], q_segments [B, Sq], q_slots [Sq], k_slots
+  [Kb] (module doc)."""
   ok = k_slots[None, :] <= q_slots[:, None]
   if window is not None:
     ok = ok & (q_slots[:, None] - k_slots[None, :] < window)
-  return ok[None] & k_valid[:, None, :]
+  same = (k_segments[:, None, :] == q_segments[:, :, None]) & (k_segments > 0)[:, None, :]
+  return ok[None] & same
 
 
-def reference_attention(q, k, v, k_valid, *, q_offset=0, window=None):
+def reference_attention(q, k, v, k_segments, *, q_offset=0, window=None):
   """The materialised formula: ``[B, G, R, S, K]`` float32 scores, masked, softmax in float32."""
   b, s, h, dh = q.shape
   g = k.shape[2]
-  allowed = allowed_mask(k_valid, q_offset + jnp.arange(s), jnp.arange(k.shape[1]), window)
+  segments = as_segments(k_segments)
+  allowed = allowed_mask(segments, query_segments(segments, q_offset, s), q_offset + jnp.arange(s),
+                         jnp.arange(k.shape[1]), window)
   q = q.reshape(b, s, g, h // g, dh)
   scores = jnp.einsum("bsgrd,bkgd->bgrsk", q, k.astype(q.dtype)).astype(jnp.float32)
   scores = scores / np.float32(math.sqrt(dh))
@@ -122,11 +152,31 @@ def reference_attention(q, k, v, k_valid, *, q_offset=0, window=None):
 
 # --- blockwise (flash) attention in pure JAX ----------------------------------------------------
 
-def _key_block_range(q_first, q_last, bk, nk, window):
-  """Key blocks ``[lo, hi)`` holding a key some query in slots ``q_first..q_last`` may see."""
+def _key_block_range(q_first, q_last, bk, nk, window, seg_start):
+  """Key blocks ``[lo, hi)`` holding a key some query in slots ``q_first..q_last`` may see;
+  ``seg_start``: the first slot of any of their segments (``segment_spans``)."""
   hi = jnp.clip(q_last // bk + 1, 0, nk)
-  lo = 0 if window is None else jnp.clip((q_first - window + 1) // bk, 0, nk)
-  return lo, hi
+  lo = seg_start // bk
+  if window is not None:
+    lo = jnp.maximum(lo, (q_first - window + 1) // bk)
+  return jnp.clip(lo, 0, nk), hi
+
+
+def segment_spans(k_segments):
+  """(start, end) [B, K] int32: the first and the last slot whose query segment
+  (``query_segments``) is slot t's, i.e. from the first token of t's segment to the slot before
+  the next segment starts (``K - 1`` after the last); ``start`` is t itself before the first
+  segment. The keys a query at slot t may see lie in ``[start[t], t]``, and the queries that may
+  see a key at slot t in ``[t, end[t]]``: the blockwise kernel's segment skipping."""
+  n = k_segments.shape[1]
+  slots = jnp.arange(n, dtype=jnp.int32)
+  running = jax.lax.cummax(k_segments, axis=1)
+  before = jnp.pad(running[:, :-1], ((0, 0), (1, 0)))
+  is_start = (k_segments > 0) & (k_segments != before)
+  start = jnp.where(running > 0, jax.lax.cummax(jnp.where(is_start, slots, 0), axis=1), slots)
+  next_start = jax.lax.cummin(jnp.where(is_start, slots, n), axis=1, reverse=True)
+  end = jnp.pad(next_start[:, 1:], ((0, 0), (0, 1)), constant_values=n) - 1
+  return start, end
 
 
 def _scores(qb, kb, scale):
@@ -135,10 +185,12 @@ def _scores(qb, kb, scale):
   return s / scale
 
 
-def _block_ok(k_valid, q0, k0, bq, bk, r, window):
-  """allowed of one block as [B, 1, bq*R, bk] (query rows are slot-major, head-minor)."""
-  ok = allowed_mask(jax.lax.dynamic_slice_in_dim(k_valid, k0, bk, 1), q0 + jnp.arange(bq),
-                    k0 + jnp.arange(bk), window)
+def _block_ok(k_segments, q_segments, q_offset, i, k0, bq, bk, r, window):
+  """allowed of query block ``i`` and the key block at ``k0`` as [B, 1, bq*R, bk] (query rows
+  are slot-major, head-minor)."""
+  ok = allowed_mask(jax.lax.dynamic_slice_in_dim(k_segments, k0, bk, 1),
+                    jax.lax.dynamic_slice_in_dim(q_segments, i * bq, bq, 1),
+                    q_offset + i * bq + jnp.arange(bq), k0 + jnp.arange(bk), window)
   return jnp.repeat(ok, r, axis=1)[:, None]
 
 
@@ -149,8 +201,8 @@ def balanced_block(n: int, block: int) -> int:
   return -(-n // -(-n // block))
 
 
-def _layout(q, k, v, k_valid, block):
-  """Head-major, block-padded operands: q [B, G, Sp*R, Dh], k, v [B, G, Kp, Dh], k_valid [B, Kp]."""
+def _layout(q, k, v, block):
+  """Head-major, block-padded operands: q [B, G, Sp*R, Dh], k, v [B, G, Kp, Dh]."""
   b, s, h, dh = q.shape
   kn, g = k.shape[1], k.shape[2]
   bq, bk = balanced_block(s, block), balanced_block(kn, block)
@@ -160,7 +212,7 @@ def _layout(q, k, v, k_valid, block):
   kv_pad = ((0, 0), (0, kp - kn), (0, 0), (0, 0))
   kh = jnp.pad(k, kv_pad).transpose(0, 2, 1, 3)
   vh = jnp.pad(v, kv_pad).transpose(0, 2, 1, 3)
-  return qh, kh, vh, jnp.pad(k_valid, ((0, 0), (0, kp - kn))), bq, bk
+  return qh, kh, vh, bq, bk
 
 
 def _unlayout(x, b, s, h, dh, g):
@@ -169,17 +221,23 @@ def _unlayout(x, b, s, h, dh, g):
   return x[:, :s].reshape(b, s, h, dh)
 
 
-def blockwise_attention(q, k, v, k_valid, q_offset=0, *, window=None, block=DEFAULT_BLOCK):
+def blockwise_attention(q, k, v, k_segments, q_offset=0, *, window=None, block=DEFAULT_BLOCK):
   """``reference_attention`` by blocks of ``block`` queries x ``block`` keys, never ``S x K``."""
   b, s, h, dh = q.shape
-  g = k.shape[2]
-  qh, kh, vh, kvh, bq, bk = _layout(q, k, v, k_valid, block)
-  out = _flash(qh, kh, vh, kvh, jnp.asarray(q_offset, jnp.int32), bq, bk, h // g, window)
+  kn, g = k.shape[1], k.shape[2]
+  segments = as_segments(k_segments)
+  q_offset = jnp.asarray(q_offset, jnp.int32)
+  qh, kh, vh, bq, bk = _layout(q, k, v, block)
+  k_seg = jnp.pad(segments, ((0, 0), (0, kh.shape[2] - kn)))
+  q_seg = jnp.pad(query_segments(segments, q_offset, s), ((0, 0), (0, qh.shape[2] // (h // g) - s)))
+  start, end = segment_spans(segments)
+  out = _flash(qh, kh, vh, k_seg, q_seg, start, end, q_offset, bq, bk, h // g, window)
   return _unlayout(out, b, s, h, dh, g)
 
 
-def _flash_forward(q, k, v, k_valid, q_offset, bq, bk, r, window):
+def _flash_forward(q, k, v, k_seg, q_seg, start, end, q_offset, bq, bk, r, window):
   """Online-softmax forward: (out [B, G, Sp*R, Dh] in q's dtype, lse [B, G, Sp*R] float32)."""
+  del end
   b, g, rows, dh = q.shape
   nq, nk = rows // (bq * r), k.shape[2] // bk
   scale = np.float32(math.sqrt(dh))
@@ -188,12 +246,13 @@ def _flash_forward(q, k, v, k_valid, q_offset, bq, bk, r, window):
     out, lse = carry
     qb = jax.lax.dynamic_slice_in_dim(q, i * bq * r, bq * r, 2)
     q0 = q_offset + i * bq
-    lo, hi = _key_block_range(q0, q0 + bq - 1, bk, nk, window)
+    seg_start = jnp.min(jax.lax.dynamic_index_in_dim(start, q0, 1, keepdims=False))
+    lo, hi = _key_block_range(q0, q0 + bq - 1, bk, nk, window, seg_start)
 
     def key_block(j, acc):
       o, m, l = acc
       s = _scores(qb, jax.lax.dynamic_slice_in_dim(k, j * bk, bk, 2), scale)
-      ok = _block_ok(k_valid, q0, j * bk, bq, bk, r, window)
+      ok = _block_ok(k_seg, q_seg, q_offset, i, j * bk, bq, bk, r, window)
       s = jnp.where(ok, s, MASK_VALUE)
       m_new = jnp.maximum(m, s.max(-1))
       p = jnp.where(ok, jnp.exp(s - m_new[..., None]), 0.0)
@@ -216,21 +275,22 @@ def _flash_forward(q, k, v, k_valid, q_offset, bq, bk, r, window):
   return jax.lax.fori_loop(0, nq, query_block, init)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7, 8))
-def _flash(q, k, v, k_valid, q_offset, bq, bk, r, window):
-  return _flash_forward(q, k, v, k_valid, q_offset, bq, bk, r, window)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(8, 9, 10, 11))
+def _flash(q, k, v, k_seg, q_seg, start, end, q_offset, bq, bk, r, window):
+  return _flash_forward(q, k, v, k_seg, q_seg, start, end, q_offset, bq, bk, r, window)[0]
 
 
-def _flash_fwd(q, k, v, k_valid, q_offset, bq, bk, r, window):
-  out, lse = _flash_forward(q, k, v, k_valid, q_offset, bq, bk, r, window)
-  return out, (q, k, v, k_valid, q_offset, out, lse)
+def _flash_fwd(q, k, v, k_seg, q_seg, start, end, q_offset, bq, bk, r, window):
+  out, lse = _flash_forward(q, k, v, k_seg, q_seg, start, end, q_offset, bq, bk, r, window)
+  return out, (q, k, v, k_seg, q_seg, start, end, q_offset, out, lse)
 
 
 def _flash_bwd(bq, bk, r, window, res, dout):
   """FlashAttention-2 backward: per key block, recompute ``P = exp(S - lse)`` for the query
   blocks that see it; ``dV += P^T dO``, ``dS = P (dO V^T - rowsum(dO * O))``, ``dK += dS^T Q``,
   ``dQ += dS K`` (with the 1/sqrt(Dh) scale)."""
-  q, k, v, k_valid, q_offset, out, lse = res
+  q, k, v, k_seg, q_seg, start, end, q_offset, out, lse = res
+  del start
   b, g, rows, dh = q.shape
   nq, nk = rows // (bq * r), k.shape[2] // bk
   scale = np.float32(math.sqrt(dh))
@@ -241,15 +301,20 @@ def _flash_bwd(bq, bk, r, window, res, dout):
     k0 = j * bk
     kb = jax.lax.dynamic_slice_in_dim(k, k0, bk, 2)
     vb = jax.lax.dynamic_slice_in_dim(v, k0, bk, 2)
-    # Query blocks holding a query at or after slot k0 (and, with a window, before k0+bk-1+window).
+    # Query blocks holding a query at or after slot k0, up to the last slot of the block's last
+    # segment (and, with a window, before k0+bk-1+window).
     lo = jnp.clip((k0 - q_offset) // bq, 0, nq)
-    hi = nq if window is None else jnp.clip((k0 + bk - 2 + window - q_offset) // bq + 1, 0, nq)
+    last = jnp.minimum(k0 + bk - 1, end.shape[1] - 1)
+    seg_end = jnp.max(jax.lax.dynamic_index_in_dim(end, last, 1, keepdims=False))
+    hi = jnp.clip((seg_end - q_offset) // bq + 1, 0, nq)
+    if window is not None:
+      hi = jnp.minimum(hi, jnp.clip((k0 + bk - 2 + window - q_offset) // bq + 1, 0, nq))
 
     def query_block(i, acc):
       dq, dkb, dvb = acc
       sl = lambda x: jax.lax.dynamic_slice_in_dim(x, i * bq * r, bq * r, 2)
       qb, dob = sl(q), sl(dout)
-      ok = _block_ok(k_valid, q_offset + i * bq, k0, bq, bk, r, window)
+      ok = _block_ok(k_seg, q_seg, q_offset, i, k0, bq, bk, r, window)
       p = jnp.where(ok, jnp.exp(_scores(qb, kb, scale) - sl(lse)[..., None]), 0.0)
       dvb = dvb + jnp.einsum("bgqk,bgqd->bgkd", p.astype(dob.dtype), dob,
                              preferred_element_type=jnp.float32)
@@ -270,7 +335,8 @@ def _flash_bwd(bq, bk, r, window, res, dout):
   init = (jnp.zeros(q.shape, jnp.float32), jnp.zeros(k.shape, jnp.float32),
           jnp.zeros(v.shape, jnp.float32))
   dq, dk, dv = jax.lax.fori_loop(0, nk, key_block, init)
-  return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None, None
+  return (dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None, None, None, None,
+          None)
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)
@@ -284,9 +350,11 @@ def rotate_rows(x, shift):
   return jnp.take_along_axis(x, idx.reshape(idx.shape + (1,) * (x.ndim - 2)), axis=1)
 
 
-def first_valid(k_valid):
-  """[B] int32: the slot where each row's valid run starts (0 for a row with none)."""
-  return jnp.argmax(k_valid, axis=1).astype(jnp.int32)
+def first_valid(k_segments):
+  """[B] int32: each row's first valid slot, where its first segment starts (0 for a row with
+  none). Rotating a row left by it (``rotate_rows``) keeps the order of its segments and the
+  distances within them: its leading padding moves to the end."""
+  return jnp.argmax(as_segments(k_segments) > 0, axis=1).astype(jnp.int32)
 
 
 def aligns_rows(backend: str, dtype) -> bool:
@@ -297,33 +365,54 @@ def aligns_rows(backend: str, dtype) -> bool:
   return resolve_backend(backend, dtype=dtype, self_attention=True) == "cudnn"
 
 
-def cudnn_attention(q, k, v, k_valid, *, window=None, implementation: str | None = "cudnn",
-                    aligned: bool = False):
+def several_segments(k_segments):
+  """Scalar bool: some row holds more than one segment (a packed row)."""
+  segments = as_segments(k_segments)
+  lowest = jnp.where(segments > 0, segments, jnp.iinfo(jnp.int32).max).min(axis=1)
+  return jnp.any(segments.max(axis=1) > lowest)
+
+
+def cudnn_attention(q, k, v, k_segments, *, window=None, implementation: str | None = "cudnn",
+                    aligned: bool = False, block: int = DEFAULT_BLOCK):
   """Self-attention through ``jax.nn.dot_product_attention``. Each row's valid run is rotated to
   start at slot 0 (unless ``aligned``: it does already), so padding becomes
   ``key/query_seq_lengths`` and causality by slot is ``is_causal`` (rotation keeps the order of
   the run; RoPE was applied before, by position). The valid runs must be contiguous.
+  That API holds one sequence per row: a batch where some row holds several segments
+  (``several_segments``, decided at run time by ``lax.cond``) runs ``blockwise_attention`` with
+  ``block`` instead, exact on any layout.
   ``implementation='xla'`` runs the same masking on any platform (tests)."""
-  first = jnp.zeros(k_valid.shape[:1], jnp.int32) if aligned else first_valid(k_valid)
-  n_valid = k_valid.sum(axis=1).astype(jnp.int32)
+  segments = as_segments(k_segments)
+
+  def one_segment(q, k, v, segments):
+    valid = segments > 0
+    first = jnp.zeros(valid.shape[:1], jnp.int32) if aligned else first_valid(valid)
+    n_valid = valid.sum(axis=1).astype(jnp.int32)
+    if implementation == "cudnn" and q.dtype not in (jnp.bfloat16, jnp.float16):
+      # cuDNN's kernel takes 16-bit inputs only; it accumulates the softmax in float32.
+      q, k, v = (x.astype(jnp.bfloat16) for x in (q, k, v))
+    if not aligned:
+      q, k, v = (rotate_rows(x, first) for x in (q, k, v))
+    out = jax.nn.dot_product_attention(
+        q, k, v, is_causal=True, query_seq_lengths=n_valid, key_value_seq_lengths=n_valid,
+        local_window_size=None if window is None else (window - 1, 0),
+        implementation=implementation)
+    if not aligned:
+      out = rotate_rows(out, -first)
+    return out.astype(dtype)
+
+  def packed(q, k, v, segments):
+    return blockwise_attention(q, k, v, segments, window=window, block=block).astype(dtype)
+
   dtype = q.dtype
-  if implementation == "cudnn" and dtype not in (jnp.bfloat16, jnp.float16):
-    # cuDNN's kernel takes 16-bit inputs only; it accumulates the softmax in float32.
-    q, k, v = (x.astype(jnp.bfloat16) for x in (q, k, v))
-  if not aligned:
-    q, k, v = (rotate_rows(x, first) for x in (q, k, v))
-  out = jax.nn.dot_product_attention(
-      q, k, v, is_causal=True, query_seq_lengths=n_valid, key_value_seq_lengths=n_valid,
-      local_window_size=None if window is None else (window - 1, 0),
-      implementation=implementation)
-  if not aligned:
-    out = rotate_rows(out, -first)
-  return out.astype(dtype)
+  return jax.lax.cond(several_segments(segments), packed, one_segment, q, k, v, segments)
 
 
-def splash_attention(q, k, v, k_valid, *, window=None, interpret: bool | None = None):
+def splash_attention(q, k, v, k_segments, *, window=None, interpret: bool | None = None):
   """Self-attention through Pallas splash attention (MQA kernel vmapped over the ``G`` key/value
-  heads and the batch; padding as segment ids). ``interpret`` defaults to "not on a TPU"."""
+  heads and the batch; the segments, padding included as segment 0, as splash's segment ids of
+  queries and keys alike: a valid query sees its own segment). ``interpret`` defaults to "not on
+  a TPU"."""
   # The TPU kernels (Mosaic): imported only where they run.
   from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
   from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
@@ -335,7 +424,7 @@ def splash_attention(q, k, v, k_valid, *, window=None, interpret: bool | None = 
   blk = _SPLASH_BLOCK if s >= _SPLASH_BLOCK else _SPLASH_MIN_BLOCK
   sp = -(-s // blk) * blk
   pad = ((0, 0), (0, sp - s), (0, 0), (0, 0))
-  seg = jnp.pad(k_valid, ((0, 0), (0, sp - s))).astype(jnp.int32)
+  seg = jnp.pad(as_segments(k_segments), ((0, 0), (0, sp - s)))
   mask = sm.CausalMask((sp, sp)) if window is None else sm.LocalMask(
       (sp, sp), window_size=(window - 1, 0), offset=0)
   sizes = sk.BlockSizes(block_q=blk, block_kv=blk, block_kv_compute=blk, block_q_dkv=blk,

@@ -49,11 +49,12 @@ class MoEOut(NamedTuple):
   dropped: jax.Array
 
 
-def self_attention(cfg: ModelConfig, k_valid, aligned: bool = False) -> layers.Attend:
-  """Causal self-attention over the forward's own tokens (no cache); ``k_valid`` [B, S];
-  ``aligned``: every row's valid run starts at slot 0 (``attention_lib.attention``)."""
+def self_attention(cfg: ModelConfig, k_segments, aligned: bool = False) -> layers.Attend:
+  """Causal self-attention over the forward's own tokens (no cache); ``k_segments`` [B, S]
+  segment ids or a 0/1 mask; ``aligned``: every row's first valid slot is 0
+  (``attention_lib.attention``)."""
   def attend(q, k, v, layer_cache, window):
-    out = attention_lib.attention(q, k.astype(q.dtype), v.astype(q.dtype), k_valid,
+    out = attention_lib.attention(q, k.astype(q.dtype), v.astype(q.dtype), k_segments,
                                   q_offset=k.shape[1] - q.shape[1], window=window,
                                   backend=cfg.attention, block=cfg.attention_block,
                                   aligned=aligned)
@@ -267,30 +268,44 @@ def bind(cfg: ModelConfig, params: dict, head: str = "lm") -> Transformer:
 
 
 def positions_from_mask(mask):
-  """Position ids of left-padded rows: ``cumsum(mask) - 1``, 0 on padding. mask [B, S]."""
-  return jnp.maximum(jnp.cumsum(mask.astype(jnp.int32), axis=-1) - 1, 0)
+  """Position ids [B, S] of rows of segment ids (``attention_lib``'s module doc; a 0/1 mask is
+  one segment): each segment's tokens count 0, 1, .. from its first token, as if its sequence
+  were alone: ``cumsum(valid) - 1`` minus the valid tokens before the segment. Padding takes
+  the count so far (0 before the first token): ``cumsum(mask) - 1`` on a 0/1 mask."""
+  segments = attention_lib.as_segments(mask)
+  valid = (segments > 0).astype(jnp.int32)
+  count = jnp.cumsum(valid, axis=-1)
+  before = jnp.pad(jax.lax.cummax(segments, axis=1)[:, :-1], ((0, 0), (1, 0)))
+  starts = (segments > 0) & (segments != before)
+  # Valid tokens before each slot's segment: the count just before its latest start.
+  base = jax.lax.cummax(jnp.where(starts, count - 1, 0), axis=1)
+  return jnp.maximum(count - base - 1, 0)
 
 
 def forward_with_routes(cfg: ModelConfig, params: dict, tokens, attn_mask, head: str = "lm",
                         routes=None):
-  """Full causal forward of left-padded rows: (hidden [B, S, D] after the final norm, the
-  module, ``MoEOut`` or None). ``routes``: replay these experts (``Transformer.__call__``).
+  """Full causal forward of rows of tokens [B, S]: (hidden [B, S, D] after the final norm, the
+  module, ``MoEOut`` or None). ``attn_mask`` [B, S]: segment ids (0 padding, 1..n the sequences
+  packed into the row as contiguous runs in increasing order; ``attention_lib``'s module doc),
+  or a 0/1 mask (one sequence per row, e.g. left-padded). Each segment is computed as if its
+  sequence were alone: positions restart at 0 and attention stays within it. ``routes``: replay
+  these experts (``Transformer.__call__``).
 
   Where the attention kernel wants padding at the end of the rows (cuDNN,
   ``attention_lib.aligns_rows``), the rows are rotated once here, before the embedding, and the
   outputs back after the final norm: exact (positions travel with their tokens, and rotation
-  keeps the order of each row's valid run)."""
+  keeps the order of each row's segments and the distances within them)."""
   model = bind(cfg, params, head)
-  valid = attn_mask.astype(bool)
-  positions = positions_from_mask(attn_mask)
+  segments = attention_lib.as_segments(attn_mask)
+  positions = positions_from_mask(segments)
   aligned = attention_lib.aligns_rows(cfg.attention, cfg.dtype)
   if aligned:
-    first = attention_lib.first_valid(valid)
-    tokens, positions, valid = (attention_lib.rotate_rows(x, first)
-                                for x in (tokens, positions, valid))
+    first = attention_lib.first_valid(segments)
+    tokens, positions, segments = (attention_lib.rotate_rows(x, first)
+                                   for x in (tokens, positions, segments))
     routes = None if routes is None else attention_lib.rotate_rows(routes, first)
-  hidden, _, moe = model(tokens, positions, self_attention(cfg, valid, aligned), valid=valid,
-                         routes=routes)
+  hidden, _, moe = model(tokens, positions, self_attention(cfg, segments, aligned),
+                         valid=segments > 0, routes=routes)
   if aligned:
     hidden = attention_lib.rotate_rows(hidden, -first)
     if moe is not None:
@@ -299,7 +314,8 @@ def forward_with_routes(cfg: ModelConfig, params: dict, tokens, attn_mask, head:
 
 
 def forward(cfg: ModelConfig, params: dict, tokens, attn_mask, head: str = "lm"):
-  """Full causal forward of left-padded rows: hidden [B, S, D] after the final norm."""
+  """Full causal forward of rows with a 0/1 mask or segment ids (``forward_with_routes``):
+  hidden [B, S, D] after the final norm."""
   return forward_with_routes(cfg, params, tokens, attn_mask, head)[0]
 
 
