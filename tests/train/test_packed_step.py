@@ -134,3 +134,33 @@ def test_token_budget_chunks_leave_the_step_unchanged():
       config = _config("grpo", True, **extra, **{"model.forward_tokens": budget})
       assert_same_step(padded, _step(config, _layerless(config), rollout, jit=False),
                        f"forward_tokens={budget}")
+
+
+def _multi_turn(rollout):
+  """The rollout as multi-turn records: in each completion of 5+ tokens, tokens 2-3 are an
+  environment's observation (``extras['source']`` 2): attended to, outside the loss mask."""
+  mask = np.asarray(rollout.mask)
+  source = mask.copy()
+  long = mask.sum(1) >= 5
+  source[long, 2:4] = 2
+  assert long.sum() >= 2
+  return rollout.replace(mask=(source == 1).astype(np.int32), extras={"source": source})
+
+
+def test_packed_attention_step_equals_padded_on_multi_turn_records():
+  """A real layer (attention within segments, positions restarting per segment, the model's
+  default attention backend) on multi-turn records, PPO: the old, reference and critic forwards
+  of scoring, GAE, and two minibatches of actor and critic updates: packed = padded."""
+  rollout = _multi_turn(_rollout(2))
+  configs = [_config("ppo", pack, **{"algo.minibatches": 2}) for pack in (False, True)]
+  model_cfg = tiny_config(configs[0].model, VOCAB)
+  assert model_cfg.num_layers == 1
+  with jax.disable_jit():
+    padded, packed = [_step(config, model_cfg, rollout, jit=False) for config in configs]
+  assert_same_step(padded, packed, "ppo, multi-turn")
+  # The environment tokens were inside the forward: without them the log-probs differ.
+  no_env = rollout.replace(extras={"source": np.asarray(rollout.mask)})
+  with jax.disable_jit():
+    alone = _step(configs[1], model_cfg, no_env, jit=False)[0]
+  mask = np.asarray(rollout.mask, bool)
+  assert np.abs(np.asarray(alone.old_logp) - np.asarray(packed[0].old_logp))[mask].max() > 1e-3
