@@ -32,14 +32,15 @@ from tests.train import tiny
 from tests.train.test_presets import PRESETS
 
 B, PW, T, VOCAB = 8, 8, 8, 40
-# 4 rows of 16 tokens a chunk: the padded update takes 2 micro-batches of 4 rows, the packed one
-# 1-2 chunks (the synthetic rows hold 2-16 tokens); scoring the same.
+# Packed: 4 rows of 16 tokens a chunk, 2 chunks (the synthetic rows hold 2-16 tokens), so a
+# micro-batch is a chunk of some rows; scoring the same. Padded: all rows at once (one
+# micro-batch; the split's invariance is tests/train/test_step_invariance.py's).
 FORWARD_TOKENS = 64
 
 
 def _config(preset, pack, **extra):
-  overrides = dict(tiny.overrides(preset), **{"model.pack": str(pack),
-                                             "model.forward_tokens": str(FORWARD_TOKENS)})
+  overrides = dict(tiny.overrides(preset), **{
+      "model.pack": str(pack), "model.forward_tokens": str(FORWARD_TOKENS if pack else 0)})
   overrides.update({k: str(v) for k, v in extra.items()})
   return config_loader.load_config(os.path.join(tiny.ROOT, "configs", f"{preset}.py"),
                                    list(overrides.items()))
@@ -112,8 +113,10 @@ def test_every_preset_packed_equals_padded(preset):
   with jax.disable_jit():
     runs = [_step(config, model_cfg, rollout, jit=False) for config in configs]
   assert_same_step(*runs, preset)
-  fill = runs[1][1]["pack/fill"]
-  assert 0.5 < float(fill[0]) / float(fill[1]) <= 1.0  # the rows really were packed
+  # The update's minibatch was packed into 2 chunks of 4 x 16 slots (fill = tokens / slots).
+  tokens = int(rollout.prompt_mask.sum() + rollout.mask.sum())
+  fill = runs[1][3]["pack/update_fill"]
+  assert round(tokens / (float(fill[0]) / float(fill[1]) * 4 * 16)) == 2
   moved = max(float(jnp.abs(a - b).max()) for a, b in
               zip(jax.tree.leaves(runs[1][2].params),
                   jax.tree.leaves(llama.init_params(model_cfg, seed=0))))
