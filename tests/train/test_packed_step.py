@@ -164,31 +164,3 @@ def test_packed_attention_step_equals_padded_on_multi_turn_records():
     padded, packed = [_step(config, model_cfg, rollout, jit=False) for config in configs]
   assert_same_step(padded, packed, "ppo, multi-turn")
 
-
-def test_packed_moe_forward_replays_and_returns_the_sampler_routes():
-  """Router replay on packed rows (R3): the sampler's routes [B, S, L_moe, k] are laid out with
-  the tokens, the forward routes as the sampler did, and the routes it returns come back to the
-  padded layout: log-probs and routes as the sampler's (dropless dispatch: a token's experts
-  and outputs do not depend on the tokens beside it)."""
-  from rljax import models
-  from rljax.rollout import SamplingParams, sample
-  from rljax.train import packing
-  from tests.train.test_moe_train import _tiny_moe
-  cfg = _tiny_moe(router_replay="R3")
-  params = models.init_params(cfg, seed=1)
-  rng = np.random.default_rng(0)
-  tokens = rng.integers(2, 40, (3, 6)).astype(np.int32)
-  mask = np.ones_like(tokens)
-  mask[0, :2] = 0
-  sp = SamplingParams(max_new_tokens=5, temperature=1.0, stop_ids=(), pad_id=0)
-  r = jax.device_get(sample(cfg, params, tokens, mask, jax.random.key(0), sp, group_size=2))
-  _, valid = step_lib.sequence_inputs(r)
-  # Rows twice as wide as the padded ones (these sequences fill theirs): two sequences a row.
-  split = step_lib.Packed(packing.layout(valid, packing.chunk_shape(6, 2 * valid.shape[1], 2)))
-  assert int(split.layout.used_rows) == 3
-  logp, _, moe = step_lib.policy_stats(cfg, params, r, chunk=8, split=split,
-                                       routes=step_lib.replayed_routes(cfg, r, in_update=True))
-  fed = np.concatenate([r.prompt_mask, np.pad(r.mask[:, 1:], ((0, 0), (0, 1)))], 1) > 0
-  routes = r.extras["sampler_routes"]
-  np.testing.assert_array_equal(np.asarray(moe["routes"])[fed], routes[fed])
-  np.testing.assert_allclose(np.asarray(logp)[r.mask > 0], r.sampler_logp[r.mask > 0], atol=2e-5)
