@@ -90,7 +90,7 @@ def attention(q, k, v, k_segments, *, q_offset=0, window: int | None = None,
   """Masked GQA attention (module doc). q [B, S, H, Dh]; k, v [B, K, G, Dh]; k_segments [B, K]
   int segment ids (0 padding; a bool / 0-1 key mask is one segment); ``q_offset`` the slot of
   query 0 (int or traced scalar). ``aligned``: every row's first valid slot is 0
-  (``align_rows``), which spares ``cudnn`` its rotations. Returns [B, S, H, Dh]."""
+  (``aligns_rows``), which spares ``cudnn`` its rotations. Returns [B, S, H, Dh]."""
   chex.assert_rank([q, k, v, k_segments], [4, 4, 4, 2])
   chex.assert_equal_shape([k, v])
   b, s, h, dh = q.shape
@@ -378,11 +378,13 @@ def cudnn_attention(q, k, v, k_segments, *, window=None, implementation: str | N
   start at slot 0 (unless ``aligned``: it does already), so padding becomes
   ``key/query_seq_lengths`` and causality by slot is ``is_causal`` (rotation keeps the order of
   the run; RoPE was applied before, by position). The valid runs must be contiguous.
-  That API holds one sequence per row: a batch where some row holds several segments
-  (``several_segments``, decided at run time by ``lax.cond``) runs ``blockwise_attention`` with
-  ``block`` instead, exact on any layout.
+  That API holds one sequence per row (one ``query/key_value_seq_lengths`` entry; the packed
+  layout of cuDNN's own entry point, ``q_offsets``/``kv_offsets``, is private to JAX): a batch
+  where some row holds several segments (``several_segments``, decided at run time by
+  ``lax.cond``) runs ``blockwise_attention`` with ``block`` instead, exact on any layout.
   ``implementation='xla'`` runs the same masking on any platform (tests)."""
   segments = as_segments(k_segments)
+  dtype = q.dtype
 
   def one_segment(q, k, v, segments):
     valid = segments > 0
@@ -404,7 +406,6 @@ def cudnn_attention(q, k, v, k_segments, *, window=None, implementation: str | N
   def packed(q, k, v, segments):
     return blockwise_attention(q, k, v, segments, window=window, block=block).astype(dtype)
 
-  dtype = q.dtype
   return jax.lax.cond(several_segments(segments), packed, one_segment, q, k, v, segments)
 
 

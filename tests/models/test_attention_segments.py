@@ -1,8 +1,8 @@
 """Packed rows: several sequences per row, told apart by segment ids (``rljax.models.attention``'s
 module doc). Every CPU attention backend against float64 NumPy attention of each sequence on its
 own (forward, gradient, sliding window, queries at an offset), hand-worked segment spans and
-positions, and the packed forward of a tiny model of each family against the forwards of its
-sequences one per row."""
+positions, and the packed forward (and one gradient) of a tiny model of each family against the
+forwards of its sequences one per row."""
 import functools
 
 import jax
@@ -143,34 +143,39 @@ def test_queries_at_an_offset_see_their_segment(inputs):
 
 
 def test_segment_spans_positions_and_queries_hand_worked():
-  """One row: pad, segment 1 (3 tokens), pad, segment 2 (2 tokens), pad."""
-  seg = jnp.asarray([[0, 1, 1, 1, 0, 2, 2, 0]])
-  start, end = attn.segment_spans(seg)
-  assert start.tolist() == [[0, 1, 1, 1, 1, 5, 5, 5]]
-  assert end.tolist() == [[0, 4, 4, 4, 4, 7, 7, 7]]
-  assert attn.query_segments(seg, 0, 8).tolist() == [[0, 1, 1, 1, 1, 2, 2, 2]]
-  assert transformer.positions_from_mask(seg).tolist() == [[0, 0, 1, 2, 2, 0, 1, 1]]
-  # A 0/1 mask is one segment: cumsum(mask) - 1, floored at 0 (the left-padded rows' positions).
-  mask = jnp.asarray([[0, 0, 1, 1, 1, 0], [1, 1, 1, 1, 0, 0]])
-  assert transformer.positions_from_mask(mask).tolist() == [[0, 0, 0, 1, 2, 2], [0, 1, 2, 3, 3, 3]]
-  assert attn.first_valid(seg).tolist() == [1]
-  assert bool(attn.several_segments(seg)) and not bool(attn.several_segments(mask))
-  assert not bool(attn.several_segments(jnp.asarray([[0, 3, 3, 0]])))
+  """Row 0: pad, segment 1 (3 tokens), pad, segment 2 (2 tokens), pad. Row 1: a 0/1 mask, one
+  segment: positions ``cumsum(mask) - 1`` floored at 0 (the left-padded rows' positions)."""
+  rows = jnp.asarray([[0, 1, 1, 1, 0, 2, 2, 0], [0, 0, 1, 1, 1, 0, 0, 0]])
+
+  @jax.jit
+  def everything(seg):
+    return (attn.segment_spans(seg), attn.query_segments(seg, 0, 8),
+            transformer.positions_from_mask(seg), attn.first_valid(seg),
+            attn.several_segments(seg), attn.several_segments(seg[1:]))
+  (start, end), qseg, pos, first, several, one = jax.tree.map(np.asarray, everything(rows))
+  assert start.tolist() == [[0, 1, 1, 1, 1, 5, 5, 5], [0, 1, 2, 2, 2, 2, 2, 2]]
+  assert end.tolist() == [[0, 4, 4, 4, 4, 7, 7, 7], [1, 1, 7, 7, 7, 7, 7, 7]]
+  assert qseg.tolist() == [[0, 1, 1, 1, 1, 2, 2, 2], [0, 0, 1, 1, 1, 1, 1, 1]]
+  assert pos.tolist() == [[0, 0, 1, 2, 2, 0, 1, 1], [0, 0, 0, 1, 2, 2, 2, 2]]
+  assert first.tolist() == [1, 2]
+  assert bool(several) and not bool(one)
 
 
 # --- packed forwards of tiny models against their sequences one per row ---------------------------
 
 LENGTHS = [7, 5, 9, 4, 6]
-# (sequence index, first slot) per packed row of 16 slots; padding between and after.
-PACKING = [[(0, 0), (1, 7)], [(2, 0), (3, 10)], [(4, 3)]]
+# (sequence index, first slot) per packed row of 16 slots; padding between and after; the last
+# two rows empty, so the packed batch has the shape of the one-sequence-per-row batch (one
+# compilation serves both).
+PACKING = [[(0, 0), (1, 7)], [(2, 0), (3, 10)], [(4, 3)], [], []]
 WIDTH = 16
 
 
 def _batches():
   """The sequences one per row (left-padded, a 0/1 mask) and packed into rows (segment ids)."""
-  tokens, mask = hf_models.left_padded(LENGTHS, width=max(LENGTHS), vocab=hf_models.VOCAB, seed=4)
-  packed = np.zeros((len(PACKING), WIDTH), np.int32)
-  seg = np.zeros((len(PACKING), WIDTH), np.int32)
+  tokens, mask = hf_models.left_padded(LENGTHS, width=WIDTH, vocab=hf_models.VOCAB, seed=4)
+  packed = np.zeros_like(tokens)
+  seg = np.zeros_like(tokens)
   where = {}
   for row, runs in enumerate(PACKING):
     for sid, (i, lo) in enumerate(runs, start=1):
@@ -189,11 +194,6 @@ def _family_config(name):
   return cfg, params
 
 
-@functools.lru_cache(maxsize=None)
-def _forward(cfg):
-  return jax.jit(lambda p, t, m: transformer.forward_with_routes(cfg, p, t, m)[::2])
-
-
 def _log_probs(cfg, params, hidden):
   return np.asarray(jax.nn.log_softmax(transformer.bind(cfg, params).logits(hidden), -1))
 
@@ -203,7 +203,8 @@ def _log_probs(cfg, params, hidden):
                                              ("qwen3_moe", "blockwise")])
 def test_packed_forward_equals_each_sequence_alone(family, backend, monkeypatch):
   """Hidden states, log-probs (and the MoE layer's routes and load-balancing loss) of packed
-  rows against the forward of the same sequences one per row with the materialised attention.
+  rows against the forward of the same sequences one per row (a 0/1 mask, the layout every
+  backend is checked on against ``transformers`` in test_attention.py and test_hf_parity.py).
   gemma3: a 4-token sliding layer, then a global one (sequences longer than the window).
   cudnn (llama): its masking run by XLA (cuDNN needs a GPU) after the forward's row rotation,
   packed rows taking the blockwise fallback (the other families run blockwise directly)."""
@@ -211,10 +212,10 @@ def test_packed_forward_equals_each_sequence_alone(family, backend, monkeypatch)
     monkeypatch.setattr(attn, "cudnn_attention",
                         functools.partial(attn.cudnn_attention, implementation="xla"))
   cfg, params = _family_config(family)
+  cfg = cfg.replace(attention=backend, attention_block=4)
   tokens, mask, packed, seg, where = _batches()
-  alone, alone_moe = _forward(cfg.replace(attention="xla"))(params, tokens, mask)
-  cfg_packed = cfg.replace(attention=backend, attention_block=4)
-  run = jax.jit(lambda p, t, m: transformer.forward_with_routes(cfg_packed, p, t, m)[::2])
+  run = jax.jit(lambda p, t, m: transformer.forward_with_routes(cfg, p, t, m)[::2])
+  alone, alone_moe = run(params, tokens, mask)
   hidden, moe = run(params, packed, seg)
   alone, hidden = np.asarray(alone), np.asarray(hidden)
   # float32 sums of D terms per projection, a few per layer: a few ulps x sqrt(D * layers).
@@ -232,6 +233,28 @@ def test_packed_forward_equals_each_sequence_alone(family, backend, monkeypatch)
   if moe is not None:  # the load-balancing loss over the same valid tokens
     assert abs(float(moe.aux_loss) - float(alone_moe.aux_loss)) <= 1e-6
   # The same rows read as one sequence each (a 0/1 mask) give other states: the segments matter.
-  crossing = np.asarray(run(params, packed, (seg > 0).astype(np.int32))[0])
+  crossing = np.asarray(run(params, packed, (seg > 0).astype(seg.dtype))[0])
   row, lo = where[1]
   assert np.abs(crossing[row, lo:lo + LENGTHS[1]] - alone[1, -LENGTHS[1]:]).max() > 1e3 * tol
+
+
+def test_packed_gradient_equals_each_sequence_alone():
+  """d/d(params) of the next-token log-likelihood (within each sequence) of gemma3 (sliding and
+  global layers, blockwise backward with segment and window skipping): packed rows against the
+  sequences one per row; the same terms, summed in another order."""
+  cfg, params = _family_config("gemma3")
+  cfg = cfg.replace(attention="blockwise", attention_block=4)
+  tokens, mask, packed, seg, _ = _batches()
+
+  def nll(p, t, s):
+    hidden = transformer.forward(cfg, p, t, s)
+    logp = jax.nn.log_softmax(transformer.bind(cfg, p).logits(hidden)[:, :-1], -1)
+    picked = jnp.take_along_axis(logp, t[:, 1:, None], -1)[..., 0]
+    same = (s[:, :-1] == s[:, 1:]) & (s[:, :-1] > 0)  # the next token is of the same sequence
+    return -(picked * same).sum()
+
+  grad = jax.jit(jax.grad(nll))
+  got, want = (jax.tree.leaves(grad(params, t, s)) for t, s in ((packed, seg), (tokens, mask)))
+  for g, w in zip(got, want):
+    scale = max(np.abs(np.asarray(w)).max(), 1e-3)
+    assert np.abs(np.asarray(g) - np.asarray(w)).max() <= 1e-5 * scale
