@@ -301,6 +301,10 @@ KEYS = declare((
         "most tokens per data shard in one forward/backward of scoring and the update (rows "
         "go in chunks, exact accumulation); -1 = auto (1024 per CPU thread of a device, no "
         "limit on accelerators), 0 = no limit"),
+    Key("model.pack", False, BOOL,
+        "scoring and update forwards take the sequences packed (first-fit decreasing) into "
+        "rows as wide as the padded ones, model.forward_tokens per data shard a chunk; outputs "
+        "go back to the padded layout, so every loss is the padded one's"),
     Key("model.parallel_chunks", -1, integer(1, 1024, also=(-1,)),
         "row chunks (model.forward_tokens) computed side by side per scan iteration: "
         "independent, so XLA:CPU runs them on separate threads; -1 = auto (one per CPU thread "

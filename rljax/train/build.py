@@ -370,7 +370,8 @@ def step_spec(config, model_cfg: ModelConfig, algo: Algorithm, aux_cfgs: tuple =
                           seed=config.seed, forward_tokens=forward_tokens,
                           row_shards=1 if mesh is None else rules.batch_divisor(mesh),
                           side_by_side=update_lib.concurrent_chunks(config.model.parallel_chunks,
-                                                                    platform), **placed)
+                                                                    platform),
+                          pack=config.model.pack, **placed)
 
 
 def _keep_rows(mesh, tree):

@@ -59,6 +59,7 @@ RESUMABLE_CHANGES = (
     "mesh.learner_devices", "dist.mode", "dist.coordinator_address",
     "dist.num_processes", "dist.process_id", "model.remat", "model.scan_layers",
     "model.logits_chunk", "model.forward_tokens", "model.parallel_chunks",
+    "model.pack",
     "sft.out_dir", "train.loggers", "train.tracker_project", "train.tracker_run_name",
     "train.tracker_group", "train.tracker_tags", "train.mlflow_tracking_uri",
     "rm.steps", "rm.eval_every",  # `rljax rm`: as train.steps and train.eval_every

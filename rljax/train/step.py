@@ -17,7 +17,7 @@ coefficients they drive from their state, the actor loss runs every ``on_loss``,
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -30,6 +30,7 @@ from rljax.algorithm import Algorithm
 from rljax.models import ModelConfig, lora, transformer
 from rljax.rewards import shaping
 from rljax.rollout.sampler import Rollout
+from rljax.train import packing
 from rljax.train import update as update_lib
 from rljax.train.compiled import compile_step_fns  # noqa: F401  (re-exported: build uses it)
 from rljax.train import state as state_lib
@@ -56,53 +57,123 @@ def sequence_inputs(rollout: Rollout):
   return tokens, attn
 
 
+class Packed(NamedTuple):
+  """How a forward takes a batch's rows packed (``rljax.train.packing``): the ``layout``; the
+  update's one chunk ``chunk`` (traced), or None for every used chunk (scoring), run in a scan
+  ``side_by_side`` per iteration; ``place``: the chunk's rows constrained to the data shards."""
+  layout: packing.Layout
+  chunk: jax.Array | None = None
+  side_by_side: int = 1
+  place: Callable = lambda tree: tree
+
+
+def _moe_rows(moe, rows: int):
+  """The MoE routing of one forward as per-row arrays: routes [rows, S, L_moe, k], its
+  load-balancing loss on every row, the dropped (token, expert) pairs spread over the rows."""
+  if moe is None:
+    return None
+  return dict(routes=moe.routes, aux=jnp.broadcast_to(moe.aux_loss, (rows,)),
+              dropped=jnp.broadcast_to(moe.dropped / rows, (rows,)))
+
+
 def _completion_forward(model_cfg: ModelConfig, params, rollout: Rollout,
-                        split: update_lib.RowSplit, head: str, out: Callable, routes=None):
-  """``out(model, hidden, targets, moe)`` of a teacher-forced forward over ``rollout``:
+                        split: update_lib.RowSplit | Packed, head: str, out: Callable,
+                        routes=None):
+  """``(out(model, hidden, targets), moe)`` of a teacher-forced forward over ``rollout``:
   ``hidden`` [b, T, D] at the positions that predict the completion tokens ``targets`` [b, T]
-  (position ``s`` predicts token ``s+1``), ``moe`` the MoE layers' routing (``MoEOut`` or None);
-  ``routes`` [B, S, L_moe, k]: experts to replay. The rows go through the model in the chunks
-  ``split`` says (``update.map_rows``)."""
+  (position ``s`` predicts token ``s+1``); ``moe`` the MoE layers' routing (``_moe_rows``) or
+  None; ``routes`` [B, S, L_moe, k]: experts to replay. The rows go through the model in the
+  chunks ``split`` says (``update.map_rows``), or packed (``Packed``: ``_packed_forward``)."""
   tokens, attn = sequence_inputs(rollout)
+  if isinstance(split, Packed):
+    return _packed_forward(model_cfg, params, tokens, attn, rollout.prompt_tokens.shape[1],
+                           split, head, out, routes)
   s, t = tokens.shape[1], rollout.tokens.shape[1]
 
   def chunk_out(rows):
     tokens, attn, routes = rows
     hidden, model, moe = transformer.forward_with_routes(model_cfg, params, tokens, attn, head,
                                                          routes)
-    return out(model, hidden[:, s - t - 1:s - 1], tokens[:, s - t:], moe)
+    return (out(model, hidden[:, s - t - 1:s - 1], tokens[:, s - t:]),
+            _moe_rows(moe, tokens.shape[0]))
   return update_lib.map_rows(chunk_out, (tokens, attn, routes), split)
 
 
+def _packed_forward(model_cfg: ModelConfig, params, tokens, valid, prompt_width: int,
+                    split: Packed, head: str, out: Callable, routes=None):
+  """``_completion_forward`` on packed rows: the forward and ``out`` run on ``[R, W]`` chunks
+  of segments (the model's key mask is their segment ids), ``out``'s targets the next token of
+  each segment; the per-token results come back to the completion's ``[B, T]`` layout by a
+  gather (0 where the padded forward's would be masked: padding). One chunk (``split.chunk``):
+  the rows of other chunks get 0 (the update's micro-batch); all: a scan over the chunks that
+  skips the ones the layout leaves empty."""
+  lay = split.layout
+  c, r, _ = lay.shape
+  inputs = dict(tokens=packing.pack(tokens, valid, lay),
+                segments=packing.segment_ids(valid, lay),
+                targets=packing.next_tokens(tokens, valid, lay))
+  if routes is not None:
+    inputs["routes"] = packing.pack(routes, valid, lay)
+
+  def run(index):
+    x = split.place(jax.tree.map(lambda a: a[index], inputs))
+    hidden, model, moe = transformer.forward_with_routes(model_cfg, params, x["tokens"],
+                                                         x["segments"], head, x.get("routes"))
+    return out(model, hidden, x["targets"]), (
+        None if moe is None else (moe.routes, moe.aux_loss, jnp.asarray(moe.dropped, jnp.float32)))
+
+  tokens_out = lambda y, chunk: jax.tree.map(
+      lambda a: packing.completion(packing.unpack(a, valid, lay, chunk), valid, prompt_width), y)
+  rows = tokens.shape[0]
+  if split.chunk is not None:
+    y, moe = run(split.chunk)
+    if moe is not None:
+      moe = dict(routes=packing.unpack(moe[0], valid, lay, split.chunk),
+                 aux=jnp.broadcast_to(moe[1], (rows,)),
+                 dropped=jnp.broadcast_to(moe[2] / rows, (rows,)))
+    return tokens_out(y, split.chunk), moe
+  first = run(0)  # always run: a batch's tokens start in chunk 0
+  skip = lambda index: jax.tree.map(jnp.zeros_like, first)
+  if c == 1:
+    y, moe = jax.tree.map(lambda a: a[None], first)
+  else:
+    _, rest = jax.lax.scan(
+        lambda carry, index: (carry, jax.lax.cond(index < lay.used_chunks, run, skip, index)),
+        None, jnp.arange(1, c), unroll=min(split.side_by_side, c - 1))
+    y, moe = jax.tree.map(lambda a, b: jnp.concatenate([a[None], b]), first, rest)
+  if moe is not None:
+    chunk_of = lay.row // r
+    rows_in = jnp.zeros((c,), jnp.float32).at[chunk_of].add(1.0)
+    moe = dict(routes=packing.unpack(moe[0], valid, lay), aux=moe[1][chunk_of],
+               dropped=moe[2][chunk_of] / rows_in[chunk_of])
+  return tokens_out(y, None), moe
+
+
 def policy_stats(model_cfg: ModelConfig, params, rollout: Rollout, chunk: int,
-                 split: update_lib.RowSplit = update_lib.RowSplit(), routes=None):
+                 split: update_lib.RowSplit | Packed = update_lib.RowSplit(), routes=None):
   """``(logp [B, T], entropy [B, T], moe)`` of the completion tokens under ``params``; logits
   are built in sequence chunks of ``chunk``, never as a [B, T, V] array. ``moe``: None for a
   dense model, else ``{"routes": [B, S, L_moe, k], "aux": [B], "dropped": [B]}``, the experts
   the forward used, its load-balancing loss (on every row of its chunk) and the (token, expert)
   pairs capacity dispatch dropped (spread over the chunk's rows)."""
-  def out(model, hidden, targets, moe):
-    logp, entropy = algos.token_logprobs_and_entropy(
+  def out(model, hidden, targets):
+    return algos.token_logprobs_and_entropy(
         hidden, model.head_weight(), targets, chunk=chunk, softcap=model_cfg.final_logit_softcap)
-    if moe is None:
-      return logp, entropy, None
-    rows = targets.shape[0]
-    return logp, entropy, dict(routes=moe.routes, aux=jnp.broadcast_to(moe.aux_loss, (rows,)),
-                               dropped=jnp.broadcast_to(moe.dropped / rows, (rows,)))
-  return _completion_forward(model_cfg, params, rollout, split, "lm", out, routes)
+  (logp, entropy), moe = _completion_forward(model_cfg, params, rollout, split, "lm", out, routes)
+  return logp, entropy, moe
 
 
 def completion_stats(model_cfg: ModelConfig, params, rollout: Rollout, chunk: int,
-                     split: update_lib.RowSplit = update_lib.RowSplit()):
+                     split: update_lib.RowSplit | Packed = update_lib.RowSplit()):
   """Log-probs and entropies of the completion tokens under ``params``: ([B, T], [B, T])."""
   return policy_stats(model_cfg, params, rollout, chunk, split)[:2]
 
 
 def completion_values(model_cfg: ModelConfig, critic_params, rollout: Rollout,
-                      split: update_lib.RowSplit = update_lib.RowSplit()):
+                      split: update_lib.RowSplit | Packed = update_lib.RowSplit()):
   """``V[i, t]``: the critic's value of the state before completion token t, [B, T]."""
   return _completion_forward(model_cfg, critic_params, rollout, split, "value",
-                             lambda model, hidden, _, __: model.values(hidden))
+                             lambda model, hidden, _: model.values(hidden))[0]
 
 
 def replayed_routes(model_cfg: ModelConfig, rollout: Rollout, *, in_update: bool):
@@ -150,7 +221,8 @@ class StepSpec:
   the most tokens per data shard that one forward (and backward) takes at a time, 0 for no
   limit (``row_split``); ``row_shards``: how many data shards the rows are split over;
   ``side_by_side``: row chunks per scan iteration (``update.concurrent_chunks``);
-  ``keep_rows``: a record's rows constrained to the data shards (``update.run_epochs``)."""
+  ``keep_rows``: a record's rows constrained to the data shards (``update.run_epochs``).
+  ``pack``: the forwards take the rows packed (``model.pack``, ``forward_split``)."""
   algo: Algorithm
   model_cfg: ModelConfig
   actor_tx: optax.GradientTransformation
@@ -163,6 +235,7 @@ class StepSpec:
   row_shards: int = 1
   side_by_side: int = 1
   keep_rows: Callable = lambda tree: tree
+  pack: bool = False
 
   @property
   def reuse_policy_forward(self) -> bool:
@@ -177,6 +250,27 @@ class StepSpec:
     seq_len = rollout.prompt_tokens.shape[1] + rollout.tokens.shape[1]
     parts = update_lib.row_parts(rows, self.row_shards, seq_len, self.forward_tokens, at_least)
     return update_lib.RowSplit(parts, self.side_by_side)
+
+  def pack_rows(self, rows: int, seq_len: int, at_least: int = 1) -> int:
+    """Packed rows of ``seq_len`` tokens per chunk: as many as ``forward_tokens`` per data shard
+    allows (at least one per shard), never more than the padded micro-batch's rows
+    (``rows / at_least``); with no token limit, the padded micro-batch's rows."""
+    micro = rows // at_least if rows % at_least == 0 else rows
+    if not self.forward_tokens:
+      return micro
+    return min(self.row_shards * max(1, self.forward_tokens // seq_len), micro)
+
+  def forward_split(self, rollout: Rollout, at_least: int = 1) -> update_lib.RowSplit | Packed:
+    """How the forwards take ``rollout``'s rows: ``row_split``, or with ``pack`` a
+    first-fit-decreasing layout of its sequences in chunks of ``pack_rows`` rows as wide as its
+    padded rows (``packing.chunk_shape``: the step's shapes stay those of the config)."""
+    if not self.pack:
+      return self.row_split(rollout, at_least)
+    _, valid = sequence_inputs(rollout)
+    rows, seq_len = valid.shape
+    shape = packing.chunk_shape(rows, seq_len, self.pack_rows(rows, seq_len, at_least))
+    return Packed(packing.layout(valid, shape), side_by_side=self.side_by_side,
+                  place=self.keep_rows)
 
 
 # --- scoring -------------------------------------------------------------------------------------
@@ -234,7 +328,7 @@ def score(learner: StepSpec, state: TrainState, rollout: Rollout, hp, aux=None
   row_valid = rollout.row_valid.astype(jnp.float32)
   mask = rollout.mask.astype(jnp.float32) * row_valid[:, None]
   old_logp = entropy = ref_logp = values = token_rewards = None
-  split = learner.row_split(rollout)
+  split = learner.forward_split(rollout)
   moe_scoring = {}
   if not learner.reuse_policy_forward:
     old_logp, entropy, moe = policy_stats(cfg, state.params, rollout, chunk, split,
@@ -274,6 +368,8 @@ def score(learner: StepSpec, state: TrainState, rollout: Rollout, hp, aux=None
                 aux_logp=lambda name: completion_stats(aux_cfgs[name], aux[name], rollout,
                                                        chunk, split)[0])
   metrics = dict(moe_scoring)
+  if isinstance(split, Packed):
+    metrics["pack/fill"] = scalar_metric(split.layout.fill)
   for t in algo.transforms:
     if t.on_score is not None:
       changes, transform_metrics = t.on_score(view)
@@ -318,14 +414,16 @@ def minibatch_counts(learner: StepSpec, minibatch: Rollout, parts: int) -> dict:
   return counts
 
 
-def actor_loss(learner: StepSpec, params, coefs, micro: Rollout, counts):
+def actor_loss(learner: StepSpec, params, coefs, micro: Rollout, counts,
+               split: update_lib.RowSplit | Packed = update_lib.RowSplit()):
   """The policy objective plus every regulariser, each divided by its minibatch count:
   ``(loss, (metrics, rows))``, ``rows`` the forward's ``(logp, entropy)`` when it also gives the
-  old log-probs (the scoring metrics are then computed over the whole minibatch), else None."""
+  old log-probs (the scoring metrics are then computed over the whole minibatch), else None.
+  ``split``: how the forward takes ``micro``'s rows (packed: one chunk, ``packed_micro``)."""
   algo = learner.algo
   logp, entropy, moe = policy_stats(learner.model_cfg, params, micro, learner.logits_chunk,
-                                    routes=replayed_routes(learner.model_cfg, micro,
-                                                           in_update=True))
+                                    split, routes=replayed_routes(learner.model_cfg, micro,
+                                                                  in_update=True))
   arrays = _loss_inputs(micro)
   if micro.old_logp is None:
     arrays["old_logp"] = jax.lax.stop_gradient(logp)
@@ -356,8 +454,9 @@ def actor_loss(learner: StepSpec, params, coefs, micro: Rollout, counts):
   return total, (metrics, rows)
 
 
-def critic_loss(learner: StepSpec, critic_params, micro: Rollout, counts):
-  values = completion_values(learner.model_cfg, critic_params, micro)
+def critic_loss(learner: StepSpec, critic_params, micro: Rollout, counts,
+                split: update_lib.RowSplit | Packed = update_lib.RowSplit()):
+  values = completion_values(learner.model_cfg, critic_params, micro, split)
   loss_sum, metrics = value_lib.value_loss_sum(values, micro.values, micro.returns,
                                                micro.loss_mask, clip=learner.critic_clip)
   metrics = dict(metrics, value_loss=(loss_sum, counts["value"] / counts["micro"]))
@@ -389,16 +488,27 @@ def minibatch_update(learner: StepSpec, hp, state: TrainState, minibatch: Rollou
   hp = with_coefs(learner, state, hp)
   if update_actor:
     minibatch, metrics = select_tokens(learner, hp, state.step, minibatch, index)
-  split = learner.row_split(minibatch, at_least=algo.micro_batches)
-  counts = minibatch_counts(learner, minibatch, split.parts)
+  split = learner.forward_split(minibatch, at_least=algo.micro_batches)
+  if isinstance(split, Packed):
+    counts = minibatch_counts(learner, minibatch, split.layout.used_chunks)
+    metrics["pack/update_fill"] = scalar_metric(split.layout.fill)
+    accumulate = lambda loss_fn, params, **kw: update_lib.accumulate_chunks(
+        lambda p, mb, index, c: loss_fn(p, *packed_micro(mb, split, index), c), params,
+        minibatch, counts, chunks=split.layout.shape[0], used=split.layout.used_chunks,
+        side_by_side=split.side_by_side, **kw)
+  else:
+    counts = minibatch_counts(learner, minibatch, split.parts)
+    accumulate = lambda loss_fn, params, **kw: update_lib.accumulate_gradients(
+        lambda p, mb, c: loss_fn(p, mb, update_lib.RowSplit(), c), params, minibatch, counts,
+        parts=split.parts, side_by_side=split.side_by_side, **kw)
   if update_actor:
     # Gradients w.r.t. the trainable parameters only (the adapters, with LoRA); the frozen base
     # enters the loss as a constant, so no gradient of it is ever computed.
     frozen = state.params
-    loss, grads, actor_metrics, rows = update_lib.accumulate_gradients(
-        lambda p, mb, c: actor_loss(learner, state_lib.with_trainable(frozen, p), hp, mb, c),
-        state_lib.trainable(state.params), minibatch, counts,
-        parts=split.parts, side_by_side=split.side_by_side, row_outputs=True)
+    loss, grads, actor_metrics, rows = accumulate(
+        lambda p, mb, mb_split, c: actor_loss(
+            learner, state_lib.with_trainable(frozen, p), hp, mb, c, mb_split),
+        state_lib.trainable(state.params), row_outputs=True)
     if rows is not None:  # the metrics scoring left out, from the loss's forward
       actor_metrics.update(scoring_metrics(learner, minibatch.loss_mask, *rows,
                                            minibatch.sampler_logp, minibatch.ref_logp))
@@ -412,9 +522,8 @@ def minibatch_update(learner: StepSpec, hp, state: TrainState, minibatch: Rollou
     skipped += (~applied).astype(jnp.int32)
     metrics.update(actor_metrics, loss=scalar_metric(loss), grad_norm=scalar_metric(grad_norm))
   if state.critic_params is not None:
-    closs, cgrads, critic_metrics = update_lib.accumulate_gradients(
-        lambda p, mb, c: critic_loss(learner, p, mb, c), state.critic_params, minibatch,
-        counts, parts=split.parts, side_by_side=split.side_by_side)
+    closs, cgrads, critic_metrics = accumulate(
+        lambda p, mb, mb_split, c: critic_loss(learner, p, mb, c, mb_split), state.critic_params)
     critic_params, critic_opt_state, cgrad_norm, capplied = update_lib.apply_update(
         learner.critic_tx, state.critic_params, state.critic_opt_state, cgrads, closs)
     state = state.replace(critic_params=critic_params, critic_opt_state=critic_opt_state)
@@ -422,6 +531,16 @@ def minibatch_update(learner: StepSpec, hp, state: TrainState, minibatch: Rollou
     metrics.update(critic_metrics, critic_grad_norm=scalar_metric(cgrad_norm))
   metrics["update_skipped"] = scalar_metric(skipped > 0)
   return state.replace(skipped_updates=state.skipped_updates + skipped), metrics
+
+
+def packed_micro(minibatch: Rollout, split: Packed, index) -> tuple[Rollout, Packed]:
+  """The micro-batch of packed chunk ``index``: the whole minibatch with the loss mask kept on
+  the rows of that chunk (their forward outputs are the chunk's, the others' 0), and the split
+  that runs that chunk. The rows' losses are those of a padded micro-batch of the same rows."""
+  lay = split.layout
+  in_chunk = (lay.row // lay.shape[1] == index).astype(minibatch.loss_mask.dtype)
+  return (minibatch.replace(loss_mask=minibatch.loss_mask * in_chunk[:, None]),
+          split._replace(chunk=index))
 
 
 def _updates(learner: StepSpec, state: TrainState, batch: Rollout, hp, update_actor: bool):

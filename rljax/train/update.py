@@ -132,6 +132,36 @@ def accumulate_gradients(loss_fn: Callable, params, minibatch, counts: Mapping[s
   return loss, grads, metrics
 
 
+def accumulate_chunks(loss_fn: Callable, params, minibatch, counts: Mapping[str, Any], *,
+                      chunks: int, used, side_by_side: int = 1, row_outputs: bool = False):
+  """``accumulate_gradients`` over micro-batches given by index: ``loss_fn(params, minibatch,
+  index, counts)`` for ``index < used`` of ``chunks`` (a scan of static length whose iterations
+  past ``used``, a traced count, compute nothing: ``lax.cond``). The packed update's chunks:
+  their number varies with the batch's lengths, the compiled step does not.
+
+  ``rows`` (with ``row_outputs``) are summed over the micro-batches: each gives its rows'
+  values and 0 on the others'."""
+  grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+  aux = (lambda a: a) if row_outputs else (lambda a: (a, None))
+
+  def compute(index):
+    (loss, out), grads = grad_fn(params, minibatch, index, counts)
+    metrics, rows = aux(out)
+    return grads, loss, metrics, rows
+
+  first = compute(0)  # always run: a batch's tokens start in chunk 0
+  zeros = lambda index: jax.tree.map(jnp.zeros_like, first)
+
+  def body(acc, index):
+    return jax.tree.map(jnp.add, acc, jax.lax.cond(index < used, compute, zeros, index)), None
+
+  grads, loss, metrics, rows = first if chunks == 1 else jax.lax.scan(
+      body, first, jnp.arange(1, chunks), unroll=min(side_by_side, chunks - 1))[0]
+  if row_outputs:
+    return loss, grads, metrics, rows
+  return loss, grads, metrics
+
+
 def _all_finite(tree) -> jax.Array:
   leaves = [jnp.isfinite(x).all() for x in jax.tree.leaves(tree)
             if jnp.issubdtype(jnp.asarray(x).dtype, jnp.inexact)]

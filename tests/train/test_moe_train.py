@@ -9,6 +9,7 @@ import pytest
 from rljax import cli, config as rljax_config, models
 from rljax.rollout import SamplingParams, sample
 from rljax.train import metrics as metrics_lib
+from rljax.train import packing
 from rljax.train import step as step_lib
 from tests.train import tiny
 
@@ -48,7 +49,8 @@ def _tiny_moe(**changes):
 
 def test_replayed_sampler_routes_reproduce_the_sampler():
   """R3: the sampler records every fed token's experts; a teacher-forced forward that replays
-  them routes exactly as the sampler did and gives its log-probs; R3 without routes fails."""
+  them routes exactly as the sampler did and gives its log-probs, padded or packed; R3 without
+  routes fails."""
   cfg = _tiny_moe(router_replay="R3")
   params = models.init_params(cfg, seed=1)
   rng = np.random.default_rng(0)
@@ -62,6 +64,16 @@ def test_replayed_sampler_routes_reproduce_the_sampler():
   logp, _, moe = step_lib.policy_stats(cfg, params, r, chunk=8,
                                        routes=step_lib.replayed_routes(cfg, r, in_update=True))
   fed = np.concatenate([r.prompt_mask, np.pad(r.mask[:, 1:], ((0, 0), (0, 1)))], 1) > 0
+  np.testing.assert_array_equal(np.asarray(moe["routes"])[fed], routes[fed])
+  np.testing.assert_allclose(np.asarray(logp)[r.mask > 0], r.sampler_logp[r.mask > 0], atol=2e-5)
+  # Packed (model.pack): the routes are laid out with the tokens, two sequences a row (rows
+  # twice as wide as these full ones), and come back to the padded layout; dropless dispatch,
+  # so a token's experts and outputs do not depend on the tokens beside it.
+  _, valid = step_lib.sequence_inputs(r)
+  packed = step_lib.Packed(packing.layout(valid, packing.chunk_shape(6, 2 * valid.shape[1], 2)))
+  assert int(packed.layout.used_rows) == 3
+  logp, _, moe = step_lib.policy_stats(cfg, params, r, chunk=8, split=packed,
+                                       routes=step_lib.replayed_routes(cfg, r, in_update=True))
   np.testing.assert_array_equal(np.asarray(moe["routes"])[fed], routes[fed])
   np.testing.assert_allclose(np.asarray(logp)[r.mask > 0], r.sampler_logp[r.mask > 0], atol=2e-5)
   with pytest.raises(ValueError, match="sampler's routes"):
