@@ -68,6 +68,7 @@ SINGLE_TURN = equals("env.name", None, lambda f, k: (
 MULTI_TURN = differs("env.name", None, "rollouts are single-turn (env.name=None); set env.name "
                                        "to an environment or drop the key")
 LORA = above("model.lora.rank", 0, "model.lora.rank=0 (no adapters)")
+SFT_STOP = above("sft.stop_match", 0.0, "sft.stop_match=0 (SFT trains all sft.steps)")
 FRESH_MODEL = When(lambda f, k: f["model.source"] in ("tiny", "sft"),
                    "model.source='tiny' or 'sft'", lambda f, k: (
                        f"model.source={f['model.source']!r} brings its own architecture"))
@@ -736,6 +737,15 @@ KEYS = declare((
     Key("sft.lr", 3e-3, POSITIVE, "SFT learning rate"),
     Key("sft.warmup_steps", 50, integer(0), "SFT warmup steps"),
     Key("sft.seed", 1234, SEED, "SFT examples come from their own stream of the train split"),
+    Key("sft.stop_match", 0.0, real(0.0, 1.0),
+        "stop SFT at the first check where this share of held-aside train problems is solved "
+        "exactly by greedy decoding (teacher-forced argmax = the reference at every learned "
+        "token); 0 = train all sft.steps. Gives every seed a cold start of the same skill"),
+    Key("sft.check_every", 10, integer(1), "SFT steps between exact-match checks",
+        read_if=SFT_STOP),
+    Key("sft.check_size", 256, SIZE, "problems of the exact-match check (their own stream of "
+        "the train split, never the eval split)",
+        read_if=SFT_STOP),
     Key("sft.out_dir", "runs/sft", NONEMPTY,
         "reused when it holds a checkpoint made with the same sft/model keys"),
     # --- reward-model training (`rljax rm`, docs/reward_models.md) -----------------------------

@@ -7,6 +7,7 @@ runs whose ``sft``, ``model`` and ``data`` sections are the same (a stamp file r
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -113,6 +114,24 @@ def sft_loss(model_cfg, params, tokens, attn, loss_mask, chunk: int):
   return -(logp * mask).sum() / jnp.maximum(mask.sum(), 1.0)
 
 
+def exact_match(model_cfg, params, tokens, attn, loss_mask):
+  """Share of rows that greedy decoding would write exactly: the teacher-forced argmax equals
+  the reference at every learned token, so the greedy continuation of the prompt is the
+  reference solution (a row can still be right through another solution; this counts only the
+  reference's, a lower bound on greedy accuracy). One forward, no decoding."""
+  hidden, model, _ = transformer.forward_with_routes(model_cfg, params, tokens, attn)
+  # The cold start is a tiny character-level model (a vocabulary of tens), so the full logits
+  # are small; a soft-cap would not move the argmax.
+  logits = hidden[:, :-1].astype(jnp.float32) @ model.head_weight().astype(jnp.float32)
+  hit = (jnp.argmax(logits, axis=-1) == tokens[:, 1:]) | (loss_mask[:, 1:] == 0)
+  return hit.all(axis=-1).mean()
+
+
+def _check_stream_seed(sft_seed: int) -> int:
+  """The exact-match problems' own stream, apart from the examples SFT trains on."""
+  return sft_seed + 1_000_003
+
+
 def train_sft(config, tokenizer, *, log=print):
   """Train a fresh tiny policy on reference solutions: returns (ModelConfig, params). The cold
   start is a full model: a run with low-rank adapters (``model.lora.*``) puts them on it."""
@@ -135,6 +154,11 @@ def train_sft(config, tokenizer, *, log=print):
     updates, opt_state = tx.update(grads, opt_state, params)
     return optax.apply_updates(params, updates), opt_state, loss
 
+  match = jax.jit(functools.partial(exact_match, model_cfg))
+  check = None
+  if s.stop_match > 0:
+    checked = datasets.make_prompt_source(config.data, stream_seed=_check_stream_seed(s.seed))
+    check = make_batch(tokenizer, checked.next_batch(s.check_size), width, config.env.tool_format)
   source = datasets.make_prompt_source(config.data, stream_seed=s.seed)
   t0 = time.perf_counter()
   for i in range(s.steps):
@@ -146,6 +170,17 @@ def train_sft(config, tokenizer, *, log=print):
                                                                   config.env.tool_format))
     if (i + 1) % max(s.steps // 10, 1) == 0 or i == 0:
       log(f"sft step {i + 1}/{s.steps} loss {float(loss):.4f} ({time.perf_counter() - t0:.0f}s)")
+    if check is not None and (i + 1) % s.check_every == 0:
+      rate = float(match(params, *check))
+      log(f"sft step {i + 1} exact match {rate:.3f}")
+      if rate >= s.stop_match:
+        log(f"sft stopped at step {i + 1}: exact match {rate:.3f} >= sft.stop_match "
+            f"{s.stop_match} ({time.perf_counter() - t0:.0f}s)")
+        break
+  else:
+    if check is not None:
+      log(f"sft ran all {s.steps} steps: exact match {float(match(params, *check)):.3f} < "
+          f"sft.stop_match {s.stop_match}")
   return model_cfg, params
 
 

@@ -1,0 +1,83 @@
+"""The SFT cold start's exact-match check and the stop it drives (``sft.stop_match``)."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rljax import config_loader
+from rljax.data import tokenizer as tokenizer_lib
+from rljax.models import transformer
+from rljax.models.config import ModelConfig
+from rljax.train import sft
+
+from . import tiny
+
+PROMPT, NEW = 4, 5
+
+
+def _greedy_continuation(model_cfg, params, prompt: list) -> list:
+  """Greedy decoding by its definition: a full forward per new token, the argmax of the last."""
+  ids = list(prompt)
+  for _ in range(NEW):
+    tokens = jnp.asarray([ids], jnp.int32)
+    hidden, model, _ = transformer.forward_with_routes(model_cfg, params, tokens,
+                                                       jnp.ones_like(tokens))
+    ids.append(int(np.asarray(hidden[0, -1] @ model.head_weight()).argmax()))
+  return ids[len(prompt):]
+
+
+def test_exact_match_is_the_share_of_rows_that_greedy_decoding_writes():
+  model_cfg = ModelConfig(vocab_size=16, hidden_size=32, intermediate_size=64, num_layers=1,
+                          num_heads=2, num_kv_heads=1, head_dim=16)
+  params = transformer.init_params(model_cfg, seed=3)
+  rng = np.random.default_rng(0)
+  rows = []
+  for _ in range(4):
+    prompt = [int(t) for t in rng.integers(1, 16, size=PROMPT)]
+    rows.append(prompt + _greedy_continuation(model_cfg, params, prompt))
+  learn = np.zeros((4, PROMPT + NEW), np.float32)
+  learn[:, PROMPT:] = 1
+  # Rows 1 and 3: a learned token that greedy decoding would not write -> not matched.
+  rows[1][PROMPT] = (rows[1][PROMPT] + 1) % 16
+  rows[3][-1] = (rows[3][-1] + 1) % 16
+  # Row 2: the same change on a token that is not learned (mask 0) -> still matched.
+  rows[2][-1] = (rows[2][-1] + 1) % 16
+  learn[2, -1] = 0
+  tokens = jnp.asarray(rows, jnp.int32)
+  rate = sft.exact_match(model_cfg, params, tokens, jnp.ones_like(tokens), jnp.asarray(learn))
+  assert float(rate) == 0.5
+
+
+def _config(tmp_path, **overrides):
+  args = tiny.args("main", str(tmp_path / "run"),
+                   {"sft.out_dir": str(tmp_path / "sft"), **{k: str(v) for k, v in
+                                                             overrides.items()}})
+  path, parsed, _ = config_loader.split_config_args(args[1:])
+  return config_loader.load_config(path, parsed)
+
+
+@pytest.mark.parametrize("stop_match,stopped_at", [(0.5, 30), (0.95, None)])
+def test_sft_stops_at_the_first_check_that_reaches_stop_match(tmp_path, monkeypatch, stop_match,
+                                                                stopped_at):
+  config = _config(tmp_path, **{"sft.steps": 40, "sft.stop_match": stop_match,
+                                "sft.check_every": 10, "sft.check_size": 4,
+                                "rollout.max_new_tokens": 24})
+  rates = iter([0.1, 0.3, 0.6, 0.9, 0.9])
+  checked = []
+
+  def scripted(model_cfg, params, tokens, attn, loss_mask):
+    # Called under jit: the rate and the record come from a host callback at every check.
+    def host():
+      checked.append(tokens.shape[0])
+      return np.float32(next(rates))
+    return jax.pure_callback(host, jax.ShapeDtypeStruct((), jnp.float32))
+
+  monkeypatch.setattr(sft, "exact_match", scripted)
+  lines = []
+  sft.train_sft(config, tokenizer_lib.load_tokenizer("char"), log=lines.append)
+  if stopped_at is None:  # never reached: all 40 steps, then the final rate is reported
+    assert checked == [4] * 5
+    assert lines[-1] == "sft ran all 40 steps: exact match 0.900 < sft.stop_match 0.95"
+  else:
+    assert checked == [4] * 3  # steps 10, 20, 30
+    assert lines[-1].startswith(f"sft stopped at step {stopped_at}: exact match 0.600")
