@@ -14,6 +14,10 @@ at run time (``used_chunks``), never compiled anew.
 
 Placement is first-fit decreasing (Johnson 1973): sequences by decreasing length, each into the
 first row with room; used rows form a prefix, filled chunk by chunk.
+
+Packing saves work only by the chunks it leaves empty: in a layout of one chunk it computes as
+many rows as the padded forward plus the layout's gathers. ``packs`` says, per forward, whether
+``model.pack`` packs it.
 """
 from __future__ import annotations
 
@@ -21,6 +25,24 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+
+from rljax.defaults import AUTO_PACK_MIN_CHUNKS, AUTO_PACK_PLATFORMS, options
+
+SETTINGS = options("model.pack")  # 'auto' and the strings of True / False a command line gives
+
+
+def packs(setting, chunks: int, platform: str) -> bool:
+  """``model.pack`` resolved for a forward whose packed layout (``chunk_shape``) has ``chunks``
+  chunks on ``platform``: True / False (or their strings) force it; 'auto' packs on
+  ``AUTO_PACK_PLATFORMS`` when ``chunks >= AUTO_PACK_MIN_CHUNKS`` (``rljax/defaults.py`` says
+  why and where it was measured)."""
+  if setting == "auto":
+    return platform in AUTO_PACK_PLATFORMS and chunks >= AUTO_PACK_MIN_CHUNKS
+  if isinstance(setting, bool):
+    return setting
+  if setting in SETTINGS:
+    return setting.lower() == "true"
+  raise ValueError(f"model.pack={setting!r}: expected one of {list(SETTINGS)} or a bool")
 
 
 class Layout(NamedTuple):
