@@ -14,7 +14,8 @@ Reported per maximum length ``T``: the median seconds of ``--runs`` calls after 
 interleaved call by call), tokens/s (valid prompt + completion tokens / s) and the ratio
 packed / padded; the packed layout's fill (tokens / slots of the used chunks) and chunks used;
 the compiled train step's temporary memory (XLA's memory analysis). With ``--compile``, a
-second table: the seconds to trace and compile scoring + update on each side, after an untimed
+second table: the CPU seconds (and wall seconds) to trace and compile scoring + update on each
+side, after an untimed
 compilation of both (the process's first pays one-time costs; the packed
 program's layout, gathers and chunk scan compile slower), the seconds a step (scoring + update)
 saves packed, and the steps after which packing has paid for its longer compilation
@@ -122,10 +123,11 @@ def auto_chunks(args, max_new: int) -> dict:
 
 
 def _timed(fn):
-  """``(fn(), seconds)``, the result ready."""
-  t0 = time.perf_counter()
+  """``(fn(), wall seconds, this process's CPU seconds)``, the result ready. On a shared
+  machine the CPU seconds of a compilation (mostly one thread) vary less than its wall time."""
+  t0, c0 = time.perf_counter(), time.process_time()
   out = jax.block_until_ready(fn())
-  return out, time.perf_counter() - t0
+  return out, time.perf_counter() - t0, time.process_time() - c0
 
 
 def _seconds(fn) -> float:
@@ -150,13 +152,14 @@ def measure(args, max_new: int) -> dict:
     score, train, state, hp, _ = _fns(pack, args, max_new)
     # Trace + compile each program once, timed (what a run's first step pays), and call the
     # compiled executables from then on.
-    score_c, score_compile = _timed(lambda: score.lower(state, rollout, hp).compile())
+    score_c, *score_compile = _timed(lambda: score.lower(state, rollout, hp).compile())
     batch, metrics = score_c(state, rollout, hp)
-    train_c, train_compile = _timed(lambda: train.lower(state, batch, hp).compile())
+    train_c, *train_compile = _timed(lambda: train.lower(state, batch, hp).compile())
     sides[pack] = dict(score=lambda s=score_c, st=state, h=hp: s(st, rollout, h),
                        train=lambda t=train_c, st=state, b=batch, h=hp: t(st, b, h),
                        temp=train_c.memory_analysis().temp_size_in_bytes, metrics=metrics,
-                       compile=score_compile + train_compile)
+                       compile=score_compile[0] + train_compile[0],
+                       compile_cpu=score_compile[1] + train_compile[1])
     jax.block_until_ready(sides[pack]["train"]())  # warm up
   times = {(pack, phase): [] for pack in sides for phase in ("score", "train")}
   for _ in range(args.runs):
@@ -174,16 +177,18 @@ def measure(args, max_new: int) -> dict:
               **{f"{phase}_ratio": med[(False, phase)] / med[(True, phase)]
                  for phase in ("score", "train")},
               compile_padded_s=sides[False]["compile"], compile_packed_s=sides[True]["compile"],
+              compile_cpu_padded_s=sides[False]["compile_cpu"],
+              compile_cpu_packed_s=sides[True]["compile_cpu"],
               temp_padded_mib=sides[False]["temp"] / 2 ** 20,
               temp_packed_mib=sides[True]["temp"] / 2 ** 20)
 
 
 def payback_steps(r: dict) -> float:
   """Steps (one scoring + one update each) after which the packed run, compiled slower, has
-  caught up with the padded one: extra compile seconds / seconds saved a step; ``inf`` where
-  the packed step is not faster (0 where it also compiles no slower)."""
+  caught up with the padded one: extra compile CPU seconds / seconds saved a step; ``inf``
+  where the packed step is not faster (0 where it also compiles no slower)."""
   saved = (r["score_padded_s"] + r["train_padded_s"]) - (r["score_packed_s"] + r["train_packed_s"])
-  extra = r["compile_packed_s"] - r["compile_padded_s"]
+  extra = r["compile_cpu_packed_s"] - r["compile_cpu_padded_s"]
   if saved <= 0:
     return float("inf")
   return max(0.0, extra) / saved
@@ -210,17 +215,19 @@ def main(argv=None):
           f"**{r['score_ratio']:.2f}** | {r['temp_padded_mib']:.1f} | {r['temp_packed_mib']:.1f} |",
           flush=True)
   if args.compile:
-    print("\n| row width P + T | chunks scoring / update (auto packs) | compile padded s | "
-          "packed s | packed / padded | step padded s | packed s | saved a step s | "
-          "steps to repay |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("\n| row width P + T | chunks scoring / update (auto packs) | compile CPU s padded "
+          "| packed | packed / padded | compile wall s padded | packed | step padded s | packed s | "
+          "saved a step s | steps to repay |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
       step = {side: r[f"score_{side}_s"] + r[f"train_{side}_s"] for side in ("padded", "packed")}
       steps = payback_steps(r)
       auto = auto_chunks(args, r["T"])
       chunks = " / ".join(f"{c}{' (yes)' if on else ''}" for c, on in auto.values())
-      print(f"| {r['width']} | {chunks} | {r['compile_padded_s']:.1f} | {r['compile_packed_s']:.1f} | "
-            f"{r['compile_packed_s'] / r['compile_padded_s']:.2f} | {step['padded']:.3f} | "
+      print(f"| {r['width']} | {chunks} | {r['compile_cpu_padded_s']:.1f} | "
+            f"{r['compile_cpu_packed_s']:.1f} | "
+            f"{r['compile_cpu_packed_s'] / r['compile_cpu_padded_s']:.2f} | "
+            f"{r['compile_padded_s']:.1f} | {r['compile_packed_s']:.1f} | {step['padded']:.3f} | "
             f"{step['packed']:.3f} | {step['padded'] - step['packed']:.3f} | "
             f"{'never' if steps == float('inf') else f'{steps:.0f}'} |", flush=True)
 
