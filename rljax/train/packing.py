@@ -45,6 +45,16 @@ def packs(setting, chunks: int, platform: str) -> bool:
   raise ValueError(f"model.pack={setting!r}: expected one of {list(SETTINGS)} or a bool")
 
 
+def packed_shape(setting, platform: str, rows: int, width: int, max_tokens: int,
+                 shards: int = 1, at_least: int = 1) -> tuple | None:
+  """``(C, R, W)``: the packed chunks (``chunk_rows`` rows as wide as the padded ones) of a
+  forward over ``rows`` rows of ``width`` tokens (``max_tokens`` per shard a chunk, 0 for no
+  limit; ``at_least`` micro-batches), or None where ``model.pack=setting`` resolves to the
+  padded rows for it (``packs``)."""
+  shape = chunk_shape(rows, width, chunk_rows(rows, width, max_tokens, shards, at_least))
+  return shape if packs(setting, shape[0], platform) else None
+
+
 class Layout(NamedTuple):
   """Where each sequence of a ``[B, S]`` batch sits in ``[C, R, W]`` packed chunks.
 
@@ -74,6 +84,16 @@ class Layout(NamedTuple):
     c, r, w = self.shape
     slots = jnp.maximum(self.used_chunks * r * w, 1)
     return self.lengths.sum().astype(jnp.float32) / slots
+
+
+def chunk_rows(rows: int, width: int, max_tokens: int, shards: int = 1, at_least: int = 1) -> int:
+  """Packed rows of ``width`` tokens a chunk for ``rows`` sequences over ``shards`` data shards:
+  as many as ``max_tokens`` per shard allows (at least one per shard), never more than a padded
+  micro-batch's rows (``rows / at_least``); with no token limit (0), a padded micro-batch's."""
+  micro = rows // at_least if rows % at_least == 0 else rows
+  if not max_tokens:
+    return micro
+  return min(shards * max(1, max_tokens // width), micro)
 
 
 def chunk_shape(rows: int, width: int, chunk_rows: int) -> tuple:

@@ -254,20 +254,15 @@ class StepSpec:
     return update_lib.RowSplit(parts, self.side_by_side)
 
   def pack_rows(self, rows: int, seq_len: int, at_least: int = 1) -> int:
-    """Packed rows of ``seq_len`` tokens per chunk: as many as ``forward_tokens`` per data shard
-    allows (at least one per shard), never more than the padded micro-batch's rows
-    (``rows / at_least``); with no token limit, the padded micro-batch's rows."""
-    micro = rows // at_least if rows % at_least == 0 else rows
-    if not self.forward_tokens:
-      return micro
-    return min(self.row_shards * max(1, self.forward_tokens // seq_len), micro)
+    """Packed rows of ``seq_len`` tokens per chunk (``packing.chunk_rows``)."""
+    return packing.chunk_rows(rows, seq_len, self.forward_tokens, self.row_shards, at_least)
 
   def pack_shape(self, rows: int, seq_len: int, at_least: int = 1) -> tuple | None:
     """``(C, R, W)``: the packed chunks (``pack_rows`` rows as wide as the padded ones) of a
     forward over ``rows`` rows of ``seq_len`` tokens, or None where ``model.pack`` resolves to
     the padded rows for it (``packing.packs``)."""
-    shape = packing.chunk_shape(rows, seq_len, self.pack_rows(rows, seq_len, at_least))
-    return shape if packing.packs(self.pack, shape[0], self.platform) else None
+    return packing.packed_shape(self.pack, self.platform, rows, seq_len, self.forward_tokens,
+                                self.row_shards, at_least)
 
   def describe_packing(self, rows: int, seq_len: int) -> str:
     """One start-up line: how ``model.pack`` resolves for scoring ``rows`` rows of ``seq_len``
