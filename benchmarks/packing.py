@@ -216,8 +216,8 @@ def main(argv=None):
           flush=True)
   if args.compile:
     print("\n| row width P + T | chunks scoring / update (auto packs) | compile CPU s padded "
-          "| packed | packed / padded | compile wall s padded | packed | step padded s | packed s | "
-          "saved a step s | steps to repay |")
+          "| packed | packed / padded | compile wall s padded | packed | step padded s | "
+          "packed s | saved a step s | steps to repay |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
       step = {side: r[f"score_{side}_s"] + r[f"train_{side}_s"] for side in ("padded", "packed")}

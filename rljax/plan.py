@@ -36,7 +36,7 @@ What is counted (per device, the device holding the most):
   ``rows = P*G / minibatches / micro-batches / batch shards`` rows of
   ``S = prompt + max_new_tokens`` tokens (where ``model.pack`` resolves on for the update, a
   micro-batch is one packed chunk: ``R / batch shards`` rows of ``S``, ``R`` from
-  ``rljax.train.packing.packed_shape``, and the chunks count as the micro-batches), per layer per token
+  ``rljax.train.packing.packed_shape``, the chunks counted as micro-batches), per layer per token
   ``(ACT_D*D + ACT_QKV*(H+2G)*Dh + ACT_F*F) * dtype bytes`` (the tensors this decoder keeps for
   the backward pass: residual, float32 norm copies, q/k/v before and after RoPE, attention out,
   gate/up/silu/product) plus attention's own: with the materialised backend

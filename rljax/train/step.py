@@ -271,11 +271,9 @@ class StepSpec:
     phases = []
     for name, n, at_least in (("scoring", rows, 1),
                               ("update", rows // a.minibatches, a.micro_batches)):
-      chunks = packing.chunk_shape(n, seq_len, self.pack_rows(n, seq_len, at_least))
-      if self.pack_shape(n, seq_len, at_least) is None:
-        phases.append(f"{name} padded")
-      else:
-        phases.append(f"{name} packed ({chunks[0]} chunks of {chunks[1]} rows)")
+      shape = self.pack_shape(n, seq_len, at_least)
+      phases.append(f"{name} padded" if shape is None else
+                    f"{name} packed ({shape[0]} chunks of {shape[1]} rows)")
     return (f"packing: model.pack={self.pack} on {self.platform} -> {', '.join(phases)} for "
             f"rows of {seq_len} tokens (a batch of wider rows resolves anew; packed forwards "
             "log pack/fill and pack/update_fill)")
@@ -284,10 +282,11 @@ class StepSpec:
     """How the forwards take ``rollout``'s rows: a first-fit-decreasing layout of its sequences
     in the chunks of ``pack_shape`` (the step's shapes stay those of the config), or where that
     is None, ``row_split``."""
-    _, valid = sequence_inputs(rollout)
-    shape = self.pack_shape(*valid.shape, at_least)
+    rows, completion = rollout.tokens.shape
+    shape = self.pack_shape(rows, rollout.prompt_tokens.shape[1] + completion, at_least)
     if shape is None:
       return self.row_split(rollout, at_least)
+    _, valid = sequence_inputs(rollout)
     return Packed(packing.layout(valid, shape), side_by_side=self.side_by_side,
                   place=self.keep_rows)
 
