@@ -2,6 +2,7 @@
 first-fit decreasing, every token placed once, and the round trip back to the padded layout."""
 import dataclasses
 import functools
+import types
 
 import jax
 import jax.numpy as jnp
@@ -145,3 +146,10 @@ def test_auto_resolves_per_forward_from_the_chunk_count_hand_counted():
   assert dataclasses.replace(spec, pack="False").pack_shape(16, 256) is None
   assert dataclasses.replace(spec, platform="gpu").pack_shape(16, 256) is None
   assert dataclasses.replace(spec, forward_tokens=0).pack_shape(16, 512) is None
+  # The start-up line: 32 rows of 128 tokens score in 2 chunks of 16; the update's minibatches
+  # of 32 / 2 = 16 rows fit one chunk.
+  two_minibatches = dataclasses.replace(
+      spec, algo=types.SimpleNamespace(minibatches=2, micro_batches=1))
+  assert two_minibatches.describe_packing(32, 128).startswith(
+      "packing: model.pack=auto on cpu -> scoring packed (2 chunks of 16 rows), update padded "
+      "for rows of 128 tokens")
