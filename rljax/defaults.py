@@ -55,6 +55,17 @@ LOGGER_NAMES = Check(lambda v: isinstance(v, (tuple, list)) and "jsonl" in v
                      and all(isinstance(n, str) for n in v),
                      "a tuple of logger names that includes 'jsonl'", tuple)
 
+# ``model.pack='auto'`` (``rljax.train.packing.packs``): a forward packs when its packed layout
+# has at least this many chunks, on these platforms. Packing saves work only by the chunks the
+# batch leaves empty; in one chunk it adds the layout's gathers and saves nothing: at rows of 256
+# tokens the update in one chunk ran 0.85x packed and scoring in two 2.1x (same rows, same
+# process); from two chunks the step's saving repays the packed program's longer compilation
+# within tens of steps (docs/results/benchmarks_packing.md, "When packing pays"). Measured on CPUs
+# only: on GPUs cuDNN attention holds one sequence a row (packed rows fall back to the blockwise
+# kernel), and with no token limit (auto there) a forward is one chunk anyway.
+AUTO_PACK_MIN_CHUNKS = 2
+AUTO_PACK_PLATFORMS = ("cpu",)
+
 # --- when keys are read --------------------------------------------------------------------------
 COMPONENT = component_reads()
 CRITIC = equals("critic.enabled", True, "there is no critic (critic.enabled=False)")
@@ -302,10 +313,13 @@ KEYS = declare((
         "most tokens per data shard in one forward/backward of scoring and the update (rows "
         "go in chunks, exact accumulation); -1 = auto (1024 per CPU thread of a device, no "
         "limit on accelerators), 0 = no limit"),
-    Key("model.pack", False, BOOL,
+    Key("model.pack", "auto", choice("auto", "True", "False", "true", "false"),
         "scoring and update forwards take the sequences packed (first-fit decreasing) into "
         "rows as wide as the padded ones, model.forward_tokens per data shard a chunk; outputs "
-        "go back to the padded layout, so every loss is the padded one's"),
+        "go back to the padded layout, so every loss is the padded one's; auto = packed on "
+        f"{'/'.join(AUTO_PACK_PLATFORMS)} where a forward's packed layout has at least "
+        f"{AUTO_PACK_MIN_CHUNKS} chunks (the empty ones are skipped), else padded; True / False "
+        "force it"),
     Key("model.parallel_chunks", -1, integer(1, 1024, also=(-1,)),
         "row chunks (model.forward_tokens) computed side by side per scan iteration: "
         "independent, so XLA:CPU runs them on separate threads; -1 = auto (one per CPU thread "

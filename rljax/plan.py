@@ -34,7 +34,9 @@ What is counted (per device, the device holding the most):
   replicated, so every device decodes with all experts);
 - train step activations for one micro-batch (on CPU, one per thread: they run side by side) of
   ``rows = P*G / minibatches / micro-batches / batch shards`` rows of
-  ``S = prompt + max_new_tokens`` tokens, per layer per token
+  ``S = prompt + max_new_tokens`` tokens (where ``model.pack`` resolves on for the update, a
+  micro-batch is one packed chunk: ``R / batch shards`` rows of ``S``, ``R`` from
+  ``rljax.train.packing.packed_shape``, the chunks counted as micro-batches), per layer per token
   ``(ACT_D*D + ACT_QKV*(H+2G)*Dh + ACT_F*F) * dtype bytes`` (the tensors this decoder keeps for
   the backward pass: residual, float32 norm copies, q/k/v before and after RoPE, attention out,
   gate/up/silu/product) plus attention's own: with the materialised backend
@@ -88,7 +90,7 @@ from rljax.models.source import parse_source, run_config
 from rljax.parallel import mesh as mesh_lib
 from rljax.parallel import rules as rules_lib
 from rljax.rollout import sampler as sampler_lib
-from rljax.train import update as update_lib
+from rljax.train import packing, update as update_lib
 from rljax.train.state import make_optimizer, total_updates, trainable
 from rljax.data import tokenizer as tokenizer_lib
 
@@ -339,6 +341,14 @@ def train_micro_batches(config, device_kind: str, rows: int, shards: int, seq_le
   return update_lib.row_parts(rows, shards, seq_len, limit, config.algo.micro_batches)
 
 
+def packed_update(config, device_kind: str, rows: int, shards: int, seq_len: int) -> tuple | None:
+  """``(C, R, W)``: the packed chunks the update's forwards take for a minibatch of ``rows`` rows
+  where ``model.pack`` resolves on for it (``packing.packed_shape``), else None."""
+  limit = update_lib.forward_tokens(config.model.forward_tokens, device_kind)
+  return packing.packed_shape(config.model.pack, device_kind, rows, seq_len, limit, shards,
+                              config.algo.micro_batches)
+
+
 def plan(config, device: str | None = None, *, model: str | None = None,
          prompt_len: int | None = None, optimizer=None, rules=None) -> dict:
   """Per-device memory of a run of ``config`` on ``device`` (see module doc). Bytes throughout.
@@ -517,16 +527,24 @@ def _plan(config, device: str | None = None, *, model: str | None = None,
   # --- train step ---
   mb = config.algo.minibatches
   micro = train_micro_batches(config, dev["kind"], rows // mb, batch_shards, slots)
+  # Packed (model.pack on for the update): a micro-batch is a chunk of R packed rows of the same
+  # width, as many chunks as its layout has (the empty ones skipped, so never more memory).
+  packed = packed_update(config, dev["kind"], rows // mb, batch_shards, slots)
+  if packed is not None:
+    micro = packed[0]
+    assumptions.append(f"model.pack={config.model.pack}: the update packed, chunks of "
+                       f"{packed[1]} rows of {slots} tokens ({packed[0]} chunks a minibatch)")
   grads = rules_lib.per_device_bytes(train_shapes, train_sh) * (2 if micro > 1 else 1)
   critic_grads = critic * (2 if micro > 1 else 1)
   if cfg.moe_layers:
     warnings.append(f"{len(cfg.moe_layers)} MoE layers: activations counted as a dense MLP of "
                     f"width F={cfg.intermediate_size}; the dispatch's [T, E, F] ('dense'), "
                     "[T, E, C] ('capacity') or [~T k, F] ('sparse') tensors are not")
-  if rows % (mb * micro * batch_shards):
+  if packed is None and rows % (mb * micro * batch_shards):
     warnings.append(f"P*G={rows} rows do not split into minibatches={mb} x micro_batches={micro}"
                     f" x {batch_shards} batch shards; rounded up")
-  train_rows = _split(rows, mb * micro * batch_shards)
+  train_rows = (_split(rows, mb * micro * batch_shards) if packed is None
+                else _split(packed[1], batch_shards))
   d, f, h, g, dh, L = (cfg.hidden_size, cfg.intermediate_size, cfg.num_heads, cfg.num_kv_heads,
                        cfg.head_dim, cfg.num_layers)
   t_div = lambda n: n // tensor if n % tensor == 0 else n

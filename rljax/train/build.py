@@ -359,7 +359,7 @@ def step_spec(config, model_cfg: ModelConfig, algo: Algorithm, aux_cfgs: tuple =
               mesh=None) -> step_lib.StepSpec:
   """The step's closure; ``aux_cfgs``: ``(transform name, architecture)`` of the transforms'
   frozen models; ``mesh`` (default: one device of the default backend) sets how rows are sharded
-  and the platform that ``model.forward_tokens=-1`` resolves for."""
+  and the platform that ``model.forward_tokens=-1`` and ``model.pack='auto'`` resolve for."""
   actor_tx, critic_tx = optimizers(config)
   platform = (mesh.devices.flat[0] if mesh is not None else jax.devices()[0]).platform
   forward_tokens = update_lib.forward_tokens(config.model.forward_tokens, platform)
@@ -371,7 +371,7 @@ def step_spec(config, model_cfg: ModelConfig, algo: Algorithm, aux_cfgs: tuple =
                           row_shards=1 if mesh is None else rules.batch_divisor(mesh),
                           side_by_side=update_lib.concurrent_chunks(config.model.parallel_chunks,
                                                                     platform),
-                          pack=config.model.pack, **placed)
+                          pack=config.model.pack, platform=platform, **placed)
 
 
 def _keep_rows(mesh, tree):

@@ -257,6 +257,9 @@ def _train(run: build.Run, guard: preemption.Guard) -> dict:
                                                 sampling=run.sampling, seed=cfg.seed)
   result: dict = {}
   run.writer.log(describe_model(run.engine.model_cfg))
+  run.writer.log(build.step_spec(cfg, run.model_cfg, run.algo, mesh=run.mesh).describe_packing(
+      cfg.rollout.prompts_per_step * cfg.rollout.group_size,
+      cfg.data.prompt_bucket + cfg.rollout.max_new_tokens))
   guard.at_step(start, None)  # checkpoint `start` exists, or start is 0: nothing to save
   if start == 0:
     with guard.droppable():

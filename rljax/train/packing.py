@@ -14,6 +14,10 @@ at run time (``used_chunks``), never compiled anew.
 
 Placement is first-fit decreasing (Johnson 1973): sequences by decreasing length, each into the
 first row with room; used rows form a prefix, filled chunk by chunk.
+
+Packing saves work only by the chunks it leaves empty: in a layout of one chunk it computes as
+many rows as the padded forward plus the layout's gathers. ``packs`` says, per forward, whether
+``model.pack`` packs it.
 """
 from __future__ import annotations
 
@@ -21,6 +25,34 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+
+from rljax.defaults import AUTO_PACK_MIN_CHUNKS, AUTO_PACK_PLATFORMS, options
+
+SETTINGS = options("model.pack")  # 'auto' and the strings of True / False a command line gives
+
+
+def packs(setting, chunks: int, platform: str) -> bool:
+  """``model.pack`` resolved for a forward whose packed layout (``chunk_shape``) has ``chunks``
+  chunks on ``platform``: True / False (or their strings) force it; 'auto' packs on
+  ``AUTO_PACK_PLATFORMS`` when ``chunks >= AUTO_PACK_MIN_CHUNKS`` (``rljax/defaults.py`` says
+  why and where it was measured)."""
+  if setting == "auto":
+    return platform in AUTO_PACK_PLATFORMS and chunks >= AUTO_PACK_MIN_CHUNKS
+  if isinstance(setting, bool):
+    return setting
+  if setting in SETTINGS:
+    return setting.lower() == "true"
+  raise ValueError(f"model.pack={setting!r}: expected one of {list(SETTINGS)} or a bool")
+
+
+def packed_shape(setting, platform: str, rows: int, width: int, max_tokens: int,
+                 shards: int = 1, at_least: int = 1) -> tuple | None:
+  """``(C, R, W)``: the packed chunks (``chunk_rows`` rows as wide as the padded ones) of a
+  forward over ``rows`` rows of ``width`` tokens (``max_tokens`` per shard a chunk, 0 for no
+  limit; ``at_least`` micro-batches), or None where ``model.pack=setting`` resolves to the
+  padded rows for it (``packs``)."""
+  shape = chunk_shape(rows, width, chunk_rows(rows, width, max_tokens, shards, at_least))
+  return shape if packs(setting, shape[0], platform) else None
 
 
 class Layout(NamedTuple):
@@ -52,6 +84,16 @@ class Layout(NamedTuple):
     c, r, w = self.shape
     slots = jnp.maximum(self.used_chunks * r * w, 1)
     return self.lengths.sum().astype(jnp.float32) / slots
+
+
+def chunk_rows(rows: int, width: int, max_tokens: int, shards: int = 1, at_least: int = 1) -> int:
+  """Packed rows of ``width`` tokens a chunk for ``rows`` sequences over ``shards`` data shards:
+  as many as ``max_tokens`` per shard allows (at least one per shard), never more than a padded
+  micro-batch's rows (``rows / at_least``); with no token limit (0), a padded micro-batch's."""
+  micro = rows // at_least if rows % at_least == 0 else rows
+  if not max_tokens:
+    return micro
+  return min(shards * max(1, max_tokens // width), micro)
 
 
 def chunk_shape(rows: int, width: int, chunk_rows: int) -> tuple:

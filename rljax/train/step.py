@@ -222,7 +222,8 @@ class StepSpec:
   limit (``row_split``); ``row_shards``: how many data shards the rows are split over;
   ``side_by_side``: row chunks per scan iteration (``update.concurrent_chunks``);
   ``keep_rows``: a record's rows constrained to the data shards (``update.run_epochs``).
-  ``pack``: the forwards take the rows packed (``model.pack``, ``forward_split``)."""
+  ``pack``: ``model.pack`` (True, False or 'auto'), resolved per forward on ``platform``
+  (``pack_shape``)."""
   algo: Algorithm
   model_cfg: ModelConfig
   actor_tx: optax.GradientTransformation
@@ -235,7 +236,8 @@ class StepSpec:
   row_shards: int = 1
   side_by_side: int = 1
   keep_rows: Callable = lambda tree: tree
-  pack: bool = False
+  pack: bool | str = False
+  platform: str = "cpu"
 
   @property
   def reuse_policy_forward(self) -> bool:
@@ -252,23 +254,39 @@ class StepSpec:
     return update_lib.RowSplit(parts, self.side_by_side)
 
   def pack_rows(self, rows: int, seq_len: int, at_least: int = 1) -> int:
-    """Packed rows of ``seq_len`` tokens per chunk: as many as ``forward_tokens`` per data shard
-    allows (at least one per shard), never more than the padded micro-batch's rows
-    (``rows / at_least``); with no token limit, the padded micro-batch's rows."""
-    micro = rows // at_least if rows % at_least == 0 else rows
-    if not self.forward_tokens:
-      return micro
-    return min(self.row_shards * max(1, self.forward_tokens // seq_len), micro)
+    """Packed rows of ``seq_len`` tokens per chunk (``packing.chunk_rows``)."""
+    return packing.chunk_rows(rows, seq_len, self.forward_tokens, self.row_shards, at_least)
+
+  def pack_shape(self, rows: int, seq_len: int, at_least: int = 1) -> tuple | None:
+    """``(C, R, W)``: the packed chunks (``pack_rows`` rows as wide as the padded ones) of a
+    forward over ``rows`` rows of ``seq_len`` tokens, or None where ``model.pack`` resolves to
+    the padded rows for it (``packing.packs``)."""
+    return packing.packed_shape(self.pack, self.platform, rows, seq_len, self.forward_tokens,
+                                self.row_shards, at_least)
+
+  def describe_packing(self, rows: int, seq_len: int) -> str:
+    """One start-up line: how ``model.pack`` resolves for scoring ``rows`` rows of ``seq_len``
+    tokens and for the update's minibatches of them."""
+    a = self.algo
+    phases = []
+    for name, n, at_least in (("scoring", rows, 1),
+                              ("update", rows // a.minibatches, a.micro_batches)):
+      shape = self.pack_shape(n, seq_len, at_least)
+      phases.append(f"{name} padded" if shape is None else
+                    f"{name} packed ({shape[0]} chunks of {shape[1]} rows)")
+    return (f"packing: model.pack={self.pack} on {self.platform} -> {', '.join(phases)} for "
+            f"rows of {seq_len} tokens (a batch of wider rows resolves anew; packed forwards "
+            "log pack/fill and pack/update_fill)")
 
   def forward_split(self, rollout: Rollout, at_least: int = 1) -> update_lib.RowSplit | Packed:
-    """How the forwards take ``rollout``'s rows: ``row_split``, or with ``pack`` a
-    first-fit-decreasing layout of its sequences in chunks of ``pack_rows`` rows as wide as its
-    padded rows (``packing.chunk_shape``: the step's shapes stay those of the config)."""
-    if not self.pack:
+    """How the forwards take ``rollout``'s rows: a first-fit-decreasing layout of its sequences
+    in the chunks of ``pack_shape`` (the step's shapes stay those of the config), or where that
+    is None, ``row_split``."""
+    rows, completion = rollout.tokens.shape
+    shape = self.pack_shape(rows, rollout.prompt_tokens.shape[1] + completion, at_least)
+    if shape is None:
       return self.row_split(rollout, at_least)
     _, valid = sequence_inputs(rollout)
-    rows, seq_len = valid.shape
-    shape = packing.chunk_shape(rows, seq_len, self.pack_rows(rows, seq_len, at_least))
     return Packed(packing.layout(valid, shape), side_by_side=self.side_by_side,
                   place=self.keep_rows)
 

@@ -5,6 +5,7 @@ import os
 
 import pytest
 
+from rljax import config_loader
 from rljax import plan as plan_lib
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -265,3 +266,25 @@ def test_lora_7b_on_one_h100_against_a_hand_count():
   full = plan_lib.plan(config)
   assert full["bytes"]["reference"] == full["bytes"]["params"] == 4 * QWEN7B
   assert full["bytes"]["merged_weights"] == 0 and not full["fits"]
+
+
+def test_the_packed_update_counts_its_chunk_rows():
+  """``model.pack``: 64 rows of 64 + 128 = 192 tokens, 1024 tokens a chunk, one CPU device. Packed
+  (auto: 13 chunks >= 2): chunks of 1024 // 192 = 5 rows; padded: the smallest divisor k of 64
+  with 64 / k <= 1024 / 192 rows, k = 16 parts of 4 rows. The activations, block temporaries
+  and log-prob chunk scale with the rows: packed = 5/4 x padded."""
+  overrides = {"rollout.prompts_per_step": "16", "rollout.group_size": "4",
+               "data.prompt_bucket": "64", "rollout.max_new_tokens": "128",
+               "model.forward_tokens": "1024", "model.parallel_chunks": "1",
+               "algo.minibatches": "1", "algo.micro_batches": "1"}
+  plans = {}
+  for pack in ("auto", "False"):
+    config = config_loader.load_config(os.path.join(REPO, "configs", "grpo.py"),
+                                       list({**overrides, "model.pack": pack}.items()))
+    plans[pack] = plan_lib.plan(config, "cpu")
+  packed, padded = plans["auto"], plans["False"]
+  assert packed["shapes"]["train_rows_per_device"] == 5
+  assert padded["shapes"]["train_rows_per_device"] == 4
+  for name in ("activations_no_remat", "activations_remat", "logits"):
+    assert packed["bytes"][name] * 4 == padded["bytes"][name] * 5, name
+  assert any("13 chunks" in a for a in packed["assumptions"])

@@ -140,6 +140,20 @@ def test_token_budget_chunks_leave_the_step_unchanged():
                        f"forward_tokens={budget}")
 
 
+def test_auto_packs_scoring_in_two_chunks_and_leaves_the_one_chunk_update_padded():
+  """``model.pack='auto'`` (the default) with chunks of 64 / 16 = 4 rows: scoring's 8 rows take
+  2 chunks (packed, ``pack/fill`` logged), each minibatch's 4 rows 1 chunk (padded, no
+  ``pack/update_fill``); the step is the padded one's."""
+  extra = {"algo.minibatches": 2}
+  rollout = _rollout(3)
+  config = _config("grpo", "auto", **extra)
+  with jax.disable_jit():
+    padded = _step(_config("grpo", False, **extra), _layerless(config), rollout, jit=False)
+    auto = _step(config, _layerless(config), rollout, jit=False)
+  assert "pack/fill" in auto[1] and "pack/update_fill" not in auto[3]
+  assert_same_step(padded, auto, "model.pack=auto")
+
+
 def _multi_turn(rollout):
   """The rollout as multi-turn records: in each completion of 5+ tokens, tokens 2-3 are an
   environment's observation (``extras['source']`` 2): attended to, outside the loss mask."""

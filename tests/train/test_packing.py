@@ -1,6 +1,8 @@
 """Sequence packing (rljax.train.packing): the layout against a hand-worked case and a NumPy
 first-fit decreasing, every token placed once, and the round trip back to the padded layout."""
+import dataclasses
 import functools
+import types
 
 import jax
 import jax.numpy as jnp
@@ -8,6 +10,7 @@ import numpy as np
 import pytest
 
 from rljax.train import packing
+from rljax.train.step import StepSpec
 
 
 def test_first_fit_decreasing_hand_worked():
@@ -113,3 +116,40 @@ def test_pack_places_every_token_once_and_unpack_inverts_it(seed):
   # The completion's layout: token t predicted at slot P + t - 1, 0 unless both are valid.
   both = (valid[:, PROMPT - 1:-1] > 0) & (valid[:, PROMPT:] > 0)
   np.testing.assert_array_equal(comp, np.where(both, ids[:, PROMPT - 1:-1], 0))
+
+
+def test_auto_packs_from_two_chunks_on_cpu_and_true_false_force_it():
+  """``model.pack``: 'auto' packs a forward whose packed layout has 2+ chunks (one chunk leaves
+  nothing to skip), on CPU only; True / False and the command line's strings force it."""
+  assert not packing.packs("auto", 1, "cpu")
+  assert packing.packs("auto", 2, "cpu") and packing.packs("auto", 7, "cpu")
+  assert not packing.packs("auto", 8, "gpu") and not packing.packs("auto", 8, "tpu")
+  for on in (True, "True", "true"):
+    assert packing.packs(on, 1, "cpu") and packing.packs(on, 1, "gpu")
+  for off in (False, "False", "false"):
+    assert not packing.packs(off, 8, "cpu")
+  with pytest.raises(ValueError, match="model.pack='yes'"):
+    packing.packs("yes", 2, "cpu")
+
+
+def test_auto_resolves_per_forward_from_the_chunk_count_hand_counted():
+  """``StepSpec.pack_shape`` with 2048 tokens a chunk (auto on a two-thread CPU device): 16 rows
+  of 128 tokens fit one chunk of 16 rows (padded); of 256 tokens, chunks of 2048 / 256 = 8 rows,
+  2 chunks (packed); 128 tokens with 2 micro-batches, chunks of at most 16 / 2 = 8 rows, 2
+  chunks (packed). With no token limit (auto on accelerators) one chunk of the micro-batch."""
+  spec = StepSpec(algo=None, model_cfg=None, actor_tx=None, critic_tx=None, logits_chunk=0,
+                  forward_tokens=2048, pack="auto", platform="cpu")
+  assert spec.pack_shape(16, 128) is None
+  assert spec.pack_shape(16, 256) == (2, 8, 256)
+  assert spec.pack_shape(16, 128, at_least=2) == (2, 8, 128)
+  assert dataclasses.replace(spec, pack="True").pack_shape(16, 128) == (1, 16, 128)
+  assert dataclasses.replace(spec, pack="False").pack_shape(16, 256) is None
+  assert dataclasses.replace(spec, platform="gpu").pack_shape(16, 256) is None
+  assert dataclasses.replace(spec, forward_tokens=0).pack_shape(16, 512) is None
+  # The start-up line: 32 rows of 128 tokens score in 2 chunks of 16; the update's minibatches
+  # of 32 / 2 = 16 rows fit one chunk.
+  two_minibatches = dataclasses.replace(
+      spec, algo=types.SimpleNamespace(minibatches=2, micro_batches=1))
+  assert two_minibatches.describe_packing(32, 128).startswith(
+      "packing: model.pack=auto on cpu -> scoring packed (2 chunks of 16 rows), update padded "
+      "for rows of 128 tokens")

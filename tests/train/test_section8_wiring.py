@@ -179,9 +179,11 @@ def _invariance_step(overrides, micro):
   # the micro-batch split and between CPUs) moves a parameter by ~lr 1e-7 |g| / eps, far below
   # the tolerances below. With the default eps 1e-8 an entry whose gradient is ~0 is normalised
   # to a step of up to lr whatever its sign, and the noise shows at the scale of lr.
+  # model.pack=False: the padded rows' split ('auto' would pack the micro-batches on CPU; the
+  # packed split is tests/train/test_packed_step.py's).
   config = _config(**{"algo.micro_batches": micro, "algo.minibatches": 2, "algo.epochs": 2,
                       "algo.entropy_coef": 0.01, "algo.kl_placement": "loss",
-                      "optim.eps": 1e-3}, **overrides)
+                      "optim.eps": 1e-3, "model.pack": "False"}, **overrides)
   fns, state, hp, model_cfg, params = _setup(config)
   rollout = _rollout(3)
   old = _reference_logp(model_cfg, params, rollout)

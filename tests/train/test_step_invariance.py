@@ -1,4 +1,7 @@
-"""The train_step's loss and updated parameters do not depend on the micro-batch split."""
+"""The train_step's loss and updated parameters do not depend on the micro-batch split.
+
+Of the padded rows (``model.pack=False``: 'auto' would pack the split minibatches on CPU); the
+packed split's invariance is tests/train/test_packed_step.py's."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -26,7 +29,7 @@ def _config(loss_agg, micro):
   overrides.update({"algo.loss_agg": loss_agg, "algo.micro_batches": str(micro),
                     "algo.minibatches": "2", "algo.epochs": "2", "rollout.group_size": "4",
                     "algo.kl_placement": "loss", "algo.entropy_coef": "0.01",
-                    "algo.pos_lm_coef": "0.1"})
+                    "algo.pos_lm_coef": "0.1", "model.pack": "False"})
   return config_loader.load_config(os.path.join(tiny.ROOT, "configs", "grpo.py"),
                                    list(overrides.items()))
 
@@ -75,7 +78,7 @@ def _on_policy_step(micro, **extra):
   overrides = dict(tiny.OVERRIDES)
   overrides.update({"algo.micro_batches": str(micro), "algo.minibatches": "1",
                     "algo.epochs": "1", "rollout.group_size": "4", "algo.kl_placement": "loss",
-                    "algo.entropy_coef": "0.01"}, **extra)
+                    "algo.entropy_coef": "0.01", "model.pack": "False"}, **extra)
   config = config_loader.load_config(os.path.join(tiny.ROOT, "configs", "grpo.py"),
                                      list(overrides.items()))
   model_cfg = tiny_config(config.model, VOCAB)
