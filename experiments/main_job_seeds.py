@@ -1,4 +1,4 @@
-"""The main job (configs/main.py) over three seeds: its held-out accuracy as a mean with a 95%
+"""The main job (configs/main.py) over five seeds: its held-out accuracy as a mean with a 95%
 interval, the figure the README quotes. Each seed has its own SFT cold start.
 
   python -m rljax sweep experiments/main_job_seeds.py --root runs/main_seeds
@@ -14,7 +14,7 @@ def get_study():
       name="main_job_seeds",
       config="configs/main.py",
       variants=independent([("dapo", {})]),
-      seeds=(0, 1, 2),
+      seeds=(0, 1, 2, 3, 4),
       metrics=("final_accuracy", "gain_accuracy", "auc_accuracy", "best_accuracy", "wall_time_s"),
       baseline="dapo",
-      description="The main job over three seeds.")
+      description="The main job over five seeds.")
