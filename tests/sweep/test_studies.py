@@ -26,12 +26,14 @@ def test_study_plans_every_run(path, tmp_path):
   assert all(s.steps > 0 and s.sft_dir for s in specs)
 
 
-def test_all_studies_share_one_cold_start_per_seed(tmp_path):
+def test_studies_of_one_base_config_share_one_cold_start_per_seed(tmp_path):
   dirs = {}
-  for path in STUDIES:
-    for spec in runner.plan_runs(study_lib.load_study(path), str(tmp_path)):
-      dirs.setdefault(spec.seed, set()).add(spec.sft_dir)
+  for path in STUDIES + [os.path.join(study_lib.REPO_ROOT, "experiments", "main_job_seeds.py")]:
+    study = study_lib.load_study(path)
+    for spec in runner.plan_runs(study, str(tmp_path)):
+      dirs.setdefault((study.config, spec.seed), set()).add(spec.sft_dir)
   assert all(len(d) == 1 for d in dirs.values()), dirs
+  assert {config for config, _ in dirs} >= {"configs/study.py", "configs/main.py"}
 
 
 def test_dapo_ladder_is_cumulative():
