@@ -6,24 +6,23 @@ import json
 import pytest
 
 from tests.parallel.conftest import run_script
+from tests.parallel.scripts import async_placement
 
 TIMING = ("sec_rollout", "sec_update", "sec_step", "tokens_per_sec")
 
 
-def _run(tmp_path, name, num_devices, *settings):
-  # The runs share the session's compilation cache (tests/xla_cache.py): the split runs compile
-  # the same programs.
-  out = run_script("async_placement.py", str(tmp_path / name), *settings,
-                   num_devices=num_devices, timeout=300)
-  return json.loads(out.strip().splitlines()[-1])
-
-
 @pytest.mark.slow
 def test_sampler_on_its_own_device(tmp_path):
-  colocated = _run(tmp_path, "colocated", 1)
-  split = _run(tmp_path, "split", 2, "mesh.sampler_devices=1")
-  split_async = _run(tmp_path, "split_async", 2, "mesh.sampler_devices=1",
-                     "rollout.max_staleness=1")
+  # The colocated run in this process (its one device); the two split runs in one 2-device
+  # subprocess, one after the other, sharing its compiled programs and the session's
+  # compilation cache (tests/xla_cache.py).
+  colocated = async_placement.run(str(tmp_path / "colocated"), {})
+  out = run_script("async_placement.py", str(tmp_path), "split,mesh.sampler_devices=1",
+                   "split_async,mesh.sampler_devices=1,rollout.max_staleness=1",
+                   num_devices=2, timeout=600)
+  runs = {r["name"]: r for r in map(json.loads, filter(lambda line: line.startswith("{"),
+                                                       out.splitlines()))}
+  split, split_async = runs["split"], runs["split_async"]
   assert colocated["devices"] == {"sampler": [0], "learner": [0]}
   for r in (split, split_async):
     assert r["num_devices"] == 2

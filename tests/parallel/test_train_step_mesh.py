@@ -16,6 +16,7 @@ SAMPLE_MESHES = [(2, 2, 2), (1, 2, 4)]
 SCAN_MESH = (2, 2, 2)  # model.scan_layers=True on the mesh against the unrolled 1-device step
 MB_MESH = (2, 2, 2)  # two minibatches of 4 rows: the batch axes (data x fsdp) split each 4 ways
 LORA_MESH = (1, 2, 4)  # rank-4 adapters: A split like its kernel's input (fsdp), B its output
+PACK_MESH = (2, 2, 2)  # packed forwards, rows over data x fsdp (4 batch shards)
 
 
 @pytest.fixture(scope="module")
@@ -23,10 +24,10 @@ def results():
   args = [",".join(map(str, m)) for m in TRAIN_MESHES]
   args += ["s" + ",".join(map(str, m)) for m in SAMPLE_MESHES]
   args += ["scan" + ",".join(map(str, SCAN_MESH)), "mb" + ",".join(map(str, MB_MESH)),
-           "lora" + ",".join(map(str, LORA_MESH))]
+           "lora" + ",".join(map(str, LORA_MESH)), "pack" + ",".join(map(str, PACK_MESH))]
   out = run_script("train_step_mesh.py", *args, num_devices=8, timeout=900)
   rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-  assert len(rows) == len(TRAIN_MESHES) + len(SAMPLE_MESHES) + 3, out
+  assert len(rows) == len(TRAIN_MESHES) + len(SAMPLE_MESHES) + 4, out
   return {(r["kind"], tuple(r["mesh"])): r for r in rows}
 
 
@@ -120,3 +121,16 @@ def test_lora_step_matches_one_device_and_shards_adapters_like_their_kernel(resu
   assert specs["lora_a"] == ["fsdp", None] and specs["lora_b"] == [None, "tensor"], specs
   assert r["n_opt_leaves"] == r["n_opt_leaves_ref"] == 2 * 14 + 2
   assert results[("train", LORA_MESH)]["n_opt_leaves"] == 2 * 11 + 2
+
+
+@pytest.mark.slow
+def test_packed_step_on_a_mesh_matches_one_padded_device(results):
+  """(2, 2, 2) mesh, rows over data x fsdp: each packed chunk's 4 rows split over the 4 batch
+  shards, the layout computed on the sharded minibatch; loss and AdamW-updated parameters as the
+  padded step's on one device."""
+  r = results[("train_pack", PACK_MESH)]
+  assert r["count"] == r["count_ref"]
+  assert r["loss_abs_diff"] <= 1e-6 + 1e-5 * abs(r["loss_ref"]), r
+  assert r["param_max_abs_diff"] < 1e-5, r
+  assert r["moved"] > 1e-4, r
+  assert 0.5 < r["fill"] <= 1.0, r

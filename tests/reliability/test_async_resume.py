@@ -38,9 +38,16 @@ def _checkpointed_position(run_dir, step):
   raise AssertionError(f"no extra item in checkpoint {step}")
 
 
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+  """One compilation cache for every launch of this file (the same programs): only the first
+  compiles. Not the session's: a kill -9 could cut a write short."""
+  return str(tmp_path_factory.mktemp("jax_cache"))
+
+
 @pytest.mark.slow
-def test_kill_with_a_full_queue_then_resume_trains_each_prompt_once(tmp_path):
-  run_dir, cache = str(tmp_path / "run"), str(tmp_path / "jax_cache")
+def test_kill_with_a_full_queue_then_resume_trains_each_prompt_once(tmp_path, cache):
+  run_dir = str(tmp_path / "run")
   killed = _launch("queue:3", run_dir, cache)
   assert killed.returncode == -9 and "KILLED queue:3" in killed.stderr, killed.stderr[-3000:]
   # Killed during step 3 with steps 3 and 4 sampled ahead (prompts up to 10 drawn): the step-2
@@ -58,11 +65,11 @@ def test_kill_with_a_full_queue_then_resume_trains_each_prompt_once(tmp_path):
 
 
 @pytest.mark.slow
-def test_sigterm_of_an_asynchronous_run_saves_and_exits_cleanly(tmp_path):
+def test_sigterm_of_an_asynchronous_run_saves_and_exits_cleanly(tmp_path, cache):
   """SIGTERM during an update while the sampler thread runs ahead: the step ends, its
   checkpoint is saved with the learner's data position, the thread is stopped and the process
   exits 0 with one line; the resumed run goes on from there."""
-  run_dir, cache = str(tmp_path / "run"), str(tmp_path / "jax_cache")
+  run_dir = str(tmp_path / "run")
   stopped = _launch("term:update:3", run_dir, cache)
   assert stopped.returncode == 0, stopped.stderr[-3000:]
   assert "Traceback" not in stopped.stderr, stopped.stderr[-3000:]

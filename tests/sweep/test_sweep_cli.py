@@ -90,7 +90,7 @@ def test_resume_runs_only_what_is_missing_then_only_aggregates(finished, capsys)
   # The same (variant, seed) reproduces its numbers.
   assert _without_timings(read_jsonl(metrics)) == before
   assert [_attempts(root, run) for run in RUNS] == [1, 1, 1, 1]
-  again = _sweep(root)
+  again = sweep.main([STUDY, "--root", str(root)])  # in this process: nothing left to run
   assert again["ran"] == [] and os.path.isfile(again["markdown"])
   assert [_attempts(root, run) for run in RUNS] == [1, 1, 1, 1]
   # Nothing is missing: no command to print; a different config is refused, not mixed in.

@@ -72,9 +72,9 @@ def test_lora_run_sampler_frozen_base_reference_and_resume(tmp_path, monkeypatch
   model_cfg = lora_checks.model_config(cfg)
   tokens = np.random.default_rng(0).integers(3, model_cfg.vocab_size, (2, 9)).astype(np.int32)
   mask = np.ones_like(tokens)
-  adapted = transformer.logits(model_cfg, state.params, tokens, mask)
-  merged = transformer.logits(model_cfg.base, lora.merge_adapters(state.params, model_cfg),
-                              tokens, mask)
+  logits = jax.jit(transformer.logits, static_argnums=0)  # one program, not op by op
+  adapted = logits(model_cfg, state.params, tokens, mask)
+  merged = logits(model_cfg.base, lora.merge_adapters(state.params, model_cfg), tokens, mask)
   np.testing.assert_allclose(adapted, merged, rtol=1e-5, atol=1e-5)
 
   # Checkpoints hold the adapters (and their optimizer state), never the base.

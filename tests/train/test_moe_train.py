@@ -52,7 +52,9 @@ def test_replayed_sampler_routes_reproduce_the_sampler():
   them routes exactly as the sampler did and gives its log-probs, padded or packed; R3 without
   routes fails."""
   cfg = _tiny_moe(router_replay="R3")
-  params = models.init_params(cfg, seed=1)
+  # Init and forwards jitted, as in the train step: op by op, every op compiles on its own,
+  # several times slower than one program.
+  params = jax.jit(lambda: models.init_params(cfg, seed=1))()
   rng = np.random.default_rng(0)
   tokens = rng.integers(2, 40, (3, 6)).astype(np.int32)
   mask = np.ones_like(tokens)
@@ -61,8 +63,9 @@ def test_replayed_sampler_routes_reproduce_the_sampler():
   r = jax.device_get(sample(cfg, params, tokens, mask, jax.random.key(0), sp, group_size=2))
   routes = r.extras["sampler_routes"]
   assert routes.shape == (6, 11, 2, 2)  # [B, P + T, MoE layers, k]
-  logp, _, moe = step_lib.policy_stats(cfg, params, r, chunk=8,
-                                       routes=step_lib.replayed_routes(cfg, r, in_update=True))
+  replayed = step_lib.replayed_routes(cfg, r, in_update=True)
+  logp, _, moe = jax.jit(lambda p, r, routes: step_lib.policy_stats(
+      cfg, p, r, chunk=8, routes=routes))(params, r, replayed)
   fed = np.concatenate([r.prompt_mask, np.pad(r.mask[:, 1:], ((0, 0), (0, 1)))], 1) > 0
   np.testing.assert_array_equal(np.asarray(moe["routes"])[fed], routes[fed])
   np.testing.assert_allclose(np.asarray(logp)[r.mask > 0], r.sampler_logp[r.mask > 0], atol=2e-5)
@@ -72,8 +75,8 @@ def test_replayed_sampler_routes_reproduce_the_sampler():
   _, valid = step_lib.sequence_inputs(r)
   packed = step_lib.Packed(packing.layout(valid, packing.chunk_shape(6, 2 * valid.shape[1], 2)))
   assert int(packed.layout.used_rows) == 3
-  logp, _, moe = step_lib.policy_stats(cfg, params, r, chunk=8, split=packed,
-                                       routes=step_lib.replayed_routes(cfg, r, in_update=True))
+  logp, _, moe = jax.jit(lambda p, r, routes: step_lib.policy_stats(
+      cfg, p, r, chunk=8, split=packed, routes=routes))(params, r, replayed)
   np.testing.assert_array_equal(np.asarray(moe["routes"])[fed], routes[fed])
   np.testing.assert_allclose(np.asarray(logp)[r.mask > 0], r.sampler_logp[r.mask > 0], atol=2e-5)
   with pytest.raises(ValueError, match="sampler's routes"):

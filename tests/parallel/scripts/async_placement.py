@@ -1,6 +1,8 @@
-"""``async_placement.py RUN_DIR [KEY=VALUE ...]``: a tiny GRPO run (``rljax.train.loop.train``)
-that prints, as one JSON line, the devices the sampler's weights and the learner's state were on
-at every step, then the run's metrics rows."""
+"""``async_placement.py ROOT NAME[,KEY=VALUE...] ...``: tiny GRPO runs (``rljax.train.loop.train``)
+one after the other in this process, each in ``ROOT/NAME`` with its settings; prints, per run,
+one JSON line: its name, the devices the sampler's weights and the learner's state were on at
+every step, then the run's metrics rows. ``run`` is also called in the pytest process (one
+device) for the colocated run."""
 import json
 import os
 import sys
@@ -20,8 +22,9 @@ def devices(tree) -> list:
   return sorted({d.id for x in jax.tree.leaves(tree) for d in x.sharding.device_set})
 
 
-def main():
-  run_dir, extra = sys.argv[1], dict(a.split("=", 1) for a in sys.argv[2:])
+def run(run_dir: str, extra: dict) -> dict:
+  """One tiny 3-step GRPO run (2 minibatches) with ``extra`` settings: the devices its sampler's
+  weights and its learner's state were on, the number of devices, and its metrics rows."""
   overrides = dict(tiny.overrides("grpo"), **{"train.run_dir": run_dir, "train.steps": "3",
                                                "algo.minibatches": "2"}, **extra)
   config = config_loader.load_config(os.path.join(tiny.ROOT, "configs", "grpo.py"),
@@ -37,10 +40,21 @@ def main():
     seen["learner"].update(devices(self.run.state))
     return real_learn(self, batch)
   loop.collect_batch, loop.RunLearner.learn = collect, learn
-  loop.train(config)
+  try:
+    loop.train(config)
+  finally:  # the pytest process goes on with the real loop
+    loop.collect_batch, loop.RunLearner.learn = real_collect, real_learn
   rows = metrics_lib.read_jsonl(os.path.join(run_dir, "metrics.jsonl"))
-  print(json.dumps({"devices": {k: sorted(v) for k, v in seen.items()},
-                    "num_devices": jax.device_count(), "rows": rows}))
+  return {"devices": {k: sorted(v) for k, v in seen.items()},
+          "num_devices": jax.device_count(), "rows": rows}
+
+
+def main():
+  root = sys.argv[1]
+  for spec in sys.argv[2:]:
+    name, *settings = spec.split(",")
+    result = run(os.path.join(root, name), dict(s.split("=", 1) for s in settings))
+    print(json.dumps({"name": name, **result}), flush=True)
 
 
 if __name__ == "__main__":

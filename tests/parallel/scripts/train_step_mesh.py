@@ -2,8 +2,11 @@
 greedy sampling run on several (data, fsdp, tensor) meshes, compared with a 1-device mesh.
 
 Arguments: ``d,f,t`` a train mesh, ``sd,f,t`` a sampling mesh, ``scand,f,t`` a train mesh with
-``model.scan_layers=True`` and 2 layers (compared with the 1-device unrolled 2-layer step).
-Prints one JSON line per mesh ("kind": "train", "train_scan" or "sample").
+``model.scan_layers=True`` and 2 layers (compared with the 1-device unrolled 2-layer step),
+``mbd,f,t`` two minibatches, ``lorad,f,t`` rank-4 adapters, ``packd,f,t`` packed forwards
+(``model.pack=True``, chunks of ``model.forward_tokens`` = 16 tokens per data shard; compared
+with the padded 1-device step). Prints one JSON line per mesh ("kind": "train", "train_scan",
+"train_mb2", "train_lora", "train_pack" or "sample").
 """
 import json
 import os
@@ -32,9 +35,12 @@ TOK = load_tokenizer("char")
 VOCAB = TOK.vocab_size
 
 
-def config_for(mesh, scan_layers=False, layers=1, minibatches=1, lora_rank=0):
+def config_for(mesh, scan_layers=False, layers=1, minibatches=1, lora_rank=0, pack=False):
   d, f, t = mesh
-  overrides = {
+  # Packed: a chunk of 16 tokens per data shard; data x fsdp = 4 shards on (2, 2, 2) make a
+  # chunk of 4 rows of 16 (the synthetic rows hold 2-16 tokens).
+  overrides = {"model.pack": "True", "model.forward_tokens": "16"} if pack else {}
+  overrides |= {
       "model.lora.rank": str(lora_rank),
       "model.scan_layers": str(scan_layers), "model.num_layers": str(layers),
       # 4 query and 4 kv heads: both divide tensor=4, so (1, 2, 4) really splits the heads.
@@ -68,8 +74,8 @@ def spec(sh):
   return str(sh.spec)
 
 
-def train_once(mesh_shape, scan_layers=False, layers=1, minibatches=1, lora_rank=0):
-  config = config_for(mesh_shape, scan_layers, layers, minibatches, lora_rank)
+def train_once(mesh_shape, scan_layers=False, layers=1, minibatches=1, lora_rank=0, pack=False):
+  config = config_for(mesh_shape, scan_layers, layers, minibatches, lora_rank, pack)
   mesh = mesh_lib.make_mesh(config.mesh, devices_for(mesh_shape))
   model_cfg = model_config(config)
   params = llama.init_params(model_cfg, seed=0)
@@ -134,7 +140,8 @@ def train_once(mesh_shape, scan_layers=False, layers=1, minibatches=1, lora_rank
   return dict(loss_sum=loss_sum, loss_count=loss_count, params=host_params, param_bad=param_bad,
               opt_bad=opt_bad, q_spec=q_spec, mu_q_spec=mu_q_spec, moved=moved, q_specs=q_specs,
               n_opt_leaves=len(opt_leaves), prepare_bad=prepare_bad, direct_error=direct_error,
-              flops=flops)
+              flops=flops,
+              fill=float(metrics["pack/update_fill"][0]) if pack else None)
 
 
 def sample_once(mesh_shape):
@@ -159,19 +166,23 @@ def main(args):
   mb_meshes = [mesh_of(a[len("mb"):]) for a in args if a.startswith("mb")]
   # "loraM": the policy with rank-4 adapters on every projection (the base frozen) on mesh M.
   lora_meshes = [mesh_of(a[len("lora"):]) for a in args if a.startswith("lora")]
-  args = [a for a in args if not a.startswith(("scan", "mb", "lora"))]
+  # "packM": packed forwards on mesh M, against the padded 1-device step (the train meshes').
+  pack_meshes = [mesh_of(a[len("pack"):]) for a in args if a.startswith("pack")]
+  args = [a for a in args if not a.startswith(("scan", "mb", "lora", "pack"))]
   train_meshes = [mesh_of(a) for a in args if not a.startswith("s")]
   sample_meshes = [mesh_of(a[1:]) for a in args if a.startswith("s")]
-  if train_meshes or scan_meshes or mb_meshes or lora_meshes:
-    runs = ([("train", m, False, 1, 1, 0) for m in train_meshes]
-            + [("train_scan", m, True, 2, 1, 0) for m in scan_meshes]
-            + [("train_mb2", m, False, 1, 2, 0) for m in mb_meshes]
-            + [("train_lora", m, False, 1, 1, 4) for m in lora_meshes])
+  if train_meshes or scan_meshes or mb_meshes or lora_meshes or pack_meshes:
+    runs = ([("train", m, False, 1, 1, 0, False) for m in train_meshes]
+            + [("train_scan", m, True, 2, 1, 0, False) for m in scan_meshes]
+            + [("train_mb2", m, False, 1, 2, 0, False) for m in mb_meshes]
+            + [("train_lora", m, False, 1, 1, 4, False) for m in lora_meshes]
+            + [("train_pack", m, False, 1, 1, 0, True) for m in pack_meshes])
+    # The references: padded, unrolled, on one device.
     refs = {(layers, mb, rank): train_once((1, 1, 1), layers=layers, minibatches=mb,
                                            lora_rank=rank)
-            for _, _, _, layers, mb, rank in runs}
-    for kind, m, scan, layers, mb, rank in runs:
-      r, ref = train_once(m, scan, layers, mb, rank), refs[(layers, mb, rank)]
+            for _, _, _, layers, mb, rank, _ in runs}
+    for kind, m, scan, layers, mb, rank, pack in runs:
+      r, ref = train_once(m, scan, layers, mb, rank, pack), refs[(layers, mb, rank)]
       loss_ref = ref["loss_sum"] / ref["loss_count"]
       loss = r["loss_sum"] / r["loss_count"]
       pdiff, prel = 0.0, 0.0
@@ -187,7 +198,8 @@ def main(args):
           opt_bad=r["opt_bad"], q_spec=r["q_spec"], mu_q_spec=r["mu_q_spec"],
           n_opt_leaves=r["n_opt_leaves"], prepare_bad=r["prepare_bad"], q_specs=r["q_specs"],
           n_opt_leaves_ref=ref["n_opt_leaves"],
-          direct_error=r["direct_error"], flops_ratio=r["flops"] / ref["flops"])), flush=True)
+          direct_error=r["direct_error"], flops_ratio=r["flops"] / ref["flops"],
+          fill=r["fill"])), flush=True)
   if sample_meshes:
     ref = sample_once((1, 1, 1))
     for m in sample_meshes:
