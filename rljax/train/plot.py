@@ -9,9 +9,6 @@ import math
 import os
 from typing import Iterable, Mapping, Sequence
 
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
-
 from rljax.train.metrics import read_jsonl
 
 DEFAULT_KEYS = ("reward_mean", "eval_accuracy", "entropy", "len_mean")
@@ -40,6 +37,10 @@ def _is_sparse(records: Sequence[dict], steps: Sequence[int]) -> bool:
 
 def _grid(num: int, width: float = 5.0, height: float = 3.2):
   """A figure with ``num`` axes in up to two columns, plus the axes list."""
+  # matplotlib is imported here, when a figure is drawn: importing it costs every `rljax train`
+  # process about a second at start-up, and a run draws only at its end.
+  from matplotlib.backends.backend_agg import FigureCanvasAgg
+  from matplotlib.figure import Figure
   cols = min(2, max(num, 1))
   rows = max(1, math.ceil(num / cols))
   fig = Figure(figsize=(width * cols, height * rows), layout="constrained")
