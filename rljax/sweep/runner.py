@@ -72,6 +72,7 @@ class Job:
   wall_path: str | None
   sft_dir: str | None = None  # the cold start a train job needs (or a cold-start job writes)
   run: str = ""  # 'variant/seed<k>' of a train job
+  spec: RunSpec | None = None  # a train job's run: exit 0 is "ok" only when it is finished
 
 
 def study_dir(root: str, study: study_lib.Study) -> str:
@@ -313,11 +314,19 @@ def run_job(job: Job) -> dict:
           "job": job}
 
 
+def _finished(job: Job) -> bool:
+  """A cold start that exits 0 is complete; a train run only when its final eval is logged."""
+  return job.spec is None or run_state(job.spec) == "finished"
+
+
 def run_jobs(jobs: list[Job], parallel: int, log: Callable[[str], None] = print) -> list[dict]:
   """Run ``jobs`` with at most ``parallel`` at once (in list order when sequential)."""
   def report(result):
     status = ("not started (the sweep is stopping)" if result["returncode"] is None else
-              "ok" if result["returncode"] == 0 else f"FAILED (exit {result['returncode']})")
+              f"FAILED (exit {result['returncode']})" if result["returncode"] != 0 else
+              "ok" if _finished(result["job"]) else
+              "stopped before its last step (a preemption exits cleanly); the next sweep "
+              "resumes it")
     log(f"done  {result['label']}: {status} in {result['wall_s']:.0f} s (log {result['log']})")
     return result
 
@@ -354,5 +363,5 @@ def pending_jobs(specs: list[RunSpec], config_path: str) -> tuple[list[Job], lis
     train_jobs.append(Job(f"{spec.variant}/seed{spec.seed} ({state})",
                           train_argv(spec, config_path), os.path.join(spec.run_dir, LOG_FILE),
                           os.path.join(spec.run_dir, WALL_FILE), sft_dir=spec.sft_dir,
-                          run=f"{spec.variant}/seed{spec.seed}"))
+                          run=f"{spec.variant}/seed{spec.seed}", spec=spec))
   return sft_jobs, train_jobs, states

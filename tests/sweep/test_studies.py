@@ -1,6 +1,7 @@
 """The study files of experiments/studies: each loads, every variant's config loads with its
 overrides (a misspelt key fails here, not an hour into a study), and they share cold starts."""
 import glob
+import sys
 import os
 
 import pytest
@@ -45,3 +46,20 @@ def test_dapo_ladder_is_cumulative():
                  "algo.loss_agg": "token_mean", "algo.dynamic_sampling": "true",
                  "algo.max_gen_batches": "3"}
   assert study.variants[0].overrides == ()
+
+
+def test_a_run_that_exits_cleanly_before_its_last_step_is_not_reported_ok(tmp_path):
+  # A preempted `rljax train` exits 0 after saving; the sweep must not call that run done.
+  finished_dir, stopped_dir = tmp_path / "finished", tmp_path / "stopped"
+  for d in (finished_dir, stopped_dir):
+    d.mkdir()
+  (finished_dir / "metrics.jsonl").write_text('{"step": 3, "eval_accuracy": 0.5}\n')
+  (stopped_dir / "metrics.jsonl").write_text('{"step": 2, "reward_mean": 0.5}\n')
+  jobs = [runner.Job(name, (sys.executable, "-c", "pass"), str(d / "sweep.log"), None,
+                     spec=runner.RunSpec(name, 0, str(d), (), 3, None))
+          for name, d in (("finished", finished_dir), ("stopped", stopped_dir))]
+  lines = []
+  runner.run_jobs(jobs, parallel=1, log=lines.append)
+  done = [line for line in lines if line.startswith("done")]
+  assert done[0].startswith("done  finished: ok in")
+  assert done[1].startswith("done  stopped: stopped before its last step")
