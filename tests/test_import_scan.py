@@ -18,6 +18,8 @@ LOCAL_IMPORT_DEPENDENCIES = {
     "tensorboardX": "heavy: the metrics sink of the main process only",
     "matplotlib": "sweep plots: the backend is chosen before pyplot is first imported",
     "matplotlib.pyplot": "sweep plots, after the backend is chosen",
+    "matplotlib.backends.backend_agg": "run curves, drawn at a run's end (~1 s of start-up)",
+    "matplotlib.figure": "run curves, drawn at a run's end (~1 s of start-up)",
     "math_verify": "sympy-heavy: only when that verifier is used",
     "scipy": "one statistic of the sweep reports",
     "jax.experimental.pallas.ops.tpu.splash_attention": "the TPU kernels (Mosaic), where they run",
