@@ -7,6 +7,10 @@ Layout under ``root`` (default ``runs/studies``)::
   <root>/_sft/seed<k>-<hash>/         SFT cold starts, shared by every study and variant whose
                                       cold start is the same (same stamp as rljax.train.sft)
 
+A new run whose complete config a finished run of another study under the same root already ran
+(a baseline that several studies compare against) is not run again: its directory becomes a link
+to that run (``finished_twin``).
+
 Seeds: run k sets ``seed=k`` (policy init, rollout sampling, eval sampling) and
 ``data.train_seed=k`` (the order of training prompts; without it every seed would see the same
 prompts). The held-out eval set (``data.eval_seed``) stays the same for all runs, so runs are
@@ -25,6 +29,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import dataclasses
+import glob
 import hashlib
 import json
 import os
@@ -158,6 +163,31 @@ def check_same_config(spec: RunSpec, config_path: str, finished: bool = False) -
 
 
 _MISSING = "<missing>"
+
+
+def _comparable(tree: dict) -> dict:
+  """A run's flattened config without what differs between two runs of the same computation."""
+  return {k: v for k, v in flatten_config(tree).items()
+          if k not in _IGNORED_CONFIG_KEYS and k != "train.run_dir"}
+
+
+def finished_twin(spec: RunSpec, config_path: str) -> str | None:
+  """A finished run dir of another study or variant under the same root whose saved config is
+  ``spec``'s in every key but the run dir (and the keys that change no result), else None."""
+  root = os.path.dirname(os.path.dirname(os.path.dirname(spec.run_dir)))
+  want = _comparable(json.loads(
+      config_loader.load_config(config_path, list(spec.overrides)).to_json_best_effort()))
+  own = os.path.realpath(spec.run_dir)
+  for saved in sorted(glob.glob(os.path.join(root, "*", "*", f"seed{spec.seed}", "config.json"))):
+    run_dir = os.path.dirname(saved)
+    if os.path.islink(run_dir) or os.path.realpath(run_dir) == own:
+      continue
+    with open(saved) as f:
+      if _comparable(json.load(f)) != want:
+        continue
+    if run_state(dataclasses.replace(spec, run_dir=run_dir)) == "finished":
+      return run_dir
+  return None
 
 
 def read_wall(run_dir: str) -> list[dict]:
@@ -343,11 +373,25 @@ def run_jobs(jobs: list[Job], parallel: int, log: Callable[[str], None] = print)
     return [report(f.result()) for f in concurrent.futures.as_completed(futures)]
 
 
-def pending_jobs(specs: list[RunSpec], config_path: str) -> tuple[list[Job], list[Job], dict]:
-  """(cold-start jobs, train jobs, state of every run) for the runs that are not finished."""
+def pending_jobs(specs: list[RunSpec], config_path: str, link_twins: bool = True
+                 ) -> tuple[list[Job], list[Job], dict]:
+  """(cold-start jobs, train jobs, state of every run) for the runs that are not finished. A new
+  run with a finished twin (``finished_twin``) is linked to it when ``link_twins``, and counts
+  as finished either way."""
   states, sft_jobs, train_jobs, sft_seen = {}, [], [], set()
   for spec in specs:
     state = run_state(spec)
+    untouched = not os.path.exists(spec.run_dir) or not os.listdir(spec.run_dir)
+    twin = finished_twin(spec, config_path) if untouched else None
+    if twin is not None:
+      if link_twins:
+        os.makedirs(os.path.dirname(spec.run_dir), exist_ok=True)
+        if os.path.isdir(spec.run_dir):
+          os.rmdir(spec.run_dir)
+        os.symlink(twin, spec.run_dir)
+      print(f"{spec.variant}/seed{spec.seed}: the same run as {twin}, shared", flush=True)
+      states[(spec.variant, spec.seed)] = "finished"
+      continue
     # Finished ones too: never aggregate another config.
     for line in check_same_config(spec, config_path, finished=state == "finished"):
       print(f"warning: {spec.run_dir} ran with another framework default, aggregated as it is "

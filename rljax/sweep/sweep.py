@@ -93,7 +93,8 @@ def main(argv) -> dict:
     study = _with_seeds(study, args.seeds)
   config_path = study.config_path()
   specs = runner.plan_runs(study, args.root, args.extra)
-  sft_jobs, train_jobs, states = runner.pending_jobs(specs, config_path)
+  sft_jobs, train_jobs, states = runner.pending_jobs(
+      specs, config_path, link_twins=not args.print_commands)
   if args.print_commands:
     for job in sft_jobs + train_jobs:
       print(runner.printable(job.argv))

@@ -259,3 +259,26 @@ def test_a_finished_run_of_an_older_default_is_aggregated_and_a_changed_study_is
     save(**{key: config[section][name] * 2})
     with pytest.raises(StudyError, match=key):
       runner.check_same_config(spec, study.config_path(), finished=True)
+
+
+def test_a_run_another_study_finished_with_the_same_config_is_linked_not_rerun(tmp_path):
+  # Study "s" ran variant a (the default clip) and b (eps_high 0.28) on seed 0; study "t" asks
+  # for b under another name and for eps_high 0.3, which nothing ran.
+  first = _study(seeds=(0,))
+  for spec in runner.plan_runs(first, str(tmp_path)):
+    os.makedirs(spec.run_dir)
+    config = config_loader.load_config(first.config_path(), list(spec.overrides))
+    with open(os.path.join(spec.run_dir, "config.json"), "w") as f:
+      f.write(config.to_json_best_effort())
+    final = spec.steps if spec.variant == "a" else spec.steps - 1  # b stopped before its end
+    with open(os.path.join(spec.run_dir, "metrics.jsonl"), "w") as f:
+      f.write(json.dumps({"step": final, "eval_accuracy": 0.5}) + "\n")
+  second = _study(name="t", seeds=(0,), baseline="base", variants=study_lib.independent(
+      [("base", {"algo.clip_eps_high": 0.2}), ("same_as_b", {"algo.clip_eps_high": 0.28}),
+       ("new", {"algo.clip_eps_high": 0.3})]))
+  specs = runner.plan_runs(second, str(tmp_path))
+  _, train_jobs, states = runner.pending_jobs(specs, second.config_path())
+  assert states == {("base", 0): "finished", ("same_as_b", 0): "new", ("new", 0): "new"}
+  assert [j.run for j in train_jobs] == ["same_as_b/seed0", "new/seed0"]  # b is not finished
+  assert os.path.realpath(specs[0].run_dir) == os.path.realpath(tmp_path / "s" / "a" / "seed0")
+  assert runner.run_state(specs[0]) == "finished"
