@@ -18,6 +18,10 @@ Per run (``run_summary``), from the records of ``rljax.train.metrics``:
   ``final_truncation_rate`` (``truncation_rate``); ``mean_truncation_rate`` is the mean over all
   train steps. A metric the run did not log (``len_correct_mean`` before the trainer logs it) is
   NaN and shows as "n/a".
+* ``generated_samples``: the completions generated over all train steps (``generated_samples``
+  per step: every round of dynamic sampling, the filtered-out groups included);
+  ``gain_per_1k_samples``: ``gain_accuracy`` in points per 1,000 of them, the sample efficiency
+  that dynamic sampling trades against steps.
 * ``wall_time_s``: the summed wall time of the run's attempts (``sweep_wall.json``: the train
   subprocess, compilation and evals included, the shared SFT cold start not); NaN for runs the
   sweep did not launch (``--print-commands``).
@@ -141,7 +145,10 @@ def run_summary(records: Sequence[Mapping], wall_attempts: Sequence[Mapping] = (
       "mean_truncation_rate": float(np.mean(series(train, "truncation_rate")[1]))
       if train else math.nan,
       "wall_time_s": float(sum(a["wall_s"] for a in wall_attempts)) if wall_attempts else math.nan,
+      "generated_samples": float(sum(r["generated_samples"] for r in train))
+      if train and all("generated_samples" in r for r in train) else math.nan,
   }
+  out["gain_per_1k_samples"] = 100 * out["gain_accuracy"] / out["generated_samples"] * 1000
   for name, key in _FINAL_KEYS.items():
     out[name] = final_mean(*series(train, key))
   return out
@@ -197,6 +204,8 @@ def fmt(metric: str, value: float) -> str:
     return f"{value:.1f}"
   if metric == "wall_time_s":
     return f"{value:.0f} s"
+  if metric == "generated_samples":
+    return f"{value:.0f}"
   return f"{value:.3g}"
 
 

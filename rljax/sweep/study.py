@@ -36,7 +36,7 @@ SUMMARY_METRICS = (
     "final_accuracy", "gain_accuracy", "best_accuracy", "auc_accuracy", "final_entropy",
     "final_len_mean",
     "final_len_correct", "final_len_wrong", "final_truncation_rate", "mean_truncation_rate",
-    "wall_time_s",
+    "wall_time_s", "generated_samples", "gain_per_1k_samples",
 )
 
 

@@ -111,6 +111,7 @@ def collect_batch(run: build.Run, step: int, stream: int = 0,
       "len_max": float(generated.lengths.max()),
       "truncation_rate": float(generated.truncated.mean()),
       "generated_tokens": float(generated.lengths.sum()),
+      "generated_samples": float(generated.num_rows),
   }
   info.update({k: sum(c[k] for c in verifier_counts) for k in verifier_counts[0]})
   info.update(source_means)

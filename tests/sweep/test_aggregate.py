@@ -77,7 +77,8 @@ def _records():
   for step in range(1, 21):
     r = {"step": step, "accuracy": 0.1 * (step % 3), "entropy": 1.0 - 0.01 * step,
          "truncation_rate": 0.5 if step <= 10 else 0.1, "len_mean": 20.0 + step,
-         "len_correct_mean": 18.0, "len_wrong_mean": None if step == 20 else 30.0 + step}
+         "len_correct_mean": 18.0, "len_wrong_mean": None if step == 20 else 30.0 + step,
+         "generated_samples": 64.0 if step % 2 else 128.0}  # a second dynamic-sampling round
     if step == 10:
       r["eval_accuracy"] = 0.6
     records.append(r)
@@ -101,14 +102,19 @@ def test_run_summary_hand_worked():
   assert s["final_truncation_rate"] == pytest.approx(0.1)
   assert s["mean_truncation_rate"] == pytest.approx(0.3)
   assert s["wall_time_s"] == pytest.approx(15.5)
+  # 10 steps of 64 and 10 of 128 completions; +20 points over 1,920 samples.
+  assert s["generated_samples"] == 1920.0
+  assert s["gain_per_1k_samples"] == pytest.approx(20 / 1.92)
   assert set(s) == set(study_lib.SUMMARY_METRICS)
 
 
 def test_run_summary_marks_unlogged_metrics_nan():
-  records = [{k: v for k, v in r.items() if k not in ("len_correct_mean", "len_wrong_mean")}
+  records = [{k: v for k, v in r.items()
+              if k not in ("len_correct_mean", "len_wrong_mean", "generated_samples")}
              for r in _records()]
   s = aggregate.run_summary(records)
   assert math.isnan(s["final_len_correct"]) and math.isnan(s["wall_time_s"])
+  assert math.isnan(s["generated_samples"]) and math.isnan(s["gain_per_1k_samples"])
   assert aggregate.fmt("final_len_correct", s["final_len_correct"]) == "n/a"
 
 

@@ -122,6 +122,10 @@ def _dapo(config, state, steps):
   # Dynamic sampling: rounds and the kept fraction are measured; groups without a reward spread
   # were dropped (a random policy always produces some), overlong completions were penalised.
   assert all(s["gen_rounds"] >= 1 for s in steps)
+  # Every round generates prompts_per_step groups (of the tiny run), filtered-out ones included.
+  ran = {**tiny.overrides("dapo"), **EXTRA["dapo"]}
+  per_round = int(ran["rollout.prompts_per_step"]) * int(ran["rollout.group_size"])
+  assert [s["generated_samples"] for s in steps] == [s["gen_rounds"] * per_round for s in steps]
   assert min(s["kept_group_frac"] for s in steps) < 1.0
   assert config.reward.overlong_buffer > 0
   assert any(s["reward_mean"] < s["accuracy"] for s in steps)
