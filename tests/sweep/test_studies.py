@@ -18,6 +18,15 @@ def test_the_six_studies_of_issue_15_are_there():
   assert len(names) >= 6
 
 
+def test_each_claim_of_the_seeds_is_a_five_seed_study_on_the_study_scale():
+  claims = [study_lib.load_study(p) for p in STUDIES if os.path.basename(p).startswith("claim_")]
+  assert {s.name for s in claims} == {"claim_clip_higher", "claim_dr_grpo", "claim_token_vs_seq",
+                                      "claim_dynamic_sampling", "claim_kl"}
+  for study in claims:
+    assert study.config == "configs/study_main.py" and len(study.seeds) >= 5
+    assert len(study.variants) == 2
+
+
 @pytest.mark.parametrize("path", STUDIES, ids=lambda p: os.path.basename(p)[:-3])
 def test_study_plans_every_run(path, tmp_path):
   study = study_lib.load_study(path)
@@ -34,7 +43,11 @@ def test_studies_of_one_base_config_share_one_cold_start_per_seed(tmp_path):
     for spec in runner.plan_runs(study, str(tmp_path)):
       dirs.setdefault((study.config, spec.seed), set()).add(spec.sft_dir)
   assert all(len(d) == 1 for d in dirs.values()), dirs
-  assert {config for config, _ in dirs} >= {"configs/study.py", "configs/main.py"}
+  assert {config for config, _ in dirs} >= {"configs/study.py", "configs/main.py",
+                                            "configs/study_main.py"}
+  # The claims' study scale is the main job's first steps: the main job's cold starts.
+  assert all(dirs[("configs/study_main.py", seed)] == dirs[("configs/main.py", seed)]
+             for config, seed in dirs if config == "configs/study_main.py")
 
 
 def test_dapo_ladder_is_cumulative():
