@@ -1,4 +1,4 @@
-"""`configs/tool_calc.py` (issue 23's multi-turn environment) over three seeds: held-out pass@1 before
+"""`configs/tool_calc.py` (issue 23's multi-turn environment) over five seeds: held-out pass@1 before
 (the SFT cold start) and after RL as means with 95% intervals. Each seed has its own SFT cold start.
 
   python -m rljax sweep experiments/tool_calc_seeds.py --root runs/multiturn --parallel 2
@@ -11,7 +11,7 @@ def get_study():
       name="tool_calc_seeds",
       config="configs/tool_calc.py",
       variants=independent([("rl", {})]),
-      seeds=(0, 1, 2),
+      seeds=(0, 1, 2, 3, 4),
       metrics=("final_accuracy", "gain_accuracy", "wall_time_s"),
       baseline="rl",
       description="Does RL in the tool_calc environment raise held-out pass@1 over the cold start?")
