@@ -1,6 +1,8 @@
 """MetricsWriter (JSON lines, TensorBoard, progress), resume truncation, summarize, plots."""
 import glob
 import os
+import subprocess
+import sys
 
 import jax.numpy as jnp
 import numpy as np
@@ -50,6 +52,21 @@ def test_write_jsonl_tensorboard_and_nonfinite(tmp_path):
       {"step": 2, "reward_mean": None}]
   events = glob.glob(os.path.join(run_dir, "tb", "events.out.tfevents.*"))
   assert events and os.path.getsize(events[0]) > 0
+
+
+def test_tensorboard_logger_starts_without_torch(tmp_path):
+  """tensorboardX's writer would import torch (installed here) for its type hints: ~2.5 s of every
+  run's start. A fresh process logs a scalar without it, and leaves no mark in ``sys.modules``
+  (None there would make a later ``import torch``, a Hugging Face export's, fail)."""
+  code = ("import sys; from rljax.train import metrics; "
+          f"metrics.TensorBoardLogger({str(tmp_path)!r}, 0).log(1, {{'a': 1.0}}); "
+          "print('torch' in sys.modules)")
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                        env=dict(os.environ, PYTHONPATH=root))
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert proc.stdout.split() == ["False"]
+  assert glob.glob(os.path.join(tmp_path, "tb", "events.out.tfevents.*"))
 
 
 def test_resumed_file_equals_uninterrupted(tmp_path):

@@ -1,4 +1,6 @@
 """The SFT cold start's exact-match check and the stop it drives (``sft.stop_match``)."""
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -15,26 +17,29 @@ from . import tiny
 PROMPT, NEW = 4, 5
 
 
-def _greedy_continuation(model_cfg, params, prompt: list) -> list:
-  """Greedy decoding by its definition: a full forward per new token, the argmax of the last."""
-  ids = list(prompt)
+def _greedy_continuations(model_cfg, params, prompts: list) -> list:
+  """Greedy decoding by its definition: a full forward per new token, the argmax of the last
+  (the rows decoded side by side: a row's forward does not see the others)."""
+  last_logits = jax.jit(lambda params, tokens: _last_logits(model_cfg, params, tokens))
+  ids = np.asarray(prompts, np.int32)
   for _ in range(NEW):
-    tokens = jnp.asarray([ids], jnp.int32)
-    hidden, model, _ = transformer.forward_with_routes(model_cfg, params, tokens,
-                                                       jnp.ones_like(tokens))
-    ids.append(int(np.asarray(hidden[0, -1] @ model.head_weight()).argmax()))
-  return ids[len(prompt):]
+    ids = np.concatenate([ids, np.asarray(last_logits(params, ids)).argmax(-1)[:, None]], axis=1)
+  return ids[:, len(prompts[0]):].tolist()
+
+
+def _last_logits(model_cfg, params, tokens):
+  hidden, model, _ = transformer.forward_with_routes(model_cfg, params, tokens,
+                                                     jnp.ones_like(tokens))
+  return hidden[:, -1] @ model.head_weight()
 
 
 def test_exact_match_is_the_share_of_rows_that_greedy_decoding_writes():
   model_cfg = ModelConfig(vocab_size=16, hidden_size=32, intermediate_size=64, num_layers=1,
                           num_heads=2, num_kv_heads=1, head_dim=16)
-  params = transformer.init_params(model_cfg, seed=3)
+  params = jax.jit(lambda: transformer.init_params(model_cfg, seed=3))()
   rng = np.random.default_rng(0)
-  rows = []
-  for _ in range(4):
-    prompt = [int(t) for t in rng.integers(1, 16, size=PROMPT)]
-    rows.append(prompt + _greedy_continuation(model_cfg, params, prompt))
+  prompts = [[int(t) for t in rng.integers(1, 16, size=PROMPT)] for _ in range(4)]
+  rows = [p + c for p, c in zip(prompts, _greedy_continuations(model_cfg, params, prompts))]
   learn = np.zeros((4, PROMPT + NEW), np.float32)
   learn[:, PROMPT:] = 1
   # Rows 1 and 3: a learned token that greedy decoding would not write -> not matched.
@@ -44,7 +49,9 @@ def test_exact_match_is_the_share_of_rows_that_greedy_decoding_writes():
   rows[2][-1] = (rows[2][-1] + 1) % 16
   learn[2, -1] = 0
   tokens = jnp.asarray(rows, jnp.int32)
-  rate = sft.exact_match(model_cfg, params, tokens, jnp.ones_like(tokens), jnp.asarray(learn))
+  # Jitted, as the SFT loop calls it (eagerly each op would compile on its own).
+  rate = jax.jit(functools.partial(sft.exact_match, model_cfg))(
+      params, tokens, jnp.ones_like(tokens), jnp.asarray(learn))
   assert float(rate) == 0.5
 
 

@@ -23,14 +23,16 @@ from tests.algos.helpers import FAST_COMPILE  # noqa: E402
 
 assert jax.device_count() == 8, jax.devices()
 
-# 8 experts, so that expert=8 still gets one expert per device; capacity 0.5 drops 27 of the 118
-# valid token-choice pairs, so the sharded queue must order them as one device does.
-CFG = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2,
+# 8 experts, so that expert=8 still gets one expert per device; capacity 0.5 drops 28 of the 118
+# valid token-choice pairs, so the sharded queue must order them as one device does. One layer, the
+# MoE one (its attention feeds the router): a dense layer's weights are placed as in every other
+# mesh test (tests/parallel/scripts/sharded_8dev.py), and each layer costs every compiled program.
+CFG = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=1,
                   num_heads=4, num_kv_heads=2, head_dim=8, model_type="qwen3_moe",
-                  num_experts=8, experts_per_token=2, moe_intermediate_size=16, moe_layers=(1,),
+                  num_experts=8, experts_per_token=2, moe_intermediate_size=16, moe_layers=(0,),
                   moe_capacity_factor=0.5)
 B, S = 8, 12
-MOE = "layers_1"
+MOE = "layers_0"
 EXPERT_KERNELS = ("gate_proj", "up_proj", "down_proj")
 
 
