@@ -3,10 +3,11 @@ greedy sampling run on several (data, fsdp, tensor) meshes, compared with a 1-de
 
 Arguments: ``d,f,t`` a train mesh, ``sd,f,t`` a sampling mesh, ``scand,f,t`` a train mesh with
 ``model.scan_layers=True`` and 2 layers (compared with the 1-device unrolled 2-layer step),
-``mbd,f,t`` two minibatches, ``lorad,f,t`` rank-4 adapters, ``packd,f,t`` packed forwards
+``mbd,f,t`` a train mesh whose step takes two minibatches (compared with the 1-device step of
+two minibatches), ``lorad,f,t`` rank-4 adapters, ``packd,f,t`` packed forwards
 (``model.pack=True``, chunks of ``model.forward_tokens`` = 16 tokens per data shard; compared
-with the padded 1-device step). Prints one JSON line per mesh ("kind": "train", "train_scan",
-"train_mb2", "train_lora", "train_pack" or "sample").
+with the padded 1-device step). Prints one JSON line per mesh ("kind": "train" (with its
+"minibatches"), "train_scan", "train_lora", "train_pack" or "sample").
 """
 import json
 import os
@@ -174,7 +175,7 @@ def main(args):
   if train_meshes or scan_meshes or mb_meshes or lora_meshes or pack_meshes:
     runs = ([("train", m, False, 1, 1, 0, False) for m in train_meshes]
             + [("train_scan", m, True, 2, 1, 0, False) for m in scan_meshes]
-            + [("train_mb2", m, False, 1, 2, 0, False) for m in mb_meshes]
+            + [("train", m, False, 1, 2, 0, False) for m in mb_meshes]
             + [("train_lora", m, False, 1, 1, 4, False) for m in lora_meshes]
             + [("train_pack", m, False, 1, 1, 0, True) for m in pack_meshes])
     # The references: padded, unrolled, on one device.
@@ -191,7 +192,7 @@ def main(args):
         pdiff = max(pdiff, float(d.max()))
         prel = max(prel, float((d / (np.abs(b) + 1e-6)).max()))
       print(json.dumps(dict(
-          kind=kind, mesh=list(m), loss=loss, loss_ref=loss_ref,
+          kind=kind, mesh=list(m), minibatches=mb, loss=loss, loss_ref=loss_ref,
           loss_abs_diff=abs(loss - loss_ref), loss_rel_diff=abs(loss - loss_ref) / abs(loss_ref),
           count=r["loss_count"], count_ref=ref["loss_count"], param_max_abs_diff=pdiff,
           param_max_rel_diff=prel, moved=ref["moved"], param_bad=r["param_bad"],
