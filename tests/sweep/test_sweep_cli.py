@@ -41,14 +41,21 @@ def _attempts(root, run):
 
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory):
+  """The study run by two sweeps: seed 0's two runs one after the other (the first compiles into
+  the session's compilation cache, the second loads it), then seed 1's two at once
+  (``--parallel 2``), both loading it. Two parallel runs on a cold cache would both compile every
+  program, each on one of the two cores."""
   root = tmp_path_factory.mktemp("studies")
-  return root, _sweep(root, "--parallel", "2")
+  first = _sweep(root, "--seeds", "0")
+  return root, first, _sweep(root, "--parallel", "2")
 
 
 @pytest.mark.slow
 def test_smoke_study_runs_end_to_end(finished):
-  root, summary = finished
-  assert sorted(summary["ran"]) == sorted(RUNS) and summary["failed"] == []
+  root, first, summary = finished
+  assert sorted(first["ran"]) == sorted(r for r in RUNS if r.endswith("seed0"))
+  assert sorted(summary["ran"]) == sorted(r for r in RUNS if r.endswith("seed1"))
+  assert first["failed"] == summary["failed"] == []
   with open(summary["runs_csv"]) as f:
     runs = list(csv.DictReader(f))
   assert sorted(f"{r['variant']}/seed{r['seed']}" for r in runs) == sorted(RUNS)
@@ -66,7 +73,7 @@ def test_smoke_study_runs_end_to_end(finished):
 
 @pytest.mark.slow
 def test_seed_changes_the_run_and_the_variant_not_the_first_rollout(finished):
-  root, _ = finished
+  root, _, _ = finished
 
   def first_step(run):
     records = read_jsonl(os.path.join(root, "smoke", run, "metrics.jsonl"))
@@ -81,7 +88,7 @@ def test_seed_changes_the_run_and_the_variant_not_the_first_rollout(finished):
 
 @pytest.mark.slow
 def test_resume_runs_only_what_is_missing_then_only_aggregates(finished, capsys):
-  root, _ = finished
+  root, _, _ = finished
   metrics = os.path.join(root, "smoke", "clip_higher", "seed1", "metrics.jsonl")
   before = _without_timings(read_jsonl(metrics))
   shutil.rmtree(os.path.dirname(metrics))
