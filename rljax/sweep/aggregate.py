@@ -132,8 +132,21 @@ def final_mean(steps: np.ndarray, values: np.ndarray, window: float = FINAL_WIND
   return float(values[-k:].mean())
 
 
-def run_summary(records: Sequence[Mapping], wall_attempts: Sequence[Mapping] = ()) -> dict:
-  """The summary metrics of one run (``study.SUMMARY_METRICS``, module docstring)."""
+def generated_samples(train: Sequence[Mapping], samples_per_round: int | None = None) -> float:
+  """The completions a run generated: the sum of its steps' ``generated_samples``; for a run
+  logged before that metric existed, ``gen_rounds x samples_per_round`` (every round samples
+  ``rollout.prompts_per_step x rollout.group_size``); NaN when neither is known."""
+  if train and all("generated_samples" in r for r in train):
+    return float(sum(r["generated_samples"] for r in train))
+  if train and samples_per_round and all("gen_rounds" in r for r in train):
+    return float(sum(r["gen_rounds"] for r in train) * samples_per_round)
+  return math.nan
+
+
+def run_summary(records: Sequence[Mapping], wall_attempts: Sequence[Mapping] = (),
+                samples_per_round: int | None = None) -> dict:
+  """The summary metrics of one run (``study.SUMMARY_METRICS``, module docstring);
+  ``samples_per_round`` as in ``generated_samples``."""
   eval_steps, acc = series(records, "eval_accuracy")
   # Train-step records carry `accuracy`; eval-only records (step 0, the final eval) do not.
   train = [r for r in records if "accuracy" in r]
@@ -145,8 +158,7 @@ def run_summary(records: Sequence[Mapping], wall_attempts: Sequence[Mapping] = (
       "mean_truncation_rate": float(np.mean(series(train, "truncation_rate")[1]))
       if train else math.nan,
       "wall_time_s": float(sum(a["wall_s"] for a in wall_attempts)) if wall_attempts else math.nan,
-      "generated_samples": float(sum(r["generated_samples"] for r in train))
-      if train and all("generated_samples" in r for r in train) else math.nan,
+      "generated_samples": generated_samples(train, samples_per_round),
   }
   out["gain_per_1k_samples"] = 100 * out["gain_accuracy"] / out["generated_samples"] * 1000
   for name, key in _FINAL_KEYS.items():
@@ -198,14 +210,14 @@ def fmt(metric: str, value: float) -> str:
   """Accuracies and rates in percent, lengths with one decimal, the rest with 3 digits."""
   if value is None or not math.isfinite(value):
     return "n/a"
+  if metric == "generated_samples":  # before the rates: its name holds "rate"
+    return f"{value:.0f}"
   if "accuracy" in metric or "rate" in metric:
     return f"{100 * value:.1f}%"
   if "len" in metric:
     return f"{value:.1f}"
   if metric == "wall_time_s":
     return f"{value:.0f} s"
-  if metric == "generated_samples":
-    return f"{value:.0f}"
   return f"{value:.3g}"
 
 

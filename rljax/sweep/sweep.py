@@ -56,11 +56,22 @@ def parse_args(argv):
   return args
 
 
+def _samples_per_round(run_dir: str) -> int | None:
+  """What one sampling round of the run generated, from the config it ran with."""
+  path = os.path.join(run_dir, "config.json")
+  if not os.path.isfile(path):
+    return None
+  with open(path) as f:
+    rollout = json.load(f)["rollout"]
+  return int(rollout["prompts_per_step"]) * int(rollout["group_size"])
+
+
 def aggregate_study(study: study_lib.Study, specs, out_dir: str) -> dict:
   """Write runs.csv, summary.csv, results.md and curves.png for the finished runs of ``specs``."""
   records = aggregate.load_runs(specs)
   summaries = {(s.variant, s.seed): aggregate.run_summary(records[(s.variant, s.seed)],
-                                                         runner.read_wall(s.run_dir))
+                                                         runner.read_wall(s.run_dir),
+                                                         _samples_per_round(s.run_dir))
                for s in specs if (s.variant, s.seed) in records}
   if not summaries:
     raise study_lib.StudyError(f"study {study.name!r} has no finished run to aggregate")

@@ -115,6 +115,18 @@ def test_run_summary_marks_unlogged_metrics_nan():
   s = aggregate.run_summary(records)
   assert math.isnan(s["final_len_correct"]) and math.isnan(s["wall_time_s"])
   assert math.isnan(s["generated_samples"]) and math.isnan(s["gain_per_1k_samples"])
+
+
+def test_generated_samples_of_a_run_logged_before_the_metric_come_from_its_rounds():
+  # 20 steps, steps 3, 6, ..., 18 with a second dynamic-sampling round: 26 rounds of 8 x 4.
+  records = [{k: v for k, v in r.items() if k != "generated_samples"} for r in _records()]
+  for r in records:
+    if "accuracy" in r:
+      r["gen_rounds"] = 2 if r["step"] % 3 == 0 else 1
+  s = aggregate.run_summary(records, samples_per_round=32)
+  assert s["generated_samples"] == 26 * 32
+  assert s["gain_per_1k_samples"] == pytest.approx(20 / (26 * 32 / 1000))
+  assert aggregate.fmt("generated_samples", 832.0) == "832"  # a count, not a rate
   assert aggregate.fmt("final_len_correct", s["final_len_correct"]) == "n/a"
 
 
