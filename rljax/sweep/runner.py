@@ -51,9 +51,10 @@ from rljax.train.run_dir import flatten_config
 WALL_FILE = "sweep_wall.json"  # per run dir: wall time and exit status of each attempt
 LOG_FILE = "sweep.log"  # per run dir: stdout and stderr of the train subprocess
 # Keys that change neither what a run computes nor its results: a run dir written with other
-# values (or before the key existed) is the same run.
-_IGNORED_CONFIG_KEYS = {"train.resume", "train.progress", "train.compilation_cache",
-                        "train.loggers", "train.tracker_project", "train.tracker_run_name",
+# values (or before the key existed) is the same run. The run dir itself is one: a run linked
+# from another study (finished_twin) or a study root moved elsewhere holds the same run.
+_IGNORED_CONFIG_KEYS = {"train.run_dir", "train.resume", "train.progress",
+                        "train.compilation_cache", "train.loggers", "train.tracker_project", "train.tracker_run_name",
                         "train.tracker_group", "train.tracker_tags", "train.mlflow_tracking_uri"}
 
 
@@ -166,9 +167,10 @@ _MISSING = "<missing>"
 
 
 def _comparable(tree: dict) -> dict:
-  """A run's flattened config without what differs between two runs of the same computation."""
+  """A run's flattened config without the keys that differ between two runs of the same
+  computation (``_IGNORED_CONFIG_KEYS``)."""
   return {k: v for k, v in flatten_config(tree).items()
-          if k not in _IGNORED_CONFIG_KEYS and k != "train.run_dir"}
+          if k not in _IGNORED_CONFIG_KEYS}
 
 
 def finished_twin(spec: RunSpec, config_path: str) -> str | None:

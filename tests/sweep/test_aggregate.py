@@ -300,3 +300,7 @@ def test_a_run_another_study_finished_with_the_same_config_is_linked_not_rerun(t
   assert [j.run for j in train_jobs] == ["same_as_b/seed0", "new/seed0"]  # b is not finished
   assert os.path.realpath(specs[0].run_dir) == os.path.realpath(tmp_path / "s" / "a" / "seed0")
   assert runner.run_state(specs[0]) == "finished"
+  # The next sweep of "t" finds the link finished and its config the same (only the run dir,
+  # which the linked run's config names, differs).
+  _, train_jobs, states = runner.pending_jobs(specs, second.config_path())
+  assert states[("base", 0)] == "finished" and len(train_jobs) == 2
