@@ -54,8 +54,9 @@ LOG_FILE = "sweep.log"  # per run dir: stdout and stderr of the train subprocess
 # values (or before the key existed) is the same run. The run dir itself is one: a run linked
 # from another study (finished_twin) or a study root moved elsewhere holds the same run.
 _IGNORED_CONFIG_KEYS = {"train.run_dir", "train.resume", "train.progress",
-                        "train.compilation_cache", "train.loggers", "train.tracker_project", "train.tracker_run_name",
-                        "train.tracker_group", "train.tracker_tags", "train.mlflow_tracking_uri"}
+                        "train.compilation_cache", "train.loggers", "train.tracker_project",
+                        "train.tracker_run_name", "train.tracker_group", "train.tracker_tags",
+                        "train.mlflow_tracking_uri"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,8 +142,7 @@ def check_same_config(spec: RunSpec, config_path: str, finished: bool = False) -
   saved = os.path.join(spec.run_dir, "config.json")
   if not os.path.isfile(saved):
     return []
-  want = flatten_config(json.loads(
-      config_loader.load_config(config_path, list(spec.overrides)).to_json_best_effort()))
+  want = _wanted_config(spec, config_path)
   with open(saved) as f:
     have = flatten_config(json.load(f))
   default = flatten_config(json.loads(defaults.get_config().to_json_best_effort()))
@@ -166,26 +166,30 @@ def check_same_config(spec: RunSpec, config_path: str, finished: bool = False) -
 _MISSING = "<missing>"
 
 
-def _comparable(tree: dict) -> dict:
-  """A run's flattened config without the keys that differ between two runs of the same
-  computation (``_IGNORED_CONFIG_KEYS``)."""
-  return {k: v for k, v in flatten_config(tree).items()
-          if k not in _IGNORED_CONFIG_KEYS}
+def _wanted_config(spec: RunSpec, config_path: str) -> dict:
+  """The flattened config ``spec`` runs with."""
+  return flatten_config(json.loads(
+      config_loader.load_config(config_path, list(spec.overrides)).to_json_best_effort()))
+
+
+def _comparable(flat: dict) -> dict:
+  """A flattened config without the keys that differ between two runs of the same computation
+  (``_IGNORED_CONFIG_KEYS``)."""
+  return {k: v for k, v in flat.items() if k not in _IGNORED_CONFIG_KEYS}
 
 
 def finished_twin(spec: RunSpec, config_path: str) -> str | None:
   """A finished run dir of another study or variant under the same root whose saved config is
   ``spec``'s in every key but the run dir (and the keys that change no result), else None."""
   root = os.path.dirname(os.path.dirname(os.path.dirname(spec.run_dir)))
-  want = _comparable(json.loads(
-      config_loader.load_config(config_path, list(spec.overrides)).to_json_best_effort()))
+  want = _comparable(_wanted_config(spec, config_path))
   own = os.path.realpath(spec.run_dir)
   for saved in sorted(glob.glob(os.path.join(root, "*", "*", f"seed{spec.seed}", "config.json"))):
     run_dir = os.path.dirname(saved)
     if os.path.islink(run_dir) or os.path.realpath(run_dir) == own:
       continue
     with open(saved) as f:
-      if _comparable(json.load(f)) != want:
+      if _comparable(flatten_config(json.load(f))) != want:
         continue
     if run_state(dataclasses.replace(spec, run_dir=run_dir)) == "finished":
       return run_dir
