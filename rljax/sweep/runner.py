@@ -281,7 +281,8 @@ def _forward(signum: int, frame=None) -> None:
 @contextlib.contextmanager
 def forwarding_signals():
   """Within the block, SIGTERM/SIGINT go to the running jobs (see above); on leaving it, jobs
-  still running (an exception left the block) are sent SIGTERM, then SIGKILL after 30 s."""
+  still running (an exception left the block) are sent SIGTERM, then SIGKILL after 30 s, and the
+  signals received are forgotten (jobs run later in this process start again)."""
   del _SIGNALS[:]
   main = threading.current_thread() is threading.main_thread()
   previous = {s: signal.signal(s, _forward) for s in (signal.SIGTERM, signal.SIGINT)} if main \
@@ -300,6 +301,7 @@ def forwarding_signals():
         proc.wait(timeout=30)
       except subprocess.TimeoutExpired:
         _signal_group(proc, signal.SIGKILL)
+    del _SIGNALS[:]
 
 
 def _run_child(argv, log, env) -> int | None:

@@ -217,6 +217,10 @@ def test_sweep_forwards_sigint_to_its_runs_and_a_second_one_kills_them(mode, tmp
   else:  # it ignored the first one: the second is SIGKILL, to its whole process group
     assert result["returncode"] == -signal.SIGKILL and "\ngot SIGINT\n" not in text
   assert signal.getsignal(signal.SIGINT) is before  # restored
+  # The stop belonged to that sweep: jobs run later in this process start.
+  assert runner.stop_signal() is None
+  after = runner.Job("after", (sys.executable, "-c", "pass"), str(tmp_path / "after.log"), None)
+  assert runner.run_job(after)["returncode"] == 0
 
 
 # --- eval --checkpoint and train.resume_override against a real run dir ----------------------------
