@@ -19,7 +19,7 @@ from rljax.sweep.study import Study, independent
 def get_study():
   return Study(
       name="rlhf_overoptimization",
-      config="configs/study.py",
+      config="configs/main_grpo.py",
       variants=independent([
           ("kl_0", {"algo.kl_coef": 0.0}),
           ("kl_0.01", {"algo.kl_coef": 0.01}),
@@ -28,9 +28,10 @@ def get_study():
       ]),
       seeds=(0, 1, 2),
       overrides={"reward.sources": "rm:1.0,gold:0.0,verifier:0.0",
-                 "reward.model.source": "run:runs/studies/_rlhf_rm",
+                 # Replaced per seed by the sweep (the module docstring).
+                 "reward.model.source": "run:runs/rlhf_main/rm",
                  "reward.gold.pairs": 4000,
-                 "rm.train_file": "runs/studies/_rlhf_rm_pairs.jsonl",
+                 "rm.train_file": "runs/rlhf_main/pairs.jsonl",
                  "rm.steps": 400, "rm.batch_size": 16, "rm.max_tokens": 64,
                  "train.steps": 150, "train.eval_every": 50},
       metrics=("final_accuracy", "final_len_mean", "final_entropy", "wall_time_s"),

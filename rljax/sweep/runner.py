@@ -6,6 +6,8 @@ Layout under ``root`` (default ``runs/studies``)::
   <root>/<study>/results/             the aggregate (CSV, markdown, PNG)
   <root>/_sft/seed<k>-<hash>/         SFT cold starts, shared by every study and variant whose
                                       cold start is the same (same stamp as rljax.train.sft)
+  <root>/_rlhf_rm/seed<k>-<hash>/     the RLHF cold start's reward model (reward.gold.pairs > 0)
+                                      and its pairs, one per seed, shared like the SFT ones
 
 A new run whose complete config a finished run of another study under the same root already ran
 (a baseline that several studies compare against) is not run again: its directory becomes a link
@@ -107,6 +109,13 @@ def plan_runs(study: study_lib.Study, root: str,
       if config.model.source == "sft":
         sft_dir = os.path.abspath(os.path.join(root, "_sft", f"seed{seed}-{_sft_key(config)}"))
         per_run += (("sft.out_dir", sft_dir),)
+      if config.reward.gold.pairs:
+        # Each seed's reward model is trained from its own cold start (rljax.train.rlhf), so a
+        # run's results never depend on which run of the study trained it first.
+        rm_dir = os.path.abspath(os.path.join(
+            root, "_rlhf_rm", f"seed{seed}-{_reward_model_key(config, sft_dir)}"))
+        per_run += (("reward.model.source", f"run:{rm_dir}"),
+                    ("rm.train_file", rm_dir + ".pairs.jsonl"))
       specs.append(RunSpec(variant.name, seed, run_dir,
                            study.overrides + variant.overrides + per_run,
                            int(config.train.steps), sft_dir))
@@ -118,6 +127,21 @@ def _sft_key(config) -> str:
   share a cold start exactly when the trainer would reuse it."""
   stamp = sft.cold_start_stamp(config)
   return hashlib.sha256(json.dumps(stamp, sort_keys=True).encode()).hexdigest()[:10]
+
+
+# What `rljax rm` reads of a run's config (rljax.train.rlhf.rm_config): its pairs, model, data,
+# optimizer and seed; not the reward model's own directory or pairs file, which the key names.
+_REWARD_MODEL_SECTIONS = ("rm", "model", "data", "optim", "reward.gold")
+_REWARD_MODEL_OWN_KEYS = {"rm.train_file"}
+
+
+def _reward_model_key(config, sft_dir: str | None) -> str:
+  """A short hash of what the RLHF cold start's reward model depends on (its SFT start too)."""
+  flat = flatten_config(config.to_dict())
+  used = {k: v for k, v in flat.items() if k not in _REWARD_MODEL_OWN_KEYS and (
+      k == "seed" or any(k.startswith(section + ".") for section in _REWARD_MODEL_SECTIONS))}
+  used["sft.out_dir"] = os.path.basename(sft_dir or "")
+  return hashlib.sha256(json.dumps(used, sort_keys=True, default=str).encode()).hexdigest()[:10]
 
 
 # --- state of a run dir ---------------------------------------------------------------------------

@@ -5,6 +5,8 @@ checkpoint first. Both are kept on disk: a second run reuses them.
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 
 import ml_collections
@@ -29,13 +31,29 @@ def prepare_reward_model(config, *, log=print) -> None:
   """With ``reward.gold.pairs > 0``: the pairs in ``rm.train_file`` (written when missing) and
   the reward model of ``reward.model.source='run:DIR'`` (trained into ``DIR`` when ``DIR`` holds
   no export yet). Nothing to do otherwise."""
-  pairs = config.reward.gold.pairs
-  if not pairs:
+  if not config.reward.gold.pairs:
     return
   run_dir = gold.reward_model_dir(config)
-  if not gold.cold_start_pending(config):
-    log(f"using the reward model in {run_dir}")
-    return
+  with _exclusive(run_dir + ".lock"):  # runs of a sweep sharing it wait for the first one
+    if not gold.cold_start_pending(config):
+      log(f"using the reward model in {run_dir}")
+      return
+    _make_reward_model(config, run_dir, log)
+
+
+@contextlib.contextmanager
+def _exclusive(lock_path: str):
+  os.makedirs(os.path.dirname(os.path.abspath(lock_path)), exist_ok=True)
+  with open(lock_path, "a") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    try:
+      yield
+    finally:
+      fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _make_reward_model(config, run_dir: str, log) -> None:
+  pairs = config.reward.gold.pairs
   data = config.data.source
   if not data.startswith(EMBEDDED):
     raise StartupError(f"reward.gold.pairs={pairs}: the gold scorer labels embedded tasks; "

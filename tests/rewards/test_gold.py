@@ -3,6 +3,8 @@
 import itertools
 import json
 import os
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -83,6 +85,33 @@ def test_the_cold_start_reuses_a_trained_reward_model_and_refuses_other_forms(tm
   config.data.source = "jsonl:x.jsonl"
   with pytest.raises(StartupError, match="the gold scorer labels embedded tasks"):
     rlhf.prepare_reward_model(config)
+
+
+def test_runs_sharing_a_reward_model_train_it_once_the_others_wait_and_reuse_it(
+    tmp_path, monkeypatch):
+  # Two runs of a sweep start together on one reward model dir: the second waits for the first.
+  config = _demo_config(tmp_path)
+  trained, said, started = [], [], threading.Barrier(2)
+
+  def train(config, run_dir, log):
+    time.sleep(0.3)  # long enough for the other thread to reach the lock meanwhile
+    os.makedirs(os.path.join(run_dir, "hf"), exist_ok=True)
+    (tmp_path / "rm" / "hf" / "config.json").write_text("{}")
+    trained.append(run_dir)
+
+  monkeypatch.setattr(rlhf, "_make_reward_model", train)
+
+  def run():
+    started.wait()
+    rlhf.prepare_reward_model(config, log=said.append)
+
+  threads = [threading.Thread(target=run) for _ in range(2)]
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join()
+  assert trained == [str(tmp_path / "rm")]
+  assert said == [f"using the reward model in {tmp_path / 'rm'}"]
 
 
 def test_rewards_against_kl_pair_the_steps_that_logged_both(tmp_path):

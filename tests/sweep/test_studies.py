@@ -50,6 +50,22 @@ def test_studies_of_one_base_config_share_one_cold_start_per_seed(tmp_path):
              for config, seed in dirs if config == "configs/study_main.py")
 
 
+def test_each_seed_of_the_rlhf_study_has_one_reward_model_its_kl_arms_share(tmp_path):
+  study = study_lib.load_study(os.path.join(study_lib.REPO_ROOT, "experiments", "studies",
+                                            "rlhf_overoptimization.py"))
+  source = {}
+  for spec in runner.plan_runs(study, str(tmp_path)):
+    keys = dict(spec.overrides)
+    rm_dir = keys["reward.model.source"].removeprefix("run:")
+    assert rm_dir.startswith(str(tmp_path / "_rlhf_rm" / f"seed{spec.seed}-"))
+    assert keys["rm.train_file"] == rm_dir + ".pairs.jsonl"
+    source.setdefault(spec.seed, set()).add(rm_dir)
+  assert all(len(dirs) == 1 for dirs in source.values()) and len(source) == len(study.seeds)
+  # What `rljax rm` reads (here its learning rate) names another reward model.
+  other = runner.plan_runs(study, str(tmp_path), extra=[("optim.lr", "1e-4")])
+  assert dict(other[0].overrides)["reward.model.source"] not in source[other[0].seed]
+
+
 def test_dapo_ladder_is_cumulative():
   study = study_lib.load_study(os.path.join(study_lib.REPO_ROOT, "experiments", "studies",
                                             "dapo_ladder.py"))
