@@ -32,7 +32,7 @@ def get_study():
                  "reward.model.source": "run:runs/rlhf_main/rm",
                  "reward.gold.pairs": 4000,
                  "rm.train_file": "runs/rlhf_main/pairs.jsonl",
-                 "rm.steps": 400, "rm.batch_size": 16, "rm.max_tokens": 64,
+                 "rm.steps": 200, "rm.batch_size": 16, "rm.max_tokens": 64,
                  "train.steps": 150, "train.eval_every": 50},
       metrics=("final_accuracy", "final_len_mean", "final_entropy", "wall_time_s"),
       baseline="kl_0.01",
