@@ -98,8 +98,9 @@ def plan_runs(study: study_lib.Study, root: str,
   for variant in study.variants:
     for seed in study.seeds:
       run_dir = os.path.abspath(os.path.join(study_dir(root, study), variant.name, f"seed{seed}"))
-      per_run = extra + (("seed", str(seed)), ("data.train_seed", str(seed)),
-                         ("train.run_dir", run_dir))
+      # A run's output goes to its sweep.log, where a progress bar is only noise.
+      per_run = (("train.progress", "false"),) + extra + (
+          ("seed", str(seed)), ("data.train_seed", str(seed)), ("train.run_dir", run_dir))
       config = study_lib.variant_config(study, variant, per_run)
       if set(config.train.loggers) & set(defaults.TRACKERS):
         # W&B/MLflow runs of a study: one group per study, named by variant and seed.

@@ -34,6 +34,7 @@ def test_study_plans_every_run(path, tmp_path):
   specs = runner.plan_runs(study, str(tmp_path))
   assert len(specs) == len(study.variants) * len(study.seeds) and len(study.seeds) >= 3
   assert all(s.steps > 0 and s.sft_dir for s in specs)
+  assert all(dict(s.overrides)["train.progress"] == "false" for s in specs)  # no bar in the logs
 
 
 def test_studies_of_one_base_config_share_one_cold_start_per_seed(tmp_path):
