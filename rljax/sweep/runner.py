@@ -8,6 +8,7 @@ Layout under ``root`` (default ``runs/studies``)::
                                       cold start is the same (same stamp as rljax.train.sft)
   <root>/_rlhf_rm/seed<k>-<hash>/     the RLHF cold start's reward model (reward.gold.pairs > 0)
                                       and its pairs, one per seed, shared like the SFT ones
+  <root>/_xla_cache/                  the compiled programs of every run (``shared_cache_env``)
 
 A new run whose complete config a finished run of another study under the same root already ran
 (a baseline that several studies compare against) is not run again: its directory becomes a link
@@ -348,12 +349,22 @@ def _run_child(argv, log, env) -> int | None:
 
 # --- running -----------------------------------------------------------------------------------------
 
-def run_job(job: Job) -> dict:
-  """Run one subprocess, its output appended to ``job.log_path``; records the attempt's wall
-  time in ``job.wall_path``. Returns ``{'label', 'returncode', 'wall_s', 'log'}``; returncode
-  None when the sweep was stopped before the job started (nothing recorded)."""
+def shared_cache_env(root: str) -> dict[str, str]:
+  """The environment that gives every run of a sweep one compilation cache, ``<root>/_xla_cache``
+  (rljax.train.compilation_cache): a study's runs compile the same programs, so only the first
+  compiles them. A ``JAX_COMPILATION_CACHE_DIR`` the user set is kept."""
+  if os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+    return {}
+  return {"JAX_COMPILATION_CACHE_DIR": os.path.abspath(os.path.join(root, "_xla_cache"))}
+
+
+def run_job(job: Job, env: dict[str, str] | None = None) -> dict:
+  """Run one subprocess (``env``: added to this process's environment), its output appended to
+  ``job.log_path``; records the attempt's wall time in ``job.wall_path``. Returns ``{'label',
+  'returncode', 'wall_s', 'log'}``; returncode None when the sweep was stopped before the job
+  started (nothing recorded)."""
   os.makedirs(os.path.dirname(job.log_path), exist_ok=True)
-  env = dict(os.environ)
+  env = {**os.environ, **(env or {})}
   # The subprocess imports the same rljax as this process, wherever the cwd is.
   env["PYTHONPATH"] = os.pathsep.join(p for p in (study_lib.REPO_ROOT, env.get("PYTHONPATH"))
                                       if p)
@@ -382,8 +393,10 @@ def _finished(job: Job) -> bool:
   return job.spec is None or run_state(job.spec) == "finished"
 
 
-def run_jobs(jobs: list[Job], parallel: int, log: Callable[[str], None] = print) -> list[dict]:
-  """Run ``jobs`` with at most ``parallel`` at once (in list order when sequential)."""
+def run_jobs(jobs: list[Job], parallel: int, log: Callable[[str], None] = print,
+             env: dict[str, str] | None = None) -> list[dict]:
+  """Run ``jobs`` with at most ``parallel`` at once (in list order when sequential), ``env``
+  added to each one's environment."""
   def report(result):
     status = ("not started (the sweep is stopping)" if result["returncode"] is None else
               f"FAILED (exit {result['returncode']})" if result["returncode"] != 0 else
@@ -397,12 +410,12 @@ def run_jobs(jobs: list[Job], parallel: int, log: Callable[[str], None] = print)
     results = []
     for job in jobs:
       log(f"start {job.label}")
-      results.append(report(run_job(job)))
+      results.append(report(run_job(job, env)))
     return results
   with concurrent.futures.ThreadPoolExecutor(max_workers=parallel) as pool:
     for job in jobs:
       log(f"queue {job.label}")
-    futures = [pool.submit(run_job, job) for job in jobs]
+    futures = [pool.submit(run_job, job, env) for job in jobs]
     return [report(f.result()) for f in concurrent.futures.as_completed(futures)]
 
 

@@ -117,14 +117,15 @@ def main(argv) -> dict:
   failed = []
   if not args.aggregate_only:
     _make_dir(runner.study_dir(args.root, study))
+    env = runner.shared_cache_env(args.root)
     with runner.forwarding_signals():
-      for result in runner.run_jobs(sft_jobs, args.parallel, log=_log):
+      for result in runner.run_jobs(sft_jobs, args.parallel, log=_log, env=env):
         if result["returncode"]:
           failed.append(result)
       # A train run whose cold start failed would only fail again: run the others.
       bad_sft = {f["job"].sft_dir for f in failed}
       train_jobs = [j for j in train_jobs if j.sft_dir is None or j.sft_dir not in bad_sft]
-      failed += [r for r in runner.run_jobs(train_jobs, args.parallel, log=_log)
+      failed += [r for r in runner.run_jobs(train_jobs, args.parallel, log=_log, env=env)
                  if r["returncode"]]
       _stop_if_signalled()
   ran = [] if args.aggregate_only else [j.run for j in train_jobs]

@@ -67,6 +67,17 @@ def test_each_seed_of_the_rlhf_study_has_one_reward_model_its_kl_arms_share(tmp_
   assert dict(other[0].overrides)["reward.model.source"] not in source[other[0].seed]
 
 
+def test_the_runs_of_a_sweep_share_one_compilation_cache_unless_one_is_set(tmp_path, monkeypatch):
+  show = (sys.executable, "-c", "import os; print(os.environ['JAX_COMPILATION_CACHE_DIR'])")
+  job = runner.Job("show", show, str(tmp_path / "show.log"), None)
+  monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
+  runner.run_jobs([job], parallel=1, log=lambda line: None,
+                  env=runner.shared_cache_env(str(tmp_path / "root")))
+  assert open(job.log_path).read().splitlines()[-1] == str(tmp_path / "root" / "_xla_cache")
+  monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path / "mine"))
+  assert runner.shared_cache_env(str(tmp_path / "root")) == {}
+
+
 def test_dapo_ladder_is_cumulative():
   study = study_lib.load_study(os.path.join(study_lib.REPO_ROOT, "experiments", "studies",
                                             "dapo_ladder.py"))
