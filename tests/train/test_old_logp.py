@@ -50,7 +50,7 @@ def steps():
   model_cfg = tiny_config(_config("recompute").model, VOCAB)
   params = llama.init_params(model_cfg, seed=0)
   rollout = _sampled_rollout(model_cfg, params)
-  out = {"rollout": rollout}
+  out = {"rollout": rollout, "model_cfg": model_cfg}
   calls = []
   real = step_lib.policy_stats
   counting = lambda *args, **kwargs: calls.append(1) or real(*args, **kwargs)
@@ -128,6 +128,21 @@ def test_the_loss_takes_the_sampler_log_probs_as_the_old_ones(steps):
   assert 0 < scale < 1e-5
   assert diff(sampler["state"], recompute["state"]) <= 10 * scale
   assert diff(recompute["initial"], recompute["state"]) > 1e-3  # the update moved the weights
+
+
+def test_a_transform_that_reads_old_logp_takes_the_samplers(steps):
+  """Clip-Cov's per-minibatch selection reads ``old_logp`` (``needs_old_logp``): with 'sampler'
+  scoring still runs no policy forward, and the step traces with the sampler's log-probs."""
+  config = _config("sampler", **{"algo.policy_loss": "clip_cov"})
+  algo = resolve(config)
+  spec = build.step_spec(config, steps["model_cfg"], algo)
+  assert algo.needs_old_logp and not spec.scoring_forward
+  fns = step_lib.step_fns(spec)
+  state = steps["sampler"]["initial"]
+  scored, _ = jax.eval_shape(fns.score, state, steps["rollout"], algo.hparams)
+  assert scored.old_logp.shape == steps["rollout"].sampler_logp.shape
+  _, metrics = jax.eval_shape(fns.train_step, state, scored, algo.hparams)
+  assert "entropy" in metrics  # the scoring metrics, from the update's forwards
 
 
 def test_no_sampler_log_probs_is_refused(steps):
