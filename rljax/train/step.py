@@ -5,8 +5,8 @@ critic -> values), then the advantages, and returns the same ``Rollout`` record 
 fields filled. With one optimizer update per batch the policy's forward is left to the loss,
 whose own forward gives the same log-probs (``old_logp`` stays None); with
 ``algo.old_logp='sampler'`` the old log-probs are the sampler's (``StepSpec.scoring_forward``).
-Either way the scoring metrics (entropy, ...) then come from the update's forwards. ``train_step`` runs
-``epochs x minibatches`` optimizer updates (``rljax.train.update``), each accumulating gradients
+Either way the scoring metrics (entropy, ...) then come from the update's forwards.
+``train_step`` runs ``epochs x minibatches`` optimizer updates (``rljax.train.update``), each accumulating gradients
 over micro-batches with exact ``(sum, count)`` aggregation. The algorithm comes in resolved
 (``rljax.algorithm.resolve``) and its float hyperparameters as a traced ``hp`` dict.
 

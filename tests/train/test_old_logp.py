@@ -8,6 +8,7 @@ scores with its own forward and the KL term keeps the reference forward in both.
 import os
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -17,7 +18,7 @@ from rljax.errors import ConfigError
 from rljax.models import llama, tiny_config
 from rljax.rollout import sampler as sampler_lib
 from rljax.rollout.sampling import SamplingParams
-from rljax.train import build, step as step_lib
+from rljax.train import build, step as step_lib, update as update_lib
 from tests.train import tiny
 
 VOCAB, PROMPTS, GROUP, PW, T = 40, 2, 4, 8, 8
@@ -169,3 +170,20 @@ def test_any_temperature_and_truncation_are_allowed():
   config_checks.check_config(_config("sampler", **{
       "rollout.temperature": "1.5", "rollout.top_p": "0.9", "rollout.top_k": "5",
       "rollout.min_p": "0.05"}))
+
+
+def test_run_epochs_returns_each_rows_output_in_batch_order():
+  """2 epochs x 4 minibatches of 8 shuffled rows: the rows' outputs come back from the first
+  epoch, row i's at position i (each minibatch update outputs its rows' ids and its index)."""
+  ids = jnp.arange(8)
+
+  def minibatch_update(state, minibatch, index):
+    rows = {"id": minibatch, "update": jnp.broadcast_to(index, minibatch.shape)}
+    return state + 1, ({"n": (jnp.float32(minibatch.shape[0]), jnp.float32(1))}, rows)
+
+  state, metrics, rows = update_lib.run_epochs(
+      minibatch_update, jnp.int32(0), ids, jax.random.PRNGKey(0), epochs=2, minibatches=4,
+      indexed=True, row_outputs=True)
+  assert int(state) == 8 and float(metrics["n"][0]) == 16
+  np.testing.assert_array_equal(rows["id"], np.arange(8))
+  assert sorted(np.asarray(rows["update"]).tolist()) == [0, 0, 1, 1, 2, 2, 3, 3]  # epoch 0's
