@@ -16,6 +16,7 @@ mean anything.
 """
 import argparse
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -87,6 +88,7 @@ def main():
     sys.stdout.flush()
   med = {side: statistics.median(seconds[side]) for side in SIDES}
   ratios = [b / a for a, b in zip(seconds["recompute"], seconds["sampler"])]
+  shutil.rmtree(run_dir, ignore_errors=True)  # the runs' logs and configs: nothing to keep
   print(f"median update over {args.steps} steps: recompute {med['recompute']:.3f} s, sampler "
         f"{med['sampler']:.3f} s; sampler / recompute = {med['sampler'] / med['recompute']:.3f} "
         f"(per step: median {statistics.median(ratios):.3f}, range {min(ratios):.3f}-"
