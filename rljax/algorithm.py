@@ -130,6 +130,9 @@ class Algorithm:
   minibatches: int
   micro_batches: int
   hparams: Dict[str, float]
+  # algo.old_logp: 'recompute' (a policy forward before the update) | 'sampler' (the sampler's
+  # recorded log-probs, rljax.train.step.StepSpec.scoring_forward)
+  old_logp: str = "recompute"
   # The algo.* keys (leaf names) its components bind: the estimator's and the objective's
   # hyperparameters (less those their registration says another setting overrides), the
   # regularisers' values and weights, the transforms' keys. ``component_reads()`` in
@@ -299,7 +302,7 @@ def resolve(config, *, group_size: Optional[int] = None, critic: Optional[bool] 
       transforms=transforms,
       overlong_filter=bool(algo["overlong_filter"]), group_size=group_size,
       epochs=algo["epochs"], minibatches=algo["minibatches"],
-      micro_batches=algo["micro_batches"], hparams=hparams,
+      micro_batches=algo["micro_batches"], hparams=hparams, old_logp=algo["old_logp"],
       keys_read=_keys_read(algo, advantage, objective, regularizers, transforms))
   if "algo" in settings:  # a run's whole config; a bare algo section composes components
     config_checks.check_unused(settings, algorithm)

@@ -64,8 +64,8 @@ NOTATION = """\
 - Completion tokens are `[B, T]`, `T = rollout.max_new_tokens`, with the mask `m[i,t]` (1 on the
   completion's tokens, its EOS included; 0 on padding). `|o_i| = sum_t m[i,t]`.
 - `logp`: log-prob of a sampled token under the policy being trained; `old_logp`: under the
-  weights the update starts from (recomputed by the trainer); `ref_logp`: under the reference;
-  `sampler_logp`: what the sampler reported.
+  weights the update starts from (recomputed by the trainer), or with `algo.old_logp='sampler'`
+  `sampler_logp`; `ref_logp`: under the reference; `sampler_logp`: what the sampler reported.
 - `R_i`: the outcome reward of completion i after shaping. `delta = logp - old_logp`, clamped to
   `[-20, 20]` before any `exp`; `r = exp(delta)`. `sg(x)`: stop-gradient. `sigma`: the sigmoid.
 - Per-token losses `l[i,t]` are minimised. Every loss is a `(sum, count)` pair over the whole

@@ -40,6 +40,7 @@ from rljax.keys import (ADAM_BETA, ALWAYS, BOOL, FRACTION, KEY_TUPLE, NONEMPTY, 
 
 DTYPES = ("float32", "bfloat16", "float16")
 ROLLOUT_LEVELS = ("none", "token", "sequence", "geometric")
+OLD_LOGP_SOURCES = ("recompute", "sampler")  # algo.old_logp
 REMAT_MODES = ("none", "full", "dots")  # model.remat; True/False of old configs: full/none
 MESH_AXES = ("data", "fsdp", "expert", "tensor")  # the mesh's axes, in its device order
 MESH_AXIS = integer(1, also=(-1,))  # any one axis may be -1: the devices the others leave
@@ -618,6 +619,13 @@ KEYS = declare((
     Key("algo.minibatches", 1, integer(1, 10**6), "optimizer steps per epoch"),
     Key("algo.micro_batches", 1, integer(1, 10**6),
         "gradient accumulation inside each minibatch (exact aggregation)"),
+    Key("algo.old_logp", "recompute", choice(*OLD_LOGP_SOURCES),
+        "the PPO ratio's old log-probs: recompute (a policy forward over the batch before the "
+        "update, at the weights it starts from) | sampler (Rollout.sampler_logp, the sampler's "
+        "temperature-1 log-prob of each sampled token: no scoring forward; the ratio is against "
+        "the policy that sampled, also when rollout.max_staleness > 0 or the sampler's dtype or "
+        "weights differ; entropy, logp_gap, kl and mismatch/ then come from the update's "
+        "forwards, each minibatch's at the weights its update starts from)"),
     Key("algo.tis_cap", None, optional(real(0, lo_open=True)),
         "alias of rollout_is='token' with rollout_is_cap=tis_cap (not both); None = off",
         read_if=COMPONENT),
@@ -942,6 +950,31 @@ def _turn_rewards_alone(f):
             "weight 0, logged only) or env.turn_discount=1")
 
 
+def _sampler_old_logp(f):
+  """``algo.old_logp='sampler'`` leaves out the scoring forward, so nothing may need it: the
+  80/20 mask's ``H_old``, R2's replayed experts; rollout correction sampler -> old would weigh
+  every token by ``exp(0) = 1``."""
+  if f["algo.old_logp"] != "sampler":
+    return None
+  why = "algo.old_logp='sampler' runs no scoring forward"
+  if f["algo.entropy_top_rho"] < 1.0:
+    return (f"algo.entropy_top_rho={f['algo.entropy_top_rho']!r} masks by H_old of the scoring "
+            f"forward; {why}: use algo.old_logp='recompute'")
+  if f["model.router_replay"] == "R2":
+    return (f"model.router_replay='R2' replays the experts of the old-log-prob forward; {why}: "
+            "use 'R3' (the sampler's experts) or 'off'")
+  correcting = [f"{k}={f[k]!r}" for k, off in CORRECTION_OFF.items() if f[k] != off]
+  if correcting:
+    return (f"{correcting[0]}: rollout correction weighs sampler -> old log-probs, and with "
+            "algo.old_logp='sampler' they are the same (every ratio 1); drop it, or use "
+            "algo.old_logp='recompute'")
+
+
+# The rollout-correction keys and their 'off' values (rljax.transforms.correction).
+CORRECTION_OFF = {"algo.tis_cap": None, "algo.rollout_is": "none", "algo.rollout_rs": "none",
+                  "algo.rollout_rs_veto": None, "algo.rollout_rs_k3": None}
+
+
 def _reward_model_named(f):
   if RM_SOURCE.test(f, "") and not f["reward.model.source"]:
     return (f"reward.sources={f['reward.sources']!r} names '{REWARD_MODEL_SOURCE}': set "
@@ -992,6 +1025,9 @@ RELATIONS = (
              _lora_critic),
     Relation(("model.lora.rank", "algo.ref_update", "algo.kl_placement"),
              "LoRA: the reference is the frozen base (algo.ref_update='frozen')", _lora_reference),
+    Relation(("algo.old_logp", "algo.entropy_top_rho", "model.router_replay", *CORRECTION_OFF),
+             "algo.old_logp='sampler': no 80/20 mask, R2 replay or rollout correction (each "
+             "needs the scoring forward or compares the sampler with itself)", _sampler_old_logp),
 )
 
 

@@ -35,7 +35,8 @@ class Rollout:
     loss_mask: [B, T] float32, the tokens the losses see (mask x row_valid, after the overlong
       filter).
     old_logp: [B, T] policy log-probs before the update; None when the loss's own forward
-      gives them (one optimizer update per batch).
+      gives them (one optimizer update per batch); ``sampler_logp`` with
+      ``algo.old_logp='sampler'``.
     ref_logp: [B, T] reference log-probs; None without a reference model.
     values, returns: [B, T] critic values and targets; None without a critic.
     advantages: [B, T].

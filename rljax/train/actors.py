@@ -282,8 +282,9 @@ def make_batch_sampler(max_staleness: int, collect: Collect, source_state: Calla
 
 def uncorrected_staleness_warning(max_staleness: int, corrected: bool) -> Optional[str]:
   """The one-line start-up warning of an asynchronous run whose stale samples no rollout
-  correction (``algo.rollout_is`` / ``algo.tis_cap`` / ``algo.rollout_rs*``) covers; None when
-  the loop is synchronous or a correction is on. A warning, not a refusal: training on stale
+  correction (``algo.rollout_is`` / ``algo.tis_cap`` / ``algo.rollout_rs*``) covers, nor a PPO
+  ratio against the sampling policy (``algo.old_logp='sampler'``); None when the loop is
+  synchronous or one of them is on. A warning, not a refusal: training on stale
   samples uncorrected is a legitimate setting (verl's one-step-off-policy default), and the PPO
   ratio stays anchored on the recomputed ``old_logp``; only the gradient is biased by the
   behaviour/learner gap (docs/async.md)."""

@@ -274,7 +274,8 @@ def _train(run: build.Run, guard: preemption.Guard) -> dict:
         pretrain_critic(run, place)
   staleness = cfg.rollout.max_staleness
   warning = actors.uncorrected_staleness_warning(
-      staleness, corrected=run.algo.transform("rollout_correction") is not None)
+      staleness, corrected=run.algo.transform("rollout_correction") is not None
+      or run.algo.old_logp == "sampler")
   if warning:
     run.writer.log(warning)
   # The data position of the state the learner holds: a checkpoint records this one, not the

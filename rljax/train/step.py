@@ -3,8 +3,10 @@
 ``score`` runs one forward of each model (policy -> old log-probs, reference -> ref log-probs,
 critic -> values), then the advantages, and returns the same ``Rollout`` record with those
 fields filled. With one optimizer update per batch the policy's forward is left to the loss,
-whose own forward gives the same log-probs (``old_logp`` stays None). ``train_step`` runs
-``epochs x minibatches`` optimizer updates (``rljax.train.update``), each accumulating gradients
+whose own forward gives the same log-probs (``old_logp`` stays None); with
+``algo.old_logp='sampler'`` the old log-probs are the sampler's (``StepSpec.scoring_forward``).
+Either way the scoring metrics (entropy, ...) then come from the update's forwards.
+``train_step`` runs ``epochs x minibatches`` optimizer updates (``rljax.train.update``), each accumulating gradients
 over micro-batches with exact ``(sum, count)`` aggregation. The algorithm comes in resolved
 (``rljax.algorithm.resolve``) and its float hyperparameters as a traced ``hp`` dict.
 
@@ -216,6 +218,7 @@ class StepSpec:
   gives the old log-probs (ratio 1) and scoring skips the policy forward; not when the old
   log-probs are needed before the update (KL in the reward) or the loss sees another mask
   (overlong filter), nor when a transform needs them (or ``H_old``) before the loss.
+  ``scoring_forward``: whether ``score`` runs the policy's forward at all.
   ``aux_cfgs``: ``(transform name, architecture)`` of the transforms' frozen models (the
   distillation teacher); ``seed``: the run's (Clip-Cov's per-minibatch uniforms). ``forward_tokens``:
   the most tokens per data shard that one forward (and backward) takes at a time, 0 for no
@@ -244,6 +247,15 @@ class StepSpec:
     a = self.algo
     return (a.epochs == a.minibatches == 1 and a.kl_placement != "reward"
             and not a.overlong_filter and not a.needs_old_logp)
+
+  @property
+  def scoring_forward(self) -> bool:
+    """Whether ``score`` runs the policy's forward: not where the loss's forward gives the old
+    log-probs (``reuse_policy_forward``), nor with ``algo.old_logp='sampler'`` (they are the
+    sampler's; config relations refuse the transforms that need that forward's ``H_old`` or
+    experts). Without it the scoring metrics come from the update's forwards
+    (``actor_loss``'s rows, ``train_step``)."""
+    return not (self.reuse_policy_forward or self.algo.old_logp == "sampler")
 
   def row_split(self, rollout: Rollout, at_least: int = 1) -> update_lib.RowSplit:
     """Row chunks for a forward over ``rollout``'s rows: at least ``at_least`` (the micro-batches),
@@ -297,9 +309,16 @@ def scalar_metrics(values: dict) -> Metrics:
   return {k: scalar_metric(v) for k, v in values.items()}
 
 
+def scoring_mask(rollout: Rollout):
+  """``m`` [B, T] float32: the completion tokens of the rows that count (``row_valid``), the
+  tokens the scoring metrics average over."""
+  return rollout.mask.astype(jnp.float32) * rollout.row_valid.astype(jnp.float32)[:, None]
+
+
 def scoring_metrics(learner: StepSpec, mask, logp, entropy, sampler_logp, ref_logp) -> Metrics:
-  """Entropy, the sampler / policy log-prob gap (and 8.2's ``mismatch/``, over the whole
-  batch, from the reused forward's rows) and the KL estimate over the valid tokens."""
+  """Entropy, the sampler / policy log-prob gap (and 8.2's ``mismatch/``) and the KL estimate
+  over the valid tokens of the whole batch: of the scoring forward, or without one of the
+  update's forwards (``train_step``)."""
   gap = jnp.abs(logp - sampler_logp)
   metrics = {
       "entropy": loss_lib.token_metrics(mask, v=entropy)["v"],
@@ -344,11 +363,17 @@ def score(learner: StepSpec, state: TrainState, rollout: Rollout, hp, aux=None
   algo, cfg, chunk = learner.algo, learner.model_cfg, learner.logits_chunk
   hp = with_coefs(learner, state, hp)
   row_valid = rollout.row_valid.astype(jnp.float32)
-  mask = rollout.mask.astype(jnp.float32) * row_valid[:, None]
+  mask = scoring_mask(rollout)
   old_logp = entropy = ref_logp = values = token_rewards = None
   split = learner.forward_split(rollout)
   moe_scoring = {}
-  if not learner.reuse_policy_forward:
+  if algo.old_logp == "sampler":
+    if rollout.sampler_logp is None:
+      raise ValueError("algo.old_logp='sampler' needs the sampler's log-probs "
+                       "(Rollout.sampler_logp); this rollout engine records none: use "
+                       "algo.old_logp='recompute'")
+    old_logp = rollout.sampler_logp.astype(jnp.float32)
+  elif learner.scoring_forward:
     old_logp, entropy, moe = policy_stats(cfg, state.params, rollout, chunk, split,
                                           replayed_routes(cfg, rollout, in_update=False))
     if moe is not None:
@@ -395,7 +420,7 @@ def score(learner: StepSpec, state: TrainState, rollout: Rollout, hp, aux=None
       metrics.update(transform_metrics)
   loss_mask, advantages = view.loss_mask, view.advantages
   metrics["advantage_mean"] = loss_lib.token_metrics(loss_mask, v=advantages)["v"]
-  if old_logp is not None:
+  if learner.scoring_forward:
     metrics.update(scoring_metrics(learner, mask, old_logp, entropy, rollout.sampler_logp,
                                    ref_logp))
   if values is not None:
@@ -435,8 +460,9 @@ def minibatch_counts(learner: StepSpec, minibatch: Rollout, parts: int) -> dict:
 def actor_loss(learner: StepSpec, params, coefs, micro: Rollout, counts,
                split: update_lib.RowSplit | Packed = update_lib.RowSplit()):
   """The policy objective plus every regulariser, each divided by its minibatch count:
-  ``(loss, (metrics, rows))``, ``rows`` the forward's ``(logp, entropy)`` when it also gives the
-  old log-probs (the scoring metrics are then computed over the whole minibatch), else None.
+  ``(loss, (metrics, rows))``, ``rows`` the forward's ``(logp, entropy)`` where scoring ran no
+  policy forward (``StepSpec.scoring_forward``; ``train_step`` computes the scoring metrics from
+  them over the whole batch), else None.
   ``split``: how the forward takes ``micro``'s rows (packed: one chunk, ``packed_micro``)."""
   algo = learner.algo
   logp, entropy, moe = policy_stats(learner.model_cfg, params, micro, learner.logits_chunk,
@@ -456,7 +482,7 @@ def actor_loss(learner: StepSpec, params, coefs, micro: Rollout, counts,
     mismatch = moe_metrics(micro, moe["routes"], micro.loss_mask)
     if mismatch:
       metrics["moe/route_mismatch_update"] = mismatch["moe/route_mismatch"]
-      if micro.old_logp is None:  # this forward is also the old-log-prob one
+      if not learner.scoring_forward:  # scoring ran none: this forward's stands in for it
         metrics.update(mismatch)
     metrics["moe/aux_loss"] = (jax.lax.stop_gradient(moe["aux"]).sum(), rows)
     # (token, expert) pairs capacity dispatch dropped, per micro-batch forward
@@ -468,7 +494,8 @@ def actor_loss(learner: StepSpec, params, coefs, micro: Rollout, counts,
   for t in algo.transforms:
     if t.on_loss is not None:
       metrics.update(t.on_loss(arrays))
-  rows = (arrays["old_logp"], jax.lax.stop_gradient(entropy)) if micro.old_logp is None else None
+  rows = None if learner.scoring_forward else (jax.lax.stop_gradient(logp),
+                                                jax.lax.stop_gradient(entropy))
   return total, (metrics, rows)
 
 
@@ -500,9 +527,10 @@ def select_tokens(learner: StepSpec, hp, step, minibatch: Rollout, index
 def minibatch_update(learner: StepSpec, hp, state: TrainState, minibatch: Rollout, index, *,
                      update_actor: bool):
   """One optimizer step of the actor (and of the critic when there is one) on a minibatch;
-  ``index`` counts the step's optimizer updates (epoch x minibatches + minibatch)."""
+  ``index`` counts the step's optimizer updates (epoch x minibatches + minibatch). Returns
+  ``(state, (metrics, rows))``, ``rows`` the actor loss's (``actor_loss``) or None."""
   algo = learner.algo
-  metrics, skipped = {}, jnp.zeros((), jnp.int32)
+  metrics, skipped, rows = {}, jnp.zeros((), jnp.int32), None
   hp = with_coefs(learner, state, hp)
   if update_actor:
     minibatch, metrics = select_tokens(learner, hp, state.step, minibatch, index)
@@ -527,9 +555,6 @@ def minibatch_update(learner: StepSpec, hp, state: TrainState, minibatch: Rollou
         lambda p, mb, mb_split, c: actor_loss(
             learner, state_lib.with_trainable(frozen, p), hp, mb, c, mb_split),
         state_lib.trainable(state.params), row_outputs=True)
-    if rows is not None:  # the metrics scoring left out, from the loss's forward
-      actor_metrics.update(scoring_metrics(learner, minibatch.loss_mask, *rows,
-                                           minibatch.sampler_logp, minibatch.ref_logp))
     updated, opt_state, grad_norm, applied = update_lib.apply_update(
         learner.actor_tx, state_lib.trainable(state.params), state.opt_state, grads, loss)
     params = state_lib.with_trainable(state.params, updated)
@@ -548,7 +573,7 @@ def minibatch_update(learner: StepSpec, hp, state: TrainState, minibatch: Rollou
     skipped += (~capplied).astype(jnp.int32)
     metrics.update(critic_metrics, critic_grad_norm=scalar_metric(cgrad_norm))
   metrics["update_skipped"] = scalar_metric(skipped > 0)
-  return state.replace(skipped_updates=state.skipped_updates + skipped), metrics
+  return state.replace(skipped_updates=state.skipped_updates + skipped), (metrics, rows)
 
 
 def packed_micro(minibatch: Rollout, split: Packed, index) -> tuple[Rollout, Packed]:
@@ -562,17 +587,25 @@ def packed_micro(minibatch: Rollout, split: Packed, index) -> tuple[Rollout, Pac
 
 
 def _updates(learner: StepSpec, state: TrainState, batch: Rollout, hp, update_actor: bool):
+  """``(state, metrics, rows)``: the updates, ``rows`` the actor loss's ``(logp, entropy)`` of
+  each row in its first epoch (``update.run_epochs``), or None."""
   rng, shuffle_key = jax.random.split(state.rng)
   return update_lib.run_epochs(
       lambda s, mb, i: minibatch_update(learner, hp, s, mb, i, update_actor=update_actor),
       state.replace(rng=rng), batch, shuffle_key, epochs=learner.algo.epochs,
-      minibatches=learner.algo.minibatches, indexed=True, keep_rows=learner.keep_rows)
+      minibatches=learner.algo.minibatches, indexed=True, keep_rows=learner.keep_rows,
+      row_outputs=True)
 
 
 def train_step(learner: StepSpec, state: TrainState, batch: Rollout, hp):
   """``epochs x minibatches`` updates on a scored batch, then every transform's ``on_step``
-  (the adaptive KL and entropy coefficients)."""
-  state, metrics = _updates(learner, state, batch, hp, update_actor=True)
+  (the adaptive KL and entropy coefficients). Where scoring ran no policy forward, the scoring
+  metrics come from the update's: each row's log-probs and entropy under the parameters its
+  first-epoch minibatch update started from (the batch's own for the first minibatch)."""
+  state, metrics, rows = _updates(learner, state, batch, hp, update_actor=True)
+  if rows is not None:
+    metrics.update(scoring_metrics(learner, scoring_mask(batch), *rows, batch.sampler_logp,
+                                   batch.ref_logp))
   transform_state = dict(state.transforms)
   for t in learner.algo.transforms:
     if t.on_step is not None:
@@ -584,7 +617,7 @@ def train_step(learner: StepSpec, state: TrainState, batch: Rollout, hp):
 
 def critic_step(learner: StepSpec, state: TrainState, batch: Rollout, hp):
   """Value pretraining: updates of the critic alone; the actor is not touched."""
-  return _updates(learner, state, batch, hp, update_actor=False)
+  return _updates(learner, state, batch, hp, update_actor=False)[:2]
 
 
 # --- compiled entry points -----------------------------------------------------------------------

@@ -184,32 +184,47 @@ def apply_update(tx: optax.GradientTransformation, params, opt_state, grads, los
 
 
 def run_epochs(minibatch_update: Callable, state, batch, key, *, epochs: int, minibatches: int,
-               indexed: bool = False, keep_rows: Callable = lambda tree: tree):
+               indexed: bool = False, keep_rows: Callable = lambda tree: tree,
+               row_outputs: bool = False):
   """``epochs x minibatches`` calls of ``minibatch_update(state, minibatch) -> (state, metrics)``
   in ``lax.scan``; rows reshuffled each epoch from ``key`` (in order when there is one update).
   With ``indexed``, ``minibatch_update(state, minibatch, index)`` also gets the update's index
   ``epoch * minibatches + minibatch`` (int32). Returns the final state and the metrics summed
   over all updates.
 
+  With ``row_outputs``, ``minibatch_update`` returns ``(state, (metrics, rows))``, ``rows`` a
+  pytree of per-row arrays of its minibatch (or None), and the call returns
+  ``(state, metrics, rows)``: the first epoch's rows (each row once) in the batch's row order.
+
   ``keep_rows(tree)``: the shuffled rows placed as the batch's were (a sharding constraint on
   the data axes). A gather of rows split over devices comes out replicated, and XLA then
   computed every minibatch's forward and backward whole on every device; one update takes the
   batch as it is (no gather)."""
   n = jax.tree.leaves(batch)[0].shape[0]
+  shuffles = epochs * minibatches > 1
 
   def epoch(state, xs):
     epoch_key, e = xs
-    if epochs * minibatches > 1:
-      order = jax.random.permutation(epoch_key, n)
-      shuffled = keep_rows(jax.tree.map(lambda x: x[order], batch))
-    else:
-      shuffled = batch
+    order = jax.random.permutation(epoch_key, n) if shuffles else None
+    shuffled = keep_rows(jax.tree.map(lambda x: x[order], batch)) if shuffles else batch
     if not indexed:
-      return jax.lax.scan(minibatch_update, state, split_rows(shuffled, minibatches))
-    index = e * minibatches + jnp.arange(minibatches, dtype=jnp.int32)
-    return jax.lax.scan(lambda s, x: minibatch_update(s, *x), state,
-                        (split_rows(shuffled, minibatches), index))
+      state, out = jax.lax.scan(minibatch_update, state, split_rows(shuffled, minibatches))
+    else:
+      index = e * minibatches + jnp.arange(minibatches, dtype=jnp.int32)
+      state, out = jax.lax.scan(lambda s, x: minibatch_update(s, *x), state,
+                                (split_rows(shuffled, minibatches), index))
+    if not row_outputs:
+      return state, out
+    metrics, rows = out
+    rows = merge_rows(rows)  # in the shuffled order
+    if shuffles and rows is not None:  # row order[i] of the batch is row i of the shuffled one
+      rows = keep_rows(jax.tree.map(lambda x: jnp.zeros_like(x).at[order].set(x), rows))
+    return state, (metrics, rows)
 
-  state, metrics = jax.lax.scan(epoch, state, (jax.random.split(key, epochs),
-                                               jnp.arange(epochs, dtype=jnp.int32)))
-  return state, jax.tree.map(lambda x: x.sum(axis=(0, 1)), metrics)
+  state, out = jax.lax.scan(epoch, state, (jax.random.split(key, epochs),
+                                           jnp.arange(epochs, dtype=jnp.int32)))
+  sums = lambda metrics: jax.tree.map(lambda x: x.sum(axis=(0, 1)), metrics)
+  if not row_outputs:
+    return state, sums(out)
+  metrics, rows = out
+  return state, sums(metrics), jax.tree.map(lambda x: x[0], rows)

@@ -76,7 +76,8 @@ class HostRollout:
 class Scored:
   """What ``on_score`` sees inside the compiled ``score``: the rollout, the valid-token ``mask``,
   the current ``loss_mask`` and ``advantages`` (earlier transforms' changes applied), the scoring
-  forward's ``old_logp`` / ``entropy`` (None when the loss's forward gives them), ``hp`` (with
+  forward's ``old_logp`` / ``entropy`` (None when the loss's forward gives them; with
+  ``algo.old_logp='sampler'`` ``old_logp`` is the sampler's and ``entropy`` None), ``hp`` (with
   the transforms' coefficients) and ``aux_logp(name)``: log-probs of the completion tokens under
   the frozen model of transform ``name``. ``changes`` may set ``loss_mask``, ``advantages`` and
   ``extras`` (fields added to the record)."""
