@@ -14,6 +14,9 @@ from rljax.config_loader import preset
 
 def get_config():
   c = preset(__file__, "main.py")
+  # The claim studies of docs/results/ablations.md ran with a scoring forward for the old
+  # log-probs, before the main job took the sampler's; kept so that they reproduce.
+  c.algo.old_logp = "recompute"
   c.train.steps = 200
   c.train.run_dir = "runs/study_main"
   return c

@@ -176,8 +176,11 @@ def check_same_config(spec: RunSpec, config_path: str, finished: bool = False) -
                      if want.get(k, _MISSING) != have.get(k, _MISSING))
   chosen = {k for k, _ in spec.overrides}
   # A key the study leaves at today's default, while the run has another value: the default moved.
+  # A key the run lacks (rljax added it later) wanted at its default: a new key's default is what
+  # rljax did before it, also where the study names that value.
   drift = [k for k in differing
-           if k not in chosen and want.get(k, _MISSING) == default.get(k, _MISSING)
+           if want.get(k, _MISSING) == default.get(k, _MISSING)
+           and (k not in chosen or have.get(k, _MISSING) == _MISSING)
            or k == "sft.out_dir"]  # named by a hash of the config: it moves with any default
   if not differing or (finished and drift == differing):
     return [f"{k}: run dir has {have.get(k, _MISSING)!r}, today's default {want.get(k, _MISSING)!r}"
@@ -209,13 +212,16 @@ def finished_twin(spec: RunSpec, config_path: str) -> str | None:
   ``spec``'s in every key but the run dir (and the keys that change no result), else None."""
   root = os.path.dirname(os.path.dirname(os.path.dirname(spec.run_dir)))
   want = _comparable(_wanted_config(spec, config_path))
+  # A key rljax added after a run was made: the run did what the key's default does.
+  default = flatten_config(json.loads(defaults.get_config().to_json_best_effort()))
+  added_later = {k: default[k] for k in want if k in default}
   own = os.path.realpath(spec.run_dir)
   for saved in sorted(glob.glob(os.path.join(root, "*", "*", f"seed{spec.seed}", "config.json"))):
     run_dir = os.path.dirname(saved)
     if os.path.islink(run_dir) or os.path.realpath(run_dir) == own:
       continue
     with open(saved) as f:
-      if _comparable(flatten_config(json.load(f))) != want:
+      if _comparable({**added_later, **flatten_config(json.load(f))}) != want:
         continue
     if run_state(dataclasses.replace(spec, run_dir=run_dir)) == "finished":
       return run_dir

@@ -1,4 +1,5 @@
 """The aggregation math of rljax.sweep against hand-worked examples, and study-file validation."""
+import dataclasses
 import json
 import math
 import os
@@ -277,6 +278,38 @@ def test_a_finished_run_of_an_older_default_is_aggregated_and_a_changed_study_is
     save(**{key: config[section][name] * 2})
     with pytest.raises(StudyError, match=key):
       runner.check_same_config(spec, study.config_path(), finished=True)
+
+
+def test_a_run_made_before_a_key_existed_did_what_its_default_does(tmp_path):
+  # A finished run whose config.json lacks algo.old_logp (added to rljax after it ran).
+  first = _study(seeds=(0,), variants=study_lib.independent([("a", {})]))
+  spec = runner.plan_runs(first, str(tmp_path))[0]
+  os.makedirs(spec.run_dir)
+  tree = json.loads(config_loader.load_config(first.config_path(), list(spec.overrides))
+                    .to_json_best_effort())
+  del tree["algo"]["old_logp"]
+  with open(os.path.join(spec.run_dir, "config.json"), "w") as f:
+    json.dump(tree, f)
+  with open(os.path.join(spec.run_dir, "metrics.jsonl"), "w") as f:
+    f.write(json.dumps({"step": spec.steps, "eval_accuracy": 0.5}) + "\n")
+
+  def asking(value, name):
+    study = _study(name=name, seeds=(0,), baseline="x",
+                   variants=study_lib.independent([("x", {"algo.old_logp": value})]))
+    return study, runner.plan_runs(study, str(tmp_path))[0]
+
+  # A study that names the default: the same run (aggregated with a note, or linked as a twin).
+  study, same = asking("recompute", "t")
+  notes = runner.check_same_config(dataclasses.replace(same, run_dir=spec.run_dir),
+                                   study.config_path(), finished=True)
+  assert [n.split(":")[0] for n in notes] == ["algo.old_logp"]
+  assert runner.finished_twin(same, study.config_path()) == spec.run_dir
+  # Another value: another run.
+  study, other = asking("sampler", "u")
+  with pytest.raises(StudyError, match="algo.old_logp"):
+    runner.check_same_config(dataclasses.replace(other, run_dir=spec.run_dir),
+                             study.config_path(), finished=True)
+  assert runner.finished_twin(other, study.config_path()) is None
 
 
 def test_a_run_another_study_finished_with_the_same_config_is_linked_not_rerun(tmp_path):
