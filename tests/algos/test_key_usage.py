@@ -106,6 +106,8 @@ def fingerprint(config):
                                    config.algo.keep_pass_rate)
     out.append(np.append(keep, config.algo.max_gen_batches).astype(np.float64))
   mask, token_rewards = x["mask"], None
+  if algo.old_logp == "sampler":  # as rljax.train.step.score takes them
+    x["old_logp"] = x["sampler_logp"]
   if algo.kl_placement == "reward":
     import rljax.algos as algos
     kl = dict(kl_coef=hp["kl_coef"], estimator=algo.kl_estimator)
