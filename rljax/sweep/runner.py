@@ -171,7 +171,7 @@ def check_same_config(spec: RunSpec, config_path: str, finished: bool = False) -
   want = _wanted_config(spec, config_path)
   with open(saved) as f:
     have = flatten_config(json.load(f))
-  default = flatten_config(json.loads(defaults.get_config().to_json_best_effort()))
+  default = _default_config()
   differing = sorted(k for k in (set(want) | set(have)) - _IGNORED_CONFIG_KEYS
                      if want.get(k, _MISSING) != have.get(k, _MISSING))
   chosen = {k for k, _ in spec.overrides}
@@ -195,6 +195,11 @@ def check_same_config(spec: RunSpec, config_path: str, finished: bool = False) -
 _MISSING = "<missing>"
 
 
+def _default_config() -> dict:
+  """Today's framework defaults, flattened as a run's saved config is."""
+  return flatten_config(json.loads(defaults.get_config().to_json_best_effort()))
+
+
 def _wanted_config(spec: RunSpec, config_path: str) -> dict:
   """The flattened config ``spec`` runs with."""
   return flatten_config(json.loads(
@@ -213,7 +218,7 @@ def finished_twin(spec: RunSpec, config_path: str) -> str | None:
   root = os.path.dirname(os.path.dirname(os.path.dirname(spec.run_dir)))
   want = _comparable(_wanted_config(spec, config_path))
   # A key rljax added after a run was made: the run did what the key's default does.
-  default = flatten_config(json.loads(defaults.get_config().to_json_best_effort()))
+  default = _default_config()
   added_later = {k: default[k] for k in want if k in default}
   own = os.path.realpath(spec.run_dir)
   for saved in sorted(glob.glob(os.path.join(root, "*", "*", f"seed{spec.seed}", "config.json"))):
