@@ -25,6 +25,9 @@ def with_algorithm(algo_file: str, run_dir: str):
       if (section, key) not in _KEEP_FROM_MAIN:
         c[section][key] = value
   c.train.run_dir = run_dir
+  # 256 held-out problems, as when the studies on this base ran (rlhf_overoptimization, the
+  # comparisons of docs/results/main_job_compare.md); the main job now evaluates all 943.
+  c.data.num_eval = 256
   return c
 
 

@@ -18,6 +18,7 @@ def get_config():
   # The claim studies of docs/results/ablations.md ran with a scoring forward for the old
   # log-probs, before the main job took the sampler's; kept so that they reproduce.
   c.algo.old_logp = "recompute"
+  c.data.num_eval = 256  # as when they ran (the main job now evaluates all 943 held-out problems)
   c.train.steps = 200
   c.train.run_dir = "runs/study_main"
   return c

@@ -24,7 +24,8 @@ def get_study():
       # Old log-probs by a scoring forward at the learner's weights, as when the study ran;
       # the main job's 'sampler' would make the stale runs' ratio one against the sampling
       # policy (docs/async.md), another algorithm than the one measured.
-      overrides={"train.steps": 150, "train.eval_every": 25, "algo.old_logp": "recompute"},
+      overrides={"train.steps": 150, "train.eval_every": 25, "algo.old_logp": "recompute",
+                 "data.num_eval": 256},
       metrics=("final_accuracy", "gain_accuracy", "auc_accuracy", "wall_time_s"),
       baseline="sync",
       description="Sampler and learner on disjoint CPU devices: does sampling ahead with "

@@ -77,6 +77,8 @@ OVERLONG_SHAPING = differs("reward.overlong_buffer", 0,
 SINGLE_TURN = equals("env.name", None, lambda f, k: (
     f"env.name={f['env.name']!r} scores the episodes (its steps run under env.timeout_s in the "
     "reward.workers processes)"))
+VERIFIER_PROCESSES = above("reward.workers", 0, "reward.workers=0: the verifier runs in the "
+                           "trainer's process")
 MULTI_TURN = differs("env.name", None, "rollouts are single-turn (env.name=None); set env.name "
                                        "to an environment or drop the key")
 LORA = above("model.lora.rank", 0, "model.lora.rank=0 (no adapters)")
@@ -430,7 +432,8 @@ KEYS = declare((
     Key("reward.overlong_penalty", 1.0, NONNEG, "DAPO soft overlong punishment: maximum penalty",
         read_if=OVERLONG_SHAPING),
     Key("reward.timeout_s", 5.0, POSITIVE,
-        "per verifier call: a hard bound (the worker process is killed)", read_if=SINGLE_TURN),
+        "per verifier call: a hard bound (the worker process is killed)",
+        read_if=SINGLE_TURN & VERIFIER_PROCESSES),
     Key("reward.sources", "", parsed(reward_weights, "'name:weight,...' of registered reward "
                                      "sources (`rljax components`), finite weights, not all 0"),
         "the run's reward: a weighted sum of named sources, e.g. 'verifier:1.0,judge:0.5' "
@@ -490,15 +493,18 @@ KEYS = declare((
         "embedded task into rm.train_file (kept if it exists) and `rljax rm` trains the reward "
         "model into DIR first (rm.*, model.*), as model.source='sft' is trained first; 0 = off",
         read_if=named_source("gold")),
-    Key("reward.workers", 4, integer(1, 1024), "verifier worker processes"),
+    Key("reward.workers", 4, integer(0, 1024),
+        "verifier worker processes; 0 = the verifier runs in the trainer's process (no process "
+        "round trip per call, no timeout: for fast verifiers one trusts, e.g. exact_match)"),
     Key("reward.max_logged_failures", 100, integer(0),
         "failed calls sampled into run_dir/reward_failures.jsonl (a multi-turn run's failed "
         "episodes: run_dir/env_failures.jsonl)"),
     Key("reward.max_worker_memory_mb", 2048, integer(0),
         "address space a verifier worker may add to what it inherited (MB; RLIMIT_AS); 0 = no "
-        "limit"),
+        "limit", read_if=VERIFIER_PROCESSES),
     Key("reward.worker_max_calls", 0, integer(0),
-        "replace a verifier worker after this many calls (a leak's bound); 0 = never"),
+        "replace a verifier worker after this many calls (a leak's bound); 0 = never",
+        read_if=VERIFIER_PROCESSES),
     # --- scalar reward model as a reward (docs/reward_models.md) -------------------------------
     Key("reward.model.source", "", STRING,
         "reward source 'rm': 'hf:PATH' (a *ForSequenceClassification directory, one label) | "
@@ -982,12 +988,20 @@ def _reward_model_named(f):
             "`rljax rm` run)")
 
 
+def _env_workers(f):
+  if f["env.name"] is not None and f["reward.workers"] == 0:
+    return (f"reward.workers=0 with env.name={f['env.name']!r}: the environment's steps run in "
+            "worker processes (under env.timeout_s); set reward.workers >= 1")
+
+
 RELATIONS = (
     Relation(("reward.normalize", "reward.clip", "reward.sources"),
              "per-source normalisation names sources of the reward", _normalized_sources),
     Relation(("reward.sources", "env.name"),
              "'verifier' scores single-turn rollouts, 'env' multi-turn episodes",
              _task_source_fits),
+    Relation(("reward.workers", "env.name"), "an environment steps in worker processes",
+             _env_workers),
     Relation(("reward.sources", "env.turn_discount"),
              "per-turn token rewards: the environment's reward alone", _turn_rewards_alone),
     Relation(tuple(f"mesh.{axis}" for axis in MESH_AXES), "at most one axis is -1",

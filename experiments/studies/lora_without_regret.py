@@ -32,7 +32,8 @@ def get_study():
       config="configs/main.py",
       # Old log-probs by a scoring forward, as when the study ran (before the main job took
       # the sampler's): its recorded runs reproduce, and `full` stays the claim studies' baseline.
-      overrides={"train.steps": 200, "train.eval_every": 50, "algo.old_logp": "recompute"},
+      overrides={"train.steps": 200, "train.eval_every": 50, "algo.old_logp": "recompute",
+                 "data.num_eval": 256},
       variants=independent([
           ("full", {"optim.lr": FULL_LR}),
           ("lora_r1", lora(1)),

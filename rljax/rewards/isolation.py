@@ -128,6 +128,13 @@ def _call(fn: Callable[..., Any], args: tuple) -> tuple[str, object, bool]:
     return "error", _describe(e), False
 
 
+def _call_here(fn: Callable[..., Any], args: tuple) -> Outcome:
+  try:
+    return Outcome("ok", fn(*args))
+  except Exception as e:
+    return Outcome("error", _describe(e))
+
+
 def _end_leftovers() -> int:
   """Kill and reap every process the last call left behind; returns how many there were. The
   worker is a subreaper, so grandchildren whose parent dies become its children and are found in
@@ -513,8 +520,12 @@ def close_shared_pool() -> None:
 def run_isolated(fn: Callable[..., Any], calls: Sequence[tuple], *, timeout_s: float,
                  workers: int, max_worker_memory_mb: int = 0,
                  worker_max_calls: int = 0) -> list[Outcome]:
-  """``fn(*args)`` for each ``args`` in ``calls`` in the shared worker processes."""
+  """``fn(*args)`` for each ``args`` in ``calls`` in the shared worker processes; with
+  ``workers=0`` in this process, one after another: no process to kill, so no timeout, and an
+  exception becomes an 'error' Outcome as in a worker (KeyboardInterrupt still stops the run)."""
   if not calls:
     return []
+  if workers == 0:
+    return [_call_here(fn, args) for args in calls]
   pool = shared_pool(fn, workers, max_worker_memory_mb, worker_max_calls)
   return pool.map(calls, timeout_s=timeout_s)

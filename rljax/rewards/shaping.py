@@ -4,6 +4,7 @@ Lengths are counted in **tokens** of the completion (``|o_i| = sum_t m[i, t]``),
 """
 import chex
 import jax.numpy as jnp
+import numpy as np
 
 
 def overlong_penalty(lengths: chex.Array, *, max_new_tokens: int, overlong_buffer: int,
@@ -12,20 +13,22 @@ def overlong_penalty(lengths: chex.Array, *, max_new_tokens: int, overlong_buffe
 
   With ``Lmax = max_new_tokens`` and ``Lc = overlong_buffer``: 0 if ``|o| <= Lmax - Lc``;
   ``((Lmax - Lc) - |o|) / Lc * penalty`` if ``Lmax - Lc < |o| <= Lmax``; ``-penalty`` beyond.
-  ``overlong_buffer = 0`` turns it off (all zeros).
+  ``overlong_buffer = 0`` turns it off (all zeros). NumPy lengths give a NumPy array: the
+  rollout's host scoring calls it once per batch, where eager JAX ops cost milliseconds.
   """
   chex.assert_rank(lengths, 1)
   if overlong_buffer < 0 or overlong_buffer > max_new_tokens:
     raise ValueError(f"reward.overlong_buffer must be in [0, max_new_tokens={max_new_tokens}], "
                      f"got {overlong_buffer}")
+  xp = np if isinstance(lengths, np.ndarray) else jnp
   dtype = jnp.result_type(float)
-  lengths = jnp.asarray(lengths).astype(dtype)
+  lengths = xp.asarray(lengths).astype(dtype)
   if overlong_buffer == 0:
-    return jnp.zeros_like(lengths)
+    return xp.zeros_like(lengths)
   start = float(max_new_tokens - overlong_buffer)
   ramp = (start - lengths) / overlong_buffer * overlong_penalty
-  return jnp.where(lengths <= start, 0.0,
-                   jnp.where(lengths <= max_new_tokens, ramp, -overlong_penalty)).astype(dtype)
+  return xp.where(lengths <= start, 0.0,
+                  xp.where(lengths <= max_new_tokens, ramp, -overlong_penalty)).astype(dtype)
 
 
 def overlong_filter_mask(mask: chex.Array, truncated: chex.Array) -> chex.Array:

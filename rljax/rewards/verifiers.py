@@ -359,7 +359,8 @@ def score_completions(
   """Score ``completions[i]`` against ``problems[i]`` with the reward function ``fn``.
 
   Every call runs in a worker process (``rljax.rewards.isolation``) killed after ``timeout_s``,
-  so the bound holds for verifiers that hold the GIL or never return.
+  so the bound holds for verifiers that hold the GIL or never return; ``workers=0`` calls the
+  verifier in this process instead (no bound: for fast verifiers one trusts).
 
   Args:
     fn: a name in ``REWARD_FNS`` or a reward function.
@@ -368,7 +369,7 @@ def score_completions(
     wrong_value: reward of a wrong binary answer and of every failed call (``reward.wrong_value``).
     format_weight: weight of the format term (``reward.format_weight``).
     timeout_s: hard per-call limit (``reward.timeout_s``).
-    workers: verifier processes (``reward.workers``).
+    workers: verifier processes (``reward.workers``); 0: none, the calls run here.
     spec: what ``fn`` may return; default: its registered declaration (binary if unregistered).
     failure_log: where a bounded sample of failed calls is appended (None: nowhere).
     max_worker_memory_mb: memory a worker may add (``reward.max_worker_memory_mb``; 0: no limit).
@@ -377,8 +378,8 @@ def score_completions(
   if len(completions) != len(problems):
     raise ValueError(
         f"{len(completions)} completions but {len(problems)} problems; pass one problem per row")
-  if workers < 1 or not timeout_s > 0:
-    raise ValueError(f"reward.workers={workers} must be >= 1, reward.timeout_s={timeout_s} > 0")
+  if workers < 0 or not timeout_s > 0:
+    raise ValueError(f"reward.workers={workers} must be >= 0, reward.timeout_s={timeout_s} > 0")
   reward_fn = get_reward_fn(fn) if isinstance(fn, str) else fn
   spec = spec or reward_spec(fn)
   for module in spec.preload:

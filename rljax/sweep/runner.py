@@ -56,7 +56,7 @@ LOG_FILE = "sweep.log"  # per run dir: stdout and stderr of the train subprocess
 # Keys that change neither what a run computes nor its results: a run dir written with other
 # values (or before the key existed) is the same run. The run dir itself is one: a run linked
 # from another study (finished_twin) or a study root moved elsewhere holds the same run.
-_IGNORED_CONFIG_KEYS = {"train.run_dir", "train.resume", "train.progress",
+_IGNORED_CONFIG_KEYS = {"train.run_dir", "train.resume", "train.progress", "reward.workers",
                         "train.compilation_cache", "train.loggers", "train.tracker_project",
                         "train.tracker_run_name", "train.tracker_group", "train.tracker_tags",
                         "train.mlflow_tracking_uri"}
