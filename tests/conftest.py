@@ -1,5 +1,6 @@
 """Shared fixtures: tiny random Hugging Face models built once per session on CPU torch."""
 import collections
+import json
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -49,11 +50,24 @@ def pytest_unconfigure(config):
   xla_cache.end_session()
 
 
+DURATIONS = os.path.join(os.path.dirname(__file__), "durations.json")
+SECONDS_PER_SLOW_TEST = 10.0  # the estimate for a file not in DURATIONS yet
+
+
 def pytest_collection_modifyitems(config, items):
-  """Files with more slow tests run first. Under ``pytest -n 2 --dist loadfile``
-  (scripts/test.sh) each file goes to one worker: a long file left for the end would run alone
-  while the other core idles. The sort is stable, so tests keep their order within a file.
-  xdist keeps this order only with ``--no-loadscope-reorder`` (scripts/test.sh): by default it
-  re-sorts the files by their number of tests, which started the long subprocess files last."""
+  """The longest files run first: the seconds ``DURATIONS`` records (scripts/test_durations.py),
+  else ``SECONDS_PER_SLOW_TEST`` per slow test. Under ``pytest -n 2 --dist loadfile``
+  (scripts/test.sh) each file goes to one worker: a long file left for the end runs alone while
+  the other core idles (a file with long unmarked tests did, for ~4 minutes). The sort is stable,
+  so tests keep their order within a file. xdist keeps this order only with
+  ``--no-loadscope-reorder`` (scripts/test.sh): by default it re-sorts the files by their number
+  of tests, which started the long subprocess files last."""
+  with open(DURATIONS) as f:
+    recorded = json.load(f)
   slow = collections.Counter(item.path for item in items if item.get_closest_marker("slow"))
-  items.sort(key=lambda item: -slow[item.path])
+  root = str(config.rootpath)
+
+  def seconds(item):
+    name = os.path.relpath(str(item.path), root)
+    return recorded.get(name, SECONDS_PER_SLOW_TEST * slow[item.path])
+  items.sort(key=lambda item: -seconds(item))

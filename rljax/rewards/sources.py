@@ -227,7 +227,8 @@ def without_source_values(extras: Mapping[str, Any]) -> dict:
 @register_reward_source(defaults.VERIFIER_SOURCE)
 def verifier_source(config, tokenizer, model_cfg, mesh) -> Callable:
   """The verifier ``reward.fn`` (``rljax.rewards.verifiers``): each completion checked against
-  its problem in killable worker processes (``reward.timeout_s``, ``reward.workers``), ``1`` if
+  its problem in killable worker processes (``reward.timeout_s``, ``reward.workers``; 0 workers:
+  in the trainer's process), ``1`` if
   correct else ``reward.wrong_value``, plus ``reward.format_weight`` if well formed; its counts
   ``reward/timeouts``, ``/errors``, ``/invalid`` and its correct flags."""
   verify = verifiers.task_verifier(config.reward)

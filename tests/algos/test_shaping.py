@@ -21,11 +21,15 @@ def np_overlong(lengths, max_new_tokens, buffer, penalty):
   return np.array(out)
 
 
+@pytest.mark.parametrize("host", [False, True], ids=["jit", "numpy"])
 @pytest.mark.parametrize("buffer,penalty", [(0, 1.0), (8, 1.0), (16, 0.5), (32, 2.0)])
-def test_soft_overlong_punishment_in_tokens(x64, buffer, penalty):
+def test_soft_overlong_punishment_in_tokens(x64, buffer, penalty, host):
+  """Traced, and on NumPy lengths as the host rollout calls it (NumPy out, no JAX op)."""
   lengths = np.array([0, 1, 15, 16, 17, 20, 24, 31, 32, 33, 40])
-  got = jit(lambda n: shaping.overlong_penalty(n, max_new_tokens=32, overlong_buffer=buffer,
-                                              overlong_penalty=penalty))(lengths)
+  fn = lambda n: shaping.overlong_penalty(n, max_new_tokens=32, overlong_buffer=buffer,
+                                          overlong_penalty=penalty)
+  got = fn(lengths) if host else jit(fn)(lengths)
+  assert isinstance(got, np.ndarray) == host
   np.testing.assert_allclose(np.asarray(got), np_overlong(lengths, 32, buffer, penalty),
                              rtol=1e-12, atol=1e-15)
 

@@ -160,6 +160,50 @@ def test_binary_verifier_returning_a_fraction_is_invalid():
       "reward/timeouts": 0.0, "reward/errors": 2.0, "reward/invalid": 2.0}
 
 
+def test_workers_0_scores_in_this_process_as_the_workers_do(tmp_path):
+  """reward.workers=0: the same rewards, flags, counts and failure details as a pool, with no
+  process started (a verifier that records its pid shows where it ran)."""
+  pids = tmp_path / "pids"
+
+  def fraction(completion, problem):
+    with open(pids, "a") as f:
+      f.write(f"{os.getpid()}\n")
+    if completion == "err":
+      return 1 / 0
+    return {"yes": 1, "no": False, "partial": 0.3}[completion]
+
+  calls = (["yes", "no", "partial", "err"], [Problem("q", "")] * 4)
+  _assert_only_the_pools_workers_remain()  # closes the pool: no process below this one
+  pool = isolation.current_pool()
+  here = verifiers.score_completions(fraction, *calls, timeout_s=5.0, workers=0)
+  assert set(pids.read_text().split()) == {str(os.getpid())}
+  assert isolation.current_pool() is pool and _descendants(os.getpid()) == set()
+  pooled = verifiers.score_completions(fraction, *calls, timeout_s=5.0, workers=2)
+  assert str(os.getpid()) not in pids.read_text().split()[4:]
+  assert here.rewards.tolist() == pooled.rewards.tolist() == [1.0, 0.0, 0.0, 0.0]
+  assert here.correct.tolist() == pooled.correct.tolist() == [True, False, False, False]
+  assert (here.num_invalid, here.num_errors, here.num_timeouts) == (1, 1, 0)
+  assert here.failures == pooled.failures
+  isolation.close_shared_pool()
+
+
+def test_workers_0_is_refused_with_an_environment_and_leaves_the_timeout_unread():
+  from rljax import config_checks
+  from rljax.config_loader import load_config_file
+  from rljax.errors import ConfigError, UnusedKeyError
+  configs = os.path.join(os.path.dirname(__file__), "..", "..", "configs")
+  main = load_config_file(os.path.join(configs, "main.py"))
+  assert main.reward.workers == 0
+  config_checks.check_config(main)
+  env = load_config_file(os.path.join(configs, "tool_calc.py"))
+  env.reward.workers = 0
+  with pytest.raises(ConfigError, match="reward.workers=0 with env.name='tool_calc'"):
+    config_checks.check_config(env)
+  main.reward.timeout_s = 2.0
+  with pytest.raises(UnusedKeyError, match="reward.timeout_s=2.0 is not used: reward.workers=0"):
+    config_checks.check_config(main)
+
+
 def test_worker_that_dies_is_an_error_and_replaced():
   import os
 
