@@ -1,12 +1,14 @@
 """Verifier overhead on the main job's load: process-pool verifiers (rljax.rewards.isolation)
-against the thread pool they replaced, in one process.
+against the thread pool they replaced and against calls in the trainer's process
+(``reward.workers=0``, the main job's setting), in one process.
 
 The main job (configs/main.py) scores P x G = 16 x 8 = 128 completions per step with
 ``exact_match`` on embedded arithmetic (600 steps), plus 13 greedy evals of 256 problems. This
 replays that load: the completions are a mix of reference solutions, wrong answers and garbage,
 and the trainer process holds the JAX runtime and a ~100 MB array so that forking is realistic.
-Prints seconds per step of each and the overhead as a fraction of the main job's measured
-wall time per step (README: 3:09 for 600 steps incl. SFT and evals).
+Prints seconds per 128-call batch of each and the overhead as a fraction of the main job's
+measured RL wall time per step (docs/results/main_job.md: 308 s for 600 steps, 5-seed mean; a
+step scores 2.3-3.5 such batches under dynamic sampling).
 
   PYTHONPATH=. python benchmarks/verifier_overhead.py [--steps 600]
 """
@@ -23,7 +25,7 @@ import numpy as np
 from rljax.data import make_task
 from rljax.rewards import verifiers
 
-MAIN_JOB_WALL_S, MAIN_JOB_STEPS = 189.0, 600
+MAIN_JOB_WALL_S, MAIN_JOB_STEPS = 308.0, 600
 ROWS, EVAL_ROWS, EVALS = 128, 256, 13
 
 
@@ -119,25 +121,28 @@ def main():
   verifiers.score_completions("exact_match", *batches[0])
   first_call = time.perf_counter() - t
   results = {}
-  for name in ("threads", "processes", "threads ", "processes "):  # interleaved twice
-    t = time.perf_counter()
-    for completions, problems in batches + evals + evals:
-      if name.strip() == "threads":
-        out = score_with_threads(completions, problems)
-      else:
-        out = verifiers.score_completions("exact_match", completions, problems)
-    results.setdefault(name.strip(), []).append(time.perf_counter() - t)
+  score = {"threads": score_with_threads,
+           "processes": lambda c, p: verifiers.score_completions("exact_match", c, p),
+           "in_process": lambda c, p: verifiers.score_completions("exact_match", c, p,
+                                                                  workers=0)}
+  for _ in range(2):  # interleaved twice
+    for name, fn in score.items():
+      t = time.perf_counter()
+      for completions, problems in batches + evals + evals:
+        out = fn(completions, problems)
+      results.setdefault(name, []).append(time.perf_counter() - t)
   del ballast, out
-  threads, processes = min(results["threads"]), min(results["processes"])
+  best = {name: min(times) for name, times in results.items()}
   per_step = MAIN_JOB_WALL_S / MAIN_JOB_STEPS
-  print(f"{args.steps} steps x {ROWS} calls + {EVALS} evals x {EVAL_ROWS} calls")
+  print(f"{args.steps} batches x {ROWS} calls + {EVALS} evals x {EVAL_ROWS} calls")
   print(f"pool start-up (fork of 4 workers + first batch): {first_call * 1e3:.1f} ms")
-  print(f"threads:   {threads:.3f} s  ({threads / args.steps * 1e3:.2f} ms/step)")
-  print(f"processes: {processes:.3f} s  ({processes / args.steps * 1e3:.2f} ms/step)")
-  print(f"processes / threads: {processes / threads:.2f}")
-  extra = (processes - threads) / args.steps
-  print(f"extra per step: {extra * 1e3:.2f} ms = {extra / per_step:+.2%} of the main job's "
-        f"{per_step * 1e3:.0f} ms/step wall time")
+  for name, seconds in best.items():
+    print(f"{name:10s} {seconds:.3f} s  ({seconds / args.steps * 1e3:.2f} ms/batch)")
+  print(f"processes / threads: {best['processes'] / best['threads']:.2f}")
+  for other in ("threads", "in_process"):
+    extra = (best["processes"] - best[other]) / args.steps
+    print(f"processes - {other}: {extra * 1e3:.2f} ms/batch = {extra / per_step:+.2%} of the "
+          f"main job's {per_step * 1e3:.0f} ms/step RL wall time")
 
 
 
