@@ -146,9 +146,11 @@ def episode_means(counts: dict) -> dict:
 
 
 def eval_metrics(result: dict) -> dict:
-  """The metrics of an eval: ``eval_accuracy`` (pass@1), and for multi-turn rollouts turns,
-  tool calls and tool errors per episode and the share of episodes with a tool call."""
-  return {"eval_accuracy": result["pass@1"], **_episode_metrics(result, "eval_")}
+  """The metrics of an eval: ``eval_accuracy`` (pass@1), ``sec_eval`` (its wall seconds, where
+  timed), and for multi-turn rollouts turns, tool calls and tool errors per episode and the share
+  of episodes with a tool call."""
+  timing = {"sec_eval": result["sec"]} if "sec" in result else {}
+  return {"eval_accuracy": result["pass@1"], **timing, **_episode_metrics(result, "eval_")}
 
 
 def _episode_metrics(result: dict, prefix: str) -> dict:
@@ -254,8 +256,13 @@ def _train(run: build.Run, guard: preemption.Guard) -> dict:
   start = int(distributed.to_host(run.state.step))
   eval_problems = run.source.eval_set(cfg.data.num_eval)
   place = lambda params: run.engine.transfer(params)[0]  # where the engine reads weights
-  evaluate = lambda params: evaluation.evaluate(run.generator, place(params), eval_problems,
-                                                sampling=run.sampling, seed=cfg.seed)
+
+  def evaluate(params) -> dict:
+    t0 = time.perf_counter()
+    result = evaluation.evaluate(run.generator, place(params), eval_problems,
+                                 sampling=run.sampling, seed=cfg.seed)
+    return {**result, "sec": time.perf_counter() - t0}
+
   result: dict = {}
   run.writer.log(describe_model(run.engine.model_cfg))
   run.writer.log(build.step_spec(cfg, run.model_cfg, run.algo, mesh=run.mesh).describe_packing(

@@ -295,6 +295,17 @@ def summarize(values: Mapping[str, Any]) -> dict[str, float]:
   return out
 
 
+def is_timing(key: str) -> bool:
+  """A wall-clock metric (``sec_*``, ``*_sec``, ``tokens_per_sec``): it differs from run to run,
+  so records that must agree number for number (a resumed run, a rerun) are compared without it."""
+  return key.startswith("sec_") or key.endswith("_sec") or key == "tokens_per_sec"
+
+
+def without_timing(record: Mapping[str, Any]) -> dict:
+  """``record`` without its wall-clock metrics (``is_timing``)."""
+  return {k: v for k, v in record.items() if not is_timing(k)}
+
+
 def eval_table(records: Iterable[Mapping[str, Any]]) -> tuple[list[str], list[list]]:
   """``(columns, rows)`` of the eval records (those with an ``eval_*`` key): ``step`` and every
   ``eval_*`` key any of them holds, sorted; one row per record, ``None`` where it lacks a key."""

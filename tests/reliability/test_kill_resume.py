@@ -22,7 +22,6 @@ from rljax.train import metrics as metrics_lib
 from rljax.train import run_dir as run_dir_lib
 from tests.train import tiny
 
-TIMING = ("sec_rollout", "sec_update", "sec_step", "tokens_per_sec")
 # steps=6, a checkpoint every 2 steps and only the latest kept (so every save deletes one).
 EXTRA = {"model.source": "sft", "sft.steps": "4", "sft.batch_size": "8", "sft.warmup_steps": "1",
          "rollout.max_new_tokens": "24", "train.steps": "6", "train.checkpoint_every": "2",
@@ -62,7 +61,7 @@ def _launch(point, args, cache, wait=True):
 
 def _records(run_dir):
   rows = metrics_lib.read_jsonl(os.path.join(run_dir, "metrics.jsonl"))
-  return [{k: v for k, v in r.items() if k not in TIMING} for r in rows]
+  return [metrics_lib.without_timing(r) for r in rows]
 
 
 def _assert_same_records(expected, got):

@@ -12,7 +12,7 @@ import pytest
 
 from rljax.sweep import sweep
 from rljax.sweep.study import StudyError
-from rljax.train.metrics import read_jsonl
+from rljax.train.metrics import read_jsonl, without_timing
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -30,8 +30,7 @@ def _sweep(root, *extra):
 
 
 def _without_timings(records):
-  return [{k: v for k, v in r.items() if not k.startswith("sec_") and k != "tokens_per_sec"}
-          for r in records]
+  return [without_timing(r) for r in records]
 
 
 def _attempts(root, run):

@@ -17,9 +17,6 @@ from rljax.train import metrics as metrics_lib
 from rljax.train.metrics import summarize
 from tests.train import tiny
 
-TIMING = ("sec_rollout", "sec_update", "sec_step", "tokens_per_sec")
-
-
 def _config(run_dir, extra=None, preset="grpo"):
   overrides = dict(tiny.overrides(preset), **{"train.run_dir": str(run_dir)}, **(extra or {}))
   return config_loader.load_config(os.path.join(tiny.ROOT, "configs", f"{preset}.py"),
@@ -49,7 +46,7 @@ def _reference_loop(config) -> list[dict]:
 
 def _step_rows(run_dir) -> list[dict]:
   rows = metrics_lib.read_jsonl(os.path.join(run_dir, "metrics.jsonl"))
-  return [{k: v for k, v in r.items() if k not in TIMING and k != "step"} for r in rows
+  return [{k: v for k, v in metrics_lib.without_timing(r).items() if k != "step"} for r in rows
           if "loss" in r]
 
 

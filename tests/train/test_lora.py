@@ -26,14 +26,12 @@ from rljax.train.checkpoint import Checkpointer
 from tests.parallel.conftest import run_script
 from tests.train import lora_checks
 
-TIMING = ("sec_rollout", "sec_update", "sec_step", "tokens_per_sec", "weights/merge_sec",
-          "weights/sync_sec")
 GAP = 1e-4  # float32, the factored forward vs the merged kernels: measured ~1e-6
 
 
 def _records(run_dir):
   rows = metrics_lib.read_jsonl(os.path.join(run_dir, "metrics.jsonl"))
-  return [{k: v for k, v in r.items() if k not in TIMING} for r in rows]
+  return [metrics_lib.without_timing(r) for r in rows]
 
 
 def _check_sampler(records, staleness):

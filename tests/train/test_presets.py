@@ -76,7 +76,6 @@ def test_preset_runs_and_applies_its_components(preset, tmp_path):
 # (rljax.algorithm.resolve) and one Rollout record replaced the batch tuples: the refactor changed no
 # number. New metrics may appear; none may change or disappear.
 BEFORE_API = os.path.join(os.path.dirname(__file__), "data", "preset_metrics_before_api.json")
-TIMING = ("sec_", "tokens_per_sec")
 # RLOO's KL-in-reward was ignored by its outcome estimator until it was fixed after the refactor:
 # only its first step (policy = reference, so KL = 0) still has to match.
 COMPARE_UP_TO_STEP = {"rloo": 1}
@@ -105,7 +104,7 @@ def _same_as(preset, metrics_path, snapshot, up_to_step=None):
     if up_to_step is not None and old["step"] > up_to_step:
       continue
     for key, value in old.items():
-      if value is not None and not key.startswith(TIMING):
+      if value is not None and not metrics_lib.is_timing(key):
         np.testing.assert_allclose(new[key], value, rtol=1e-4, atol=_atol(key),
                                    err_msg=f"{preset} step {old['step']} {key}")
 

@@ -9,12 +9,11 @@ from rljax.train import metrics as metrics_lib
 from tests.train import tiny
 
 EXTRA = {"train.steps": "4", "train.checkpoint_every": "2", "algo.minibatches": "2"}
-TIMING = ("sec_rollout", "sec_update", "sec_step", "tokens_per_sec")
 
 
 def _records(run_dir):
   rows = metrics_lib.read_jsonl(os.path.join(run_dir, "metrics.jsonl"))
-  return [{k: v for k, v in r.items() if k not in TIMING} for r in rows]
+  return [metrics_lib.without_timing(r) for r in rows]
 
 
 class Killed(Exception):

@@ -18,6 +18,7 @@ import numpy as np  # noqa: E402
 
 from rljax import cli  # noqa: E402
 from rljax.parallel import distributed  # noqa: E402
+from rljax.train import metrics as metrics_lib  # noqa: E402
 from tests.train import tiny  # noqa: E402
 
 
@@ -30,10 +31,9 @@ def main(pid: int, port: int, run_dir: str):
   result = cli.main(tiny.args("grpo", run_dir, extra))
   params = distributed.to_host(result["state"].params)
   leaves = [np.asarray(x, np.float64) for x in jax.tree.leaves(params)]
-  timing = ("sec_rollout", "sec_update", "sec_step", "tokens_per_sec")
   print(json.dumps({
       "process_count": jax.process_count(), "devices": jax.device_count(),
-      "metrics": {k: v for k, v in result["last"].items() if k not in timing},
+      "metrics": metrics_lib.without_timing(result["last"]),
       "param_sum": float(sum(x.sum() for x in leaves)),
       "param_abs": float(sum(np.abs(x).sum() for x in leaves)),
   }))
