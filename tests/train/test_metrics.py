@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from rljax.train import metrics as metrics_lib
 from rljax.train.metrics import MetricsWriter, read_jsonl, summarize
 from rljax.train.plot import plot_compare, plot_run
 
@@ -151,3 +152,11 @@ def test_plots(tmp_path):
   empty = str(tmp_path / "empty.png")
   assert plot_run(os.path.join(run_a, "metrics.jsonl"), empty, keys=("absent",)) == []
   assert os.path.getsize(empty) > 0
+
+
+def test_wall_clock_metrics_are_left_out_by_one_rule():
+  record = {"step": 3, "loss": 0.5, "sec_step": 0.4, "sec_eval": 1.2, "weights/sync_sec": 0.01,
+            "async/wait_sec": 0.2, "tokens_per_sec": 900.0, "eval_accuracy": 0.25,
+            "sections": 2.0}
+  assert metrics_lib.without_timing(record) == {"step": 3, "loss": 0.5, "eval_accuracy": 0.25,
+                                                "sections": 2.0}

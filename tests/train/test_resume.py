@@ -44,6 +44,11 @@ def test_kill_and_resume_matches_uninterrupted_run(tmp_path, monkeypatch):
   # ... and --config.train.resume=True continues it.
   cli.main(tiny.args("grpo", killed_dir, dict(EXTRA, **{"train.resume": "true"})))
 
+  # Every eval record (before training, and after it) carries its wall time, which the
+  # comparison below leaves out with the other wall-clock metrics.
+  evals = [r for r in metrics_lib.read_jsonl(os.path.join(full_dir, "metrics.jsonl"))
+           if "eval_accuracy" in r]
+  assert len(evals) >= 2 and all(r["sec_eval"] > 0 for r in evals)
   full, resumed = _records(full_dir), _records(killed_dir)
   assert [r["step"] for r in resumed] == [r["step"] for r in full]
   for a, b in zip(full, resumed):
