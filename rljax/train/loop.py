@@ -146,11 +146,11 @@ def episode_means(counts: dict) -> dict:
 
 
 def eval_metrics(result: dict) -> dict:
-  """The metrics of an eval: ``eval_accuracy`` (pass@1), ``sec_eval`` (its wall seconds, where
-  timed), and for multi-turn rollouts turns, tool calls and tool errors per episode and the share
-  of episodes with a tool call."""
-  timing = {"sec_eval": result["sec"]} if "sec" in result else {}
-  return {"eval_accuracy": result["pass@1"], **timing, **_episode_metrics(result, "eval_")}
+  """The metrics of an eval: ``eval_accuracy`` (pass@1), ``sec_eval`` (its wall seconds), and for
+  multi-turn rollouts turns, tool calls and tool errors per episode and the share of episodes
+  with a tool call."""
+  return {"eval_accuracy": result["pass@1"], "sec_eval": result["sec"],
+          **_episode_metrics(result, "eval_")}
 
 
 def _episode_metrics(result: dict, prefix: str) -> dict:
