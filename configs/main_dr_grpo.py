@@ -2,7 +2,7 @@
 
   python -m rljax train --config configs/main_dr_grpo.py
 
-configs/main.py with the ``algo`` and ``reward`` sections of configs/dr_grpo.py (no std
+configs/main_600.py with the ``algo`` and ``reward`` sections of configs/dr_grpo.py (no std
 normalisation, constant length normaliser, no KL, no overlong shaping, no dynamic sampling).
 """
 import importlib.util

@@ -2,23 +2,23 @@
 
   python -m rljax train --config configs/main_grpo.py
 
-configs/main.py with the ``algo`` and ``reward`` sections of configs/grpo.py (group z-score
+configs/main_600.py with the ``algo`` and ``reward`` sections of configs/grpo.py (group z-score
 advantages, symmetric clip 0.2, sequence-mean loss, k3 KL to the frozen SFT policy, no overlong
-shaping, no dynamic sampling); the update schedule (epochs, minibatches) stays main.py's.
-The SFT cold start in ``sft.out_dir`` is shared with main.py.
+shaping, no dynamic sampling); the update schedule (epochs, minibatches) stays main_600.py's.
+The SFT cold start in ``sft.out_dir`` is shared with main_600.py.
 """
 import os
 
 from rljax.config_loader import load_config_file, preset
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-# The update schedule is main.py's (the same RL hyperparameters), only the algorithm differs.
+# The update schedule is main_600.py's (the same RL hyperparameters), only the algorithm differs.
 _KEEP_FROM_MAIN = {("algo", "epochs"), ("algo", "minibatches"), ("algo", "micro_batches")}
 
 
 def with_algorithm(algo_file: str, run_dir: str):
-  """configs/main.py with the algo and reward sections of ``algo_file`` (a preset beside it)."""
-  c = preset(__file__, "main.py")
+  """configs/main_600.py with the algo and reward sections of ``algo_file`` (a preset beside it)."""
+  c = preset(__file__, "main_600.py")
   algo = load_config_file(os.path.join(_HERE, algo_file))
   for section in ("algo", "reward"):
     for key, value in algo[section].items():

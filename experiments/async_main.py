@@ -1,4 +1,4 @@
-"""Asynchronous RL on the main job (configs/main.py), issue 24: the sampler on one CPU device and
+"""Asynchronous RL on the main job (configs/main_600.py), issue 24: the sampler on one CPU device and
 the learner on the other (``mesh.sampler_devices=1``), synchronous against ``rollout.max_staleness``
 1 and 2, three seeds. Needs two devices:
 
@@ -16,7 +16,7 @@ SPLIT = {"mesh.sampler_devices": 1}
 def get_study():
   return Study(
       name="async_main",
-      config="configs/main.py",
+      config="configs/main_600.py",
       variants=independent([("sync", dict(SPLIT)),
                             ("async1", dict(SPLIT, **{"rollout.max_staleness": 1})),
                             ("async2", dict(SPLIT, **{"rollout.max_staleness": 2}))]),
