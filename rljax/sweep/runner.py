@@ -430,6 +430,12 @@ def run_jobs(jobs: list[Job], parallel: int, log: Callable[[str], None] = print,
     return [report(f.result()) for f in concurrent.futures.as_completed(futures)]
 
 
+def _untouched(run_dir: str) -> bool:
+  """No run was started in ``run_dir``: it is absent, or holds only the sweep's log and wall
+  record of attempts stopped before ``rljax train`` wrote anything (a sweep stopped early)."""
+  return not os.path.exists(run_dir) or set(os.listdir(run_dir)) <= {LOG_FILE, WALL_FILE}
+
+
 def pending_jobs(specs: list[RunSpec], config_path: str, link_twins: bool = True
                  ) -> tuple[list[Job], list[Job], dict]:
   """(cold-start jobs, train jobs, state of every run) for the runs that are not finished. A new
@@ -438,12 +444,13 @@ def pending_jobs(specs: list[RunSpec], config_path: str, link_twins: bool = True
   states, sft_jobs, train_jobs, sft_seen = {}, [], [], set()
   for spec in specs:
     state = run_state(spec)
-    untouched = not os.path.exists(spec.run_dir) or not os.listdir(spec.run_dir)
-    twin = finished_twin(spec, config_path) if untouched else None
+    twin = finished_twin(spec, config_path) if _untouched(spec.run_dir) else None
     if twin is not None:
       if link_twins:
         os.makedirs(os.path.dirname(spec.run_dir), exist_ok=True)
         if os.path.isdir(spec.run_dir):
+          for name in os.listdir(spec.run_dir):  # the logs of attempts that never started
+            os.remove(os.path.join(spec.run_dir, name))
           os.rmdir(spec.run_dir)
         os.symlink(twin, spec.run_dir)
       print(f"{spec.variant}/seed{spec.seed}: the same run as {twin}, shared", flush=True)

@@ -328,6 +328,12 @@ def test_a_run_another_study_finished_with_the_same_config_is_linked_not_rerun(t
       [("base", {"algo.clip_eps_high": 0.2}), ("same_as_b", {"algo.clip_eps_high": 0.28}),
        ("new", {"algo.clip_eps_high": 0.3})]))
   specs = runner.plan_runs(second, str(tmp_path))
+  # "base" was queued once before, by a sweep stopped before its run started: only the sweep's
+  # log and wall record are there, so it is still linked.
+  os.makedirs(specs[0].run_dir)
+  for name in (runner.LOG_FILE, runner.WALL_FILE):
+    with open(os.path.join(specs[0].run_dir, name), "w") as f:
+      f.write("[]" if name == runner.WALL_FILE else "stopped before the run started\n")
   _, train_jobs, states = runner.pending_jobs(specs, second.config_path())
   assert states == {("base", 0): "finished", ("same_as_b", 0): "new", ("new", 0): "new"}
   assert [j.run for j in train_jobs] == ["same_as_b/seed0", "new/seed0"]  # b is not finished
