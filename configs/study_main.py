@@ -6,9 +6,9 @@ on embedded arithmetic level 0 from its exact-match cold start).
 Its cold starts are the main job's (the same ``sft`` keys), so under one ``--root`` every study
 on it shares them with experiments/main_job_seeds.py, and a study's baseline arm is the main job
 run again. Gains per seed, their spread and the effect a 5-seed study can detect:
-docs/results/ablations.md. The claims recorded there so far ran on the former scale, the first
-200 steps of configs/main_600.py with old log-probs from a scoring forward on 256 held-out
-problems; the sweep reproduces them with
+docs/results/ablations.md. The claims were first judged on the former scale, the first 200
+steps of configs/main_600.py with old log-probs from a scoring forward on 256 held-out problems;
+the sweep reproduces those runs with
 
   --set rollout.prompts_per_step=16 --set rollout.group_size=8 --set optim.lr=3e-5
   --set sft.stop_match=0.4 --set algo.old_logp=recompute --set data.num_eval=256

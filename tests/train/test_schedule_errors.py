@@ -7,20 +7,29 @@ from rljax.train import build, loop
 from . import tiny
 
 
+def _ids(cases):
+  """Test ids from the overridden values (``algo.epochs=-1``), not pytest's ``overrides<i>-<regex>``:
+  an id that names the case and holds no regex, quotes or spaces."""
+  return ["+".join(f"{k}={v}" for k, v in overrides.items()) for overrides, _ in cases]
+
+
 def _config(tmp_path, **overrides):
   args = tiny.args("grpo", str(tmp_path / "run"), {k: str(v) for k, v in overrides.items()})
   path, parsed, _ = config_loader.split_config_args(args[1:])
   return config_loader.load_config(path, parsed)
 
 
-@pytest.mark.parametrize("overrides,message", [
+BAD_SCHEDULES = [
     ({"algo.micro_batches": 0}, r"algo.micro_batches=0 .*an integer >= 1"),
     ({"algo.epochs": -1}, r"algo.epochs=-1 .*an integer >= 1"),
     ({"rollout.prompts_per_step": 0}, r"rollout.prompts_per_step=0 .*an integer >= 1"),
     ({"algo.minibatches": 3},
      r"= 8 rows do not split into algo.minibatches=3 x algo.micro_batches=1"),
     ({"algo.minibatches": 2, "algo.micro_batches": 8}, r"8 rows do not split"),
-])
+]
+
+
+@pytest.mark.parametrize("overrides,message", BAD_SCHEDULES, ids=_ids(BAD_SCHEDULES))
 def test_bad_schedule_is_named_before_loading(monkeypatch, tmp_path, overrides, message):
   def never(*args, **kwargs):
     raise AssertionError("the model was loaded before the schedule was checked")
@@ -29,7 +38,7 @@ def test_bad_schedule_is_named_before_loading(monkeypatch, tmp_path, overrides, 
     loop.train(_config(tmp_path, **overrides))
 
 
-@pytest.mark.parametrize("overrides,message", [
+BAD_VALUES = [
     ({"algo.advantage": "grpoo"}, r"algo.advantage='grpoo' is not allowed: expected a "
                                   r"registered advantage name: dr_grpo, gae"),
     ({"algo.policy_loss": "ppoo"}, r"algo.policy_loss='ppoo' .*cispo, clip_cov, gmpo"),
@@ -41,7 +50,10 @@ def test_bad_schedule_is_named_before_loading(monkeypatch, tmp_path, overrides, 
     ({"algo.dual_clip_c": 0.5}, r"algo.dual_clip_c=0.5"),
     ({"algo.ref_ema_decay": 1.5}, r"ref_ema_decay=1.5"),
     ({"rollout.group_size": 1}, r"group_size"),
-])
+]
+
+
+@pytest.mark.parametrize("overrides,message", BAD_VALUES, ids=_ids(BAD_VALUES))
 def test_unknown_name_or_bad_value_fails_within_a_second(monkeypatch, tmp_path, overrides,
                                                          message):
   """Names are resolved and values range-checked before any model is built or trained: the
