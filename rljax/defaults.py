@@ -775,7 +775,8 @@ KEYS = declare((
         "the train split, never the eval split)",
         read_if=SFT_STOP),
     Key("sft.out_dir", "runs/sft", NONEMPTY,
-        "reused when it holds a checkpoint made with the same sft/model keys"),
+        "reused when it holds the cold start of the same sft/model/data keys and seed; one of "
+        "other keys is kept, and this run's goes beside it in <sft.out_dir>-<hash of the keys>"),
     # --- reward-model training (`rljax rm`, docs/reward_models.md) -----------------------------
     Key("rm.train_file", "", STRING,
         "`rljax rm`: JSONL preference pairs, one {\"prompt\", \"chosen\", \"rejected\"} per line"),

@@ -109,7 +109,8 @@ def plan_runs(study: study_lib.Study, root: str,
                     ("train.tracker_run_name", f"{study.name}/{variant.name}/seed{seed}"))
       sft_dir = None
       if config.model.source == "sft":
-        sft_dir = os.path.abspath(os.path.join(root, "_sft", f"seed{seed}-{_sft_key(config)}"))
+        key = sft.stamp_key(sft.cold_start_stamp(config))
+        sft_dir = os.path.abspath(os.path.join(root, "_sft", f"seed{seed}-{key}"))
         per_run += (("sft.out_dir", sft_dir),)
       if config.reward.gold.pairs:
         # Each seed's reward model is trained from its own cold start (rljax.train.rlhf), so a
@@ -122,13 +123,6 @@ def plan_runs(study: study_lib.Study, root: str,
                            study.overrides + variant.overrides + per_run,
                            int(config.train.steps), sft_dir))
   return specs
-
-
-def _sft_key(config) -> str:
-  """A short hash of everything the cold start depends on (rljax.train.sft's stamp), so runs
-  share a cold start exactly when the trainer would reuse it."""
-  stamp = sft.cold_start_stamp(config)
-  return hashlib.sha256(json.dumps(stamp, sort_keys=True).encode()).hexdigest()[:10]
 
 
 # What `rljax rm` reads of a run's config (rljax.train.rlhf.rm_config): its pairs, model, data,

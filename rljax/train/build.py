@@ -520,6 +520,8 @@ def prepare(config) -> Prepared:
   ``loop.train`` calls it before claiming the run dir, so a mistake there leaves nothing."""
   config_checks.check_config(config)
   run_dir_lib.check_path(config.train.run_dir)
+  if model_source(config).kind == "sft":  # before anything reads it or config.json records it
+    sft.resolve_out_dir(config)
   algo = _startup(resolve, config)
   check_reward_fn(config)
   trackers.check_config(config)

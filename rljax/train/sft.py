@@ -3,11 +3,13 @@
 ``rljax sft --config ...`` or ``model.source='sft'`` in an RL config: a tiny policy learns the
 answer format and some skill from reference solutions, so that RL starts from a policy that is
 sometimes right. The result is a Hugging Face directory in ``sft.out_dir``; it is reused by later
-runs whose ``sft``, ``model`` and ``data`` sections are the same (a stamp file records them).
+runs whose ``sft``, ``model`` and ``data`` sections are the same (a stamp file records them). A
+cold start of other settings is never replaced: ``resolve_out_dir`` puts this one beside it.
 """
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import os
 import shutil
@@ -23,6 +25,7 @@ from rljax.data import datasets
 from rljax.envs import tools, validate
 from rljax.envs.episodes import message_turns
 from rljax.models import transformer
+from rljax.train.run_dir import flatten_config
 
 STAMP_FILE = "rljax_sft_stamp.json"
 
@@ -59,6 +62,33 @@ def read_stamp(directory: str) -> dict | None:
     stamp = json.load(f)
   stamp.get("sft", {}).pop("out_dir", None)
   return stamp
+
+
+def stamp_key(stamp: dict) -> str:
+  """A short hash of a cold start's stamp: the name of cold starts kept side by side (the sweep's
+  ``<root>/_sft/seed<k>-<key>``, ``<sft.out_dir>-<key>`` beside another config's)."""
+  return hashlib.sha256(json.dumps(stamp, sort_keys=True).encode()).hexdigest()[:10]
+
+
+def resolve_out_dir(config, *, log=print) -> str:
+  """Where this config's cold start lives, written back to ``config.sft.out_dir``: that directory,
+  unless it holds the cold start of other settings. That one is kept (another run, or a LoRA
+  run's base, may use it), and this config's lives beside it in ``<sft.out_dir>-<stamp_key>``;
+  so changing a seed back and forth trains each cold start once."""
+  out = config.sft.out_dir
+  want = cold_start_stamp(config)
+  saved = read_stamp(out)
+  if saved is None or saved == want:
+    return out
+  beside = f"{os.path.normpath(out)}-{stamp_key(want)}"
+  a, b = flatten_config(saved), flatten_config(want)
+  changed = [f"{k} {a.get(k, '<absent>')!r} -> {b.get(k, '<absent>')!r}"
+             for k in sorted(set(a) | set(b)) if a.get(k, "<absent>") != b.get(k, "<absent>")]
+  log(f"sft.out_dir={out!r} holds the cold start of other settings ({', '.join(changed)}); it "
+      f"is kept, and this run's cold start is {beside}")
+  with config.unlocked():
+    config.sft.out_dir = beside
+  return beside
 
 
 def encode_example(tokenizer, problem,
@@ -185,20 +215,19 @@ def train_sft(config, tokenizer, *, log=print):
 
 
 def ensure_sft_checkpoint(config, tokenizer, *, log=print) -> str:
-  """The cold-start checkpoint directory, trained and saved first if it is missing or stale."""
-  out = config.sft.out_dir
-  want = cold_start_stamp(config)
-  saved = read_stamp(out)
-  if saved == want:
+  """The cold start's directory (``resolve_out_dir``), trained and saved first if it is missing."""
+  out = resolve_out_dir(config, log=log)
+  if read_stamp(out) == cold_start_stamp(config):
     log(f"using the SFT cold start in {out}")
     return out
-  if os.path.isdir(out) and os.listdir(out) and saved is None:
-    raise FileExistsError(f"sft.out_dir={out!r} holds files that are not an rljax SFT cold start; "
-                          "choose another sft.out_dir")
+  if os.path.isdir(out) and os.listdir(out):
+    raise FileExistsError(f"sft.out_dir={out!r} holds files that are not this config's SFT cold "
+                          "start; choose another sft.out_dir")
   log(f"training the SFT cold start into {out}")
   with models.matmul_precision(config.model):
     model_cfg, params = train_sft(config, tokenizer, log=log)
-  publish_atomically(out, lambda tmp: _write_cold_start(tmp, model_cfg, params, want))
+  publish_atomically(out, lambda tmp: _write_cold_start(tmp, model_cfg, params,
+                                                        cold_start_stamp(config)))
   return out
 
 
@@ -223,7 +252,8 @@ def publish_atomically(out: str, write) -> None:
   """``write(tmp)`` fills a fresh sibling directory, which then replaces ``out`` by renames: a
   kill at any moment leaves either the old ``out`` (or none) or the complete new one, never
   weights without their stamp. Temporary directories of killed writes are removed (they are
-  ours: ``<out>.tmp-<pid>-<ns>`` of a dead pid); a stale cold start being replaced is removed only after the swap."""
+  ours: ``<out>.tmp-<pid>-<ns>`` of a dead pid); what ``out`` held is removed only after the
+  swap."""
   parent, name = os.path.split(os.path.abspath(out))
   os.makedirs(parent, exist_ok=True)
   for leftover in os.listdir(parent):
@@ -234,7 +264,7 @@ def publish_atomically(out: str, write) -> None:
   os.makedirs(tmp)
   write(tmp)
   old = None
-  if os.path.exists(out):  # a stale stamped cold start (an unstamped dir was refused above)
+  if os.path.exists(out):
     old = os.path.join(parent, f"{name}.old-{time.time_ns()}")
     os.rename(out, old)
   os.rename(tmp, out)

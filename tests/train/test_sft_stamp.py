@@ -5,7 +5,8 @@ import os
 import pytest
 
 from rljax import config_loader
-from rljax.train import sft
+from rljax.data import tokenizer as tokenizer_lib
+from rljax.train import build, sft
 
 from . import tiny
 
@@ -63,3 +64,63 @@ def test_a_run_whose_cold_start_is_not_trained_yet_passes_the_start_up_checks(tm
   model_cfg = build.resolve_model_config(config, tokenizer_lib.load_tokenizer("char"))
   assert (model_cfg.hidden_size, model_cfg.num_layers) == (config.model.hidden_size,
                                                            config.model.num_layers)
+
+
+def _config(tmp_path, **overrides):
+  extra = {"sft.out_dir": str(tmp_path / "sft"), **{k: str(v) for k, v in overrides.items()}}
+  args = tiny.args("main", str(tmp_path / "run"), extra)
+  path, parsed, _ = config_loader.split_config_args(args[1:])
+  return config_loader.load_config(path, parsed)
+
+
+def _fake_training(monkeypatch):
+  """``train_sft`` returning the random tiny model at once: these tests are about directories."""
+  from rljax.models import transformer
+  calls = []
+
+  def train_sft(config, tokenizer, log=print):
+    calls.append(config.seed)
+    cfg = build.resolve_model_config(config, tokenizer)
+    return cfg, transformer.init_params(cfg, seed=config.seed)
+  monkeypatch.setattr(sft, "train_sft", train_sft)
+  return calls
+
+
+def _files(directory):
+  return {name: (directory / name).read_bytes() for name in sorted(os.listdir(directory))}
+
+
+def test_a_cold_start_of_other_settings_is_kept_and_the_new_one_goes_beside_it(tmp_path,
+                                                                               monkeypatch):
+  # Changing the seed of a run used to retrain into sft.out_dir and delete the cold start there,
+  # which another run (or a LoRA run's base) may load.
+  calls = _fake_training(monkeypatch)
+  tokenizer = tokenizer_lib.load_tokenizer("char")
+  first = _config(tmp_path, seed=0)
+  assert sft.ensure_sft_checkpoint(first, tokenizer, log=lambda m: None) == str(tmp_path / "sft")
+  kept = _files(tmp_path / "sft")
+  logged = []
+  second = _config(tmp_path, seed=1)
+  out = sft.ensure_sft_checkpoint(second, tokenizer, log=logged.append)
+  assert out != str(tmp_path / "sft") and out.startswith(str(tmp_path / "sft") + "-")
+  assert second.sft.out_dir == out  # what the run loads, exports from and records
+  assert _files(tmp_path / "sft") == kept
+  assert sft.read_stamp(out) == sft.cold_start_stamp(second)
+  assert "seed 0 -> 1" in logged[0] and "kept" in logged[0]
+  # Back and forth: each cold start is found again, none trained twice.
+  assert sft.ensure_sft_checkpoint(_config(tmp_path, seed=0), tokenizer, log=print) == \
+      str(tmp_path / "sft")
+  assert sft.ensure_sft_checkpoint(_config(tmp_path, seed=1), tokenizer, log=print) == out
+  assert calls == [0, 1]
+  # A third setting gets its own directory.
+  third = sft.ensure_sft_checkpoint(_config(tmp_path, seed=2), tokenizer, log=print)
+  assert len({str(tmp_path / "sft"), out, third}) == 3 and calls == [0, 1, 2]
+
+
+def test_a_directory_of_other_files_is_still_refused(tmp_path, monkeypatch):
+  _fake_training(monkeypatch)
+  (tmp_path / "sft").mkdir()
+  (tmp_path / "sft" / "notes.txt").write_text("mine")
+  with pytest.raises(FileExistsError, match="not this config's SFT cold start"):
+    sft.ensure_sft_checkpoint(_config(tmp_path), tokenizer_lib.load_tokenizer("char"))
+  assert (tmp_path / "sft" / "notes.txt").read_text() == "mine"
