@@ -217,7 +217,8 @@ def train_sft(config, tokenizer, *, log=print):
 def ensure_sft_checkpoint(config, tokenizer, *, log=print) -> str:
   """The cold start's directory (``resolve_out_dir``), trained and saved first if it is missing."""
   out = resolve_out_dir(config, log=log)
-  if read_stamp(out) == cold_start_stamp(config):
+  want = cold_start_stamp(config)
+  if read_stamp(out) == want:
     log(f"using the SFT cold start in {out}")
     return out
   if os.path.isdir(out) and os.listdir(out):
@@ -226,8 +227,7 @@ def ensure_sft_checkpoint(config, tokenizer, *, log=print) -> str:
   log(f"training the SFT cold start into {out}")
   with models.matmul_precision(config.model):
     model_cfg, params = train_sft(config, tokenizer, log=log)
-  publish_atomically(out, lambda tmp: _write_cold_start(tmp, model_cfg, params,
-                                                        cold_start_stamp(config)))
+  publish_atomically(out, lambda tmp: _write_cold_start(tmp, model_cfg, params, want))
   return out
 
 
