@@ -23,7 +23,7 @@ from rljax.rewards import gold as _gold  # noqa: F401 (registers the 'gold' rewa
 from rljax.rewards import judge as _judge  # noqa: F401 (registers the 'judge' reward source)
 from rljax.rewards import reward_model as _rm  # noqa: F401 (registers the 'rm' reward source)
 from rljax.rewards import shaping, sources, verifiers
-from rljax.train import filters
+from rljax.train import filters, selective
 from rljax.transforms import TRANSFORMS
 
 
@@ -124,9 +124,13 @@ SECTIONS: Tuple[Section, ...] = (
             "`rollout.group_size` completions per prompt. Dynamic sampling "
             "(`algo.dynamic_sampling`) samples further rounds of prompts until `P` groups pass "
             "the filter below (at most `algo.max_gen_batches` rounds; then it trains on what "
-            "was kept and logs it). `algo.epochs` passes over the batch in `algo.minibatches` "
-            "optimizer steps, each accumulated over `algo.micro_batches`.",
-            functions=(filters.group_keep_mask,)),
+            "was kept and logs it). Selective rollouts (`algo.selective_rollout`, GRESO) skip a "
+            "drawn prompt before it is sampled by its run of groups with no spread "
+            "(`rljax.train.selective`), with or without dynamic sampling. `algo.epochs` passes "
+            "over the batch in `algo.minibatches` optimizer steps, each accumulated over "
+            "`algo.micro_batches`.",
+            functions=(filters.group_keep_mask, selective.skip_probability,
+                       selective.adapt_exploration)),
     Section("8. Transforms",
             "Pieces with state or hooks (`rljax.transforms.base`): controllers, corrections of "
             "the batch, token selections, extra rollouts, host checks, a frozen second model. "

@@ -72,6 +72,7 @@ COMPONENT = component_reads()
 CRITIC = equals("critic.enabled", True, "there is no critic (critic.enabled=False)")
 KL_TERM = differs("algo.kl_placement", "none")
 DYNAMIC_SAMPLING = equals("algo.dynamic_sampling", True)
+SELECTIVE = equals("algo.selective_rollout", True)
 OVERLONG_SHAPING = differs("reward.overlong_buffer", 0,
                            "the overlong punishment is off (reward.overlong_buffer=0)")
 SINGLE_TURN = equals("env.name", None, lambda f, k: (
@@ -621,6 +622,16 @@ KEYS = declare((
     Key("algo.keep_pass_rate", None, PASS_RATE_WINDOW,
         "dynamic sampling: keep groups whose pass rate is in [lo, hi]; None = a reward spread",
         read_if=DYNAMIC_SAMPLING | COMPONENT),
+    Key("algo.selective_rollout", False, BOOL,
+        "GRESO: skip a drawn prompt before sampling, with probability 1 - p^z after z groups "
+        "in a row of all-correct (or all-wrong) completions"),
+    Key("algo.skip_target", 0.25, FRACTION,
+        "selective rollouts: the share of zero-spread groups among a step's sampled groups the "
+        "exploration probabilities p steer to (1/3 all-correct, 2/3 all-wrong)",
+        read_if=SELECTIVE),
+    Key("algo.skip_explore", 0.5, real(0.05, 0.95),
+        "selective rollouts: the exploration probabilities p_easy = p_hard at step 0",
+        read_if=SELECTIVE),
     Key("algo.epochs", 1, integer(1, 10**6), "passes over each rollout batch"),
     Key("algo.minibatches", 1, integer(1, 10**6), "optimizer steps per epoch"),
     Key("algo.micro_batches", 1, integer(1, 10**6),
@@ -865,6 +876,13 @@ def _lora_reference(f):
             "algo.ref_update='frozen' or model.lora.rank=0")
 
 
+def _selective_groups(f):
+  if f["algo.selective_rollout"] and f["rollout.group_size"] == 1:
+    return ("algo.selective_rollout=True with rollout.group_size=1: a group of one completion "
+            "never has a reward spread, so every prompt would count as uninformative; use "
+            "rollout.group_size >= 2")
+
+
 def _needs_groups(f):
   """An estimator that reads ``group_size`` and declares no smaller minimum (``min_group_size``)
   has its baseline from the other completions of the prompt."""
@@ -1019,6 +1037,8 @@ RELATIONS = (
              _teacher),
     Relation(("rollout.group_size", "algo.advantage"),
              "G >= 2 for an estimator whose baseline is the group", _needs_groups),
+    Relation(("algo.selective_rollout", "rollout.group_size"),
+             "selective rollouts judge a prompt by its group's spread: G >= 2", _selective_groups),
     Relation(("rollout.inflight_chunk", "env.name", "model.router_replay"),
              "in-flight updates: single-turn rollouts, router replay not R3",
              _inflight_single_turn),

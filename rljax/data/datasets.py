@@ -371,6 +371,16 @@ class PromptSource:
     random.Random(f"{self.source}/eval/{self.eval_seed}").shuffle(rows)
     return rows[:n]
 
+  def observe(self, problems: list[Problem], correct) -> None:
+    """The outcomes of a sampled round (``correct``: its rows, ``G`` per problem, in order): a
+    source that chooses prompts by their history records them (``rljax.train.selective``); this
+    one draws in a fixed order and ignores them."""
+
+  def end_step(self) -> dict:
+    """Called once per RL step after its last round: the metrics of the step's prompt choices
+    (none here)."""
+    return {}
+
   def state_dict(self) -> dict:
     """JSON-serialisable resume state."""
     return {"source": self.source, "train_seed": self.train_seed, "position": self.position}

@@ -34,6 +34,7 @@ from rljax.rewards import gold, reward_model, verifiers
 from rljax.rollout.engines import (ENGINES, EPISODE_ENGINES, EpisodeEngine, Placement,
                                    RolloutEngine)
 from rljax.train import run_dir as run_dir_lib
+from rljax.train import selective
 from rljax.train import sft
 from rljax.train import state as state_lib
 from rljax.train import step as step_lib
@@ -531,6 +532,7 @@ def prepare(config) -> Prepared:
   algo = _startup(check_model_keys, config, algo, tokenizer)
   source = datasets.make_prompt_source(config.data)
   prompt_policy.apply_prompt_policy(source, config, tokenizer)  # before SFT and the model
+  source = selective.selective_source(source, config)
   mesh, sampler_mesh = _startup(mesh_lib.make_meshes, config.mesh)
   _check_rows_split(config, mesh)
   if sampler_mesh is mesh:

@@ -76,6 +76,7 @@ def collect_batch(run: build.Run, step: int, stream: int = 0,
     part, _, counts = generation.generate(run.generator, params, problems, key, run.sampling,
                                           group_size, newest=newest)
     part, transform_counts = transform_rollout(run, part, problems, key, params)
+    run.source.observe(problems, part.correct)
     verifier_counts.append({**counts, **transform_counts})
     rounds += 1
     seen_groups += num_prompts
@@ -115,6 +116,7 @@ def collect_batch(run: build.Run, step: int, stream: int = 0,
   }
   info.update({k: sum(c[k] for c in verifier_counts) for k in verifier_counts[0]})
   info.update(source_means)
+  info.update(run.source.end_step())
   info["data/dropped_prompts"] = float(run.source.dropped_prompts)
   info["data/invalid_rows"] = float(run.source.invalid_rows)
   for name, rows in (("correct", generated.correct), ("wrong", ~generated.correct)):
