@@ -12,6 +12,8 @@ and skips the same prompts.
 """
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 
 from rljax.data.datasets import PromptSource
@@ -51,6 +53,13 @@ def zero_spread_kinds(correct: np.ndarray, group_size: int) -> list:
   return [EASY if r == 1 else HARD if r == 0 else None for r in rate]
 
 
+def _uniform(seed: int, position: int) -> float:
+  """A uniform draw in [0, 1) fixed by ``(seed, position)``: a hash, ~10x cheaper than seeding a
+  generator, since a run may skip hundreds of thousands of drawn prompts."""
+  digest = hashlib.blake2b(f"{seed}/{position}".encode(), digest_size=8).digest()
+  return int.from_bytes(digest, "little") / 2.0**64
+
+
 class SelectiveSource:
   """A ``PromptSource`` that skips prompts by their history (``algo.selective_rollout``).
 
@@ -88,9 +97,8 @@ class SelectiveSource:
     kind, run_length = self.history.get(prompt, (None, 0))
     if not run_length:
       return False
-    chance = skip_probability(self.explore[kind], run_length)
-    draw = np.random.default_rng((self._source.train_seed, position)).random()
-    return bool(draw < chance)
+    return _uniform(self._source.train_seed, position) < skip_probability(
+        self.explore[kind], run_length)
 
   def observe(self, problems, correct) -> None:
     for problem, kind in zip(problems, zero_spread_kinds(correct, self.group_size)):
