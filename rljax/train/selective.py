@@ -60,6 +60,11 @@ def _uniform(seed: int, position: int) -> float:
   return int.from_bytes(digest, "little") / 2.0**64
 
 
+def _step_counts() -> dict:
+  """A step's counts: prompts skipped, groups sampled, and those all correct / all wrong."""
+  return {"skipped": 0, "groups": 0, EASY: 0, HARD: 0}
+
+
 class SelectiveSource:
   """A ``PromptSource`` that skips prompts by their history (``algo.selective_rollout``).
 
@@ -75,7 +80,7 @@ class SelectiveSource:
     self.target = {EASY: target * EASY_SHARE, HARD: target * (1 - EASY_SHARE)}
     self.explore = {EASY: float(explore), HARD: float(explore)}
     self.history: dict[str, tuple[str, int]] = {}  # prompt -> (kind, groups in a row)
-    self._step = {"skipped": 0, "groups": 0, EASY: 0, HARD: 0}
+    self._step = _step_counts()
 
   def __getattr__(self, name):  # eval_set, dropped_prompts, invalid_rows, position, ...
     if name.startswith("_"):  # before __init__ ran (a copy): not the wrapped source's
@@ -118,7 +123,7 @@ class SelectiveSource:
       metrics[f"selective/{kind}_frac"] = share
       self.explore[kind] = adapt_exploration(self.explore[kind], share, self.target[kind])
       metrics[f"selective/p_{kind}"] = self.explore[kind]
-    self._step = {"skipped": 0, "groups": 0, EASY: 0, HARD: 0}
+    self._step = _step_counts()
     return metrics
 
   def state_dict(self) -> dict:
