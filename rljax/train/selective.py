@@ -9,6 +9,12 @@ probabilities move toward a target share of zero-spread groups among the step's 
 (``adapt_exploration``). Its state, the history included, is part of the source's
 ``state_dict()``, so a checkpoint records it with the data position and a resumed run draws
 and skips the same prompts.
+
+Where this differs from GRESO's code: a group counts as all correct / all wrong when its pass
+rate is exactly 1 / 0 (GRESO thresholds the mean reward at 0.98 / 0.11, the same thing for
+G <= 8), and the controller moves from the first step (GRESO's from the dataset's second epoch;
+a generated stream has no epochs). GRESO's adaptive rollout batch size is not taken: a round
+samples ``rollout.prompts_per_step`` prompts, as without it.
 """
 from __future__ import annotations
 

@@ -23,7 +23,8 @@ from rljax.defaults import KEYS
 from rljax.errors import UnusedKeyError
 from rljax.rewards import shaping
 from rljax.rollout.record import Rollout
-from rljax.train import build, filters
+from rljax.data import datasets
+from rljax.train import build, filters, selective
 from rljax.transforms import Minibatch, Scored
 from tests.train import tiny
 
@@ -105,6 +106,8 @@ def fingerprint(config):
     keep = filters.group_keep_mask(np.asarray(x["rewards"] > 0), np.asarray(rewards), g,
                                    config.algo.keep_pass_rate)
     out.append(np.append(keep, config.algo.max_gen_batches).astype(np.float64))
+  if config.algo.selective_rollout:
+    out.append(_selective_fingerprint(config, np.asarray(x["rewards"] > 0)))
   mask, token_rewards = x["mask"], None
   if algo.old_logp == "sampler":  # as rljax.train.step.score takes them
     x["old_logp"] = x["sampler_logp"]
@@ -171,6 +174,19 @@ def fingerprint(config):
   out += [np.asarray(v, np.float64).ravel() for v in jax.tree.leaves((adv, returns, metrics,
                                                                       state, batch.extras))]
   return np.concatenate([o.ravel() for o in out])
+
+
+def _selective_fingerprint(config, correct):
+  """Selective rollouts' numbers: the per-kind targets and exploration probabilities, the skip
+  probabilities of runs of 1-3 groups, and a step's adaptation on the synthetic batch's groups."""
+  g = config.rollout.group_size
+  source = selective.selective_source(
+      datasets.PromptSource("embedded:arithmetic", difficulty=0), config)
+  problems = source.next_batch(len(correct) // g)
+  fixed = [*source.target.values(), *source.explore.values(),
+           *(selective.skip_probability(p, z) for p in source.explore.values() for z in (1, 2, 3))]
+  source.observe(problems, correct)
+  return np.asarray(fixed + list(source.end_step().values()), np.float64)
 
 
 def _config(preset, key=None, value=None):
@@ -246,3 +262,13 @@ def test_every_transform_reads_only_keys_it_declares():
         continue
       for t in algo.transforms:
         assert set(t.keys) <= set(TRANSFORMS.meta(t.name)["reads"]), (preset, key.name, t.name)
+
+
+@pytest.mark.parametrize("name,value", [("skip_target", 0.6), ("skip_explore", 0.2)])
+def test_selective_rollout_keys_change_the_algorithm_once_it_is_on(name, value):
+  # No preset turns selective rollouts on, so above its keys are only ever "unused"; on, each
+  # moves the per-kind targets or exploration probabilities the source steers with.
+  on = _config("dapo", next(k for k in KEYS if k.name == "algo.selective_rollout"), True)
+  perturbed = _config("dapo", next(k for k in KEYS if k.name == f"algo.{name}"), value)
+  perturbed.algo.selective_rollout = True
+  assert not np.array_equal(fingerprint(on), fingerprint(perturbed))
