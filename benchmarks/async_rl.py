@@ -16,7 +16,7 @@ above it: the evals themselves, the same in every variant, are left out), the sp
 start, each variant in its own process on 2 CPU devices; steady-state steps/s and generated
 tokens/s (the first ``--warmup`` steps, compilation included, left out)::
 
-  python benchmarks/async_rl.py throughput --sft runs/async/_sft/seed0-612653cd42 --steps 60
+  python benchmarks/async_rl.py throughput --sft runs/async/_sft/<hash> --steps 60
 """
 from __future__ import annotations
 

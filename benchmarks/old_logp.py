@@ -5,7 +5,7 @@
 ``configs/main_600.py`` as ``rljax train`` runs it (DAPO with dynamic sampling, 16 x 8 rows, 24 new
 tokens, ``algo.minibatches=4``, one JAX device per core), its policy from ``--model``: ``tiny``
 (random, the main job's architecture) or ``hf:DIR``, e.g. the main job's SFT cold start (an
-``rljax sweep experiments/main_job_seeds.py`` run keeps it in ``<root>/_sft/seed0-*``), whose
+``rljax sweep experiments/main_job_seeds.py`` run keeps it in ``<root>/_sft/<hash>``), whose
 completions have the main job's lengths. Each step samples one batch with the loop's own
 ``collect_batch`` (the recompute side's weights), then times the update of each side on it, the
 two in alternating order: ``fns.score`` + ``fns.train_step`` and the metrics to the host, what

@@ -9,8 +9,8 @@ Why this task: level 1 has four operands and parentheses, so a solution is three
 length depends on the numbers (reference solutions 17-32 characters, mean 24.5, p95 30). With
 ``rollout.max_new_tokens = 28`` the longest correct solutions and every rambling wrong one are
 cut off, so truncation, overlong shaping and length-normalised losses all act on a real fraction
-of the completions. The sweep tool gives every seed its own cold start (``sft.out_dir``), since
-the cold start depends on ``seed`` and ``data.train_seed``.
+of the completions. The sweep tool trains its cold start once (``sft.out_dir``), from ``sft.seed``,
+and every seed of a study starts from it.
 
 Studies start from this file (GRPO) or from ``configs/study_ppo.py`` (PPO with a critic) and
 change only the algorithm keys of their variants.

@@ -1,5 +1,5 @@
 """`configs/guess.py` (issue 23's multi-turn environment) over three seeds: held-out pass@1 before
-(the SFT cold start) and after RL as means with 95% intervals. Each seed has its own SFT cold start.
+(the SFT cold start) and after RL as means with 95% intervals. The seeds are RL runs from one cold start.
 
   python -m rljax sweep experiments/guess_seeds.py --root runs/multiturn --parallel 2
 """

@@ -1,5 +1,6 @@
 """The main job (configs/main.py) over five seeds: its held-out accuracy as a mean with a 95%
-interval, the figure the README quotes. Each seed has its own SFT cold start.
+interval, the figure the README quotes. The seeds are RL runs (sampling, prompt order) from one
+SFT cold start, the one of ``sft.seed``, as the field's runs start from one pretrained model.
 
   python -m rljax sweep experiments/main_job_seeds.py --root runs/main_seeds
 

@@ -1,6 +1,6 @@
 """`configs/reasoning_gym.py` (reasoning-gym's chain_sum, scored by its own `score_answer`) over
 five seeds: held-out greedy accuracy before (the SFT cold start) and after RL, as means with 95%
-intervals. Each seed has its own SFT cold start.
+intervals. The seeds are RL runs from one cold start.
 
   pip install 'rljax[reasoning_gym]'
   python -m rljax sweep experiments/reasoning_gym_seeds.py --root runs/reasoning_gym --parallel 2

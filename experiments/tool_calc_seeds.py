@@ -1,5 +1,5 @@
 """`configs/tool_calc.py` (issue 23's multi-turn environment) over five seeds: held-out pass@1 before
-(the SFT cold start) and after RL as means with 95% intervals. Each seed has its own SFT cold start.
+(the SFT cold start) and after RL as means with 95% intervals. The seeds are RL runs from one cold start.
 
   python -m rljax sweep experiments/tool_calc_seeds.py --root runs/multiturn --parallel 2
 """

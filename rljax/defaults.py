@@ -250,7 +250,8 @@ RM_SOURCE = named_source(REWARD_MODEL_SOURCE)
 JUDGE_NUMBER = JUDGE & equals("reward.judge.parse", "number")
 
 KEYS = declare((
-    Key("seed", 0, SEED, "the run's seed: model init, sampling, shuffling, Clip-Cov draws"),
+    Key("seed", 0, SEED, "the run's seed: model init (not the SFT cold start's: sft.seed), "
+        "sampling, shuffling, Clip-Cov draws"),
     # --- model ---------------------------------------------------------------------------------
     Key("model.source", "tiny", NONEMPTY,
         "'tiny' (random, the sizes below) | 'hf:PATH' (a Hugging Face directory) | 'sft' (the "
@@ -775,18 +776,19 @@ KEYS = declare((
     Key("sft.batch_size", 64, SIZE, "SFT batch"),
     Key("sft.lr", 3e-3, POSITIVE, "SFT learning rate"),
     Key("sft.warmup_steps", 50, integer(0), "SFT warmup steps"),
-    Key("sft.seed", 1234, SEED, "SFT examples come from their own stream of the train split"),
+    Key("sft.seed", 1234, SEED, "the cold start's init and its stream of SFT examples (of the "
+        "train split); not the run's seed, so every seed of a study starts from one cold start"),
     Key("sft.stop_match", 0.0, real(0.0, 1.0),
         "stop SFT at the first check where this share of held-aside train problems is solved "
         "exactly by greedy decoding (teacher-forced argmax = the reference at every learned "
-        "token); 0 = train all sft.steps. Gives every seed a cold start of the same skill"),
+        "token); 0 = train all sft.steps. Gives every sft.seed a cold start of the same skill"),
     Key("sft.check_every", 10, integer(1), "SFT steps between exact-match checks",
         read_if=SFT_STOP),
     Key("sft.check_size", 256, SIZE, "problems of the exact-match check (their own stream of "
         "the train split, never the eval split)",
         read_if=SFT_STOP),
     Key("sft.out_dir", "runs/sft", NONEMPTY,
-        "reused when it holds the cold start of the same sft/model/data keys and seed; one of "
+        "reused when it holds the cold start of the same sft/model/data keys; one of "
         "other keys is kept, and this run's goes beside it in <sft.out_dir>-<hash of the keys>"),
     # --- reward-model training (`rljax rm`, docs/reward_models.md) -----------------------------
     Key("rm.train_file", "", STRING,

@@ -9,7 +9,7 @@ projection (``model.lora.targets=('all',)``), 3 seeds each, on the main job as i
 Learning rate, per the paper's rule: the full fine-tune keeps that job's 3e-5; every LoRA
 variant takes 10x, 3e-4, with alpha = 32 fixed, so that the update (alpha / r) B A has a
 rank-independent best learning rate (the paper's 1/r parametrisation; B = 0 at the start, so
-every run starts from its seed's cold start). The reference of the KL term is the frozen base in
+every run starts from the cold start). The reference of the KL term is the frozen base in
 the LoRA runs and a copy of the cold start in the full fine-tune: the same weights (the main
 job's DAPO has no KL term). With ``--root runs/studies`` the seeds share their cold starts with
 experiments/async_main.py, the other study on configs/main_600.py.

@@ -5,7 +5,7 @@ Per run (``run_summary``), from the records of ``rljax.train.metrics``:
 * ``final_accuracy``: the held-out greedy accuracy (``eval_accuracy``) of the last eval, at
   ``train.steps``; ``best_accuracy``: the largest ``eval_accuracy`` of the run, step 0 included;
   ``gain_accuracy``: the final minus the first eval (step 0: the cold start), what training added
-  (its spread over seeds excludes how good each seed's cold start was).
+  (over cold starts of several ``sft.seed``, its spread excludes how good each one was).
 * ``auc_accuracy``: the area under the eval curve by the trapezoid rule over the eval steps,
   divided by the step range: ``sum_i (s_{i+1} - s_i) (a_i + a_{i+1}) / 2 / (s_last - s_first)``.
   It is the time-average accuracy over training, in the units of accuracy (a run flat at 0.4 has

@@ -4,8 +4,8 @@ Layout under ``root`` (default ``runs/studies``)::
 
   <root>/<study>/<variant>/seed<k>/   one run dir (metrics.jsonl, checkpoints/, sweep_wall.json)
   <root>/<study>/results/             the aggregate (CSV, markdown, PNG)
-  <root>/_sft/seed<k>-<hash>/         SFT cold starts, shared by every study and variant whose
-                                      cold start is the same (same stamp as rljax.train.sft)
+  <root>/_sft/<hash>/                 SFT cold starts, shared by every study, variant and seed
+                                      whose cold start is the same (same stamp as rljax.train.sft)
   <root>/_rlhf_rm/seed<k>-<hash>/     the RLHF cold start's reward model (reward.gold.pairs > 0)
                                       and its pairs, one per seed, shared like the SFT ones
   <root>/_xla_cache/                  the compiled programs of every run (``shared_cache_env``)
@@ -17,7 +17,10 @@ to that run (``finished_twin``).
 Seeds: run k sets ``seed=k`` (policy init, rollout sampling, eval sampling) and
 ``data.train_seed=k`` (the order of training prompts; without it every seed would see the same
 prompts). The held-out eval set (``data.eval_seed``) stays the same for all runs, so runs are
-compared on the same problems.
+compared on the same problems. An SFT cold start does not depend on either (its init and examples
+come from ``sft.seed``): the seeds of a study are RL runs from one cold start, as the field's runs
+start from one pretrained model; a study that varies the cold start sets ``sft.seed`` in a
+variant.
 
 A run's state is read from its directory: *finished* when metrics.jsonl holds the final eval (the
 ``eval_accuracy`` record at ``train.steps``), *partial* when it has a committed checkpoint or the
@@ -110,11 +113,11 @@ def plan_runs(study: study_lib.Study, root: str,
       sft_dir = None
       if config.model.source == "sft":
         key = sft.stamp_key(sft.cold_start_stamp(config))
-        sft_dir = os.path.abspath(os.path.join(root, "_sft", f"seed{seed}-{key}"))
+        sft_dir = os.path.abspath(os.path.join(root, "_sft", key))
         per_run += (("sft.out_dir", sft_dir),)
       if config.reward.gold.pairs:
-        # Each seed's reward model is trained from its own cold start (rljax.train.rlhf), so a
-        # run's results never depend on which run of the study trained it first.
+        # Each seed's reward model is trained on its own pairs (rljax.train.rlhf), so a run's
+        # results never depend on which run of the study trained it first.
         rm_dir = os.path.abspath(os.path.join(
             root, "_rlhf_rm", f"seed{seed}-{_reward_model_key(config, sft_dir)}"))
         per_run += (("reward.model.source", f"run:{rm_dir}"),

@@ -30,20 +30,23 @@ from rljax.train.run_dir import flatten_config
 STAMP_FILE = "rljax_sft_stamp.json"
 
 
-# Keys that choose the evaluation problems only: the eval split is held out by a hash of the prompt,
-# so they do not change what the cold start trains on.
-_EVAL_ONLY_DATA_KEYS = ("eval_seed", "num_eval")
+# Keys SFT does not read: the eval split is held out by a hash of the prompt, so the eval keys do
+# not change what the cold start trains on, and its examples come from the stream of sft.seed,
+# not data.train_seed (the RL run's order of prompts).
+_UNREAD_DATA_KEYS = ("eval_seed", "num_eval", "train_seed")
 
 
 def cold_start_stamp(config) -> dict:
   """What the cold start depends on; a saved one is reused while its stamp is equal. Its own
   directory is not part of it, so a cold start moved elsewhere, or named by a relative path in one
-  run and an absolute one in another, is still found valid."""
-  data = {k: v for k, v in config.data.to_dict().items() if k not in _EVAL_ONLY_DATA_KEYS}
+  run and an absolute one in another, is still found valid. Nor is the run's ``seed``: the cold
+  start's init and examples are drawn from ``sft.seed``, so the seeds of a study are RL runs from
+  one cold start, as runs of the field start from one pretrained model."""
+  data = {k: v for k, v in config.data.to_dict().items() if k not in _UNREAD_DATA_KEYS}
   sft = {k: v for k, v in config.sft.to_dict().items() if k != "out_dir"}
   # The adapters a run puts on the cold start (model.lora.*) are not part of it.
   model = {k: v for k, v in config.model.to_dict().items() if k != "lora"}
-  stamp = {"sft": sft, "model": model, "data": data, "seed": config.seed}
+  stamp = {"sft": sft, "model": model, "data": data}
   if config.env.name is not None:
     # Multi-turn cold starts leave the observations unlearned; ones saved before did not.
     stamp["observations"] = "unlearned"
@@ -66,7 +69,7 @@ def read_stamp(directory: str) -> dict | None:
 
 def stamp_key(stamp: dict) -> str:
   """A short hash of a cold start's stamp: the name of cold starts kept side by side (the sweep's
-  ``<root>/_sft/seed<k>-<key>``, ``<sft.out_dir>-<key>`` beside another config's)."""
+  ``<root>/_sft/<key>``, ``<sft.out_dir>-<key>`` beside another config's)."""
   return hashlib.sha256(json.dumps(stamp, sort_keys=True).encode()).hexdigest()[:10]
 
 
@@ -74,7 +77,7 @@ def resolve_out_dir(config, *, log=print) -> str:
   """Where this config's cold start lives, written back to ``config.sft.out_dir``: that directory,
   unless it holds the cold start of other settings. That one is kept (another run, or a LoRA
   run's base, may use it), and this config's lives beside it in ``<sft.out_dir>-<stamp_key>``;
-  so changing a seed back and forth trains each cold start once."""
+  so changing ``sft.seed`` back and forth trains each cold start once."""
   out = config.sft.out_dir
   want = cold_start_stamp(config)
   saved = read_stamp(out)
@@ -168,7 +171,7 @@ def train_sft(config, tokenizer, *, log=print):
   s = config.sft
   model_cfg = models.tiny_config(config.model, tokenizer.vocab_size, eos_token_id=tokenizer.eos_id,
                                  pad_token_id=tokenizer.pad_id).base
-  params = transformer.init_params(model_cfg, seed=config.seed)
+  params = transformer.init_params(model_cfg, seed=s.seed)
   schedule = optax.join_schedules(
       [optax.linear_schedule(0.0, s.lr, max(s.warmup_steps, 1)),
        optax.cosine_decay_schedule(s.lr, max(s.steps - s.warmup_steps, 1), alpha=0.1)],

@@ -187,15 +187,15 @@ def test_bad_study_is_refused_naming_the_problem(change, message):
     _study(**change)
 
 
-def test_plan_sets_seed_data_order_and_per_seed_cold_starts(tmp_path):
+def test_plan_sets_seed_data_order_and_one_cold_start_for_all_seeds(tmp_path):
   study = _study(config="configs/study.py")
   specs = runner.plan_runs(study, str(tmp_path))
   assert [(s.variant, s.seed) for s in specs] == [(v, k) for v in "ab" for k in (0, 1, 2)]
   first = dict(specs[0].overrides)
   assert first["seed"] == first["data.train_seed"] == "0"
   assert first["train.run_dir"] == str(tmp_path / "s" / "a" / "seed0")
-  # One cold start per seed, shared by the variants (they change algorithm keys only).
-  assert specs[0].sft_dir == specs[3].sft_dir != specs[1].sft_dir
+  # The seeds are RL runs from one cold start, shared by the variants (algorithm keys only).
+  assert len({s.sft_dir for s in specs}) == 1
   assert os.path.dirname(specs[0].sft_dir) == str(tmp_path / "_sft")
   argv = runner.train_argv(specs[4], study.config_path())
   # A new run starts fresh (the trainer refuses resume=True on a dir that holds no run) ...
@@ -204,6 +204,13 @@ def test_plan_sets_seed_data_order_and_per_seed_cold_starts(tmp_path):
   os.makedirs(specs[4].run_dir)
   open(os.path.join(specs[4].run_dir, "config.json"), "w").close()
   assert runner.train_argv(specs[4], study.config_path())[-1] == "--config.train.resume=True"
+
+
+def test_a_variant_of_another_sft_seed_has_its_own_cold_start(tmp_path):
+  study = _study(config="configs/study.py", variants=study_lib.independent(
+      [("a", {}), ("other_base", {"sft.seed": 7})]))
+  dirs = {(s.variant, s.seed): s.sft_dir for s in runner.plan_runs(study, str(tmp_path))}
+  assert dirs[("a", 0)] == dirs[("a", 2)] != dirs[("other_base", 0)] == dirs[("other_base", 2)]
 
 
 def test_run_state_from_the_run_dir(tmp_path):

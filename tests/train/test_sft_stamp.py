@@ -18,13 +18,15 @@ def _stamp(tmp_path, **overrides):
 
 
 @pytest.mark.parametrize("key,value", [("data.num_eval", 7), ("data.eval_seed", 5),
-                                       ("train.steps", 9), ("rollout.temperature", 0.5)])
-def test_eval_and_rl_keys_keep_the_cold_start(tmp_path, key, value):
+                                       ("train.steps", 9), ("rollout.temperature", 0.5),
+                                       ("seed", 4), ("data.train_seed", 3)])
+def test_eval_and_rl_keys_and_the_run_seeds_keep_the_cold_start(tmp_path, key, value):
+  # The seeds of a study are RL runs from one cold start; sft.seed chooses it.
   assert _stamp(tmp_path, **{key: value}) == _stamp(tmp_path)
 
 
-@pytest.mark.parametrize("key,value", [("data.difficulty", 2), ("data.train_seed", 3),
-                                       ("sft.steps", 11), ("model.hidden_size", 48), ("seed", 4)])
+@pytest.mark.parametrize("key,value", [("data.difficulty", 2), ("sft.steps", 11),
+                                       ("model.hidden_size", 48), ("sft.seed", 4)])
 def test_training_keys_retrain_it(tmp_path, key, value):
   assert _stamp(tmp_path, **{key: value}) != _stamp(tmp_path)
 
@@ -79,9 +81,9 @@ def _fake_training(monkeypatch):
   calls = []
 
   def train_sft(config, tokenizer, log=print):
-    calls.append(config.seed)
+    calls.append(config.sft.seed)
     cfg = build.resolve_model_config(config, tokenizer)
-    return cfg, transformer.init_params(cfg, seed=config.seed)
+    return cfg, transformer.init_params(cfg, seed=config.sft.seed)
   monkeypatch.setattr(sft, "train_sft", train_sft)
   return calls
 
@@ -92,28 +94,30 @@ def _files(directory):
 
 def test_a_cold_start_of_other_settings_is_kept_and_the_new_one_goes_beside_it(tmp_path,
                                                                                monkeypatch):
-  # Changing the seed of a run used to retrain into sft.out_dir and delete the cold start there,
-  # which another run (or a LoRA run's base) may load.
+  # Changing the cold start's seed used to retrain into sft.out_dir and delete the cold start
+  # there, which another run (or a LoRA run's base) may load.
   calls = _fake_training(monkeypatch)
   tokenizer = tokenizer_lib.load_tokenizer("char")
-  first = _config(tmp_path, seed=0)
+  first = _config(tmp_path, **{"sft.seed": 0})
   assert sft.ensure_sft_checkpoint(first, tokenizer, log=lambda m: None) == str(tmp_path / "sft")
   kept = _files(tmp_path / "sft")
   logged = []
-  second = _config(tmp_path, seed=1)
+  second = _config(tmp_path, **{"sft.seed": 1})
   out = sft.ensure_sft_checkpoint(second, tokenizer, log=logged.append)
   assert out != str(tmp_path / "sft") and out.startswith(str(tmp_path / "sft") + "-")
   assert second.sft.out_dir == out  # what the run loads, exports from and records
   assert _files(tmp_path / "sft") == kept
   assert sft.read_stamp(out) == sft.cold_start_stamp(second)
-  assert "seed 0 -> 1" in logged[0] and "kept" in logged[0]
+  assert "sft.seed 0 -> 1" in logged[0] and "kept" in logged[0]
   # Back and forth: each cold start is found again, none trained twice.
-  assert sft.ensure_sft_checkpoint(_config(tmp_path, seed=0), tokenizer, log=print) == \
-      str(tmp_path / "sft")
-  assert sft.ensure_sft_checkpoint(_config(tmp_path, seed=1), tokenizer, log=print) == out
+  def cold_start(sft_seed):
+    return sft.ensure_sft_checkpoint(_config(tmp_path, **{"sft.seed": sft_seed}), tokenizer,
+                                     log=print)
+  assert cold_start(0) == str(tmp_path / "sft")
+  assert cold_start(1) == out
   assert calls == [0, 1]
   # A third setting gets its own directory.
-  third = sft.ensure_sft_checkpoint(_config(tmp_path, seed=2), tokenizer, log=print)
+  third = cold_start(2)
   assert len({str(tmp_path / "sft"), out, third}) == 3 and calls == [0, 1, 2]
 
 

@@ -88,3 +88,24 @@ def test_sft_stops_at_the_first_check_that_reaches_stop_match(tmp_path, monkeypa
   else:
     assert checked == [4] * 3  # steps 10, 20, 30
     assert lines[-1].startswith(f"sft stopped at step {stopped_at}: exact match 0.600")
+
+
+class _Drawn(Exception):
+  pass
+
+
+def test_the_cold_start_is_initialised_from_sft_seed_not_the_run_seed(tmp_path, monkeypatch):
+  # The stamp leaves the run's seed out (one cold start for a study's seeds): the init must not
+  # read it either, or the saved cold start would be of whichever seed trained it first.
+  drawn = []
+
+  def init_params(model_cfg, seed):
+    drawn.append(seed)
+    raise _Drawn
+
+  monkeypatch.setattr(sft.transformer, "init_params", init_params)
+  for seed in (0, 5):
+    with pytest.raises(_Drawn):
+      sft.train_sft(_config(tmp_path, **{"seed": seed, "sft.seed": 77}),
+                    tokenizer_lib.load_tokenizer("char"))
+  assert drawn == [77, 77]
