@@ -3,7 +3,7 @@
 
   python -m rljax sweep experiments/studies/claim_clip_higher.py --root runs/studies
 
-On the study scale (configs/study_main.py: the main job, 200 RL steps), five seeds. The
+On the study scale (configs/study_main.py: the main job's first 150 RL steps), five seeds. The
 baseline is the main job as it is (eps_high 0.28); the variant removes clip-higher. Its
 updates are off-policy from the second of 4 minibatches on, so the upper clip binds on a
 measured fraction of tokens (``clip_frac_high`` in metrics.jsonl). Verdict:

@@ -5,7 +5,7 @@ normaliser) keeps wrong answers shorter at the same accuracy.
 
   python -m rljax sweep experiments/studies/claim_dr_grpo.py --root runs/studies
 
-On the study scale (configs/study_main.py: the main job, 200 RL steps), five seeds: the
+On the study scale (configs/study_main.py: the main job's first 150 RL steps), five seeds: the
 main job with GRPO's normaliser (sequence mean, std-scaled advantages) against the same with
 Dr. GRPO's two changes; everything else of DAPO stays in both. The GRPO arm is the
 ``seq_mean`` arm of claim_token_vs_seq.py (the sweep shares it under one root). Verdict:
