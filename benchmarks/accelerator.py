@@ -62,13 +62,14 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from rljax import config_loader  # noqa: E402
+from rljax.config import loader as config_loader  # noqa: E402
 from rljax.algorithm import resolve  # noqa: E402
 from rljax.models import transformer  # noqa: E402
 from rljax.parallel import mesh as mesh_lib  # noqa: E402
 from rljax import plan as plan_lib  # noqa: E402
 from rljax.rollout import Rollout, SamplingParams, make_sampler  # noqa: E402
-from rljax.train import build, compilation_cache  # noqa: E402
+from rljax.train import build  # noqa: E402
+from rljax.runs import compilation_cache
 import profile_summary  # noqa: E402
 import torch_peer as torch_peer_lib  # noqa: E402
 from bench_common import timed  # noqa: E402

@@ -24,7 +24,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from tests.train import tiny  # noqa: E402
-from rljax.train import compilation_cache  # noqa: E402
+from rljax.runs import compilation_cache  # noqa: E402
 
 
 def train(run_dir: str, extra: dict, after_step: int = 0) -> dict:

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rljax import algos
-from rljax.models import ModelConfig, llama, transformer
+from rljax.models import ModelConfig, transformer
 
 LAYOUTS = {"unrolled": False, "scan": True}
 
@@ -55,7 +55,7 @@ def compile_times(hidden, layers, length, remats):
     secs = {}
     for layout, scan in LAYOUTS.items():
       cfg = model_config(hidden, layers, attention="blockwise", remat=remat, scan_layers=scan)
-      params = jax.eval_shape(functools.partial(llama.init_params, cfg))
+      params = jax.eval_shape(functools.partial(transformer.init_params, cfg))
       start = time.perf_counter()
       compiled_grad(cfg, params, 1, length)
       secs[layout] = time.perf_counter() - start
@@ -84,7 +84,7 @@ def main():
     raise SystemExit(f"--layouts: unknown {unknown}; choose from {list(LAYOUTS)}")
   remats = args.remats.split(",")
   base = model_config(args.hidden, args.layers)
-  params = llama.init_params(base)
+  params = transformer.init_params(base)
   print(f"model D={args.hidden} L={args.layers} V=512 H=4 G=2; rows={args.rows}; "
         f"backend={jax.default_backend()}; {jax.device_count()} device(s)")
   print(f"{'T':>6} {'attention':>10} {'remat':>5} {'layout':>8} {'temp MiB':>9} {'x peer':>7} "

@@ -62,7 +62,7 @@ import numpy as np  # noqa: E402
 from jax.sharding import Mesh  # noqa: E402
 
 from bench_common import model_config  # noqa: E402
-from rljax.models import llama, save_hf  # noqa: E402
+from rljax.models import transformer, save_hf# noqa: E402
 from rljax.rollout import SamplingParams, sampler  # noqa: E402
 
 PROMPT, VOCAB = 32, 64
@@ -191,7 +191,7 @@ def main(args):
   with tempfile.TemporaryDirectory() as tmp:
     for name in args.models.split(","):
       cfg = model_config(name, VOCAB)
-      params = llama.init_params(cfg, seed=0)
+      params = transformer.init_params(cfg, seed=0)
       sides = {}
       for label, cont in (("waves", False), ("continuous", True)):
         sides[label] = RljaxSide(cfg, params, tokens, mask, lengths, args, cont)

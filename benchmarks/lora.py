@@ -32,7 +32,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from rljax import config_loader  # noqa: E402
+from rljax.config import loader as config_loader  # noqa: E402
 from rljax import plan as plan_lib  # noqa: E402
 from rljax.algorithm import resolve  # noqa: E402
 from rljax.models import lora, transformer  # noqa: E402
@@ -40,7 +40,7 @@ from rljax.parallel import mesh as mesh_lib  # noqa: E402
 from rljax.rollout import engines  # noqa: E402
 from rljax.rollout.record import Rollout  # noqa: E402
 from rljax.train import build  # noqa: E402
-from rljax.train import step as step_lib  # noqa: E402
+from rljax.learner import step as step_lib  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GiB = 1024 ** 3

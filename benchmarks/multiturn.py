@@ -14,7 +14,7 @@ Sides, with the same model, problems, worker processes (``--workers``) and limit
 - ``turn_sync``: ``run_episodes`` around the all-rows sampler: each turn one sampler call over
   the live rows (they re-prefill their trajectories), run until its longest row ends, then every
   row's step, waited for together.
-- ``continuous``: ``run_episodes_continuous`` with ``--slots`` lanes: a row whose turn ends steps
+- ``continuous``: ``run_async_episodes`` with ``--slots`` lanes: a row whose turn ends steps
   while the others decode, and re-enters with its cache kept.
 
 Reported per side: useful tokens/s (policy tokens kept in the record / wall time of the whole
@@ -101,15 +101,15 @@ def main(argv=None):
   from bench_common import model_config
   from rljax.data.tasks import Problem
   from rljax.data.tokenizer import CharTokenizer
-  from rljax.envs.continuous import EngineStats, run_episodes_continuous
+  from rljax.envs.async_turns import EngineStats, run_async_episodes
   from rljax.envs.episodes import EnvSettings, run_episodes
-  from rljax.models import llama
+  from rljax.models import transformer
   from rljax.rollout import SamplingParams, sampler
 
   SlowTool.latency_ms = args.latency_ms  # before the workers fork: they inherit it
   tok = CharTokenizer()
   cfg = model_config(args.model, tok.vocab_size)
-  params = llama.init_params(cfg, seed=args.seed)
+  params = transformer.init_params(cfg, seed=args.seed)
   problems = [Problem(prompt=f"task {i}:", answer="") for i in range(args.prompts)]
   sp = SamplingParams(temperature=1.0, max_new_tokens=args.turn_tokens, stop_ids=(tok.eos_id,),
                       pad_id=tok.pad_id)
@@ -132,7 +132,7 @@ def main(argv=None):
 
   def continuous(key):
     stats = EngineStats()
-    result = run_episodes_continuous(problems, key, cfg=cfg, params=params, slots=args.slots,
+    result = run_async_episodes(problems, key, cfg=cfg, params=params, slots=args.slots,
                                      refill_rows=args.refill_rows, stats=stats, **common)
     if args.verbose:
       print(f"    {stats}")

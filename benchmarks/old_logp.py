@@ -26,11 +26,11 @@ import jax
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from rljax import config_loader  # noqa: E402
+from rljax.config import loader as config_loader  # noqa: E402
 from rljax.algorithm import resolve  # noqa: E402
 from rljax.parallel import mesh as mesh_lib  # noqa: E402
 from rljax.train import build, loop  # noqa: E402
-from rljax.train.metrics import summarize  # noqa: E402
+from rljax.runs.metrics import summarize  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SIDES = ("recompute", "sampler")

@@ -5,7 +5,7 @@ Workload: ``B`` rows, prompts of ``P/4``-``P`` tokens (left-padded to ``P = --pr
 completion lengths at the
 quantiles of a log-normal (sigma 1) with mean 0.25 x ``T``, clipped to ``[1, T]``, as
 in DAPO-style reasoning runs; a tiny Llama (``--hidden`` wide, ``--layers`` layers) so a 4k
-step finishes in seconds on a CPU. Both sides run ``rljax.train.step`` as ``rljax train``
+step finishes in seconds on a CPU. Both sides run ``rljax.learner.step`` as ``rljax train``
 builds it (GRPO, ``model.forward_tokens`` and ``model.parallel_chunks`` at their defaults, one
 device) and differ only in ``model.pack``; scoring computes the old and the reference
 log-probs (``algo.kl_placement=loss``, two minibatches so the old log-probs are needed).
@@ -40,11 +40,12 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from rljax import config_loader  # noqa: E402
+from rljax.config import loader as config_loader  # noqa: E402
 from rljax.algorithm import resolve  # noqa: E402
-from rljax.models import llama, tiny_config  # noqa: E402
+from rljax.models import transformer, tiny_config# noqa: E402
 from rljax.rollout.sampler import Rollout  # noqa: E402
-from rljax.train import build, packing, step as step_lib  # noqa: E402
+from rljax.train import build  # noqa: E402
+from rljax.learner import packing, step as step_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VOCAB = 64
@@ -105,7 +106,7 @@ def _fns(pack: bool, args, max_new: int):
   _, make = build.abstract_state(config, model_cfg, algo)
   spec = build.step_spec(config, model_cfg, algo)
   fns = step_lib.step_fns(spec)
-  return jax.jit(fns.score), jax.jit(fns.train_step), make(llama.init_params(model_cfg)), \
+  return jax.jit(fns.score), jax.jit(fns.train_step), make(transformer.init_params(model_cfg)), \
       algo.hparams, spec
 
 

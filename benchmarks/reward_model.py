@@ -23,7 +23,8 @@ import time
 import jax
 import numpy as np
 
-from rljax import config_loader, models
+from rljax.config import loader as config_loader
+from rljax import models
 from rljax.data import make_task
 from rljax.data.tokenizer import CharTokenizer
 from rljax.models import transformer

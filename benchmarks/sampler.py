@@ -91,7 +91,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from jax.sharding import Mesh  # noqa: E402
 
-from rljax.models import ModelConfig, llama, save_hf  # noqa: E402
+from rljax.models import ModelConfig, transformer, save_hf# noqa: E402
 from rljax.rollout import SamplingParams, make_sampler, sampler  # noqa: E402
 import bench_common  # noqa: E402
 from bench_common import matmul_flops, matmul_precisions  # noqa: E402
@@ -268,7 +268,7 @@ def main(args):
   with tempfile.TemporaryDirectory() as tmp:
     for name in args.models.split(","):
       cfg = model_config(name)
-      params = llama.init_params(cfg, seed=0)
+      params = transformer.init_params(cfg, seed=0)
       path = os.path.join(tmp, name)
       save_hf(path, cfg, params)
       ceiling = peak / flops_per_generated_token(cfg)
@@ -317,7 +317,7 @@ def main_gpu(args):
   with tempfile.TemporaryDirectory() as tmp:
     for name in args.models.split(","):
       cfg = model_config(name)
-      params = jax.device_put(llama.init_params(cfg, seed=0), device)
+      params = jax.device_put(transformer.init_params(cfg, seed=0), device)
       path = os.path.join(tmp, name)
       save_hf(path, cfg, jax.device_get(params))
       ceiling = peak / flops_per_generated_token(cfg)

@@ -27,12 +27,12 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from rljax import config_loader  # noqa: E402
-from rljax.models import llama, tiny_config  # noqa: E402
+from rljax.config import loader as config_loader  # noqa: E402
+from rljax.models import transformer, tiny_config# noqa: E402
 from rljax.rollout import SamplingParams  # noqa: E402
 from rljax.rollout import sampler as sampler_lib  # noqa: E402
 from rljax.train import build  # noqa: E402
-from rljax.train import step as step_lib  # noqa: E402
+from rljax.learner import step as step_lib  # noqa: E402
 
 VOCAB = 48
 
@@ -43,7 +43,7 @@ def setup(num_seeds: int):
   model_cfg = tiny_config(config.model, VOCAB)
   actor_tx, critic_tx = build.optimizers(config)
   _, make = build.abstract_state(config, model_cfg)
-  states = [make(llama.init_params(model_cfg, seed=s)) for s in range(num_seeds)]
+  states = [make(transformer.init_params(model_cfg, seed=s)) for s in range(num_seeds)]
   fns = step_lib.build_step_fns(config, model_cfg, actor_tx, critic_tx)
   sp = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, greedy=False,
                       max_new_tokens=config.rollout.max_new_tokens, stop_ids=(), pad_id=0)

@@ -49,8 +49,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from rljax import config_loader  # noqa: E402
-from rljax.models import tiny_config, llama  # noqa: E402
+from rljax.config import loader as config_loader  # noqa: E402
+from rljax.models import tiny_config, transformer# noqa: E402
 from rljax.parallel import mesh as mesh_lib  # noqa: E402
 from rljax.rollout import SamplingParams  # noqa: E402
 from rljax.algorithm import resolve  # noqa: E402
@@ -128,7 +128,7 @@ def rljax_step_fn(new_tokens: int, column: str = "default"):
   """``column``: config overrides of this rljax side (``parse_overrides``)."""
   config = rljax_config(new_tokens, column)
   model_cfg = tiny_config(config.model, VOCAB)
-  params = llama.init_params(model_cfg, seed=0)
+  params = transformer.init_params(model_cfg, seed=0)
   mesh = mesh_lib.make_mesh(config.mesh)
   state, fns, _ = build.sharded_state_and_fns(config, model_cfg, params, mesh)
   hp = resolve(config).hparams

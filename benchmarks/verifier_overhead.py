@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rljax.data import make_task
-from rljax.rewards import verifiers
+from rljax.rewards import checkers
 
 MAIN_JOB_WALL_S, MAIN_JOB_STEPS = 308.0, 600
 ROWS, EVAL_ROWS, EVALS = 128, 256, 13
@@ -87,8 +87,8 @@ def run_with_timeouts(calls: Sequence[Callable[[], object]], *, timeout_s: float
 
 def score_with_threads(completions, problems, timeout_s=5.0, workers=4):
   """The previous score_completions: the same judge on daemon threads."""
-  fn = verifiers.get_reward_fn("exact_match")
-  calls = [(lambda c=c, p=p: (fn(c, p) > 0.5, verifiers.format_ok(c, p)))
+  fn = checkers.get_reward_fn("exact_match")
+  calls = [(lambda c=c, p=p: (fn(c, p) > 0.5, checkers.format_ok(c, p)))
            for c, p in zip(completions, problems)]
   return run_with_timeouts(calls, timeout_s=timeout_s, workers=workers)
 
@@ -118,12 +118,12 @@ def main():
   # Warm both paths (the pool forks its workers on first use, once per run).
   score_with_threads(*batches[0])
   t = time.perf_counter()
-  verifiers.score_completions("exact_match", *batches[0])
+  checkers.score_completions("exact_match", *batches[0])
   first_call = time.perf_counter() - t
   results = {}
   score = {"threads": score_with_threads,
-           "processes": lambda c, p: verifiers.score_completions("exact_match", c, p),
-           "in_process": lambda c, p: verifiers.score_completions("exact_match", c, p,
+           "processes": lambda c, p: checkers.score_completions("exact_match", c, p),
+           "in_process": lambda c, p: checkers.score_completions("exact_match", c, p,
                                                                   workers=0)}
   for _ in range(2):  # interleaved twice
     for name, fn in score.items():

@@ -1,5 +1,5 @@
 """CISPO (MiniMax-M1, arXiv 2506.13585): clipped, detached IS weights on a REINFORCE loss."""
-from rljax.config_loader import preset
+from rljax.config.loader import preset
 
 
 def get_config():

@@ -4,7 +4,7 @@ log-prob/advantage covariance lies in (1, 5), against entropy collapse.
 The authors' recipe (verl ``recipe/entropy/*_clip_cov.sh``): GRPO advantages, ``token_mean``, no
 KL, no entropy bonus, G = 8, PPO clip eps 1.0 on both sides (docs/algorithms.md).
 """
-from rljax.config_loader import preset
+from rljax.config.loader import preset
 
 
 def get_config():

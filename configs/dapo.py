@@ -1,5 +1,5 @@
 """DAPO (arXiv 2503.14476): clip-higher, dynamic sampling, token-level loss, overlong shaping."""
-from rljax.config_loader import preset
+from rljax.config.loader import preset
 
 
 def get_config():

@@ -1,5 +1,5 @@
 """Dr. GRPO (arXiv 2503.20783): no std normalisation, a constant length normaliser, no KL."""
-from rljax.config_loader import preset
+from rljax.config.loader import preset
 
 
 def get_config():

@@ -1,5 +1,5 @@
 """GMPO (arXiv 2507.20673): geometric-mean policy optimisation, one loss per sequence, no KL."""
-from rljax.config_loader import preset
+from rljax.config.loader import preset
 
 
 def get_config():

@@ -1,5 +1,5 @@
 """GPG (arXiv 2504.02546): plain policy gradient with group baselines, no reference, no KL."""
-from rljax.config_loader import preset
+from rljax.config.loader import preset
 
 
 def get_config():

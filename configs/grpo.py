@@ -1,5 +1,5 @@
 """GRPO (DeepSeekMath, arXiv 2402.03300): group z-score advantages, k3 KL in the loss."""
-from rljax.config_loader import preset
+from rljax.config.loader import preset
 
 
 def get_config():

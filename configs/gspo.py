@@ -1,5 +1,5 @@
 """GSPO (arXiv 2507.18071): sequence-level ratios (GSPO-token form), tiny clip range, no KL."""
-from rljax.config_loader import preset
+from rljax.config.loader import preset
 
 
 def get_config():

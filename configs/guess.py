@@ -9,7 +9,7 @@ guess uniformly among the numbers still possible; GRPO then cuts the mean number
 Measured figures: docs/multiturn.md. ``--config.train.steps=2`` for a smoke run.
 """
 import rljax.envs  # noqa: F401  (registers the environments and their embedded tasks)
-from rljax.config_loader import preset
+from rljax.config.loader import preset
 
 
 def get_config():

@@ -4,7 +4,7 @@ minibatch's tokens by log-prob/advantage covariance, against entropy collapse.
 The authors' 7B recipe (verl ``recipe/entropy/7b_kl_cov.sh``): GRPO advantages, ``token_mean``,
 no KL to a reference, no entropy bonus, G = 8, ratio 2e-3, coefficient 1 (docs/algorithms.md).
 """
-from rljax.config_loader import preset
+from rljax.config.loader import preset
 
 
 def get_config():

@@ -7,7 +7,7 @@ A ~1M-parameter character-level Llama first learns the answer format from refere
 how the settings below were chosen: docs/results/main_job.md and docs/results/main_job_compare.md.
 ``--config.train.steps=3`` for a smoke run.
 """
-from rljax.config_loader import preset
+from rljax.config.loader import preset
 
 
 def get_config():

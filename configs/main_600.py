@@ -6,7 +6,7 @@ the benchmarks that describe its runs. docs/results/main_job.md says what change
 
   python -m rljax train --config configs/main_600.py
 """
-from rljax.config_loader import preset
+from rljax.config.loader import preset
 
 
 def get_config():

@@ -9,7 +9,7 @@ The SFT cold start in ``sft.out_dir`` is shared with main_600.py.
 """
 import os
 
-from rljax.config_loader import load_config_file, preset
+from rljax.config.loader import load_config_file, preset
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 # The update schedule is main_600.py's (the same RL hyperparameters), only the algorithm differs.

@@ -6,7 +6,7 @@ The teacher is the main job's exported policy (``runs/main/hf``); point ``teache
 another one with ``--config.teacher.source=hf:PATH``. It must share the student's tokenizer. The
 teacher is the anchor, so there is no KL to a reference.
 """
-from rljax.config_loader import preset
+from rljax.config.loader import preset
 
 
 def get_config():

@@ -1,5 +1,5 @@
 """Open-Reasoner-Zero (arXiv 2503.24290): vanilla PPO, GAE with gamma = lam = 1, no KL at all."""
-from rljax.config_loader import preset, reset
+from rljax.config.loader import preset, reset
 
 
 def get_config():

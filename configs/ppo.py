@@ -1,5 +1,5 @@
 """PPO (arXiv 1707.06347) as used for RLHF: a critic, GAE, KL to the reference in the reward."""
-from rljax.config_loader import preset
+from rljax.config.loader import preset
 
 
 def get_config():

@@ -14,7 +14,7 @@ accuracy over five seeds (``experiments/reasoning_gym_seeds.py``): docs/results/
 """
 import json
 
-from rljax.config_loader import preset
+from rljax.config.loader import preset
 
 
 def get_config():

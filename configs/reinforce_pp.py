@@ -1,5 +1,5 @@
 """REINFORCE++ (arXiv 2501.03262): token rewards with KL, returns-to-go, batch whitening."""
-from rljax.config_loader import preset
+from rljax.config.loader import preset
 
 
 def get_config():

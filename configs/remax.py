@@ -1,7 +1,7 @@
 """ReMax (arXiv 2310.10505): REINFORCE with the reward of one greedy completion per prompt as the
 baseline; no critic, no normalisation, one sample per prompt (docs/algorithms.md).
 """
-from rljax.config_loader import preset
+from rljax.config.loader import preset
 
 
 def get_config():

@@ -15,7 +15,7 @@ proxy), ``reward/gold`` and ``kl`` per step to ``metrics.jsonl`` and draws each 
 in ``rewards_vs_kl.png``. Everything is tiny: minutes on a CPU. The study over seeds and KL
 coefficients is ``experiments/studies/rlhf_overoptimization.py``.
 """
-from rljax.config_loader import preset
+from rljax.config.loader import preset
 
 
 def get_config():

@@ -1,5 +1,5 @@
 """RLOO (arXiv 2402.14740): leave-one-out baseline, REINFORCE, k1 KL in the reward."""
-from rljax.config_loader import preset
+from rljax.config.loader import preset
 
 
 def get_config():

@@ -6,7 +6,7 @@ pairwise accuracy; a tiny model from scratch on the char tokenizer (``model.sour
 policy source: ``hf:PATH`` of the policy's base is the usual start). The run directory's export
 ``runs/rm/hf`` is what ``reward.model.source='run:runs/rm'`` scores with.
 """
-from rljax.config_loader import preset
+from rljax.config.loader import preset
 
 
 def get_config():

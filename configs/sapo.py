@@ -3,7 +3,7 @@
 Temperatures as in the paper, verl and TRL (tau_neg > tau_pos damps negative updates faster);
 the objective forces ``seq_mean_token_mean`` (docs/algorithms.md).
 """
-from rljax.config_loader import preset
+from rljax.config.loader import preset
 
 
 def get_config():

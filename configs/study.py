@@ -15,7 +15,7 @@ and every seed of a study starts from it.
 Studies start from this file (GRPO) or from ``configs/study_ppo.py`` (PPO with a critic) and
 change only the algorithm keys of their variants.
 """
-from rljax.config_loader import preset
+from rljax.config.loader import preset
 
 
 def get_config():

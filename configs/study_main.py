@@ -21,7 +21,7 @@ problems; the sweep reproduces those runs with
 (configs/study.py is an older scale, arithmetic level 1 for 100 steps, on which GRPO did not
 learn.)
 """
-from rljax.config_loader import preset
+from rljax.config.loader import preset
 
 
 def get_config():

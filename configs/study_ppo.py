@@ -4,7 +4,7 @@ ladder (experiments/studies/vapo_ladder.py).
 """
 import os
 
-from rljax.config_loader import load_config_file, preset
+from rljax.config.loader import load_config_file, preset
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 # The update schedule is study.py's: only the algorithm differs.

@@ -1,6 +1,6 @@
 """T1 (arXiv 2501.11651): RLOO with oversampling at a high temperature, an entropy bonus, an EMA
 reference ("dynamic anchor") and per-token normalised KL."""
-from rljax.config_loader import preset
+from rljax.config.loader import preset
 
 
 def get_config():

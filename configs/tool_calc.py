@@ -11,7 +11,7 @@ the final answer scored) then raises held-out accuracy by making it call the too
 figures: docs/multiturn.md. ``--config.train.steps=2`` for a smoke run.
 """
 import rljax.envs  # noqa: F401  (registers the environments and their embedded tasks)
-from rljax.config_loader import preset
+from rljax.config.loader import preset
 
 
 def get_config():

@@ -1,6 +1,6 @@
 """VAPO (arXiv 2504.05118): VC-PPO + length-adaptive GAE, clip-higher, token-level loss,
 positive-example LM loss and group sampling."""
-from rljax.config_loader import preset, reset
+from rljax.config.loader import preset, reset
 
 
 def get_config():

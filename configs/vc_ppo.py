@@ -1,5 +1,5 @@
 """VC-PPO (arXiv 2503.01491): PPO with value pretraining and decoupled GAE (0.95 / 1.0)."""
-from rljax.config_loader import preset
+from rljax.config.loader import preset
 
 
 def get_config():

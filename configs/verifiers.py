@@ -21,7 +21,7 @@ run.
 """
 import json
 
-from rljax.config_loader import preset
+from rljax.config.loader import preset
 
 
 def get_config():

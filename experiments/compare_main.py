@@ -19,8 +19,8 @@ import subprocess
 import sys
 import time
 
-from rljax.config_loader import load_config
-from rljax.train import plot
+from rljax.config.loader import load_config
+from rljax.runs import plot
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUNS = {"dapo": "configs/main_600.py", "grpo": "configs/main_grpo.py",

@@ -22,11 +22,11 @@ import os
 import statistics
 
 from rljax import cli
-from rljax.rewards import verifiers
-from rljax.train import metrics as metrics_lib
+from rljax.rewards import checkers
+from rljax.runs import metrics as metrics_lib
 
 
-@verifiers.register_reward("char_sum_mod4")
+@checkers.register_reward("char_sum_mod4")
 def char_sum_mod4(completion, problem):
   """A reward a random policy earns a quarter of the time: every group has a spread, so every
   step updates the policy (between the two minibatches too, where R2 matters)."""

@@ -10,7 +10,7 @@ import os
 import sys
 
 from rljax.sweep.plots import plot_overoptimization
-from rljax.train.metrics import read_jsonl
+from rljax.runs.metrics import read_jsonl
 
 
 def study_records(root: str) -> dict:

@@ -2,8 +2,8 @@
 
 ``resolve(config)`` runs at start-up, before any model is built: it looks up every registered
 name of the ``algo`` section (an unknown one fails listing the registered names), checks every
-``algo.*`` key against its declaration (``rljax/defaults.py``), refuses a key set away from its
-default that nothing resolved reads (``rljax.config_checks.check_unused``), and returns an
+``algo.*`` key against its declaration (``rljax/config/table.py``), refuses a key set away from its
+default that nothing resolved reads (``rljax.config.checks.check_unused``), and returns an
 ``Algorithm``. Below this point nothing reads a ConfigDict. It sits above ``rljax.algos`` (the
 components) and ``rljax.transforms`` (the stateful pieces it resolves too).
 
@@ -26,7 +26,7 @@ import chex
 import jax
 import jax.numpy as jnp
 
-from rljax import config_checks
+from rljax.config import checks as config_checks
 from rljax.algos import advantages as adv_lib
 from rljax.algos import kl as kl_lib
 from rljax.algos import losses as loss_lib
@@ -131,12 +131,12 @@ class Algorithm:
   micro_batches: int
   hparams: Dict[str, float]
   # algo.old_logp: 'recompute' (a policy forward before the update) | 'sampler' (the sampler's
-  # recorded log-probs, rljax.train.step.StepSpec.scoring_forward)
+  # recorded log-probs, rljax.learner.step.StepSpec.scoring_forward)
   old_logp: str = "recompute"
   # The algo.* keys (leaf names) its components bind: the estimator's and the objective's
   # hyperparameters (less those their registration says another setting overrides), the
   # regularisers' values and weights, the transforms' keys. ``component_reads()`` in
-  # rljax/defaults.py reads it.
+  # rljax/config/table.py reads it.
   keys_read: frozenset = frozenset()
 
   @property

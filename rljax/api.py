@@ -20,29 +20,16 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from rljax import config_loader, defaults, models
+from rljax.config import load as config
+from rljax import models
 from rljax.data import tokenizer as tokenizer_lib
 from rljax.models import ModelConfig, transformer
 from rljax.models.config import compute_dtype
 from rljax.models.source import parse_source
 from rljax.rollout import engines, text
 from rljax.rollout.sampler import Rollout, SamplingParams
-from rljax.train import evaluation, step
-
-
-def config(path: str | None = None, overrides: Mapping[str, Any] | None = None
-           ) -> ml_collections.ConfigDict:
-  """The default config of the installed package (every key of docs/config.md with its
-  default), or the ``get_config()`` of a config file, with ``overrides`` ({"a.b": value}) set.
-  Unknown keys and values of the wrong type are errors naming the key."""
-  if path is None:
-    result = defaults.get_config()
-  else:
-    result = config_loader.load_config_file(path)
-  for dotted, value in (overrides or {}).items():
-    config_loader.set_value(result, dotted, value)
-  result.lock()
-  return result
+from rljax.train import evaluation
+from rljax.learner import step
 
 
 LOAD_SOURCES = ("tiny", "hf", "run")  # kinds of rljax.models.source that load takes

@@ -20,7 +20,8 @@ import os
 import shutil
 import sys
 
-from rljax import config_loader, lifetime
+from rljax.config import loader as config_loader
+from rljax import lifetime
 from rljax.errors import USER_ERROR, ArgumentParser, UsageError
 
 CONVERT_FORMATS = ("peft", "merged")  # rljax convert --format
@@ -33,7 +34,7 @@ def _config(argv, *, required=True):
       raise UsageError("--config PATH is required (e.g. --config configs/dapo.py)")
     return None, rest
   config = config_loader.load_config(path, overrides)
-  from rljax import config_checks
+  from rljax.config import checks as config_checks
   config_checks.check_config(config)  # every value checked before anything is built
   return config, rest
 
@@ -87,7 +88,7 @@ def cmd_eval(argv):
   parser.add_argument("--checkpoint", default=None,
                       help="an rljax run directory: its latest checkpoint is evaluated")
   args = parser.parse_args(rest)
-  from rljax import config_checks
+  from rljax.config import checks as config_checks
   config_checks.check_eval_samples(args.samples)
   from rljax.train import evaluation
   _, overrides, _ = config_loader.split_config_args(argv)
@@ -133,7 +134,8 @@ def cmd_convert(argv):
   parser.add_argument("--force", action="store_true",
                       help="write into OUT even if it holds files (they may be overwritten)")
   args = parser.parse_args(argv)
-  from rljax.train import evaluation, run_dir
+  from rljax.train import evaluation
+  from rljax.runs import run_dir
   from rljax import models
   from rljax.models import peft, source
   run_dir.check_convert_target(args.run_dir, args.out, force=args.force)
@@ -197,12 +199,12 @@ def cmd_components(argv):
   parser.add_argument("--markdown", action="store_true",
                       help="the algorithm reference, docs/algorithms.md")
   args = parser.parse_args(argv)
-  from rljax import components
+  from rljax import catalogue
   if args.markdown:
-    text = components.markdown()
+    text = catalogue.markdown()
     sys.stdout.write(text)
     return text
-  table = components.families()
+  table = catalogue.families()
   for family, names in table.items():
     print(f"{family}: {', '.join(names)}")
   return table
@@ -216,13 +218,13 @@ def cmd_keys(argv):
   if args.markdown and args.prefix:
     raise UsageError(f"rljax keys --markdown prints the table of every key; drop {args.prefix!r} "
                      "(or drop --markdown to list the keys under it)")
-  from rljax import config_checks, defaults, keys  # config_checks loads every registry
-  if not any(name.startswith(args.prefix) for name in defaults.KEY_BY_NAME):
-    sections = sorted({name.split(".")[0] for name in defaults.KEY_BY_NAME if "." in name})
+  from rljax.config import checks as config_checks, relations, table, declare  # config_checks loads every registry
+  if not any(name.startswith(args.prefix) for name in table.KEY_BY_NAME):
+    sections = sorted({name.split(".")[0] for name in table.KEY_BY_NAME if "." in name})
     raise UsageError(f"rljax keys: no config key starts with {args.prefix!r}; sections: "
                      f"{', '.join(sections)}")
-  text = (keys.markdown_table(defaults.KEYS, defaults.RELATIONS) if args.markdown
-          else keys.text_table(defaults.KEYS, args.prefix) + "\n")
+  text = (declare.markdown_table(table.KEYS, relations.RELATIONS) if args.markdown
+          else declare.text_table(table.KEYS, args.prefix) + "\n")
   sys.stdout.write(text)
   return text
 
@@ -274,7 +276,7 @@ def entry(argv=None):
   one line on stderr and exit status 2, a preemption (SIGTERM) and Ctrl-C (SIGINT) as one line
   each; internal errors keep their traceback (exit status 1)."""
   from rljax import errors
-  from rljax.train.preemption import Stop
+  from rljax.runs.preemption import Stop
   lifetime.die_with_parent()  # a run started by a sweep ends with it (kill -9 included)
   errors.quiet_disk_full_logs()
   try:

@@ -10,7 +10,7 @@ What is counted (per device, the device holding the most):
 - params, in ``model.param_dtype``; stacked MoE expert kernels split ``expert`` ways by their
   own rule (every other weight is replicated over that axis);
 - optimizer state: ``jax.eval_shape`` of the run's optimizer (default: global-norm clipping +
-  ``optax.adamw`` as ``rljax.train.state.make_optimizer`` builds it: ``mu``, ``nu`` in the
+  ``optax.adamw`` as ``rljax.learner.state.make_optimizer`` builds it: ``mu``, ``nu`` in the
   parameter dtype, no separate float32 master copy, scalar counts replicated), placed by
   ``rules.opt_state_shardings``;
 - reference model (same shapes and rules as the policy) unless ``algo.kl_placement == 'none'``
@@ -36,7 +36,7 @@ What is counted (per device, the device holding the most):
   ``rows = P*G / minibatches / micro-batches / batch shards`` rows of
   ``S = prompt + max_new_tokens`` tokens (where ``model.pack`` resolves on for the update, a
   micro-batch is one packed chunk: ``R / batch shards`` rows of ``S``, ``R`` from
-  ``rljax.train.packing.packed_shape``, the chunks counted as micro-batches), per layer per token
+  ``rljax.learner.packing.packed_shape``, the chunks counted as micro-batches), per layer per token
   ``(ACT_D*D + ACT_QKV*(H+2G)*Dh + ACT_F*F) * dtype bytes`` (the tensors this decoder keeps for
   the backward pass: residual, float32 norm copies, q/k/v before and after RoPE, attention out,
   gate/up/silu/product) plus attention's own: with the materialised backend
@@ -80,7 +80,7 @@ import numpy as np
 import optax
 from jax.sharding import AbstractMesh
 
-from rljax.config_checks import ConfigError
+from rljax.config.checks import ConfigError
 from rljax.models import attention as attention_lib
 from rljax.models import kv_cache as kv_cache_lib
 from rljax.models import lora, transformer
@@ -90,8 +90,8 @@ from rljax.models.source import parse_source, run_config
 from rljax.parallel import mesh as mesh_lib
 from rljax.parallel import rules as rules_lib
 from rljax.rollout import sampler as sampler_lib
-from rljax.train import packing, update as update_lib
-from rljax.train.state import make_optimizer, total_updates, trainable
+from rljax.learner import packing, update as update_lib
+from rljax.learner.state import make_optimizer, total_updates, trainable
 from rljax.data import tokenizer as tokenizer_lib
 
 GiB = 1024 ** 3

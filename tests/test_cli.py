@@ -6,9 +6,10 @@ import jax
 import numpy as np
 import pytest
 
-from rljax import cli, config_loader
+from rljax import cli
+from rljax.config import loader as config_loader
 from rljax.errors import UsageError
-from rljax.models import llama
+from rljax.models import transformer
 from tests import hf_models, xla_cache
 from tests.train import tiny
 
@@ -62,7 +63,7 @@ def test_eval_and_convert_a_run(tmp_path):
   from rljax.train import evaluation
   model_cfg, params = evaluation.load_run_params(run_dir)
   tokens, mask = hf_models.left_padded([5, 3], width=5, vocab=model_cfg.vocab_size, seed=1)
-  ours = np.asarray(llama.logits(model_cfg, params, tokens, mask))
+  ours = np.asarray(transformer.logits(model_cfg, params, tokens, mask))
   theirs = hf_models.hf_logits(out, tokens, mask)
   assert np.abs(ours - theirs)[mask.astype(bool)].max() <= 1e-4
   with pytest.raises(UsageError, match=r"^convert --format peft: .* trained no adapters "

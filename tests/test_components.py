@@ -6,7 +6,7 @@ import re
 import subprocess
 import sys
 
-from rljax import components
+from rljax import catalogue
 from rljax.algos import registry
 from rljax.transforms import TRANSFORMS
 from tests.train import tiny
@@ -27,11 +27,11 @@ def test_docs_algorithms_is_generated_from_the_components():
 
 
 def test_every_registered_name_has_its_section():
-  text = components.markdown()
-  for family, names in components.families().items():
+  text = catalogue.markdown()
+  for family, names in catalogue.families().items():
     for name in names:
-      assert components.heading(family, name) in text, (family, name)
-  assert [s.title for s in components.SECTIONS] == re.findall(r"^## (\d.*)$", text, re.M)
+      assert catalogue.heading(family, name) in text, (family, name)
+  assert [s.title for s in catalogue.SECTIONS] == re.findall(r"^## (\d.*)$", text, re.M)
 
 
 def _docs_of_algorithm_components():
@@ -51,7 +51,7 @@ def test_every_algorithm_component_states_its_formula_and_paper():
 
 
 def test_the_async_correction_modes_are_documented_by_name():
-  text = components.markdown()
+  text = catalogue.markdown()
   section = text[text.index("### transform `rollout_correction`"):]
   for phrase in ("`truncate`", "`mask`", "TIS", "AReaL", "2505.24298", "rollout_is_over_cap"):
     assert phrase in section, phrase

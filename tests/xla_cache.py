@@ -4,7 +4,7 @@ Many tests compile the same tiny programs: in the pytest workers, and in the ``r
 sweep / script subprocesses they start, each of which would otherwise compile everything from
 scratch. ``tests/conftest.py`` points ``JAX_COMPILATION_CACHE_DIR`` at a fresh directory before
 JAX is imported; both xdist workers and every subprocess inherit it, and ``rljax train`` uses it
-instead of ``<run_dir>/xla_cache`` (rljax/train/compilation_cache.py) and writes every program it
+instead of ``<run_dir>/xla_cache`` (rljax/runs/compilation_cache.py) and writes every program it
 compiles there. Elsewhere JAX's threshold applies (programs that took a second or more to
 compile): writing the many small programs that only one test compiles costs more than it saves
 (~20% of an 8-device script's time). A cache hit loads the executable the miss compiled: results

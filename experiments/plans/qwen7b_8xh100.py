@@ -4,7 +4,7 @@
 
 The v5p-64 plan beside this file, with a GPU node's batch and device.
 """
-from rljax.config_loader import preset
+from rljax.config.loader import preset
 
 
 def get_config():

@@ -12,7 +12,7 @@ import os
 
 import ml_collections
 
-from rljax.config_loader import load_config_file
+from rljax.config.loader import load_config_file
 
 
 def get_config():

@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 
 from rljax.algos.registry import register_advantage
-from rljax.defaults import options
+from rljax.config.table import options
 
 GRPO_STD_EPS = 1e-6
 WHITEN_EPS = 1e-8

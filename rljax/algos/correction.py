@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from rljax.algos.checks import check_range, is_static_number
-from rljax.defaults import options
+from rljax.config.table import options
 
 LOG_RATIO_CLAMP = 20.0
 BATCH_NORM_MIN = 1e-8  # batch normalisation is skipped when the mean weight is at most this

@@ -15,7 +15,7 @@ import inspect
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 from rljax.errors import UnknownNameError  # noqa: F401  (re-exported)
-from rljax.keys import add_family
+from rljax.config.declare import add_family
 
 
 def signature_of(fn: Callable, hparams: Optional[Mapping[str, str]] = None

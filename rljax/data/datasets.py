@@ -221,7 +221,7 @@ def screen_rows(problems: list[Problem], policy: str = "error") -> tuple[list[Pr
 
 def fingerprint(source: str) -> str | None:
   """sha256 of the files a file source reads (None for an embedded task): a resumed run checks
-  that its data did not change (``rljax.train.run_dir``)."""
+  that its data did not change (``rljax.runs.run_dir``)."""
   kind, arg = parse_source(source)
   if kind in GENERATED_KINDS or kind == verifiers_source.SOURCE_KIND:  # built by code, no file
     return None

@@ -30,14 +30,14 @@ import json
 import random
 import re
 
-from rljax import defaults
+from rljax.config import conditions, table
 from rljax.data.tasks import MARKER, Problem, Task, marked_answer
 from rljax.errors import DataError
 
-SOURCE_KIND = defaults.REASONING_GYM
+SOURCE_KIND = conditions.REASONING_GYM
 # data.reasoning_gym.<key> -> its declared default; read at start-up, when the prompt source is
 # built, and only with a reasoning_gym source (the declarations' read_if).
-KEY_DEFAULTS = {k.name.rsplit(".", 1)[1]: k.default for k in defaults.KEYS
+KEY_DEFAULTS = {k.name.rsplit(".", 1)[1]: k.default for k in table.KEYS
                 if k.name.startswith(f"data.{SOURCE_KIND}.")}
 NAMES_HELP = ("the names are the keys of reasoning_gym.factory.DATASETS "
               "(python -c 'import reasoning_gym; print(sorted(reasoning_gym.factory.DATASETS))') "

@@ -27,12 +27,12 @@ import functools
 import importlib
 import json
 
-from rljax import defaults
+from rljax.config import conditions, table
 from rljax.data.tasks import Problem, is_eval_prompt
 from rljax.errors import DataError
 
-SOURCE_KIND = defaults.VERIFIERS
-KEY_DEFAULTS = {k.name.rsplit(".", 1)[1]: k.default for k in defaults.KEYS
+SOURCE_KIND = conditions.VERIFIERS
+KEY_DEFAULTS = {k.name.rsplit(".", 1)[1]: k.default for k in table.KEYS
                 if k.name.startswith(f"data.{SOURCE_KIND}.")}
 # The dataset columns an episode reads (``Environment.init_state``); the others stay behind.
 ROW_FIELDS = ("prompt", "answer", "info", "task", "example_id")

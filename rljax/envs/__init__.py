@@ -14,9 +14,9 @@ from rljax.envs.tools import (TOOLS, ToolCall, ToolError, parse_tool_calls, regi
                               tool_names, unregister_tool)
 from rljax.envs.tool_env import ToolEnv
 
-# The drivers and their engines (episodes, continuous, engines) import JAX: their users import
+# The drivers and their engines (episodes, async_turns, drivers) import JAX: their users import
 # them (rljax.train.build imports engines, which registers the multi-turn engines).
-_NOT_SCANNED = ("episodes", "continuous", "engines")
+_NOT_SCANNED = ("episodes", "async_turns", "drivers")
 for _module in _pkgutil.iter_modules(__path__):
   if _module.name not in _NOT_SCANNED:
     _importlib.import_module(f"{__name__}.{_module.name}")

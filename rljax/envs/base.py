@@ -38,9 +38,9 @@ from typing import Any, Callable, Dict, List, Sequence, Union
 
 import numpy as np
 
-from rljax.defaults import options
+from rljax.config.table import options
 from rljax.errors import UnknownNameError
-from rljax.keys import add_family
+from rljax.config.declare import add_family
 
 # Text, token ids, or chat messages ({"role": ..., "content": ...}) rendered with the chat template.
 Observation = Union[str, Sequence[int], Sequence[dict]]

@@ -1,6 +1,6 @@
 """What an environment needs to run at all, checked at start-up before any model is built
 (``loop.train`` and ``rljax eval``); the ``env`` keys themselves are checked with every other key
-(``rljax.config_checks``)."""
+(``rljax.config.checks``)."""
 import pickle
 
 from rljax.envs import base, tools

@@ -29,9 +29,9 @@ every non-padding position), ``rewards`` the sum of the turns' rewards, ``correc
 step's ``info['correct']``, ``lengths`` the policy tokens per row (``sum(mask)``).
 
 ``generate(tokens [N, W], mask [N, W], key, sampling, group_size) -> Rollout`` (NumPy) is the one
-call that produces tokens: the train loop passes its rollout engine's (``rljax.envs.engines``),
+call that produces tokens: the train loop passes its rollout engine's (``rljax.envs.drivers``),
 tests pass ``rljax.rollout.sampler.sample``. The continuous engine
-(``rljax.envs.continuous``, ``env.engine='continuous'``) replaces this loop, not only
+(``rljax.envs.async_turns``, ``env.engine='async_turns'``) replaces this loop, not only
 ``generate``, and shares its bookkeeping (``start_episodes``, ``end_segment``, ``apply_step``,
 ``finish_episodes``), so both write the same record. Row counts are padded to a few sizes
 (``B, B/2, B/4, B/8``) and widths to multiples of ``WIDTH_BUCKET``, so a run compiles the sampler
@@ -71,8 +71,8 @@ class EnvSettings:
   workers: int = 4
   max_worker_memory_mb: int = 0
   worker_max_calls: int = 0
-  engine: str = "turn_sync"  # or 'continuous' (rljax.envs.continuous)
-  slots: int = 0  # the continuous engine's lanes; 0: every row
+  engine: str = "turn_sync"  # or 'async_turns' (rljax.envs.async_turns)
+  slots: int = 0  # the async_turns engine's lanes; 0: every row
   turn_discount: float = 1.0  # < 1: per-turn token rewards, discounted across turns
   # The most tokens a first observation may hold (the model's context less ``max_tokens``,
   # ``data.max_prompt_tokens``: ``rljax.data.prompt_policy``); 0: no limit.

@@ -21,7 +21,7 @@ import logging
 from typing import Optional
 
 from rljax.errors import RljaxError
-from rljax.rewards.verifiers import FailureLog
+from rljax.rewards.checkers import FailureLog
 
 
 class EnvironmentBrokenError(RljaxError, RuntimeError):

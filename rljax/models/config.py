@@ -13,11 +13,11 @@ from typing import Any, Mapping
 
 import jax
 
-from rljax.defaults import KEY_BY_NAME, REMAT_MODES, options
+from rljax.config.table import KEY_BY_NAME, REMAT_MODES, options
 from rljax.errors import ConfigError, ModelFileError
 from rljax.models import families, lora
 
-# The run settings' choices, as ``rljax/defaults.py`` declares the keys.
+# The run settings' choices, as ``rljax/config/table.py`` declares the keys.
 MATMUL_PRECISIONS = options("model.matmul_precision")
 REMAT_CHOICES = REMAT_MODES
 ATTENTION_BACKENDS = options("model.attention")

@@ -22,7 +22,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from rljax.defaults import options
+from rljax.config.table import options
 
 WEIGHT_DTYPES = options("rollout.weight_dtype")
 EXPERT_KERNELS = ("gate_proj", "up_proj", "down_proj")

@@ -26,7 +26,7 @@ import numpy as np
 from jax.experimental import mesh_utils
 from jax.sharding import AxisType, Mesh
 
-from rljax.defaults import MESH_AXES
+from rljax.config.table import MESH_AXES
 from rljax.parallel import distributed
 
 AXES = MESH_AXES  # the mesh.* keys that lay devices out, in the mesh's order

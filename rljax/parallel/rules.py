@@ -58,7 +58,7 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from rljax.defaults import MESH_AXES as AXES  # the mesh's axes (rljax.parallel.mesh)
+from rljax.config.table import MESH_AXES as AXES  # the mesh's axes (rljax.parallel.mesh)
 from rljax.models.kv_cache import CACHE_AXES
 
 DEFAULT_RULES: dict[str, Any] = {

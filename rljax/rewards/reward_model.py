@@ -19,7 +19,7 @@ policy stopped), exactly as ``rljax rm`` encoded its training pairs.
 Where it runs. Rewards are composed on the host after sampling, before reward shaping, dynamic
 sampling (which keeps or drops groups by their rewards) and advantages: all of these need the
 reward, so the model runs there, as its own jitted call, not inside the jitted ``score`` of
-``rljax.train.step``, which only starts once the batch is final.
+``rljax.learner.step``, which only starts once the batch is final.
 
 Failures are one line each: a checkpoint that is not a sequence classifier with one label, a
 tokenizer that cannot be bridged (no tokenizer named, ids beyond the model's vocabulary, text
@@ -35,7 +35,8 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
-from rljax import defaults, models
+from rljax.config import reward_spec
+from rljax import models
 from rljax.data import tokenizer as tokenizer_lib
 from rljax.errors import ModelFileError, RljaxError, StartupError, TokenizerError
 from rljax.models import ModelConfig, transformer
@@ -224,7 +225,7 @@ def load_reward_model(config, policy_tokenizer, mesh) -> RewardModel:
                      batch_size=rm.batch_size, name=rm.source)
 
 
-@register_reward_source(defaults.REWARD_MODEL_SOURCE)
+@register_reward_source(reward_spec.REWARD_MODEL_SOURCE)
 def reward_model_source(config, tokenizer, model_cfg, mesh) -> Callable:
   """A learned scalar reward model (``reward.model.*``, ``rljax.rewards.reward_model``): a
   frozen ``*ForSequenceClassification`` with one label scores each prompt and completion at its

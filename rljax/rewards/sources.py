@@ -15,7 +15,7 @@ logged raw as ``reward/<name>``; a weight-0 source is computed and logged and ad
 task's own source (``verifier`` for single-turn rollouts, ``env`` for multi-turn episodes) always
 runs: its correct flags are the run's accuracy, dynamic sampling's pass rate and eval's pass@1.
 Registered here: ``verifier`` (``reward.fn`` in killable worker processes); ``env`` is
-registered by ``rljax.envs.engines``, the judge by ``rljax.rewards.judge``.
+registered by ``rljax.envs.drivers``, the judge by ``rljax.rewards.judge``.
 """
 from __future__ import annotations
 
@@ -24,11 +24,11 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
-from rljax import defaults
+from rljax.config import reward_spec
 from rljax.data.tasks import Problem
 from rljax.errors import RewardSourceError
-from rljax.keys import add_family
-from rljax.rewards import verifiers
+from rljax.config.declare import add_family
+from rljax.rewards import checkers
 from rljax.rollout.engines import EngineRegistry
 
 METRIC_PREFIX = "reward/"  # reward/<name>: a source's raw mean; also the host extras' keys
@@ -66,7 +66,7 @@ class RewardBatch:
 class Scored:
   """A source's answer when it knows more than the values: ``correct`` [B] bool (the task's
   source), counts to log (summed over a step's rounds, e.g. ``reward/timeouts``) and failed
-  calls (``verifiers.FailureLog`` records)."""
+  calls (``checkers.FailureLog`` records)."""
   values: np.ndarray
   correct: Optional[np.ndarray] = None
   metrics: Mapping[str, float] = dataclasses.field(default_factory=dict)
@@ -184,13 +184,13 @@ def make_reward(config, tokenizer, model_cfg, mesh=None, *, task_only: bool = Fa
   factory called once. ``task_only``: the task's own source alone, weight 1 (evaluation needs
   only its correct flags); ``task``: that source (default: the config's, ``defaults.
   task_source``; the engine's kind decides where episodes are played outside ``env.name``)."""
-  task = task or defaults.task_source(_Facts(config))
-  weights = {} if task_only else defaults.reward_weights(config.reward.sources)
+  task = task or reward_spec.task_source(_Facts(config))
+  weights = {} if task_only else reward_spec.reward_weights(config.reward.sources)
   weights = weights or {task: 1.0}
   if task not in weights:
     weights = {task: 0.0, **weights}
-  whitened = {} if task_only else defaults.reward_normalize(config.reward.normalize)
-  clips = {} if task_only else defaults.reward_clip(config.reward.clip)
+  whitened = {} if task_only else reward_spec.reward_normalize(config.reward.normalize)
+  clips = {} if task_only else reward_spec.reward_clip(config.reward.clip)
   terms = []
   for name, weight in weights.items():
     factory = REWARD_SOURCES.get(name)
@@ -224,14 +224,14 @@ def without_source_values(extras: Mapping[str, Any]) -> dict:
 
 # --- the verifier ---------------------------------------------------------------------------------
 
-@register_reward_source(defaults.VERIFIER_SOURCE)
+@register_reward_source(reward_spec.VERIFIER_SOURCE)
 def verifier_source(config, tokenizer, model_cfg, mesh) -> Callable:
-  """The verifier ``reward.fn`` (``rljax.rewards.verifiers``): each completion checked against
+  """The verifier ``reward.fn`` (``rljax.rewards.checkers``): each completion checked against
   its problem in killable worker processes (``reward.timeout_s``, ``reward.workers``; 0 workers:
   in the trainer's process), ``1`` if
   correct else ``reward.wrong_value``, plus ``reward.format_weight`` if well formed; its counts
   ``reward/timeouts``, ``/errors``, ``/invalid`` and its correct flags."""
-  verify = verifiers.task_verifier(config.reward)
+  verify = checkers.task_verifier(config.reward)
 
   def score(batch: RewardBatch) -> Scored:
     scores = verify(list(batch.completions), list(batch.problems))

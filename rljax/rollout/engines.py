@@ -28,7 +28,7 @@ and ``continuous`` (at most ``rollout.max_concurrent_rows`` / ``kv_cache_bytes``
 per data shard, freed slots refilled: ``rljax.rollout.continuous``). Multi-turn
 drivers are engines too: ``@register_episode_engine("name")`` (chosen by ``env.engine``) wraps
 the base engine, ``factory(base, settings, tokenizer, prompt_bucket)``, and adds
-``episodes(problems, key, sampling, group_size)`` (``rljax.envs.engines``).
+``episodes(problems, key, sampling, group_size)`` (``rljax.envs.drivers``).
 """
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ import jax
 import numpy as np
 
 from rljax.errors import StartupError, UnknownNameError
-from rljax.keys import add_family
+from rljax.config.declare import add_family
 from rljax.models import lora, quantize
 from rljax.models.config import ModelConfig
 from rljax.rollout import sampler as sampler_lib
@@ -220,7 +220,7 @@ class EngineRegistry:
 ENGINES = EngineRegistry("rollout.engine")
 EPISODE_ENGINES = EngineRegistry("env.engine")
 add_family("rollout_engine", ENGINES)  # rollout.engine's check: registered("rollout_engine")
-add_family("episode_engine", EPISODE_ENGINES)  # env.engine's (filled by rljax.envs.engines)
+add_family("episode_engine", EPISODE_ENGINES)  # env.engine's (filled by rljax.envs.drivers)
 
 
 def register_engine(name: str) -> Callable:

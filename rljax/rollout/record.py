@@ -31,7 +31,7 @@ class Rollout:
     rewards: [B] float32, shaped outcome rewards ``R_i``.
     correct: [B] bool, the verifier's verdict.
     row_valid: [B] float32, 0 on rows that only pad the batch to its shape (dynamic sampling).
-  From scoring (``rljax.train.step.score``):
+  From scoring (``rljax.learner.step.score``):
     loss_mask: [B, T] float32, the tokens the losses see (mask x row_valid, after the overlong
       filter).
     old_logp: [B, T] policy log-probs before the update; None when the loss's own forward
@@ -50,7 +50,7 @@ class Rollout:
     are everything after the first prompt, the policy's turns *and* the environment's
     observations; ``mask`` (and ``sampler_logp`` / ``draw_logp``) cover policy tokens only; their
     ``extras`` add ``source`` [B, T] int32, who wrote each position (0 padding, 1 policy, 2
-    environment: ``rljax.train.step.sequence_inputs`` attends to every non-zero one), and per
+    environment: ``rljax.learner.step.sequence_inputs`` attends to every non-zero one), and per
     row ``env_turns``, ``env_tool_calls``, ``env_tool_errors`` [B] int32.
   """
   prompt_tokens: jax.Array

@@ -19,7 +19,7 @@ place): a host round trip costs a copy of the rows it touches, not one per step 
 admission.
 
 Which rows run together, and when, never changes a row's tokens: token ``t`` of a row's
-segment ``s`` (its ``s``-th sampler segment, see ``rljax.envs.continuous``) is drawn with
+segment ``s`` (its ``s``-th sampler segment, see ``rljax.envs.async_turns``) is drawn with
 ``fold_in(fold_in(key, s), t)`` at the noise counters of the row's index in the batch.
 """
 from __future__ import annotations

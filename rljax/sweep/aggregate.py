@@ -1,6 +1,6 @@
 """Aggregate a study from its runs' ``metrics.jsonl`` (and ``sweep_wall.json``): no re-running.
 
-Per run (``run_summary``), from the records of ``rljax.train.metrics``:
+Per run (``run_summary``), from the records of ``rljax.runs.metrics``:
 
 * ``final_accuracy``: the held-out greedy accuracy (``eval_accuracy``) of the last eval, at
   ``train.steps``; ``best_accuracy``: the largest ``eval_accuracy`` of the run, step 0 included;
@@ -44,7 +44,7 @@ import numpy as np
 
 from rljax.sweep import study as study_lib
 from rljax.sweep import runner
-from rljax.train.metrics import read_jsonl
+from rljax.runs.metrics import read_jsonl
 
 FINAL_WINDOW = 0.1  # fraction of the train steps that the final_* metrics average over
 LEVEL = 0.95

@@ -47,12 +47,13 @@ import threading
 import time
 from typing import Callable, Iterable
 
-from rljax import config_loader, defaults, lifetime
+from rljax.config import loader as config_loader, conditions, table
+from rljax import lifetime
 from rljax.sweep import study as study_lib
-from rljax.train import run_dir as run_dir_lib
+from rljax.runs import run_dir as run_dir_lib
 from rljax.train import sft
-from rljax.train.metrics import read_jsonl
-from rljax.train.run_dir import flatten_config
+from rljax.runs.metrics import read_jsonl
+from rljax.runs.run_dir import flatten_config
 
 WALL_FILE = "sweep_wall.json"  # per run dir: wall time and exit status of each attempt
 LOG_FILE = "sweep.log"  # per run dir: stdout and stderr of the train subprocess
@@ -106,7 +107,7 @@ def plan_runs(study: study_lib.Study, root: str,
       per_run = (("train.progress", "false"),) + extra + (
           ("seed", str(seed)), ("data.train_seed", str(seed)), ("train.run_dir", run_dir))
       config = study_lib.variant_config(study, variant, per_run)
-      if set(config.train.loggers) & set(defaults.TRACKERS):
+      if set(config.train.loggers) & set(conditions.TRACKERS):
         # W&B/MLflow runs of a study: one group per study, named by variant and seed.
         per_run += (("train.tracker_group", study.name),
                     ("train.tracker_run_name", f"{study.name}/{variant.name}/seed{seed}"))
@@ -194,7 +195,7 @@ _MISSING = "<missing>"
 
 def _default_config() -> dict:
   """Today's framework defaults, flattened as a run's saved config is."""
-  return flatten_config(json.loads(defaults.get_config().to_json_best_effort()))
+  return flatten_config(json.loads(table.get_config().to_json_best_effort()))
 
 
 def _wanted_config(spec: RunSpec, config_path: str) -> dict:
@@ -359,7 +360,7 @@ def _run_child(argv, log, env) -> int | None:
 
 def shared_cache_env(root: str) -> dict[str, str]:
   """The environment that gives every run of a sweep one compilation cache, ``<root>/_xla_cache``
-  (rljax.train.compilation_cache): a study's runs compile the same programs, so only the first
+  (rljax.runs.compilation_cache): a study's runs compile the same programs, so only the first
   compiles them. A ``JAX_COMPILATION_CACHE_DIR`` the user set is kept."""
   if os.environ.get("JAX_COMPILATION_CACHE_DIR"):
     return {}

@@ -17,7 +17,7 @@ A study is a Python file (``experiments/studies/<name>.py``) whose ``get_study()
 
 Overrides are ``--config.KEY=VALUE`` pairs of the normal CLI: values may be written as strings
 (as on the command line) or as Python values (bools, numbers, None, tuples), which are rendered
-the way ``rljax.config_loader.parse_value`` reads them back.
+the way ``rljax.config.loader.parse_value`` reads them back.
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ import numbers
 import os
 from typing import Any, Iterable, Mapping, Sequence
 
-from rljax import config_loader
+from rljax.config import loader as config_loader
 from rljax.errors import RljaxError
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -24,7 +24,7 @@ import signal
 from rljax.errors import ArgumentParser
 from rljax.sweep import aggregate, plots, runner
 from rljax.sweep import study as study_lib
-from rljax.train.preemption import Stop
+from rljax.runs.preemption import Stop
 
 
 def parse_args(argv):

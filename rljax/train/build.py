@@ -14,12 +14,14 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from rljax import config_checks, models
+from rljax.config import checks as config_checks
+from rljax import models
 from rljax import rollout as rollout_lib
 from rljax.algorithm import Algorithm, resolve
 from rljax.data import datasets, prompt_policy, tokenizer as tokenizer_lib
-from rljax.envs import engines as _episode_engines  # noqa: F401 (registers env.engine's)
-from rljax.defaults import ENV_SOURCE, REWARD_MODEL_SOURCE, VERIFIER_SOURCE, reward_weights
+from rljax.envs import drivers as _episode_engines  # noqa: F401 (registers env.engine's)
+from rljax.config.reward_spec import (ENV_SOURCE, REWARD_MODEL_SOURCE, VERIFIER_SOURCE,
+                                      reward_weights)
 from rljax.envs.episodes import EnvSettings
 from rljax.envs.failures import FailureReport
 from rljax.errors import ModelFileError, RljaxError, StartupError
@@ -30,21 +32,21 @@ from rljax.models.source import (POLICY_SOURCES, ModelSource, check_same_tokeniz
                                  run_config)
 from rljax.parallel import distributed, mesh as mesh_lib, rules
 from rljax.rewards import sources as reward_sources
-from rljax.rewards import gold, reward_model, verifiers
+from rljax.rewards import gold, reward_model, checkers
 from rljax.rollout.engines import (ENGINES, EPISODE_ENGINES, EpisodeEngine, Placement,
                                    RolloutEngine)
-from rljax.train import run_dir as run_dir_lib
+from rljax.runs import run_dir as run_dir_lib
 from rljax.train import selective
 from rljax.train import sft
-from rljax.train import state as state_lib
-from rljax.train import step as step_lib
-from rljax.train import trackers
-from rljax.train import update as update_lib
-from rljax.train.checkpoint import Checkpointer
+from rljax.learner import state as state_lib
+from rljax.learner import step as step_lib
+from rljax.runs import trackers
+from rljax.learner import update as update_lib
+from rljax.runs.checkpoint import Checkpointer
 from rljax.train.generation import Generator
-from rljax.train.metrics import MetricsWriter, write_eval_table
-from rljax.train.plot import plot_rewards_vs_kl, plot_run
-from rljax.train.state import TrainState, create_state, make_optimizer, total_updates
+from rljax.runs.metrics import MetricsWriter, write_eval_table
+from rljax.runs.plot import plot_rewards_vs_kl, plot_run
+from rljax.learner.state import TrainState, create_state, make_optimizer, total_updates
 
 
 def engine_placement(model_cfg: ModelConfig, mesh, learner_mesh=None) -> Placement:
@@ -141,7 +143,7 @@ def _same_dir(a: str, b: str) -> bool:
 
 def check_model_keys(config, algo: Algorithm, tokenizer) -> Algorithm:
   """The keys read only by some architectures (``read_if`` over the model in
-  rljax/defaults.py: MoE settings on a model without MoE layers, 'tiny' sizes with a checkpoint
+  rljax/config/table.py: MoE settings on a model without MoE layers, 'tiny' sizes with a checkpoint
   source), and ``algo.router_aux_coef``'s default: None takes the checkpoint's
   ``router_aux_loss_coef``."""
   model_cfg = resolve_model_config(config, tokenizer)
@@ -436,7 +438,7 @@ def make_generator(config, engine: RolloutEngine, tokenizer, source,
     task = ENV_SOURCE
   reward = _startup(functools.partial(reward_sources.make_reward, task_only=task_only, task=task),
                     config, tokenizer, engine.model_cfg, mesh)
-  log = None if failure_log is None else verifiers.FailureLog(failure_log, r.max_logged_failures)
+  log = None if failure_log is None else checkers.FailureLog(failure_log, r.max_logged_failures)
   return Generator(engine=engine, tokenizer=tokenizer, reward=reward,
                    prompt_bucket=config.data.prompt_bucket, overlong_buffer=r.overlong_buffer,
                    overlong_penalty=r.overlong_penalty,
@@ -467,7 +469,7 @@ def _startup(fn, *args):
 
 
 def check_reward_fn(config) -> None:
-  _startup(verifiers.get_reward_fn, config.reward.fn)
+  _startup(checkers.get_reward_fn, config.reward.fn)
 
 
 def _check_model_files(config, algo: Algorithm, tokenizer) -> None:
@@ -621,7 +623,7 @@ def build_run(config, prepared: Prepared | None = None) -> Run:
   engine = make_engine(config, model_cfg, prepared.sampler_mesh or mesh, tokenizer,
                        learner_mesh=mesh)
   generator = make_generator(
-      config, engine, tokenizer, source, failure_log=os.path.join(run_dir, verifiers.FAILURE_LOG),
+      config, engine, tokenizer, source, failure_log=os.path.join(run_dir, checkers.FAILURE_LOG),
       env_failure_log=os.path.join(run_dir, run_dir_lib.ENV_FAILURES_FILE), mesh=mesh)
   return Run(config=config, algo=algo, generator=generator, source=source, fns=compiled,
              state=state, sampling=sampling_params(config, tokenizer), writer=writer,

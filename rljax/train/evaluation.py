@@ -13,14 +13,15 @@ import jax
 import ml_collections
 import numpy as np
 
-from rljax import config_checks, models
+from rljax.config import checks as config_checks
+from rljax import models
 from rljax.data import datasets, prompt_policy, tokenizer as tokenizer_lib
 from rljax.envs.checks import check_env_startup
-from rljax.rewards import verifiers
+from rljax.rewards import checkers
 from rljax.models.source import check_same_tokenizer, run_config
 from rljax.train import build, generation
 from rljax.train.build import load_run_params
-from rljax.train.run_dir import RunDirError
+from rljax.runs.run_dir import RunDirError
 from rljax.parallel import mesh as mesh_lib
 
 EVAL_BATCH = 128  # problems per sampler call
@@ -126,7 +127,7 @@ def evaluate(generator: generation.Generator, params, problems, *, sampling, see
     correct.append(part.correct[:n])
     if "env_turns" in part.extras:
       episodes.append({k: np.asarray(part.extras[f"env_{k}"][:n]) for k in EPISODE_METRICS[:3]})
-    answers.extend(verifiers.final_answer(c) for c in completions[:n])
+    answers.extend(checkers.final_answer(c) for c in completions[:n])
   correct = np.concatenate(correct).reshape(len(problems), samples)
   result = {"pass@1": float(correct[:, 0].mean()) if greedy else float(correct.mean())}
   if episodes:

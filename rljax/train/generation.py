@@ -35,7 +35,7 @@ class Generator:
   # rljax.envs.failures.FailureReport: told of every multi-turn batch (its failed episodes
   # logged, sampled into the run dir, the run stopped if the first batch all failed).
   env_failures: Any = None
-  # rljax.rewards.verifiers.FailureLog: where the sources' failed calls are sampled (None: not
+  # rljax.rewards.checkers.FailureLog: where the sources' failed calls are sampled (None: not
   # written; each batch's failures are still logged in one line).
   failure_log: Any = None
 
@@ -55,7 +55,7 @@ def generate(gen: Generator, params, problems, key, sampling: rollout_lib.Sampli
   (the task source's) and ``row_valid`` added and each source's raw scores in its host
   ``extras['reward/<name>']``, the decoded completions, and the sources' counts
   (``reward/timeouts``, ``/errors``, ``/invalid`` of the verifier). A multi-turn engine runs
-  episodes in its environment (``rljax.envs.engines``; its reward is the source ``env``): the
+  episodes in its environment (``rljax.envs.drivers``; its reward is the source ``env``): the
   transcripts after the prompts, and the ``env/*`` counts.
   ``params``: weights the engine reads (``engine.transfer``'s), loaded first; None: the ones it
   holds. ``newest``: ``() -> (version, weights)``; with ``gen.inflight_chunk`` the completions are

@@ -20,10 +20,12 @@ from rljax.parallel import distributed, rules
 from rljax.envs.checks import check_env_startup
 from rljax.rewards import sources as reward_sources
 from rljax.rollout.sampler import Rollout
-from rljax.train import actors, build, compilation_cache, evaluation, filters, generation
-from rljax.train import preemption, rlhf
-from rljax.train import run_dir as run_dir_lib
-from rljax.train.metrics import summarize
+from rljax.train import actors, build, evaluation, filters, generation
+from rljax.runs import compilation_cache
+from rljax.runs import preemption
+from rljax.train import rlhf
+from rljax.runs import run_dir as run_dir_lib
+from rljax.runs.metrics import summarize
 from rljax.transforms import HostRollout
 from rljax.models import attention
 

@@ -8,7 +8,7 @@ optimizer (``optim.*``). Each step takes ``rm.batch_size`` pairs of ``rm.train_f
 minimises the Bradley-Terry loss; the held-out pairs (``rm.eval_file``, else
 ``rm.eval_fraction`` of the training file) give the pairwise accuracy.
 
-The run directory (``train.run_dir``, held like an RL run's: ``rljax.train.run_dir``) holds
+The run directory (``train.run_dir``, held like an RL run's: ``rljax.runs.run_dir``) holds
 ``config.json``, ``metrics.jsonl`` (``rm/loss``, ``rm/accuracy``; ``rm/eval_accuracy``,
 ``rm/eval_margin``), ``checkpoints/`` (orbax: step, parameters, optimizer state; resumed with
 ``train.resume=True``), and a ``transformers`` ``*ForSequenceClassification`` export of every
@@ -35,10 +35,11 @@ from rljax.models.config import compute_dtype, read_hf_config, run_settings
 from rljax.models.source import POLICY_SOURCES, parse_source
 from rljax.parallel import distributed, mesh as mesh_lib, rules
 from rljax.rewards import reward_model
-from rljax.train import build, run_dir as run_dir_lib, sft, trackers
-from rljax.train.checkpoint import Checkpointer
-from rljax.train.metrics import MetricsWriter
-from rljax.train.state import make_optimizer
+from rljax.train import build, sft
+from rljax.runs import run_dir as run_dir_lib, trackers
+from rljax.runs.checkpoint import Checkpointer
+from rljax.runs.metrics import MetricsWriter
+from rljax.learner.state import make_optimizer
 
 
 def bradley_terry(chosen, rejected):

@@ -25,7 +25,7 @@ from rljax.data import datasets
 from rljax.envs import tools, validate
 from rljax.envs.episodes import message_turns
 from rljax.models import transformer
-from rljax.train.run_dir import flatten_config
+from rljax.runs.run_dir import flatten_config
 
 STAMP_FILE = "rljax_sft_stamp.json"
 

@@ -34,7 +34,7 @@ import dataclasses
 from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
 from rljax.algos.registry import Registry
-from rljax.keys import add_family
+from rljax.config.declare import add_family
 from rljax.algos.registry import LOSS_AGGS, POLICY_LOSSES
 
 Metrics = Dict[str, Any]

@@ -191,7 +191,7 @@ def test_controller_non_strict_is_trl_and_respects_bounds(x64):
 
 
 def test_controller_state_survives_a_checkpoint_round_trip(tmp_path):
-  from rljax.train.checkpoint import Checkpointer
+  from rljax.runs.checkpoint import Checkpointer
   state = entropy.entropy_ctrl_init(0.001)
   fresh = {"ent_ctrl": state}
   state = entropy.entropy_ctrl_step(state, 0.15, **SKYWORK)

@@ -16,10 +16,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rljax import config_loader
+from rljax.config import loader as config_loader
 from rljax.algos import value as value_lib
 from rljax.algorithm import hparams_tree, resolve
-from rljax.defaults import KEYS
+from rljax.config.table import KEYS
 from rljax.errors import UnusedKeyError
 from rljax.rewards import shaping
 from rljax.rollout.record import Rollout
@@ -40,7 +40,7 @@ def _candidates(key, d):
   if key.check.options:
     return [o for o in key.check.options if o != d]
   if key.check.family:
-    from rljax.keys import registry_names
+    from rljax.config.declare import registry_names
     return [n for n in registry_names(key.check.family) if n != d]
   if kind is bool:
     return [not d]
@@ -109,7 +109,7 @@ def fingerprint(config):
   if config.algo.selective_rollout:
     out.append(_selective_fingerprint(config, np.asarray(x["rewards"] > 0)))
   mask, token_rewards = x["mask"], None
-  if algo.old_logp == "sampler":  # as rljax.train.step.score takes them
+  if algo.old_logp == "sampler":  # as rljax.learner.step.score takes them
     x["old_logp"] = x["sampler_logp"]
   if algo.kl_placement == "reward":
     import rljax.algos as algos

@@ -25,11 +25,11 @@ def _registering_modules():
 
 def test_every_registering_module_is_imported_by_its_package():
   modules = _registering_modules()
-  assert {"rljax.algos.losses", "rljax.transforms.kl_coef", "rljax.rewards.verifiers"} <= set(
+  assert {"rljax.algos.losses", "rljax.transforms.kl_coef", "rljax.rewards.checkers"} <= set(
       modules)
   # A fresh interpreter: what the config checks import (they load every registry the key
   # declarations name), nothing a test did.
-  code = ("import sys, rljax.config_checks; "
+  code = ("import sys, rljax.config.checks; "
           f"print([m for m in {modules!r} if m not in sys.modules])")
   out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                        cwd=os.path.dirname(ROOT))

@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 import reasoning_gym
 
-from rljax import cli, config_loader
-from rljax.config_checks import ConfigError, check_config
+from rljax import cli
+from rljax.config import loader as config_loader
+from rljax.config.checks import ConfigError, check_config
 from rljax.data import datasets, is_eval_prompt, tasks
 from rljax.errors import DataError, UnusedKeyError
 from rljax.rewards import score_completions

@@ -12,8 +12,9 @@ import jax
 import numpy as np
 import pytest
 
-from rljax import cli, config_loader
-from rljax.config_checks import ConfigError
+from rljax import cli
+from rljax.config import loader as config_loader
+from rljax.config.checks import ConfigError
 from rljax.data.tasks import Problem
 from rljax.data.tokenizer import load_tokenizer
 from rljax.envs import ENVS, register_env

@@ -11,15 +11,15 @@ import pytest
 from rljax import models
 from rljax.data.tasks import make_task
 from rljax.data.tokenizer import CharTokenizer
-from rljax.defaults import get_config
+from rljax.config.table import get_config
 from rljax.envs import ENVS, Environment, StepResult, register_env
 from rljax.envs.episodes import (SOURCE_ENV, SOURCE_PAD, SOURCE_POLICY, EnvSettings, _row_bucket,
                                 run_episodes, stop_ids)
-from rljax.models import llama
+from rljax.models import transformer
 from rljax.rollout import sampler
 from rljax.rollout.record import Rollout
 from rljax.rollout.sampling import SamplingParams
-from rljax.train import step as step_lib
+from rljax.learner import step as step_lib
 
 TOK = CharTokenizer()
 TALKER = "test_talker"
@@ -215,7 +215,7 @@ def test_sequence_inputs_attends_to_environment_tokens():
   policy tokens (float32): it sees the observations. Without ``source`` (the observations
   masked out of the attention) the policy tokens after them get other log-probs."""
   cfg = tiny_model_config()
-  params = llama.init_params(cfg, seed=0)
+  params = transformer.init_params(cfg, seed=0)
 
   def generate(tokens, mask, key, sp, group_size):
     return jax.tree.map(np.asarray, sampler.sample(cfg, params, tokens, mask, key, sp,

@@ -5,7 +5,7 @@ import pytest
 from rljax.data.tasks import make_task
 from rljax.data.tokenizer import CharTokenizer
 from rljax.envs import StepResult, env_names, make_env, register_env, unregister_env
-from rljax.defaults import KEY_BY_NAME
+from rljax.config.table import KEY_BY_NAME
 from rljax.envs.base import Environment
 from rljax.errors import UnknownNameError
 from rljax.train import sft

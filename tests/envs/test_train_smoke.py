@@ -6,8 +6,9 @@ import os
 
 import pytest
 
-from rljax import cli, config_loader
-from rljax.config_checks import ConfigError, check_config
+from rljax import cli
+from rljax.config import loader as config_loader
+from rljax.config.checks import ConfigError, check_config
 from tests.train import tiny
 
 TINY = {
@@ -20,7 +21,7 @@ TINY = {
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("engine", ["turn_sync", "continuous"])
+@pytest.mark.parametrize("engine", ["turn_sync", "async_turns"])
 def test_guess_two_steps(tmp_path, engine):
   run_dir = str(tmp_path / "run")
   args = ["train", "--config", os.path.join(tiny.ROOT, "configs", "guess.py")]
@@ -61,12 +62,12 @@ def test_env_key_checks():
                                      [("env.max_turns", "3")])
   with pytest.raises(ConfigError, match=r"env.max_turns=3 is not used: rollouts are single-turn"):
     check_config(single)
-  with pytest.raises(ConfigError, match=r"env.slots=8 is not used: only env.engine='continuous'"):
+  with pytest.raises(ConfigError, match=r"env.slots=8 is not used: only env.engine='async_turns'"):
     check_config(_config(**{"env.slots": 8}))
-  check_config(_config(**{"env.slots": 8, "env.engine": "continuous"}))
+  check_config(_config(**{"env.slots": 8, "env.engine": "async_turns"}))
   single = config_loader.load_config(os.path.join(tiny.ROOT, "configs", "grpo.py"),
-                                     [("env.engine", "continuous")])
-  with pytest.raises(ConfigError, match=r"env.engine='continuous' is not used"):
+                                     [("env.engine", "async_turns")])
+  with pytest.raises(ConfigError, match=r"env.engine='async_turns' is not used"):
     check_config(single)
   with pytest.raises(ConfigError, match=r"env.turn_discount=0.9 is not used: algo.advantage="
                                         r"'grpo' reads one reward per episode; .*reinforce_pp"):
@@ -75,7 +76,7 @@ def test_env_key_checks():
   with pytest.raises(ConfigError, match=r"model.router_replay='R3' .*env.name='guess'.*'R2'"):
     check_config(_config(**{"model.router_replay": "R3"}))
   check_config(_config(**{"model.router_replay": "R2"}))
-  with pytest.raises(ConfigError, match=r"env.engine.*continuous, turn_sync"):
+  with pytest.raises(ConfigError, match=r"env.engine.*async_turns, turn_sync"):
     check_config(_config(**{"env.engine": "async"}))
   with pytest.raises(ConfigError, match="registered environment name: .*guess.*tool_calc"):
     check_config(_config(**{"env.name": "gues"}))

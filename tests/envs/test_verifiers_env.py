@@ -14,8 +14,9 @@ import jax
 import numpy as np
 import pytest
 
-from rljax import cli, config_loader
-from rljax.config_checks import ConfigError, check_config
+from rljax import cli
+from rljax.config import loader as config_loader
+from rljax.config.checks import ConfigError, check_config
 from rljax.data import datasets
 from rljax.data.tokenizer import CharTokenizer, load_tokenizer
 from rljax.envs import verifiers_demo

@@ -11,7 +11,7 @@ import pytest
 
 from rljax import models
 from rljax.models import attention as attn
-from rljax.models import llama
+from rljax.models import transformer
 from tests import hf_models
 
 B, T, H, G, DH = 3, 150, 4, 2, 8
@@ -164,7 +164,7 @@ MODEL_BACKENDS = ["xla", "blockwise", "pallas"]
 
 @functools.lru_cache(maxsize=None)
 def _model_logits(cfg):
-  return jax.jit(functools.partial(llama.logits, cfg))
+  return jax.jit(functools.partial(transformer.logits, cfg))
 
 
 @pytest.fixture(scope="module")
@@ -198,7 +198,7 @@ def test_remat_policies_and_old_spellings():
 
 
 def _nll(cfg, params, tokens, mask):
-  logits = llama.logits(cfg, params, tokens, mask)[:, :-1]
+  logits = transformer.logits(cfg, params, tokens, mask)[:, :-1]
   logp = jax.nn.log_softmax(logits, -1)
   picked = jnp.take_along_axis(logp, tokens[:, 1:, None], -1)[..., 0]
   # Only predictions made at valid positions (a padded query's output is unspecified).
@@ -228,17 +228,17 @@ def test_remat_keeps_the_named_self_attention_kernel():
   cfg = models.ModelConfig(vocab_size=50, hidden_size=32, intermediate_size=64, num_layers=1,
                            num_heads=4, num_kv_heads=2, head_dim=8, remat="full",
                            attention="pallas")
-  params = jax.jit(lambda: llama.init_params(cfg))()
+  params = jax.jit(lambda: transformer.init_params(cfg))()
   tokens, mask = jnp.ones((2, 16), jnp.int32), jnp.ones((2, 16), jnp.int32)
   calls = []
   kernel = attn.splash_attention
   with mock.patch.object(attn, "splash_attention",
                          lambda *a, **k: calls.append(1) or kernel(*a, **k)):
     # remat wraps the forward too; jitted (one program), as the train step runs it
-    jax.jit(functools.partial(llama.logits, cfg))(params, tokens, mask)
+    jax.jit(functools.partial(transformer.logits, cfg))(params, tokens, mask)
   assert len(calls) == cfg.num_layers
-  cache = llama.init_cache(cfg, 2, 20)
-  step = jax.jit(lambda p, i: llama.cached_step(cfg, p, tokens[:, :1], jnp.zeros((2, 1), jnp.int32),
+  cache = transformer.init_cache(cfg, 2, 20)
+  step = jax.jit(lambda p, i: transformer.cached_step(cfg, p, tokens[:, :1], jnp.zeros((2, 1), jnp.int32),
                                                  cache, i, jnp.ones((2, 20), jnp.int32)))
   assert step(params, 3)[0].shape == (2, 1, 32)
 
@@ -275,10 +275,10 @@ def test_cudnn_rows_are_aligned_once_per_forward(monkeypatch):
   cfg = models.ModelConfig(**kw, num_layers=2, attention="cudnn")
   # Init, forwards and gradients jitted: op by op, every op compiles on its own, several times
   # slower than one program.
-  params = jax.jit(lambda: llama.init_params(cfg))()
+  params = jax.jit(lambda: transformer.init_params(cfg))()
   ref = cfg.replace(attention="xla")
   valid = np.asarray(mask, bool)
-  got, want = (np.asarray(jax.jit(ft.partial(llama.logits, c))(params, tokens, mask))
+  got, want = (np.asarray(jax.jit(ft.partial(transformer.logits, c))(params, tokens, mask))
                for c in (cfg, ref))
   assert np.abs(got - want)[valid].max() <= 1e-5
   g_got, g_want = (jax.tree.leaves(jax.jit(jax.grad(ft.partial(_nll, c)))(params, tokens, mask))
@@ -289,7 +289,7 @@ def test_cudnn_rows_are_aligned_once_per_forward(monkeypatch):
   def gathers(num_layers):  # in the compiled forward (rotating in every layer: 4 per layer)
     import re
     c = cfg.replace(num_layers=num_layers)
-    shapes = jax.eval_shape(lambda: llama.init_params(c))  # lowering needs only the shapes
-    hlo = jax.jit(ft.partial(llama.logits, c)).lower(shapes, tokens, mask).compile().as_text()
+    shapes = jax.eval_shape(lambda: transformer.init_params(c))  # lowering needs only the shapes
+    hlo = jax.jit(ft.partial(transformer.logits, c)).lower(shapes, tokens, mask).compile().as_text()
     return len(re.findall(r"= \S+ gather\(", hlo))
   assert gathers(1) == gathers(3)

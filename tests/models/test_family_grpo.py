@@ -9,10 +9,11 @@ import jax
 import numpy as np
 import pytest
 
-from rljax import config_loader, models
+from rljax.config import loader as config_loader
+from rljax import models
 from rljax.algorithm import resolve
 from rljax.train import build
-from rljax.train import step as step_lib
+from rljax.learner import step as step_lib
 from tests.train import tiny
 
 VOCAB, B, PW, T = 57, 8, 6, 8

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from rljax import models
-from rljax.models import llama
+from rljax.models import transformer
 from rljax.rollout import SamplingParams, process_logits, sample
 from tests import hf_models
 
@@ -63,7 +63,7 @@ def test_greedy_equals_transformers_generate(arch, hf_dirs):
 def _teacher_forced_logits(cfg, params, r):
   full = np.concatenate([r.prompt_tokens, r.tokens], 1)
   full_mask = np.concatenate([r.prompt_mask, r.mask], 1)
-  logits = np.asarray(jax.jit(llama.logits, static_argnums=0)(cfg, params, full, full_mask))
+  logits = np.asarray(jax.jit(transformer.logits, static_argnums=0)(cfg, params, full, full_mask))
   p = r.prompt_tokens.shape[1]
   return logits[:, p - 1:-1]  # [B, T, V]: position P-1+t predicts completion token t
 

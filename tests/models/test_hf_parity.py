@@ -10,10 +10,10 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from rljax import models
-from rljax.models import llama
+from rljax.models import transformer
 from tests import hf_models
 
-_logits = jax.jit(llama.logits, static_argnums=0)
+_logits = jax.jit(transformer.logits, static_argnums=0)
 
 
 @pytest.mark.parametrize("arch", hf_models.ARCHS)
@@ -96,10 +96,10 @@ def test_value_model_starts_from_policy_trunk(hf_dirs, left_padded_batch):
   cfg, policy = models.load_hf(hf_dirs["qwen2"])
   _, critic = models.load_hf(hf_dirs["qwen2"], head="value")
   assert "lm_head" not in critic and critic["value_head"]["kernel"].shape == (64, 1)
-  h_policy = llama.forward(cfg, policy, tokens, mask)
-  h_critic = llama.forward(cfg, critic, tokens, mask, head="value")
+  h_policy = transformer.forward(cfg, policy, tokens, mask)
+  h_critic = transformer.forward(cfg, critic, tokens, mask, head="value")
   np.testing.assert_array_equal(np.asarray(h_policy), np.asarray(h_critic))
-  values = llama.bind(cfg, critic, head="value").values(h_critic)
+  values = transformer.bind(cfg, critic, head="value").values(h_critic)
   assert values.shape == tokens.shape and np.isfinite(np.asarray(values)).all()
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from configs import base
 from rljax import algos
-from rljax.models import llama, transformer
+from rljax.models import transformer
 from rljax import plan as plan_lib
 
 MiB = 2 ** 20
@@ -36,13 +36,13 @@ def setup():
   c.rollout.prompts_per_step, c.rollout.group_size, c.rollout.max_new_tokens = 1, 1, 512
   c.algo.kl_placement = "none"
   _, cfg = plan_lib.model_config(c)
-  return c, cfg, llama.init_params(cfg)
+  return c, cfg, transformer.init_params(cfg)
 
 
 @functools.lru_cache(maxsize=None)
 def _compiled(cfg, length):
   spec = jax.ShapeDtypeStruct((1, length), jnp.int32)
-  params = jax.eval_shape(functools.partial(llama.init_params, cfg))
+  params = jax.eval_shape(functools.partial(transformer.init_params, cfg))
   return jax.jit(jax.grad(functools.partial(_loss, cfg))).lower(params, spec, spec).compile()
 
 

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rljax.models import ModelConfig, llama
+from rljax.models import ModelConfig, transformer
 from tests.models.test_long_sequence import _loss  # the policy-gradient path, one definition
 
 # Tiny, with GQA (4/2), two blocks of 4 for the blockwise attention, and left padding.
@@ -22,7 +22,7 @@ T = 12
 
 @pytest.fixture(scope="module")
 def inputs():
-  params = llama.init_params(CFG, seed=1)
+  params = transformer.init_params(CFG, seed=1)
   tokens = jnp.asarray(np.random.default_rng(0).integers(3, 64, (2, T)), jnp.int32)
   mask = jnp.ones((2, T), jnp.int32).at[0, :5].set(0).at[1, :1].set(0)
   return params, tokens, mask
@@ -37,7 +37,7 @@ def _rel_err(a, b):
 def _logits_and_grad(cfg, params, tokens, mask):
   """Logits and the gradient of a loss that touches every position (masked-mean squared)."""
   def loss(p):
-    out = llama.logits(cfg, p, tokens, mask)
+    out = transformer.logits(cfg, p, tokens, mask)
     return ((out * mask[..., None]) ** 2).mean(), out
   (_, out), grad = jax.value_and_grad(loss, has_aux=True)(params)
   return out, grad
@@ -61,13 +61,13 @@ def test_scanned_forward_and_gradient_equal_unrolled(inputs, remat):
 
 @functools.partial(jax.jit, static_argnums=0)
 def _values(cfg, params, tokens, mask):
-  return llama.bind(cfg, params, "value").values(
-      llama.forward(cfg, params, tokens, mask, head="value"))
+  return transformer.bind(cfg, params, "value").values(
+      transformer.forward(cfg, params, tokens, mask, head="value"))
 
 
 def test_value_head_scanned_equals_unrolled(inputs):
   _, tokens, mask = inputs
-  params = llama.init_params(CFG, seed=2, head="value")
+  params = transformer.init_params(CFG, seed=2, head="value")
   want = _values(CFG, params, tokens, mask)
   got = _values(CFG.replace(scan_layers=True), params, tokens, mask)
   assert got.shape == (2, T)
@@ -79,13 +79,13 @@ def test_scan_leaves_parameter_tree_and_cached_path_alone(inputs):
   loop and matches the cache-free scanned forward on the valid positions."""
   params, tokens, mask = inputs
   scan = CFG.replace(scan_layers=True)
-  assert jax.tree.structure(llama.param_shapes(scan)) == jax.tree.structure(params)
-  assert llama.logical_axes(scan) == llama.logical_axes(CFG)
-  prefill = jax.jit(functools.partial(llama.cached_step, scan), static_argnums=4)
-  hidden, new_cache = prefill(params, tokens, llama.positions_from_mask(mask),
-                              llama.init_cache(scan, 2, T), 0, mask)
+  assert jax.tree.structure(transformer.param_shapes(scan)) == jax.tree.structure(params)
+  assert transformer.logical_axes(scan) == transformer.logical_axes(CFG)
+  prefill = jax.jit(functools.partial(transformer.cached_step, scan), static_argnums=4)
+  hidden, new_cache = prefill(params, tokens, transformer.positions_from_mask(mask),
+                              transformer.init_cache(scan, 2, T), 0, mask)
   assert len(new_cache) == CFG.num_layers
-  full = jax.jit(functools.partial(llama.forward, scan))(params, tokens, mask)
+  full = jax.jit(functools.partial(transformer.forward, scan))(params, tokens, mask)
   valid = np.asarray(mask, bool)
   assert float(np.abs(np.asarray(hidden - full))[valid].max()) <= 1e-5
 
@@ -104,7 +104,7 @@ MEM_T = 1024
 
 def _temp_bytes(cfg):
   spec = jax.ShapeDtypeStruct((1, MEM_T), jnp.int32)
-  params = jax.eval_shape(functools.partial(llama.init_params, cfg))
+  params = jax.eval_shape(functools.partial(transformer.init_params, cfg))
   compiled = jax.jit(jax.grad(functools.partial(_loss, cfg))).lower(params, spec, spec).compile()
   return compiled.memory_analysis().temp_size_in_bytes
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from rljax import models
-from rljax.models import llama
+from rljax.models import transformer
 from rljax.rollout import SamplingParams, sample
 from tests import hf_models
 
@@ -52,12 +52,12 @@ def test_logits_match_transformers_with_window(backend, mistral_dir, batch):
   tokens, mask = batch
   cfg, params = models.load_hf(mistral_dir)
   cfg = cfg.replace(attention=backend)
-  ours = np.asarray(jax.jit(llama.logits, static_argnums=0)(cfg, params, tokens, mask))
+  ours = np.asarray(jax.jit(transformer.logits, static_argnums=0)(cfg, params, tokens, mask))
   theirs = hf_models.hf_logits(mistral_dir, tokens, mask)
   valid = mask.astype(bool)
   assert np.abs(ours - theirs)[valid].max() <= 1e-4
   # The window matters here: without it the logits are far off.
-  unwindowed = np.asarray(llama.logits(cfg.replace(sliding_window=None), params, tokens, mask))
+  unwindowed = np.asarray(transformer.logits(cfg.replace(sliding_window=None), params, tokens, mask))
   assert np.abs(unwindowed - theirs)[valid].max() > 1e-2
 
 
@@ -67,7 +67,7 @@ def test_export_writes_the_window(mistral_dir, batch, tmp_path):
   models.save_hf(str(tmp_path), cfg, params)
   with open(os.path.join(tmp_path, "config.json")) as f:
     assert json.load(f)["sliding_window"] == WINDOW
-  ours = np.asarray(llama.logits(cfg, params, tokens, mask))
+  ours = np.asarray(transformer.logits(cfg, params, tokens, mask))
   reloaded = hf_models.hf_logits(str(tmp_path), tokens, mask)
   assert np.abs(ours - reloaded)[mask.astype(bool)].max() <= 1e-4
 

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from rljax.train import metrics as metrics_lib
+from rljax.runs import metrics as metrics_lib
 from tests.parallel.conftest import run_script
 from tests.parallel.scripts import async_placement
 

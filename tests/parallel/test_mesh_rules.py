@@ -7,7 +7,7 @@ import optax
 import pytest
 from jax.sharding import AbstractMesh, NamedSharding, PartitionSpec as P
 
-from rljax.models import llama, transformer
+from rljax.models import transformer
 from rljax.models.config import ModelConfig
 from rljax.parallel import distributed, mesh as mesh_lib, rules
 from tests.parallel.conftest import REPO
@@ -56,7 +56,7 @@ def test_mesh_shape_errors_name_the_key(cfg, n, match):
 
 
 def test_mesh_axes_are_the_mesh_config_keys():
-  from rljax.defaults import KEYS
+  from rljax.config.table import KEYS
   assert (tuple(k.name[len("mesh."):] for k in KEYS if k.section == "mesh")
           == mesh_lib.AXES + ("cpu_devices",) + mesh_lib.PLACEMENT)
 
@@ -70,7 +70,7 @@ def test_mesh_axes_are_the_mesh_config_keys():
     ({}, 1, 1), ({"mesh.cpu_devices": "3"}, 2, 3), ({"mesh.cpu_devices": "0"}, 2, 0),
 ])
 def test_cpu_devices_one_per_core_that_the_rows_split_over(overrides, cores, want):
-  from rljax import config_loader
+  from rljax.config import loader as config_loader
   config = config_loader.load_config(os.path.join(REPO, "configs", "grpo.py"),
                                      list(overrides.items()))
   assert mesh_lib.cpu_devices(config, cores) == want
@@ -79,7 +79,7 @@ def test_cpu_devices_one_per_core_that_the_rows_split_over(overrides, cores, wan
 def test_cpu_devices_left_alone_once_jax_started():
   """In this test process JAX has started: ``rljax train`` run in-process (a notebook, a test)
   keeps the devices it has."""
-  from rljax import config_loader
+  from rljax.config import loader as config_loader
   jax.devices()
   config = config_loader.load_config(os.path.join(REPO, "configs", "grpo.py"))
   assert mesh_lib.start_cpu_devices(config) is None
@@ -148,7 +148,7 @@ def test_rules_override():
 
 def test_param_shardings_follow_the_rules():
   m = amesh(1, 2, 4)
-  axes, shapes = llama.logical_axes(CFG), llama.param_shapes(CFG)
+  axes, shapes = transformer.logical_axes(CFG), transformer.param_shapes(CFG)
   sh = rules.param_shardings(m, axes, shapes)
   assert jax.tree.structure(sh) == jax.tree.structure(shapes)
   attn = sh["layers_0"]["self_attn"]
@@ -165,7 +165,7 @@ def test_param_shardings_follow_the_rules():
   biases = CFG.num_layers * (CFG.num_heads + 2 * CFG.num_kv_heads) * CFG.head_dim * 4
   assert rules.per_device_bytes(shapes, sh) == (total - norms - biases) // 8 + biases // 4 + norms
   # The value head: [D, 1] with (embed, None).
-  vsh = rules.param_shardings(m, llama.logical_axes(CFG, "value"), llama.param_shapes(CFG, "value"))
+  vsh = rules.param_shardings(m, transformer.logical_axes(CFG, "value"), transformer.param_shapes(CFG, "value"))
   assert vsh["value_head"]["kernel"].spec == P("fsdp", None)
 
 
@@ -197,7 +197,7 @@ def test_expert_axis_splits_only_the_expert_kernels():
 
 def test_fallbacks_list_the_parameter():
   cfg = CFG.replace(vocab_size=50)
-  lines = rules.fallbacks(amesh(1, 2, 4), llama.logical_axes(cfg), llama.param_shapes(cfg))
+  lines = rules.fallbacks(amesh(1, 2, 4), transformer.logical_axes(cfg), transformer.param_shapes(cfg))
   assert lines == ["embed_tokens: dim 0 (vocab=50) not divisible by tensor=4 -> replicated",
                    "lm_head/kernel: dim 1 (vocab=50) not divisible by tensor=4 -> replicated"]
 
@@ -209,8 +209,8 @@ def test_fallbacks_list_the_parameter():
 ])
 def test_opt_state_mirrors_params(tx):
   m = amesh(2, 2, 2)
-  shapes = llama.param_shapes(CFG)
-  p_sh = rules.param_shardings(m, llama.logical_axes(CFG), shapes)
+  shapes = transformer.param_shapes(CFG)
+  p_sh = rules.param_shardings(m, transformer.logical_axes(CFG), shapes)
   state = jax.eval_shape(tx.init, shapes)
   o_sh = rules.opt_state_shardings(m, state, p_sh, shapes)
   assert jax.tree.structure(o_sh) == jax.tree.structure(state)
@@ -233,8 +233,8 @@ def test_opt_state_mirrors_params(tx):
 
 def test_opt_state_other_shapes_replicated():
   m = amesh(1, 2, 2)
-  shapes = llama.param_shapes(CFG)
-  p_sh = rules.param_shardings(m, llama.logical_axes(CFG), shapes)
+  shapes = transformer.param_shapes(CFG)
+  p_sh = rules.param_shardings(m, transformer.logical_axes(CFG), shapes)
   state = jax.eval_shape(optax.adafactor(1e-3, min_dim_size_to_factor=16).init, shapes)
   o_sh = rules.opt_state_shardings(m, state, p_sh, shapes)
   for (path, x), sh in zip(jax.tree_util.tree_flatten_with_path(state)[0], jax.tree.leaves(o_sh)):
@@ -250,7 +250,7 @@ def test_batch_and_cache_shardings():
   assert rules.batch_sharding(m, 1).spec == P(("data", "fsdp"))
   assert rules.batch_divisor(m) == 4
   assert rules.batch_divisor(amesh(1, 1, 8)) == 1
-  cache = jax.eval_shape(lambda: llama.init_cache(CFG, 8, 16))
+  cache = jax.eval_shape(lambda: transformer.init_cache(CFG, 8, 16))
   c_sh = rules.cache_shardings(m, cache)
   assert len(c_sh) == CFG.num_layers and len(c_sh[0]) == 2  # per layer (k, v) [B, G, K, Dh]
   assert c_sh[0][0].spec == P(("data", "fsdp"), "tensor", None, None)

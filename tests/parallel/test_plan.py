@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from rljax import config_loader
+from rljax.config import loader as config_loader
 from rljax import plan as plan_lib
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -199,7 +199,8 @@ def test_the_main_jobs_sft_cold_start_plans_as_its_tiny_architecture(capsys):
   """``model.source='sft'`` (the main job) is the config's tiny architecture trained first: the
   plan counts 4 layers of D=128, F=384, H=4/G=2 over the char vocabulary (57 tokens, tied),
   and a source it cannot plan is a one-line error of the CLI naming it."""
-  from rljax import cli, config_loader
+  from rljax import cli
+  from rljax.config import loader as config_loader
   config = config_loader.load_config(os.path.join(REPO, "configs", "main.py"))
   name, cfg = plan_lib.model_config(config)
   d, f, layers, vocab = 128, 384, 4, 57

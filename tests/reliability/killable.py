@@ -74,7 +74,8 @@ def install(point: str, run_dir: str) -> None:
     signal.signal(signal.SIGINT, signal.default_int_handler)
   kind, _, arg = point.partition(":")
   from rljax import models
-  from rljax.train import checkpoint, evaluation, generation, loop, sft
+  from rljax.runs import checkpoint
+  from rljax.train import evaluation, generation, loop, sft
 
   def die_before(original, args, kwargs):
     die(point)

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from rljax.train import metrics as metrics_lib
+from rljax.runs import metrics as metrics_lib
 from tests.train import tiny
 
 BOUND, STEPS, PROMPTS = 2, 6, 2  # rollout.max_staleness, train.steps, rollout.prompts_per_step

@@ -10,10 +10,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rljax.train import metrics as metrics_lib
-from rljax.train import run_dir as run_dir_lib
+from rljax.runs import metrics as metrics_lib
+from rljax.runs import run_dir as run_dir_lib
 from rljax.train import sft
-from rljax.train.checkpoint import CheckpointError, Checkpointer
+from rljax.runs.checkpoint import CheckpointError, Checkpointer
 from tests.train.test_checkpoint import abstract_of
 
 
@@ -157,7 +157,7 @@ def test_resume_keeps_one_record_per_step(tmp_path):
 
 
 def test_resume_override_names_the_changed_keys(tmp_path):
-  from rljax import config_loader
+  from rljax.config import loader as config_loader
   from tests.train import tiny
   run = str(tmp_path / "run")
   base = f"{tiny.ROOT}/configs/base.py"

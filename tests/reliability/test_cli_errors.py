@@ -279,7 +279,7 @@ def test_eval_checkpoint_refuses_a_model_override_that_contradicts_it(run_dir, c
 
 @pytest.mark.slow
 def test_eval_checkpoint_takes_the_sampler_settings_and_the_checkpoints_architecture(run_dir):
-  from rljax import config_loader
+  from rljax.config import loader as config_loader
   overrides = [("model.attention", "xla"), ("model.hidden_size", "32"),
                ("model.num_layers", "1")]  # the last two agree with the checkpoint
   config = config_loader.load_config(GRPO, overrides)  # its own widths are the defaults

@@ -6,7 +6,8 @@ import time
 import numpy as np
 import pytest
 
-from rljax import cli, config_checks, config_loader
+from rljax import cli
+from rljax.config import checks as config_checks, loader as config_loader
 from rljax.train import build, loop
 from tests.train import tiny
 
@@ -124,8 +125,8 @@ def test_defaults_and_every_preset_pass():
 
 
 def test_every_key_of_every_config_is_declared_and_g1_is_fine_without_groups():
-  from rljax.defaults import KEY_BY_NAME
-  from rljax.train.run_dir import flatten_config
+  from rljax.config.table import KEY_BY_NAME
+  from rljax.runs.run_dir import flatten_config
   for name in sorted(os.listdir(os.path.join(tiny.ROOT, "configs"))):
     if name.endswith(".py"):
       config = config_loader.load_config(os.path.join(tiny.ROOT, "configs", name))
@@ -154,9 +155,9 @@ def test_nan_parses_as_a_float_not_a_type_error():
 
 
 def test_docs_config_table_is_generated_from_the_declarations():
-  from rljax import defaults, keys
+  from rljax.config import relations, table, declare
   with open(os.path.join(tiny.ROOT, "docs", "config.md")) as f:
-    assert f.read() == keys.markdown_table(defaults.KEYS, defaults.RELATIONS), (
+    assert f.read() == declare.markdown_table(table.KEYS, relations.RELATIONS), (
         "docs/config.md is stale: python -m rljax keys --markdown > docs/config.md")
 
 

@@ -5,7 +5,8 @@ import time
 
 import pytest
 
-from rljax import cli, config_loader
+from rljax import cli
+from rljax.config import loader as config_loader
 from rljax.data import datasets, prompt_policy, tokenizer as tokenizer_lib
 from rljax.data.tasks import is_eval_prompt
 from rljax.train import build

@@ -9,10 +9,11 @@ import re
 
 import pytest
 
-from rljax import cli, config_loader
+from rljax import cli
+from rljax.config import loader as config_loader
 from rljax.data import datasets
 from rljax.errors import DataError
-from rljax.train import run_dir as run_dir_lib
+from rljax.runs import run_dir as run_dir_lib
 from tests.train import tiny
 
 GOOD = [{"prompt": f"{i}+{i}=", "answer": str(2 * i)} for i in range(30)]

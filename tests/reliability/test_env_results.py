@@ -9,16 +9,17 @@ import jax
 import numpy as np
 import pytest
 
-from rljax import cli, config_loader, models
+from rljax import cli, models
+from rljax.config import loader as config_loader
 from rljax.data.tasks import Problem
 from rljax.data.tokenizer import CharTokenizer
 from rljax.envs import ENVS, Environment, StepResult, register_env, unregister_env
 from rljax.envs import validate
-from rljax.envs.continuous import run_episodes_continuous
+from rljax.envs.async_turns import run_async_episodes
 from rljax.envs.failures import EnvironmentBrokenError, FailureReport
 from rljax.envs.episodes import SOURCE_ENV, EnvSettings, run_episodes
 from rljax.envs.runner import close_env_pool
-from rljax.models import llama
+from rljax.models import transformer
 from rljax.train import build
 from tests.envs.test_driver import SP, ScriptedPolicy, tiny_model_config
 from tests.train import tiny
@@ -250,9 +251,9 @@ def test_an_environment_the_workers_cannot_receive_is_refused_before_the_model(t
 def test_the_continuous_engine_reads_results_through_the_same_checks():
   cfg = tiny_model_config()
   cases = ["ok", "big reward", "correct no", "id over", "empty first"]
-  result = run_episodes_continuous(
+  result = run_async_episodes(
       [Problem(case, "0") for case in cases], jax.random.PRNGKey(0), cfg=cfg,
-      params=llama.init_params(cfg, seed=0), tokenizer=TOK,
+      params=transformer.init_params(cfg, seed=0), tokenizer=TOK,
       settings=EnvSettings(name=PROBE, max_turns=2, max_tokens=24, workers=2,
                            max_prompt_tokens=20),
       sampling=SP, group_size=1, prompt_bucket=8)

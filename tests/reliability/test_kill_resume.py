@@ -18,8 +18,8 @@ import time
 import pytest
 
 from rljax import cli
-from rljax.train import metrics as metrics_lib
-from rljax.train import run_dir as run_dir_lib
+from rljax.runs import metrics as metrics_lib
+from rljax.runs import run_dir as run_dir_lib
 from tests.train import tiny
 
 # steps=6, a checkpoint every 2 steps and only the latest kept (so every save deletes one).

@@ -6,9 +6,10 @@ import numpy as np
 import optax
 import pytest
 
-from rljax import config_loader
-from rljax.train import build, loop, state as state_lib
-from rljax.train import update as update_lib
+from rljax.config import loader as config_loader
+from rljax.train import build, loop
+from rljax.learner import state as state_lib
+from rljax.learner import update as update_lib
 from tests.train import tiny
 
 
@@ -47,7 +48,7 @@ def test_a_run_whose_updates_keep_failing_stops_with_the_last_good_parameters(mo
   config = config_loader.load_config(tiny.ROOT + "/configs/grpo.py", list(overrides.items()))
   with pytest.raises(FloatingPointError, match="last 2 steps was skipped.*stopped at step 2"):
     loop.train(config)
-  from rljax.train import metrics as metrics_lib
+  from rljax.runs import metrics as metrics_lib
   records = [r for r in metrics_lib.read_jsonl(str(tmp_path / "run" / "metrics.jsonl"))
              if "update_skipped" in r]
   assert [r["update_skipped"] for r in records] == [1.0, 1.0]

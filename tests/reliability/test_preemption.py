@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from rljax.train import preemption
+from rljax.runs import preemption
 from tests.train import tiny
 
 
@@ -48,7 +48,7 @@ def test_other_work_finishes_and_the_run_stops_at_the_next_step():
 def test_a_save_that_outlives_the_grace_period_is_reported_in_one_line(tmp_path):
   script = textwrap.dedent("""
       import os, signal, time
-      from rljax.train import preemption
+      from rljax.runs import preemption
       with preemption.guard("RUN", grace_s=0.5) as guard:
         guard.at_step(3, {})
         os.kill(os.getpid(), signal.SIGTERM)

@@ -10,7 +10,7 @@ import pytest
 
 from rljax.rewards import isolation
 from rljax.sweep import runner, study as study_lib
-from rljax.train import run_dir as run_dir_lib
+from rljax.runs import run_dir as run_dir_lib
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))

@@ -6,8 +6,9 @@ import os
 import numpy as np
 import pytest
 
-from rljax import cli, config_loader, models
-from rljax.models import llama
+from rljax import cli, models
+from rljax.config import loader as config_loader
+from rljax.models import transformer
 from tests.train import tiny
 
 BASE = os.path.join(tiny.ROOT, "configs", "base.py")
@@ -47,7 +48,7 @@ def test_convert_refuses_a_non_empty_target(tmp_path, capsys):
       f"error: convert: the output '{out}' is not empty (it holds ['model.safetensors']...); name "
       "a new or empty directory, or pass --force")
   assert (out / "model.safetensors").read_bytes() == b"the user's own weights"
-  from rljax.train import run_dir
+  from rljax.runs import run_dir
   run_dir.check_convert_target(run, str(out), force=True)  # --force lets it through
   run_dir.check_convert_target(run, str(tmp_path / "new"))
   (tmp_path / "empty").mkdir()
@@ -59,7 +60,7 @@ def test_check_conversion_exits_non_zero_on_a_nan_logit(tmp_path, capsys):
   config = config_loader.load_config(BASE, [(k, v) for k, v in tiny.OVERRIDES.items()
                                             if k.startswith("model.")])
   cfg = models.tiny_config(config.model, 57, eos_token_id=1, pad_token_id=0)
-  params = llama.init_params(cfg, seed=0)
+  params = transformer.init_params(cfg, seed=0)
   embed = np.array(params["embed_tokens"])
   embed[:, 3] = np.nan  # every token's embedding: every logit is NaN
   params["embed_tokens"] = embed

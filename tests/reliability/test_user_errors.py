@@ -5,8 +5,9 @@ import os
 
 import pytest
 
-from rljax import cli, config_loader, models
-from rljax.models import llama
+from rljax import cli, models
+from rljax.config import loader as config_loader
+from rljax.models import transformer
 from rljax.train import build
 from tests.train import tiny
 
@@ -19,7 +20,7 @@ def _tiny_hf(path, **config_changes):
                                      [(k, v) for k, v in tiny.OVERRIDES.items()
                                       if k.startswith("model.")])
   cfg = models.tiny_config(config.model, 57, eos_token_id=1, pad_token_id=0)
-  models.save_hf(str(path), cfg, llama.init_params(cfg, seed=0))
+  models.save_hf(str(path), cfg, transformer.init_params(cfg, seed=0))
   if config_changes:
     with open(path / "config.json") as f:
       hf = json.load(f)

@@ -14,21 +14,21 @@ import numpy as np
 import pytest
 
 from rljax.data import Problem
-from rljax.rewards import isolation, verifiers
+from rljax.rewards import isolation, checkers
 
 LOOP_FOREVER = "test_reliability_loop_forever"
 REAL_VALUED = "test_reliability_real_valued"
 
-if LOOP_FOREVER not in verifiers.REWARD_FNS:
+if LOOP_FOREVER not in checkers.REWARD_FNS:
   # Registered in a test module after rljax was imported: the forked workers must still see it.
-  @verifiers.register_reward(LOOP_FOREVER)
+  @checkers.register_reward(LOOP_FOREVER)
   def _loop_forever(completion, problem):
     if completion == "hang":
       while True:
         pass
     return float(completion == problem.answer)
 
-  @verifiers.register_reward(REAL_VALUED, binary=False, value_range=(-1.0, 2.0))
+  @checkers.register_reward(REAL_VALUED, binary=False, value_range=(-1.0, 2.0))
   def _real_valued(completion, problem):
     return {"half": 0.5, "top": 2.0, "nan": float("nan"), "big": 3.0, "none": None,
             "text": "yes"}[completion]
@@ -88,7 +88,7 @@ def _assert_only_the_pools_workers_remain():
 def test_infinite_loop_is_bounded_counted_and_its_worker_replaced():
   problems = [Problem("q", "a")] * 4
   start = time.monotonic()
-  scores, ticks = _ticks_during(lambda: verifiers.score_completions(
+  scores, ticks = _ticks_during(lambda: checkers.score_completions(
       LOOP_FOREVER, ["hang", "a", "hang", "b"], problems, wrong_value=-1.0, timeout_s=0.5,
       workers=2))
   # Events, not wall-clock: each hang was cut off (counted) and its worker killed and replaced.
@@ -101,7 +101,7 @@ def test_infinite_loop_is_bounded_counted_and_its_worker_replaced():
   pool = isolation.current_pool()
   assert pool.replaced == 2 and all(w.process.is_alive() for w in pool._workers)
   # The replaced workers serve the next batch.
-  again = verifiers.score_completions(LOOP_FOREVER, ["a", "b"], problems[:2], timeout_s=5.0,
+  again = checkers.score_completions(LOOP_FOREVER, ["a", "b"], problems[:2], timeout_s=5.0,
                                       workers=2)
   assert again.rewards.tolist() == [1.0, 0.0] and again.num_timeouts == 0
   assert isolation.current_pool() is pool and pool.replaced == 2
@@ -113,7 +113,7 @@ def test_gil_holding_math_verify_is_bounded(answer):
   pytest.importorskip("math_verify")
   problems = [Problem("What is 2+2?", "4")] * 2
   start = time.monotonic()
-  scores, ticks = _ticks_during(lambda: verifiers.score_completions(
+  scores, ticks = _ticks_during(lambda: checkers.score_completions(
       "math_verify", [answer, r"\boxed{4}"], problems, timeout_s=1.0, workers=2))
   assert time.monotonic() - start < 30.0  # cut off at all (measured ~1.5 s); counted below
   assert ticks > 10
@@ -125,8 +125,8 @@ def test_gil_holding_math_verify_is_bounded(answer):
 
 def test_invalid_values_are_counted_not_rounded(tmp_path):
   completions = ["half", "top", "nan", "big", "none", "text"]
-  log = verifiers.FailureLog(str(tmp_path / "failures.jsonl"), limit=3)
-  scores = verifiers.score_completions(REAL_VALUED, completions, [Problem("q", "")] * 6,
+  log = checkers.FailureLog(str(tmp_path / "failures.jsonl"), limit=3)
+  scores = checkers.score_completions(REAL_VALUED, completions, [Problem("q", "")] * 6,
                                        wrong_value=-1.0, timeout_s=5.0, workers=2,
                                        failure_log=log)
   np.testing.assert_allclose(scores.rewards, [0.5, 2.0, -1.0, -1.0, -1.0, -1.0])
@@ -137,8 +137,8 @@ def test_invalid_values_are_counted_not_rounded(tmp_path):
   assert [l["completion"] for l in lines] == ["nan", "big", "none"]
   assert "outside its declared range [-1.0, 2.0]" in lines[1]["detail"]
   # The bound holds across batches (and across a resumed run reopening the file).
-  verifiers.score_completions(REAL_VALUED, ["nan"], [Problem("q", "")], timeout_s=5.0,
-                              failure_log=verifiers.FailureLog(log.path, limit=3))
+  checkers.score_completions(REAL_VALUED, ["nan"], [Problem("q", "")], timeout_s=5.0,
+                              failure_log=checkers.FailureLog(log.path, limit=3))
   assert len(open(tmp_path / "failures.jsonl").readlines()) == 3
 
 
@@ -148,7 +148,7 @@ def test_binary_verifier_returning_a_fraction_is_invalid():
       return 1 / 0
     return {"yes": 1, "no": False, "partial": 0.3}[completion]
 
-  scores = verifiers.score_completions(fraction, ["yes", "no", "partial", "err"],
+  scores = checkers.score_completions(fraction, ["yes", "no", "partial", "err"],
                                        [Problem("q", "")] * 4, timeout_s=5.0, workers=2)
   assert scores.rewards.tolist() == [1.0, 0.0, 0.0, 0.0]
   assert scores.correct.tolist() == [True, False, False, False]
@@ -156,7 +156,7 @@ def test_binary_verifier_returning_a_fraction_is_invalid():
   details = {f["completion"]: f["detail"] for f in scores.failures}
   assert "0.3 but is declared binary" in details["partial"]
   assert "ZeroDivisionError" in details["err"]
-  assert verifiers.sum_metrics([scores, scores]) == {
+  assert checkers.sum_metrics([scores, scores]) == {
       "reward/timeouts": 0.0, "reward/errors": 2.0, "reward/invalid": 2.0}
 
 
@@ -175,10 +175,10 @@ def test_workers_0_scores_in_this_process_as_the_workers_do(tmp_path):
   calls = (["yes", "no", "partial", "err"], [Problem("q", "")] * 4)
   _assert_only_the_pools_workers_remain()  # closes the pool: no process below this one
   pool = isolation.current_pool()
-  here = verifiers.score_completions(fraction, *calls, timeout_s=5.0, workers=0)
+  here = checkers.score_completions(fraction, *calls, timeout_s=5.0, workers=0)
   assert set(pids.read_text().split()) == {str(os.getpid())}
   assert isolation.current_pool() is pool and _descendants(os.getpid()) == set()
-  pooled = verifiers.score_completions(fraction, *calls, timeout_s=5.0, workers=2)
+  pooled = checkers.score_completions(fraction, *calls, timeout_s=5.0, workers=2)
   assert str(os.getpid()) not in pids.read_text().split()[4:]
   assert here.rewards.tolist() == pooled.rewards.tolist() == [1.0, 0.0, 0.0, 0.0]
   assert here.correct.tolist() == pooled.correct.tolist() == [True, False, False, False]
@@ -188,8 +188,8 @@ def test_workers_0_scores_in_this_process_as_the_workers_do(tmp_path):
 
 
 def test_workers_0_is_refused_with_an_environment_and_leaves_the_timeout_unread():
-  from rljax import config_checks
-  from rljax.config_loader import load_config_file
+  from rljax.config import checks as config_checks
+  from rljax.config.loader import load_config_file
   from rljax.errors import ConfigError, UnusedKeyError
   configs = os.path.join(os.path.dirname(__file__), "..", "..", "configs")
   main = load_config_file(os.path.join(configs, "main.py"))
@@ -212,7 +212,7 @@ def test_worker_that_dies_is_an_error_and_replaced():
       os._exit(3)
     return 1.0
 
-  scores = verifiers.score_completions(die, ["die", "ok", "ok"], [Problem("q", "")] * 3,
+  scores = checkers.score_completions(die, ["die", "ok", "ok"], [Problem("q", "")] * 3,
                                        timeout_s=5.0, workers=1)
   assert scores.rewards.tolist() == [0.0, 1.0, 1.0]
   assert scores.num_errors == 1 and scores.failures[0]["detail"] == "verifier process died"
@@ -220,9 +220,9 @@ def test_worker_that_dies_is_an_error_and_replaced():
 
 def test_register_reward_checks_its_declaration():
   with pytest.raises(ValueError, match="binary=False"):
-    verifiers.register_reward("test_bad_decl", value_range=(0, 2))
+    checkers.register_reward("test_bad_decl", value_range=(0, 2))
   with pytest.raises(ValueError, match="low < high"):
-    verifiers.register_reward("test_bad_decl", binary=False, value_range=(1, 1))
+    checkers.register_reward("test_bad_decl", binary=False, value_range=(1, 1))
 
 
 def test_worker_killed_between_batches_is_replaced():
@@ -232,12 +232,12 @@ def test_worker_killed_between_batches_is_replaced():
   def one(completion, problem):
     return 1.0
 
-  verifiers.score_completions(one, ["a"], [Problem("q", "")], timeout_s=5.0, workers=1)
+  checkers.score_completions(one, ["a"], [Problem("q", "")], timeout_s=5.0, workers=1)
   pool = isolation.current_pool()
   victim = pool._workers[0].process
   os.kill(victim.pid, signal.SIGKILL)
   victim.join(5)
-  scores = verifiers.score_completions(one, ["a", "b"], [Problem("q", "")] * 2, timeout_s=5.0,
+  scores = checkers.score_completions(one, ["a", "b"], [Problem("q", "")] * 2, timeout_s=5.0,
                                        workers=1)
   # Either the dead pipe is noticed on send (retried in a fresh worker) or on receive (an error).
   assert scores.num_errors + int(scores.rewards.sum()) == 2 and scores.num_errors <= 1
@@ -297,7 +297,7 @@ class _OddFloat(float):
 def _score(verifier, completions, **kwargs):
   kwargs.setdefault("timeout_s", 5.0)
   kwargs.setdefault("workers", 1)
-  return verifiers.score_completions(verifier, completions, [Problem("q", "")] * len(completions),
+  return checkers.score_completions(verifier, completions, [Problem("q", "")] * len(completions),
                                      wrong_value=-1.0, **kwargs)
 
 

@@ -8,7 +8,7 @@ import pytest
 
 import rljax
 
-from rljax import config_checks
+from rljax.config import checks as config_checks
 from rljax.data import datasets
 from rljax.data import tokenizer as tokenizer_lib
 from rljax.data.tasks import Problem

@@ -14,7 +14,8 @@ from rljax.data import tokenizer as tokenizer_lib
 from rljax.data.tasks import Problem, make_task
 from rljax.errors import StartupError
 from rljax.rewards import gold, sources
-from rljax.train import plot, rlhf
+from rljax.runs import plot
+from rljax.train import rlhf
 
 TOK = tokenizer_lib.load_tokenizer("char")
 

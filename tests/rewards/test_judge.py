@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import rljax
-from rljax import config_checks
+from rljax.config import checks as config_checks
 from rljax.data import tokenizer as tokenizer_lib
 from rljax.data.tasks import Problem
 from rljax.errors import ConfigError, StartupError

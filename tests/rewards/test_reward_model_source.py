@@ -10,7 +10,7 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from rljax.data.tokenizer import CharTokenizer, load_tokenizer
-from rljax.defaults import get_config
+from rljax.config.table import get_config
 from rljax.errors import ModelFileError, TokenizerError
 from rljax.parallel import mesh as mesh_lib
 from rljax.rewards import reward_model, sources
@@ -177,7 +177,7 @@ def test_composed_as_the_source_rm(char_rm):
 
 
 def test_config_keys_are_read_only_with_the_source_rm():
-  from rljax import config_checks
+  from rljax.config import checks as config_checks
   from rljax.errors import ConfigError
   config = get_config()
   config.reward.sources = "verifier:1,rm:0.5"

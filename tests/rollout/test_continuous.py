@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from rljax import models
-from rljax.models import ModelConfig, llama
+from rljax.models import ModelConfig, transformer
 from rljax.rollout import SamplingParams, continuous, kv_blocks, sample, sampler, slot_budget
 from tests import hf_models
 from tests.models.test_generation_parity import (T, _hf_greedy, _log_softmax, _stop_token_in_the_middle,
@@ -25,7 +25,7 @@ G, T_NEW = 3, 20
 
 @functools.lru_cache(maxsize=None)
 def _random_model():
-  params = jax.device_get(llama.init_params(CFG, 0))
+  params = jax.device_get(transformer.init_params(CFG, 0))
   params["lm_head"]["kernel"] = params["lm_head"]["kernel"] * 20  # spread-out logits
   return params
 

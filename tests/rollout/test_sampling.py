@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from rljax.models import ModelConfig, llama
+from rljax.models import ModelConfig, transformer
 from rljax.rollout import (SamplingParams, generate_text, left_pad, pick_tokens, process_logits,
                            sample)
 
@@ -80,7 +80,7 @@ def controlled_model(logits):
   d = V
   cfg = ModelConfig(vocab_size=V, hidden_size=d, intermediate_size=16, num_layers=1, num_heads=2,
                     num_kv_heads=1, head_dim=8, rms_norm_eps=1e-6)
-  params = jax.tree.map(np.zeros_like, jax.device_get(llama.init_params(cfg, 0)))
+  params = jax.tree.map(np.zeros_like, jax.device_get(transformer.init_params(cfg, 0)))
   params["layers_0"]["input_layernorm"]["scale"][:] = 1
   params["layers_0"]["post_attention_layernorm"]["scale"][:] = 1
   params["norm"]["scale"][:] = 1
@@ -178,7 +178,7 @@ def test_every_row_stopped_exits_early_with_padding():
 
 def test_randomness_reproducible_and_per_row():
   cfg, _ = controlled_model(LOGITS)
-  params = jax.device_get(llama.init_params(cfg, 1))  # a random model, the shared config
+  params = jax.device_get(transformer.init_params(cfg, 1))  # a random model, the shared config
   params["lm_head"]["kernel"] = params["lm_head"]["kernel"] * 100  # spread-out logits
   a = _shared_sample(params, jax.random.key(5))
   b = _shared_sample(params, jax.random.key(5))
@@ -227,12 +227,12 @@ def test_generate_text_decodes_completions_without_stop_token():
 _SHARDED = r"""
 import jax, numpy as np
 from jax.sharding import Mesh
-from rljax.models import ModelConfig, llama
+from rljax.models import ModelConfig, transformer
 from rljax.rollout import SamplingParams, make_sampler, sample
 assert jax.device_count() == 4
 cfg = ModelConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_layers=1,
                   num_heads=2, num_kv_heads=1, head_dim=8)
-params = llama.init_params(cfg, 0)
+params = transformer.init_params(cfg, 0)
 tokens = np.random.default_rng(0).integers(1, 32, (4, 6)).astype(np.int32)
 mask = np.ones_like(tokens); mask[1, :3] = 0
 sp = SamplingParams(max_new_tokens=8, temperature=0.9, top_k=10, stop_ids=(3,))
@@ -285,7 +285,7 @@ def test_chunked_decoding_equals_the_whole_batch(monkeypatch):
   import functools
   from rljax.rollout import decode, sampler
   cfg, _ = controlled_model(LOGITS)
-  params = jax.device_get(llama.init_params(cfg, 2))  # a random model: the cache matters
+  params = jax.device_get(transformer.init_params(cfg, 2))  # a random model: the cache matters
   params["lm_head"]["kernel"] = params["lm_head"]["kernel"] * 30
   tokens, mask = _prompts(4, p=8)
   sp = SamplingParams(max_new_tokens=12, stop_ids=(STOP, 3, 11), temperature=1.5, top_p=0.95)
@@ -312,7 +312,7 @@ def test_unfused_projections_equal_the_fused_ones(monkeypatch):
   cfg = ModelConfig(vocab_size=32, hidden_size=32, intermediate_size=64, num_layers=2,
                     num_heads=4, num_kv_heads=2, head_dim=8, qkv_bias=True, mlp_bias=True,
                     max_position_embeddings=64)
-  params = jax.device_get(llama.init_params(cfg, 4))
+  params = jax.device_get(transformer.init_params(cfg, 4))
   tokens, mask = _prompts(4, p=8)
   sp = SamplingParams(max_new_tokens=10, stop_ids=(5,), temperature=1.3)
   run = lambda: jax.device_get(jax.jit(functools.partial(

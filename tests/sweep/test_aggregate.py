@@ -7,7 +7,7 @@ import os
 import numpy as np
 import pytest
 
-from rljax import config_loader
+from rljax.config import loader as config_loader
 from rljax.sweep import aggregate, plots, runner
 from rljax.sweep import study as study_lib
 from rljax.sweep.study import StudyError

@@ -12,7 +12,7 @@ import pytest
 
 from rljax.sweep import sweep
 from rljax.sweep.study import StudyError
-from rljax.train.metrics import read_jsonl, without_timing
+from rljax.runs.metrics import read_jsonl, without_timing
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))

@@ -9,11 +9,11 @@ import time
 import jax
 import numpy as np
 
-from rljax import config_loader
+from rljax.config import loader as config_loader
 from rljax.data import tokenizer as tokenizer_lib
 from rljax.models import lora, transformer
 from rljax.train import build, loop
-from rljax.train import step as step_lib
+from rljax.learner import step as step_lib
 from tests.train import tiny
 
 RANK = 4

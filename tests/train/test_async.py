@@ -9,12 +9,13 @@ import jax
 import numpy as np
 import pytest
 
-from rljax import config_loader
-from rljax.config_checks import ConfigError, check_config
+from rljax.config import loader as config_loader
+from rljax.config.checks import ConfigError, check_config
 from rljax.parallel import distributed, mesh as mesh_lib
-from rljax.train import actors, build, compilation_cache, loop
-from rljax.train import metrics as metrics_lib
-from rljax.train.metrics import summarize
+from rljax.train import actors, build, loop
+from rljax.runs import compilation_cache
+from rljax.runs import metrics as metrics_lib
+from rljax.runs.metrics import summarize
 from tests.train import tiny
 
 def _config(run_dir, extra=None, preset="grpo"):

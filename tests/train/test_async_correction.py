@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from rljax import config_loader
+from rljax.config import loader as config_loader
 from rljax.train import actors, loop
 from tests.train import tiny
 

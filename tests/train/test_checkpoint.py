@@ -12,7 +12,7 @@ import optax
 import pytest
 
 import rljax
-from rljax.train.checkpoint import Checkpointer, to_json
+from rljax.runs.checkpoint import Checkpointer, to_json
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(rljax.__file__)))
 
@@ -148,7 +148,7 @@ jax.distributed.initialize(coordinator_address=sys.argv[1], num_processes=2,
                            process_id=int(sys.argv[2]))
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
-from rljax.train.checkpoint import Checkpointer
+from rljax.runs.checkpoint import Checkpointer
 mesh = jax.make_mesh((4,), ("data",))
 kernel = np.arange(32.0, dtype=np.float32).reshape(8, 4)
 state = {
@@ -200,7 +200,7 @@ def test_a_checkpoint_from_before_transforms_owned_their_state_resumes(tmp_path,
   """Runs checkpointed with top-level ``kl_coef`` / ``entropy_ctrl`` resume into
   ``TrainState.transforms`` (a KL coefficient the config no longer uses is dropped)."""
   from rljax.algos.entropy import EntropyCtrlState
-  from rljax.train import state as state_lib
+  from rljax.learner import state as state_lib
   params = {"w": jnp.arange(3.0)}
   common = dict(step=jnp.asarray(4, jnp.int32), params=params,
                 opt_state=optax.adamw(1e-3).init(params), critic_params=None,

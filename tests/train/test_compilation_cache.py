@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 
 import rljax
-from rljax.train import compilation_cache
+from rljax.runs import compilation_cache
 from tests import xla_cache
 
 

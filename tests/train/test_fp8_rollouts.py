@@ -8,7 +8,7 @@ import os
 import numpy as np
 
 from rljax import cli
-from rljax.train import metrics as metrics_lib
+from rljax.runs import metrics as metrics_lib
 from tests.train import tiny
 
 CORRECTION = {"algo.rollout_is": "token"}

@@ -16,13 +16,13 @@ import jax
 import numpy as np
 import pytest
 
-from rljax.config_checks import check_config
+from rljax.config.checks import check_config
 from rljax.errors import ConfigError, RunDirError, UnusedKeyError
 from rljax.models import lora, transformer
-from rljax.train import checkpoint as checkpoint_lib
+from rljax.runs import checkpoint as checkpoint_lib
 from rljax.train import build, loop
-from rljax.train import metrics as metrics_lib
-from rljax.train.checkpoint import Checkpointer
+from rljax.runs import metrics as metrics_lib
+from rljax.runs.checkpoint import Checkpointer
 from tests.parallel.conftest import run_script
 from tests.train import lora_checks
 

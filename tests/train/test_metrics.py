@@ -8,9 +8,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rljax.train import metrics as metrics_lib
-from rljax.train.metrics import MetricsWriter, read_jsonl, summarize
-from rljax.train.plot import plot_compare, plot_run
+from rljax.runs import metrics as metrics_lib
+from rljax.runs.metrics import MetricsWriter, read_jsonl, summarize
+from rljax.runs.plot import plot_compare, plot_run
 
 
 def step_metrics(step):

@@ -8,9 +8,9 @@ import pytest
 
 from rljax import cli, config as rljax_config, models
 from rljax.rollout import SamplingParams, sample
-from rljax.train import metrics as metrics_lib
-from rljax.train import packing
-from rljax.train import step as step_lib
+from rljax.runs import metrics as metrics_lib
+from rljax.learner import packing
+from rljax.learner import step as step_lib
 from tests.train import tiny
 
 

@@ -12,13 +12,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rljax import config_checks, config_loader
+from rljax.config import checks as config_checks, loader as config_loader
 from rljax.algorithm import resolve
 from rljax.errors import ConfigError
-from rljax.models import llama, tiny_config
+from rljax.models import transformer, tiny_config
 from rljax.rollout import sampler as sampler_lib
 from rljax.rollout.sampling import SamplingParams
-from rljax.train import build, step as step_lib, update as update_lib
+from rljax.train import build
+from rljax.learner import step as step_lib, update as update_lib
 from tests.train import tiny
 
 VOCAB, PROMPTS, GROUP, PW, T = 40, 2, 4, 8, 8
@@ -49,7 +50,7 @@ def steps():
   """Per setting: the scored batch, the metrics of score and train_step, the updated state, the
   policy forwards (``policy_stats`` calls) traced into ``score``; and the jitted functions."""
   model_cfg = tiny_config(_config("recompute").model, VOCAB)
-  params = llama.init_params(model_cfg, seed=0)
+  params = transformer.init_params(model_cfg, seed=0)
   rollout = _sampled_rollout(model_cfg, params)
   out = {"rollout": rollout, "model_cfg": model_cfg}
   calls = []

@@ -25,10 +25,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rljax import config_loader
+from rljax.config import loader as config_loader
 from rljax.algorithm import resolve
-from rljax.models import llama, tiny_config
-from rljax.train import build, step as step_lib
+from rljax.models import transformer, tiny_config
+from rljax.train import build
+from rljax.learner import step as step_lib
 from tests.train import tiny
 from tests.train.test_presets import PRESETS
 
@@ -61,10 +62,10 @@ def _step(config, model_cfg, rollout, jit: bool):
   algo = resolve(config)
   aux_cfgs, aux = (), ()
   if algo.transform("opd") is not None:  # the distillation teacher: another random model
-    aux_cfgs, aux = (("opd", model_cfg),), ({"opd": llama.init_params(model_cfg, seed=1)},)
+    aux_cfgs, aux = (("opd", model_cfg),), ({"opd": transformer.init_params(model_cfg, seed=1)},)
   _, make = build.abstract_state(config, model_cfg, algo)
   fns = step_lib.step_fns(build.step_spec(config, model_cfg, algo, aux_cfgs))
-  state = make(llama.init_params(model_cfg, seed=0))
+  state = make(transformer.init_params(model_cfg, seed=0))
   if state.ref_params is not None:  # a reference away from the policy: KL terms are not zero
     state = state.replace(ref_params=jax.tree.map(lambda p: p * 1.1, state.ref_params))
   score, train = (jax.jit(fns.score), jax.jit(fns.train_step)) if jit else \
@@ -121,7 +122,7 @@ def test_every_preset_packed_equals_padded(preset):
   assert round(tokens / (float(fill[0]) / float(fill[1]) * 4 * 16)) == 2
   moved = max(float(jnp.abs(a - b).max()) for a, b in
               zip(jax.tree.leaves(runs[1][2].params),
-                  jax.tree.leaves(llama.init_params(model_cfg, seed=0))))
+                  jax.tree.leaves(transformer.init_params(model_cfg, seed=0))))
   assert moved > 1e-4  # the step changed the parameters: the comparison is not vacuous
 
 

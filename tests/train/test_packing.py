@@ -1,4 +1,4 @@
-"""Sequence packing (rljax.train.packing): the layout against a hand-worked case and a NumPy
+"""Sequence packing (rljax.learner.packing): the layout against a hand-worked case and a NumPy
 first-fit decreasing, every token placed once, and the round trip back to the padded layout."""
 import dataclasses
 import functools
@@ -9,8 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rljax.train import packing
-from rljax.train.step import StepSpec
+from rljax.learner import packing
+from rljax.learner.step import StepSpec
 
 
 def test_first_fit_decreasing_hand_worked():

@@ -3,7 +3,8 @@ import jax
 import ml_collections
 import pytest
 
-from rljax import config_loader, models
+from rljax.config import loader as config_loader
+from rljax import models
 from rljax.train import build, evaluation, loop, sft
 
 from . import tiny

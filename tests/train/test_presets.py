@@ -6,10 +6,11 @@ import jax
 import numpy as np
 import pytest
 
-from rljax import cli, config_loader
+from rljax import cli
+from rljax.config import loader as config_loader
 from rljax.algorithm import resolve
-from rljax.models import llama
-from rljax.train import metrics as metrics_lib
+from rljax.models import transformer
+from rljax.runs import metrics as metrics_lib
 from tests.train import tiny
 
 PRESETS = ["ppo", "grpo", "dr_grpo", "dapo", "gpg", "rloo", "reinforce_pp", "t1", "orz",
@@ -228,7 +229,7 @@ def test_value_pretraining_targets_are_monte_carlo_whatever_lam_critic(lam_criti
   algo = resolve(config)
   model_cfg = tiny_config(config.model, 40)
   state, fns, _ = build.sharded_state_and_fns(config, model_cfg,
-                                              llama.init_params(model_cfg, seed=0),
+                                              transformer.init_params(model_cfg, seed=0),
                                               mesh_lib.make_mesh(config.mesh), algo)
   rollout = _rollout(4)
   scored, _ = fns.score_mc(state, rollout, algo.hparams)

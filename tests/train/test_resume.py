@@ -4,8 +4,9 @@ import os
 import pytest
 
 from rljax import cli
-from rljax.train import loop, run_dir
-from rljax.train import metrics as metrics_lib
+from rljax.train import loop
+from rljax.runs import run_dir
+from rljax.runs import metrics as metrics_lib
 from tests.train import tiny
 
 EXTRA = {"train.steps": "4", "train.checkpoint_every": "2", "algo.minibatches": "2"}

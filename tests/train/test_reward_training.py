@@ -118,7 +118,7 @@ def test_batches_cover_every_pair_once_per_epoch():
 def test_the_run_is_read_back_as_the_source_rm(rm_run):
   """``reward.model.source='run:DIR'``: the export DIR/hf, with the run's own tokenizer (char:
   the policy's ids are reused); a chat-template setting other than the run's is refused."""
-  from rljax.defaults import get_config
+  from rljax.config.table import get_config
   from rljax.errors import StartupError
   from rljax.parallel import mesh as mesh_lib
   from rljax.rewards import sources
@@ -150,7 +150,7 @@ def test_the_run_is_read_back_as_the_source_rm(rm_run):
 def test_starts_from_a_causal_lm_trunk_or_a_classifier(hf_dirs, tmp_path):
   """hf: of a causal LM: its trunk and a fresh score head, no vocabulary head; hf: of a sequence
   classifier: all of it, score included."""
-  from rljax.defaults import get_config
+  from rljax.config.table import get_config
   config = get_config()
   config.model.source = f"hf:{hf_dirs['llama']}"
   cfg, params = reward_training.initial_params(config, CharTokenizer())

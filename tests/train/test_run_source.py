@@ -8,7 +8,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from rljax import cli, config_loader, plan
+from rljax import cli, plan
+from rljax.config import loader as config_loader
 from rljax.train import build
 from tests.train import tiny
 

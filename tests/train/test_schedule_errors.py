@@ -1,7 +1,7 @@
 """An update schedule that cannot run is refused before any model is loaded, naming its keys."""
 import pytest
 
-from rljax import config_loader
+from rljax.config import loader as config_loader
 from rljax.train import build, loop
 
 from . import tiny

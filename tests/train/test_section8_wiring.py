@@ -8,12 +8,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rljax import cli, config_loader
+from rljax import cli
+from rljax.config import loader as config_loader
 from rljax.algorithm import resolve
-from rljax.models import llama, tiny_config
+from rljax.models import transformer, tiny_config
 from rljax.train import build, generation, loop
-from rljax.train import metrics as metrics_lib
-from rljax.train import step as step_lib
+from rljax.runs import metrics as metrics_lib
+from rljax.learner import step as step_lib
 from tests.train import tiny
 
 B, PW, T, VOCAB, G = 8, 8, 8, 40, 4
@@ -29,7 +30,7 @@ def _config(preset="grpo", **overrides):
 def _setup(config, teacher_cfg=None):
   """(unjitted StepFns, initial state, hparams, model config, policy params)."""
   model_cfg = tiny_config(config.model, VOCAB)
-  params = llama.init_params(model_cfg, seed=0)
+  params = transformer.init_params(model_cfg, seed=0)
   algo = resolve(config)
   _, make = build.abstract_state(config, model_cfg, algo)
   aux_cfgs = () if teacher_cfg is None else (("opd", teacher_cfg),)
@@ -41,14 +42,14 @@ def _reference_logp(model_cfg, params, rollout):
   """Completion log-probs from full float64 log-softmax of the logits (the reference)."""
   tokens = np.concatenate([rollout.prompt_tokens, rollout.tokens], 1)
   attn = np.concatenate([rollout.prompt_mask, rollout.mask], 1)
-  logits = np.asarray(llama.logits(model_cfg, params, jnp.asarray(tokens), jnp.asarray(attn)),
+  logits = np.asarray(transformer.logits(model_cfg, params, jnp.asarray(tokens), jnp.asarray(attn)),
                       np.float64)[:, PW - 1:-1]
   logz = np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)) + logits.max(-1)
   return np.take_along_axis(logits, rollout.tokens[..., None].astype(int), -1)[..., 0] - logz
 
 
 def _initial_params():
-  return llama.init_params(tiny_config(_config().model, VOCAB), seed=0)
+  return transformer.init_params(tiny_config(_config().model, VOCAB), seed=0)
 
 
 def _rollout(seed=0):
@@ -272,7 +273,7 @@ def test_remax_baseline_is_one_greedy_completion_per_prompt(tmp_path, monkeypatc
   width = baseline_out.prompt_tokens.shape[1]
   tokens = np.concatenate([baseline_out.prompt_tokens, baseline_out.tokens], 1)
   attn = np.concatenate([baseline_out.prompt_mask, baseline_out.mask], 1)
-  logits = np.asarray(llama.logits(run.engine.model_cfg, params, jnp.asarray(tokens),
+  logits = np.asarray(transformer.logits(run.engine.model_cfg, params, jnp.asarray(tokens),
                                    jnp.asarray(attn)))[:, width - 1:-1]
   valid = baseline_out.mask > 0
   np.testing.assert_array_equal(logits.argmax(-1)[valid], baseline_out.tokens[valid])

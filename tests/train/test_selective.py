@@ -7,14 +7,15 @@ import os
 import numpy as np
 import pytest
 
-from rljax import cli, config_checks
-from rljax.config_loader import load_config
+from rljax import cli
+from rljax.config import checks as config_checks
+from rljax.config.loader import load_config
 from rljax.data import datasets
 from rljax.data.tasks import is_eval_prompt
 from rljax.errors import ConfigError
-from rljax.rewards import verifiers
+from rljax.rewards import checkers
 from rljax.train import loop
-from rljax.train import metrics as metrics_lib
+from rljax.runs import metrics as metrics_lib
 from rljax.train import selective
 from tests.train import tiny
 
@@ -158,11 +159,11 @@ def _config(preset, values):
 # --- a run ----------------------------------------------------------------------------------
 
 PARITY = "test_prompt_parity"
-if PARITY not in verifiers.REWARD_FNS:
+if PARITY not in checkers.REWARD_FNS:
   # Correct for every completion of a prompt with an even character sum, for none of the others:
   # each prompt's groups are all easy or all hard whatever the policy samples, so which prompts
   # are skipped does not depend on the model's floats.
-  @verifiers.register_reward(PARITY)
+  @checkers.register_reward(PARITY)
   def _prompt_parity(completion, problem):
     return float(sum(map(ord, problem.prompt)) % 2 == 0)
 

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rljax import config_loader
+from rljax.config import loader as config_loader
 from rljax.data import tokenizer as tokenizer_lib
 from rljax.models import transformer
 from rljax.models.config import ModelConfig

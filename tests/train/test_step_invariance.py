@@ -7,11 +7,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rljax import config_loader
+from rljax.config import loader as config_loader
 from rljax.models import tiny_config
-from rljax.models import llama
+from rljax.models import transformer
 from rljax.algorithm import resolve
-from rljax.train import build, step as step_lib, update as update_lib
+from rljax.train import build
+from rljax.learner import step as step_lib, update as update_lib
 from tests.train import tiny
 
 import os
@@ -37,7 +38,7 @@ def _config(loss_agg, micro):
 def _one_step(loss_agg, micro):
   config = _config(loss_agg, micro)
   model_cfg = tiny_config(config.model, VOCAB)
-  params = llama.init_params(model_cfg, seed=0)
+  params = transformer.init_params(model_cfg, seed=0)
   fns, state, hp = _step_fns(config, model_cfg, params)
   batch, _ = jax.jit(fns.score)(state, _rollout_arrays(), hp)
   # Perturb old log-probs so ratios differ from 1 and clipping is exercised.
@@ -67,7 +68,7 @@ def test_micro_batches_leave_loss_and_params_unchanged(loss_agg):
     for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(ref_state.params)):
       np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
   # The update really moved the parameters (so the comparison above is not vacuous).
-  initial = llama.init_params(tiny_config(_config(loss_agg, 1).model, VOCAB), seed=0)
+  initial = transformer.init_params(tiny_config(_config(loss_agg, 1).model, VOCAB), seed=0)
   moved = max(float(jnp.abs(a - b).max()) for a, b in
               zip(jax.tree.leaves(ref_state.params), jax.tree.leaves(initial)))
   assert moved > 1e-4
@@ -82,7 +83,7 @@ def _on_policy_step(micro, **extra):
   config = config_loader.load_config(os.path.join(tiny.ROOT, "configs", "grpo.py"),
                                      list(overrides.items()))
   model_cfg = tiny_config(config.model, VOCAB)
-  fns, state, hp = _step_fns(config, model_cfg, llama.init_params(model_cfg, seed=0))
+  fns, state, hp = _step_fns(config, model_cfg, transformer.init_params(model_cfg, seed=0))
   # A reference away from the policy, so that the KL term and its metric are not zero.
   state = state.replace(ref_params=jax.tree.map(lambda p: p * 1.1, state.ref_params))
   batch, scored = jax.jit(fns.score)(state, _rollout_arrays(3), hp)
@@ -122,7 +123,7 @@ def test_a_hyperparameter_sweep_reuses_one_compilation():
   different updates."""
   config = _config("token_mean", 1)
   model_cfg = tiny_config(config.model, VOCAB)
-  fns, state, hp = _step_fns(config, model_cfg, llama.init_params(model_cfg, seed=0))
+  fns, state, hp = _step_fns(config, model_cfg, transformer.init_params(model_cfg, seed=0))
   batch, _ = jax.jit(fns.score)(state, _rollout_arrays(), hp)
   batch = batch.replace(old_logp=batch.old_logp + 0.3 * jnp.sin(jnp.arange(T))[None])
   train = jax.jit(fns.train_step)

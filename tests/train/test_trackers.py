@@ -15,12 +15,13 @@ import wandb  # installed by the test bootstrap (rljax[wandb])
 from mlflow.tracking import MlflowClient  # installed by the test bootstrap (rljax[mlflow])
 from wandb.proto import wandb_internal_pb2
 
-from rljax import cli, config_loader
+from rljax import cli
+from rljax.config import loader as config_loader
 from rljax.errors import UnusedKeyError
 from rljax.errors import StartupError
-from rljax.train import trackers
-from rljax.train.metrics import MetricsWriter, eval_table, read_jsonl
-from rljax.train.run_dir import flatten_config
+from rljax.runs import trackers
+from rljax.runs.metrics import MetricsWriter, eval_table, read_jsonl
+from rljax.runs.run_dir import flatten_config
 from tests.train import tiny
 
 BASE = os.path.join(tiny.ROOT, "configs", "base.py")
@@ -211,7 +212,7 @@ def test_failing_trackers_warn_once_and_training_goes_on(tmp_path, monkeypatch, 
      UnusedKeyError, r"read by the mlflow logger"),
 ])
 def test_logger_keys_are_checked_at_start(overrides, error, match):
-  from rljax import config_checks
+  from rljax.config import checks as config_checks
   config = config_loader.load_config(BASE, list(overrides.items()))
   with pytest.raises(error, match=match):
     config_checks.check_config(config)

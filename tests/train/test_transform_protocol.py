@@ -8,7 +8,7 @@ import pytest
 
 from rljax import cli
 from rljax.algos.losses import scalar_metric, token_metrics
-from rljax.train import metrics as metrics_lib
+from rljax.runs import metrics as metrics_lib
 from rljax.transforms import TRANSFORMS, Transform, register_transform
 from tests.train import tiny
 

@@ -3,13 +3,13 @@ import os
 
 import numpy as np
 
-from rljax.rewards import verifiers
+from rljax.rewards import checkers
 
 REWARD = "test_char_sum_mod4"
-if REWARD not in verifiers.REWARD_FNS:
+if REWARD not in checkers.REWARD_FNS:
   # A reward a random policy earns about a quarter of the time, so that group estimators see a
   # reward spread (every preset really updates) and dynamic sampling has groups to drop.
-  @verifiers.register_reward(REWARD)
+  @checkers.register_reward(REWARD)
   def _char_sum_mod4(completion, problem):
     return float(sum(map(ord, completion)) % 4 == 0)
 
@@ -35,7 +35,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def overrides(preset: str) -> dict:
   """The tiny settings for ``configs/<preset>.py``, the critic's and dynamic sampling's where
   the preset has them."""
-  from rljax import config_loader
+  from rljax.config import loader as config_loader
   config = config_loader.load_config(os.path.join(ROOT, "configs", f"{preset}.py"))
   merged = dict(OVERRIDES)
   if config.critic.enabled:

@@ -10,7 +10,7 @@ import importlib
 import pkgutil
 from typing import Any, Callable, Mapping
 
-from rljax.keys import add_family
+from rljax.config.declare import add_family
 
 # HF tensor name (within ``model.layers.{i}.``) -> (rljax path within ``layers_i``, transpose,
 # expert index or None). Stacked expert weights take one HF tensor per expert.

@@ -12,9 +12,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirna
 
 import jax  # noqa: E402
 
-from rljax import config_loader  # noqa: E402
+from rljax.config import loader as config_loader  # noqa: E402
 from rljax.train import loop  # noqa: E402
-from rljax.train import metrics as metrics_lib  # noqa: E402
+from rljax.runs import metrics as metrics_lib  # noqa: E402
 from tests.train import tiny  # noqa: E402
 
 

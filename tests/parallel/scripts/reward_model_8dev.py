@@ -12,7 +12,7 @@ import numpy as np  # noqa: E402
 
 from rljax import models  # noqa: E402
 from rljax.data.tokenizer import CharTokenizer  # noqa: E402
-from rljax.defaults import get_config  # noqa: E402
+from rljax.config.table import get_config  # noqa: E402
 from rljax.models.config import ModelConfig  # noqa: E402
 from rljax.parallel import mesh as mesh_lib  # noqa: E402
 from rljax.rewards import reward_model, sources  # noqa: E402

@@ -11,7 +11,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
-from rljax.models import llama  # noqa: E402
+from rljax.models import transformer# noqa: E402
 from rljax.models.config import ModelConfig  # noqa: E402
 from rljax.parallel import distributed, mesh as mesh_lib, rules  # noqa: E402
 
@@ -32,7 +32,7 @@ def batch():
 
 
 def loss_fn(params, tokens, mask):
-  logits = llama.logits(CFG, params, tokens, mask).astype(jnp.float32)
+  logits = transformer.logits(CFG, params, tokens, mask).astype(jnp.float32)
   logp = jax.nn.log_softmax(logits[:, :-1])
   tgt = jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1)[..., 0]
   m = (mask[:, :-1] * mask[:, 1:]).astype(jnp.float32)
@@ -53,27 +53,27 @@ def max_diff(a, b):
 
 
 def main(meshes):
-  params = llama.init_params(CFG, seed=0)
-  axes = llama.logical_axes(CFG)
+  params = transformer.init_params(CFG, seed=0)
+  axes = transformer.logical_axes(CFG)
   tokens, mask = batch()
   tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-2, weight_decay=0.1))
   dev0 = jax.devices()[0]
 
   # Unsharded references on one device.
   p0 = jax.device_put(params, dev0)
-  ref_logits = jax.jit(lambda p, t, m: llama.logits(CFG, p, t, m))(p0, tokens, mask)
+  ref_logits = jax.jit(lambda p, t, m: transformer.logits(CFG, p, t, m))(p0, tokens, mask)
   o0 = jax.jit(tx.init)(p0)
   ref_params = ref_opt = ref_grads = None
-  cache0 = llama.init_cache(CFG, B, S)
-  pos = llama.positions_from_mask(mask)
-  prefill = lambda p, t, ps, c, m: llama.cached_step(CFG, p, t, ps, c, 0, m)
+  cache0 = transformer.init_cache(CFG, B, S)
+  pos = transformer.positions_from_mask(mask)
+  prefill = lambda p, t, ps, c, m: transformer.cached_step(CFG, p, t, ps, c, 0, m)
   ref_hidden, ref_cache = jax.jit(prefill)(p0, tokens, pos, cache0, mask)
 
   for shape, check_update in meshes:
     data, fsdp, tensor = shape  # these dense-model meshes leave the expert axis at 1
     mesh = mesh_lib.make_mesh(dict(data=data, fsdp=fsdp, expert=1, tensor=tensor))
     out = {"mesh": list(shape)}
-    p_sh = rules.param_shardings(mesh, axes, llama.param_shapes(CFG))
+    p_sh = rules.param_shardings(mesh, axes, transformer.param_shapes(CFG))
     sharded = rules.shard_params(params, p_sh)
     # 1. every parameter is placed as the rules say.
     bad = []
@@ -87,12 +87,12 @@ def main(meshes):
               and leaf.addressable_shards[0].data.shape == got.shard_shape(leaf.shape)):
         bad.append(f"{jax.tree_util.keystr(path)} {got.spec} != {want}")
     out["param_bad"] = bad
-    out["fallbacks"] = rules.fallbacks(mesh, axes, llama.param_shapes(CFG))
+    out["fallbacks"] = rules.fallbacks(mesh, axes, transformer.param_shapes(CFG))
     out["q_spec"] = str(sharded["layers_0"]["self_attn"]["q_proj"]["kernel"].sharding.spec)
 
     # 2. AdamW state mirrors the parameters.
     o_shapes = jax.eval_shape(tx.init, sharded)
-    o_sh = rules.opt_state_shardings(mesh, o_shapes, p_sh, llama.param_shapes(CFG))
+    o_sh = rules.opt_state_shardings(mesh, o_shapes, p_sh, transformer.param_shapes(CFG))
     opt_state = jax.jit(tx.init, out_shardings=o_sh)(sharded)
     adam = opt_state[1][0]
     opt_bad = []
@@ -107,7 +107,7 @@ def main(meshes):
 
     # 3. sharded forward == unsharded forward.
     b_sh = rules.batch_sharding(mesh, 2)
-    fwd = jax.jit(lambda p, t, m: llama.logits(CFG, p, t, m),
+    fwd = jax.jit(lambda p, t, m: transformer.logits(CFG, p, t, m),
                   in_shardings=(p_sh, b_sh, b_sh), out_shardings=rules.batch_sharding(mesh, 3))
     logits = fwd(sharded, tokens, mask)
     out["logits_diff"] = max_diff(logits, ref_logits)

@@ -20,9 +20,9 @@ jax.config.update("jax_default_matmul_precision", "highest")
 import numpy as np  # noqa: E402
 
 from tests.train import tiny  # noqa: E402
-from rljax import config_loader  # noqa: E402
+from rljax.config import loader as config_loader  # noqa: E402
 from rljax.data.tokenizer import load_tokenizer  # noqa: E402
-from rljax.models import llama, tiny_config  # noqa: E402
+from rljax.models import transformer, tiny_config# noqa: E402
 from rljax.parallel import mesh as mesh_lib, rules  # noqa: E402
 from rljax.rollout import left_pad  # noqa: E402
 from rljax.algorithm import resolve  # noqa: E402
@@ -79,7 +79,7 @@ def train_once(mesh_shape, scan_layers=False, layers=1, minibatches=1, lora_rank
   config = config_for(mesh_shape, scan_layers, layers, minibatches, lora_rank, pack)
   mesh = mesh_lib.make_mesh(config.mesh, devices_for(mesh_shape))
   model_cfg = model_config(config)
-  params = llama.init_params(model_cfg, seed=0)
+  params = transformer.init_params(model_cfg, seed=0)
   state, fns, sharding = build.sharded_state_and_fns(config, model_cfg, params, mesh)
   hp = resolve(config).hparams
   batch, _ = fns.score(state, loop.to_device(rollout_arrays(), mesh), hp)
@@ -105,7 +105,7 @@ def train_once(mesh_shape, scan_layers=False, layers=1, minibatches=1, lora_rank
   flops = (cost[0] if isinstance(cost, list) else cost)["flops"]
 
   # Placement after the step, against the rules directly (not via build.state_shardings).
-  want = rules.param_shardings(mesh, llama.logical_axes(model_cfg), llama.param_shapes(model_cfg))
+  want = rules.param_shardings(mesh, transformer.logical_axes(model_cfg), transformer.param_shapes(model_cfg))
   param_bad = []
   for (path, x), w in zip(jax.tree_util.tree_leaves_with_path(new_state.params),
                           jax.tree.leaves(want)):
@@ -149,8 +149,8 @@ def sample_once(mesh_shape):
   config = config_for(mesh_shape)
   mesh = mesh_lib.make_mesh(config.mesh, devices_for(mesh_shape))
   model_cfg = model_config(config)
-  params = llama.init_params(model_cfg, seed=0)
-  sh = rules.param_shardings(mesh, llama.logical_axes(model_cfg), llama.param_shapes(model_cfg))
+  params = transformer.init_params(model_cfg, seed=0)
+  sh = rules.param_shardings(mesh, transformer.logical_axes(model_cfg), transformer.param_shapes(model_cfg))
   on_mesh = rules.shard_params(params, sh)
   prompts = ["1+1=", "hello", "abc", "what is 7*6?"]
   tokens, mask = left_pad([TOK.encode(p) for p in prompts], 8, TOK.pad_id)

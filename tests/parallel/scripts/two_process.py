@@ -29,7 +29,7 @@ def main(pid: int, port: int):
   import numpy as np
   from jax.experimental import multihost_utils
 
-  from rljax.models import llama
+  from rljax.models import transformer
   from rljax.models.config import ModelConfig
   from rljax.parallel import mesh as mesh_lib, rules
 
@@ -54,16 +54,16 @@ def main(pid: int, port: int):
   # A sharded forward over both processes equals this process's local unsharded forward.
   cfg = ModelConfig(vocab_size=32, hidden_size=32, intermediate_size=64, num_layers=1,
                     num_heads=4, num_kv_heads=2, head_dim=8, model_type="llama")
-  params = llama.init_params(cfg, seed=0)  # same seed -> same values on both processes
+  params = transformer.init_params(cfg, seed=0)  # same seed -> same values on both processes
   rng = np.random.default_rng(0)
   tokens = rng.integers(0, cfg.vocab_size, (8, 6)).astype(np.int32)
   mask = np.ones((8, 6), np.int32)
-  p_sh = rules.param_shardings(mesh, llama.logical_axes(cfg), llama.param_shapes(cfg))
+  p_sh = rules.param_shardings(mesh, transformer.logical_axes(cfg), transformer.param_shapes(cfg))
   sharded = rules.shard_params(params, p_sh)
   local = lambda a: jax.device_put(a, jax.local_devices()[0])
-  ref = jax.jit(lambda p, t, m: llama.logits(cfg, p, t, m))(local(params), local(tokens),
+  ref = jax.jit(lambda p, t, m: transformer.logits(cfg, p, t, m))(local(params), local(tokens),
                                                             local(mask))
-  fwd = jax.jit(lambda p, t, m: llama.logits(cfg, p, t, m), in_shardings=(p_sh, b_sh, b_sh),
+  fwd = jax.jit(lambda p, t, m: transformer.logits(cfg, p, t, m), in_shardings=(p_sh, b_sh, b_sh),
                 out_shardings=rules.batch_sharding(mesh, 3))
   logits = fwd(sharded, distributed.host_local_to_global(tokens[sl], mesh),
                distributed.host_local_to_global(mask[sl], mesh))

@@ -18,7 +18,7 @@ import numpy as np  # noqa: E402
 
 from rljax import cli  # noqa: E402
 from rljax.parallel import distributed  # noqa: E402
-from rljax.train import metrics as metrics_lib  # noqa: E402
+from rljax.runs import metrics as metrics_lib  # noqa: E402
 from tests.train import tiny  # noqa: E402
 
 

@@ -1,4 +1,4 @@
-"""``jax.jit`` of the step functions with explicit shardings (``rljax.train.step.StepFns``)."""
+"""``jax.jit`` of the step functions with explicit shardings (``rljax.learner.step.StepFns``)."""
 from __future__ import annotations
 
 import dataclasses
@@ -6,7 +6,7 @@ from typing import Callable
 
 import jax
 
-from rljax.train.state import TrainState
+from rljax.learner.state import TrainState
 
 
 class _RowSharded:

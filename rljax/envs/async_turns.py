@@ -1,4 +1,4 @@
-"""Continuous batching across turns (``env.engine='continuous'``), the host half.
+"""Continuous batching across turns (``env.engine='async_turns'``), the host half.
 
 The turn-synchronous driver (``rljax.envs.episodes.run_episodes``) runs a turn of every live row
 in one sampler call, then every row's environment step, so each turn waits for its longest row
@@ -124,7 +124,7 @@ def span(deepest: int, length: int, narrow: bool = False) -> int:
   return length if narrow else min(length, -(-deepest // SPAN_BUCKET) * SPAN_BUCKET)
 
 
-def run_episodes_continuous(problems: Sequence, key, *, cfg: ModelConfig, params: Any,
+def run_async_episodes(problems: Sequence, key, *, cfg: ModelConfig, params: Any,
                             tokenizer, settings: EnvSettings, sampling, group_size: int,
                             prompt_bucket: int, slots: int = 0, dtype: Optional[str] = None,
                             refill_rows: int = 0, runner: Optional[EnvRunner] = None,

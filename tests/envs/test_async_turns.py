@@ -1,4 +1,4 @@
-"""Continuous batching across turns (``env.engine='continuous'``) against independent references:
+"""Continuous batching across turns (``env.engine='async_turns'``) against independent references:
 a full teacher-forced forward of the finished trajectory (what re-prefilling it computes), the
 turn-synchronous driver around the all-rows sampler, and the device's own draws. One tiny model
 and one set of shapes for the whole module (compiled once)."""
@@ -12,12 +12,12 @@ import pytest
 
 from rljax.data.tasks import Problem, make_task
 from rljax.envs import ENVS, Environment, StepResult, register_env
-from rljax.envs import continuous as engine_lib
+from rljax.envs import async_turns as engine_lib
 from rljax.envs.episodes import (SOURCE_ENV, SOURCE_POLICY, EnvSettings, run_episodes,
                                 turn_text)
-from rljax.models import llama, transformer
+from rljax.models import transformer
 from rljax.rollout import sampler
-from rljax.train import step as step_lib
+from rljax.learner import step as step_lib
 from tests.envs.test_driver import SP, TALKER, TOK, tiny_model_config
 
 MOODY = "test_moody"
@@ -58,7 +58,7 @@ def policy():
   """A 1-layer model whose weights are scaled up so that its argmax depends on the context
   (at init scale every row greedily repeats one character)."""
   cfg = tiny_model_config()
-  return cfg, jax.tree.map(lambda x: 4.0 * x, llama.init_params(cfg, seed=0))
+  return cfg, jax.tree.map(lambda x: 4.0 * x, transformer.init_params(cfg, seed=0))
 
 
 def _problems(n=3):
@@ -71,7 +71,7 @@ def _settings(name=TALKER, **kw):
 
 def _continuous(policy, problems, sp, slots=4, settings=None, stats=None, runner=None, key=3):
   cfg, params = policy
-  return engine_lib.run_episodes_continuous(
+  return engine_lib.run_async_episodes(
       problems, jax.random.PRNGKey(key), cfg=cfg, params=params, tokenizer=TOK,
       settings=settings or _settings(), sampling=sp, group_size=2, prompt_bucket=16,
       slots=slots, stats=stats, runner=runner)

@@ -16,13 +16,13 @@ import inspect
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from rljax import envs
-from rljax.envs import engines as _env_engines  # noqa: F401 (registers the 'env' reward source)
+from rljax.envs import drivers as _env_engines  # noqa: F401 (registers the 'env' reward source)
 from rljax.algos import (advantages, correction, cov, distill, entropy, kl, registry, value)
-from rljax.defaults import KEY_BY_NAME
+from rljax.config.table import KEY_BY_NAME
 from rljax.rewards import gold as _gold  # noqa: F401 (registers the 'gold' reward source)
 from rljax.rewards import judge as _judge  # noqa: F401 (registers the 'judge' reward source)
 from rljax.rewards import reward_model as _rm  # noqa: F401 (registers the 'rm' reward source)
-from rljax.rewards import shaping, sources, verifiers
+from rljax.rewards import shaping, sources, checkers
 from rljax.train import filters, selective
 from rljax.transforms import TRANSFORMS
 
@@ -31,7 +31,7 @@ def families() -> Dict[str, List[str]]:
   """``{family: registered names}``: what ``rljax components`` lists."""
   table = dict(registry.list_registries())
   table["transform"] = sorted(TRANSFORMS.names(), key=lambda n: TRANSFORMS.meta(n)["order"])
-  table["reward_fn"] = verifiers.REWARD_FNS.names()
+  table["reward_fn"] = checkers.REWARD_FNS.names()
   table["reward_source"] = sources.REWARD_SOURCES.names()  # reward.sources
   table["env"], table["tool"] = envs.env_names(), envs.tool_names()  # env.name; tools of envs
   return table
@@ -80,7 +80,7 @@ SECTIONS: Tuple[Section, ...] = (
             "tokens, never characters. `reward.format_weight` adds a format term "
             "(`format_ok`); `reward.wrong_value` is the reward of a wrong answer.",
             family="reward_fn",
-            functions=(verifiers.format_ok, shaping.overlong_penalty,
+            functions=(checkers.format_ok, shaping.overlong_penalty,
                        shaping.overlong_filter_mask, kl.kl_reward_penalty, kl.kl_reward_tokens)),
     Section("1.1 Reward sources (`reward.sources`)",
             "The reward is a weighted sum of named sources (docs/reward_models.md), each "
@@ -236,7 +236,7 @@ def _transform_entry(name: str) -> List[str]:
 
 
 def _reward_entry(name: str) -> List[str]:
-  fn, spec = verifiers.REWARD_FNS[name], verifiers.REWARD_SPECS[name]
+  fn, spec = checkers.REWARD_FNS[name], checkers.REWARD_SPECS[name]
   output = "binary (0 or 1)" if spec.binary else f"a real in [{spec.low}, {spec.high}]"
   return [heading("reward_fn", name), "", _where(fn) + "  ", f"Returns: {output}", "",
           _md(inspect.getdoc(fn)), ""]
@@ -267,7 +267,7 @@ def _anchor(heading: str) -> str:
 def _entries(section: Section) -> List[str]:
   lines = []
   if section.family == "reward_fn":
-    for name in verifiers.REWARD_FNS.names():
+    for name in checkers.REWARD_FNS.names():
       lines += _reward_entry(name)
   elif section.family == "reward_source":
     for name in sources.REWARD_SOURCES.names():

@@ -6,7 +6,7 @@ fields filled. With one optimizer update per batch the policy's forward is left 
 whose own forward gives the same log-probs (``old_logp`` stays None); with
 ``algo.old_logp='sampler'`` the old log-probs are the sampler's (``StepSpec.scoring_forward``).
 Either way the scoring metrics (entropy, ...) then come from the update's forwards.
-``train_step`` runs ``epochs x minibatches`` optimizer updates (``rljax.train.update``), each accumulating gradients
+``train_step`` runs ``epochs x minibatches`` optimizer updates (``rljax.learner.update``), each accumulating gradients
 over micro-batches with exact ``(sum, count)`` aggregation. The algorithm comes in resolved
 (``rljax.algorithm.resolve``) and its float hyperparameters as a traced ``hp`` dict.
 
@@ -32,13 +32,13 @@ from rljax.algorithm import Algorithm
 from rljax.models import ModelConfig, lora, transformer
 from rljax.rewards import shaping
 from rljax.rollout.sampler import Rollout
-from rljax.train import packing
-from rljax.train import update as update_lib
-from rljax.train.compiled import compile_step_fns  # noqa: F401  (re-exported: build uses it)
-from rljax.train import state as state_lib
-from rljax.train.state import TrainState
+from rljax.learner import packing
+from rljax.learner import update as update_lib
+from rljax.learner.compiled import compile_step_fns  # noqa: F401  (re-exported: build uses it)
+from rljax.learner import state as state_lib
+from rljax.learner.state import TrainState
 from rljax.transforms import Minibatch, Scored
-from rljax.train.update import scalar_metric
+from rljax.learner.update import scalar_metric
 
 Metrics = dict  # name -> (sum, count)
 
@@ -60,7 +60,7 @@ def sequence_inputs(rollout: Rollout):
 
 
 class Packed(NamedTuple):
-  """How a forward takes a batch's rows packed (``rljax.train.packing``): the ``layout``; the
+  """How a forward takes a batch's rows packed (``rljax.learner.packing``): the ``layout``; the
   update's one chunk ``chunk`` (traced), or None for every used chunk (scoring), run in a scan
   ``side_by_side`` per iteration; ``place``: the chunk's rows constrained to the data shards."""
   layout: packing.Layout

@@ -1,13 +1,13 @@
 """Every config key, declared once: default, allowed values, when it is read, one line of doc.
 
 ``rljax.config()`` / ``get_config()`` builds the default ConfigDict from ``KEYS``;
-``rljax.config_checks`` checks every value against its declaration at start-up, refuses a key set
+``rljax.config.checks`` checks every value against its declaration at start-up, refuses a key set
 away from its default that nothing reads, and checks ``RELATIONS``; ``rljax keys`` prints them and
 ``docs/config.md`` is generated from them (``python -m rljax keys --markdown``). A preset
 (``configs/<algo>.py``) changes only what makes that algorithm. Override anything on the command
 line with ``--config.section.key=value``.
 
-The format (``rljax.keys``), one line per fact::
+The format (``rljax.config.declare``), one line per fact::
 
   Key("section.name", default, check, "one line of doc"[, read_if=WHEN])
 
@@ -19,24 +19,30 @@ The format (``rljax.keys``), one line per fact::
   ``equals(key, v)``, ``differs(key, v)``, ``above(key, v)``, ``meta_says(key, test, says)`` (the
   component a key names declares something), ``component_reads()`` (an ``algo.*``
   hyperparameter, read when a resolved component binds it: its registration names the key), the
-  named ones below (``CRITIC``, ``MULTI_TURN``, ...), combined with ``&`` and ``|``.
-- Constraints between keys are ``Relation``s in ``RELATIONS`` at the end of the file.
+  named ones (``CRITIC``, ``MULTI_TURN``, ...), combined with ``&`` and ``|``.
+  The named conditions are in ``rljax.config.conditions``.
+- Constraints between keys are ``Relation``s in ``RELATIONS`` (``rljax.config.relations``).
 
-This module sits at the bottom of the package (it imports only ``rljax.keys``): models and
-components read their choices from it, and it registers nothing by being read.
+The config package sits at the bottom of rljax (it imports nothing else of it): models and
+components read their choices from this table, and it registers nothing by being read.
 """
-import re
-import string
+from __future__ import annotations
 
 import ml_collections
 from ml_collections.config_dict import placeholder
 
-from rljax.keys import (ADAM_BETA, ALWAYS, BOOL, FRACTION, KEY_TUPLE, NONEMPTY, NONNEG,
-                        PASS_RATE_WINDOW, POSITIVE, SEED, SIZE, STRING, Check, Facts, Key,
-                        Relation,
-                        When, above, choice, component_reads, declare, differs, equals,
-                        integer, meta_says, optional, parsed, real, registered, registry_meta,
-                        registry_names)
+from rljax.config.declare import (ADAM_BETA, BOOL, Check, FRACTION, KEY_TUPLE, Key, NONEMPTY,
+                                  NONNEG, PASS_RATE_WINDOW, POSITIVE, SEED, SIZE, STRING, When,
+                                  above, choice, declare, equals, integer, meta_says, optional,
+                                  parsed, real, registered)
+from rljax.config.conditions import (COMPONENT, CRITIC, DYNAMIC_SAMPLING, EMBEDDED_SOURCE,
+                                     FRESH_MODEL, GYM_SOURCE, JUDGE, JUDGE_NUMBER, KL_TERM, LORA,
+                                     MOE_MODEL, MULTI_TURN, OVERLONG_SHAPING, RM_SOURCE,
+                                     SELECTIVE, SFT_STOP, SINGLE_TURN, TRACKED, VERIFIERS_SOURCE,
+                                     VERIFIER_PROCESSES, _agg_modes, _one_reward_per_episode,
+                                     _token_level, logger_on)
+from rljax.config.reward_spec import (judge_pattern, judge_template, named_source, reward_clip,
+                                      reward_normalize, reward_weights)
 
 DTYPES = ("float32", "bfloat16", "float16")
 ROLLOUT_LEVELS = ("none", "token", "sequence", "geometric")
@@ -51,12 +57,12 @@ STRING_TUPLE = Check(lambda v: isinstance(v, (tuple, list)) and all(isinstance(t
 LORA_TARGETS = Check(lambda v: isinstance(v, (tuple, list)) and len(v) > 0
                      and all(isinstance(t, str) for t in v),
                      "a non-empty tuple of projection names, or ('all',)", tuple)
-# The names themselves are looked up in rljax.train.trackers.LOGGERS at start-up.
+# The names themselves are looked up in rljax.runs.trackers.LOGGERS at start-up.
 LOGGER_NAMES = Check(lambda v: isinstance(v, (tuple, list)) and "jsonl" in v
                      and all(isinstance(n, str) for n in v),
                      "a tuple of logger names that includes 'jsonl'", tuple)
 
-# ``model.pack='auto'`` (``rljax.train.packing.packs``): a forward packs when its packed layout
+# ``model.pack='auto'`` (``rljax.learner.packing.packs``): a forward packs when its packed layout
 # has at least this many chunks, on these platforms. Packing saves work only by the chunks the
 # batch leaves empty; in one chunk it adds the layout's gathers and saves nothing: at rows of 256
 # tokens the update in one chunk ran 0.85x packed and scoring in two 2.1x (same rows, same
@@ -66,188 +72,6 @@ LOGGER_NAMES = Check(lambda v: isinstance(v, (tuple, list)) and "jsonl" in v
 # kernel), and with no token limit (auto there) a forward is one chunk anyway.
 AUTO_PACK_MIN_CHUNKS = 2
 AUTO_PACK_PLATFORMS = ("cpu",)
-
-# --- when keys are read --------------------------------------------------------------------------
-COMPONENT = component_reads()
-CRITIC = equals("critic.enabled", True, "there is no critic (critic.enabled=False)")
-KL_TERM = differs("algo.kl_placement", "none")
-DYNAMIC_SAMPLING = equals("algo.dynamic_sampling", True)
-SELECTIVE = equals("algo.selective_rollout", True)
-OVERLONG_SHAPING = differs("reward.overlong_buffer", 0,
-                           "the overlong punishment is off (reward.overlong_buffer=0)")
-SINGLE_TURN = equals("env.name", None, lambda f, k: (
-    f"env.name={f['env.name']!r} scores the episodes (its steps run under env.timeout_s in the "
-    "reward.workers processes)"))
-VERIFIER_PROCESSES = above("reward.workers", 0, "reward.workers=0: the verifier runs in the "
-                           "trainer's process")
-MULTI_TURN = differs("env.name", None, "rollouts are single-turn (env.name=None); set env.name "
-                                       "to an environment or drop the key")
-LORA = above("model.lora.rank", 0, "model.lora.rank=0 (no adapters)")
-SFT_STOP = above("sft.stop_match", 0.0, "sft.stop_match=0 (SFT trains all sft.steps)")
-FRESH_MODEL = When(lambda f, k: f["model.source"] in ("tiny", "sft"),
-                   "model.source='tiny' or 'sft'", lambda f, k: (
-                       f"model.source={f['model.source']!r} brings its own architecture"))
-
-
-def logger_on(*names: str) -> When:
-  """``train.loggers`` names one of ``names`` (the trackers that read a ``train.*`` key)."""
-  says = " or ".join(f"'{n}'" for n in names)
-  return When(lambda f, k: bool(set(names) & set(f["train.loggers"])),
-              f"train.loggers naming {says}", lambda f, k: (
-                  f"it is read by the {' and '.join(names)} logger{'s' if len(names) > 1 else ''}"
-                  f", and train.loggers={tuple(f['train.loggers'])!r} names none"))
-
-
-TRACKERS = ("wandb", "mlflow")  # the loggers that keep a run on a tracking service
-TRACKED = logger_on(*TRACKERS)
-# data.source kinds whose keys only they read (rljax.data.datasets parses the source).
-REASONING_GYM = "reasoning_gym"
-GYM_SOURCE = When(lambda f, k: f["data.source"].startswith(REASONING_GYM + ":"),
-                  f"data.source='{REASONING_GYM}:NAME'", lambda f, k: (
-                      f"data.source={f['data.source']!r} is not a {REASONING_GYM}: source"))
-EMBEDDED_SOURCE = When(lambda f, k: not f["data.source"].startswith(REASONING_GYM + ":"),
-                       "a data.source other than reasoning_gym", lambda f, k: (
-                           f"data.source={f['data.source']!r} reads its generators' settings "
-                           "from data.reasoning_gym.config"))
-# data.source='verifiers:ID' with env.name='verifiers' (rljax/envs/verifiers_env.py).
-VERIFIERS = "verifiers"
-VERIFIERS_SOURCE = When(lambda f, k: f["data.source"].startswith(VERIFIERS + ":"),
-                        f"data.source='{VERIFIERS}:ID'", lambda f, k: (
-                            f"data.source={f['data.source']!r} is not a {VERIFIERS}: source"))
-MOE_MODEL = When(lambda f, k: bool(f.model.moe_layers), "a model with MoE layers",
-                 lambda f, k: (f"model.source={f['model.source']!r} is a {f.model.model_type} "
-                               "model without MoE layers"), frozenset({"model"}))
-
-
-def _token_level(meta) -> bool:
-  return "token_rewards" in meta["inputs"]
-
-
-def _one_reward_per_episode(f, k) -> str:
-  readers = [n for n in registry_names("advantage") if _token_level(registry_meta("advantage", n))]
-  return (f"algo.advantage={f['algo.advantage']!r} reads one reward per episode; the token-level "
-          f"estimators read it ({', '.join(readers)})")
-
-
-def _agg_modes(algorithm) -> set:
-  return {algorithm.policy_agg} | {r.agg for r in algorithm.regularizers}
-
-
-# --- reward composition (docs/reward_models.md): parsed here, composed by rljax.rewards.sources --
-# The task's own source: it always runs (its correct flags are the run's accuracy and eval's
-# pass@1) and is the whole reward when reward.sources is ''.
-VERIFIER_SOURCE, ENV_SOURCE = "verifier", "env"  # single-turn rollouts, multi-turn episodes
-NORMALIZATIONS = ("whiten",)
-
-
-def _terms(text, fields: str) -> list:
-  """``'a:x,b:y'`` -> ``[('a', ['x']), ('b', ['y'])]``: each term a name and the ``fields``
-  (e.g. ``'weight'``, ``'lo:hi'``) after it; every name once. ValueError names the bad term."""
-  if not isinstance(text, str):
-    raise ValueError(f"got {type(text).__name__} {text!r}, not a string")
-  width = len(fields.split(":"))
-  terms, seen = [], set()
-  for term in (t.strip() for t in text.split(",")) if text.strip() else ():
-    name, *rest = [part.strip() for part in term.split(":")]
-    if not name or len(rest) != width:
-      raise ValueError(f"term {term!r} is not 'name:{fields}'")
-    if name in seen:
-      raise ValueError(f"{name!r} is named twice")
-    seen.add(name)
-    terms.append((name, rest))
-  return terms
-
-
-def _number(text: str, term: str) -> float:
-  try:
-    value = float(text)
-  except ValueError:
-    raise ValueError(f"{term}: {text!r} is not a number") from None
-  if value != value or value in (float("inf"), float("-inf")):
-    raise ValueError(f"{term}: {text!r} is not finite")
-  return value
-
-
-def reward_weights(text: str) -> dict:
-  """``reward.sources``: ``'verifier:1.0,judge:0.5'`` -> ``{'verifier': 1.0, 'judge': 0.5}``
-  (``''`` -> ``{}``: the task's own source alone). Names must be registered reward sources."""
-  weights = {name: _number(w, f"weight of {name!r}") for name, (w,) in _terms(text, "weight")}
-  if weights:
-    known = registry_names("reward_source")
-    unknown = [n for n in weights if n not in known]
-    if unknown:
-      raise ValueError(f"{unknown[0]!r} is not a registered reward source; registered: "
-                       f"{', '.join(known)}")
-    if not any(weights.values()):
-      raise ValueError("every weight is 0: nothing would be optimised")
-  return weights
-
-
-def reward_normalize(text: str) -> dict:
-  """``reward.normalize``: ``'judge:whiten'`` -> ``{'judge': 'whiten'}``."""
-  out = {name: how for name, (how,) in _terms(text, "how")}
-  for name, how in out.items():
-    if how not in NORMALIZATIONS:
-      raise ValueError(f"{name}:{how}: the normalisation must be one of {list(NORMALIZATIONS)}")
-  return out
-
-
-def reward_clip(text: str) -> dict:
-  """``reward.clip``: ``'rm:-5:5'`` -> ``{'rm': (-5.0, 5.0)}`` (after whitening, if any)."""
-  out = {}
-  for name, (lo, hi) in _terms(text, "lo:hi"):
-    lo, hi = _number(lo, f"{name} lo"), _number(hi, f"{name} hi")
-    if not lo < hi:
-      raise ValueError(f"{name}:{lo}:{hi} needs lo < hi")
-    out[name] = (lo, hi)
-  return out
-
-
-def task_source(f) -> str:
-  """The task's own reward source: the verifier, or the environment of multi-turn episodes."""
-  return VERIFIER_SOURCE if f["env.name"] is None else ENV_SOURCE
-
-
-def composed_sources(f) -> dict:
-  """``{name: weight}`` of the run's reward: ``reward.sources``, or the task's source alone."""
-  return reward_weights(f["reward.sources"]) or {task_source(f): 1.0}
-
-
-def judge_template(text) -> str:
-  """``reward.judge.template``: a ``str.format`` template naming ``{prompt}`` and
-  ``{completion}`` and nothing else (literal braces doubled)."""
-  if not isinstance(text, str):
-    raise ValueError(f"got {type(text).__name__}, not a string")
-  try:
-    fields = {f for _, f, _, _ in string.Formatter().parse(text) if f is not None}
-  except ValueError as e:
-    raise ValueError(f"not a format template ({e})") from None
-  missing = {"prompt", "completion"} - fields
-  if missing or fields - {"prompt", "completion"}:
-    raise ValueError(f"it names {sorted(fields) or 'no field'}; expected exactly {{prompt}} and "
-                     "{completion}")
-  return text
-
-
-def judge_pattern(text) -> str:
-  """``reward.judge.pattern``: a regular expression whose first match is read as a number."""
-  try:
-    re.compile(text)
-  except (re.error, TypeError) as e:
-    raise ValueError(f"not a regular expression ({e})") from None
-  return text
-
-
-def named_source(name: str) -> When:
-  """``reward.sources`` names the source ``name`` (its keys are read only then)."""
-  return When(lambda f, k: name in composed_sources(f), f"'{name}' in reward.sources",
-              lambda f, k: f"reward.sources={f['reward.sources']!r} does not name '{name}'")
-
-
-JUDGE = named_source("judge")
-REWARD_MODEL_SOURCE = "rm"  # the learned scalar reward model (rljax.rewards.reward_model)
-RM_SOURCE = named_source(REWARD_MODEL_SOURCE)
-JUDGE_NUMBER = JUDGE & equals("reward.judge.parse", "number")
 
 KEYS = declare((
     Key("seed", 0, SEED, "the run's seed: model init (not the SFT cold start's: sft.seed), "
@@ -547,9 +371,9 @@ KEYS = declare((
         "template's tool messages)", read_if=MULTI_TURN),
     Key("env.engine", "turn_sync", registered("episode_engine"),
         "turn_sync: every turn is one sampler call over the live rows, then every step (a turn "
-        "waits for its slowest row and tool) | continuous: a row whose turn ends steps its "
+        "waits for its slowest row and tool) | async_turns: a row whose turn ends steps its "
         "environment while the others decode, and re-enters with its KV cache kept "
-        "(rljax/envs/continuous.py)", read_if=MULTI_TURN),
+        "(rljax/envs/async_turns.py)", read_if=MULTI_TURN),
     Key("env.turn_discount", 1.0, FRACTION,
         "token-level estimators (gae, reinforce_pp, remax): < 1 puts each turn's reward at its "
         "last policy token, discounted per turn (a token of turn k sees sum_j>=k d^(j-k) r_j); "
@@ -557,10 +381,10 @@ KEYS = declare((
         read_if=MULTI_TURN & meta_says("algo.advantage", _token_level, "a token-level estimator",
                                       _one_reward_per_episode)),
     Key("env.slots", 0, integer(0, 2**31 - 1),
-        "continuous engine: rows decoding at once (lanes); 0 = every row of the batch (a call "
+        "async_turns engine: rows decoding at once (lanes); 0 = every row of the batch (a call "
         "narrows to S/8, S/4 or S/2 lanes when that holds the rows decoding or ready to)",
-        read_if=MULTI_TURN & equals("env.engine", "continuous", lambda f, k: (
-        f"only env.engine='continuous' decodes in lanes (env.engine={f['env.engine']!r})"))),
+        read_if=MULTI_TURN & equals("env.engine", "async_turns", lambda f, k: (
+        f"only env.engine='async_turns' decodes in lanes (env.engine={f['env.engine']!r})"))),
     # --- algorithm (sections 2-5, 7) -----------------------------------------------------------
     Key("algo.advantage", "grpo", registered("advantage"), "advantage estimator"),
     Key("algo.adv_std", "group", choice("group", "batch", "none"),
@@ -832,240 +656,6 @@ KEYS = declare((
 ))
 
 KEY_BY_NAME = {key.name: key for key in KEYS}
-
-
-# --- between keys --------------------------------------------------------------------------------
-
-def _one_filled_mesh_axis(f):
-  fill = [f"mesh.{axis}" for axis in MESH_AXES if f[f"mesh.{axis}"] == -1]
-  if len(fill) > 1:
-    return (f"only one mesh axis may be -1 (the devices the others leave), got "
-            f"{', '.join(fill)}")
-
-
-def _multiple(name, of, only_if=lambda f: True):
-  def broken(f):
-    if only_if(f) and f[name] % f[of]:
-      return f"{name}={f[name]} must be a multiple of {of}={f[of]}"
-  return broken
-
-
-def _rows_split(f):
-  rows = f["rollout.prompts_per_step"] * f["rollout.group_size"]
-  if rows % (f["algo.minibatches"] * f["algo.micro_batches"]):
-    return (f"rollout.prompts_per_step x rollout.group_size = {rows} rows do not split into "
-            f"algo.minibatches={f['algo.minibatches']} x "
-            f"algo.micro_batches={f['algo.micro_batches']} equal parts")
-
-
-def _teacher(f):
-  if f["algo.opd_coef"] > 0 and not f["teacher.source"]:
-    return (f"algo.opd_coef={f['algo.opd_coef']!r} needs a distillation teacher: set "
-            "teacher.source ('hf:PATH', 'run:DIR', 'sft' or 'tiny')")
-
-
-def _lora_critic(f):
-  if f["model.lora.rank"] > 0 and f["critic.enabled"]:
-    return (f"model.lora.rank={f['model.lora.rank']} with critic.enabled=True: the critic is a "
-            "full trainable copy of the policy's trunk and shares nothing with the frozen base; "
-            "use a critic-free estimator (critic.enabled=False) or model.lora.rank=0")
-
-
-def _lora_reference(f):
-  if f["model.lora.rank"] > 0 and f["algo.ref_update"] == "ema" and f["algo.kl_placement"] != "none":
-    return (f"model.lora.rank={f['model.lora.rank']} with algo.ref_update='ema': the reference "
-            "of a LoRA policy is its frozen base (no second copy to average into); use "
-            "algo.ref_update='frozen' or model.lora.rank=0")
-
-
-def _selective_groups(f):
-  if f["algo.selective_rollout"] and f["rollout.group_size"] == 1:
-    return ("algo.selective_rollout=True with rollout.group_size=1: a group of one completion "
-            "never has a reward spread, so every prompt would count as uninformative; use "
-            "rollout.group_size >= 2")
-
-
-def _needs_groups(f):
-  """An estimator that reads ``group_size`` and declares no smaller minimum (``min_group_size``)
-  has its baseline from the other completions of the prompt."""
-  advantage = f["algo.advantage"]
-  meta = registry_meta("advantage", advantage)
-  if (f["rollout.group_size"] == 1 and "group_size" in meta["inputs"]
-      and meta.get("min_group_size", 2) > 1):
-    return (f"rollout.group_size=1 with algo.advantage={advantage!r}"
-            + (f" (adv_std={f['algo.adv_std']!r})" if advantage == "grpo" else "")
-            + ": this estimator's baseline comes from the other completions of the prompt; "
-            "use rollout.group_size >= 2")
-
-
-def _inflight_single_turn(f):
-  chunk = f["rollout.inflight_chunk"]
-  if chunk and f["env.name"] is not None:
-    return (f"rollout.inflight_chunk={chunk}: multi-turn episodes (env.name={f['env.name']!r}) "
-            "take new weights between steps only")
-  if chunk and f["model.router_replay"] == "R3":
-    return (f"rollout.inflight_chunk={chunk} with model.router_replay='R3': the sampler's "
-            "experts are not joined across chunks; use 'R2' or 'off'")
-
-
-def _replay_single_turn(f):
-  if f["model.router_replay"] == "R3" and f["env.name"] is not None:
-    return ("model.router_replay='R3' replays the experts the sampler chose for each token; "
-            f"multi-turn episodes (env.name={f['env.name']!r}) do not record them: use 'R2' (the "
-            "old-log-prob forward's experts) or 'off'")
-
-
-def _hermes_tokenizer(f):
-  if f["env.name"] is not None and f["env.tool_format"] == "hermes" \
-      and f["data.tokenizer"] == "char":
-    return ("env.tool_format='hermes' needs a tokenizer that can write "
-            "'<tool_call>{\"name\": ...}</tool_call>'; the char tokenizer has no braces, quotes or "
-            "'_': use env.tool_format='compact'")
-
-
-def _overlong_buffer(f):
-  if f["env.name"] is None and f["reward.overlong_buffer"] > f["rollout.max_new_tokens"]:
-    return (f"reward.overlong_buffer={f['reward.overlong_buffer']} is larger than "
-            f"rollout.max_new_tokens={f['rollout.max_new_tokens']}: the punishment would start "
-            "before the first token; use a buffer of at most the completion budget")
-
-
-def _gym_reward(f):
-  if f["reward.fn"] == REASONING_GYM and not GYM_SOURCE.test(f, ""):
-    return (f"reward.fn={REASONING_GYM!r} scores problems of data.source='{REASONING_GYM}:NAME' "
-            f"only (it calls the generating task's scorer); data.source={f['data.source']!r}")
-
-
-def _verifiers_pair(f):
-  source, env = f["data.source"].startswith(VERIFIERS + ":"), f["env.name"] == VERIFIERS
-  if source != env:
-    return (f"data.source={f['data.source']!r} and env.name={f['env.name']!r}: a verifiers "
-            f"environment's dataset (data.source='{VERIFIERS}:ID') is run by its own episodes "
-            f"(env.name='{VERIFIERS}'), and that environment needs those prompts; set both")
-
-
-def _normalized_sources(f):
-  names = composed_sources(f)
-  for key, parse in (("reward.normalize", reward_normalize), ("reward.clip", reward_clip)):
-    stray = [n for n in parse(f[key]) if n not in names]
-    if stray:
-      return (f"{key}={f[key]!r} names {stray[0]!r}, which is not a source of the reward "
-              f"(reward.sources={f['reward.sources']!r}: {', '.join(names)})")
-
-
-def _task_source_fits(f):
-  names, own = composed_sources(f), task_source(f)
-  other = ENV_SOURCE if own == VERIFIER_SOURCE else VERIFIER_SOURCE
-  if other in names:
-    why = (f"single-turn rollouts (env.name=None) are scored by '{VERIFIER_SOURCE}'"
-           if own == VERIFIER_SOURCE else
-           f"multi-turn episodes (env.name={f['env.name']!r}) are scored by '{ENV_SOURCE}'")
-    return f"reward.sources={f['reward.sources']!r} names '{other}': {why}"
-
-
-def _turn_rewards_alone(f):
-  """Per-turn token rewards (turn_discount < 1) carry the environment's reward only."""
-  if f["env.name"] is None or f["env.turn_discount"] >= 1.0:
-    return None
-  names = composed_sources(f)
-  added = [n for n, w in names.items() if w and n != ENV_SOURCE]
-  if names.get(ENV_SOURCE) != 1.0 or added or ENV_SOURCE in reward_normalize(
-      f["reward.normalize"]) or ENV_SOURCE in reward_clip(f["reward.clip"]):
-    return (f"env.turn_discount={f['env.turn_discount']} places the environment's own turn "
-            f"rewards on tokens; reward.sources={f['reward.sources']!r} (with reward.normalize/"
-            "clip) changes the episode's reward: use 'env:1.0' unnormalised (other sources with "
-            "weight 0, logged only) or env.turn_discount=1")
-
-
-def _sampler_old_logp(f):
-  """``algo.old_logp='sampler'`` leaves out the scoring forward, so nothing may need it: the
-  80/20 mask's ``H_old``, R2's replayed experts; rollout correction sampler -> old would weigh
-  every token by ``exp(0) = 1``."""
-  if f["algo.old_logp"] != "sampler":
-    return None
-  why = "algo.old_logp='sampler' runs no scoring forward"
-  if f["algo.entropy_top_rho"] < 1.0:
-    return (f"algo.entropy_top_rho={f['algo.entropy_top_rho']!r} masks by H_old of the scoring "
-            f"forward; {why}: use algo.old_logp='recompute'")
-  if f["model.router_replay"] == "R2":
-    return (f"model.router_replay='R2' replays the experts of the old-log-prob forward; {why}: "
-            "use 'R3' (the sampler's experts) or 'off'")
-  correcting = [f"{k}={f[k]!r}" for k, off in CORRECTION_OFF.items() if f[k] != off]
-  if correcting:
-    return (f"{correcting[0]}: rollout correction weighs sampler -> old log-probs, and with "
-            "algo.old_logp='sampler' they are the same (every ratio 1); drop it, or use "
-            "algo.old_logp='recompute'")
-
-
-# The rollout-correction keys and their 'off' values (rljax.transforms.correction).
-CORRECTION_OFF = {"algo.tis_cap": None, "algo.rollout_is": "none", "algo.rollout_rs": "none",
-                  "algo.rollout_rs_veto": None, "algo.rollout_rs_k3": None}
-
-
-def _reward_model_named(f):
-  if RM_SOURCE.test(f, "") and not f["reward.model.source"]:
-    return (f"reward.sources={f['reward.sources']!r} names '{REWARD_MODEL_SOURCE}': set "
-            "reward.model.source ('hf:PATH' of a sequence classifier or 'run:DIR' of an "
-            "`rljax rm` run)")
-
-
-def _env_workers(f):
-  if f["env.name"] is not None and f["reward.workers"] == 0:
-    return (f"reward.workers=0 with env.name={f['env.name']!r}: the environment's steps run in "
-            "worker processes (under env.timeout_s); set reward.workers >= 1")
-
-
-RELATIONS = (
-    Relation(("reward.normalize", "reward.clip", "reward.sources"),
-             "per-source normalisation names sources of the reward", _normalized_sources),
-    Relation(("reward.sources", "env.name"),
-             "'verifier' scores single-turn rollouts, 'env' multi-turn episodes",
-             _task_source_fits),
-    Relation(("reward.workers", "env.name"), "an environment steps in worker processes",
-             _env_workers),
-    Relation(("reward.sources", "env.turn_discount"),
-             "per-turn token rewards: the environment's reward alone", _turn_rewards_alone),
-    Relation(tuple(f"mesh.{axis}" for axis in MESH_AXES), "at most one axis is -1",
-             _one_filled_mesh_axis),
-    Relation(("model.hidden_size", "model.num_heads"), "heads divide the width ('tiny'/'sft')",
-             _multiple("model.hidden_size", "model.num_heads", lambda f: FRESH_MODEL.test(f, ""))),
-    Relation(("model.num_heads", "model.num_kv_heads"),
-             "key/value heads divide the query heads ('tiny'/'sft')",
-             _multiple("model.num_heads", "model.num_kv_heads", lambda f: FRESH_MODEL.test(f, ""))),
-    Relation(("rollout.prompts_per_step", "rollout.group_size", "algo.minibatches",
-              "algo.micro_batches"), "the P x G rows of a step split into minibatches x "
-             "micro_batches equal parts", _rows_split),
-    Relation(("algo.opd_coef", "teacher.source"), "distillation (opd_coef > 0) needs a teacher",
-             _teacher),
-    Relation(("rollout.group_size", "algo.advantage"),
-             "G >= 2 for an estimator whose baseline is the group", _needs_groups),
-    Relation(("algo.selective_rollout", "rollout.group_size"),
-             "selective rollouts judge a prompt by its group's spread: G >= 2", _selective_groups),
-    Relation(("rollout.inflight_chunk", "env.name", "model.router_replay"),
-             "in-flight updates: single-turn rollouts, router replay not R3",
-             _inflight_single_turn),
-    Relation(("model.router_replay", "env.name"), "R3 replay: single-turn rollouts",
-             _replay_single_turn),
-    Relation(("env.tool_format", "data.tokenizer"), "hermes tool calls need a real tokenizer",
-             _hermes_tokenizer),
-    Relation(("reward.overlong_buffer", "rollout.max_new_tokens"),
-             "DAPO's overlong buffer is at most the completion budget", _overlong_buffer),
-    Relation(("reward.fn", "data.source"), "the reasoning_gym scorer needs its source",
-             _gym_reward),
-    Relation(("data.source", "env.name"), "a verifiers source and the verifiers environment go "
-             "together", _verifiers_pair),
-    Relation(("reward.sources", "reward.model.source"),
-             f"the reward model source '{REWARD_MODEL_SOURCE}' needs reward.model.source",
-             _reward_model_named),
-    Relation(("model.lora.rank", "critic.enabled"),
-             "LoRA: no critic (it would be a full copy sharing nothing with the base)",
-             _lora_critic),
-    Relation(("model.lora.rank", "algo.ref_update", "algo.kl_placement"),
-             "LoRA: the reference is the frozen base (algo.ref_update='frozen')", _lora_reference),
-    Relation(("algo.old_logp", "algo.entropy_top_rho", "model.router_replay", *CORRECTION_OFF),
-             "algo.old_logp='sampler': no 80/20 mask, R2 replay or rollout correction (each "
-             "needs the scoring forward or compares the sampler with itself)", _sampler_old_logp),
-)
 
 
 def options(name: str) -> tuple:

@@ -14,7 +14,7 @@ import os
 import ml_collections
 
 from rljax.errors import ConfigFileError, ConfigKeyError, ConfigTypeError, UsageError
-from rljax.defaults import KEY_BY_NAME
+from rljax.config.table import KEY_BY_NAME
 
 _TRUE = {"true", "1", "yes"}
 _FALSE = {"false", "0", "no"}
@@ -66,7 +66,7 @@ def parse_value(text: str, kind, key: str):
   if text.lower() in ("none", "null"):
     return None
   if kind is float and text.strip().lower().lstrip("+-") in ("nan", "inf", "infinity"):
-    # A float the user meant, which literal_eval cannot read: rljax.config_checks then says what
+    # A float the user meant, which literal_eval cannot read: rljax.config.checks then says what
     # is wrong with the value (e.g. optim.lr must be finite) instead of "expected float".
     return float(text)
   try:

@@ -26,7 +26,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from rljax.defaults import AUTO_PACK_MIN_CHUNKS, AUTO_PACK_PLATFORMS, options
+from rljax.config.table import AUTO_PACK_MIN_CHUNKS, AUTO_PACK_PLATFORMS, options
 
 SETTINGS = options("model.pack")  # 'auto' and the strings of True / False a command line gives
 
@@ -34,7 +34,7 @@ SETTINGS = options("model.pack")  # 'auto' and the strings of True / False a com
 def packs(setting, chunks: int, platform: str) -> bool:
   """``model.pack`` resolved for a forward whose packed layout (``chunk_shape``) has ``chunks``
   chunks on ``platform``: True / False (or their strings) force it; 'auto' packs on
-  ``AUTO_PACK_PLATFORMS`` when ``chunks >= AUTO_PACK_MIN_CHUNKS`` (``rljax/defaults.py`` says
+  ``AUTO_PACK_PLATFORMS`` when ``chunks >= AUTO_PACK_MIN_CHUNKS`` (``rljax/config/table.py`` says
   why and where it was measured)."""
   if setting == "auto":
     return platform in AUTO_PACK_PLATFORMS and chunks >= AUTO_PACK_MIN_CHUNKS

@@ -24,7 +24,7 @@ import numpy as np
 
 from rljax.data import reasoning_gym_tasks
 from rljax.data.tasks import MARKER, Problem, make_task, marked_answer
-from rljax.keys import add_family
+from rljax.config.declare import add_family
 from rljax.rewards import isolation
 
 RewardFn = Callable[[str, Problem], float]

@@ -1,4 +1,4 @@
-"""Start-up validation: the one walker that applies the key declarations of ``rljax/defaults.py``.
+"""Start-up validation: the one walker that applies the key declarations of ``rljax/config/table.py``.
 
 ``check_config(config)`` is a pure function of the config: it raises one ``ConfigError`` naming
 the key, its value and what is allowed, or returns None. It runs in well under a second (no model,
@@ -24,18 +24,19 @@ from typing import Any, Dict
 # that the checks see the package's components whoever calls them.
 import rljax.algos  # noqa: F401
 import rljax.envs  # noqa: F401
-import rljax.envs.engines  # noqa: F401
+import rljax.envs.drivers  # noqa: F401
 import rljax.models.families  # noqa: F401
 import rljax.rewards.gold  # noqa: F401
 import rljax.rewards.judge  # noqa: F401
 import rljax.rewards.reward_model  # noqa: F401
 import rljax.rewards.sources  # noqa: F401
-import rljax.rewards.verifiers  # noqa: F401
+import rljax.rewards.checkers  # noqa: F401
 import rljax.rollout.engines  # noqa: F401
 import rljax.transforms  # noqa: F401
-from rljax.defaults import KEY_BY_NAME, KEYS, RELATIONS
+from rljax.config.table import KEY_BY_NAME, KEYS
+from rljax.config.relations import RELATIONS
 from rljax.errors import ConfigError, UnknownComponentError, UnusedKeyError
-from rljax.keys import Facts
+from rljax.config.declare import Facts
 
 __all__ = ["ConfigError", "UnknownComponentError", "UnusedKeyError", "check_config",
            "check_section", "check_unused", "check_eval_samples"]

@@ -1,4 +1,4 @@
-"""Experiment trackers: W&B and MLflow as loggers (``rljax.train.metrics.Logger``), chosen by name.
+"""Experiment trackers: W&B and MLflow as loggers (``rljax.runs.metrics.Logger``), chosen by name.
 
 ``train.loggers`` names the run's loggers in ``LOGGERS``: ``jsonl`` (always: the run's own
 record), ``tensorboard``, ``wandb``, ``mlflow``. A tracker gets every record ``metrics.jsonl``
@@ -27,8 +27,8 @@ import time
 from typing import Any, Callable, Mapping
 
 from rljax.errors import StartupError
-from rljax.train.metrics import MAIN, JsonlLogger, TensorBoardLogger
-from rljax.train.run_dir import flatten_config
+from rljax.runs.metrics import MAIN, JsonlLogger, TensorBoardLogger
+from rljax.runs.run_dir import flatten_config
 
 logger = logging.getLogger(__name__)
 
@@ -234,7 +234,7 @@ PACKAGES = {"wandb": "wandb", "mlflow": "mlflow"}
 def check_config(config) -> None:
   """Start-up checks of ``train.loggers``: registered names, no repeats, the trackers' packages
   installed (a tracker key set for a tracker that is not on is refused with every unread key,
-  from its declaration in ``rljax.defaults``)."""
+  from its declaration in ``rljax.config.table``)."""
   names = tuple(config.train.loggers)
   unknown = [n for n in names if n not in LOGGERS]
   if unknown:

@@ -4,7 +4,7 @@
 
 - ``turn_sync``: ``rljax.envs.episodes.run_episodes``, every turn one ``base.generate`` call over
   the live rows;
-- ``continuous``: ``rljax.envs.continuous.run_episodes_continuous``, continuous batching across
+- ``async_turns``: ``rljax.envs.async_turns.run_async_episodes``, continuous batching across
   turns with its own decode loop, reading the base engine's weights and sampler dtype (so the
   base must be a JAX engine: ``rljax.rollout.engines.JaxEngine``).
 
@@ -13,8 +13,8 @@ here.
 """
 from __future__ import annotations
 
-from rljax.defaults import ENV_SOURCE
-from rljax.envs.continuous import run_episodes_continuous
+from rljax.config.reward_spec import ENV_SOURCE
+from rljax.envs.async_turns import run_async_episodes
 from rljax.envs.episodes import EnvSettings, MultiTurnResult, run_episodes
 from rljax.errors import RewardSourceError, StartupError
 from rljax.rewards.sources import RewardBatch, Scored, register_reward_source
@@ -64,20 +64,20 @@ class TurnSyncEngine(EpisodeEngineBase):
                         prompt_bucket=self.prompt_bucket, row_multiple=self.base.row_multiple)
 
 
-class ContinuousTurnsEngine(EpisodeEngineBase):
+class AsyncTurnsEngine(EpisodeEngineBase):
   """Continuous batching across turns: its cache store and lanes on the default device, the base
   engine's weights read where they are."""
 
   def __init__(self, base: RolloutEngine, settings: EnvSettings, tokenizer, prompt_bucket: int):
     if not isinstance(base, JaxEngine):
-      raise StartupError(f"env.engine='continuous' decodes with a JAX engine's weights; the "
+      raise StartupError(f"env.engine='async_turns' decodes with a JAX engine's weights; the "
                          f"rollout engine is a {type(base).__name__}: use env.engine='turn_sync'")
     super().__init__(base, settings, tokenizer, prompt_bucket)
 
   def episodes(self, problems, key, sampling: SamplingParams, group_size: int
                ) -> MultiTurnResult:
     base = self.base
-    return run_episodes_continuous(problems, key, cfg=base.model_cfg, params=base.weights,
+    return run_async_episodes(problems, key, cfg=base.model_cfg, params=base.weights,
                                    tokenizer=self.tokenizer, settings=self.settings,
                                    sampling=sampling, group_size=group_size,
                                    prompt_bucket=self.prompt_bucket, slots=self.settings.slots,
@@ -85,7 +85,7 @@ class ContinuousTurnsEngine(EpisodeEngineBase):
 
 
 register_episode_engine("turn_sync")(TurnSyncEngine)
-register_episode_engine("continuous")(ContinuousTurnsEngine)
+register_episode_engine("async_turns")(AsyncTurnsEngine)
 
 
 @register_reward_source(ENV_SOURCE)

@@ -9,7 +9,7 @@ import math
 import os
 from typing import Iterable, Mapping, Sequence
 
-from rljax.train.metrics import read_jsonl
+from rljax.runs.metrics import read_jsonl
 
 DEFAULT_KEYS = ("reward_mean", "eval_accuracy", "entropy", "len_mean")
 

@@ -1,7 +1,7 @@
 """Metrics sinks of the RL loop: loggers behind one protocol, and a live progress bar.
 
 ``MetricsWriter`` sends every record to the run's loggers (``Logger``): a JSON-lines file and
-TensorBoard here, W&B and MLflow in ``rljax.train.trackers`` (``train.loggers``).
+TensorBoard here, W&B and MLflow in ``rljax.runs.trackers`` (``train.loggers``).
 
 ``run_dir/metrics.jsonl`` holds one JSON object per ``write`` call: ``{"step": int, key: float,
 ...}``. Non-finite values (NaN, +-inf) are written as ``null`` because ``NaN`` is not JSON and
@@ -39,7 +39,7 @@ MAIN = "metrics"  # the main stream: run_dir/metrics.jsonl, TensorBoard run_dir/
 
 
 class Logger(Protocol):
-  """Where a run's records go (JSON lines, TensorBoard, ``rljax.train.trackers``' W&B and
+  """Where a run's records go (JSON lines, TensorBoard, ``rljax.runs.trackers``' W&B and
   MLflow). ``MetricsWriter`` calls it on the main process only, with finite-or-not python floats.
 
   ``log``: one record of ``stream`` (``MAIN``, or a side stream such as ``'pretrain'``) at
@@ -157,7 +157,7 @@ class MetricsWriter:
       and appends to them.
     postfix_keys: metrics shown in the bar's postfix when present.
     loggers: ``(run_dir, start_step) -> [Logger, ...]``, called on the main process only
-      (default: JSON lines and TensorBoard; ``rljax.train.trackers.factory`` adds W&B/MLflow).
+      (default: JSON lines and TensorBoard; ``rljax.runs.trackers.factory`` adds W&B/MLflow).
   """
 
   def __init__(self, run_dir: str, *, enabled: bool, progress_total: int | None,

@@ -63,7 +63,7 @@ class Checkpointer:
     async_save: write in a background thread (``save`` returns after the device-to-host copy).
     saved: ``saved(state) -> the part of it written`` (and, applied to an abstract state, the
       part read back): e.g. the adapters of a policy whose frozen base is read from its source
-      (``rljax.train.state.saved_part``); default: all of it. ``restore`` then returns that
+      (``rljax.learner.state.saved_part``); default: all of it. ``restore`` then returns that
       part, which the caller completes.
   """
 
@@ -177,7 +177,7 @@ class Checkpointer:
         Live ``jax.Array`` leaves also work (their sharding is used).
       migrate: ``migrate(saved leaf paths, abstract_state) -> (abstract of the saved layout,
         convert) | None``: reads a checkpoint written in an older layout of the state and
-        ``convert``s it (``rljax.train.state.legacy_layout``).
+        ``convert``s it (``rljax.learner.state.legacy_layout``).
 
     Returns:
       ``(state, extra)``: the state with the structure of ``abstract_state``, and the extra dict.

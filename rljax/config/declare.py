@@ -1,7 +1,7 @@
 """How a config key is declared: default, allowed values, when it is read, one line of doc.
 
-``rljax/defaults.py`` declares every key once with ``Key`` and the constraints between keys with
-``Relation``; the defaults (``rljax.config()``), the start-up checks (``rljax.config_checks``),
+``rljax/config/table.py`` declares every key once with ``Key`` and the constraints between keys with
+``Relation``; the defaults (``rljax.config()``), the start-up checks (``rljax.config.checks``),
 ``rljax keys`` and ``docs/config.md`` are all generated from those declarations.
 
 - A ``Check`` is a callable ``check(value) -> None | str`` (None when the value is allowed, else
@@ -146,7 +146,7 @@ def add_family(family: str, registry) -> None:
 
 def registry_names(family: str) -> list:
   if family not in _FAMILIES:
-    raise LookupError(f"no registry of {family!r} names is loaded (import rljax.config_checks, "
+    raise LookupError(f"no registry of {family!r} names is loaded (import rljax.config.checks, "
                       "which imports every registry)")
   return list(_FAMILIES[family].names())
 
@@ -318,7 +318,7 @@ def text_table(declared: Sequence[Key], prefix: str = "") -> str:
 def markdown_table(declared: Sequence[Key], relations: Sequence[Relation] = ()) -> str:
   """``docs/config.md``, generated from the declarations (a test keeps the file in step)."""
   lines = ["# Config keys", "",
-           "Generated from `rljax/defaults.py` by `python -m rljax keys --markdown`; do not edit.",
+           "Generated from `rljax/config/table.py` by `python -m rljax keys --markdown`; do not edit.",
            "Override any key with `--config.KEY=VALUE`. A key set away from its default is read "
            "only under its *read with* condition; otherwise the run stops naming it.", ""]
   section = None

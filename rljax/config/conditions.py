@@ -1,0 +1,78 @@
+"""When a key is read: the named conditions of ``Key.read_if`` (``rljax.config.declare``).
+
+A key whose condition is false must keep its default, or the run stops naming it and the reason.
+The conditions that look at the reward's composition parse it with ``rljax.config.reward_spec``.
+"""
+from __future__ import annotations
+
+from rljax.config.declare import (When, above, component_reads, differs, equals, registry_meta,
+                                  registry_names)
+from rljax.config.reward_spec import REWARD_MODEL_SOURCE, named_source
+
+COMPONENT = component_reads()
+CRITIC = equals("critic.enabled", True, "there is no critic (critic.enabled=False)")
+KL_TERM = differs("algo.kl_placement", "none")
+DYNAMIC_SAMPLING = equals("algo.dynamic_sampling", True)
+SELECTIVE = equals("algo.selective_rollout", True)
+OVERLONG_SHAPING = differs("reward.overlong_buffer", 0,
+                           "the overlong punishment is off (reward.overlong_buffer=0)")
+SINGLE_TURN = equals("env.name", None, lambda f, k: (
+    f"env.name={f['env.name']!r} scores the episodes (its steps run under env.timeout_s in the "
+    "reward.workers processes)"))
+VERIFIER_PROCESSES = above("reward.workers", 0, "reward.workers=0: the verifier runs in the "
+                           "trainer's process")
+MULTI_TURN = differs("env.name", None, "rollouts are single-turn (env.name=None); set env.name "
+                                       "to an environment or drop the key")
+LORA = above("model.lora.rank", 0, "model.lora.rank=0 (no adapters)")
+SFT_STOP = above("sft.stop_match", 0.0, "sft.stop_match=0 (SFT trains all sft.steps)")
+FRESH_MODEL = When(lambda f, k: f["model.source"] in ("tiny", "sft"),
+                   "model.source='tiny' or 'sft'", lambda f, k: (
+                       f"model.source={f['model.source']!r} brings its own architecture"))
+
+
+def logger_on(*names: str) -> When:
+  """``train.loggers`` names one of ``names`` (the trackers that read a ``train.*`` key)."""
+  says = " or ".join(f"'{n}'" for n in names)
+  return When(lambda f, k: bool(set(names) & set(f["train.loggers"])),
+              f"train.loggers naming {says}", lambda f, k: (
+                  f"it is read by the {' and '.join(names)} logger{'s' if len(names) > 1 else ''}"
+                  f", and train.loggers={tuple(f['train.loggers'])!r} names none"))
+
+
+TRACKERS = ("wandb", "mlflow")  # the loggers that keep a run on a tracking service
+TRACKED = logger_on(*TRACKERS)
+# data.source kinds whose keys only they read (rljax.data.datasets parses the source).
+REASONING_GYM = "reasoning_gym"
+GYM_SOURCE = When(lambda f, k: f["data.source"].startswith(REASONING_GYM + ":"),
+                  f"data.source='{REASONING_GYM}:NAME'", lambda f, k: (
+                      f"data.source={f['data.source']!r} is not a {REASONING_GYM}: source"))
+EMBEDDED_SOURCE = When(lambda f, k: not f["data.source"].startswith(REASONING_GYM + ":"),
+                       "a data.source other than reasoning_gym", lambda f, k: (
+                           f"data.source={f['data.source']!r} reads its generators' settings "
+                           "from data.reasoning_gym.config"))
+# data.source='verifiers:ID' with env.name='verifiers' (rljax/envs/verifiers_env.py).
+VERIFIERS = "verifiers"
+VERIFIERS_SOURCE = When(lambda f, k: f["data.source"].startswith(VERIFIERS + ":"),
+                        f"data.source='{VERIFIERS}:ID'", lambda f, k: (
+                            f"data.source={f['data.source']!r} is not a {VERIFIERS}: source"))
+MOE_MODEL = When(lambda f, k: bool(f.model.moe_layers), "a model with MoE layers",
+                 lambda f, k: (f"model.source={f['model.source']!r} is a {f.model.model_type} "
+                               "model without MoE layers"), frozenset({"model"}))
+
+
+def _token_level(meta) -> bool:
+  return "token_rewards" in meta["inputs"]
+
+
+def _one_reward_per_episode(f, k) -> str:
+  readers = [n for n in registry_names("advantage") if _token_level(registry_meta("advantage", n))]
+  return (f"algo.advantage={f['algo.advantage']!r} reads one reward per episode; the token-level "
+          f"estimators read it ({', '.join(readers)})")
+
+
+def _agg_modes(algorithm) -> set:
+  return {algorithm.policy_agg} | {r.agg for r in algorithm.regularizers}
+
+JUDGE = named_source("judge")
+RM_SOURCE = named_source(REWARD_MODEL_SOURCE)
+JUDGE_NUMBER = JUDGE & equals("reward.judge.parse", "number")
