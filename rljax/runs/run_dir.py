@@ -36,7 +36,7 @@ import time
 
 from rljax import errors
 from rljax.errors import RljaxError, RunDirError
-from rljax.data import datasets
+from rljax.data import sources
 from rljax.parallel import distributed
 
 logger = logging.getLogger(__name__)
@@ -216,7 +216,7 @@ def write_config(run_dir: str, config_json: str) -> None:
 
 
 def data_record(config) -> dict:
-  return {"source": config.data.source, "sha256": datasets.fingerprint(config.data.source)}
+  return {"source": config.data.source, "sha256": sources.fingerprint(config.data.source)}
 
 
 def check_data(config, record: dict) -> None:

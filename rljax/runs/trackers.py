@@ -1,8 +1,10 @@
 """Experiment trackers: W&B and MLflow as loggers (``rljax.runs.metrics.Logger``), chosen by name.
 
-``train.loggers`` names the run's loggers in ``LOGGERS``: ``jsonl`` (always: the run's own
-record), ``tensorboard``, ``wandb``, ``mlflow``. A tracker gets every record ``metrics.jsonl``
-gets, at the same step; side streams (critic pre-training) as ``<stream>/<key>`` metrics in
+``train.loggers`` names the run's loggers in ``LOGGERS`` (``rljax.registries``, filled by the
+modules of ``rljax.runs``): ``jsonl`` (always: the run's own record), ``tensorboard``, ``wandb``,
+``mlflow`` (registered here), and any logger registered with ``register_logger`` (a module of
+``rljax.runs``, a notebook, a test file). A tracker gets every record ``metrics.jsonl`` gets, at
+the same step; side streams (critic pre-training) as ``<stream>/<key>`` metrics in
 MLflow and as one ``<stream>`` table in W&B (its history has a single step axis); the resolved
 config once, when the tracker's run is created; and the finished ``curves.png`` and ``evals.csv``.
 
@@ -24,9 +26,10 @@ import os
 import re
 import secrets
 import time
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 from rljax.errors import StartupError
+from rljax.registries import LOGGERS
 from rljax.runs.metrics import MAIN, JsonlLogger, TensorBoardLogger
 from rljax.runs.run_dir import flatten_config
 
@@ -219,30 +222,48 @@ class Guarded:
       self.inner = None
 
 
-# name -> (config, start_step) -> Logger; the package a tracker needs (None: always installed).
-LOGGERS: dict[str, Callable] = {
-    "jsonl": lambda config, start: JsonlLogger(config.train.run_dir, start),
-    "tensorboard": lambda config, start: TensorBoardLogger(config.train.run_dir, start),
-    "wandb": lambda config, start: Guarded("wandb",
-                                           lambda: WandbLogger(config, config.train.resume)),
-    "mlflow": lambda config, start: Guarded("mlflow",
-                                            lambda: MlflowLogger(config, config.train.resume)),
-}
-PACKAGES = {"wandb": "wandb", "mlflow": "mlflow"}
+def register_logger(name: str, *, reads: Sequence[str] = (), package: Optional[str] = None
+                    ) -> Callable:
+  """``@register_logger("name")`` on ``factory(config, start_step) -> Logger`` (a
+  ``rljax.runs.metrics.Logger``: ``log``, ``log_config``, ``log_artifact``, ``close``):
+  selectable in ``train.loggers``. ``reads``: the ``train.*`` keys only it reads; ``package``: the
+  optional package it needs, installed with the extra ``rljax[name]``."""
+  return LOGGERS.register(name, reads=reads, package=package)
 
 
-def check_config(config) -> None:
-  """Start-up checks of ``train.loggers``: registered names, no repeats, the trackers' packages
-  installed (a tracker key set for a tracker that is not on is refused with every unread key,
-  from its declaration in ``rljax.config.table``)."""
-  names = tuple(config.train.loggers)
-  unknown = [n for n in names if n not in LOGGERS]
-  if unknown:
-    raise StartupError(f"train.loggers: {unknown} not registered; loggers: {sorted(LOGGERS)}")
-  if len(set(names)) != len(names):
-    raise StartupError(f"train.loggers={names!r} names a logger twice")
-  for name in names:
-    package = PACKAGES.get(name)
+TRACKER_KEYS = ("train.tracker_project", "train.tracker_run_name", "train.tracker_group",
+                "train.tracker_tags")  # what a tracking service's logger reads
+
+@register_logger("jsonl")
+def jsonl_logger(config, start):
+  """The run's own record, ``run_dir/metrics.jsonl`` (``JsonlLogger``), read back by resumes,
+  evals and sweeps: always on."""
+  return JsonlLogger(config.train.run_dir, start)
+
+
+@register_logger("tensorboard")
+def tensorboard_logger(config, start):
+  """TensorBoard event files under ``run_dir/tb`` (``TensorBoardLogger``)."""
+  return TensorBoardLogger(config.train.run_dir, start)
+
+
+@register_logger("wandb", reads=TRACKER_KEYS, package="wandb")
+def wandb_logger(config, start):
+  """A W&B run (``WandbLogger``); a failure switches it off, never the run (``Guarded``)."""
+  return Guarded("wandb", lambda: WandbLogger(config, config.train.resume))
+
+
+@register_logger("mlflow", reads=TRACKER_KEYS + ("train.mlflow_tracking_uri",), package="mlflow")
+def mlflow_logger(config, start):
+  """An MLflow run (``MlflowLogger``); a failure switches it off, never the run (``Guarded``)."""
+  return Guarded("mlflow", lambda: MlflowLogger(config, config.train.resume))
+
+
+def check_logger_packages(config) -> None:
+  """Start-up check of ``train.loggers`` beyond its key's (registered names, none twice): the
+  packages its loggers need are installed."""
+  for name in config.train.loggers:
+    package = LOGGERS.meta(name)["package"]
     if package and importlib.util.find_spec(package) is None:
       raise StartupError(f"train.loggers names {name!r} but {package} is not installed: "
                          f"pip install 'rljax[{name}]'")
@@ -256,6 +277,5 @@ def factory(config) -> Callable[[str, int | None], list]:
     if not config.train.resume:
       with contextlib.suppress(FileNotFoundError):
         os.remove(os.path.join(run_dir, IDS_FILE))
-    return [LOGGERS[name](config, start) for name in config.train.loggers]
+    return [LOGGERS.get(name)(config, start) for name in config.train.loggers]
   return make
-

@@ -1,6 +1,7 @@
-"""Registration cannot be forgotten: every module of ``rljax`` that registers a component, a
-transform, an environment or an engine is imported by the config checks, which load every registry
-(package scans, no list by hand)."""
+"""Registration cannot be forgotten: every module of ``rljax`` that registers a piece (a
+component, a transform, an environment, an engine, a data source, ...) is imported when the
+registries are read, each registry filling itself from the modules it declares (package scans, no
+list by hand), and nothing imports a module for its side effect."""
 import os
 import re
 import subprocess
@@ -9,7 +10,7 @@ import sys
 import rljax
 
 ROOT = os.path.dirname(rljax.__file__)
-REGISTERS = re.compile(r"^@register_\w+\(|^@\w+\.register\(", re.M)
+REGISTERS = re.compile(r"^@?[\w.]*register_\w+\(|^@\w+\.register\(", re.M)
 
 
 def _registering_modules():
@@ -23,13 +24,13 @@ def _registering_modules():
   return sorted(found)
 
 
-def test_every_registering_module_is_imported_by_its_package():
+def test_every_registering_module_fills_a_registry_when_it_is_read():
   modules = _registering_modules()
-  assert {"rljax.algos.losses", "rljax.transforms.kl_coef", "rljax.rewards.checkers"} <= set(
-      modules)
-  # A fresh interpreter: what the config checks import (they load every registry the key
-  # declarations name), nothing a test did.
-  code = ("import sys, rljax.config.checks; "
+  assert {"rljax.algos.losses", "rljax.transforms.kl_coef", "rljax.rewards.checkers",
+          "rljax.envs.drivers", "rljax.data.datasets", "rljax.runs.trackers",
+          "rljax.models.families.llama"} <= set(modules)
+  # A fresh interpreter that reads every registry and imports nothing else of rljax.
+  code = ("import sys, rljax.registries as r; [reg.names() for reg in r.FAMILIES.values()]; "
           f"print([m for m in {modules!r} if m not in sys.modules])")
   out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                        cwd=os.path.dirname(ROOT))
@@ -59,3 +60,20 @@ def test_a_new_module_in_a_registry_package_registers_itself(tmp_path):
   out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                        cwd=str(package), env=dict(os.environ, PYTHONPATH=str(package)))
   assert out.stdout.strip() == "True", out.stderr[-2000:]
+
+
+# ``import rljax.x  # noqa: F401`` or ``from rljax.x import y as _y  # noqa: F401``: an import
+# kept only for what importing it does (e.g. filling a registry before it is read).
+SIDE_EFFECT = re.compile(r"^\s*(import rljax\S*|from rljax\S* import \w+ as _\w+)\s+# noqa: F401")
+
+
+def test_nothing_imports_a_module_for_its_side_effect():
+  kept = []
+  for folder, _, files in os.walk(ROOT):
+    for name in files:
+      if name.endswith(".py"):
+        path = os.path.join(folder, name)
+        for number, line in enumerate(open(path, encoding="utf-8"), 1):
+          if SIDE_EFFECT.match(line):
+            kept.append(f"{os.path.relpath(path, ROOT)}:{number}: {line.strip()}")
+  assert not kept, kept

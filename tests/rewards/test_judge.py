@@ -13,7 +13,7 @@ from rljax.errors import ConfigError, StartupError
 from rljax.models import transformer
 from rljax.rewards import judge as judge_lib
 from rljax.rewards import sources
-from rljax.rollout.engines import ENGINES, EngineBase, register_engine
+from rljax.rollout.engines import ROLLOUT_ENGINES, EngineBase, register_engine
 from rljax.rollout.record import Rollout
 from rljax.train import build
 
@@ -47,7 +47,7 @@ def scripted():
   register_engine("scripted_judge")(ScriptedJudge)
   PROMPTS_SEEN.clear()
   yield
-  ENGINES.unregister("scripted_judge")
+  ROLLOUT_ENGINES.unregister("scripted_judge")
 
 
 def _config(**judge):
