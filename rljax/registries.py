@@ -184,7 +184,7 @@ class Registry:
     return f"Registry({self.kind!r}, {sorted(self._pieces)})"
 
 
-# --- the families ----------------------------------------------------------------------------------
+# --- the families --------------------------------------------------------------------------------
 
 _ALGOS = ("rljax.algos",)
 ADVANTAGES = Registry("advantage", "advantage estimator", "algo.advantage", fill=_ALGOS,

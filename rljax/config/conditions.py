@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from rljax.config.declare import (When, above, chosen_reads, component_reads, differs, equals,
                                   registry_meta, registry_names)
-from rljax.config.reward_spec import REWARD_MODEL_SOURCE, named_source
+from rljax.config.reward_spec import REWARD_MODEL_SOURCE, named_source, reward_weights
 
 COMPONENT = component_reads()
 CRITIC = equals("critic.enabled", True, "there is no critic (critic.enabled=False)")
@@ -36,6 +36,8 @@ ENGINE_READS = chosen_reads("rollout.engine")
 DRIVER_READS = chosen_reads("env.engine")
 DATA_SOURCE_READS = chosen_reads("data.source")
 LOGGER_READS = chosen_reads("train.loggers")
+REWARD_SOURCE_READS = chosen_reads("reward.sources", "reward_source",
+                                   lambda text: tuple(reward_weights(text)))
 # data.source='NAME:ARGS' names that relations pair with other keys.
 REASONING_GYM = "reasoning_gym"
 VERIFIERS = "verifiers"  # data.source='verifiers:ID' with env.name='verifiers'
@@ -64,6 +66,5 @@ def _one_reward_per_episode(f, k) -> str:
 def _agg_modes(algorithm) -> set:
   return {algorithm.policy_agg} | {r.agg for r in algorithm.regularizers}
 
-JUDGE = named_source("judge")
 RM_SOURCE = named_source(REWARD_MODEL_SOURCE)
-JUDGE_NUMBER = JUDGE & equals("reward.judge.parse", "number")
+JUDGE_NUMBER = REWARD_SOURCE_READS & equals("reward.judge.parse", "number")

@@ -257,7 +257,7 @@ def above(name: str, bound, unless=None) -> When:
   return When(lambda f, k: f[name] > bound, f"{name} > {bound!r}", unless)
 
 
-_KEY_CHECKS: Dict[str, Check] = {}  # filled by ``declare``: a key naming registered pieces -> its check
+_KEY_CHECKS: Dict[str, Check] = {}  # filled by ``declare``: key naming registered pieces -> check
 
 
 def meta_says(name: str, test: Callable[[dict], bool], says: str, unless=None) -> When:
@@ -265,23 +265,25 @@ def meta_says(name: str, test: Callable[[dict], bool], says: str, unless=None) -
   return When(lambda f, k: test(registry_meta(_KEY_CHECKS[name].family, f[name])), says, unless)
 
 
-def chosen_reads(selector: str) -> When:
+def chosen_reads(selector: str, family: str = "",
+                 names: Optional[Callable[[Any], Sequence[str]]] = None) -> When:
   """The piece that the key ``selector`` picks (a ``registered...`` key: ``rollout.engine``,
-  ``data.source``, ``train.loggers``) declares that it reads the key (its registration's
-  ``reads``). Unread, the key is named with the pieces that would read it."""
-  def picked(f: Facts) -> tuple:
-    return tuple(_KEY_CHECKS[selector].names(f[selector]))
+  ``data.source``, ``train.loggers``; or any key, given its ``family`` and ``names(value)``, the
+  names a value picks) declares that it reads the key (its registration's ``reads``). Unread, the
+  key is named with the pieces that would read it."""
+  def family_of() -> str:
+    return family or _KEY_CHECKS[selector].family
 
   def reads(f: Facts, key: str) -> bool:
-    family = _KEY_CHECKS[selector].family
-    return any(key in registry_meta(family, name)["reads"] for name in picked(f))
+    picked = (names or _KEY_CHECKS[selector].names)(f[selector])
+    return any(key in registry_meta(family_of(), name)["reads"] for name in picked)
 
   def readers(key: str) -> list:
-    family = _KEY_CHECKS[selector].family
-    return [n for n in registry_names(family) if key in registry_meta(family, n)["reads"]]
+    return [n for n in registry_names(family_of())
+            if key in registry_meta(family_of(), n)["reads"]]
 
   def unless(f: Facts, key: str) -> str:
-    what = registries.family(_KEY_CHECKS[selector].family).what
+    what = registries.family(family_of()).what
     named = [f"{what} '{n}'" for n in readers(key)]
     return (f"{selector}={f[selector]!r} does not read it"
             + (f"; it is read by {', '.join(named)}" if named else ""))

@@ -38,11 +38,11 @@ from rljax.config.declare import (ADAM_BETA, BOOL, Check, FRACTION, KEY_TUPLE, K
                                   registered_tuple)
 from rljax.config.conditions import (COMPONENT, CRITIC, DATA_SOURCE_READS, DRIVER_READS,
                                      DYNAMIC_SAMPLING, EMBEDDED_SOURCE, ENGINE_READS,
-                                     FRESH_MODEL, JUDGE, JUDGE_NUMBER, KL_TERM, LOGGER_READS,
-                                     LORA, MOE_MODEL, MULTI_TURN, OVERLONG_SHAPING, RM_SOURCE,
+                                     FRESH_MODEL, JUDGE_NUMBER, KL_TERM, LOGGER_READS, LORA,
+                                     MOE_MODEL, MULTI_TURN, OVERLONG_SHAPING, REWARD_SOURCE_READS,
                                      SELECTIVE, SFT_STOP, SINGLE_TURN, VERIFIER_PROCESSES,
                                      _agg_modes, _one_reward_per_episode, _token_level)
-from rljax.config.reward_spec import (judge_pattern, judge_template, named_source, reward_clip,
+from rljax.config.reward_spec import (judge_pattern, judge_template, reward_clip,
                                       reward_normalize, reward_weights)
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -276,15 +276,15 @@ KEYS = declare((
     Key("reward.judge.source", "policy", NONEMPTY,
         "the judge's weights: 'policy' (the policy's own at step 0: model.source) | 'hf:PATH' | "
         "'run:DIR' (DIR/hf); it reads text with the run's tokenizer (data.tokenizer)",
-        read_if=JUDGE),
+        read_if=REWARD_SOURCE_READS),
     Key("reward.judge.template", "question: {prompt}\nanswer: {completion}\nscore: ",
         parsed(judge_template, "a template naming {prompt} and {completion}"),
         "the judge's prompt, a str.format template over the row's prompt and completion (as "
-        "prompts are: chat template, BOS)", read_if=JUDGE),
+        "prompts are: chat template, BOS)", read_if=REWARD_SOURCE_READS),
     Key("reward.judge.parse", "number", choice("number", "p_yes"),
         "verdict -> score: number (the first match of reward.judge.pattern in the judge's "
         "generated verdict, clipped to reward.judge.range) | p_yes (P(reward.judge.yes) of the "
-        "judge's next token after the template, no sampling)", read_if=JUDGE),
+        "judge's next token after the template, no sampling)", read_if=REWARD_SOURCE_READS),
     Key("reward.judge.pattern", r"-?\d+(?:\.\d+)?",
         parsed(judge_pattern, "a regular expression"),
         "parse=number: the verdict's score is the first match (its group 1 if it has groups)",
@@ -299,7 +299,7 @@ KEYS = declare((
         "reward/judge_unparsable)", read_if=JUDGE_NUMBER),
     Key("reward.judge.yes", " yes", NONEMPTY,
         "parse=p_yes: the text whose probability is the score; one token of the run's "
-        "tokenizer (e.g. 'y' with the char tokenizer)", read_if=JUDGE & equals(
+        "tokenizer (e.g. 'y' with the char tokenizer)", read_if=REWARD_SOURCE_READS & equals(
             "reward.judge.parse", "p_yes")),
     Key("reward.judge.engine", "all_rows", registered("rollout_engine"),
         "parse=number: the rollout engine that generates the verdicts (rollout.engine's "
@@ -318,7 +318,7 @@ KEYS = declare((
         "'run:DIR' holds no export yet, the gold scorer labels this many preference pairs of the "
         "embedded task into rm.train_file (kept if it exists) and `rljax rm` trains the reward "
         "model into DIR first (rm.*, model.*), as model.source='sft' is trained first; 0 = off",
-        read_if=named_source("gold")),
+        read_if=REWARD_SOURCE_READS),
     Key("reward.workers", 4, integer(0, 1024),
         "verifier worker processes; 0 = the verifier runs in the trainer's process (no process "
         "round trip per call, no timeout: for fast verifiers one trusts, e.g. exact_match)"),
@@ -335,20 +335,21 @@ KEYS = declare((
     Key("reward.model.source", "", STRING,
         "reward source 'rm': 'hf:PATH' (a *ForSequenceClassification directory, one label) | "
         "'run:DIR[@STEP]' (an `rljax rm` run: its export DIR/hf, or DIR/exports/STEP)",
-        read_if=RM_SOURCE),
+        read_if=REWARD_SOURCE_READS),
     Key("reward.model.tokenizer", "", STRING,
         "the reward model's tokenizer: '' = its own (the hf: directory's tokenizer files, the "
         "rm run's data.tokenizer) | 'char' | a local Hugging Face tokenizer directory; the "
         "policy's ids are reused when it is the policy's, else the text is re-encoded",
-        read_if=RM_SOURCE),
+        read_if=REWARD_SOURCE_READS),
     Key("reward.model.chat_template", False, BOOL,
-        "render prompts with the reward model tokenizer's chat template", read_if=RM_SOURCE),
+        "render prompts with the reward model tokenizer's chat template",
+        read_if=REWARD_SOURCE_READS),
     Key("reward.model.batch_size", 0, integer(0),
         "rows per reward-model forward (rounded up to a multiple of the data-parallel width); "
-        "0 = the whole batch in one", read_if=RM_SOURCE),
+        "0 = the whole batch in one", read_if=REWARD_SOURCE_READS),
     Key("reward.model.dtype", "", choice("", *DTYPES),
         "reward-model compute dtype; '' = model.dtype (bfloat16 on accelerators)",
-        read_if=RM_SOURCE),
+        read_if=REWARD_SOURCE_READS),
     # --- multi-turn environment (docs/multiturn.md) -------------------------------------------
     Key("env.name", None, optional(registered("environment")),
         "None = single-turn rollouts scored by reward.fn | a registered environment: multi-turn "

@@ -174,7 +174,9 @@ class Judge:
     return Scored(scores, metrics={UNPARSABLE: float(unparsable)})
 
 
-@register_reward_source("judge")
+@register_reward_source("judge", reads=tuple(f"reward.judge.{k}" for k in (
+    "source", "template", "parse", "pattern", "range", "fallback", "yes", "engine",
+    "max_new_tokens", "greedy", "temperature")))
 def judge_source(config, tokenizer, model_cfg, mesh) -> Callable:
   """An LLM judge (``reward.judge.*``, ``rljax.rewards.judge``): ``reward.judge.template`` over
   the row's prompt and completion; the score is the first number of the judge's verdict in

@@ -37,29 +37,52 @@ def test_every_registering_module_fills_a_registry_when_it_is_read():
   assert out.stdout.strip() == "[]", f"registered only if someone imports them: {out.stdout}"
 
 
+# A new module per plug-in kind, each dropped into the package its registry scans: (package,
+# module text, registry, name).
+NEW_MODULES = (
+    ("transforms", "from rljax.transforms.base import register_transform\n"
+     "@register_transform('zz_new', order=1000, reads=())\n"
+     "def make(algo, hparams):\n  return None\n", "TRANSFORMS", "zz_new"),
+    ("data", "from rljax.data.sources import Rows, register_data_source\n"
+     "@register_data_source('zz_new')\ndef zz(arg, settings):\n  return Rows([])\n",
+     "DATA_SOURCES", "zz_new"),
+    ("runs", "from rljax.runs.trackers import register_logger\n"
+     "@register_logger('zz_new')\ndef zz(config, start):\n  return None\n", "LOGGERS",
+     "zz_new"),
+    ("rewards", "from rljax.rewards.sources import register_reward_source\n"
+     "@register_reward_source('zz_new')\ndef zz(config, tok, cfg, mesh):\n  return None\n",
+     "REWARD_SOURCES", "zz_new"),
+    ("envs", "from rljax.envs.base import Environment, register_env\n"
+     "@register_env('zz_new')\nclass Zz(Environment):\n  reset = step = None\n", "ENVS",
+     "zz_new"),
+    ("rollout", "from rljax.rollout.engines import register_engine\n"
+     "@register_engine('zz_new')\ndef zz(config, model_cfg, placement):\n  return None\n",
+     "ROLLOUT_ENGINES", "zz_new"),
+)
+
+
 def test_a_new_module_in_a_registry_package_registers_itself(tmp_path):
-  """A module dropped into rljax/transforms (no list edited) is found by the package scan."""
-  package = tmp_path / "pkg"
-  (package / "rljax").mkdir(parents=True)
-  for sub in ("algos", "transforms", "rewards"):
-    os.symlink(os.path.join(ROOT, sub), package / "rljax" / sub)
-  # A copy of the transforms package with one more module, in a private tree.
-  os.unlink(package / "rljax" / "transforms")
-  (package / "rljax" / "transforms").mkdir()
-  for name in os.listdir(os.path.join(ROOT, "transforms")):
-    if name.endswith(".py"):
-      os.symlink(os.path.join(ROOT, "transforms", name), package / "rljax" / "transforms" / name)
-  (package / "rljax" / "transforms" / "zz_new.py").write_text(
-      "from rljax.transforms.base import register_transform\n"
-      "@register_transform('zz_new', order=1000, reads=())\n"
-      "def make(algo, hparams):\n  return None\n")
+  """A module dropped into the package a registry scans (a transform, a data source, a logger, a
+  reward source, an environment, a rollout engine: no list edited, nothing else touched) is
+  registered when the registry is first read."""
+  package = tmp_path / "pkg" / "rljax"
+  package.mkdir(parents=True)
+  changed = {sub for sub, *_ in NEW_MODULES}
   for name in os.listdir(ROOT):
-    if name not in ("algos", "transforms", "rewards", "__pycache__"):
-      os.symlink(os.path.join(ROOT, name), package / "rljax" / name)
-  code = "import rljax.transforms as t; print('zz_new' in t.TRANSFORMS.names())"
+    if name not in changed | {"__pycache__"}:
+      os.symlink(os.path.join(ROOT, name), package / name)
+  for sub, text, _, _ in NEW_MODULES:  # a private copy of the package with one more module
+    (package / sub).mkdir()
+    for name in os.listdir(os.path.join(ROOT, sub)):
+      if name.endswith(".py"):
+        os.symlink(os.path.join(ROOT, sub, name), package / sub / name)
+    (package / sub / "zz_new.py").write_text(text)
+  code = ("import rljax.registries as r; "
+          f"print([n in getattr(r, reg).names() for _, _, reg, n in {NEW_MODULES!r}])")
   out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                       cwd=str(package), env=dict(os.environ, PYTHONPATH=str(package)))
-  assert out.stdout.strip() == "True", out.stderr[-2000:]
+                       cwd=str(package.parent),
+                       env=dict(os.environ, PYTHONPATH=str(package.parent)))
+  assert out.stdout.strip() == str([True] * len(NEW_MODULES)), out.stderr[-2000:]
 
 
 # ``import rljax.x  # noqa: F401`` or ``from rljax.x import y as _y  # noqa: F401``: an import

@@ -132,5 +132,7 @@ def test_a_yes_of_several_tokens_and_an_unread_judge_key_are_refused():
     _judge(_config(parse="p_yes"))
   config = rljax.config()
   config.reward.judge.parse = "p_yes"
-  with pytest.raises(ConfigError, match="does not name 'judge'"):
+  with pytest.raises(ConfigError, match=r"^reward.judge.parse='p_yes' is not used: reward.sources="
+                                        r"'' does not read it; it is read by reward source "
+                                        r"'judge'$"):
     config_checks.check_config(config)

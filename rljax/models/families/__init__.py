@@ -1,8 +1,9 @@
-"""Model families: per HF ``model_type``, the blocks that differ and how config.json and the
-tensor names map onto rljax (``Family``). Adding a family is one file in this package that calls
+"""Model families: per HF ``model_type``, the blocks that differ and how config.json and the tensor
+names map onto rljax (``Family``). Adding a family is one file in this package that calls
 ``register_family`` (``MODEL_FAMILIES`` of ``rljax.registries``: every module of this package is
-imported the first time it is read, so a family registers itself by existing); the network (``rljax.models.transformer``), the sampler, the trainer, import
-and export and ``rljax plan`` take everything else from the record.
+imported the first time it is read, so a family registers itself by existing); the network
+(``rljax.models.transformer``), the sampler, the trainer, import and export and ``rljax plan``
+take everything else from the record.
 """
 from __future__ import annotations
 
