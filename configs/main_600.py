@@ -2,7 +2,7 @@
 a cold start trained to 40% exact match; configs/main.py with those five values. The studies
 recorded on it keep it, so that they reproduce: configs/main_grpo.py and main_dr_grpo.py,
 experiments/compare_main.py, async_main.py, opd_demo.py and studies/lora_without_regret.py, and
-the benchmarks that describe its runs. docs/results/main_job.md says what changed and why.
+the benchmarks that describe its runs. docs/results/main_job/README.md says what changed and why.
 
   python -m rljax train --config configs/main_600.py
 """

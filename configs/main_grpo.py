@@ -26,7 +26,7 @@ def with_algorithm(algo_file: str, run_dir: str):
         c[section][key] = value
   c.train.run_dir = run_dir
   # 256 held-out problems, as when the studies on this base ran (rlhf_overoptimization, the
-  # comparisons of docs/results/main_job_compare.md); the main job now evaluates all 943.
+  # comparisons of docs/results/main_600_algorithms/README.md); the main job now evaluates all 943.
   c.data.num_eval = 256
   return c
 

@@ -1,4 +1,4 @@
-"""Study scale: the base of the ablation studies (experiments/studies/, docs/results/ablations.md).
+"""Study scale: the base of the ablation studies (experiments/studies/, docs/results/claims/README.md).
 
   python -m rljax sweep experiments/studies/dapo_ladder.py
 

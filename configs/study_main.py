@@ -7,10 +7,10 @@ The main job's learning rate is constant after warmup, so a run here is the firs
 the main job's run of the same seed. 150 steps, not 200: on one core the main job's 200 steps
 took 157-189 s of RL steps over five seeds, over the study scale's 3 minutes a run once startup
 and evals are added, and its first 150 took 114-137 s while every seed had gained +23 or more
-(docs/results/ablations.md, the study scale). Its cold starts are the main job's (the same
+(docs/results/claims/README.md, the study scale). Its cold starts are the main job's (the same
 ``sft`` keys), so under one ``--root`` every study on it shares them with
 experiments/main_job_seeds.py. Gains per seed, their spread and the effect a 5-seed study can
-detect: docs/results/ablations.md. The claims were first judged on the former scale, the first
+detect: docs/results/claims/README.md. The claims were first judged on the former scale, the first
 200 steps of configs/main_600.py with old log-probs from a scoring forward on 256 held-out
 problems; the sweep reproduces those runs with
 

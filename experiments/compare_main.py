@@ -4,7 +4,7 @@
 
 Runs ``python -m rljax train --config configs/main{,_grpo,_dr_grpo}.py`` sequentially (the
 machine has 2 cores: never two at once), times each, then writes the overlaid curves to
-docs/results/main_job_curves.png and a table (eval before/after, wall time) to docs/results/main_job_compare.md.
+docs/results/main_600_algorithms/curves.png and a table (eval before/after, wall time) to docs/results/main_600_algorithms/README.md.
 The first run trains the SFT cold start if runs/sft_600 has none; the others reuse it. ``--reuse``
 skips a run whose wall time was recorded (by an earlier invocation or ``--record``) and whose
 metrics file ends with the final eval, e.g. after the README command was timed separately:
@@ -26,8 +26,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUNS = {"dapo": "configs/main_600.py", "grpo": "configs/main_grpo.py",
         "dr_grpo": "configs/main_dr_grpo.py"}
 TIMES = os.path.join(ROOT, "runs", "compare_main_times.json")
-PNG = os.path.join(ROOT, "docs", "main_job_curves.png")
-TABLE = os.path.join(ROOT, "docs", "main_job_results.md")
+PNG = os.path.join(ROOT, "docs", "results", "main_600_algorithms", "curves.png")
+TABLE = os.path.join(ROOT, "docs", "results", "main_600_algorithms", "README.md")
 # How configs/main_600.py was chosen (experiments/tune_main.sh, one run at a time on the 2-core CPU
 # machine); kept here so that refreshing the results table keeps it.
 TUNING = """\
@@ -154,7 +154,7 @@ def main():
     f.write("| algorithm | config | eval before | eval after | change | intermediate evals "
             "| wall time |\n|---|---|---|---|---|---|---|\n")
     f.write("\n".join(rows) + "\n\n")
-    f.write("Curves: [main_job_curves.png](main_job_curves.png) (written by "
+    f.write("Curves: [curves.png](curves.png) (written by "
             "`python experiments/compare_main.py`).\n\n")
     f.write(TUNING)
   print(open(TABLE).read())

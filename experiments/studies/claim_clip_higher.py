@@ -7,7 +7,7 @@ On the study scale (configs/study_main.py: the main job's first 150 RL steps), f
 baseline is the main job as it is (eps_high 0.28); the variant removes clip-higher. Its
 updates are off-policy from the second of 4 minibatches on, so the upper clip binds on a
 measured fraction of tokens (``clip_frac_high`` in metrics.jsonl). Verdict:
-docs/results/ablations.md.
+docs/results/claims/README.md.
 """
 from rljax.sweep.study import Study, independent
 

@@ -9,7 +9,7 @@ On the study scale (configs/study_main.py: the main job's first 150 RL steps), f
 main job with GRPO's normaliser (sequence mean, std-scaled advantages) against the same with
 Dr. GRPO's two changes; everything else of DAPO stays in both. The GRPO arm is the
 ``seq_mean`` arm of claim_token_vs_seq.py (the sweep shares it under one root). Verdict:
-docs/results/ablations.md.
+docs/results/claims/README.md.
 """
 from rljax.sweep.study import Study, independent
 

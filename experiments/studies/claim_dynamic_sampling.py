@@ -7,7 +7,7 @@ accuracy in fewer steps, though each step generates more.
 On the study scale (configs/study_main.py: the main job's first 150 RL steps), five seeds: the
 main job against the same without dynamic sampling. Compared at equal steps (``gain_accuracy``)
 and per completion generated (``gain_per_1k_samples``: points per 1,000 completions, every
-sampling round counted). Verdict: docs/results/ablations.md.
+sampling round counted). Verdict: docs/results/claims/README.md.
 """
 from rljax.sweep.study import Study, independent
 

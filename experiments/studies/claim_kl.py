@@ -6,7 +6,7 @@ it, and dropping the term costs no accuracy.
 
 On the study scale (configs/study_main.py: the main job's first 150 RL steps, no KL term), five
 seeds: the main job against the same with GRPO's k3 estimator in the loss at coefficient 1e-3
-to the frozen cold start. Verdict (accuracy and entropy): docs/results/ablations.md.
+to the frozen cold start. Verdict (accuracy and entropy): docs/results/claims/README.md.
 """
 from rljax.sweep.study import Study, independent
 

@@ -8,7 +8,7 @@ mean over completions), whose long completions' tokens weigh less, so that long 
 On the study scale (configs/study_main.py: the main job's first 150 RL steps), five seeds: the
 main job (token_mean) against the same with seq_mean_token_mean. The paper's answers run to
 thousands of tokens; here to 24 (reference solutions up to 21), so a length effect can only be
-small. Verdict: docs/results/ablations.md.
+small. Verdict: docs/results/claims/README.md.
 """
 from rljax.sweep.study import Study, independent
 

@@ -8,7 +8,7 @@ main job against the same with ``algo.selective_rollout`` (GRESO's defaults: tar
 zero-spread groups, exploration probabilities from 0.5). Compared at equal
 steps (``gain_accuracy``), per completion generated (``gain_per_1k_samples``) and in wall time.
 Its ``dynamic`` arm is the main job, so under one ``--root`` it is shared with
-experiments/main_job_seeds.py. Verdict: docs/results/ablations.md.
+experiments/main_job_seeds.py. Verdict: docs/results/selective_rollout/README.md.
 """
 from rljax.sweep.study import Study, independent
 

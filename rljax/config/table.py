@@ -67,7 +67,7 @@ LOGGER_NAMES = Check(lambda v: isinstance(v, (tuple, list)) and "jsonl" in v
 # batch leaves empty; in one chunk it adds the layout's gathers and saves nothing: at rows of 256
 # tokens the update in one chunk ran 0.85x packed and scoring in two 2.1x (same rows, same
 # process); from two chunks the step's saving repays the packed program's longer compilation
-# within tens of steps (docs/results/benchmarks_packing.md, "When packing pays"). Measured on CPUs
+# within tens of steps (docs/results/benchmarks/packing.md, "When packing pays"). Measured on CPUs
 # only: on GPUs cuDNN attention holds one sequence a row (packed rows fall back to the blockwise
 # kernel), and with no token limit (auto there) a forward is one chunk anyway.
 AUTO_PACK_MIN_CHUNKS = 2

@@ -217,7 +217,7 @@ def test_value_pretraining_targets_are_monte_carlo_whatever_lam_critic(lam_criti
   from rljax.models import tiny_config
   from rljax.parallel import mesh as mesh_lib
   from rljax.train import build
-  from tests.train.test_section8_wiring import _rollout
+  from tests.train.test_transforms_in_trainer import _rollout
   # No KL: PPO's KL-in-reward settings go back to their defaults (nothing reads them).
   overrides = dict(tiny.overrides("ppo"), **{"critic.pretrain_steps": "2",
                                              "algo.kl_placement": "none", "algo.kl_coef": "0.04",
