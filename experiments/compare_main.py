@@ -9,7 +9,7 @@ The first run trains the SFT cold start if runs/sft_600 has none; the others reu
 skips a run whose wall time was recorded (by an earlier invocation or ``--record``) and whose
 metrics file ends with the final eval, e.g. after the README command was timed separately:
 
-  /usr/bin/time -v python -m rljax train --config configs/main_600.py
+  /usr/bin/time -v python -m rljax train --config configs/jobs/main_600.py
   python experiments/compare_main.py --reuse --record dapo=SECONDS:sft
 """
 import argparse
@@ -23,25 +23,25 @@ from rljax.config.loader import load_config
 from rljax.runs import plot
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RUNS = {"dapo": "configs/main_600.py", "grpo": "configs/main_grpo.py",
-        "dr_grpo": "configs/main_dr_grpo.py"}
+RUNS = {"dapo": "configs/jobs/main_600.py", "grpo": "configs/jobs/main_600_grpo.py",
+        "dr_grpo": "configs/jobs/main_600_dr_grpo.py"}
 TIMES = os.path.join(ROOT, "runs", "compare_main_times.json")
 PNG = os.path.join(ROOT, "docs", "results", "main_600_algorithms", "curves.png")
 TABLE = os.path.join(ROOT, "docs", "results", "main_600_algorithms", "README.md")
-# How configs/main_600.py was chosen (experiments/tune_main.sh, one run at a time on the 2-core CPU
-# machine); kept here so that refreshing the results table keeps it.
+# How configs/jobs/main_600.py was chosen (experiments/tune_main.sh, one run at a time on the 2-core
+# CPU machine); kept here so that refreshing the results table keeps it.
 TUNING = """\
 ## Tuning (experiments/tune_main.sh)
 
 The timed run: `rm -rf runs/main_600 runs/sft_600 && /usr/bin/time -v python -m rljax train --config
-configs/main_600.py` -> 5:45 wall clock (SFT 250 steps, compilation, 600 DAPO steps, 13 evals),
+configs/jobs/main_600.py` -> 5:45 wall clock (SFT 250 steps, compilation, 600 DAPO steps, 13 evals),
 eval 40.6% -> 66.0%, peak RSS 1.0 GB; recorded with `--record dapo=345:sft`.
 
 Arithmetic level 0 (three single-digit operands, `+-*`, no parentheses; the same problems as
 level 1 before the level recalibration in 60f1f12). Start = the SFT cold start, measured with
-`python -m rljax eval --config configs/main_600.py --samples 8` (greedy pass@1, pass@8 and maj@8 at
-T=1). All DAPO (dynamic sampling, clip 0.2/0.28, token-mean, overlong buffer 3 of 24 tokens, no
-KL), 16 prompts per step, max_grad_norm 1.0, warmup 5-10.
+`python -m rljax eval --config configs/jobs/main_600.py --samples 8` (greedy pass@1, pass@8 and
+maj@8 at T=1). All DAPO (dynamic sampling, clip 0.2/0.28, token-mean, overlong buffer 3 of 24
+tokens, no KL), 16 prompts per step, max_grad_norm 1.0, warmup 5-10.
 
 | SFT steps | start pass@1 / pass@8 / maj@8 | RL settings | eval curve (step: greedy pass@1) | change |
 |---|---|---|---|---|
@@ -51,7 +51,7 @@ KL), 16 prompts per step, max_grad_norm 1.0, warmup 5-10.
 | 200 | 29.3% | lr 1e-4 x 4, G=16, T=0.6, 200 steps | 0: 29.3, 50: 27.7, 150: 30.1, 200: 31.6 | +2.3 |
 | 200 | 29.3% | lr 2e-4 x 4, G=16, pos_lm_coef 1.0 (stopped at 132) | 0: 29.3, 50: 24.6, 100: 22.7 (entropy 0.33 -> 0.11) | -6.6 |
 | 250 | 40.6% / 70.7% / 42.2% | lr 3e-5 x 4, G=8, 400 steps (210 s without SFT) | 0: 40.6, 100: 46.9, 200: 54.3, 300: 56.6, 400: 60.5 | +19.9 |
-| 250 | 40.6% / 70.7% / 42.2% | configs/main_600.py: the same, 600 steps | 0: 40.6, 200: 54.3, 400: 60.5, 500: 61.7, 600: 66.0 | +25.4 |
+| 250 | 40.6% / 70.7% / 42.2% | configs/jobs/main_600.py: the same, 600 steps | 0: 40.6, 200: 54.3, 400: 60.5, 500: 61.7, 600: 66.0 | +25.4 |
 | 300 | 58.6% / 75.0% / 53.1% | (start above the 10-60% window with room for +20) | - | - |
 
 Rejected: countdown level 0 after 200 SFT steps is 3.9% greedy, pass@8 3.5%. Before the level

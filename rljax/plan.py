@@ -739,6 +739,6 @@ def plan_main(config, device: str | None = None, *, model: str | None = None,
               prompt_len: int | None = None) -> str:
   """``rljax plan --config X [--device D] [--model NAME] [--prompt-len N]``: the report.
 
-  ``device=None`` takes ``plan.device`` from the config (the experiments/plans/*.py files set it).
+  ``device=None`` takes ``plan.device`` from the config (the configs/jobs/qwen7b_*.py files set it).
   """
   return format_plan(plan(config, device, model=model, prompt_len=prompt_len))

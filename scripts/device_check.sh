@@ -156,7 +156,7 @@ CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,WHILE,CONDITIONAL" $PY benchmarks/accelerator.
   # before and after; every line timestamped for the SFT seconds/step.
   [[ $STEPS == *d* ]] || { stamp "all done"; return; }
   stamp "d_main: start (timeout ${D_S}s)"
-  timeout -k 10 "$D_S" $PY -m rljax train --config configs/main.py \
+  timeout -k 10 "$D_S" $PY -m rljax train --config configs/jobs/main.py \
       --config.train.steps=100 --config.train.eval_every=0 --config.train.progress=false \
       --config.train.run_dir="$WORK/run" --config.sft.out_dir="$WORK/sft" $D_EXTRA 2>&1 |
     $PY -u -c 'import sys, time

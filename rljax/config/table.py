@@ -4,8 +4,8 @@
 ``rljax.config.checks`` checks every value against its declaration at start-up, refuses a key set
 away from its default that nothing reads, and checks ``RELATIONS``; ``rljax keys`` prints them and
 ``docs/config.md`` is generated from them (``python -m rljax keys --markdown``). A preset
-(``configs/<algo>.py``) changes only what makes that algorithm. Override anything on the command
-line with ``--config.section.key=value``.
+(``configs/algos/<algo>.py``) changes only what makes that algorithm. Override anything on the
+command line with ``--config.section.key=value``.
 
 The format (``rljax.config.declare``), one line per fact::
 
@@ -314,7 +314,7 @@ KEYS = declare((
         read_if=JUDGE_NUMBER & equals("reward.judge.greedy", False)),
     # --- the RLHF demo's gold scorer: reward source 'gold' (rljax.rewards.gold) ----------------
     Key("reward.gold.pairs", 0, integer(0, 10**7),
-        "the RLHF demo's cold start (configs/rlhf.py): when > 0 and reward.model.source="
+        "the RLHF demo's cold start (configs/tasks/rlhf.py): when > 0 and reward.model.source="
         "'run:DIR' holds no export yet, the gold scorer labels this many preference pairs of the "
         "embedded task into rm.train_file (kept if it exists) and `rljax rm` trains the reward "
         "model into DIR first (rm.*, model.*), as model.source='sft' is trained first; 0 = off",

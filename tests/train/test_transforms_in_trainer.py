@@ -23,7 +23,7 @@ B, PW, T, VOCAB, G = 8, 8, 8, 40, 4
 def _config(preset="grpo", **overrides):
   merged = dict(tiny.OVERRIDES, **{"rollout.group_size": str(G)},
                 **{k: str(v) for k, v in overrides.items()})
-  return config_loader.load_config(os.path.join(tiny.ROOT, "configs", f"{preset}.py"),
+  return config_loader.load_config(os.path.join(tiny.ROOT, "configs", "algos", f"{preset}.py"),
                                    list(merged.items()))
 
 
