@@ -91,6 +91,19 @@ def run_one(name: str, config_path: str) -> dict:
   return {"wall_s": wall, "trained_sft": "training the SFT cold start" in proc.stdout}
 
 
+def machine_date_commit() -> str:
+  """This machine's CPU model (``/proc/cpuinfo``), today's date and the checkout's commit."""
+  model = "unknown CPU"
+  if os.path.isfile("/proc/cpuinfo"):
+    with open("/proc/cpuinfo") as f:
+      names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
+    if names:
+      model = f"{len(names)}-core {names[0]}"
+  commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                          text=True).stdout.strip() or "unknown commit"
+  return f"{model}, {time.strftime('%Y-%m-%d')}, commit {commit}"
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--only", default=",".join(RUNS), help="comma-separated subset to run")
@@ -142,7 +155,11 @@ def main():
   plot.plot_compare(curves, PNG, title="main job: DAPO vs GRPO vs Dr. GRPO (same SFT start)")
   main_cfg = configs["dapo"]
   with open(TABLE, "w") as f:
-    f.write("# Main job: DAPO vs GRPO vs Dr. GRPO\n\n")
+    f.write("# The former 600-step main job: DAPO vs GRPO vs Dr. GRPO\n\n")
+    f.write(f"**Current result** ({machine_date_commit()}, `python experiments/compare_main.py`): "
+            + ", ".join(f"{r.split(' | ')[0][2:]} {r.split(' | ')[3]}" for r in rows)
+            + " of held-out greedy accuracy after the RL steps; the table and "
+            "[curves.png](curves.png) below.\n\n")
     f.write(f"Embedded arithmetic difficulty {main_cfg.data.difficulty}, greedy pass@1 on "
             f"{main_cfg.data.num_eval} held-out problems, from the same SFT cold start "
             f"({main_cfg.sft.steps} steps, `{main_cfg.sft.out_dir}`); "

@@ -10,8 +10,8 @@ The prompt is the bare expression (``data.reasoning_gym.template``): the library
 has capitals, which the character vocabulary does not hold; with a Hugging Face tokenizer use the
 default ``'{question}'`` and ``data.chat_template=True``. A short SFT cold start teaches the
 ``'#answer'`` format from the reference answers, then DAPO trains on the task's reward. Held-out
-accuracy over five seeds (``experiments/reasoning_gym_seeds.py``): docs/results/reasoning_gym/README.md.
-``--config.train.steps=3`` for a smoke run.
+accuracy over five seeds (``experiments/reasoning_gym_seeds.py``):
+docs/results/reasoning_gym/README.md. ``--config.train.steps=3`` for a smoke run.
 """
 import json
 
@@ -46,8 +46,8 @@ def get_config():
   c.train.run_dir = "runs/reasoning_gym"
   # SFT until greedy decoding writes 35% of held-aside train problems exactly (at most 600
   # steps): a fixed 100 steps left the seeds at 7-15% held-out, where 200 RL steps moved them
-  # within the noise (docs/results/reasoning_gym/README.md). chain_sum has 4,200 distinct problems, so
-  # the check's train problems were mostly seen in SFT: held-out accuracy starts lower (~23%).
+  # within the noise (docs/results/reasoning_gym/README.md). chain_sum has 4,200 distinct problems,
+  # so the check's train problems were mostly seen in SFT: held-out accuracy starts lower (~23%).
   c.sft.steps = 600
   c.sft.stop_match = 0.35
   c.sft.check_every = 10
