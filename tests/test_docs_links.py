@@ -69,3 +69,13 @@ def test_the_checks_see_a_stale_pointer(tmp_path):
       "docs/results/main_job.md", "configs/jobs/main_600_grpo.py"]
   assert PATH.findall("configs/algos/<algo>.py, claim_*.py, runs/main/hf") == []
   assert LINK.findall("[a](b/c.md#x) and [d](https://e)") == ["b/c.md#x", "https://e"]
+
+
+def test_the_docs_index_lists_every_page():
+  index = os.path.join(ROOT, "docs", "index.md")
+  linked = {os.path.normpath(os.path.join(ROOT, "docs", t.split("#")[0]))
+            for t in LINK.findall(open(index, encoding="utf-8").read())}
+  pages = {os.path.join(ROOT, "docs", f) for f in os.listdir(os.path.join(ROOT, "docs"))
+           if f.endswith(".md") and f != "index.md"}
+  pages.add(os.path.join(ROOT, "docs", "results", "README.md"))
+  assert not pages - linked, f"docs/index.md does not list {sorted(pages - linked)}"
