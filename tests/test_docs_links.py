@@ -22,15 +22,28 @@ def _tracked(*suffixes):
   return [f for f in files if f.endswith(suffixes) and os.path.isfile(os.path.join(ROOT, f))]
 
 
+def _anchor(heading: str) -> str:
+  """GitHub's anchor of a markdown heading: lower case, punctuation dropped, spaces as '-'."""
+  return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def _anchors(path):
+  text = open(path, encoding="utf-8").read()
+  return {_anchor(h) for h in re.findall(r"^#+ (.*)$", text, flags=re.M)}
+
+
 def _broken_links(page):
   text = open(os.path.join(ROOT, page), encoding="utf-8").read()
   broken = []
-  for target in LINK.findall(text):
-    target = target.split("#")[0]
-    if not target or re.match(r"^[a-z]+:", target):
+  for link in LINK.findall(text):
+    target, _, anchor = link.partition("#")
+    if re.match(r"^[a-z]+:", target):
       continue
-    if not os.path.exists(os.path.join(ROOT, os.path.dirname(page), target)):
-      broken.append(target)
+    path = os.path.join(ROOT, os.path.dirname(page), target) if target else os.path.join(ROOT, page)
+    if not os.path.exists(path):
+      broken.append(link)
+    elif anchor and path.endswith(".md") and anchor not in _anchors(path):
+      broken.append(link)
   return broken
 
 
@@ -69,6 +82,8 @@ def test_the_checks_see_a_stale_pointer(tmp_path):
       "docs/results/main_job.md", "configs/jobs/main_600_grpo.py"]
   assert PATH.findall("configs/algos/<algo>.py, claim_*.py, runs/main/hf") == []
   assert LINK.findall("[a](b/c.md#x) and [d](https://e)") == ["b/c.md#x", "https://e"]
+  assert _anchor("Row chunks in the update (`model.forward_tokens`, 2026-11-26 ~10:00 UTC)") == (
+      "row-chunks-in-the-update-modelforward_tokens-2026-11-26-1000-utc")
 
 
 def test_the_docs_index_lists_every_page():
