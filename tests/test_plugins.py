@@ -173,7 +173,7 @@ def test_an_engine_registered_here_samples_and_its_declared_key_is_its_own(singl
   assert result["last"]["len_mean"] == pytest.approx(2.0)  # one character and EOS
   assert ROLLOUT_ENGINES.meta("canned")["reads"] == ("rollout.max_concurrent_rows",)
   config = lambda engine: config_loader.load_config(
-      os.path.join(tiny.ROOT, "configs", "grpo.py"),
+      tiny.config_path("grpo"),
       [("rollout.engine", engine), ("rollout.max_concurrent_rows", "3")])
   check_config(config("canned"))
   with pytest.raises(UnusedKeyError, match=r"^rollout.max_concurrent_rows=3 is not used: "
@@ -202,7 +202,7 @@ def test_a_logger_registered_here_gets_every_record(single_turn):
         k: v for k, v in row.items() if k != "step" and v is not None}
   assert {tags for *_, tags in records} == {("plugin",)}
   # train.tracker_tags is declared read by this logger (and the trackers): unread without them.
-  config = config_loader.load_config(os.path.join(tiny.ROOT, "configs", "grpo.py"),
+  config = config_loader.load_config(tiny.config_path("grpo"),
                                      [("train.tracker_tags", "('plugin',)")])
   with pytest.raises(UnusedKeyError, match=r"^train.tracker_tags=\('plugin',\) is not used: "
                                            r"train.loggers=\('jsonl', 'tensorboard'\) does not "
@@ -223,7 +223,7 @@ def test_an_environment_registered_here_plays_the_episodes(tmp_path, data_file):
 
 
 def test_a_name_nothing_registered_is_one_line_listing_what_is():
-  config = config_loader.load_config(os.path.join(tiny.ROOT, "configs", "grpo.py"),
+  config = config_loader.load_config(tiny.config_path("grpo"),
                                      [("data.source", "tvs:x.tsv")])
   with pytest.raises(UnknownComponentError) as info:
     check_config(config)
