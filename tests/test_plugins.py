@@ -31,7 +31,6 @@ TRAIN = [(f"{a}+{b}=", "3") for a in range(10) for b in range(10)]  # every answ
 HELD_OUT = [("9*9=", "3"), ("8*8=", "3"), ("7*7=", "3"), ("6*6=", "3")]
 
 
-@register_data_source("tsv", files=lambda path: [path])
 def tsv_source(path, settings):
   """``data.source='tsv:PATH'``: one ``prompt<TAB>answer`` per line; lines starting with ``?``
   are held out."""
@@ -75,10 +74,6 @@ class CannedEngine(EngineBase):
                    truncated=np.zeros(rows, bool))
 
 
-register_engine("canned", reads=("rollout.max_concurrent_rows",))(CannedEngine)
-
-
-@register_reward_source("length")
 def length_source(config, tokenizer, model_cfg, mesh):
   """A completion's length in tokens (EOS included)."""
   return lambda batch: np.asarray(batch.mask).sum(axis=1).astype(np.float32)
@@ -104,13 +99,11 @@ class ListLogger:
     pass
 
 
-@register_logger("listing", reads=("train.tracker_tags",))
 def listing_logger(config, start):
   """Every record, kept in ``RECORDS``, tagged with ``train.tracker_tags``."""
   return ListLogger(tuple(config.train.tracker_tags))
 
 
-@register_env("say")
 class Say(Environment):
   """One turn: the policy's answer, 1 when it is the problem's answer."""
 
@@ -121,6 +114,21 @@ class Say(Environment):
   def step(self, action):
     right = action.strip() == self.answer
     return StepResult("", float(right), True, {"correct": right})
+
+
+@pytest.fixture(scope="module", autouse=True)
+def registered():
+  """The five registrations, as a notebook cell or a plugin module makes them; they last as long
+  as this file's tests (other test files list what is registered)."""
+  register_data_source("tsv", files=lambda path: [path])(tsv_source)
+  register_engine("canned", reads=("rollout.max_concurrent_rows",))(CannedEngine)
+  register_reward_source("length")(length_source)
+  register_logger("listing", reads=("train.tracker_tags",))(listing_logger)
+  register_env("say")(Say)
+  yield
+  for registry, name in ((DATA_SOURCES, "tsv"), (ROLLOUT_ENGINES, "canned"),
+                         (REWARD_SOURCES, "length"), (LOGGERS, "listing"), (ENVS, "say")):
+    registry.unregister(name)
 
 
 # --- the runs ------------------------------------------------------------------------------------

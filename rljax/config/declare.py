@@ -226,8 +226,9 @@ class When:
     return self.unless or f"it is read only with {self.words(key)}"
 
   def __and__(self, other: "When") -> "When":
-    return When(lambda f, k: self.test(f, k) and other.test(f, k),
-                lambda k: f"{self.words(k)} and {other.words(k)}", None,
+    says = lambda k: " and ".join(f"({w})" if " or " in w else w
+                                  for w in (self.words(k), other.words(k)))
+    return When(lambda f, k: self.test(f, k) and other.test(f, k), says, None,
                 self.needs | other.needs, (self, other))
 
   def __or__(self, other: "When") -> "When":
