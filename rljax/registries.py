@@ -5,19 +5,20 @@ string picks: the algorithm components (``algo.advantage='rloo'``), the transfor
 engines (``rollout.engine``), the episode engines (``env.engine``), the reward functions
 (``reward.fn``) and reward sources (``reward.sources``), the environments (``env.name``) and
 their tools, the model families (``model.family``, HF ``model_type``), the loggers
-(``train.loggers``) and the data sources (``data.source='NAME:ARGS'``). ``FAMILIES`` lists them;
-``rljax components`` prints what each holds.
+(``train.loggers``), the data sources (``data.source='NAME:ARGS'``) and the embedded tasks
+(``data.source='embedded:NAME'``). ``FAMILIES`` lists them; ``rljax components`` prints what
+each holds.
 
 **Registering.** A piece is registered by its family's decorator (``register_engine``,
 ``register_data_source``, ...: they check what that family needs, then call
 ``Registry.register``)::
 
-  @register_data_source("mine", reads=("data.difficulty",))
-  def mine(arg, settings):
+  @register_engine("mine", reads=("rollout.max_concurrent_rows",))
+  def mine(config, model_cfg, placement):
     ...
 
 ``reads`` names the config keys the piece reads that its family's other members do not: a key
-declared ``read_if=chosen_reads("data.source")`` (``rljax.config.declare``) is then read exactly
+declared ``read_if=chosen_reads("rollout.engine")`` (``rljax.config.declare``) is then read exactly
 when the piece the config picks declares it, and a key set for a piece that is not picked is
 refused naming the pieces that read it. Other facts a registration states (``order``,
 ``package``, ...) are kept with it (``meta``).

@@ -8,6 +8,8 @@ import subprocess
 import sys
 
 import rljax
+from rljax import registries
+from rljax.config.table import KEY_BY_NAME
 
 ROOT = os.path.dirname(rljax.__file__)
 REGISTERS = re.compile(r"^@?[\w.]*register_\w+\(|^@\w+\.register\(", re.M)
@@ -100,3 +102,10 @@ def test_nothing_imports_a_module_for_its_side_effect():
           if SIDE_EFFECT.match(line):
             kept.append(f"{os.path.relpath(path, ROOT)}:{number}: {line.strip()}")
   assert not kept, kept
+
+
+def test_every_key_a_registration_reads_is_declared():
+  """``reads`` names config keys by their dotted names, each declared in the key table."""
+  declared = {(kind, name, key) for kind, reg in registries.FAMILIES.items()
+              for name in reg.names() for key in reg.meta(name)["reads"]}
+  assert declared and {key for _, _, key in declared} - set(KEY_BY_NAME) == set()
