@@ -2,7 +2,7 @@
 
 Every parameter carries a tuple of logical axis names (``rljax.models.transformer.logical_axes``); the
 rule table below says which mesh axes (``rljax.parallel.mesh``: ``data``, ``fsdp``, ``expert``,
-``tensor``) each name is split over. The same table places parameters, optimizer state (which
+``context``, ``tensor``) each name is split over. The same table places parameters, optimizer state (which
 mirrors the parameters), the reference model and critic (same model, same rules), batches and the
 KV cache.
 
@@ -11,7 +11,7 @@ logical name      mesh axes                         what it is
 ================  ================================  ================================================
 ``batch``         ``('data', 'fsdp', 'expert')``    rows of a batch / the KV cache (data parallel)
 ``vocab``         ``'tensor'``                      vocabulary of the embedding and LM head
-``embed``         ``'fsdp'``                        model width of weight matrices (FSDP / ZeRO-3)
+``embed``         ``('fsdp', 'context')``           model width of weight matrices (FSDP / ZeRO-3)
 ``q_heads``       ``'tensor'``                      query heads x head dim of q/o projections
 ``kv_heads``      ``'tensor'``                      key/value heads (k/v projections, the KV cache)
 ``mlp``           ``'tensor'``                      MLP width (of the experts too)
@@ -28,6 +28,11 @@ logical name      mesh axes                         what it is
 ``act_vocab``     ``'tensor'``                      vocabulary of logits
 ``None``          replicated                        anything unnamed
 ================  ================================  ================================================
+
+The ``context`` axis splits every row's tokens (``context_layout``: the forwards fold each row
+into ``context`` stripes, ``rljax.models.ring``), not rows: batch rows are replicated over it, and
+its devices share the weights' model width with ``fsdp`` (each holds ``1 / (fsdp x context)``,
+gathered per layer as FSDP's are).
 
 Only ``experts`` names the ``expert`` axis among the parameters, so every other weight is
 replicated across it while batch rows are split over it: outside the MoE layers ``expert`` is one
@@ -60,11 +65,12 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from rljax.config.table import MESH_AXES as AXES  # the mesh's axes (rljax.parallel.mesh)
 from rljax.models.kv_cache import CACHE_AXES
+from rljax.models.ring import Context
 
 DEFAULT_RULES: dict[str, Any] = {
     "batch": ("data", "fsdp", "expert"),
     "vocab": "tensor",
-    "embed": "fsdp",
+    "embed": ("fsdp", "context"),
     "q_heads": "tensor",
     "kv_heads": "tensor",
     "mlp": "tensor",
@@ -321,3 +327,14 @@ def per_device_bytes(shapes_tree, shardings_tree) -> int:
     shard = sh.shard_shape(tuple(x.shape))
     total += int(np.prod(shard, dtype=np.int64)) * np.dtype(x.dtype).itemsize
   return total
+
+
+def context_layout(mesh, rules=None) -> Context | None:
+  """How the forwards split rows over the mesh's ``context`` axis (``rljax.models.ring``): its
+  size, the mesh, the axes rows are split over (the ``batch`` rule) and heads (``act_heads``);
+  None where the axis has one device (or the mesh none)."""
+  size = dict(mesh.shape).get("context", 1)
+  if size == 1:
+    return None
+  return Context(size=size, axis="context", mesh=mesh, row_axes=batch_axes(rules),
+                 head_axes=_axes_tuple("act_heads", _table(rules)["act_heads"]))

@@ -374,7 +374,8 @@ def step_spec(config, model_cfg: ModelConfig, algo: Algorithm, aux_cfgs: tuple =
                           row_shards=1 if mesh is None else rules.batch_divisor(mesh),
                           side_by_side=update_lib.concurrent_chunks(config.model.parallel_chunks,
                                                                     platform),
-                          pack=config.model.pack, platform=platform, **placed)
+                          pack=config.model.pack, platform=platform,
+                          context=None if mesh is None else rules.context_layout(mesh), **placed)
 
 
 def _keep_rows(mesh, tree):
