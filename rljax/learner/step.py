@@ -29,7 +29,8 @@ from rljax import algos
 from rljax.algos import losses as loss_lib
 from rljax.algos import value as value_lib
 from rljax.algorithm import Algorithm
-from rljax.models import ModelConfig, lora, ring, transformer
+from rljax.models import ModelConfig, lora, transformer
+from rljax.parallel import context as context_lib
 from rljax.rewards import shaping
 from rljax.rollout.sampler import Rollout
 from rljax.learner import packing
@@ -68,7 +69,7 @@ class Packed(NamedTuple):
   chunk: jax.Array | None = None
   side_by_side: int = 1
   place: Callable = lambda tree: tree
-  context: ring.Context | None = None
+  context: context_lib.Context | None = None
 
 
 def _moe_rows(moe, rows: int):
@@ -97,8 +98,8 @@ def _completion_forward(model_cfg: ModelConfig, params, rollout: Rollout,
   def chunk_out(rows):
     tokens, attn, routes = rows
     if split.context is not None:
-      per_token, moe = _split_forward(model_cfg, params, tokens, attn, head, out, routes,
-                                      split.context)
+      per_token, moe = context_lib.per_token(model_cfg, params, tokens, attn, split.context,
+                                             head, out, routes=routes)
       return (jax.tree.map(lambda a: a[:, s - t - 1:s - 1], per_token),
               _moe_rows(moe, tokens.shape[0]))
     hidden, model, moe = transformer.forward_with_routes(model_cfg, params, tokens, attn, head,
@@ -106,22 +107,6 @@ def _completion_forward(model_cfg: ModelConfig, params, rollout: Rollout,
     return (out(model, hidden[:, s - t - 1:s - 1], tokens[:, s - t:]),
             _moe_rows(moe, tokens.shape[0]))
   return update_lib.map_rows(chunk_out, (tokens, attn, routes), split)
-
-
-def _split_forward(model_cfg: ModelConfig, params, tokens, segments, head: str, out: Callable,
-                   routes, context: ring.Context):
-  """``(out(model, hidden, next tokens) at every slot [B, S], moe)`` of a forward whose rows
-  are split over ``context`` (``transformer.forward_with_routes``): ``out`` runs on the folded
-  rows (each device its own slots, the log-prob chunks over them) and its per-token results
-  come back unfolded. Slot s predicts token s+1 (the last slot's target is 0: nothing reads
-  it)."""
-  s = tokens.shape[1]
-  hidden, model, moe = transformer.forward_with_routes(model_cfg, params, tokens, segments, head,
-                                                       routes, context=context)
-  targets = jnp.pad(tokens[:, 1:], ((0, 0), (0, 1)))
-  n = context.size
-  y = out(model, hidden, ring.fold(ring.pad_slots(targets, n), n))
-  return jax.tree.map(lambda a: ring.unfold(a, n, s), y), moe
 
 
 def _packed_forward(model_cfg: ModelConfig, params, tokens, valid, prompt_width: int,
@@ -139,16 +124,12 @@ def _packed_forward(model_cfg: ModelConfig, params, tokens, valid, prompt_width:
                 targets=packing.next_tokens(tokens, valid, lay))
   if routes is not None:
     inputs["routes"] = packing.pack(routes, valid, lay)
-  if split.context is not None:  # each segment's own next token, folded as the rows are
-    n = split.context.size
-    folded_targets = lambda x: ring.fold(ring.pad_slots(x["targets"], n), n)
 
   def run(index):
     x = split.place(jax.tree.map(lambda a: a[index], inputs))
     if split.context is not None:
-      y, moe = _split_forward(model_cfg, params, x["tokens"], x["segments"], head,
-                              lambda model, hidden, _: out(model, hidden, folded_targets(x)),
-                              x.get("routes"), split.context)
+      y, moe = context_lib.per_token(model_cfg, params, x["tokens"], x["segments"],
+                                     split.context, head, out, x["targets"], x.get("routes"))
       return y, (None if moe is None else (moe.routes, moe.aux_loss,
                                            jnp.asarray(moe.dropped, jnp.float32)))
     hidden, model, moe = transformer.forward_with_routes(model_cfg, params, x["tokens"],
@@ -274,7 +255,7 @@ class StepSpec:
   keep_rows: Callable = lambda tree: tree
   pack: bool | str = False
   platform: str = "cpu"
-  context: ring.Context | None = None
+  context: context_lib.Context | None = None
 
   @property
   def reuse_policy_forward(self) -> bool:

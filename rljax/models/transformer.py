@@ -23,7 +23,6 @@ from rljax.models import attention as attention_lib
 from rljax.models import families
 from rljax.models import layers
 from rljax.models import lora
-from rljax.models import ring
 from rljax.models.config import ModelConfig
 from rljax.models import kv_cache
 
@@ -299,7 +298,7 @@ def positions_from_mask(mask):
 
 
 def forward_with_routes(cfg: ModelConfig, params: dict, tokens, attn_mask, head: str = "lm",
-                        routes=None, context: ring.Context | None = None):
+                        routes=None):
   """Full causal forward of rows of tokens [B, S]: (hidden [B, S, D] after the final norm, the
   module, ``MoEOut`` or None). ``attn_mask`` [B, S]: segment ids (0 padding, 1..n the sequences
   packed into the row as contiguous runs in increasing order; ``attention_lib``'s module doc),
@@ -310,12 +309,7 @@ def forward_with_routes(cfg: ModelConfig, params: dict, tokens, attn_mask, head:
   Where the attention kernel wants padding at the end of the rows (cuDNN,
   ``attention_lib.aligns_rows``), the rows are rotated once here, before the embedding, and the
   outputs back after the final norm: exact (positions travel with their tokens, and rotation
-  keeps the order of each row's segments and the distances within them).
-
-  ``context``: the rows split over a mesh axis (``rljax.models.ring``); hidden then comes back
-  *folded* (``_folded_forward``)."""
-  if context is not None and context.size > 1:
-    return _folded_forward(cfg, params, tokens, attn_mask, head, routes, context)
+  keeps the order of each row's segments and the distances within them)."""
   model = bind(cfg, params, head)
   segments = attention_lib.as_segments(attn_mask)
   positions = positions_from_mask(segments)
@@ -331,26 +325,6 @@ def forward_with_routes(cfg: ModelConfig, params: dict, tokens, attn_mask, head:
     hidden = attention_lib.rotate_rows(hidden, -first)
     if moe is not None:
       moe = moe._replace(routes=attention_lib.rotate_rows(moe.routes, -first))
-  return hidden, model, moe
-
-
-def _folded_forward(cfg: ModelConfig, params: dict, tokens, attn_mask, head: str, routes,
-                    context: ring.Context):
-  """``forward_with_routes`` with every row split over the ``context.size = N`` devices of its
-  axis: the rows padded to ``S'``, a multiple of N (padding slots are segment 0), positions and
-  segments taken from the whole rows, then the model run on ``ring.fold``-ed rows [N*B, S'/N]
-  with ring attention. Returns (hidden [N*B, S'/N, D] folded: ``ring.unfold(y, N, S)`` puts
-  per-token results back in [B, S]; the module; ``MoEOut`` with routes [B, S, L_moe, k])."""
-  n, (b, s) = context.size, tokens.shape
-  model = bind(cfg, params, head)
-  segments = ring.pad_slots(attention_lib.as_segments(attn_mask), n)
-  positions = positions_from_mask(segments)
-  folded = lambda x: ring.place_folded(ring.fold(ring.pad_slots(x, n), n), context, b)
-  hidden, _, moe = model(folded(tokens), folded(positions),
-                         ring.self_attention(cfg, context, segments), valid=folded(segments > 0),
-                         routes=None if routes is None else folded(routes))
-  if moe is not None:
-    moe = moe._replace(routes=ring.unfold(moe.routes, n, s))
   return hidden, model, moe
 
 

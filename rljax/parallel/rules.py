@@ -20,7 +20,7 @@ logical name      mesh axes                         what it is
 ``lora_rank``     replicated                        rank r of the low-rank adapters A [in, r],
                                                     B [r, out] (which share their kernel's axes)
 ``length``        replicated                        sequence positions of activations
-``cache_length``  replicated                        slots of the KV cache
+``cache_length``  ``'context'``                     slots of the KV cache (striped by the sampler)
 ``head_dim``      replicated                        per-head features of the KV cache
 ``act_embed``     replicated                        model width of activations [B, S, D]
 ``act_heads``     ``'tensor'``                      heads of activations
@@ -65,7 +65,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from rljax.config.table import MESH_AXES as AXES  # the mesh's axes (rljax.parallel.mesh)
 from rljax.models.kv_cache import CACHE_AXES
-from rljax.models.ring import Context
+from rljax.parallel import context as context_lib
 
 DEFAULT_RULES: dict[str, Any] = {
     "batch": ("data", "fsdp", "expert"),
@@ -78,7 +78,7 @@ DEFAULT_RULES: dict[str, Any] = {
     "norm": None,
     "lora_rank": None,
     "length": None,
-    "cache_length": None,
+    "cache_length": "context",
     "head_dim": None,
     "act_embed": None,
     "act_heads": "tensor",
@@ -329,12 +329,9 @@ def per_device_bytes(shapes_tree, shardings_tree) -> int:
   return total
 
 
-def context_layout(mesh, rules=None) -> Context | None:
-  """How the forwards split rows over the mesh's ``context`` axis (``rljax.models.ring``): its
-  size, the mesh, the axes rows are split over (the ``batch`` rule) and heads (``act_heads``);
-  None where the axis has one device (or the mesh none)."""
-  size = dict(mesh.shape).get("context", 1)
-  if size == 1:
-    return None
-  return Context(size=size, axis="context", mesh=mesh, row_axes=batch_axes(rules),
-                 head_axes=_axes_tuple("act_heads", _table(rules)["act_heads"]))
+def context_layout(mesh, rules=None) -> context_lib.Context | None:
+  """How the forwards split rows over the mesh's ``context`` axis (``rljax.parallel.context``):
+  rows over the ``batch`` rule's axes, heads over ``act_heads``'; None where the axis has one
+  device."""
+  return context_lib.layout(mesh, batch_axes(rules),
+                            _axes_tuple("act_heads", _table(rules)["act_heads"]))

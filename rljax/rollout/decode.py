@@ -17,7 +17,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from rljax.models import kv_cache, ring, transformer
+from rljax.models import kv_cache, transformer
 from rljax.models.config import ModelConfig
 
 # On the CPU backend a matmul whose kernel exceeds about this many bytes runs at about half the
@@ -82,8 +82,7 @@ def inference_weights(cfg: ModelConfig, params: dict, n_positions: int
                    rope=transformer.rope_tables(cfg, n_positions))
 
 
-def step(cfg: ModelConfig, weights: dict, tokens, positions, cache, slot, kv_valid, attend=None,
-         context: ring.Context | None = None):
+def step(cfg: ModelConfig, weights: dict, tokens, positions, cache, slot, kv_valid, attend=None):
   """Feed ``S`` tokens per row at cache slots ``slot .. slot+S-1``: prefill (S = P) or decode
   (S = 1). Returns (final-norm hidden of the *last* token [B, D], cache, routes): ``routes``
   [B, S, L_moe, k] the experts each fed token went to in each MoE layer (None for a dense
@@ -99,14 +98,8 @@ def step(cfg: ModelConfig, weights: dict, tokens, positions, cache, slot, kv_val
   blocks, one token per row; the multi-turn store of ``rljax.rollout.turns``, which also
   prefills chunks of ``S`` tokens into a cache that already holds earlier ones); ``slot`` and
   ``kv_valid`` are then unused.
-
-  ``context``: the cache is striped over a mesh axis (``rljax.models.ring.cache_attend_at``;
-  inside a ``shard_map`` manual over it): a prefill feeds the device's stripe of the prompt, a
-  decode step the same token on every device; ``cache`` is the device's slots.
   """
   s = tokens.shape[1]
-  if attend is None and context is not None:
-    attend = ring.cache_attend_at(cfg, slot, kv_valid, s, context)
   if attend is None:
     attend = kv_cache.attend_at(cfg, slot, kv_valid, s)
   model = transformer.bind(cfg, weights["params"])

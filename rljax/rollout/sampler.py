@@ -54,7 +54,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-from rljax.models import kv_cache, ring, transformer
+from rljax.models import kv_cache, transformer
 from rljax.models.config import ModelConfig
 from rljax.rollout import continuous, decode, noise
 from rljax.rollout.record import Rollout  # noqa: F401 (re-exported: the sampler's output)
@@ -164,9 +164,9 @@ def _sample_impl(params, prompt_tokens, prompt_mask, key, *, cfg: ModelConfig,
                  sp: SamplingParams, group_size: int, shard_axes=None,
                  max_concurrent_rows: int | None = None, kv_cache_bytes: int | None = None,
                  dtype: str | None = None, refill_rows: int | None = None,
-                 with_stats: bool = False, row_budget=None, context: ring.Context | None = None):
+                 with_stats: bool = False, row_budget=None, context=None):
   """The sampler on one device's rows; ``shard_axes``: the mesh axes it runs under (shard_map);
-  ``context``: each row's KV cache striped over that mesh axis (``_sample_rows``).
+  ``context``: each row's KV cache striped over a mesh axis (``_sample_rows``).
   ``with_stats``: also return ``{"slots", "computed"}``, the rows decoded at a time and the
   token slots computed (benchmarks: slot utilisation = tokens / computed). ``row_budget``: [B]
   int, an optional per-row cap on the completion length below ``T`` (rows reaching it end,
@@ -283,22 +283,24 @@ def _continuous(weights, prompt_tokens, prompt_mask, row_offset, step_keys, row_
 
 def _sample_rows(weights, prompt_tokens, prompt_mask, row_offset, budget, *, key_at,
                  cfg: ModelConfig, sp: SamplingParams, stop_ids: tuple, g: int,
-                 context: ring.Context | None = None) -> Rollout:
+                 context=None) -> Rollout:
   """Prefill ``Pn`` prompts and decode ``G`` completions of each (rows ``row_offset ..`` of the
   whole batch, which picks their noise); row ``i`` ends after ``budget[i]`` tokens at most.
 
-  ``context`` (N devices): the cache is striped (``rljax.models.ring``): the prompts are
+  ``context`` (N devices on a mesh axis this runs manual over; ``rljax.parallel.context.
+  Context``, taken as data): the cache is striped (slot j on device j mod N): the prompts are
   left-padded to a multiple of N slots, each device prefills its stripe and holds 1/N of every
-  row's slots; the cache's sizes below are the row's, a device's is 1/N of them."""
+  row's slots (the slot counts below are the row's), and every decode step's attention is the
+  devices' partial attention combined (``context.cache_attend``)."""
   n = 1 if context is None else context.size
   prompt_out = (prompt_tokens, prompt_mask)  # the rollout's prompts, as they came
-  extra = ring.padded_length(prompt_tokens.shape[1], n) - prompt_tokens.shape[1]
+  extra = -prompt_tokens.shape[1] % n
   if extra:
     prompt_tokens, prompt_mask = (jnp.pad(x, ((0, 0), (extra, 0))) for x in prompt_out)
   n_prompts, p = prompt_tokens.shape
   t_max = sp.max_new_tokens
   b = n_prompts * g
-  segments = [(a, e, ring.padded_length(k, n)) for a, e, k in _segments(p, t_max)]
+  segments = [(a, e, k + -k % n) for a, e, k in _segments(p, t_max)]
   # Prefill the distinct prompts once, straight into a cache as large as the first segment needs.
   positions = transformer.positions_from_mask(prompt_mask)
   first_slots = segments[0][2] if segments else p
@@ -308,13 +310,12 @@ def _sample_rows(weights, prompt_tokens, prompt_mask, row_offset, budget, *, key
     hidden, cache, prompt_routes = decode.step(cfg, weights, prompt_tokens, positions,
                                                cache, 0, kv_valid)
   else:
-    c = jax.lax.axis_index(context.axis)
     hidden, cache, prompt_routes = decode.step(
-        cfg, weights, ring.stripe(prompt_tokens, c, n), ring.stripe(positions, c, n), cache, 0,
-        kv_valid, context=context)
-    hidden = ring.from_device(hidden, n - 1, context.axis)  # slot P-1 is the last device's
+        cfg, weights, context.stripe(prompt_tokens), context.stripe(positions), cache, 0,
+        kv_valid, attend=context.cache_attend(cfg, 0, kv_valid, p // n))
+    hidden = context.from_last(hidden)  # slot P-1 is the last device's
     if prompt_routes is not None:
-      prompt_routes = ring.gather_stripes(prompt_routes, context.axis, n)
+      prompt_routes = context.gather(prompt_routes)
   if prompt_routes is not None:
     prompt_routes = prompt_routes[:, extra:]
   head = lambda h: logits_of(cfg, weights, h)
@@ -364,9 +365,10 @@ def _sample_rows(weights, prompt_tokens, prompt_mask, row_offset, budget, *, key
     def body(carry, kv_valid=kv_valid):
       t, cache, tok, out, routes = carry
       # Feed token t-1 at slot P+t-1 (position next_pos + t-1) and sample token t.
+      attend = None if context is None else context.cache_attend(cfg, p + t - 1, kv_valid, 1)
       hidden, cache, step_routes = decode.step(cfg, weights, tok[:, None],
                                                (next_pos + t - 1)[:, None], cache, p + t - 1,
-                                               kv_valid, context=context)
+                                               kv_valid, attend)
       if routes is not None:
         routes = jax.lax.dynamic_update_slice_in_dim(routes, step_routes, t - 1, axis=1)
       out, tok = record(out, t, head(hidden))
@@ -436,8 +438,7 @@ def sample(cfg: ModelConfig, params: Any, prompt_tokens: jax.Array, prompt_mask:
 def make_sampler(cfg: ModelConfig, sp: SamplingParams, group_size: int = 1, mesh=None,
                  data_axis: str | Sequence[str] = ("data",), param_sharding=None, *,
                  max_concurrent_rows: int | None = None, kv_cache_bytes: int | None = None,
-                 dtype: str | None = None, refill_rows: int | None = None,
-                 context_axis: str = "context"):
+                 dtype: str | None = None, refill_rows: int | None = None, context=None):
   """A jitted ``fn(params, prompt_tokens, prompt_mask, key) -> Rollout`` for fixed cfg / sp / G.
 
   Without a mesh this is ``sample`` with the static arguments bound. With a mesh, decoding is
@@ -454,10 +455,10 @@ def make_sampler(cfg: ModelConfig, sp: SamplingParams, group_size: int = 1, mesh
   On a multi-core CPU host, ``XLA_FLAGS=--xla_force_host_platform_device_count=<cores>`` and a
   mesh over those devices run one decode loop per core.
 
-  Where the mesh has ``context_axis`` with N > 1 devices, each row's KV cache is striped over it
-  (``rljax.models.ring``): the N devices of a data shard prefill a stripe of the prompts each,
-  hold 1/N of every row's slots, and combine their partial attention by log-sum-exp in every
-  decode step (the same tokens come out of all N).
+  ``context`` (``rljax.parallel.context.Context`` of the mesh's context axis, or None): each
+  row's KV cache is striped over that axis: the N devices of a data shard prefill a stripe of
+  the prompts each, hold 1/N of every row's slots, and combine their partial attention by
+  log-sum-exp in every decode step (the same tokens come out of all N).
   """
   engine = dict(max_concurrent_rows=max_concurrent_rows or None,
                 kv_cache_bytes=kv_cache_bytes or None, dtype=dtype, refill_rows=refill_rows or None)
@@ -467,8 +468,6 @@ def make_sampler(cfg: ModelConfig, sp: SamplingParams, group_size: int = 1, mesh
   axes = (data_axis,) if isinstance(data_axis, str) else tuple(data_axis)
   n_shards = int(np.prod([mesh.shape[a] for a in axes]))
   spec = PartitionSpec(axes)
-  n_context = dict(mesh.shape).get(context_axis, 1)
-  context = ring.Context(size=n_context, axis=context_axis) if n_context > 1 else None
   local = functools.partial(_sample_impl, cfg=cfg, sp=sp, group_size=group_size,
                             shard_axes=axes, context=context, **engine)
   mapped = jax.shard_map(local, mesh=mesh, in_specs=(PartitionSpec(), spec, spec, PartitionSpec()),

@@ -59,7 +59,7 @@ def engine_placement(model_cfg: ModelConfig, mesh, learner_mesh=None) -> Placeme
       rows=rules.batch_sharding(mesh, 2), replicated=rules.replicated(mesh),
       # The sampler reads merged weights (the base layout), never the adapters themselves.
       param_sharding=_param_sharding(mesh, model_cfg.base), to_device=distributed.from_host,
-      to_host=distributed.to_host)
+      to_host=distributed.to_host, context=rules.context_layout(mesh))
 
 
 def make_engine(config, model_cfg: ModelConfig, mesh, tokenizer, learner_mesh=None,

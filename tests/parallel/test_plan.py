@@ -67,7 +67,7 @@ def kv_bytes(rows, slots, layers=28, kv=4, dh=128, nbytes=2):
 def test_qwen7b_v5p64():
   c = load("qwen7b_v5p64")
   p = plan_lib.plan(c)
-  assert p["mesh"] == {"data": 1, "fsdp": 32, "expert": 1, "tensor": 1}
+  assert p["mesh"] == {"data": 1, "fsdp": 32, "expert": 1, "context": 1, "tensor": 1}
   assert p["device"]["count"] == 32 and p["device"]["hosts"] == 8
   by = p["bytes"]
   # bf16 params split 32 ways: 7.6e9 * 2 / 32 = 0.476 GB (+0.6 MB of replicated norms/biases).
@@ -102,7 +102,7 @@ def test_qwen7b_v5p128_fsdp64():
 def test_qwen7b_8xh100():
   c = load("qwen7b_8xh100")
   p = plan_lib.plan(c)
-  assert p["mesh"] == {"data": 1, "fsdp": 8, "expert": 1, "tensor": 1}
+  assert p["mesh"] == {"data": 1, "fsdp": 8, "expert": 1, "context": 1, "tensor": 1}
   by = p["bytes"]
   assert by["params"] == fsdp_bytes(8)  # 1.9 GB
   assert close(by["opt_state"], QWEN7B * 4 / 8, 0.001)
@@ -110,7 +110,7 @@ def test_qwen7b_8xh100():
   assert close(by["gradients"], 2 * by["params"], 0.001)  # micro_batches > 1: acc + current
   assert p["fits"] and p["peak"] < 60 * GiB
   report = plan_lib.plan_main(c)
-  assert "data=1 fsdp=8 expert=1 tensor=1" in report and "FITS" in report
+  assert "data=1 fsdp=8 expert=1 context=1 tensor=1" in report and "FITS" in report
   json.dumps(p)  # plain data
 
 
@@ -123,13 +123,13 @@ def test_moe_expert_weights_split_over_the_expert_axis():
   experts = 48 * 128 * 3 * 2048 * 768  # layers x E x (gate, up, down) x D x F
   total = 30_532_122_624  # Qwen3-30B-A3B's parameters (its q/k norms included)
   by = p["bytes"]
-  assert p["mesh"] == {"data": 1, "fsdp": 1, "expert": 8, "tensor": 1}
+  assert p["mesh"] == {"data": 1, "fsdp": 1, "expert": 8, "context": 1, "tensor": 1}
   assert by["params"] == 2 * (experts // 8 + total - experts)  # bf16
   assert close(by["opt_state"], 2 * by["params"], 0.001)
   assert by["rollout_gathered_weights"] == 2 * experts
   assert p["batch_shards"] == 8 and p["fallbacks"] == []
   report = plan_lib.format_plan(p)
-  assert "mesh    data=1 fsdp=1 expert=8 tensor=1; batch rows split 8 ways" in report
+  assert "mesh    data=1 fsdp=1 expert=8 context=1 tensor=1; batch rows split 8 ways" in report
   assert "E=128 k=8 Fe=768 (48 MoE layers)" in report
   assert "expert-split weights" in report and "48 MoE layers: activations" in report
 
@@ -219,7 +219,7 @@ def test_sampler_on_its_own_devices_plans_both_meshes():
   with c.unlocked():
     c.mesh.sampler_devices, c.rollout.max_staleness = 4, 1
   p = plan_lib.plan(c)
-  assert p["mesh"] == {"data": 1, "fsdp": 4, "expert": 1, "tensor": 1}
+  assert p["mesh"] == {"data": 1, "fsdp": 4, "expert": 1, "context": 1, "tensor": 1}
   assert p["bytes"]["params"] == fsdp_bytes(4)
   assert p["peak"] == p["resident"] + p["train"]  # the rollout runs elsewhere
   s = p["sampler"]

@@ -1,95 +1,36 @@
-"""Context parallelism: the tokens of every row split over one mesh axis (``mesh.context``).
-
-**Layout: striped.** With ``N`` devices on the axis, device ``c`` holds slots ``c, c+N, c+2N, ..``
-of every row (Brandon et al. 2023, "Striped Attention: Faster Ring Attention for Causal
-Transformers", arXiv 2311.09431). Under a causal mask every device then has the same work at
-every ring step: with contiguous pieces, the device holding the first piece would see no key at
-N-1 of the N steps. Zig-zag (two pieces per device) balances too; the stripes also give the
-decode cache its layout (below) and make a ring step the same blockwise kernel with stride N.
-
-**The learner's forward** runs the model on *folded* rows (``fold``): ``[B, S] -> [N*B, S/N]``,
-row ``c*B + b`` holding device c's stripe of row b. Everything but attention is per token, so the
-merged row axis is split over ``(context, batch axes)`` like any batch rows: embeddings, MLPs,
-norms, the chunked log-probs and the losses' ``(sum, count)`` pairs need nothing of their own
-(their sums over the axis are XLA's all-reduces). Per-token results come back with ``unfold``.
+"""Ring attention over one mesh axis, for rows striped over its N devices (``rljax.parallel.
+context``: device c holds slots ``c, c+N, c+2N, ..`` of every row). Everything here runs inside a
+``shard_map`` manual over the axis and names the axis only.
 
 **Ring attention** (Liu et al. 2023, "Ring Attention with Blockwise Transformers for
 Near-Infinite Context", arXiv 2310.01889): each device keeps its queries and passes its keys and
 values around the ring (``ppermute``); each of the N steps is ``attention.flash_forward`` on the
-local queries and the visiting keys, at their slots (stride N), and the pieces are combined by
-their log-sum-exp (FlashAttention's identity, exact). The backward (a custom VJP) passes the keys
-and values around again with their gradient accumulators, which come home after N steps: memory
-stays ``O(S/N)`` per device in both directions.
+local queries and the visiting keys, at their slots (stride N: the blockwise kernel's block
+skipping, causality, windows and segments all hold), and the pieces are combined by their
+log-sum-exp (FlashAttention's identity, exact). The backward (a custom VJP) passes the keys and
+values around again with their gradient accumulators, which come home after N steps: memory
+stays ``O(S/N)`` per device both ways. Striped rows give every device the same work at every
+step (Brandon et al. 2023, "Striped Attention", arXiv 2311.09431): with contiguous pieces under a
+causal mask the device holding the first piece sees no key at N-1 of the N steps.
 
 **Decode** (``cache_attend_at``): the sampler's KV cache is striped the same way (slot j on
 device ``j mod N`` at local slot ``j div N``), so no device holds a row's whole cache. A prefill
-feeds each device its stripe of the prompt and runs the ring; a decode step writes the new token's
-key and value on the device that owns its slot, every device attends to its own slots, and the
-partial outputs are combined by log-sum-exp across the axis (all-gathered and combined in device
-order, so every device gets the same bits and samples the same token).
+feeds each device its stripe of the prompt and runs the ring; a decode step writes the new
+token's key and value on the device that owns its slot, every device attends to its own slots,
+and the partial outputs are combined by log-sum-exp across the axis (all-gathered and combined
+in device order, so every device gets the same bits and samples the same token).
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
-from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec as P
 
 from rljax.models import attention as attention_lib
-from rljax.models import kv_cache
 from rljax.models.config import ModelConfig
-
-
-@dataclasses.dataclass(frozen=True)
-class Context:
-  """Where a forward's sequences are split: ``size`` devices on mesh axis ``axis``.
-
-  ``mesh`` (the learner's): the forward is traced under ``jax.jit`` and attention enters a
-  ``shard_map`` over it, rows split over ``(axis, *row_axes)`` and heads over ``head_axes``
-  where they divide (``rljax.parallel.context.layout`` builds it from the partition rules).
-  ``mesh=None``: the caller is already inside a ``shard_map`` manual over ``axis`` (the
-  sampler)."""
-  size: int
-  axis: str = "context"
-  mesh: Any = None
-  row_axes: tuple = ()
-  head_axes: tuple = ()
-
-
-def padded_length(s: int, n: int) -> int:
-  """``s`` rounded up to a multiple of ``n``."""
-  return -(-s // n) * n
-
-
-def pad_slots(x, n: int, value=0):
-  """x [B, S, ...] padded at the end of axis 1 to a multiple of ``n`` slots."""
-  extra = padded_length(x.shape[1], n) - x.shape[1]
-  if not extra:
-    return x
-  return jnp.pad(x, ((0, 0), (0, extra)) + ((0, 0),) * (x.ndim - 2), constant_values=value)
-
-
-def fold(x, n: int):
-  """[B, S, ...] -> [N*B, S/N, ...]: row ``c*B + b``, local slot i holds slot ``c + N*i`` of row
-  b (``S`` a multiple of ``n``: ``pad_slots``)."""
-  b, s = x.shape[:2]
-  if s % n:
-    raise ValueError(f"{s} slots do not fold over {n} devices (pad_slots first)")
-  x = x.reshape((b, s // n, n) + x.shape[2:])
-  return jnp.moveaxis(x, 2, 0).reshape((n * b, s // n) + x.shape[3:])
-
-
-def unfold(y, n: int, length: int | None = None):
-  """The inverse of ``fold``: [N*B, S/N, ...] -> [B, S, ...], cut to ``length`` slots."""
-  nb, sl = y.shape[:2]
-  y = y.reshape((n, nb // n, sl) + y.shape[2:])
-  y = jnp.moveaxis(y, 0, 2).reshape((nb // n, sl * n) + y.shape[3:])
-  return y if length is None else y[:, :length]
 
 
 def stripe(x, c, n: int):
@@ -113,11 +54,11 @@ def from_device(x, src, axis: str):
 
 def global_rows(segments) -> attention_lib.Rows:
   """The kernel's ``Rows`` of self-attention over rows of segment ids [B, S] (slot numbers of the
-  whole row; ``fold`` or ``stripe`` them for the devices)."""
+  whole row; fold or ``stripe`` them for the devices)."""
   return attention_lib.row_spans(attention_lib.as_segments(segments), 0, segments.shape[1])
 
 
-# --- ring attention (inside a shard_map manual over the axis) ------------------------------------
+# --- ring attention --------------------------------------------------------------------------------
 
 def ring_attention(q, k, v, rows: attention_lib.Rows, *, axis: str, n: int, window=None,
                    block: int = attention_lib.DEFAULT_BLOCK):
@@ -204,71 +145,9 @@ def _ring_bwd(axis, n, q_first, bq, bk, r, window, res, dout):
 _ring.defvjp(_ring_fwd, _ring_bwd)
 
 
-FUSED_BACKENDS = ("cudnn", "pallas")  # model.attention values that cannot run a ring step
+# --- the sampler's striped KV cache --------------------------------------------------------------
 
-
-def check_backend(backend: str, n: int) -> None:
-  """One line where ``model.attention`` names a fused kernel and the rows are split over
-  ``n > 1`` devices: cuDNN's and splash's APIs return no log-sum-exp to combine ring steps (nor
-  take one in their backward). 'auto' runs the blockwise kernel on each device then."""
-  if n > 1 and backend in FUSED_BACKENDS:
-    raise ValueError(f"model.attention={backend!r} cannot run with the sequence split over "
-                     f"mesh.context={n} devices (its kernel returns no log-sum-exp to combine "
-                     "ring steps): use 'auto' or 'blockwise', the ring's blockwise kernel")
-
-
-# --- the learner's forward: folded rows, ring attention in a shard_map -------------------------
-
-def _dividing_prefix(axes: tuple, sizes: dict, n: int) -> tuple:
-  """The longest prefix of ``axes`` whose sizes multiply to a divisor of ``n``."""
-  axes = tuple(a for a in axes if sizes.get(a, 1) > 1)
-  while axes and n % math.prod(sizes[a] for a in axes):
-    axes = axes[:-1]
-  return axes
-
-
-def folded_spec(context: Context, rows: int) -> P:
-  """``PartitionSpec`` of folded rows [N*B, ...] of ``rows`` = B rows: the merged axis over
-  ``(axis, *row_axes)`` (the row axes whose sizes divide B)."""
-  sizes = dict(context.mesh.shape)
-  return P((context.axis,) + _dividing_prefix(context.row_axes, sizes, rows))
-
-
-def place_folded(x, context: Context, rows: int):
-  """x [N*B, ...] constrained to ``folded_spec`` (so the forward starts split over the axis)."""
-  spec = folded_spec(context, rows)
-  return jax.lax.with_sharding_constraint(x, NamedSharding(context.mesh, spec))
-
-
-def self_attention(cfg: ModelConfig, context: Context, segments):
-  """The attention strategy (``layers.Attend``) of a forward over folded rows: segments [B, S]
-  (S a multiple of N) are the unfolded rows' ids; q [N*B, S/N, H, Dh] and k, v arrive folded.
-  The fused kernels (cuDNN, Pallas) return no log-sum-exp to combine ring steps, so each step
-  is the blockwise kernel; naming one of them is refused (``check_backend``)."""
-  check_backend(cfg.attention, context.size)
-  b = segments.shape[0]
-  n = context.size
-  rows = jax.tree.map(lambda x: fold(x, n), global_rows(segments))
-  sizes = dict(context.mesh.shape)
-  row_spec = folded_spec(context, b)[0]
-
-  def attend(q, k, v, layer_cache, window):
-    h, g = q.shape[2], k.shape[2]
-    heads = _dividing_prefix(context.head_axes, sizes, math.gcd(h, g))
-    head_spec = heads[0] if len(heads) == 1 else (heads or None)
-    x_spec, r_spec = P(row_spec, None, head_spec, None), P(row_spec, None)
-    local = functools.partial(ring_attention, axis=context.axis, n=n, window=window,
-                              block=cfg.attention_block)
-    mapped = jax.shard_map(local, mesh=context.mesh,
-                           in_specs=(x_spec, x_spec, x_spec, attention_lib.Rows(*(r_spec,) * 4)),
-                           out_specs=x_spec, check_vma=False)
-    return mapped(q, k.astype(q.dtype), v.astype(q.dtype), rows), layer_cache
-  return attend
-
-
-# --- the sampler's striped KV cache (inside a shard_map manual over the axis) --------------------
-
-def cache_attend_at(cfg: ModelConfig, slot, kv_valid, s: int, context: Context):
+def cache_attend_at(cfg: ModelConfig, slot, kv_valid, s: int, axis: str, n: int):
   """The strategy of a forward through the striped cache: local cache ``(k, v)`` [B, G, K/N, Dh]
   holds slots ``c + N*j``. ``kv_valid`` [B, K]: the slots a query may attend to (all of the
   row's, the same on every device).
@@ -277,8 +156,7 @@ def cache_attend_at(cfg: ModelConfig, slot, kv_valid, s: int, context: Context):
   ``N*s`` slots, written at local slots ``0 .. s-1``, attending by the ring. Otherwise a decode
   step (s = 1): the token at slot ``slot`` is written by device ``slot mod N`` at its local
   slot ``slot div N``, and every device's partial attention over its own slots is combined
-  (``combine_partials``)."""
-  n, axis = context.size, context.axis
+  (``combine_partials``). Inside a ``shard_map`` manual over ``axis`` (N = ``n`` devices)."""
   c = jax.lax.axis_index(axis)
   if isinstance(slot, int) and slot == 0:
     rows = jax.tree.map(lambda x: stripe(x, c, n), global_rows(kv_valid[:, :n * s]))
