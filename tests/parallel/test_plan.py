@@ -91,6 +91,39 @@ def test_qwen7b_v5p64():
   assert by_xla["activations_no_remat"] > 95 * GiB > by_xla["activations_remat"]
 
 
+def test_qwen7b_128k_on_v5p64_fits_only_with_the_context_axis():
+  """128k-token rows: one row of activations per chip is 85 GiB (remat full), so one chip per
+  row does not fit; split over context=8 it is 1/8 of it, the KV cache 1/8 of its slots."""
+  c = load("qwen7b_v5p64_128k")
+  p = plan_lib.plan(c)
+  assert p["mesh"] == {"data": 1, "fsdp": 4, "expert": 1, "context": 8, "tensor": 1}
+  by, shapes = p["bytes"], p["shapes"]
+  assert shapes["train_rows_per_device"] == 1 and shapes["train_seq_per_device"] == 131072 // 8
+  assert by["kv_cache"] == kv_bytes(64 // 4, 131072) // 8
+  assert by["params"] == fsdp_bytes(32)  # the weights over fsdp x context
+  assert p["model"]["attention"] == "blockwise"  # the ring's kernel, not Pallas
+  assert p["fits"] and p["peak"] < 45 * GiB
+  # What each chip sends per micro-batch, by hand: one chip's k (or v) piece is 16384 tokens x
+  # 4 kv heads x 128 = 2^23 bf16 values; per layer the forward passes 7 pieces of k and v
+  # (twice: remat recomputes it), the backward 8 with their float32 gradients.
+  piece = 16384 * 4 * 128
+  per_layer = 2 * (7 * 2 * piece * 2) + 8 * 2 * piece * (2 + 4)
+  assert by["ring_transfers"] == 28 * per_layer
+  assert "ring (context=8): each device sends 33.25 GiB" in plan_lib.format_plan(p)
+  c.mesh.context, c.mesh.fsdp = 1, 32
+  alone = plan_lib.plan(c)
+  assert not alone["fits"] and alone["bytes"]["activations"] > 80 * GiB
+  # Activations scale with the tokens a chip holds (the blockwise tiles are a fixed few MiB).
+  assert close(by["activations"], alone["bytes"]["activations"] / 8, 0.01)
+
+
+def test_qwen32b_64k_on_v5p64_fits_with_context_and_tensor():
+  p = plan_lib.plan(load("qwen32b_v5p64_64k"))
+  assert p["mesh"] == {"data": 1, "fsdp": 2, "expert": 1, "context": 8, "tensor": 2}
+  assert p["model"]["num_params"] > 32e9 and p["fits"], plan_lib.format_plan(p)
+  assert p["bytes"]["kv_cache"] == kv_bytes(32 // 2, 65536, layers=64, kv=8) // 8 // 2
+
+
 def test_qwen7b_v5p128_fsdp64():
   c = load("qwen7b_v5p64")
   p = plan_lib.plan(c, "v5p-128")
