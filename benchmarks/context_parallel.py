@@ -13,7 +13,14 @@ N against N = 1.
   transfers, the folding, N programs instead of one), not a speed-up: that needs N real
   devices.
 
+- balance (``--balance``): why the rows are striped. The blockwise kernel's own block ranges
+  (``attention._key_block_range``) give the (query block, key block) tiles each device computes
+  at each ring step of one causal row; a step ends when its slowest device does, so the
+  critical path is the sum over steps of the most tiles any device computes, against the ideal
+  (all tiles / N). Striped slots against contiguous pieces.
+
   python benchmarks/context_parallel.py --lengths 16384,32768 --contexts 1,2,4,8 --time_len 2048
+  python benchmarks/context_parallel.py --balance --lengths 16384 --contexts 2,4,8 --no_memory
 
 Sets ``XLA_FLAGS=--xla_force_host_platform_device_count=<max context>`` itself (before JAX
 starts) unless XLA_FLAGS already force a count.
@@ -38,6 +45,9 @@ def _args():
   ap.add_argument("--time_len", type=int, default=0, help="also time the update at this length")
   ap.add_argument("--repeats", type=int, default=3)
   ap.add_argument("--no_sampler", action="store_true", help="skip the sampler's memory")
+  ap.add_argument("--no_memory", action="store_true", help="skip the memory table")
+  ap.add_argument("--balance", action="store_true", help="ring work per device: striped/contiguous")
+  ap.add_argument("--block", type=int, default=128, help="the kernel's block (--balance)")
   ap.add_argument("--smoke", action="store_true", help="tiny: lengths 256, contexts 1,2")
   return ap.parse_args()
 
@@ -57,6 +67,7 @@ import numpy as np  # noqa: E402
 
 from rljax.algorithm import resolve  # noqa: E402
 from rljax.config import loader as config_loader  # noqa: E402
+from rljax.models import attention as attention_lib  # noqa: E402
 from rljax.data.tokenizer import load_tokenizer  # noqa: E402
 from rljax.models import tiny_config, transformer  # noqa: E402
 from rljax.parallel import mesh as mesh_lib, rules  # noqa: E402
@@ -140,9 +151,52 @@ def sampler_memory(length: int, context: int) -> float:
   return compiled.memory_analysis().temp_size_in_bytes / MiB
 
 
+def ring_tiles(length: int, n: int, striped: bool) -> tuple[int, int]:
+  """(critical-path tiles, all tiles / n) of one causal row of ``length`` slots on ``n``
+  devices: per step, the most tiles any device computes, summed over the steps."""
+  sl = length // n
+  bq = bk = attention_lib.balanced_block(sl, ARGS.block)
+  nq = nk = sl // bq
+  path, total = 0, 0
+  for step in range(n):
+    most = 0
+    for c in range(n):
+      src = (c - step) % n
+      q0, k0, stride = (c, src, n) if striped else (c * sl, src * sl, 1)
+      tiles = 0
+      for i in range(nq):
+        first = q0 + stride * i * bq
+        lo, hi = attention_lib._key_block_range(first, first + stride * (bq - 1), k0, stride,
+                                                 bk, nk, None, 0)
+        tiles += max(0, int(hi) - int(lo))
+      most, total = max(most, tiles), total + tiles
+    path += most
+  return path, total // n
+
+
+def balance():
+  print("\n| T | context | layout | critical-path tiles | ideal | x ideal |\n"
+        "|---|---|---|---|---|---|")
+  for length in [int(x) for x in ARGS.lengths.split(",")]:
+    for n in [c for c in CONTEXTS if c > 1]:
+      for striped in (True, False):
+        path, ideal = ring_tiles(length, n, striped)
+        print(f"| {length} | {n} | {'striped' if striped else 'contiguous'} | {path} | {ideal} | "
+              f"{path / ideal:.2f} |", flush=True)
+
+
 def main():
   print(f"model D={ARGS.hidden} L={ARGS.layers} (remat full, scanned, blockwise); "
         f"rows={ARGS.rows}; {jax.device_count()} simulated CPU devices")
+  if ARGS.balance:
+    balance()
+  if not ARGS.no_memory:
+    memory_table()
+  if ARGS.time_len:
+    time_table()
+
+
+def memory_table():
   print("\n| T | context | update temp MiB / device | x context 1 | sampler temp MiB / device "
         "| x context 1 |")
   print("|---|---|---|---|---|---|")
@@ -154,13 +208,15 @@ def main():
       base = base or (temp, cache)
       print(f"| {length} | {context} | {temp:.1f} | {temp / base[0]:.3f} | {cache:.1f} | "
             f"{cache / base[1]:.3f} |", flush=True)
-  if ARGS.time_len:
-    print(f"\n| T | context | update s | x context 1 |\n|---|---|---|---|")
-    base = None
-    for context in [c for c in CONTEXTS if c <= 4]:
-      _, secs = update(ARGS.time_len, context, run=True)
-      base = base or secs
-      print(f"| {ARGS.time_len} | {context} | {secs:.3f} | {secs / base:.2f} |", flush=True)
+
+
+def time_table():
+  print("\n| T | context | update s | x context 1 |\n|---|---|---|---|")
+  base = None
+  for context in [c for c in CONTEXTS if c <= 4]:
+    _, secs = update(ARGS.time_len, context, run=True)
+    base = base or secs
+    print(f"| {ARGS.time_len} | {context} | {secs:.3f} | {secs / base:.2f} |", flush=True)
 
 
 if __name__ == "__main__":

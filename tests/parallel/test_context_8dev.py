@@ -99,3 +99,31 @@ def test_a_fused_kernel_named_to_the_ring_is_refused():
     context.check_backend("cudnn", 4)
   context.check_backend("cudnn", 1)  # one device holds the row: the kernel runs as ever
   context.check_backend("auto", 4)
+
+
+@pytest.mark.slow
+def test_per_device_memory_falls_with_the_context_devices():
+  """XLA's memory analysis of the compiled update (GRPO train_step: remat full, scanned layers,
+  D=128, L=4) and of the all-rows sampler, 2 rows of 4096 tokens, on context 1 and 4
+  (benchmarks/context_parallel.py; docs/results/context_parallel.md has 16k and 32k). The
+  update's temporaries are the activations of its tokens, which the split divides by 4
+  (measured 0.251 at 16k and 32k). The sampler's are its KV cache (2 x 4 layers x 2 rows x 2 kv
+  heads x 4096 slots x 32 x 4 bytes = 16 MiB, and the previous segment's copy while it grows)
+  plus fixed buffers (logits, weights): the split must save at least 3/4 of the cache."""
+  import os
+  import subprocess
+  import sys
+
+  from tests.parallel.conftest import REPO, device_env
+  run = subprocess.run(
+      [sys.executable, os.path.join(REPO, "benchmarks", "context_parallel.py"), "--lengths",
+       "4096", "--contexts", "1,4"],
+      capture_output=True, text=True, timeout=900, cwd=REPO, env=device_env(4))
+  assert run.returncode == 0, run.stderr[-3000:]
+  rows = [[c.strip() for c in line.strip("|").split("|")] for line in run.stdout.splitlines()
+          if line.startswith("| 4096 |")]
+  assert [r[1] for r in rows] == ["1", "4"], run.stdout
+  assert 0.2 < float(rows[1][3]) < 0.3, run.stdout  # the update: 1/4 and a little
+  cache_mib = 2 * 4 * 2 * 2 * 4096 * 32 * 4 / 2 ** 20
+  saved = float(rows[0][4]) - float(rows[1][4])
+  assert saved >= 0.75 * cache_mib, run.stdout
