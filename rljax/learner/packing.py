@@ -141,7 +141,7 @@ def layout(valid, shape: tuple) -> Layout:
   are one sequence each; ``S <= W``)."""
   if valid.shape[1] > shape[2]:
     raise ValueError(f"rows of {valid.shape[1]} tokens do not fit packed rows of {shape[2]}")
-  return first_fit_decreasing(valid.astype(jnp.int32).sum(axis=1), shape)
+  return first_fit_decreasing((valid > 0).astype(jnp.int32).sum(axis=1), shape)
 
 
 def slots(valid, lay: Layout):
@@ -166,8 +166,11 @@ def pack(x, valid, lay: Layout, fill=0):
 
 
 def segment_ids(valid, lay: Layout):
-  """[C, R, W] int32: each packed slot's segment id, 0 where no token is."""
-  seg = jnp.broadcast_to(lay.segment[:, None], valid.shape)
+  """[C, R, W] int32: each packed slot's segment id, 0 where no token is. A row of ``valid``
+  that holds segment ids (several samples: ``rljax.agents.trajectory``) keeps them apart: the
+  packed id is the row's sequence number times ``S + 1`` plus the row's own id."""
+  local = valid.astype(jnp.int32)
+  seg = lay.segment[:, None] * (valid.shape[1] + 1) + local
   return pack(seg, valid, lay)
 
 

@@ -1,0 +1,22 @@
+"""The calculator agent trained through the OpenAI-compatible endpoint: ``calc_agent``
+(rljax/agents/calc_agent.py), ordinary ``openai`` client code, plays each episode against the
+run's own engine, GRPO trains on the exact ids it was served.
+
+  python -m rljax train --config configs/agent_calc.py
+
+The task, cold start and algorithm are ``configs/tool_calc.py``'s (its in-process environment is
+the baseline: the agent plays the same protocol); only who plays the episode changes. Measured
+figures: docs/agents.md. ``--config.train.steps=2`` for a smoke run.
+"""
+import rljax.agents  # noqa: F401  (registers the harnesses)
+from rljax.config.loader import preset
+
+
+def get_config():
+  c = preset(__file__, "tool_calc.py")
+  c.env.name = "calc_agent"
+  c.env.engine = "endpoint"
+  # A whole episode, the first batch's compilation of the engine's lanes included.
+  c.env.timeout_s = 300.0
+  c.train.run_dir = "runs/agent_calc"
+  return c
