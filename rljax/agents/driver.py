@@ -26,20 +26,27 @@ then fails.
 """
 from __future__ import annotations
 
+import dataclasses
 import secrets
-from typing import Optional
+from typing import List, Optional
 
 import numpy as np
 
 from rljax.agents import harness as harness_lib
 from rljax.agents import protocol, trajectory
-from rljax.agents.serving import Batch
+from rljax.agents.serving import Batch, CallRecord
 from rljax.agents.server import EndpointServer
 from rljax.envs.drivers import EpisodeEngineBase
 from rljax.envs.episodes import EnvSettings, Episode, MultiTurnResult, new_counts, tally
 from rljax.errors import StartupError
 from rljax.rollout.engines import JaxEngine, RolloutEngine, register_episode_engine
 from rljax.rollout.sampling import SamplingParams
+
+
+@dataclasses.dataclass
+class AgentResult(MultiTurnResult):
+  """A batch's ``MultiTurnResult`` and every call of every episode as it was served."""
+  calls: List[List[CallRecord]] = dataclasses.field(default_factory=list)
 
 
 class EndpointEngine(EpisodeEngineBase):
@@ -60,8 +67,7 @@ class EndpointEngine(EpisodeEngineBase):
       self.server = EndpointServer(self.tokenizer, reply_timeout_s=self.settings.timeout_s)
     return self.server
 
-  def episodes(self, problems, key, sampling: SamplingParams, group_size: int
-               ) -> MultiTurnResult:
+  def episodes(self, problems, key, sampling: SamplingParams, group_size: int) -> AgentResult:
     s, base, g = self.settings, self.base, int(group_size)
     rows = len(problems) * g
     limit = s.max_prompt_tokens or base.model_cfg.max_position_embeddings - s.max_tokens
@@ -94,7 +100,7 @@ class EndpointEngine(EpisodeEngineBase):
       server.detach()
     return self._result(problems, g, batch, ends)
 
-  def _result(self, problems, g: int, batch: Batch, ends: dict) -> MultiTurnResult:
+  def _result(self, problems, g: int, batch: Batch, ends: dict) -> AgentResult:
     s, tok = self.settings, self.tokenizer
     episodes, prompts, segments, versions = [], [], [], []
     counts = new_counts()
@@ -120,7 +126,8 @@ class EndpointEngine(EpisodeEngineBase):
                    "agent/split_episodes": float(sum(n > 1 for n in n_segments)),
                    "agent/reused_tokens": float(batch.counts["reused_tokens"]),
                    "agent/prefilled_tokens": float(batch.counts["prefilled_tokens"])})
-    return MultiTurnResult(rollout, episodes, [tok.decode(ep.ids) for ep in episodes], counts)
+    return AgentResult(rollout, episodes, [tok.decode(ep.ids) for ep in episodes], counts,
+                       [state.calls for state in batch.state])
 
   def close(self) -> None:
     if self.server is not None:

@@ -226,19 +226,21 @@ def _with_bos(tokenizer, ids) -> list:
 
 @dataclasses.dataclass(frozen=True)
 class Answer:
-  """What the engine drew for a call: the text (its final EOS and any stop string cut), whether
-  it ended at a stop ('stop') or its cap ('length'), and the token counts."""
+  """What the engine drew for a call: the text (special tokens skipped, as vLLM does; any stop
+  string cut), whether it ended at a stop ('stop') or its cap ('length'), and the ids."""
   text: str
   finish: str
-  prompt_tokens: int
-  completion_tokens: int
+  prompt_ids: tuple
+  completion_ids: tuple
+  raw: str = ""  # the text with special tokens kept (tool calls are read from it)
 
 
-def _message(call: Call, text: str, tool_format: str) -> tuple[dict, str, int, int]:
-  """``(assistant message, finish override or '', tool calls, unreadable calls)``."""
+def _message(call: Call, text: str, raw: str, tool_format: str) -> tuple[dict, str, int, int]:
+  """``(assistant message, finish override or '', tool calls, unreadable calls)``: calls are
+  read from ``raw`` (special tokens kept: a tokenizer may hold the call markers as such)."""
   if call.tool_params is None:
     return {"role": "assistant", "content": text}, "", 0, 0
-  calls = tools_lib.parse_tool_calls(text, tool_format)
+  calls = tools_lib.parse_tool_calls(raw, tool_format)
   if not calls:
     return {"role": "assistant", "content": text}, "", 0, 0
   if any(c.error is not None for c in calls):
@@ -251,26 +253,29 @@ def _message(call: Call, text: str, tool_format: str) -> tuple[dict, str, int, i
     out.append({"id": f"call_{uuid.uuid4().hex[:12]}_{k}", "type": "function",
                 "function": {"name": c.name, "arguments": json.dumps(args)}})
   opener = tools_lib.HERMES_OPEN if tool_format == "hermes" else tools_lib.COMPACT_OPEN
-  content = text[:text.find(opener)] if opener in text else text
+  content = raw[:raw.find(opener)]
   return ({"role": "assistant", "content": content or None, "tool_calls": out}, "tool_calls",
           len(out), 0)
 
 
 def answer(call: Call, drawn: Answer, tool_format: str) -> tuple[dict, int, int]:
   """``(the response body, tool calls returned, tool calls that could not be read)``."""
-  usage = {"prompt_tokens": drawn.prompt_tokens, "completion_tokens": drawn.completion_tokens,
-           "total_tokens": drawn.prompt_tokens + drawn.completion_tokens}
+  p, n = len(drawn.prompt_ids), len(drawn.completion_ids)
+  usage = {"prompt_tokens": p, "completion_tokens": n, "total_tokens": p + n}
   created = int(time.time())
+  # The ids, as vLLM's ``return_token_ids`` gives them: a harness may keep its history as ids.
+  ids = {"prompt_token_ids": list(drawn.prompt_ids), "token_ids": list(drawn.completion_ids)}
   if call.kind == "completion":
     return ({"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": created,
              "model": call.model, "choices": [{"index": 0, "text": drawn.text, "logprobs": None,
-                                               "finish_reason": drawn.finish}],
+                                               "finish_reason": drawn.finish, **ids}],
              "usage": usage}, 0, 0)
-  message, finish, n_calls, unreadable = _message(call, drawn.text, tool_format)
+  message, finish, n_calls, unreadable = _message(call, drawn.text, drawn.raw or drawn.text,
+                                                  tool_format)
   return ({"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion",
            "created": created, "model": call.model,
            "choices": [{"index": 0, "message": message, "logprobs": None,
-                        "finish_reason": finish or drawn.finish}], "usage": usage},
+                        "finish_reason": finish or drawn.finish, **ids}], "usage": usage},
           n_calls, unreadable)
 
 
@@ -279,9 +284,10 @@ def stream_events(call: Call, body: dict) -> list[bytes]:
   when asked for, ``[DONE]``."""
   choice = body["choices"][0]
   base = {k: body[k] for k in ("id", "created", "model")}
+  ids = {k: choice[k] for k in ("prompt_token_ids", "token_ids")}
   if call.kind == "completion":
     kind = "text_completion"
-    chunks = [dict(index=0, text=choice["text"], logprobs=None, finish_reason=None),
+    chunks = [dict(index=0, text=choice["text"], logprobs=None, finish_reason=None, **ids),
               dict(index=0, text="", logprobs=None, finish_reason=choice["finish_reason"])]
   else:
     kind = "chat.completion.chunk"
@@ -289,7 +295,7 @@ def stream_events(call: Call, body: dict) -> list[bytes]:
     if choice["message"].get("tool_calls"):
       delta["tool_calls"] = [dict(c, index=i)
                              for i, c in enumerate(choice["message"]["tool_calls"])]
-    chunks = [dict(index=0, delta=delta, logprobs=None, finish_reason=None),
+    chunks = [dict(index=0, delta=delta, logprobs=None, finish_reason=None, **ids),
               dict(index=0, delta={}, logprobs=None, finish_reason=choice["finish_reason"])]
   events = [dict(base, object=kind, choices=[c]) for c in chunks]
   if call.include_usage:

@@ -243,7 +243,7 @@ class Batch:
       lane.slp += out["sampler_logp"][i, :n].tolist()
       lane.dlp += out["draw_logp"][i, :n].tolist()
       lane.feed = lane.ids[-1:]
-      cut = protocol.cut_at_stop(self._text, lane.ids, lane.pending.call.stop)
+      cut = protocol.cut_at_stop(self._shown, lane.ids, lane.pending.call.stop)
       if cut is not None:
         self._finish(lane, cut[0], "stop", cut[1])
       elif out["running"][i]:
@@ -254,8 +254,9 @@ class Batch:
     self.ready.extendleft(reversed([l for j, l in enumerate(queue_) if not out["count"][w + j]]))
     self.lanes = still
 
-  def _text(self, ids) -> str:
-    return turn_text(self.tokenizer, ids)
+  def _shown(self, ids) -> str:
+    """The text a harness is answered: special tokens skipped (vLLM's default)."""
+    return self.tokenizer.decode(ids, skip_special_tokens=True)
 
   def _finish(self, lane: _Lane, keep: int, finish: str, text: Optional[str]) -> None:
     """The call's answer: recorded, sent, and the row's next request started."""
@@ -266,8 +267,8 @@ class Batch:
     ids = lane.ids[:keep]
     record = CallRecord(prompt, ids, lane.slp[:keep], lane.dlp[:keep], self.version, finish,
                         lane.start)
-    drawn = protocol.Answer(self._text(ids) if text is None else text, finish, len(prompt),
-                            len(ids))
+    drawn = protocol.Answer(self._shown(ids) if text is None else text, finish, tuple(prompt),
+                            tuple(ids), turn_text(self.tokenizer, ids))
     body, record.tool_calls, record.tool_errors = protocol.answer(lane.pending.call, drawn,
                                                                   self.tool_format)
     state.calls.append(record)
