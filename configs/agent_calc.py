@@ -18,5 +18,8 @@ def get_config():
   c.env.engine = "endpoint"
   # A whole episode, the first batch's compilation of the engine's lanes included.
   c.env.timeout_s = 300.0
+  # The first prompt's bound ('123*45=' with BOS is 8 tokens): it sizes the engine's cache store
+  # (this + env.max_tokens positions per episode).
+  c.data.max_prompt_tokens = 16
   c.train.run_dir = "runs/agent_calc"
   return c

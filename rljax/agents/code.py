@@ -28,6 +28,7 @@ from rljax.rewards.checkers import register_reward
 
 _FENCE = re.compile(r"```[ \t]*(?:python|py|python3)?[ \t]*\n(.*?)```", re.S | re.I)
 TOOL_OUTPUT_CHARS = 2000  # what the python tool answers at most
+LIMITS = sandbox.Limits()  # of every program the rewards and the tool run
 
 
 def program_of(completion: str, problem: Problem, checks: CodeChecks) -> str:
@@ -54,10 +55,10 @@ def test_program(program: str, checks: CodeChecks, tag: str) -> str:
 
 
 def passed_tests(program: str, checks: CodeChecks,
-                 limits: sandbox.Limits = sandbox.Limits()) -> tuple[int, sandbox.Run]:
-  """``(tests passed, the sandbox run)`` of ``program`` against ``checks``."""
+                 limits: sandbox.Limits | None = None) -> tuple[int, sandbox.Run]:
+  """``(tests passed, the sandbox run)`` of ``program`` against ``checks`` (``LIMITS``)."""
   tag = "rljax-pass-" + secrets.token_hex(8)
-  run = sandbox.run_python(test_program(program, checks, tag), limits)
+  run = sandbox.run_python(test_program(program, checks, tag), limits or LIMITS)
   passed = {line.split()[1] for line in run.stdout.splitlines()
             if line.startswith(tag + " ") and len(line.split()) == 2}
   return len(passed & {str(i) for i in range(len(checks.tests))}), run
@@ -86,7 +87,7 @@ def code_tests_all(completion: str, problem: Problem) -> float:
 def python_tool(code: str) -> str:
   """Runs ``code`` in the sandbox: its output (stdout, then stderr), at most
   ``TOOL_OUTPUT_CHARS``; a run that ends badly is a tool error saying why."""
-  run = sandbox.run_python(code)
+  run = sandbox.run_python(code, LIMITS)
   text = (run.stdout + run.stderr)[-TOOL_OUTPUT_CHARS:]
   if run.status in ("ok", "exit"):
     return text.strip() if run.ok else f"{text.strip()}\n({run.detail})".strip()

@@ -145,9 +145,19 @@ def _prompt_ids(tokenizer, problem) -> list:
 
 
 def _end(ep: Episode, state, result, end: str, why: str, *, calls, timeout_s: float) -> None:
-  """How the episode ended (module docstring), its reward and verdict."""
+  """How the episode ended (module docstring), its reward and verdict. A call refused for the
+  episode's own limits (``env.max_tokens``, ``env.max_turns``) ends it truncated whatever the
+  harness did next (an agent that raises on a context-length error is ordinary), with the
+  harness's reward if it returned one, else 0."""
   refused = f"; the endpoint refused a call: {state.refused[0]}" if state.refused else ""
-  if end == "timeout":
+  limit = ("max_tokens" if "episode_budget_exceeded" in state.codes else
+           "max_turns" if "max_turns" in state.codes else "")
+  if limit and calls and "context_length_exceeded" not in state.codes:
+    ep.end, ep.truncated = limit, limit == "max_tokens"
+    ep.turn_rewards, ep.turn_ends = [result.reward if result else 0.0], [_last_policy(ep)]
+    ep.correct = bool(result and result.correct)
+    ep.infos = [result.info if result else {"harness": end, "why": why[:300]}]
+  elif end == "timeout":
     ep.end, ep.error = "timeout", f"the harness ran over env.timeout_s={timeout_s} s{refused}"
   elif end == "error":
     ep.end, ep.error = "error", f"the harness failed: {why}{refused}"
@@ -159,10 +169,7 @@ def _end(ep: Episode, state, result, end: str, why: str, *, calls, timeout_s: fl
     ep.end, ep.error = "error", f"no call of the harness was served{refused}"
   else:
     ep.turn_rewards, ep.turn_ends = [result.reward], [_last_policy(ep)]
-    ep.correct, ep.infos = result.correct, [result.info]
-    ep.truncated = "episode_budget_exceeded" in state.codes
-    ep.end = ("max_tokens" if ep.truncated else "max_turns" if "max_turns" in state.codes
-              else "done")
+    ep.correct, ep.infos, ep.end = result.correct, [result.info], "done"
 
 
 def _last_policy(ep: Episode) -> int:
