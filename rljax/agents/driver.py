@@ -60,6 +60,8 @@ class EndpointEngine(EpisodeEngineBase):
                          f"engine's weights; the rollout engine is a {type(base).__name__}")
     super().__init__(base, settings, tokenizer, prompt_bucket)
     self.harness = harness_lib.harness_of(settings.name)
+    # What the harness needs started before its workers fork (an environment server).
+    getattr(self.harness, "prepare", lambda: None)()
     self.server: Optional[EndpointServer] = None
 
   def _server(self) -> EndpointServer:
@@ -130,6 +132,7 @@ class EndpointEngine(EpisodeEngineBase):
                        [state.calls for state in batch.state])
 
   def close(self) -> None:
+    getattr(self.harness, "close", lambda: None)()
     if self.server is not None:
       self.server.close()
       self.server = None

@@ -17,7 +17,9 @@ What it returns is its reward: a number, a bool, or ``{"reward": r, "correct": c
 verifier can give the reward. A subprocess harness (an agent CLI, another language) is
 ``command_harness(argv)``: the program runs with ``OPENAI_BASE_URL`` / ``OPENAI_API_KEY`` /
 ``OPENAI_MODEL`` in its environment and the problem as JSON on stdin, and prints its result as
-JSON on its last line of stdout.
+JSON on its last line of stdout. A harness function may carry ``prepare()`` and ``close()``
+(e.g. starting and stopping an environment server, ``rljax.agents.openenv_agent``): the engine
+calls them before its workers fork and when it closes.
 
 Every episode's harness runs in a worker process of its own pool (``rljax.rewards.isolation``:
 killable, its own process group, ``reward.max_worker_memory_mb``), at most ``env.harness_workers``
