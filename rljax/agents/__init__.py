@@ -14,3 +14,6 @@ _NOT_SCANNED = ("sandbox_launch",)
 for _module in _pkgutil.iter_modules(__path__):
   if _module.name not in _NOT_SCANNED:
     _importlib.import_module(f"{__name__}.{_module.name}")
+
+from rljax.agents.harness import AgentTask, command_harness, register_harness  # noqa: E402
+from rljax.agents.openenv_agent import openenv_harness  # noqa: E402
