@@ -1,4 +1,4 @@
-"""`configs/agent_calc.py` (the calculator agent, ordinary OpenAI-client code, trained through the
+"""`configs/tasks/agent_calc.py` (the calculator agent, ordinary OpenAI-client code, trained through the
 endpoint) over five seeds from one cold start: held-out pass@1 before (the SFT cold start) and
 after RL, means with 95% intervals; `experiments/tool_calc_seeds.py` is the same task played by
 the in-process environment (the baseline).
@@ -11,7 +11,7 @@ from rljax.sweep.study import Study, independent
 def get_study():
   return Study(
       name="agent_calc_seeds",
-      config="configs/agent_calc.py",
+      config="configs/tasks/agent_calc.py",
       variants=independent([("rl", {})]),
       seeds=(0, 1, 2, 3, 4),
       metrics=("final_accuracy", "gain_accuracy", "wall_time_s"),

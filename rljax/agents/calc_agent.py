@@ -1,5 +1,5 @@
 """``calc_agent``: a calculator agent written as ordinary OpenAI-client code, the endpoint's demo
-(``configs/agent_calc.py``, docs/agents.md).
+(``configs/tasks/agent_calc.py``, docs/agents.md).
 
 The agent loop a user would write against any completions server: send the transcript, stop at
 the end of a calculator call (``stop=[">"]``), run the calculator, append the call's close and the

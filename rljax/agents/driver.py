@@ -66,7 +66,10 @@ class EndpointEngine(EpisodeEngineBase):
 
   def _server(self) -> EndpointServer:
     if self.server is None:
-      self.server = EndpointServer(self.tokenizer, reply_timeout_s=self.settings.timeout_s)
+      # A request waits at most for its episode (whose harness is killed at env.timeout_s, which
+      # answers what it still waits for): the margin covers a harness that outlives its row.
+      self.server = EndpointServer(self.tokenizer,
+                                   reply_timeout_s=2 * self.settings.timeout_s + 60)
     return self.server
 
   def episodes(self, problems, key, sampling: SamplingParams, group_size: int) -> AgentResult:

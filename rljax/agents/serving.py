@@ -285,8 +285,8 @@ class Batch:
 
 def wait_reply(pending: Pending, timeout_s: float):
   """The reply of a request (``(body, record)``), or the ``RequestError`` it was refused
-  with; a 503 when nothing answered in ``timeout_s`` (the batch ended)."""
+  with; a 503 when nothing answered in ``timeout_s``."""
   if not pending.done.wait(timeout_s):
-    return protocol.RequestError("no answer: the batch of episodes ended", 503, "unavailable")
+    return protocol.RequestError(f"no answer in {timeout_s:.0f} s", 503, "unavailable")
   return pending.reply
 

@@ -166,12 +166,14 @@ def pack(x, valid, lay: Layout, fill=0):
 
 
 def segment_ids(valid, lay: Layout):
-  """[C, R, W] int32: each packed slot's segment id, 0 where no token is. A row of ``valid``
-  that holds segment ids (several samples: ``rljax.agents.trajectory``) keeps them apart: the
-  packed id is the row's sequence number times ``S + 1`` plus the row's own id."""
-  local = valid.astype(jnp.int32)
-  seg = lay.segment[:, None] * (valid.shape[1] + 1) + local
-  return pack(seg, valid, lay)
+  """[C, R, W] int32: each packed slot's segment id (1, 2, ... along a packed row), 0 where no
+  token is. A row of ``valid`` that holds segment ids (several samples of one episode:
+  ``rljax.agents.trajectory``) keeps them apart: each of its segments is a segment of the packed
+  row, numbered in order (for 0/1 rows the ids are ``Layout.segment``)."""
+  keyed = pack(lay.segment[:, None] * (valid.shape[1] + 1) + valid.astype(jnp.int32), valid, lay)
+  before = jnp.concatenate([jnp.zeros_like(keyed[..., :1]), keyed[..., :-1]], axis=-1)
+  starts = (keyed > 0) & (keyed != before)
+  return jnp.where(keyed > 0, jnp.cumsum(starts.astype(jnp.int32), axis=-1), 0)
 
 
 def next_tokens(tokens, valid, lay: Layout):

@@ -1,4 +1,4 @@
-"""``rljax train`` through the endpoint: ``configs/agent_calc.py``'s harness (ordinary ``openai``
+"""``rljax train`` through the endpoint: ``configs/tasks/agent_calc.py``'s harness (ordinary ``openai``
 client code in worker processes) plays every episode against the run's engine; the trainer's
 forward over the recorded ids reproduces the sampler's log-probs (no re-tokenisation anywhere),
 and the asynchronous pipeline records the weights' version of every call."""
@@ -18,7 +18,7 @@ def _train(tmp_path, **extra):
       "train.steps": "2", "train.eval_every": "0", "train.progress": "false",
       "train.export_hf": "false", "train.run_dir": run_dir, "env.harness_workers": "4",
       **extra}
-  cli.main(["train", "--config", os.path.join(tiny.ROOT, "configs", "agent_calc.py")]
+  cli.main(["train", "--config", os.path.join(tiny.ROOT, "configs", "tasks", "agent_calc.py")]
            + [f"--config.{k}={v}" for k, v in overrides.items()])
   with open(os.path.join(run_dir, "metrics.jsonl")) as f:
     return [m for m in map(json.loads, f) if "loss" in m]

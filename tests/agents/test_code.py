@@ -1,7 +1,7 @@
 """Code tasks and their checks: the JSONL layouts read into problems, unit-test rewards computed
 by running programs in the sandbox (a correct, a half-correct, a hanging and a cheating
 solution, each with the pass fraction a hand count gives), the python tool, and a run of
-``configs/code.py`` (tiny model, one step) scoring its completions with them."""
+``configs/tasks/code.py`` (tiny model, one step) scoring its completions with them."""
 import json
 import os
 
@@ -97,7 +97,7 @@ def test_configs_code_trains_a_step_on_code_tasks(tmp_path):
       "rollout.prompts_per_step": "2", "rollout.group_size": "2", "rollout.max_new_tokens": "16",
       "data.num_eval": "2", "train.steps": "1", "train.eval_every": "0",
       "train.progress": "false", "train.export_hf": "false", "train.run_dir": run_dir}
-  cli.main(["train", "--config", os.path.join(ROOT, "configs", "code.py")]
+  cli.main(["train", "--config", os.path.join(ROOT, "configs", "tasks", "code.py")]
            + [f"--config.{k}={v}" for k, v in overrides.items()])
   with open(os.path.join(run_dir, "metrics.jsonl")) as f:
     (step,) = [m for m in map(json.loads, f) if "loss" in m]

@@ -1,7 +1,7 @@
 """Coding RL: programs written by the policy, checked against each task's unit tests in the
 sandbox (rljax/agents/sandbox.py: no network, CPU / memory / process / file / output limits).
 
-  python -m rljax train --config configs/code.py \\
+  python -m rljax train --config configs/tasks/code.py \\
       --config.model.source=hf:PATH --config.data.tokenizer=PATH
 
 ``data.source='code:PATH'`` reads MBPP- or HumanEval-style JSONL rows (rljax/data/code_tasks.py);
@@ -11,11 +11,11 @@ sandbox (rljax/agents/sandbox.py: no network, CPU / memory / process / file / ou
 Instruct or larger); nothing is downloaded. docs/agents.md.
 """
 import rljax.agents  # noqa: F401  (registers the code reward functions)
-from rljax.config.loader import preset
+from rljax.config.loader import based_on
 
 
 def get_config():
-  c = preset(__file__, "grpo.py")
+  c = based_on("algos/grpo.py")
   c.model.source = "hf:models/Qwen2.5-0.5B-Instruct"
   c.data.tokenizer = "models/Qwen2.5-0.5B-Instruct"
   c.data.chat_template = True
