@@ -69,6 +69,9 @@ class EndpointServer:
 
 class _Server(ThreadingHTTPServer):
   daemon_threads = True
+  # The listen backlog: socketserver's default of 5 refused connections (an APIConnectionError
+  # in the harness) when a batch's harnesses connected at once on a loaded machine.
+  request_queue_size = 1024
 
   def handle_error(self, request, client_address):
     """A harness killed mid-request (its episode timed out) resets its connection: nothing to
