@@ -626,8 +626,9 @@ KEYS = declare((
     Key("rm.steps", 200, integer(1, 10**9), "`rljax rm`: optimizer steps (lr etc.: optim.*)"),
     Key("rm.batch_size", 16, SIZE, "`rljax rm`: preference pairs per step"),
     Key("rm.max_tokens", 256, SIZE,
-        "`rljax rm`: tokens of one scored row (prompt, response, EOS); a longer pair is an error "
-        "naming its line"),
+        "`rljax rm`: the longest scored row (prompt, response, EOS), bound by the model's "
+        "context; a longer pair is an error naming its line. Batches are padded to their own "
+        "longest row"),
     Key("rm.eval_every", 0, integer(0),
         "`rljax rm`: held-out pairwise accuracy every N steps; 0 = before and after"),
     # --- device mesh ---------------------------------------------------------------------------

@@ -38,7 +38,8 @@ import numpy as np
 from rljax.config import reward_spec
 from rljax import models
 from rljax.data import tokenizer as tokenizer_lib
-from rljax.errors import ModelFileError, RljaxError, StartupError, TokenizerError
+from rljax.errors import (ModelFileError, RewardSourceError, RljaxError, StartupError,
+                          TokenizerError)
 from rljax.models import ModelConfig, transformer
 from rljax.models.config import compute_dtype, run_settings
 from rljax.models.source import ModelSource, parse_source, run_config
@@ -131,8 +132,8 @@ def scoring_fn(cfg: ModelConfig, mesh) -> Callable:
                  out_shardings=rules.batch_sharding(mesh, 1))
 
 
-def _bucket(length: int) -> int:
-  """Row width of re-encoded rows: the next power of two (few distinct shapes to compile)."""
+def bucket(length: int) -> int:
+  """Row width of encoded rows: the next power of two (few distinct shapes to compile)."""
   return max(_MIN_WIDTH, 1 << (max(length, 1) - 1).bit_length())
 
 
@@ -157,7 +158,14 @@ class RewardModel:
       mask = np.concatenate([batch.prompt_mask, batch.mask], axis=1).astype(np.int32)
       return tokens, mask
     ids = [self._encode(batch, i) for i in range(len(batch.completions))]
-    width = _bucket(max(len(r) for r in ids))
+    context = self.cfg.max_position_embeddings
+    longest = max(range(len(ids)), key=lambda i: len(ids[i]))
+    if len(ids[longest]) > context:
+      raise RewardSourceError(
+          f"{SOURCE_KEY}={self.name!r}: row {longest} is {len(ids[longest])} tokens in its "
+          f"tokenizer, more than the reward model's context of {context} positions "
+          "(max_position_embeddings); shorten the prompts or rollout.max_new_tokens")
+    width = min(bucket(len(ids[longest])), context)
     tokens = np.full((len(ids), width), self.tokenizer.pad_id, np.int32)
     mask = np.zeros((len(ids), width), np.int32)
     for i, row in enumerate(ids):
