@@ -10,20 +10,22 @@ and prints three lists:
 - upward imports: a module importing one of a higher layer;
 - function-local imports: an ``import`` inside a function or class body.
 
-The layers (the project's design: models < rollout < rewards/data/parallel < algos < transforms/envs <
-train < api/cli), with the top-level modules placed among them:
+The layers (the project's design: config < models < rollout < rewards/data/parallel < algos <
+transforms/envs < train < api/cli), with the top-level modules placed among them (a key names a
+room or one module of it, the longer name winning):
 
-  0 base        errors, keys, defaults, config_loader   the key declarations and errors: they
+  0 base        config, errors, lifetime                the key declarations and errors: they
                                                         import nothing of the package above them
   1 models
   2 rollout
   3 rewards, data, parallel
   4 algos
-  5 transforms, envs
-  6 config_checks, algorithm                            the start-up checks and the resolved
+  5 transforms, envs, runs                              runs: what a run directory is
+  6 config.checks, algorithm                            the start-up checks and the resolved
                                                         algorithm: they read every registry
-  7 train
-  8 api, cli, plan, sweep, __init__, __main__          what users call
+  7 learner                                             the compiled update
+  8 train
+  9 api, cli, catalogue, plan, sweep, __init__, __main__   what users call
 """
 from __future__ import annotations
 
@@ -34,15 +36,16 @@ import os
 import sys
 
 LAYERS = {
-    "errors": 0, "keys": 0, "defaults": 0, "config_loader": 0, "lifetime": 0,
+    "config": 0, "errors": 0, "lifetime": 0,
     "models": 1,
     "rollout": 2,
     "rewards": 3, "data": 3, "parallel": 3,
     "algos": 4,
-    "transforms": 5, "envs": 5,
-    "config_checks": 6, "algorithm": 6,
-    "train": 7,
-    "api": 8, "cli": 8, "components": 8, "plan": 8, "sweep": 8, "__init__": 8, "__main__": 8,
+    "transforms": 5, "envs": 5, "runs": 5,
+    "config.checks": 6, "algorithm": 6,
+    "learner": 7,
+    "train": 8,
+    "api": 9, "cli": 9, "catalogue": 9, "plan": 9, "sweep": 9, "__init__": 9, "__main__": 9,
 }
 
 
@@ -61,11 +64,11 @@ def modules(root: str) -> dict:
 
 
 def layer(module: str) -> int:
-  parts = module.split(".")
-  top = parts[1] if len(parts) > 1 else "__init__"
-  if top not in LAYERS:
-    raise SystemExit(f"import_scan: rljax.{top} has no layer: add it to LAYERS")
-  return LAYERS[top]
+  parts = module.split(".")[1:] or ["__init__"]
+  for n in range(len(parts), 0, -1):
+    if ".".join(parts[:n]) in LAYERS:
+      return LAYERS[".".join(parts[:n])]
+  raise SystemExit(f"import_scan: rljax.{parts[0]} has no layer: add it to LAYERS")
 
 
 def _targets(node, module: str, is_package: bool, known: dict) -> list:

@@ -15,13 +15,14 @@ from typing import Any, Mapping
 
 import ml_collections
 
+from rljax.config import loader, table
+
 
 def load(path: str | None = None, overrides: Mapping[str, Any] | None = None
          ) -> ml_collections.ConfigDict:
   """The default config of the installed package (every key of docs/config.md with its
   default), or the ``get_config()`` of a config file, with ``overrides`` ({"a.b": value}) set.
   Unknown keys and values of the wrong type are errors naming the key."""
-  from rljax.config import loader, table
   result = table.get_config() if path is None else loader.load_config_file(path)
   for dotted, value in (overrides or {}).items():
     loader.set_value(result, dotted, value)

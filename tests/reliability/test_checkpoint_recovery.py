@@ -124,7 +124,7 @@ def test_lock_refuses_a_live_holder_and_reports_a_stale_one(tmp_path, caplog):
   lock.release()
   assert not os.path.exists(os.path.join(run, run_dir_lib.LOCK_FILE))
   # A holder killed with -9 leaves its lock file, but not its flock.
-  code = ("import sys, os, signal; from rljax.train import run_dir as r; r.RunLock(sys.argv[1]); "
+  code = ("import sys, os, signal; from rljax.runs import run_dir as r; r.RunLock(sys.argv[1]); "
           "os.kill(os.getpid(), signal.SIGKILL)")
   subprocess.run([sys.executable, "-c", code, run], env=dict(os.environ, PYTHONPATH=os.getcwd()))
   dead = json.load(open(os.path.join(run, run_dir_lib.LOCK_FILE)))

@@ -59,7 +59,7 @@ def test_tensorboard_logger_starts_without_torch(tmp_path):
   """tensorboardX's writer would import torch (installed here) for its type hints: ~2.5 s of every
   run's start. A fresh process logs a scalar without it, and leaves no mark in ``sys.modules``
   (None there would make a later ``import torch``, a Hugging Face export's, fail)."""
-  code = ("import sys; from rljax.train import metrics; "
+  code = ("import sys; from rljax.runs import metrics; "
           f"metrics.TensorBoardLogger({str(tmp_path)!r}, 0).log(1, {{'a': 1.0}}); "
           "print('torch' in sys.modules)")
   root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
