@@ -188,8 +188,9 @@ def read_config(run_dir: str) -> dict | None:
     return None
 
 
-def check_start(config, current: dict) -> None:
-  """Raise ``RunDirError`` unless ``config`` may start (fresh) or resume in its run dir."""
+def check_start(config, current: dict, steps_key: str = "train.steps") -> None:
+  """Raise ``RunDirError`` unless ``config`` may start (fresh) or resume in its run dir;
+  ``steps_key``: the key of the run's step count (``rm.steps`` for ``rljax rm``)."""
   t = config.train
   run_dir = t.run_dir
   steps = committed_steps(run_dir)
@@ -209,9 +210,10 @@ def check_start(config, current: dict) -> None:
             f"cannot resume {run_dir}: its config differs in {'; '.join(diffs)}. Resume with the "
             "same values, or name the keys in train.resume_override, e.g. "
             f"--config.train.resume_override=\"{tuple(d.split(':')[0] for d in diffs)}\"")
-    if steps and t.steps < steps[-1]:
-      raise RunDirError(f"train.steps={t.steps} is below the latest checkpoint {steps[-1]} of "
-                        f"{run_dir}: a resumed run can only grow train.steps")
+    total = _config_value(config, steps_key)
+    if steps and total < steps[-1]:
+      raise RunDirError(f"{steps_key}={total} is below the latest checkpoint {steps[-1]} of "
+                        f"{run_dir}: a resumed run can only grow {steps_key}")
   elif steps:
     raise RunDirError(f"{run_dir} already holds checkpoints {steps}: pass "
                       "--config.train.resume=True to continue it, or choose another "
@@ -316,10 +318,11 @@ _HELD: dict[str, RunLock] = {}
 
 
 @contextlib.contextmanager
-def claimed(config, files: tuple[str, ...] = ()):
+def claimed(config, files: tuple[str, ...] = (), steps_key: str = "train.steps"):
   """Hold ``train.run_dir`` for a run (module docstring): lock, fresh/resume checks,
   ``config.json``; ``files``: config keys naming files the run reads besides ``data.source``'s,
-  fingerprinted in ``data.json`` like them. Released when the block exits, however it exits."""
+  fingerprinted in ``data.json`` like them; ``steps_key``: the key of its step count. Released
+  when the block exits, however it exits."""
   distributed.initialize(config.dist)
   run_dir = config.train.run_dir
   check_path(run_dir)
@@ -338,7 +341,7 @@ def claimed(config, files: tuple[str, ...] = ()):
   _HELD[key] = lock
   try:
     current = json.loads(config.to_json_best_effort())
-    check_start(config, current)
+    check_start(config, current, steps_key)
     record = data_record(config, files)
     check_data(config, record)
     try:

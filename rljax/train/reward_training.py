@@ -211,7 +211,8 @@ def train_reward_model(config, *, log=print, what: str = "") -> dict:
   if (2 * r.batch_size) % divisor:
     raise StartupError(f"rm.batch_size={r.batch_size} pairs make {2 * r.batch_size} rows, not a "
                        f"multiple of the data-parallel width {divisor}")
-  with run_dir_lib.claimed(config, PAIR_FILES), models.matmul_precision(config.model), \
+  with run_dir_lib.claimed(config, PAIR_FILES, "rm.steps"), \
+      models.matmul_precision(config.model), \
       preemption.preemptible(t.run_dir, t.preempt_grace_s, what=what) as guard:
     with guard.droppable():
       run = _start(config, tokenizer, mesh)
@@ -246,11 +247,7 @@ def _start(config, tokenizer, mesh) -> _Run:
   del params
   checkpointer = Checkpointer(os.path.join(t.run_dir, "checkpoints"), keep=t.keep_checkpoints)
   start = 0
-  if t.resume and checkpointer.latest_step() is not None:
-    if checkpointer.latest_step() > r.steps:
-      raise run_dir_lib.RunDirError(
-          f"rm.steps={r.steps} is below the latest checkpoint {checkpointer.latest_step()} of "
-          f"{t.run_dir}: a resumed run can only grow rm.steps")
+  if t.resume and checkpointer.latest_step() is not None:  # rm.steps checked when claimed
     start, state, _ = checkpointer.restore_latest(fns.abstract(state))
   writer = MetricsWriter(t.run_dir, enabled=distributed.is_main_process(),
                          progress_total=r.steps, progress=t.progress, start_step=start,
