@@ -57,7 +57,7 @@ What is counted (per device, the device holding the most):
   weights and of their gradient (policy and critic). This is what XLA:CPU's accounting
   (``tests/models/test_long_sequence.py``) confirms; the unrolled layout's remat figures assume a
   compiler that keeps the recomputation apart (XLA:CPU merges it back into the forward and saves
-  nothing, docs/results/benchmarks_long_sequence.md). Plus the chunked log-prob:
+  nothing, docs/results/benchmarks/long_sequence.md). Plus the chunked log-prob:
   ``rows x logits_chunk x V x 4 bytes x LOGITS_COPIES``, and all-gathered weights of
   ``GATHERED_LAYERS`` layers and the head (FSDP), of the expert kernels only the device's own
   ``E / expert`` experts: the train step does not gather them over ``expert``, XLA moves the
@@ -739,6 +739,6 @@ def plan_main(config, device: str | None = None, *, model: str | None = None,
               prompt_len: int | None = None) -> str:
   """``rljax plan --config X [--device D] [--model NAME] [--prompt-len N]``: the report.
 
-  ``device=None`` takes ``plan.device`` from the config (the experiments/plans/*.py files set it).
+  ``device=None`` takes ``plan.device`` from the config (the configs/jobs/qwen7b_*.py files set it).
   """
   return format_plan(plan(config, device, model=model, prompt_len=prompt_len))

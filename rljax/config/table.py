@@ -4,8 +4,8 @@
 ``rljax.config.checks`` checks every value against its declaration at start-up, refuses a key set
 away from its default that nothing reads, and checks ``RELATIONS``; ``rljax keys`` prints them and
 ``docs/config.md`` is generated from them (``python -m rljax keys --markdown``). A preset
-(``configs/<algo>.py``) changes only what makes that algorithm. Override anything on the command
-line with ``--config.section.key=value``.
+(``configs/algos/<algo>.py``) changes only what makes that algorithm. Override anything on the
+command line with ``--config.section.key=value``.
 
 The format (``rljax.config.declare``), one line per fact::
 
@@ -67,7 +67,7 @@ LOGGER_NAMES = Check(lambda v: isinstance(v, (tuple, list)) and "jsonl" in v
 # batch leaves empty; in one chunk it adds the layout's gathers and saves nothing: at rows of 256
 # tokens the update in one chunk ran 0.85x packed and scoring in two 2.1x (same rows, same
 # process); from two chunks the step's saving repays the packed program's longer compilation
-# within tens of steps (docs/results/benchmarks_packing.md, "When packing pays"). Measured on CPUs
+# within tens of steps (docs/results/benchmarks/packing.md, "When packing pays"). Measured on CPUs
 # only: on GPUs cuDNN attention holds one sequence a row (packed rows fall back to the blockwise
 # kernel), and with no token limit (auto there) a forward is one chunk anyway.
 AUTO_PACK_MIN_CHUNKS = 2
@@ -314,7 +314,7 @@ KEYS = declare((
         read_if=JUDGE_NUMBER & equals("reward.judge.greedy", False)),
     # --- the RLHF demo's gold scorer: reward source 'gold' (rljax.rewards.gold) ----------------
     Key("reward.gold.pairs", 0, integer(0, 10**7),
-        "the RLHF demo's cold start (configs/rlhf.py): when > 0 and reward.model.source="
+        "the RLHF demo's cold start (configs/tasks/rlhf.py): when > 0 and reward.model.source="
         "'run:DIR' holds no export yet, the gold scorer labels this many preference pairs of the "
         "embedded task into rm.train_file (kept if it exists) and `rljax rm` trains the reward "
         "model into DIR first (rm.*, model.*), as model.source='sft' is trained first; 0 = off",

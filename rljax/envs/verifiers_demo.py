@@ -1,6 +1,6 @@
 """Two small ``verifiers`` environments written as the library's documentation writes one (a
-``load_environment`` function returning a ``vf.Environment``), for ``configs/verifiers.py`` and the
-tests: their datasets are generated here, so nothing is downloaded.
+``load_environment`` function returning a ``vf.Environment``), for ``configs/tasks/verifiers.py``
+and the tests: their datasets are generated here, so nothing is downloaded.
 
 - ``load_arith_environment``: a ``vf.SingleTurnEnv`` of integer sums and products
   (``'7+35='`` -> ``'#42'``), scored by a ``vf.Rubric`` of two reward functions: the answer (the

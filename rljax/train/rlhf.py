@@ -1,4 +1,4 @@
-"""The RLHF demo's cold start (``configs/rlhf.py``, docs/reward_models.md): before RL, the
+"""The RLHF demo's cold start (``configs/tasks/rlhf.py``, docs/reward_models.md): before RL, the
 hidden gold scorer (``rljax.rewards.gold``) labels preference pairs of the embedded task and
 ``rljax rm`` trains the reward model the run optimises, as ``model.source='sft'`` trains its
 checkpoint first. Both are kept on disk: a second run reuses them.

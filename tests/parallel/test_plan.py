@@ -21,7 +21,7 @@ def fsdp_bytes(n, nbytes=2):
 
 
 def load(name):
-  path = os.path.join(REPO, "experiments", "plans", f"{name}.py")
+  path = os.path.join(REPO, "configs", "jobs", f"{name}.py")
   spec = importlib.util.spec_from_file_location(name, path)
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
@@ -201,14 +201,14 @@ def test_the_main_jobs_sft_cold_start_plans_as_its_tiny_architecture(capsys):
   and a source it cannot plan is a one-line error of the CLI naming it."""
   from rljax import cli
   from rljax.config import loader as config_loader
-  config = config_loader.load_config(os.path.join(REPO, "configs", "main.py"))
+  config = config_loader.load_config(os.path.join(REPO, "configs", "jobs", "main.py"))
   name, cfg = plan_lib.model_config(config)
   d, f, layers, vocab = 128, 384, 4, 57
   per_layer = d * d + 2 * d * 64 + d * d + 3 * d * f + 2 * d  # q, k+v (G*Dh=64), o, MLP, norms
   assert name == "sft" and cfg.num_params() == layers * per_layer + vocab * d + d
   with pytest.raises(SystemExit, match=r"^error: cannot plan for model 'nope'"):
-    cli.entry(["plan", "--config", os.path.join(REPO, "configs", "main.py"), "--device", "cpu",
-               "--config.model.source=nope"])
+    cli.entry(["plan", "--config", os.path.join(REPO, "configs", "jobs", "main.py"),
+               "--device", "cpu", "--config.model.source=nope"])
 
 
 def test_sampler_on_its_own_devices_plans_both_meshes():
@@ -238,7 +238,7 @@ def test_sampler_on_its_own_devices_plans_both_meshes():
 
 
 def test_lora_7b_on_one_h100_against_a_hand_count():
-  """experiments/plans/qwen7b_lora_1xh100.py: adapters of rank r on the 7 projections of the 28
+  """configs/jobs/qwen7b_lora_1xh100.py: adapters of rank r on the 7 projections of the 28
   layers hold r * (A's inputs + B's outputs) = r * 90112 per layer in float32, AdamW's mu and nu
   as much again each, gradients two copies (16 micro-batches); the base is bfloat16 (2 bytes a
   parameter) with no reference copy; the rollout holds the 28 layers' merged kernels in bfloat16.
@@ -280,7 +280,7 @@ def test_the_packed_update_counts_its_chunk_rows():
                "algo.minibatches": "1", "algo.micro_batches": "1"}
   plans = {}
   for pack in ("auto", "False"):
-    config = config_loader.load_config(os.path.join(REPO, "configs", "grpo.py"),
+    config = config_loader.load_config(os.path.join(REPO, "configs", "algos", "grpo.py"),
                                        list({**overrides, "model.pack": pack}.items()))
     plans[pack] = plan_lib.plan(config, "cpu")
   packed, padded = plans["auto"], plans["False"]

@@ -19,7 +19,7 @@ from rljax.sweep import runner
 from rljax.train import evaluation
 from tests.train import tiny
 
-GRPO = os.path.join(tiny.ROOT, "configs", "grpo.py")
+GRPO = os.path.join(tiny.ROOT, "configs", "algos", "grpo.py")
 NOT_THERE = "/nonexistent-rljax-path"
 
 
@@ -109,7 +109,7 @@ def get_study():
   return Study(name="s", config={config!r}, variants=independent([("a", {{}}), ("b", {{}})]),
                seeds={seeds}, metrics={metrics}, baseline={baseline!r}{extra})
 """
-_GOOD = dict(config="configs/grpo.py", seeds="(0, 1)", metrics="('final_accuracy',)",
+_GOOD = dict(config="configs/algos/grpo.py", seeds="(0, 1)", metrics="('final_accuracy',)",
              baseline="a", extra="")
 
 

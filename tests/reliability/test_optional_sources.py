@@ -23,7 +23,7 @@ def test_a_missing_package_is_one_line_before_the_run_dir(preset, package, line,
   monkeypatch.setitem(sys.modules, package, None)  # `import <package>` raises ImportError
   run_dir = tmp_path / "run"
   with pytest.raises(SystemExit) as e:
-    cli.entry(["train", "--config", os.path.join(tiny.ROOT, "configs", f"{preset}.py"),
+    cli.entry(["train", "--config", os.path.join(tiny.ROOT, "configs", "tasks", f"{preset}.py"),
                f"--config.train.run_dir={run_dir}"])
   assert e.value.code == 2
   assert capsys.readouterr().err == line + "\n"

@@ -1,6 +1,6 @@
 """``rljax rm`` under real use: SIGTERM saves the step and the run resumes to the uninterrupted
 run's numbers; a resume on edited pairs, adapters, pairs that teach nothing, rows padded to
-``rm.max_tokens`` and the ``hf:`` start of ``configs/rm.py``; the RLHF demo's reward-model cold
+``rm.max_tokens`` and the ``hf:`` start of ``configs/tasks/rm.py``; the RLHF demo's reward-model cold
 start killed (-9) or preempted, then rerun and resumed."""
 import json
 import os
@@ -24,7 +24,7 @@ from tests import hf_models
 from tests.train import tiny
 from tests.train.test_reward_training import RM_ARGS, rule_pairs, write_jsonl
 
-RM_CONFIG = os.path.join(tiny.ROOT, "configs", "rm.py")
+RM_CONFIG = os.path.join(tiny.ROOT, "configs", "tasks", "rm.py")
 # Six steps, no periodic checkpoint (train.checkpoint_every's default 0): a preemption's save is
 # the only one before the end.
 ARGS = dict(RM_ARGS, **{"rm.steps": "6", "rm.eval_every": "3", "rm.batch_size": "8",
@@ -178,7 +178,7 @@ def test_rows_are_padded_to_the_batch_and_bound_by_the_context(tmp_path):
 
 
 def test_the_preset_starts_from_a_causal_lm_as_its_docstring_says(tmp_path):
-  """Was: configs/rm.py set the tiny sizes, so its `hf:` start was refused ('model.hidden_size=64
+  """Was: configs/tasks/rm.py set the tiny sizes, so its `hf:` start was refused ('model.hidden_size=64
   is not used'). Trained two steps with rm.max_tokens=100000 (rows padded to the batch)."""
   hf = hf_models.build("llama", str(tmp_path / "llama"))
   pairs = write_jsonl(tmp_path / "pairs.jsonl", rule_pairs(40, seed=1))
@@ -201,7 +201,7 @@ def _rlhf_args(root, **extra) -> list[str]:
       "reward.model.source": f"run:{root / 'rm'}", "train.checkpoint_every": "1",
       "train.run_dir": str(root / "grpo"), "train.steps": "1", "rollout.max_new_tokens": "24"},
       **extra)
-  return (["train", "--config", os.path.join(tiny.ROOT, "configs", "rlhf.py")]
+  return (["train", "--config", os.path.join(tiny.ROOT, "configs", "tasks", "rlhf.py")]
           + [f"--config.{k}={v}" for k, v in args.items()])
 
 

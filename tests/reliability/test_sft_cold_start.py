@@ -13,7 +13,7 @@ import pytest
 from rljax import cli, models
 from tests.train import tiny
 
-GRPO = os.path.join(tiny.ROOT, "configs", "grpo.py")
+GRPO = os.path.join(tiny.ROOT, "configs", "algos", "grpo.py")
 SFT = {"model.source": "sft", "sft.steps": "4", "sft.batch_size": "8", "sft.warmup_steps": "1",
        "rollout.max_new_tokens": "24"}
 

@@ -271,7 +271,7 @@ def test_eval_table_rows_are_the_eval_records():
 
 def test_sweep_groups_tracked_runs_by_study(tmp_path):
   from rljax.sweep import runner, study as study_lib
-  study = study_lib.Study(name="clip", config="configs/grpo.py",
+  study = study_lib.Study(name="clip", config="configs/algos/grpo.py",
                           variants=(study_lib.Variant("base", ()),), seeds=(0, 1),
                           metrics=("final_accuracy",), baseline="base",
                           overrides=(("train.loggers", "('jsonl', 'wandb')"),))
