@@ -360,12 +360,14 @@ def train_micro_batches(config, device_kind: str, rows: int, shards: int, seq_le
   return update_lib.row_parts(rows, shards, seq_len, limit, config.algo.micro_batches)
 
 
-def packed_update(config, device_kind: str, rows: int, shards: int, seq_len: int) -> tuple | None:
+def packed_update(config, device_kind: str, rows: int, shards: int, seq_len: int,
+                  capacity: bool = False) -> tuple | None:
   """``(C, R, W)``: the packed chunks the update's forwards take for a minibatch of ``rows`` rows
-  where ``model.pack`` resolves on for it (``packing.packed_shape``), else None."""
+  where ``model.pack`` resolves on for it (``packing.packed_shape``; ``capacity``: MoE layers
+  dispatched by capacity, never packed), else None."""
   limit = update_lib.forward_tokens(config.model.forward_tokens, device_kind)
   return packing.packed_shape(config.model.pack, device_kind, rows, seq_len, limit, shards,
-                              config.algo.micro_batches)
+                              config.algo.micro_batches, capacity)
 
 
 def plan(config, device: str | None = None, *, model: str | None = None,
@@ -548,7 +550,8 @@ def _plan(config, device: str | None = None, *, model: str | None = None,
   micro = train_micro_batches(config, dev["kind"], rows // mb, batch_shards, slots)
   # Packed (model.pack on for the update): a micro-batch is a chunk of R packed rows of the same
   # width, as many chunks as its layout has (the empty ones skipped, so never more memory).
-  packed = packed_update(config, dev["kind"], rows // mb, batch_shards, slots)
+  packed = packed_update(config, dev["kind"], rows // mb, batch_shards, slots,
+                         bool(cfg.moe_layers) and cfg.moe_dispatch == "capacity")
   if packed is not None:
     micro = packed[0]
     assumptions.append(f"model.pack={config.model.pack}: the update packed, chunks of "
