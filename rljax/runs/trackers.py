@@ -10,12 +10,13 @@ config once, when the tracker's run is created; and the finished ``curves.png`` 
 ``train.resume=True`` continues the W&B / MLflow run recorded there (a tracker added on resume
 starts a new one); a fresh run replaces the record.
 
-**Failures.** A logger other than the run's own record (``jsonl``) never stops training
-(``Guarded``): a tracker that raises (no network, a quota, a server error), when it starts or at
-any call, is reported in one warning line and switched off for the rest of the run; any other
-logger (TensorBoard, one a user registers in ``LOGGERS``) that raises is one warning line, keeps
-being called, and its failures are counted (their total is one line at the end). A tracker whose
-package is missing is a start-up error naming the extra to install.
+**Failures.** A logger other than the run's own files (``jsonl``, ``tensorboard``: a failure
+there, a full disk, stops the run as its checkpoints would) never stops training (``Guarded``):
+a tracker that raises (no network, a quota, a server error), when it starts or at any call, is
+reported in one warning line and switched off for the rest of the run; a logger a user registers
+in ``LOGGERS`` that raises is one warning line, keeps being called, and its failures are counted
+(their total is one line at the end). A tracker whose package is missing is a start-up error
+naming the extra to install.
 """
 from __future__ import annotations
 
@@ -190,8 +191,8 @@ class Guarded:
   """A logger that never stops training: its first exception is one warning line, later ones are
   counted (``failures``) and their total is one line when the run closes it. A tracker
   (``stays_on=False``: W&B, MLflow) is off after its first failure (each later call would likely
-  fail, and cost a timeout); any other logger (TensorBoard, one a user registered) keeps being
-  called, so one bad record costs only that record."""
+  fail, and cost a timeout); a logger a user registered keeps being called, so one bad record
+  costs only that record."""
 
   def __init__(self, name: str, make: Callable[[], Any], stays_on: bool = True):
     self.name, self.inner, self.stays_on, self.failures = name, None, stays_on, 0
@@ -235,8 +236,8 @@ class Guarded:
 
 
 # name -> (config, start_step) -> Logger; the package a tracker needs (None: always installed).
-# Every logger but the run's own record (jsonl: a failure there is the run's) is ``Guarded`` by
-# ``factory``, a logger registered here by a user included.
+# Every logger but the run's own files (``RUN_FILES``: their failure, a full disk, is the run's:
+# its checkpoints would fail too) is ``Guarded`` by ``factory``, one a user registers included.
 LOGGERS: dict[str, Callable] = {
     "jsonl": lambda config, start: JsonlLogger(config.train.run_dir, start),
     "tensorboard": lambda config, start: TensorBoardLogger(config.train.run_dir, start),
@@ -244,7 +245,7 @@ LOGGERS: dict[str, Callable] = {
     "mlflow": lambda config, start: MlflowLogger(config, config.train.resume),
 }
 PACKAGES = {"wandb": "wandb", "mlflow": "mlflow"}
-RECORD = "jsonl"  # the run's own record: not guarded
+RUN_FILES = ("jsonl", "tensorboard")  # written into the run dir: not guarded
 
 
 def check_config(config) -> None:
@@ -272,7 +273,7 @@ def factory(config) -> Callable[[str, int | None], list]:
     if not config.train.resume:
       with contextlib.suppress(FileNotFoundError):
         os.remove(os.path.join(run_dir, IDS_FILE))
-    return [LOGGERS[name](config, start) if name == RECORD else
+    return [LOGGERS[name](config, start) if name in RUN_FILES else
             Guarded(name, lambda name=name: LOGGERS[name](config, start),
                     stays_on=name not in PACKAGES)
             for name in config.train.loggers]

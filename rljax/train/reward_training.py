@@ -10,10 +10,17 @@ minimises the Bradley-Terry loss; the held-out pairs (``rm.eval_file``, else
 
 The run directory (``train.run_dir``, held like an RL run's: ``rljax.runs.run_dir``) holds
 ``config.json``, ``metrics.jsonl`` (``rm/loss``, ``rm/accuracy``; ``rm/eval_accuracy``,
-``rm/eval_margin``), ``checkpoints/`` (orbax: step, parameters, optimizer state; resumed with
-``train.resume=True``), and a ``transformers`` ``*ForSequenceClassification`` export of every
-checkpoint, ``exports/<STEP>/``, and of the final model, ``hf/``: what
-``reward.model.source='run:DIR'`` (or ``'run:DIR@STEP'``) reads.
+``rm/eval_margin``), ``data.json`` (the sha256 of the pairs files: a resume on edited pairs is
+refused), ``checkpoints/`` (orbax: step, parameters, optimizer state; resumed with
+``train.resume=True``; SIGTERM saves the step in flight, ``rljax.runs.preemption``), and a
+``transformers`` ``*ForSequenceClassification`` export of every checkpoint, ``exports/<STEP>/``,
+and of the final model, ``hf/``: what ``reward.model.source='run:DIR'`` (or ``'run:DIR@STEP'``)
+reads. The export pools where ``transformers`` does (``transformer.scored_index``).
+
+Refused before the run directory is claimed: adapters (``model.lora.rank``: the reward model is
+trained and exported whole), pairs whose chosen and rejected are the same text (or dropped and
+counted with ``data.invalid_rows='drop'``), rows longer than ``rm.max_tokens`` or the model's
+context. Batches are padded to their own longest row.
 """
 from __future__ import annotations
 
