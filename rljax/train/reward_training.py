@@ -207,7 +207,6 @@ def train_reward_model(config, *, log=print, what: str = "") -> dict:
   run_dir_lib.check_path(t.run_dir)
   tokenizer = tokenizer_lib.load_tokenizer(config.data.tokenizer, config.data.chat_template)
   if build.model_source(config).kind == "sft":  # what would stop the cold start midway
-    sft.resolve_out_dir(config)
     sft.check_cold_start(config, tokenizer)
   limit, bound = row_limit(config, tokenizer)
   train_pairs, held_pairs, dropped = read_pairs(config, log=log)

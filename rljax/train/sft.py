@@ -152,8 +152,9 @@ def check_cold_start(config, tokenizer) -> None:
   and ``rljax train`` with ``model.source='sft'`` before it claims its run dir), unless
   ``sft.out_dir`` already holds it: the directory can be written, and every example of the
   ``sft.steps`` batches it draws has a reference solution and fits the sampler's window (the
-  same stream, drawn again: ~1 s per 30k examples, against minutes of training)."""
-  out = resolve_out_dir(config, log=lambda line: None)
+  same stream, drawn and encoded again: a small part of the training's own time,
+  docs/reliability.md)."""
+  out = resolve_out_dir(config)  # says so where it puts this cold start beside another
   if read_stamp(out) == cold_start_stamp(config):
     return
   if os.path.isdir(out) and os.listdir(out):
