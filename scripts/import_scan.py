@@ -45,7 +45,8 @@ LAYERS = {
     "config.checks": 6, "algorithm": 6,
     "learner": 7,
     "train": 8,
-    "api": 9, "cli": 9, "catalogue": 9, "plan": 9, "sweep": 9, "__init__": 9, "__main__": 9,
+    "api": 9, "cli": 9, "catalogue": 9, "plan": 9, "plan_rewards": 9, "sweep": 9, "__init__": 9,
+    "__main__": 9,
 }
 
 

@@ -62,6 +62,16 @@ LOGGER_NAMES = Check(lambda v: isinstance(v, (tuple, list)) and "jsonl" in v
                      and all(isinstance(n, str) for n in v),
                      "a tuple of logger names that includes 'jsonl'", tuple)
 
+# Why a model whose MoE layers dispatch by capacity is never packed (rljax.learner.packing;
+# rljax.config.relations refuses model.pack=True with it).
+CAPACITY_UNPACKED = (
+    "model.pack=True with model.moe_dispatch='capacity': under capacity dispatch a token's "
+    "output depends on the other tokens of its forward (their number sets each expert's "
+    "capacity, their order its queue), so packed rows drop other token-choice pairs than padded "
+    "ones and compute another function; use model.pack='auto' or False (padded rows), or a "
+    "dropless dispatch ('sparse', 'dense'), which packs exactly")
+
+
 # ``model.pack='auto'`` (``rljax.learner.packing.packs``): a forward packs when its packed layout
 # has at least this many chunks, on these platforms. Packing saves work only by the chunks the
 # batch leaves empty; in one chunk it adds the layout's gathers and saves nothing: at rows of 256
@@ -148,7 +158,8 @@ KEYS = declare((
         "go back to the padded layout, so every loss is the padded one's; auto = packed on "
         f"{'/'.join(AUTO_PACK_PLATFORMS)} where a forward's packed layout has at least "
         f"{AUTO_PACK_MIN_CHUNKS} chunks (the empty ones are skipped), else padded; True / False "
-        "force it"),
+        "force it. A model whose MoE layers dispatch by capacity is never packed (True is "
+        "refused: that dispatch depends on the tokens sharing a forward)"),
     Key("model.parallel_chunks", -1, integer(1, 1024, also=(-1,)),
         "row chunks (model.forward_tokens) computed side by side per scan iteration: "
         "independent, so XLA:CPU runs them on separate threads; -1 = auto (one per CPU thread "
@@ -638,8 +649,9 @@ KEYS = declare((
     Key("rm.steps", 200, integer(1, 10**9), "`rljax rm`: optimizer steps (lr etc.: optim.*)"),
     Key("rm.batch_size", 16, SIZE, "`rljax rm`: preference pairs per step"),
     Key("rm.max_tokens", 256, SIZE,
-        "`rljax rm`: tokens of one scored row (prompt, response, EOS); a longer pair is an error "
-        "naming its line"),
+        "`rljax rm`: the longest scored row (prompt, response, EOS), bound by the model's "
+        "context; a longer pair is an error naming its line. Batches are padded to their own "
+        "longest row"),
     Key("rm.eval_every", 0, integer(0),
         "`rljax rm`: held-out pairwise accuracy every N steps; 0 = before and after"),
     # --- device mesh ---------------------------------------------------------------------------

@@ -39,7 +39,7 @@ import random
 from rljax.data import code_tasks, reasoning_gym_tasks, verifiers_source
 from rljax.data.prompt_policy import where
 from rljax.data.tasks import Problem, Task, is_eval_prompt, make_task
-from rljax.errors import DataError, DataFileNotFoundError
+from rljax.errors import DataError, DataFileNotFoundError, MissingPackageError
 
 logger = logging.getLogger(__name__)
 
@@ -116,7 +116,7 @@ def read_hf(path: str) -> list[Problem]:
   try:
     import datasets  # the optional [hf] extra: hf: data sources only
   except ImportError:
-    raise ImportError(
+    raise MissingPackageError(
         f"data.source='hf:{path}' needs the Hugging Face datasets library: pip install datasets"
     ) from None
   files = _dataset_files(path)

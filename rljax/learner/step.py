@@ -282,7 +282,13 @@ class StepSpec:
     forward over ``rows`` rows of ``seq_len`` tokens, or None where ``model.pack`` resolves to
     the padded rows for it (``packing.packs``)."""
     return packing.packed_shape(self.pack, self.platform, rows, seq_len, self.forward_tokens,
-                                self.row_shards, at_least)
+                                self.row_shards, at_least, capacity=self.capacity_dispatch)
+
+  @property
+  def capacity_dispatch(self) -> bool:
+    """Whether the policy's MoE layers dispatch by capacity (never packed: ``packing``)."""
+    cfg = self.model_cfg  # None in a spec made for its layout alone
+    return cfg is not None and bool(cfg.moe_layers) and cfg.moe_dispatch == "capacity"
 
   def describe_packing(self, rows: int, seq_len: int) -> str:
     """One start-up line: how ``model.pack`` resolves for scoring ``rows`` rows of ``seq_len``

@@ -531,6 +531,8 @@ def prepare(config) -> Prepared:
   trackers.check_config(config)
   distributed.initialize(config.dist)
   tokenizer = tokenizer_lib.load_tokenizer(config.data.tokenizer, config.data.chat_template)
+  if model_source(config).kind == "sft":  # what would stop the cold start midway
+    sft.check_cold_start(config, tokenizer)
   _check_model_files(config, algo, tokenizer)
   algo = _startup(check_model_keys, config, algo, tokenizer)
   source = datasets.make_prompt_source(config.data)
