@@ -38,6 +38,8 @@ setup(
         # data.source='verifiers:ID' with env.name='verifiers': environments of the verifiers
         # library (its classic API; 0.4 removed it).
         "verifiers": ["verifiers>=0.3.1,<0.4", "datasets>=3.0"],
+        # The agent endpoint's demo harnesses (rljax/agents/calc_agent.py): the OpenAI client.
+        "agents": ["openai>=2.7"],
         # OpenEnv environments played through the agent endpoint (rljax/agents/openenv_agent.py):
         # the WebSocket client; the server runs with the openenv package in its own environment
         # (the bootstrap makes .venv-openenv for the tests' example server).

@@ -13,7 +13,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   .venv/bin/python -m pip install -q --upgrade pip
-  .venv/bin/python -m pip install -q -c constraints.txt -e ".[test,wandb,mlflow,reasoning_gym,verifiers,peft,openenv]"
+  .venv/bin/python -m pip install -q -c constraints.txt -e ".[test,wandb,mlflow,reasoning_gym,verifiers,peft,agents,openenv]"
   if [ ! -x .venv-openenv/bin/python ]; then
     python3 -m venv .venv-openenv
   fi

@@ -12,8 +12,6 @@ one stitched trajectory.
 """
 from __future__ import annotations
 
-import openai
-
 from rljax.agents.harness import AgentTask, register_harness
 from rljax.envs import tools
 
@@ -23,6 +21,7 @@ MAX_TOKENS = 32
 
 @register_harness("calc_agent")
 def calc_agent(task: AgentTask):
+  import openai  # the optional [agents] extra: harness processes only
   client = openai.OpenAI(base_url=task.base_url, api_key=task.api_key, max_retries=0)
   text = task.problem.prompt
   answer = ""

@@ -101,7 +101,7 @@ def openenv_harness(*, url: str, command: Optional[Sequence[str]] = None,
     return render(str(obs.get(observation_field, "")) if observation_field else json.dumps(obs))
 
   def play(task: AgentTask):
-    import openai  # the harness process's client (the endpoint speaks OpenAI)
+    import openai  # the optional [agents] extra: harness processes only
     from websockets.sync.client import connect  # optional extra [openenv]
     client = openai.OpenAI(base_url=task.base_url, api_key=task.api_key, max_retries=0)
     ws_url = "ws" + server.url[len("http"):] + "/ws"
