@@ -364,16 +364,19 @@ KEYS = declare((
     Key("env.name", None, optional(registered("environment")),
         "None = single-turn rollouts scored by reward.fn | a registered environment: multi-turn "
         "rollouts (turns of at most rollout.max_new_tokens, tool calls, observations) scored by "
-        "it"),
+        "it | a registered agent harness (env.engine='endpoint'): episodes played by agent code "
+        "through an OpenAI-compatible endpoint (docs/agents.md)"),
     Key("env.max_turns", 4, integer(1, 10**4),
-        "most policy turns per episode; an episode still running after them ends unsolved",
+        "most policy turns per episode (endpoint: calls; one more is refused); an episode still "
+        "running after them ends unsolved",
         read_if=MULTI_TURN),
     Key("env.max_tokens", 256, SIZE,
         "token budget of a trajectory after its prompt (policy and environment tokens): the "
         "record's T; a trajectory that reaches it ends, flagged truncated", read_if=MULTI_TURN),
     Key("env.timeout_s", 5.0, POSITIVE,
-        "per reset / step call in its worker process (reward.workers of them): a hard bound, the "
-        "trajectory of a call past it (or crashing) ends with reward 0, counted",
+        "per reset / step call in its worker process (reward.workers of them; endpoint: per "
+        "episode, its whole harness): a hard bound, the trajectory of a call past it (or "
+        "crashing) ends with reward 0, counted",
         read_if=MULTI_TURN),
     Key("env.tool_format", "compact", choice("compact", "hermes"),
         "how tool calls are written: compact '<calc 12*3>' (char-level tasks) | hermes "
@@ -384,7 +387,9 @@ KEYS = declare((
         "turn_sync: every turn is one sampler call over the live rows, then every step (a turn "
         "waits for its slowest row and tool) | async_turns: a row whose turn ends steps its "
         "environment while the others decode, and re-enters with its KV cache kept "
-        "(rljax/envs/async_turns.py)", read_if=MULTI_TURN),
+        "(rljax/envs/async_turns.py) | endpoint: agent harnesses (env.name) call an "
+        "OpenAI-compatible endpoint, their calls continuously batched (rljax/agents/driver.py)",
+        read_if=MULTI_TURN),
     Key("env.turn_discount", 1.0, FRACTION,
         "token-level estimators (gae, reinforce_pp, remax): < 1 puts each turn's reward at its "
         "last policy token, discounted per turn (a token of turn k sees sum_j>=k d^(j-k) r_j); "
@@ -392,10 +397,17 @@ KEYS = declare((
         read_if=MULTI_TURN & meta_says("algo.advantage", _token_level, "a token-level estimator",
                                       _one_reward_per_episode)),
     Key("env.slots", 0, integer(0, 2**31 - 1),
-        "async_turns engine: rows decoding at once (lanes); 0 = every row of the batch (a call "
-        "narrows to S/8, S/4 or S/2 lanes when that holds the rows decoding or ready to)",
-        read_if=MULTI_TURN & equals("env.engine", "async_turns", lambda f, k: (
-        f"only env.engine='async_turns' decodes in lanes (env.engine={f['env.engine']!r})"))),
+        "async_turns / endpoint engines: rows decoding at once (lanes); 0 = every row of the "
+        "batch (a call narrows to S/8, S/4 or S/2 lanes when that holds the rows decoding or "
+        "ready to)",
+        read_if=MULTI_TURN & When(lambda f, k: f["env.engine"] in ("async_turns", "endpoint"),
+                                  "env.engine='async_turns' or 'endpoint'", lambda f, k: (
+            f"only env.engine='async_turns' or 'endpoint' decodes in lanes "
+            f"(env.engine={f['env.engine']!r})"))),
+    Key("env.harness_workers", 16, integer(1, 4096),
+        "endpoint engine: processes running agent harnesses, the episodes in flight at once",
+        read_if=MULTI_TURN & equals("env.engine", "endpoint", lambda f, k: (
+            f"only env.engine='endpoint' runs harnesses (env.engine={f['env.engine']!r})"))),
     # --- algorithm (sections 2-5, 7) -----------------------------------------------------------
     Key("algo.advantage", "grpo", registered("advantage"), "advantage estimator"),
     Key("algo.adv_std", "group", choice("group", "batch", "none"),

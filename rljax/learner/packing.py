@@ -165,7 +165,7 @@ def layout(valid, shape: tuple) -> Layout:
   are one sequence each; ``S <= W``)."""
   if valid.shape[1] > shape[2]:
     raise ValueError(f"rows of {valid.shape[1]} tokens do not fit packed rows of {shape[2]}")
-  return first_fit_decreasing(valid.astype(jnp.int32).sum(axis=1), shape)
+  return first_fit_decreasing((valid > 0).astype(jnp.int32).sum(axis=1), shape)
 
 
 def slots(valid, lay: Layout):
@@ -190,9 +190,14 @@ def pack(x, valid, lay: Layout, fill=0):
 
 
 def segment_ids(valid, lay: Layout):
-  """[C, R, W] int32: each packed slot's segment id, 0 where no token is."""
-  seg = jnp.broadcast_to(lay.segment[:, None], valid.shape)
-  return pack(seg, valid, lay)
+  """[C, R, W] int32: each packed slot's segment id (1, 2, ... along a packed row), 0 where no
+  token is. A row of ``valid`` that holds segment ids (several samples of one episode:
+  ``rljax.agents.trajectory``) keeps them apart: each of its segments is a segment of the packed
+  row, numbered in order (for 0/1 rows the ids are ``Layout.segment``)."""
+  keyed = pack(lay.segment[:, None] * (valid.shape[1] + 1) + valid.astype(jnp.int32), valid, lay)
+  before = jnp.concatenate([jnp.zeros_like(keyed[..., :1]), keyed[..., :-1]], axis=-1)
+  starts = (keyed > 0) & (keyed != before)
+  return jnp.where(keyed > 0, jnp.cumsum(starts.astype(jnp.int32), axis=-1), 0)
 
 
 def next_tokens(tokens, valid, lay: Layout):

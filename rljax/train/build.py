@@ -19,6 +19,7 @@ from rljax import models
 from rljax import rollout as rollout_lib
 from rljax.algorithm import Algorithm, resolve
 from rljax.data import datasets, prompt_policy, tokenizer as tokenizer_lib
+from rljax import agents as _agents  # noqa: F401 (the endpoint engine, harnesses, code rewards)
 from rljax.envs import drivers as _episode_engines  # noqa: F401 (registers env.engine's)
 from rljax.config.reward_spec import (ENV_SOURCE, REWARD_MODEL_SOURCE, VERIFIER_SOURCE,
                                       reward_weights)
