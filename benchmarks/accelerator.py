@@ -11,8 +11,8 @@ Models: random weights in the shapes of ``rljax.plan.MODEL_SHAPES`` (Qwen2.5-0.5
 and optimizer state; the sampler computes in the model's dtype (``rollout.dtype`` unset).
 
 **Update** (``RxS``: R rows of S tokens, the first ``--update-prompt`` (256) of them prompt, the
-other T completion): ``configs/grpo.py`` (clipped ratio, k3 KL to the reference in the loss, one
-optimizer step per batch, so the loss's forward also gives the old log-probs) built by
+other T completion): ``configs/algos/grpo.py`` (clipped ratio, k3 KL to the reference in the loss,
+one optimizer step per batch, so the loss's forward also gives the old log-probs) built by
 ``rljax.train.build.sharded_state_and_fns``, the batch scored once by ``fns.score``, then
 ``fns.train_step`` (forward, log-probs at the completion positions only, backward, clipping,
 AdamW) timed: the median of ``--steps`` steps after the first, whose extra time is printed as the
@@ -137,13 +137,13 @@ def parse_settings(text: str) -> list[tuple[int, int]]:
 
 
 def update_config(rows: int, seq: int, prompt: int, remat: str | None = None, dtype="auto"):
-  """``configs/grpo.py`` for one group of ``rows`` completions of ``seq - prompt`` tokens."""
+  """``configs/algos/grpo.py`` for one group of ``rows`` completions of ``seq - prompt`` tokens."""
   overrides = [("rollout.prompts_per_step", "1"), ("rollout.group_size", str(rows)),
                ("rollout.max_new_tokens", str(seq - prompt)), ("data.prompt_bucket", str(prompt)),
                ("model.dtype", dtype)]
   if remat is not None:
     overrides.append(("model.remat", remat))
-  return config_loader.load_config(os.path.join(ROOT, "configs", "grpo.py"), overrides)
+  return config_loader.load_config(os.path.join(ROOT, "configs", "algos", "grpo.py"), overrides)
 
 
 def model_config(config, name: str, platform: str, smoke: bool):

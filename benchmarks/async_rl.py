@@ -128,7 +128,7 @@ def run_throughput(args) -> str:
   results = {}
   for name, extra in THROUGHPUT.items():
     run_dir = os.path.join(args.out, name)
-    cmd = [sys.executable, "-m", "rljax", "train", "--config", "configs/main_600.py",
+    cmd = [sys.executable, "-m", "rljax", "train", "--config", "configs/jobs/main_600.py",
            f"--config.sft.out_dir={os.path.abspath(args.sft)}", f"--config.train.steps={args.steps}",
            "--config.train.eval_every=0", "--config.data.num_eval=16", "--config.train.progress=false",
            "--config.train.export_hf=false", "--config.train.compilation_cache=false",
@@ -167,7 +167,8 @@ def main(argv=None):
   m = sub.add_parser("main")
   m.add_argument("--root", default="runs/async")
   t = sub.add_parser("throughput")
-  t.add_argument("--sft", required=True, help="an SFT cold start directory of configs/main_600.py")
+  t.add_argument("--sft", required=True,
+                 help="an SFT cold start directory of configs/jobs/main_600.py")
   t.add_argument("--steps", type=int, default=60)
   t.add_argument("--warmup", type=int, default=5)
   t.add_argument("--out", default="runs/async_throughput")

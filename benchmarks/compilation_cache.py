@@ -4,7 +4,7 @@
 
 Each round, once with the cache and once without (``--config.train.compilation_cache=False``),
 alternating so that a change in the machine's load slows both alike: a fresh ``rljax train`` of
-``configs/grpo.py`` at the tiny size of ``tests/train/tiny.py`` (2 steps, a checkpoint at the
+``configs/algos/grpo.py`` at the tiny size of ``tests/train/tiny.py`` (2 steps, a checkpoint at the
 end; its reward function is the preset's, the tests' own is registered only inside the tests),
 then a second start of the same run in its own process (``train.resume=True``, 4 steps). Printed,
 as medians over the rounds: each process's wall time (Python and the imports included) and its
@@ -37,7 +37,7 @@ def train(run_dir: str, extra: dict, after_step: int = 0) -> dict:
   env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
   start = time.perf_counter()
   subprocess.run([sys.executable, "-m", "rljax", "train", "--config",
-                  os.path.join(ROOT, "configs", "grpo.py"), *args], check=True, cwd=ROOT,
+                  os.path.join(ROOT, "configs", "algos", "grpo.py"), *args], check=True, cwd=ROOT,
                  stdout=subprocess.DEVNULL, env=env)
   wall = time.perf_counter() - start
   with open(os.path.join(run_dir, "metrics.jsonl")) as f:

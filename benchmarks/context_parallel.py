@@ -92,7 +92,7 @@ def setup(length: int, context: int):
       "model.logits_chunk": 256, "rollout.prompts_per_step": 1, "rollout.group_size": ARGS.rows,
       "rollout.max_new_tokens": length - PROMPT, "algo.minibatches": 1, "algo.micro_batches": 1,
       "algo.kl_placement": "none", "mesh.data": 1, "mesh.context": context}
-  config = config_loader.load_config(os.path.join(ROOT, "configs", "grpo.py"),
+  config = config_loader.load_config(os.path.join(ROOT, "configs", "algos", "grpo.py"),
                                      [(k, str(v)) for k, v in overrides.items()])
   cfg = tiny_config(config.model, tok.vocab_size, eos_token_id=tok.eos_id,
                     pad_token_id=tok.pad_id)

@@ -12,11 +12,11 @@ and the merge at every publish.
    row of ``--seq`` tokens, bfloat16 compute, remat none. Beside each: what ``rljax plan`` counts
    for the same run's resident state (params + optimizer state + reference).
 2. **Speed** on this CPU, in one process, alternating: score + train_step of a GRPO batch for the
-   tiny ``configs/grpo.py`` model, full against rank 8 (the sampler decodes merged weights of the
-   base's shapes, so its time is the same either way and is left out), as a ratio; and the merge
+   tiny ``configs/algos/grpo.py`` model, full against rank 8 (the sampler decodes merged weights of
+   the base's shapes, so its time is the same either way and is left out), as a ratio; and the merge
    (``rljax.rollout.engines.merged``: one fused ``W + (alpha/r) A @ B`` per kernel) at every
    publish, at the tiny shape and at Qwen2.5-0.5B's.
-3. The plan of experiments/plans/qwen7b_lora_1xh100.py (Qwen2.5-7B, LoRA rank 64, one H100 80 GB,
+3. The plan of configs/jobs/qwen7b_lora_1xh100.py (Qwen2.5-7B, LoRA rank 64, one H100 80 GB,
    8k tokens a row) and of the same run as a full fine-tune.
 """
 from __future__ import annotations
@@ -50,7 +50,7 @@ SETTINGS = (("full fine-tune", 0, "param"), ("LoRA r=8, base bf16", 8, "compute"
 
 
 def grpo_config(overrides: dict):
-  return config_loader.load_config(os.path.join(ROOT, "configs", "grpo.py"),
+  return config_loader.load_config(os.path.join(ROOT, "configs", "algos", "grpo.py"),
                                    [(k, str(v)) for k, v in overrides.items()])
 
 
@@ -181,11 +181,11 @@ def speed_table(reps: int, rows: int, prompt: int, completion: int, merge_models
 
 def plan_table() -> None:
   print("\n## rljax plan: Qwen2.5-7B GRPO on one H100 80 GB at 8k tokens a row "
-        "(experiments/plans/qwen7b_lora_1xh100.py)\n")
+        "(configs/jobs/qwen7b_lora_1xh100.py)\n")
   print("| setting | params GiB | adapters GiB | optimizer GiB | reference GiB | "
         "merged kernels GiB | peak GiB | fits |")
   print("|---|---|---|---|---|---|---|---|")
-  path = os.path.join(ROOT, "experiments", "plans", "qwen7b_lora_1xh100.py")
+  path = os.path.join(ROOT, "configs", "jobs", "qwen7b_lora_1xh100.py")
   for label, rank, base_dtype in (("LoRA r=64, base bf16", 64, "compute"),
                                   ("LoRA r=8, base bf16", 8, "compute"),
                                   ("full fine-tune", 0, "param")):

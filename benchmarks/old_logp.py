@@ -2,8 +2,8 @@
 
   python benchmarks/old_logp.py [--model hf:DIR] [--steps 16]
 
-``configs/main_600.py`` as ``rljax train`` runs it (DAPO with dynamic sampling, 16 x 8 rows, 24 new
-tokens, ``algo.minibatches=4``, one JAX device per core), its policy from ``--model``: ``tiny``
+``configs/jobs/main_600.py`` as ``rljax train`` runs it (DAPO with dynamic sampling, 16 x 8 rows, 24
+new tokens, ``algo.minibatches=4``, one JAX device per core), its policy from ``--model``: ``tiny``
 (random, the main job's architecture) or ``hf:DIR``, e.g. the main job's SFT cold start (an
 ``rljax sweep experiments/main_job_seeds.py`` run keeps it in ``<root>/_sft/<hash>``), whose
 completions have the main job's lengths. Each step samples one batch with the loop's own
@@ -37,10 +37,10 @@ SIDES = ("recompute", "sampler")
 
 
 def main_config(model: str, run_dir: str, old_logp: str):
-  """``configs/main_600.py`` with its policy from ``model`` (no SFT cold start is trained)."""
+  """``configs/jobs/main_600.py`` with its policy from ``model`` (no SFT cold start is trained)."""
   overrides = [("model.source", model), ("train.run_dir", run_dir), ("train.progress", "false"),
                ("algo.old_logp", old_logp), ("sft.stop_match", "0.0")]
-  return config_loader.load_config(os.path.join(ROOT, "configs", "main_600.py"), overrides)
+  return config_loader.load_config(os.path.join(ROOT, "configs", "jobs", "main_600.py"), overrides)
 
 
 def main():

@@ -99,7 +99,7 @@ def _fns(pack: bool, args, max_new: int):
                "rollout.prompts_per_step": str(args.rows // 4), "rollout.group_size": "4",
                "data.prompt_bucket": str(args.prompt), "algo.kl_placement": "loss",
                "algo.minibatches": "2", "model.pack": str(pack)}
-  config = config_loader.load_config(os.path.join(ROOT, "configs", "grpo.py"),
+  config = config_loader.load_config(os.path.join(ROOT, "configs", "algos", "grpo.py"),
                                      list(overrides.items()))
   model_cfg = tiny_config(config.model, VOCAB)
   algo = resolve(config)

@@ -2,8 +2,8 @@
 (``rljax.rewards.sources``) with the verifier alone against the verifier plus the reward model
 (``reward.sources='verifier:1,rm:1'``), at the same batch, in one process.
 
-The batch is the former main job's (configs/main_600.py): P x G = 16 x 8 = 128 rows of embedded arithmetic,
-prompts of up to ``data.prompt_bucket`` chars, completions of up to 24 tokens (reference
+The batch is the former main job's (configs/jobs/main_600.py): P x G = 16 x 8 = 128 rows of embedded
+arithmetic, prompts of up to ``data.prompt_bucket`` chars, completions of up to 24 tokens (reference
 solutions, wrong answers, garbage). The reward model has the main job's policy architecture
 (the 'tiny' sizes: 4 layers, width 128), random weights saved as a ``*ForSequenceClassification``
 directory. Two tokenizer paths: ``reuse`` (the reward model speaks the policy's char ids: they are
@@ -37,7 +37,7 @@ PROMPTS, GROUP, COMPLETION = 16, 8, 24
 
 
 def main_config():
-  return config_loader.load_config(os.path.join(ROOT, "configs", "main_600.py"))
+  return config_loader.load_config(os.path.join(ROOT, "configs", "jobs", "main_600.py"))
 
 
 def batch(tok, seed: int = 0) -> sources.RewardBatch:

@@ -2,9 +2,9 @@
 
   python benchmarks/sweep_vmap_seeds.py [--seeds 3] [--steps 5]
 
-One RL step at the study scale (configs/study.py: ~0.8M-parameter Llama, hidden 128, 4 layers;
-8 prompts x 8 completions, 16 prompt tokens, 28 new tokens sampled without early stop, GRPO
-scoring and update) for N independent seeds, timed two ways in the same process:
+One RL step at the study scale (configs/studies/arith_l1_grpo.py: ~0.8M-parameter Llama, hidden 128,
+4 layers; 8 prompts x 8 completions, 16 prompt tokens, 28 new tokens sampled without early stop,
+GRPO scoring and update) for N independent seeds, timed two ways in the same process:
 
 * sequential: the jitted sampler, prepare_batch and train_step called once per seed;
 * vmapped: the same pure functions under ``jax.vmap`` over a leading seed axis of the train state,
@@ -38,7 +38,7 @@ VOCAB = 48
 
 
 def setup(num_seeds: int):
-  config = config_loader.load_config(os.path.join(ROOT, "configs", "study.py"),
+  config = config_loader.load_config(os.path.join(ROOT, "configs", "studies", "arith_l1_grpo.py"),
                                      [("model.source", "tiny")])
   model_cfg = tiny_config(config.model, VOCAB)
   actor_tx, critic_tx = build.optimizers(config)

@@ -3,7 +3,7 @@
 A ``transformers`` ``AutoModelForCausalLM`` of the same architecture (``ModelConfig.to_hf_dict``)
 with SDPA attention, float32 parameters under ``torch.autocast(bfloat16)`` (rljax's precision
 policy), the logits of the completion positions only (``logits_to_keep``), the loss of
-``configs/grpo.py`` (clipped ratio against the detached log-probs, so 1 as in rljax's single
+``configs/algos/grpo.py`` (clipped ratio against the detached log-probs, so 1 as in rljax's single
 update per batch; k3 KL to given reference log-probs with weight 0.04; sequence-mean-token-mean),
 gradient clipping at norm 1 and fused AdamW. Gradient checkpointing only where it runs out of
 memory without.

@@ -105,9 +105,9 @@ def parse_overrides(column: str) -> list[tuple[str, str]]:
 
 
 def rljax_config(new_tokens: int, column: str = "default"):
-  """``configs/grpo.py`` at the benchmark's sizes with ``column``'s overrides
+  """``configs/algos/grpo.py`` at the benchmark's sizes with ``column``'s overrides
   (``parse_overrides``)."""
-  return config_loader.load_config(os.path.join(ROOT, "configs", "grpo.py"), [
+  return config_loader.load_config(os.path.join(ROOT, "configs", "algos", "grpo.py"), [
       ("rollout.prompts_per_step", str(PROMPTS)), ("rollout.group_size", str(GROUP)),
       ("rollout.max_new_tokens", str(new_tokens)), ("data.prompt_bucket", str(PROMPT_LEN))]
       + parse_overrides(column))

@@ -2,12 +2,12 @@
 against the thread pool they replaced and against calls in the trainer's process
 (``reward.workers=0``, the main job's setting), in one process.
 
-The former main job (configs/main_600.py) scores P x G = 16 x 8 = 128 completions per step with
+The former main job (configs/jobs/main_600.py) scores P x G = 16 x 8 = 128 completions per step with
 ``exact_match`` on embedded arithmetic (600 steps), plus 13 greedy evals of 256 problems. This
 replays that load: the completions are a mix of reference solutions, wrong answers and garbage,
 and the trainer process holds the JAX runtime and a ~100 MB array so that forking is realistic.
 Prints seconds per 128-call batch of each and the overhead as a fraction of the main job's
-measured RL wall time per step (docs/results/main_job.md: 308 s for 600 steps, 5-seed mean; a
+measured RL wall time per step (docs/results/main_job/README.md: 308 s for 600 steps, 5-seed mean; a
 step scores 2.3-3.5 such batches under dynamic sampling).
 
   PYTHONPATH=. python benchmarks/verifier_overhead.py [--steps 600]

@@ -1,6 +1,6 @@
-"""Asynchronous RL on the main job (configs/main_600.py), issue 24: the sampler on one CPU device and
-the learner on the other (``mesh.sampler_devices=1``), synchronous against ``rollout.max_staleness``
-1 and 2, three seeds. Needs two devices:
+"""Asynchronous RL on the main job (configs/jobs/main_600.py), issue 24: the sampler on one CPU
+device and the learner on the other (``mesh.sampler_devices=1``), synchronous against
+``rollout.max_staleness`` 1 and 2, three seeds. Needs two devices:
 
   XLA_FLAGS=--xla_force_host_platform_device_count=2 \\
     python -m rljax sweep experiments/async_main.py --root runs/async
@@ -16,7 +16,7 @@ SPLIT = {"mesh.sampler_devices": 1}
 def get_study():
   return Study(
       name="async_main",
-      config="configs/main_600.py",
+      config="configs/jobs/main_600.py",
       variants=independent([("sync", dict(SPLIT)),
                             ("async1", dict(SPLIT, **{"rollout.max_staleness": 1})),
                             ("async2", dict(SPLIT, **{"rollout.max_staleness": 2}))]),

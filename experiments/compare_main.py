@@ -4,12 +4,12 @@
 
 Runs ``python -m rljax train --config configs/main{,_grpo,_dr_grpo}.py`` sequentially (the
 machine has 2 cores: never two at once), times each, then writes the overlaid curves to
-docs/results/main_job_curves.png and a table (eval before/after, wall time) to docs/results/main_job_compare.md.
+docs/results/main_600_algorithms/curves.png and a table (eval before/after, wall time) to docs/results/main_600_algorithms/README.md.
 The first run trains the SFT cold start if runs/sft_600 has none; the others reuse it. ``--reuse``
 skips a run whose wall time was recorded (by an earlier invocation or ``--record``) and whose
 metrics file ends with the final eval, e.g. after the README command was timed separately:
 
-  /usr/bin/time -v python -m rljax train --config configs/main_600.py
+  /usr/bin/time -v python -m rljax train --config configs/jobs/main_600.py
   python experiments/compare_main.py --reuse --record dapo=SECONDS:sft
 """
 import argparse
@@ -23,25 +23,25 @@ from rljax.config.loader import load_config
 from rljax.runs import plot
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RUNS = {"dapo": "configs/main_600.py", "grpo": "configs/main_grpo.py",
-        "dr_grpo": "configs/main_dr_grpo.py"}
+RUNS = {"dapo": "configs/jobs/main_600.py", "grpo": "configs/jobs/main_600_grpo.py",
+        "dr_grpo": "configs/jobs/main_600_dr_grpo.py"}
 TIMES = os.path.join(ROOT, "runs", "compare_main_times.json")
-PNG = os.path.join(ROOT, "docs", "main_job_curves.png")
-TABLE = os.path.join(ROOT, "docs", "main_job_results.md")
-# How configs/main_600.py was chosen (experiments/tune_main.sh, one run at a time on the 2-core CPU
-# machine); kept here so that refreshing the results table keeps it.
+PNG = os.path.join(ROOT, "docs", "results", "main_600_algorithms", "curves.png")
+TABLE = os.path.join(ROOT, "docs", "results", "main_600_algorithms", "README.md")
+# How configs/jobs/main_600.py was chosen (experiments/tune_main.sh, one run at a time on the 2-core
+# CPU machine); kept here so that refreshing the results table keeps it.
 TUNING = """\
 ## Tuning (experiments/tune_main.sh)
 
 The timed run: `rm -rf runs/main_600 runs/sft_600 && /usr/bin/time -v python -m rljax train --config
-configs/main_600.py` -> 5:45 wall clock (SFT 250 steps, compilation, 600 DAPO steps, 13 evals),
+configs/jobs/main_600.py` -> 5:45 wall clock (SFT 250 steps, compilation, 600 DAPO steps, 13 evals),
 eval 40.6% -> 66.0%, peak RSS 1.0 GB; recorded with `--record dapo=345:sft`.
 
 Arithmetic level 0 (three single-digit operands, `+-*`, no parentheses; the same problems as
 level 1 before the level recalibration in 60f1f12). Start = the SFT cold start, measured with
-`python -m rljax eval --config configs/main_600.py --samples 8` (greedy pass@1, pass@8 and maj@8 at
-T=1). All DAPO (dynamic sampling, clip 0.2/0.28, token-mean, overlong buffer 3 of 24 tokens, no
-KL), 16 prompts per step, max_grad_norm 1.0, warmup 5-10.
+`python -m rljax eval --config configs/jobs/main_600.py --samples 8` (greedy pass@1, pass@8 and
+maj@8 at T=1). All DAPO (dynamic sampling, clip 0.2/0.28, token-mean, overlong buffer 3 of 24
+tokens, no KL), 16 prompts per step, max_grad_norm 1.0, warmup 5-10.
 
 | SFT steps | start pass@1 / pass@8 / maj@8 | RL settings | eval curve (step: greedy pass@1) | change |
 |---|---|---|---|---|
@@ -51,7 +51,7 @@ KL), 16 prompts per step, max_grad_norm 1.0, warmup 5-10.
 | 200 | 29.3% | lr 1e-4 x 4, G=16, T=0.6, 200 steps | 0: 29.3, 50: 27.7, 150: 30.1, 200: 31.6 | +2.3 |
 | 200 | 29.3% | lr 2e-4 x 4, G=16, pos_lm_coef 1.0 (stopped at 132) | 0: 29.3, 50: 24.6, 100: 22.7 (entropy 0.33 -> 0.11) | -6.6 |
 | 250 | 40.6% / 70.7% / 42.2% | lr 3e-5 x 4, G=8, 400 steps (210 s without SFT) | 0: 40.6, 100: 46.9, 200: 54.3, 300: 56.6, 400: 60.5 | +19.9 |
-| 250 | 40.6% / 70.7% / 42.2% | configs/main_600.py: the same, 600 steps | 0: 40.6, 200: 54.3, 400: 60.5, 500: 61.7, 600: 66.0 | +25.4 |
+| 250 | 40.6% / 70.7% / 42.2% | configs/jobs/main_600.py: the same, 600 steps | 0: 40.6, 200: 54.3, 400: 60.5, 500: 61.7, 600: 66.0 | +25.4 |
 | 300 | 58.6% / 75.0% / 53.1% | (start above the 10-60% window with room for +20) | - | - |
 
 Rejected: countdown level 0 after 200 SFT steps is 3.9% greedy, pass@8 3.5%. Before the level
@@ -89,6 +89,19 @@ def run_one(name: str, config_path: str) -> dict:
     print(proc.stdout[-4000:])
     raise SystemExit(f"{name} failed (exit {proc.returncode}); log in {log_path}")
   return {"wall_s": wall, "trained_sft": "training the SFT cold start" in proc.stdout}
+
+
+def machine_date_commit() -> str:
+  """This machine's CPU model (``/proc/cpuinfo``), today's date and the checkout's commit."""
+  model = "unknown CPU"
+  if os.path.isfile("/proc/cpuinfo"):
+    with open("/proc/cpuinfo") as f:
+      names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
+    if names:
+      model = f"{len(names)}-core {names[0]}"
+  commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                          text=True).stdout.strip() or "unknown commit"
+  return f"{model}, {time.strftime('%Y-%m-%d')}, commit {commit}"
 
 
 def main():
@@ -142,7 +155,11 @@ def main():
   plot.plot_compare(curves, PNG, title="main job: DAPO vs GRPO vs Dr. GRPO (same SFT start)")
   main_cfg = configs["dapo"]
   with open(TABLE, "w") as f:
-    f.write("# Main job: DAPO vs GRPO vs Dr. GRPO\n\n")
+    f.write("# The former 600-step main job: DAPO vs GRPO vs Dr. GRPO\n\n")
+    f.write(f"**Current result** ({machine_date_commit()}, `python experiments/compare_main.py`): "
+            + ", ".join(f"{r.split(' | ')[0][2:]} {r.split(' | ')[3]}" for r in rows)
+            + " of held-out greedy accuracy after the RL steps; the table and "
+            "[curves.png](curves.png) below.\n\n")
     f.write(f"Embedded arithmetic difficulty {main_cfg.data.difficulty}, greedy pass@1 on "
             f"{main_cfg.data.num_eval} held-out problems, from the same SFT cold start "
             f"({main_cfg.sft.steps} steps, `{main_cfg.sft.out_dir}`); "
@@ -154,7 +171,7 @@ def main():
     f.write("| algorithm | config | eval before | eval after | change | intermediate evals "
             "| wall time |\n|---|---|---|---|---|---|---|\n")
     f.write("\n".join(rows) + "\n\n")
-    f.write("Curves: [main_job_curves.png](main_job_curves.png) (written by "
+    f.write("Curves: [curves.png](curves.png) (written by "
             "`python experiments/compare_main.py`).\n\n")
     f.write(TUNING)
   print(open(TABLE).read())

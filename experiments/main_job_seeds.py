@@ -1,4 +1,4 @@
-"""The main job (configs/main.py) over five seeds: its held-out accuracy as a mean with a 95%
+"""The main job (configs/jobs/main.py) over five seeds: its held-out accuracy as a mean with a 95%
 interval, the figure the README quotes. The seeds are RL runs (sampling, prompt order) from one
 SFT cold start, the one of ``sft.seed``, as the field's runs start from one pretrained model.
 
@@ -13,7 +13,7 @@ from rljax.sweep.study import Study, independent
 def get_study():
   return Study(
       name="main_job_seeds",
-      config="configs/main.py",
+      config="configs/jobs/main.py",
       variants=independent([("dapo", {})]),
       seeds=(0, 1, 2, 3, 4),
       metrics=("final_accuracy", "gain_accuracy", "auc_accuracy", "best_accuracy", "wall_time_s"),

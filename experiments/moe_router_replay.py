@@ -6,8 +6,8 @@ see slightly different hidden states and sometimes pick different experts (the m
 2510.11370, removes by replaying the sampler's experts). Two minibatches per step, so the update's
 forward differs from the old-log-prob forward (what R2 replays); a reward a random policy earns a
 quarter of the time, so every step moves the policy. Per mode and seed it runs
-``configs/grpo.py`` from a random tiny model for ``--steps`` steps and prints the mean over steps
-of:
+``configs/algos/grpo.py`` from a random tiny model for ``--steps`` steps and prints the mean over
+steps of:
 
 - ``logp_gap_mean`` / ``logp_gap_max``: |old log-prob - sampler log-prob| over completion tokens;
 - ``moe/route_mismatch``: (token, MoE layer) pairs whose experts differ between the sampler and
@@ -50,7 +50,7 @@ def run(mode: str, seed: int, steps: int, out: str) -> dict:
   run_dir = os.path.join(out, f"{mode}_seed{seed}")
   overrides = dict(TINY_MOE, **{"model.router_replay": mode, "seed": str(seed),
                                 "train.steps": str(steps), "train.run_dir": run_dir})
-  cli.main(["train", "--config", os.path.join(ROOT, "configs", "grpo.py")]
+  cli.main(["train", "--config", os.path.join(ROOT, "configs", "algos", "grpo.py")]
            + [f"--config.{k}={v}" for k, v in overrides.items()])
   records = [r for r in metrics_lib.read_jsonl(os.path.join(run_dir, "metrics.jsonl"))
              if "loss" in r]

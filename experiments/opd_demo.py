@@ -4,7 +4,8 @@ job's recipe alone vs. the same student with the main job's policy as a distilla
   python experiments/opd_demo.py            # runs what is missing under runs/opd_demo, then
                                             # prints the comparison at equal wall clock
 
-1. Teacher: the main job (``configs/main_600.py``: SFT cold start, then DAPO), its policy exported to
+1. Teacher: the main job (``configs/jobs/main_600.py``: SFT cold start, then DAPO), its policy
+exported to
    ``runs/opd_demo/teacher/hf``.
 2. Student: a model of a quarter of the teacher's width x half its depth, its own SFT cold start.
 3. From that cold start, two runs of the main job's recipe: RL alone, and RL + on-policy
@@ -30,7 +31,7 @@ def train(run_dir, overrides):
   if os.path.exists(os.path.join(run_dir, "hf", "config.json")):
     return  # finished earlier
   args = [sys.executable, "-m", "rljax", "train", "--config",
-          os.path.join(ROOT, "configs", "main_600.py"), f"--config.train.run_dir={run_dir}",
+          os.path.join(ROOT, "configs", "jobs", "main_600.py"), f"--config.train.run_dir={run_dir}",
           "--config.train.progress=false"]
   args += [f"--config.{k}={v}" for k, v in overrides.items()]
   print(" ".join(args), flush=True)

@@ -4,7 +4,7 @@ initial policy, each variant's seed mean with its 95% t-band (``rljax.sweep.plot
 
   python experiments/rlhf_overoptimization_plot.py runs/studies/rlhf_overoptimization [OUT.png]
 
-A single run (``configs/rlhf.py`` alone) draws its own ``rewards_vs_kl.png`` in its run dir.
+A single run (``configs/tasks/rlhf.py`` alone) draws its own ``rewards_vs_kl.png`` in its run dir.
 """
 import os
 import sys

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Tuning runs for configs/main_600.py (one at a time: the machine has 2 cores).
+# Tuning runs for configs/jobs/main_600.py (one at a time: the machine has 2 cores).
 #   experiments/tune_main.sh NAME SFT_DIR [--config.key=value ...]
 # Writes runs/tune_NAME/metrics.jsonl and runs/tune_NAME.log; prints the eval curve and wall time.
 set -euo pipefail
@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 name=$1; sft=$2; shift 2
 rm -rf "runs/tune_$name"
 start=$(date +%s)
-.venv/bin/python -m rljax train --config configs/main_600.py --config.train.progress=false \
+.venv/bin/python -m rljax train --config configs/jobs/main_600.py --config.train.progress=false \
   --config.train.run_dir="runs/tune_$name" --config.sft.out_dir="$sft" \
   --config.train.export_hf=false "$@" > "runs/tune_$name.log" 2>&1
 end=$(date +%s)

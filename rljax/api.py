@@ -2,7 +2,7 @@
 
   import rljax
   config = rljax.config()                                  # the defaults, from the package
-  config = rljax.config("configs/grpo.py", {"rollout.group_size": 4})
+  config = rljax.config("configs/algos/grpo.py", {"rollout.group_size": 4})
   model = rljax.load("tiny")                               # or "hf:/path", or a run directory
   rollout, texts = model.sample(["1+2="], group_size=4)    # stops at the tokenizer's EOS
   logp, entropy = model.logprobs(rollout)                  # [B, T] each

@@ -293,8 +293,8 @@ def markdown(sections: Sequence[Section] = SECTIONS) -> str:
   lines = ["# Algorithm components", "",
            "Generated from the registered components (their registrations and docstrings) by "
            "`python -m rljax components --markdown`; do not edit. An algorithm is a "
-           "configuration that picks one name per family (`configs/<algo>.py`); every key, its "
-           "range and meaning: [config.md](config.md). A config file or a notebook can register "
+           "configuration that picks one name per family (`configs/algos/<algo>.py`); every key, "
+           "its range and meaning: [config.md](config.md). A config file or a notebook can register "
            "more components; `rljax components` lists what is registered.", "",
            "## Contents", ""]
   lines += [f"- [{s.title}](#{_anchor(s.title)})" for s in sections]

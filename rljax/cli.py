@@ -1,8 +1,8 @@
 """``rljax <command>`` (also ``python -m rljax <command>``).
 
-  train             --config configs/dapo.py [--config.key=value ...]   RL training
-  sft               --config configs/main.py                            supervised cold start
-  rm                --config configs/rm.py --config.rm.train_file=PAIRS.jsonl   reward model
+  train             --config configs/algos/dapo.py [--config.key=value ...]   RL training
+  sft               --config configs/jobs/main.py                  supervised cold start
+  rm                --config configs/tasks/rm.py --config.rm.train_file=PAIRS.jsonl   reward model
   eval              --config X [--samples K] [--checkpoint RUN_DIR | --config.model.source=hf:P]
   check-conversion  PATH                   rljax vs transformers logits on a HF directory
   convert           RUN_DIR OUT [--format peft|merged] [--force]   latest checkpoint of a run ->
@@ -31,7 +31,7 @@ def _config(argv, *, required=True):
   path, overrides, rest = config_loader.split_config_args(argv)
   if path is None:
     if required:
-      raise UsageError("--config PATH is required (e.g. --config configs/dapo.py)")
+      raise UsageError("--config PATH is required (e.g. --config configs/algos/dapo.py)")
     return None, rest
   config = config_loader.load_config(path, overrides)
   from rljax.config import checks as config_checks
@@ -65,6 +65,7 @@ def cmd_sft(argv):
   from rljax.data import tokenizer as tokenizer_lib
   from rljax.train import sft
   tokenizer = tokenizer_lib.load_tokenizer(config.data.tokenizer, config.data.chat_template)
+  sft.check_cold_start(config, tokenizer)  # before anything is written
   path = sft.ensure_sft_checkpoint(config, tokenizer)
   print(path)
   return path

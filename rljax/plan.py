@@ -57,7 +57,7 @@ What is counted (per device, the device holding the most):
   weights and of their gradient (policy and critic). This is what XLA:CPU's accounting
   (``tests/models/test_long_sequence.py``) confirms; the unrolled layout's remat figures assume a
   compiler that keeps the recomputation apart (XLA:CPU merges it back into the forward and saves
-  nothing, docs/results/benchmarks_long_sequence.md). Plus the chunked log-prob:
+  nothing, docs/results/benchmarks/long_sequence.md). Plus the chunked log-prob:
   ``rows x logits_chunk x V x 4 bytes x LOGITS_COPIES``, and all-gathered weights of
   ``GATHERED_LAYERS`` layers and the head (FSDP), of the expert kernels only the device's own
   ``E / expert`` experts: the train step does not gather them over ``expert``, XLA moves the
@@ -75,8 +75,12 @@ pieces (twice with remat: the backward recomputes the forward), backward ``N`` p
 float32 gradients. Attention under a split is the blockwise kernel (cuDNN/splash return no
 log-sum-exp to combine ring steps).
 
-``peak = resident + max(rollout, train)`` is compared with ``USABLE_FRACTION`` of the device
-memory (room for XLA's own buffers and fragmentation).
+The reward's own models (a reward model, an LLM judge: ``rljax.plan_rewards``) add their
+weights to the resident state and their forward (or the judge's KV cache) as a third phase, and
+their sources are checked: one that does not exist is an error, not a plan.
+
+``peak = resident + max(rollout, train, reward)`` is compared with ``USABLE_FRACTION`` of the
+device memory (room for XLA's own buffers and fragmentation).
 """
 from __future__ import annotations
 
@@ -105,6 +109,7 @@ from rljax.rollout import sampler as sampler_lib
 from rljax.learner import packing, update as update_lib
 from rljax.learner.state import make_optimizer, total_updates, trainable
 from rljax.data import tokenizer as tokenizer_lib
+from rljax import plan_rewards
 
 GiB = 1024 ** 3
 
@@ -348,6 +353,20 @@ def layer_activations(layers: int, layer_input: int, dots_kept: int, layer_act: 
           "dots": int(layers * (layer_input + dots_kept) + live * layer_act)}
 
 
+def forward_layer_bytes(cfg: ModelConfig, tokens: int, width: int, attention: str,
+                        tensor: int = 1) -> int:
+  """One layer's live activations of a forward (no backward) over ``tokens`` tokens of rows
+  ``width`` wide: the train step's per-token figures (``ACT_*``, attention's), heads split
+  ``tensor`` ways where they divide."""
+  t_div = lambda n: n // tensor if n % tensor == 0 else n
+  b = np.dtype(cfg.dtype).itemsize
+  h, g, dh = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+  lin = (ACT_D * cfg.hidden_size + ACT_QKV * (t_div(h * dh) + 2 * t_div(g * dh))
+         + ACT_F * t_div(cfg.intermediate_size)) * b
+  attn = t_div(h) * (width * (ATTN_BYTES + b) if attention == "xla" else dh * b + 4)
+  return tokens * (lin + attn)
+
+
 def _split(size: int, parts: int) -> int:
   """Per-device share of ``size`` split ``parts`` ways (rounded up)."""
   return -(-size // parts)
@@ -360,12 +379,14 @@ def train_micro_batches(config, device_kind: str, rows: int, shards: int, seq_le
   return update_lib.row_parts(rows, shards, seq_len, limit, config.algo.micro_batches)
 
 
-def packed_update(config, device_kind: str, rows: int, shards: int, seq_len: int) -> tuple | None:
+def packed_update(config, device_kind: str, rows: int, shards: int, seq_len: int,
+                  capacity: bool = False) -> tuple | None:
   """``(C, R, W)``: the packed chunks the update's forwards take for a minibatch of ``rows`` rows
-  where ``model.pack`` resolves on for it (``packing.packed_shape``), else None."""
+  where ``model.pack`` resolves on for it (``packing.packed_shape``; ``capacity``: MoE layers
+  dispatched by capacity, never packed), else None."""
   limit = update_lib.forward_tokens(config.model.forward_tokens, device_kind)
   return packing.packed_shape(config.model.pack, device_kind, rows, seq_len, limit, shards,
-                              config.algo.micro_batches)
+                              config.algo.micro_batches, capacity)
 
 
 def ring_bytes(n: int, rows: int, seq_dev: int, kv_width: int, dtype_bytes: int, layers: int,
@@ -435,14 +456,14 @@ def plan(config, device: str | None = None, *, model: str | None = None,
   for key in ("rollout_rows_per_device", "kv_heads_per_device", "prompts_per_device"):
     p["shapes"][key] = s["shapes"][key]
   p["rollout"] = s["rollout"]
-  p["peak"] = p["resident"] + p["train"]
+  p["peak"] = p["resident"] + max(p["train"], p["reward"])  # the reward runs on the learner's
   p["fits"] = p["peak"] <= p["device"]["usable"] and sampler["fits"]
   p["warnings"] += [f"sampler: {w}" for w in s["warnings"] if w.startswith("rollout.")]
   return p
 
 
 def _set_peak(p: dict) -> None:
-  p["peak"] = p["resident"] + max(p["rollout"], p["train"])
+  p["peak"] = p["resident"] + max(p["rollout"], p["train"], p["reward"])
   p["fits"] = p["peak"] <= p["device"]["usable"]
 
 
@@ -570,7 +591,8 @@ def _plan(config, device: str | None = None, *, model: str | None = None,
   micro = train_micro_batches(config, dev["kind"], rows // mb, batch_shards, slots)
   # Packed (model.pack on for the update): a micro-batch is a chunk of R packed rows of the same
   # width, as many chunks as its layout has (the empty ones skipped, so never more memory).
-  packed = packed_update(config, dev["kind"], rows // mb, batch_shards, slots)
+  packed = packed_update(config, dev["kind"], rows // mb, batch_shards, slots,
+                         bool(cfg.moe_layers) and cfg.moe_dispatch == "capacity")
   if packed is not None:
     micro = packed[0]
     assumptions.append(f"model.pack={config.model.pack}: the update packed, chunks of "
@@ -602,6 +624,11 @@ def _plan(config, device: str | None = None, *, model: str | None = None,
   attn_blocks = (train_rows * side_by_side * t_div(h) * block ** 2 * 4 * BLOCK_TEMPS
                  if attention == "blockwise" else 0)
   layer_act = tokens * (lin + attn)
+  reward = plan_rewards.plan_rewards(
+      config, policy_cfg=cfg, mesh=mesh, rules=rules, rows=rows, batch_shards=batch_shards,
+      prompt_len=prompt_len,
+      forward_bytes=lambda c, n, width: forward_layer_bytes(c, n * width, width, attention,
+                                                            tensor))
   dots = (t_div(h * dh) + 2 * t_div(g * dh) + d + 2 * t_div(f)) * b
   act_by_remat = layer_activations(L, tokens * d * b, tokens * dots, layer_act, cfg.scan_layers)
   act_by_remat = {k: v + attn_blocks for k, v in act_by_remat.items()}
@@ -622,11 +649,11 @@ def _plan(config, device: str | None = None, *, model: str | None = None,
                     cfg.remat != "none")
   activations = act_by_remat[cfg.remat]
 
-  resident = params + opt + reference + critic + critic_opt
+  resident = params + opt + reference + critic + critic_opt + reward.resident
   rollout_peak = kv_cache + kv_growth + prefill + rollout_gather + merged
   train_peak = (grads + critic_grads + activations + logits + train_gather + scan_weights
                 + ring["buffers"])
-  peak = resident + max(rollout_peak, train_peak)
+  peak = resident + max(rollout_peak, train_peak, reward.phase)
   usable = int(dev["bytes"] * USABLE_FRACTION)
   if optimizer is None and pb < 4:
     warnings.append(f"param_dtype={cfg.param_dtype} with optax's default state: AdamW moments and "
@@ -671,10 +698,11 @@ def _plan(config, device: str | None = None, *, model: str | None = None,
                  activations_no_remat=act_by_remat["none"],
                  logits=logits, train_gathered_weights=train_gather,
                  scan_stacked_weights=scan_weights, ring_buffers=ring["buffers"],
-                 ring_transfers=ring["sent"]),
-      resident=resident, rollout=rollout_peak, train=train_peak, peak=peak,
-      fits=peak <= usable,
-      fits_by_remat={k: resident + max(rollout_peak, train_peak - activations + v) <= usable
+                 ring_transfers=ring["sent"], **reward.bytes),
+      resident=resident, rollout=rollout_peak, train=train_peak, reward=reward.phase,
+      reward_models=reward.lines, peak=peak, fits=peak <= usable,
+      fits_by_remat={k: resident + max(rollout_peak, train_peak - activations + v,
+                                       reward.phase) <= usable
                      for k, v in act_by_remat.items()},
       fallbacks=fallbacks, assumptions=assumptions, warnings=warnings)
 
@@ -723,6 +751,11 @@ def format_plan(p: dict) -> str:
               "  critic optimizer state".ljust(56) + _gib(by["critic_opt_state"])]
   else:
     lines.append("  critic".ljust(56) + "       - (critic.enabled=False)")
+  if by.get("reward_model_params"):
+    lines.append("  reward model params (reward.model.source)".ljust(56)
+                 + _gib(by["reward_model_params"]))
+  if by.get("judge_params"):
+    lines.append("  judge params (reward.judge.source)".ljust(56) + _gib(by["judge_params"]))
   lines += [
       "  = resident".ljust(56) + _gib(p["resident"]),
       f"  rollout: kv cache [B={s['rollout_rows_per_device']}/{s['rollout_rows']}, "
@@ -753,8 +786,16 @@ def format_plan(p: dict) -> str:
       f"  train: ring buffers (context={mesh['context']})".ljust(56) + _gib(by["ring_buffers"]),
   ] if mesh["context"] > 1 else []) + [
       "  = train phase".ljust(56) + _gib(p["train"]),
+  ] + ([
+      "  reward: reward model forward".ljust(56) + _gib(by["reward_model_forward"]),
+  ] if "reward_model_forward" in by else []) + ([
+      "  reward: judge (kv cache or forward)".ljust(56) + _gib(by["judge_phase"]),
+  ] if "judge_phase" in by else []) + ([
+      "  = reward phase".ljust(56) + _gib(p["reward"]),
+  ] if p["reward_models"] else []) + [
       "",
-      f"peak = resident + max(rollout, train) = {p['peak'] / GiB:.2f} GiB of "
+      f"peak = resident + max(rollout, train{', reward' if p['reward_models'] else ''}) = "
+      f"{p['peak'] / GiB:.2f} GiB of "
       f"{dev['usable'] / GiB:.1f} GiB usable ({USABLE_FRACTION:.0%} of {dev['bytes'] / GiB:.1f})"
       f": {'FITS' if p['fits'] else 'DOES NOT FIT'}",
   ]
@@ -785,7 +826,7 @@ def format_plan(p: dict) -> str:
     lines.append("warnings:")
     lines += [f"  {w}" for w in p["warnings"]]
   lines.append("assumptions:")
-  lines += [f"  {a}" for a in p["assumptions"]]
+  lines += [f"  {a}" for a in p["assumptions"] + p["reward_models"]]
   return "\n".join(lines)
 
 
@@ -793,6 +834,6 @@ def plan_main(config, device: str | None = None, *, model: str | None = None,
               prompt_len: int | None = None) -> str:
   """``rljax plan --config X [--device D] [--model NAME] [--prompt-len N]``: the report.
 
-  ``device=None`` takes ``plan.device`` from the config (the experiments/plans/*.py files set it).
+  ``device=None`` takes ``plan.device`` from the config (the configs/jobs/qwen7b_*.py files set it).
   """
   return format_plan(plan(config, device, model=model, prompt_len=prompt_len))

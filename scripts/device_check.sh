@@ -18,8 +18,8 @@
 # Every step has its own timeout, logs under $OUT and the script goes on when one fails.
 #
 # The default is STEPS=e, about 8.5 minutes with the set-up: a-d ran on an H200 and e on an H100
-# on 2026-11-26, p on an H100 on 2026-11-27 (docs/results/benchmarks_h200.md,
-# docs/results/accelerator_h100.md); the update changed after e's figures (the log-prob head,
+# on 2026-11-26, p on an H100 on 2026-11-27 (docs/results/benchmarks/h200.md,
+# docs/results/benchmarks/h100.md); the update changed after e's figures (the log-prob head,
 # 2026-11-27: measured without the torch peer), so e re-measures every figure with the peer in
 # the same process. STEPS=p (about 6 minutes) profiles the update and the decode step again,
 # STEPS=a (~3.5 minutes) checks the tests on the GPU.
@@ -156,7 +156,7 @@ CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,WHILE,CONDITIONAL" $PY benchmarks/accelerator.
   # before and after; every line timestamped for the SFT seconds/step.
   [[ $STEPS == *d* ]] || { stamp "all done"; return; }
   stamp "d_main: start (timeout ${D_S}s)"
-  timeout -k 10 "$D_S" $PY -m rljax train --config configs/main.py \
+  timeout -k 10 "$D_S" $PY -m rljax train --config configs/jobs/main.py \
       --config.train.steps=100 --config.train.eval_every=0 --config.train.progress=false \
       --config.train.run_dir="$WORK/run" --config.sft.out_dir="$WORK/sft" $D_EXTRA 2>&1 |
     $PY -u -c 'import sys, time

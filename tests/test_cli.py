@@ -51,7 +51,7 @@ def test_eval_and_convert_a_run(tmp_path):
   with xla_cache.off():  # as in a process without JAX_COMPILATION_CACHE_DIR
     cli.main(tiny.args("grpo", run_dir, {"train.steps": "1"}))
   assert os.listdir(os.path.join(run_dir, "xla_cache"))  # train.compilation_cache, default on
-  config_path = os.path.join(tiny.ROOT, "configs", "grpo.py")
+  config_path = os.path.join(tiny.ROOT, "configs", "algos", "grpo.py")
   overrides = [f"--config.{k}={v}" for k, v in tiny.OVERRIDES.items()]
   result = cli.main(["eval", "--config", config_path, *overrides, "--checkpoint", run_dir,
                      "--samples", "2"])

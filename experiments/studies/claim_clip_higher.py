@@ -3,11 +3,11 @@
 
   python -m rljax sweep experiments/studies/claim_clip_higher.py --root runs/studies
 
-On the study scale (configs/study_main.py: the main job's first 150 RL steps), five seeds. The
+On the study scale (configs/studies/main_150.py: the main job's first 150 RL steps), five seeds. The
 baseline is the main job as it is (eps_high 0.28); the variant removes clip-higher. Its
 updates are off-policy from the second of 4 minibatches on, so the upper clip binds on a
 measured fraction of tokens (``clip_frac_high`` in metrics.jsonl). Verdict:
-docs/results/ablations.md.
+docs/results/claims/README.md.
 """
 from rljax.sweep.study import Study, independent
 
@@ -15,7 +15,7 @@ from rljax.sweep.study import Study, independent
 def get_study():
   return Study(
       name="claim_clip_higher",
-      config="configs/study_main.py",
+      config="configs/studies/main_150.py",
       variants=independent([
           ("dapo", {}),
           ("sym_0.20", {"algo.clip_eps_high": 0.2}),

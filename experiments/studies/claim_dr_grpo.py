@@ -5,11 +5,11 @@ normaliser) keeps wrong answers shorter at the same accuracy.
 
   python -m rljax sweep experiments/studies/claim_dr_grpo.py --root runs/studies
 
-On the study scale (configs/study_main.py: the main job's first 150 RL steps), five seeds: the
+On the study scale (configs/studies/main_150.py: the main job's first 150 RL steps), five seeds: the
 main job with GRPO's normaliser (sequence mean, std-scaled advantages) against the same with
 Dr. GRPO's two changes; everything else of DAPO stays in both. The GRPO arm is the
 ``seq_mean`` arm of claim_token_vs_seq.py (the sweep shares it under one root). Verdict:
-docs/results/ablations.md.
+docs/results/claims/README.md.
 """
 from rljax.sweep.study import Study, independent
 
@@ -17,7 +17,7 @@ from rljax.sweep.study import Study, independent
 def get_study():
   return Study(
       name="claim_dr_grpo",
-      config="configs/study_main.py",
+      config="configs/studies/main_150.py",
       variants=independent([
           ("grpo_norm", {"algo.loss_agg": "seq_mean_token_mean"}),
           ("dr_grpo", {"algo.advantage": "dr_grpo", "algo.loss_agg": "seq_mean_token_sum_norm"}),

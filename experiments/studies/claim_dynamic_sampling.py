@@ -4,10 +4,10 @@ accuracy in fewer steps, though each step generates more.
 
   python -m rljax sweep experiments/studies/claim_dynamic_sampling.py --root runs/studies
 
-On the study scale (configs/study_main.py: the main job's first 150 RL steps), five seeds: the
+On the study scale (configs/studies/main_150.py: the main job's first 150 RL steps), five seeds: the
 main job against the same without dynamic sampling. Compared at equal steps (``gain_accuracy``)
 and per completion generated (``gain_per_1k_samples``: points per 1,000 completions, every
-sampling round counted). Verdict: docs/results/ablations.md.
+sampling round counted). Verdict: docs/results/claims/README.md.
 """
 from rljax.sweep.study import Study, independent
 
@@ -15,7 +15,7 @@ from rljax.sweep.study import Study, independent
 def get_study():
   return Study(
       name="claim_dynamic_sampling",
-      config="configs/study_main.py",
+      config="configs/studies/main_150.py",
       variants=independent([
           ("dynamic", {}),
           ("no_dynamic", {"algo.dynamic_sampling": False}),

@@ -4,9 +4,9 @@ it, and dropping the term costs no accuracy.
 
   python -m rljax sweep experiments/studies/claim_kl.py --root runs/studies
 
-On the study scale (configs/study_main.py: the main job's first 150 RL steps, no KL term), five
-seeds: the main job against the same with GRPO's k3 estimator in the loss at coefficient 1e-3
-to the frozen cold start. Verdict (accuracy and entropy): docs/results/ablations.md.
+On the study scale (configs/studies/main_150.py: the main job's first 150 RL steps, no KL term),
+five seeds: the main job against the same with GRPO's k3 estimator in the loss at coefficient 1e-3
+to the frozen cold start. Verdict (accuracy and entropy): docs/results/claims/README.md.
 """
 from rljax.sweep.study import Study, independent
 
@@ -14,7 +14,7 @@ from rljax.sweep.study import Study, independent
 def get_study():
   return Study(
       name="claim_kl",
-      config="configs/study_main.py",
+      config="configs/studies/main_150.py",
       variants=independent([
           ("no_kl", {}),
           ("k3_1e-3", {"algo.kl_placement": "loss", "algo.kl_estimator": "k3",

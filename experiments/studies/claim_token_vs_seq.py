@@ -5,10 +5,10 @@ mean over completions), whose long completions' tokens weigh less, so that long 
 
   python -m rljax sweep experiments/studies/claim_token_vs_seq.py --root runs/studies
 
-On the study scale (configs/study_main.py: the main job's first 150 RL steps), five seeds: the
+On the study scale (configs/studies/main_150.py: the main job's first 150 RL steps), five seeds: the
 main job (token_mean) against the same with seq_mean_token_mean. The paper's answers run to
 thousands of tokens; here to 24 (reference solutions up to 21), so a length effect can only be
-small. Verdict: docs/results/ablations.md.
+small. Verdict: docs/results/claims/README.md.
 """
 from rljax.sweep.study import Study, independent
 
@@ -16,7 +16,7 @@ from rljax.sweep.study import Study, independent
 def get_study():
   return Study(
       name="claim_token_vs_seq",
-      config="configs/study_main.py",
+      config="configs/studies/main_150.py",
       variants=independent([
           ("token_mean", {}),
           ("seq_mean", {"algo.loss_agg": "seq_mean_token_mean"}),

@@ -15,7 +15,7 @@ from rljax.sweep.study import Study, independent
 def get_study():
   return Study(
       name="clip_higher",
-      config="configs/study.py",
+      config="configs/studies/arith_l1_grpo.py",
       overrides={"algo.kl_placement": "none", "algo.epochs": 2, "algo.minibatches": 4,
                  "optim.lr": 1e-4},
       variants=independent([

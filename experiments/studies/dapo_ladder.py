@@ -14,7 +14,7 @@ from rljax.sweep.study import Study, ladder
 def get_study():
   return Study(
       name="dapo_ladder",
-      config="configs/study.py",
+      config="configs/studies/arith_l1_grpo.py",
       overrides={"algo.kl_placement": "none"},
       variants=ladder([
           ("grpo", {}),

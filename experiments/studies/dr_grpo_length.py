@@ -6,7 +6,7 @@ matched accuracy.
 
   python -m rljax sweep experiments/studies/dr_grpo_length.py
 
-Both arms without KL (configs/dr_grpo.py has none) so that only the two changes differ. Three
+Both arms without KL (configs/algos/dr_grpo.py has none) so that only the two changes differ. Three
 seeds first; if the interval is too wide to conclude, add seeds 3 and 4 to ``seeds`` and rerun:
 only the new runs run. Needs ``len_wrong_mean`` / ``len_correct_mean`` in the
 trainer's metrics (docs/ablations.md); without them the length columns read n/a and the verdict
@@ -18,7 +18,7 @@ from rljax.sweep.study import Study, independent
 def get_study():
   return Study(
       name="dr_grpo_length",
-      config="configs/study.py",
+      config="configs/studies/arith_l1_grpo.py",
       overrides={"algo.kl_placement": "none"},
       variants=independent([
           ("grpo", {}),

@@ -13,7 +13,7 @@ from rljax.sweep.study import Study, independent
 def get_study():
   return Study(
       name="group_size",
-      config="configs/study.py",
+      config="configs/studies/arith_l1_grpo.py",
       variants=independent([
           ("G4_P16", {"rollout.group_size": 4, "rollout.prompts_per_step": 16}),
           ("G8_P8", {"rollout.group_size": 8, "rollout.prompts_per_step": 8}),

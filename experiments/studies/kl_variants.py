@@ -13,7 +13,7 @@ from rljax.sweep.study import Study, independent
 def get_study():
   return Study(
       name="kl_variants",
-      config="configs/study.py",
+      config="configs/studies/arith_l1_grpo.py",
       variants=independent([
           ("no_kl", {"algo.kl_placement": "none"}),
           ("k3_loss", {"algo.kl_placement": "loss", "algo.kl_estimator": "k3",

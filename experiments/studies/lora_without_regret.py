@@ -2,7 +2,7 @@
 2025): for policy-gradient RL even rank-1 adapters match full fine-tuning, given a learning rate
 about 10x the full fine-tune's. Full fine-tuning against adapters of rank 1, 8 and 32 on every
 projection (``model.lora.targets=('all',)``), 3 seeds each, on the main job as it ran until 2026-12-02
-(configs/main_600.py) shortened to its first 200 RL steps, where it gains on every seed.
+(configs/jobs/main_600.py) shortened to its first 200 RL steps, where it gains on every seed.
 
   python -m rljax sweep experiments/studies/lora_without_regret.py --root runs/studies
 
@@ -12,13 +12,13 @@ rank-independent best learning rate (the paper's 1/r parametrisation; B = 0 at t
 every run starts from the cold start). The reference of the KL term is the frozen base in
 the LoRA runs and a copy of the cold start in the full fine-tune: the same weights (the main
 job's DAPO has no KL term). With ``--root runs/studies`` the seeds share their cold starts with
-experiments/async_main.py, the other study on configs/main_600.py.
+experiments/async_main.py, the other study on configs/jobs/main_600.py.
 Verdict: ``gain_accuracy`` of each rank against the full fine-tune, paired over the seeds, with
 95% intervals (docs/ablations.md).
 """
 from rljax.sweep.study import Study, independent
 
-FULL_LR = 3e-5  # configs/main_600.py's
+FULL_LR = 3e-5  # configs/jobs/main_600.py's
 LORA_LR = 10 * FULL_LR  # "LoRA Without Regret": about 10x the full fine-tune's best
 
 
@@ -29,7 +29,7 @@ def lora(rank: int) -> dict:
 def get_study():
   return Study(
       name="lora_without_regret",
-      config="configs/main_600.py",
+      config="configs/jobs/main_600.py",
       # Old log-probs by a scoring forward, as when the study ran (before the main job took
       # the sampler's): its recorded runs reproduce.
       overrides={"train.steps": 200, "train.eval_every": 50, "algo.old_logp": "recompute",

@@ -1,6 +1,6 @@
-"""Reward over-optimisation in the embedded RLHF demo (configs/rlhf.py, docs/reward_models.md):
-GRPO against a learned reward model (the proxy) with the hidden gold score logged, over KL
-penalties and seeds (Gao, Schulman, Hilton 2022, arXiv 2210.10760).
+"""Reward over-optimisation in the embedded RLHF demo (configs/tasks/rlhf.py,
+docs/reward_models.md): GRPO against a learned reward model (the proxy) with the hidden gold score
+logged, over KL penalties and seeds (Gao, Schulman, Hilton 2022, arXiv 2210.10760).
 
   python -m rljax sweep experiments/studies/rlhf_overoptimization.py
   python experiments/rlhf_overoptimization_plot.py runs/studies/rlhf_overoptimization
@@ -10,8 +10,9 @@ score peaks and falls; a larger KL coefficient holds the policy at a smaller KL 
 the gold peak (whether the peak moves with the coefficient is the question). Every run shares
 the one reward model (trained by the first run's cold start: ``reward.model.source``, from
 seed 0's SFT policy) so only the policy's seed and the penalty differ. The base is the study
-scale (configs/study.py: arithmetic level 1, its SFT cold starts shared with the other studies)
-with configs/rlhf.py's reward: the proxy optimised, the gold score and the verifier logged.
+scale (configs/studies/arith_l1_grpo.py: arithmetic level 1, its SFT cold starts shared with the
+other studies) with configs/tasks/rlhf.py's reward: the proxy optimised, the gold score and the
+verifier logged.
 """
 from rljax.sweep.study import Study, independent
 
@@ -19,7 +20,7 @@ from rljax.sweep.study import Study, independent
 def get_study():
   return Study(
       name="rlhf_overoptimization",
-      config="configs/main_grpo.py",
+      config="configs/jobs/main_600_grpo.py",
       variants=independent([
           ("kl_0", {"algo.kl_coef": 0.0}),
           ("kl_0.01", {"algo.kl_coef": 0.01}),

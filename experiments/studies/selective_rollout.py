@@ -3,12 +3,12 @@ recent groups were all correct or all wrong saves sampling rounds at no cost in 
 
   python -m rljax sweep experiments/studies/selective_rollout.py --root runs/studies
 
-On the main job (configs/main.py: DAPO with dynamic sampling, 200 RL steps), five seeds: the
+On the main job (configs/jobs/main.py: DAPO with dynamic sampling, 200 RL steps), five seeds: the
 main job against the same with ``algo.selective_rollout`` (GRESO's defaults: target 25%
 zero-spread groups, exploration probabilities from 0.5). Compared at equal
 steps (``gain_accuracy``), per completion generated (``gain_per_1k_samples``) and in wall time.
 Its ``dynamic`` arm is the main job, so under one ``--root`` it is shared with
-experiments/main_job_seeds.py. Verdict: docs/results/ablations.md.
+experiments/main_job_seeds.py. Verdict: docs/results/selective_rollout/README.md.
 """
 from rljax.sweep.study import Study, independent
 
@@ -16,7 +16,7 @@ from rljax.sweep.study import Study, independent
 def get_study():
   return Study(
       name="selective_rollout",
-      config="configs/main.py",
+      config="configs/jobs/main.py",
       variants=independent([
           ("dynamic", {}),
           ("selective", {"algo.selective_rollout": True}),

@@ -3,8 +3,8 @@ GAE -> + length-adaptive GAE -> + clip-higher and token-level loss -> + positive
 
   python -m rljax sweep experiments/studies/vapo_ladder.py
 
-Base: configs/study_ppo.py (critic, GAE lam 0.95, whitened advantages, k1 KL in the reward).
-Scaled to the study task: 20 value-pretraining steps (VC-PPO: 50 on long answers); the
+Base: configs/studies/arith_l1_ppo.py (critic, GAE lam 0.95, whitened advantages, k1 KL in the
+reward). Scaled to the study task: 20 value-pretraining steps (VC-PPO: 50 on long answers); the
 length-adaptive lambda ``1 - 1/(alpha * l)`` uses alpha = 0.2 instead of VAPO's 0.05, since
 VAPO's value is for answers of thousands of tokens (here 18-33 tokens, where 0.05 would give
 lambda < 0.4; 0.2 gives 0.72-0.85). VAPO's claim: each rung adds accuracy, value pretraining and
@@ -16,7 +16,7 @@ from rljax.sweep.study import Study, ladder
 def get_study():
   return Study(
       name="vapo_ladder",
-      config="configs/study_ppo.py",
+      config="configs/studies/arith_l1_ppo.py",
       variants=ladder([
           ("ppo", {}),
           ("+value_pretrain", {"critic.pretrain_steps": 20}),

@@ -1,7 +1,7 @@
 """The RL components of docs/algorithms.md as small pure functions, registered by name.
 
-``configs/<algo>.py`` picks the names; ``rljax.algorithm.resolve(config)`` looks them up once and
-returns an ``Algorithm`` whose methods the trainer (or a notebook) calls:
+``configs/algos/<algo>.py`` picks the names; ``rljax.algorithm.resolve(config)`` looks them up once
+and returns an ``Algorithm`` whose methods the trainer (or a notebook) calls:
 
   algo = resolve(config)
   algo.advantages(rewards=..., mask=..., values=None, token_rewards=None) -> (A, returns)

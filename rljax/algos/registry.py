@@ -1,6 +1,6 @@
 """Name -> function registries for the algorithm components of docs/algorithms.md.
 
-An algorithm is a configuration: ``configs/<algo>.py`` names an advantage estimator, a policy
+An algorithm is a configuration: ``configs/algos/<algo>.py`` names an advantage estimator, a policy
 objective, a loss aggregation, a KL estimator and the regularisers' coefficients, and
 ``rljax.algorithm.resolve`` looks each name up once, at start-up. A name that is not registered is
 an error that lists what exists, so a typo in a config fails in the first second instead of

@@ -140,7 +140,8 @@ def split_config_args(argv: list[str]) -> tuple[str | None, list[tuple[str, str]
   while i < len(argv):
     arg = argv[i]
     if arg == "--config":
-      path, i = _flag_value(argv, i, "a config file path, e.g. --config configs/grpo.py"), i + 2
+      path = _flag_value(argv, i, "a config file path, e.g. --config configs/algos/grpo.py")
+      i += 2
       continue
     if arg.startswith("--config="):
       path, i = arg.split("=", 1)[1], i + 1
@@ -168,10 +169,47 @@ def _flag_value(argv: list[str], i: int, wanted: str) -> str:
   return argv[i + 1]
 
 
-def preset(config_file: str, base: str = "base.py") -> ml_collections.ConfigDict:
-  """The config of ``base`` (a file beside ``config_file``), for presets to modify."""
-  config = load_config_file(os.path.join(os.path.dirname(os.path.abspath(config_file)), base))
-  config.lock()  # a preset that misspells a key fails instead of adding it
+# Config files compose one way: a file starts from another by its path under the repository's
+# configs/ (``based_on("algos/grpo.py")``) and changes what makes it different; a job that runs
+# another algorithm takes that preset's algorithm sections (``swap_algorithm``).
+CONFIGS_ROOT = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "configs")
+# The update schedule belongs to the job, not to the algorithm: a job that swaps its algorithm
+# keeps how many epochs, minibatches and micro-batches each step's batch is trained in.
+UPDATE_SCHEDULE = ("algo.epochs", "algo.minibatches", "algo.micro_batches")
+
+
+def config_path(name: str) -> str:
+  """The file ``configs/<name>`` of the repository (``name`` like ``"algos/grpo.py"``)."""
+  if os.path.isabs(name) or not name.endswith(".py"):
+    raise ConfigFileError(f"a config to start from is named by its path under configs/, e.g. "
+                          f"'algos/grpo.py' or 'jobs/main.py'; got {name!r}")
+  path = os.path.join(CONFIGS_ROOT, name)
+  if not os.path.isfile(path):
+    raise ConfigFileError(f"no config file configs/{name} (the configs root is {CONFIGS_ROOT}; "
+                          "presets are under algos/, jobs/, studies/ and tasks/)")
+  return path
+
+
+def based_on(name: str = "base.py") -> ml_collections.ConfigDict:
+  """The config of ``configs/<name>``, locked, for a config file to modify: a preset starts from
+  ``base.py`` (the defaults) or another preset, a job from a preset, a study base from a job.
+  Locked, so that a file that misspells a key fails instead of adding it."""
+  config = load_config_file(config_path(name))
+  config.lock()
+  return config
+
+
+def swap_algorithm(config: ml_collections.ConfigDict, preset: str,
+                   sections: tuple[str, ...] = ("algo", "reward")) -> ml_collections.ConfigDict:
+  """``config`` (a job) with the algorithm of ``configs/<preset>``: every key of the preset's
+  ``sections`` replaces the job's, except the job's update schedule (``UPDATE_SCHEDULE``). The
+  task, model, rollout and optimizer stay the job's, so the two differ only in the algorithm."""
+  other = load_config_file(config_path(preset))
+  for section in sections:
+    for key, value in other[section].items():
+      if f"{section}.{key}" not in UPDATE_SCHEDULE:
+        config[section][key] = value
   return config
 
 

@@ -7,7 +7,7 @@ from rljax.config.declare import Relation, registry_meta
 from rljax.config.conditions import FRESH_MODEL, GYM_SOURCE, REASONING_GYM, RM_SOURCE, VERIFIERS
 from rljax.config.reward_spec import (ENV_SOURCE, REWARD_MODEL_SOURCE, VERIFIER_SOURCE,
                                       composed_sources, reward_clip, reward_normalize, task_source)
-from rljax.config.table import MESH_AXES
+from rljax.config.table import CAPACITY_UNPACKED, MESH_AXES
 
 
 def _one_filled_mesh_axis(f):
@@ -210,6 +210,11 @@ def _env_workers(f):
             "worker processes (under env.timeout_s); set reward.workers >= 1")
 
 
+def _capacity_unpacked(f):
+  if f["model.moe_dispatch"] == "capacity" and str(f["model.pack"]).lower() == "true":
+    return CAPACITY_UNPACKED
+
+
 RELATIONS = (
     Relation(("reward.normalize", "reward.clip", "reward.sources"),
              "per-source normalisation names sources of the reward", _normalized_sources),
@@ -256,6 +261,8 @@ RELATIONS = (
     Relation(("reward.sources", "reward.model.source"),
              f"the reward model source '{REWARD_MODEL_SOURCE}' needs reward.model.source",
              _reward_model_named),
+    Relation(("model.pack", "model.moe_dispatch"),
+             "capacity dispatch is never packed (it is not layout-invariant)", _capacity_unpacked),
     Relation(("model.lora.rank", "critic.enabled"),
              "LoRA: no critic (it would be a full copy sharing nothing with the base)",
              _lora_critic),

@@ -4,8 +4,8 @@
 ``rljax.config.checks`` checks every value against its declaration at start-up, refuses a key set
 away from its default that nothing reads, and checks ``RELATIONS``; ``rljax keys`` prints them and
 ``docs/config.md`` is generated from them (``python -m rljax keys --markdown``). A preset
-(``configs/<algo>.py``) changes only what makes that algorithm. Override anything on the command
-line with ``--config.section.key=value``.
+(``configs/algos/<algo>.py``) changes only what makes that algorithm. Override anything on the
+command line with ``--config.section.key=value``.
 
 The format (``rljax.config.declare``), one line per fact::
 
@@ -62,12 +62,22 @@ LOGGER_NAMES = Check(lambda v: isinstance(v, (tuple, list)) and "jsonl" in v
                      and all(isinstance(n, str) for n in v),
                      "a tuple of logger names that includes 'jsonl'", tuple)
 
+# Why a model whose MoE layers dispatch by capacity is never packed (rljax.learner.packing;
+# rljax.config.relations refuses model.pack=True with it).
+CAPACITY_UNPACKED = (
+    "model.pack=True with model.moe_dispatch='capacity': under capacity dispatch a token's "
+    "output depends on the other tokens of its forward (their number sets each expert's "
+    "capacity, their order its queue), so packed rows drop other token-choice pairs than padded "
+    "ones and compute another function; use model.pack='auto' or False (padded rows), or a "
+    "dropless dispatch ('sparse', 'dense'), which packs exactly")
+
+
 # ``model.pack='auto'`` (``rljax.learner.packing.packs``): a forward packs when its packed layout
 # has at least this many chunks, on these platforms. Packing saves work only by the chunks the
 # batch leaves empty; in one chunk it adds the layout's gathers and saves nothing: at rows of 256
 # tokens the update in one chunk ran 0.85x packed and scoring in two 2.1x (same rows, same
 # process); from two chunks the step's saving repays the packed program's longer compilation
-# within tens of steps (docs/results/benchmarks_packing.md, "When packing pays"). Measured on CPUs
+# within tens of steps (docs/results/benchmarks/packing.md, "When packing pays"). Measured on CPUs
 # only: on GPUs cuDNN attention holds one sequence a row (packed rows fall back to the blockwise
 # kernel), and with no token limit (auto there) a forward is one chunk anyway.
 AUTO_PACK_MIN_CHUNKS = 2
@@ -148,7 +158,8 @@ KEYS = declare((
         "go back to the padded layout, so every loss is the padded one's; auto = packed on "
         f"{'/'.join(AUTO_PACK_PLATFORMS)} where a forward's packed layout has at least "
         f"{AUTO_PACK_MIN_CHUNKS} chunks (the empty ones are skipped), else padded; True / False "
-        "force it"),
+        "force it. A model whose MoE layers dispatch by capacity is never packed (True is "
+        "refused: that dispatch depends on the tokens sharing a forward)"),
     Key("model.parallel_chunks", -1, integer(1, 1024, also=(-1,)),
         "row chunks (model.forward_tokens) computed side by side per scan iteration: "
         "independent, so XLA:CPU runs them on separate threads; -1 = auto (one per CPU thread "
@@ -314,7 +325,7 @@ KEYS = declare((
         read_if=JUDGE_NUMBER & equals("reward.judge.greedy", False)),
     # --- the RLHF demo's gold scorer: reward source 'gold' (rljax.rewards.gold) ----------------
     Key("reward.gold.pairs", 0, integer(0, 10**7),
-        "the RLHF demo's cold start (configs/rlhf.py): when > 0 and reward.model.source="
+        "the RLHF demo's cold start (configs/tasks/rlhf.py): when > 0 and reward.model.source="
         "'run:DIR' holds no export yet, the gold scorer labels this many preference pairs of the "
         "embedded task into rm.train_file (kept if it exists) and `rljax rm` trains the reward "
         "model into DIR first (rm.*, model.*), as model.source='sft' is trained first; 0 = off",
@@ -353,16 +364,19 @@ KEYS = declare((
     Key("env.name", None, optional(registered("environment")),
         "None = single-turn rollouts scored by reward.fn | a registered environment: multi-turn "
         "rollouts (turns of at most rollout.max_new_tokens, tool calls, observations) scored by "
-        "it"),
+        "it | a registered agent harness (env.engine='endpoint'): episodes played by agent code "
+        "through an OpenAI-compatible endpoint (docs/agents.md)"),
     Key("env.max_turns", 4, integer(1, 10**4),
-        "most policy turns per episode; an episode still running after them ends unsolved",
+        "most policy turns per episode (endpoint: calls; one more is refused); an episode still "
+        "running after them ends unsolved",
         read_if=MULTI_TURN),
     Key("env.max_tokens", 256, SIZE,
         "token budget of a trajectory after its prompt (policy and environment tokens): the "
         "record's T; a trajectory that reaches it ends, flagged truncated", read_if=MULTI_TURN),
     Key("env.timeout_s", 5.0, POSITIVE,
-        "per reset / step call in its worker process (reward.workers of them): a hard bound, the "
-        "trajectory of a call past it (or crashing) ends with reward 0, counted",
+        "per reset / step call in its worker process (reward.workers of them; endpoint: per "
+        "episode, its whole harness): a hard bound, the trajectory of a call past it (or "
+        "crashing) ends with reward 0, counted",
         read_if=MULTI_TURN),
     Key("env.tool_format", "compact", choice("compact", "hermes"),
         "how tool calls are written: compact '<calc 12*3>' (char-level tasks) | hermes "
@@ -373,7 +387,9 @@ KEYS = declare((
         "turn_sync: every turn is one sampler call over the live rows, then every step (a turn "
         "waits for its slowest row and tool) | async_turns: a row whose turn ends steps its "
         "environment while the others decode, and re-enters with its KV cache kept "
-        "(rljax/envs/async_turns.py)", read_if=MULTI_TURN),
+        "(rljax/envs/async_turns.py) | endpoint: agent harnesses (env.name) call an "
+        "OpenAI-compatible endpoint, their calls continuously batched (rljax/agents/driver.py)",
+        read_if=MULTI_TURN),
     Key("env.turn_discount", 1.0, FRACTION,
         "token-level estimators (gae, reinforce_pp, remax): < 1 puts each turn's reward at its "
         "last policy token, discounted per turn (a token of turn k sees sum_j>=k d^(j-k) r_j); "
@@ -381,10 +397,17 @@ KEYS = declare((
         read_if=MULTI_TURN & meta_says("algo.advantage", _token_level, "a token-level estimator",
                                       _one_reward_per_episode)),
     Key("env.slots", 0, integer(0, 2**31 - 1),
-        "async_turns engine: rows decoding at once (lanes); 0 = every row of the batch (a call "
-        "narrows to S/8, S/4 or S/2 lanes when that holds the rows decoding or ready to)",
-        read_if=MULTI_TURN & equals("env.engine", "async_turns", lambda f, k: (
-        f"only env.engine='async_turns' decodes in lanes (env.engine={f['env.engine']!r})"))),
+        "async_turns / endpoint engines: rows decoding at once (lanes); 0 = every row of the "
+        "batch (a call narrows to S/8, S/4 or S/2 lanes when that holds the rows decoding or "
+        "ready to)",
+        read_if=MULTI_TURN & When(lambda f, k: f["env.engine"] in ("async_turns", "endpoint"),
+                                  "env.engine='async_turns' or 'endpoint'", lambda f, k: (
+            f"only env.engine='async_turns' or 'endpoint' decodes in lanes "
+            f"(env.engine={f['env.engine']!r})"))),
+    Key("env.harness_workers", 16, integer(1, 4096),
+        "endpoint engine: processes running agent harnesses, the episodes in flight at once",
+        read_if=MULTI_TURN & equals("env.engine", "endpoint", lambda f, k: (
+            f"only env.engine='endpoint' runs harnesses (env.engine={f['env.engine']!r})"))),
     # --- algorithm (sections 2-5, 7) -----------------------------------------------------------
     Key("algo.advantage", "grpo", registered("advantage"), "advantage estimator"),
     Key("algo.adv_std", "group", choice("group", "batch", "none"),
@@ -626,8 +649,9 @@ KEYS = declare((
     Key("rm.steps", 200, integer(1, 10**9), "`rljax rm`: optimizer steps (lr etc.: optim.*)"),
     Key("rm.batch_size", 16, SIZE, "`rljax rm`: preference pairs per step"),
     Key("rm.max_tokens", 256, SIZE,
-        "`rljax rm`: tokens of one scored row (prompt, response, EOS); a longer pair is an error "
-        "naming its line"),
+        "`rljax rm`: the longest scored row (prompt, response, EOS), bound by the model's "
+        "context; a longer pair is an error naming its line. Batches are padded to their own "
+        "longest row"),
     Key("rm.eval_every", 0, integer(0),
         "`rljax rm`: held-out pairwise accuracy every N steps; 0 = before and after"),
     # --- device mesh ---------------------------------------------------------------------------

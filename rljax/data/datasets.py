@@ -12,6 +12,8 @@
   (``solution`` optional, for SFT). An integer answer is read as its decimal text (``3`` ->
   ``'3'``); any other non-string answer (``3.0``, ``true``, ``[3]``, an object) is an error
   naming file and line, since its text would never match what a verifier extracts;
+- ``'code:PATH'``: programming problems checked by unit tests, a JSONL file in the MBPP or
+  HumanEval layout (``rljax.data.code_tasks``; ``reward.fn='code_tests'``);
 - ``'hf:PATH'``: a local ``.jsonl``/``.json``/``.parquet`` file, or a directory of them, read
   with Hugging Face ``datasets`` (same fields). Nothing is downloaded.
 
@@ -34,15 +36,15 @@ import numbers
 import os
 import random
 
-from rljax.data import reasoning_gym_tasks, verifiers_source
+from rljax.data import code_tasks, reasoning_gym_tasks, verifiers_source
 from rljax.data.prompt_policy import where
 from rljax.data.tasks import Problem, Task, is_eval_prompt, make_task
-from rljax.errors import DataError, DataFileNotFoundError
+from rljax.errors import DataError, DataFileNotFoundError, MissingPackageError
 
 logger = logging.getLogger(__name__)
 
 SOURCE_KINDS = ("embedded", reasoning_gym_tasks.SOURCE_KIND, verifiers_source.SOURCE_KIND, "jsonl",
-                "hf")
+                "hf", code_tasks.SOURCE_KIND)
 GENERATED_KINDS = ("embedded", reasoning_gym_tasks.SOURCE_KIND)  # a Task, not rows of a file
 GYM_KEYS = reasoning_gym_tasks.KEY_DEFAULTS
 VERIFIERS_KEYS = verifiers_source.KEY_DEFAULTS
@@ -114,7 +116,7 @@ def read_hf(path: str) -> list[Problem]:
   try:
     import datasets  # the optional [hf] extra: hf: data sources only
   except ImportError:
-    raise ImportError(
+    raise MissingPackageError(
         f"data.source='hf:{path}' needs the Hugging Face datasets library: pip install datasets"
     ) from None
   files = _dataset_files(path)
@@ -225,7 +227,7 @@ def fingerprint(source: str) -> str | None:
   kind, arg = parse_source(source)
   if kind in GENERATED_KINDS or kind == verifiers_source.SOURCE_KIND:  # built by code, no file
     return None
-  files = [arg] if kind == "jsonl" else _dataset_files(arg)
+  files = [arg] if kind in ("jsonl", code_tasks.SOURCE_KIND) else _dataset_files(arg)
   digest = hashlib.sha256()
   for file in files:
     digest.update(os.path.basename(file).encode() + b"\0")
@@ -245,7 +247,8 @@ def _split_rows(problems: list[Problem], split: str) -> list[Problem]:
 
 
 def _read_source(kind: str, arg: str, invalid_rows: str) -> tuple[list[Problem], int]:
-  return screen_rows(read_jsonl(arg) if kind == "jsonl" else read_hf(arg), invalid_rows)
+  read = {"jsonl": read_jsonl, "hf": read_hf, code_tasks.SOURCE_KIND: code_tasks.read_code_tasks}
+  return screen_rows(read[kind](arg), invalid_rows)
 
 
 def _verifiers_problems(arg: str, section: dict | None):

@@ -32,7 +32,7 @@ import re
 
 from rljax.config import conditions, table
 from rljax.data.tasks import MARKER, Problem, Task, marked_answer
-from rljax.errors import DataError
+from rljax.errors import DataError, MissingPackageError
 
 SOURCE_KIND = conditions.REASONING_GYM
 # data.reasoning_gym.<key> -> its declared default; read at start-up, when the prompt source is
@@ -49,7 +49,7 @@ def _library():
   try:
     import reasoning_gym  # optional extra [reasoning_gym]: imported only by this source
   except ImportError:
-    raise ImportError("data.source='reasoning_gym:...' needs reasoning-gym: "
+    raise MissingPackageError("data.source='reasoning_gym:...' needs reasoning-gym: "
                       "pip install 'rljax[reasoning_gym]'") from None
   return reasoning_gym
 

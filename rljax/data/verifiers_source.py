@@ -29,7 +29,7 @@ import json
 
 from rljax.config import conditions, table
 from rljax.data.tasks import Problem, is_eval_prompt
-from rljax.errors import DataError
+from rljax.errors import DataError, MissingPackageError
 
 SOURCE_KIND = conditions.VERIFIERS
 KEY_DEFAULTS = {k.name.rsplit(".", 1)[1]: k.default for k in table.KEYS
@@ -44,7 +44,7 @@ def library():
   try:
     import verifiers  # optional extra [verifiers]: imported only by verifiers sources
   except ImportError:
-    raise ImportError("data.source='verifiers:...' needs the verifiers library: "
+    raise MissingPackageError("data.source='verifiers:...' needs the verifiers library: "
                       "pip install 'rljax[verifiers]'") from None
   return verifiers
 

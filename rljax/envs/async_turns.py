@@ -19,7 +19,7 @@ The loop, on the host:
    new ids fed in one chunk forward, their first tokens drawn), so a call returns for the host's
    bookkeeping, not to refill lanes: while the host refilled them, calls returned every ~4
    steps and their fixed cost (~5 ms on CPU, against ~0.8 ms per step) was most of the engine's
-   time (docs/results/benchmarks_multiturn.md). Once its queue is empty a call returns when
+   time (docs/results/benchmarks/multiturn.md). Once its queue is empty a call returns when
    ``refill_rows`` lanes idle. The lanes narrow to ``S/8``, ``S/4`` or ``S/2`` when few rows are
    left to decode, and a full-width call reads the rows' caches only up to the deepest index it
    can reach (``span``).
@@ -109,7 +109,7 @@ def lane_width(active: int, slots: int) -> int:
   ``active``. A narrow call reads whole store rows (``span``), so each narrow width is one
   compiled shape. While rows wait for their tools few lanes decode, and with two widths only
   (``S / 4``, ``S``) a quarter of the computed lane-steps were idle
-  (docs/results/benchmarks_multiturn.md)."""
+  (docs/results/benchmarks/multiturn.md)."""
   for width in sorted({max(1, slots // 8), max(1, slots // 4), max(1, slots // 2)}):
     if active <= width:
       return width

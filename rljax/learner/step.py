@@ -49,12 +49,20 @@ def sequence_inputs(rollout: Rollout):
 
   Multi-turn rollouts (``rljax.envs.episodes``) carry ``extras['source']`` [B, T] (0 padding, 1
   policy, 2 environment): the forward attends to policy *and* environment tokens (the
-  observations the policy saw), while ``mask`` (the losses') stays on policy tokens only."""
+  observations the policy saw), while ``mask`` (the losses') stays on policy tokens only. A
+  record whose rows hold several separate samples (an agent episode whose calls did not extend
+  each other: ``rljax.agents.trajectory``) also carries ``extras['segment']`` [B, T] (1, 2, ...
+  on every non-padding position, 0 on padding): ``attn_mask`` is then segment ids (the prompt
+  in segment 1), so each sample's positions start at 0 and its attention stays within it."""
   tokens = jnp.concatenate([rollout.prompt_tokens, rollout.tokens], axis=1).astype(jnp.int32)
+  extras = rollout.extras if isinstance(rollout.extras, dict) else {}
   completion = rollout.mask
-  source = rollout.extras.get("source") if isinstance(rollout.extras, dict) else None
+  source = extras.get("source")
   if source is not None:
     completion = (source > 0) | (rollout.mask > 0)
+  completion = completion.astype(jnp.int32)
+  if extras.get("segment") is not None:
+    completion = jnp.where(completion > 0, jnp.maximum(extras["segment"], 1), 0)
   attn = jnp.concatenate([rollout.prompt_mask.astype(jnp.int32), completion.astype(jnp.int32)],
                          axis=1)
   return tokens, attn
@@ -289,7 +297,13 @@ class StepSpec:
     forward over ``rows`` rows of ``seq_len`` tokens, or None where ``model.pack`` resolves to
     the padded rows for it (``packing.packs``)."""
     return packing.packed_shape(self.pack, self.platform, rows, seq_len, self.forward_tokens,
-                                self.row_shards, at_least)
+                                self.row_shards, at_least, capacity=self.capacity_dispatch)
+
+  @property
+  def capacity_dispatch(self) -> bool:
+    """Whether the policy's MoE layers dispatch by capacity (never packed: ``packing``)."""
+    cfg = self.model_cfg  # None in a spec made for its layout alone
+    return cfg is not None and bool(cfg.moe_layers) and cfg.moe_dispatch == "capacity"
 
   def describe_packing(self, rows: int, seq_len: int) -> str:
     """One start-up line: how ``model.pack`` resolves for scoring ``rows`` rows of ``seq_len``

@@ -62,7 +62,7 @@ def map_rows(fn: Callable, tree, split: RowSplit):
 
 
 # ``model.forward_tokens=-1`` on CPU: tokens per chunk per thread of a device (measured in
-# docs/results/benchmarks_train_step.md: 1024 best on one thread; on two, larger chunks keep both
+# docs/results/benchmarks/train_step.md: 1024 best on one thread; on two, larger chunks keep both
 # busy).
 CPU_FORWARD_TOKENS_PER_THREAD = 1024
 
@@ -80,7 +80,7 @@ def concurrent_chunks(value: int, platform: str) -> int:
   """``model.parallel_chunks`` resolved: row chunks a scan iteration computes side by side.
   -1 (auto) is one per CPU thread of a device on CPU (``threads_per_device``), where XLA runs
   independent operations of an iteration on separate threads while its matmul fusions at a
-  chunk's size keep to one thread (docs/results/benchmarks_train_step.md), and one on
+  chunk's size keep to one thread (docs/results/benchmarks/train_step.md), and one on
   accelerators, where a chunk fills the device and a second would only add its activations."""
   if value != -1:
     return value

@@ -115,7 +115,7 @@ def start_cpu_devices(config) -> int | None:
   """Split the CPU into ``mesh.cpu_devices`` JAX devices, before JAX starts (``rljax train``).
 
   One XLA:CPU device keeps about one core and a half of two busy
-  (docs/results/benchmarks_train_step.md); with a device per core each samples, scores and
+  (docs/results/benchmarks/train_step.md); with a device per core each samples, scores and
   trains its own rows (the default mesh's ``data`` axis takes them all). Returns the count set,
   or None where it is not this call's to set: JAX already started (a notebook, a test session),
   ``XLA_FLAGS`` force a device count, several processes (``dist.*`` or a detected cluster) or

@@ -1,4 +1,4 @@
-"""The RLHF demo's hidden gold scorer (docs/reward_models.md, ``configs/rlhf.py``).
+"""The RLHF demo's hidden gold scorer (docs/reward_models.md, ``configs/tasks/rlhf.py``).
 
 On an embedded task the gold score of a completion is its correctness plus a preference the
 verifier alone does not see, brevity:

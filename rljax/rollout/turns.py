@@ -151,8 +151,8 @@ def run_lanes(weights, store, lanes: dict, queue: dict, key, want, *, cfg: Model
 
   A host round trip (dispatch, gathering the lanes' rows of the store, scattering back what was
   written, the host's bookkeeping) cost ~5 ms on CPU against ~0.8 ms per decode step, and while
-  the host refilled ended lanes, calls returned every ~4 steps (docs/results/
-  benchmarks_multiturn.md); admitting queued rows here lets a call run its ``steps``. A row
+  the host refilled ended lanes, calls returned every ~4 steps
+  (docs/results/benchmarks/multiturn.md); admitting queued rows here lets a call run its ``steps``. A row
   whose segment ends inside the call is handed back (its environment steps) when the call
   returns, so ``steps`` also bounds how long a tool call waits to be submitted.
 

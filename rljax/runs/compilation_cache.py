@@ -23,7 +23,7 @@ from jax.experimental.compilation_cache import compilation_cache as jax_cache
 DIR_NAME = "xla_cache"
 # JAX by default writes only programs that took a second or more to compile, which leaves out
 # most of a run's programs and a quarter of a tiny CPU run's compile time
-# (docs/results/compilation_cache.md); reading any entry back is faster than compiling it.
+# (docs/results/benchmarks/compilation_cache.md); reading any entry back is faster than compiling it.
 _CACHE_EVERYTHING = {"jax_persistent_cache_min_compile_time_secs": 0.0,
                      "jax_persistent_cache_min_entry_size_bytes": -1}
 

@@ -10,9 +10,13 @@ config once, when the tracker's run is created; and the finished ``curves.png`` 
 ``train.resume=True`` continues the W&B / MLflow run recorded there (a tracker added on resume
 starts a new one); a fresh run replaces the record.
 
-**Failures.** A tracker that raises (no network, a quota, a server error), when it starts or at any
-call, is reported in one warning line and switched off for the rest of the run; training goes
-on. A tracker whose package is missing is a start-up error naming the extra to install.
+**Failures.** A logger other than the run's own files (``jsonl``, ``tensorboard``: a failure
+there, a full disk, stops the run as its checkpoints would) never stops training (``Guarded``):
+a tracker that raises (no network, a quota, a server error), when it starts or at any call, is
+reported in one warning line and switched off for the rest of the run; a logger a user registers
+in ``LOGGERS`` that raises is one warning line, keeps being called, and its failures are counted
+(their total is one line at the end). A tracker whose package is missing is a start-up error
+naming the extra to install.
 """
 from __future__ import annotations
 
@@ -184,22 +188,30 @@ def mlflow_key(key: str) -> str:
 # --- the registry and failure isolation ----------------------------------------------------------
 
 class Guarded:
-  """A tracker that never stops training: the first exception it raises is one warning line, and
-  the tracker is off from then on (each later call would likely fail, and cost a timeout)."""
+  """A logger that never stops training: its first exception is one warning line, later ones are
+  counted (``failures``) and their total is one line when the run closes it. A tracker
+  (``stays_on=False``: W&B, MLflow) is off after its first failure (each later call would likely
+  fail, and cost a timeout); a logger a user registered keeps being called, so one bad record
+  costs only that record."""
 
-  def __init__(self, name: str, make: Callable[[], Any]):
-    self.name, self.inner = name, None
+  def __init__(self, name: str, make: Callable[[], Any], stays_on: bool = True):
+    self.name, self.inner, self.stays_on, self.failures = name, None, stays_on, 0
     self.inner = self._call("start", make)
 
   def _call(self, what: str, fn: Callable[[], Any], step: int | None = None):
     try:
       return fn()
     except Exception as e:  # network, quota, a raising backend: warn once, train on
-      where = f" at step {step}" if step is not None else ""
-      message = " ".join(str(e).split())[:300]
-      logger.warning("%s logger failed in %s%s (%s: %s); it is off for the rest of this run",
-                     self.name, what, where, type(e).__name__, message)
-      self.inner = None
+      self.failures += 1
+      if self.failures == 1:
+        where = f" at step {step}" if step is not None else ""
+        message = " ".join(str(e).split())[:300]
+        then = ("it is off for the rest of this run" if not self.stays_on or what == "start"
+                else "training goes on; its later failures are counted")
+        logger.warning("%s logger failed in %s%s (%s: %s); %s", self.name, what, where,
+                       type(e).__name__, message, then)
+      if not self.stays_on or what == "start":
+        self.inner = None
 
   def log(self, step: int, metrics: Mapping[str, float], stream: str = MAIN) -> None:
     if self.inner is not None:
@@ -217,18 +229,23 @@ class Guarded:
     if self.inner is not None:
       self._call("close", self.inner.close)
       self.inner = None
+    if self.failures > 1:
+      logger.warning("%s logger failed %d times in this run (the first is reported above)",
+                     self.name, self.failures)
+      self.failures = 0  # close is idempotent: reported once
 
 
 # name -> (config, start_step) -> Logger; the package a tracker needs (None: always installed).
+# Every logger but the run's own files (``RUN_FILES``: their failure, a full disk, is the run's:
+# its checkpoints would fail too) is ``Guarded`` by ``factory``, one a user registers included.
 LOGGERS: dict[str, Callable] = {
     "jsonl": lambda config, start: JsonlLogger(config.train.run_dir, start),
     "tensorboard": lambda config, start: TensorBoardLogger(config.train.run_dir, start),
-    "wandb": lambda config, start: Guarded("wandb",
-                                           lambda: WandbLogger(config, config.train.resume)),
-    "mlflow": lambda config, start: Guarded("mlflow",
-                                            lambda: MlflowLogger(config, config.train.resume)),
+    "wandb": lambda config, start: WandbLogger(config, config.train.resume),
+    "mlflow": lambda config, start: MlflowLogger(config, config.train.resume),
 }
 PACKAGES = {"wandb": "wandb", "mlflow": "mlflow"}
+RUN_FILES = ("jsonl", "tensorboard")  # written into the run dir: not guarded
 
 
 def check_config(config) -> None:
@@ -256,6 +273,9 @@ def factory(config) -> Callable[[str, int | None], list]:
     if not config.train.resume:
       with contextlib.suppress(FileNotFoundError):
         os.remove(os.path.join(run_dir, IDS_FILE))
-    return [LOGGERS[name](config, start) for name in config.train.loggers]
+    return [LOGGERS[name](config, start) if name in RUN_FILES else
+            Guarded(name, lambda name=name: LOGGERS[name](config, start),
+                    stays_on=name not in PACKAGES)
+            for name in config.train.loggers]
   return make
 

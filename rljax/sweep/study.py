@@ -8,7 +8,7 @@ A study is a Python file (``experiments/studies/<name>.py``) whose ``get_study()
   def get_study():
     return Study(
         name="dapo_ladder",
-        config="configs/study.py",
+        config="configs/studies/arith_l1_grpo.py",
         variants=ladder([("grpo", {}),
                          ("+overlong_filter", {"algo.overlong_filter": True}), ...]),
         seeds=(0, 1, 2),

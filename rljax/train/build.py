@@ -19,6 +19,7 @@ from rljax import models
 from rljax import rollout as rollout_lib
 from rljax.algorithm import Algorithm, resolve
 from rljax.data import datasets, prompt_policy, tokenizer as tokenizer_lib
+from rljax import agents as _agents  # noqa: F401 (the endpoint engine, harnesses, code rewards)
 from rljax.envs import drivers as _episode_engines  # noqa: F401 (registers env.engine's)
 from rljax.config.reward_spec import (ENV_SOURCE, REWARD_MODEL_SOURCE, VERIFIER_SOURCE,
                                       reward_weights)
@@ -531,6 +532,8 @@ def prepare(config) -> Prepared:
   trackers.check_config(config)
   distributed.initialize(config.dist)
   tokenizer = tokenizer_lib.load_tokenizer(config.data.tokenizer, config.data.chat_template)
+  if model_source(config).kind == "sft":  # what would stop the cold start midway
+    sft.check_cold_start(config, tokenizer)
   _check_model_files(config, algo, tokenizer)
   algo = _startup(check_model_keys, config, algo, tokenizer)
   source = datasets.make_prompt_source(config.data)

@@ -191,7 +191,7 @@ def _selective_fingerprint(config, correct):
 
 def _config(preset, key=None, value=None):
   overrides = [] if key is None else [(key.name, value)]
-  config = config_loader.load_config(os.path.join(tiny.ROOT, "configs", f"{preset}.py"))
+  config = config_loader.load_config(os.path.join(tiny.ROOT, "configs", "algos", f"{preset}.py"))
   config.unlock()
   for name, v in overrides:
     section, leaf = name.split(".")

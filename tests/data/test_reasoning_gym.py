@@ -1,5 +1,5 @@
 """data.source='reasoning_gym:...': prompts, the held-out split, the task's own scorer through the
-isolated verifier workers, start-up errors, and a 2-step run of configs/reasoning_gym.py."""
+isolated verifier workers, start-up errors, and a 2-step run of configs/tasks/reasoning_gym.py."""
 import json
 import os
 
@@ -15,7 +15,7 @@ from rljax.errors import DataError, UnusedKeyError
 from rljax.rewards import score_completions
 from tests.train import tiny
 
-CONFIG = os.path.join(tiny.ROOT, "configs", "reasoning_gym.py")
+CONFIG = os.path.join(tiny.ROOT, "configs", "tasks", "reasoning_gym.py")
 MIXED = {"weights": "chain_sum=3,basic_arithmetic=1",
          "config": json.dumps({"basic_arithmetic": {"min_terms": 2, "max_terms": 2,
                                                     "min_digits": 1, "max_digits": 1}}),

@@ -201,7 +201,7 @@ def test_a_run_with_a_qwen_style_tokenizer_trains_on_chat_format_episodes(tokeni
       "rollout.max_new_tokens": "16", "data.num_eval": "2", "train.steps": "1",
       "train.eval_every": "0", "train.progress": "false", "train.export_hf": "false",
       "train.run_dir": run_dir}
-  cli.main(["train", "--config", os.path.join(tiny.ROOT, "configs", "tool_calc.py")]
+  cli.main(["train", "--config", os.path.join(tiny.ROOT, "configs", "tasks", "tool_calc.py")]
            + [f"--config.{k}={v}" for k, v in overrides.items()])
   with open(os.path.join(run_dir, "metrics.jsonl")) as f:
     (step,) = [m for m in map(json.loads, f) if "loss" in m]

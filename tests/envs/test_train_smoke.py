@@ -1,4 +1,4 @@
-"""configs/guess.py end to end at a tiny size: two RL steps of multi-turn rollouts through the
+"""configs/tasks/guess.py end to end at a tiny size: two RL steps of multi-turn rollouts through the
 train loop (rollout mode switch, scoring with environment tokens attended, the update, evals with
 turns and tool calls), and the start-up checks of the env keys."""
 import json
@@ -24,7 +24,7 @@ TINY = {
 @pytest.mark.parametrize("engine", ["turn_sync", "async_turns"])
 def test_guess_two_steps(tmp_path, engine):
   run_dir = str(tmp_path / "run")
-  args = ["train", "--config", os.path.join(tiny.ROOT, "configs", "guess.py")]
+  args = ["train", "--config", os.path.join(tiny.ROOT, "configs", "tasks", "guess.py")]
   args += [f"--config.{k}={v}" for k, v in dict(TINY, **{"train.run_dir": run_dir,
                                                           "env.engine": engine}).items()]
   result = cli.main(args)
@@ -45,7 +45,7 @@ def test_guess_two_steps(tmp_path, engine):
 
 
 def _config(**overrides):
-  return config_loader.load_config(os.path.join(tiny.ROOT, "configs", "guess.py"),
+  return config_loader.load_config(os.path.join(tiny.ROOT, "configs", "tasks", "guess.py"),
                                    [(k, str(v)) for k, v in overrides.items()])
 
 
@@ -58,14 +58,14 @@ def test_env_key_checks():
     check_config(_config(**{"reward.overlong_buffer": 4}))
   with pytest.raises(ConfigError, match="the char tokenizer has no braces"):
     check_config(_config(**{"env.tool_format": "hermes"}))
-  single = config_loader.load_config(os.path.join(tiny.ROOT, "configs", "grpo.py"),
+  single = config_loader.load_config(os.path.join(tiny.ROOT, "configs", "algos", "grpo.py"),
                                      [("env.max_turns", "3")])
   with pytest.raises(ConfigError, match=r"env.max_turns=3 is not used: rollouts are single-turn"):
     check_config(single)
   with pytest.raises(ConfigError, match=r"env.slots=8 is not used: only env.engine='async_turns'"):
     check_config(_config(**{"env.slots": 8}))
   check_config(_config(**{"env.slots": 8, "env.engine": "async_turns"}))
-  single = config_loader.load_config(os.path.join(tiny.ROOT, "configs", "grpo.py"),
+  single = config_loader.load_config(os.path.join(tiny.ROOT, "configs", "algos", "grpo.py"),
                                      [("env.engine", "async_turns")])
   with pytest.raises(ConfigError, match=r"env.engine='async_turns' is not used"):
     check_config(single)

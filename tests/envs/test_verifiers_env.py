@@ -3,7 +3,7 @@
 Scripted policies (no model) write the same turns through rljax's multi-turn driver and through
 the library's own ``run_rollout`` (its rollout loop and rubric scoring, with a chat client that
 returns the same turns as messages written by hand): the rewards agree, and match the rubric's
-weights worked by hand. Then the bad inputs, and ``configs/verifiers.py`` for two steps."""
+weights worked by hand. Then the bad inputs, and ``configs/tasks/verifiers.py`` for two steps."""
 import asyncio
 import dataclasses
 import json
@@ -264,7 +264,7 @@ def test_bad_input():
 
 
 def _config(**overrides):
-  return config_loader.load_config(os.path.join(tiny.ROOT, "configs", "verifiers.py"),
+  return config_loader.load_config(os.path.join(tiny.ROOT, "configs", "tasks", "verifiers.py"),
                                    [(k, str(v)) for k, v in overrides.items()])
 
 
@@ -272,12 +272,12 @@ def test_keys_go_together():
   check_config(_config())
   with pytest.raises(ConfigError, match="a verifiers environment's dataset"):
     check_config(_config(**{"env.name": "guess"}))
-  single = config_loader.load_config(os.path.join(tiny.ROOT, "configs", "grpo.py"),
+  single = config_loader.load_config(os.path.join(tiny.ROOT, "configs", "algos", "grpo.py"),
                                      [("data.verifiers.args", '{"a": 1}')])
   with pytest.raises(ConfigError, match="data.verifiers.args=.* is not used"):
     check_config(single)
   with pytest.raises(ConfigError, match="a verifiers environment's dataset"):
-    check_config(config_loader.load_config(os.path.join(tiny.ROOT, "configs", "grpo.py"),
+    check_config(config_loader.load_config(os.path.join(tiny.ROOT, "configs", "algos", "grpo.py"),
                                            [("data.source", ARITH)]))
 
 
@@ -289,7 +289,7 @@ def test_config_trains_two_steps(tmp_path):
   overrides.update({"rollout.prompts_per_step": "2", "rollout.group_size": "4",
                     "data.num_eval": "4", "data.verifiers.args": ARGS, "train.steps": "2",
                     "train.eval_every": "0", "train.run_dir": run_dir})
-  args = ["train", "--config", os.path.join(tiny.ROOT, "configs", "verifiers.py")]
+  args = ["train", "--config", os.path.join(tiny.ROOT, "configs", "tasks", "verifiers.py")]
   result = cli.main(args + [f"--config.{k}={v}" for k, v in overrides.items()])
   assert 0.0 <= result["eval_before"] <= 1.0 and 0.0 <= result["eval_after"] <= 1.0
   with open(os.path.join(run_dir, "metrics.jsonl")) as f:

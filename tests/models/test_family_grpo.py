@@ -22,7 +22,7 @@ VOCAB, B, PW, T = 57, 8, 6, 8
 @pytest.mark.parametrize("family", ["gemma3_text"])
 def test_grpo_step_updates_the_policy(family):
   config = config_loader.load_config(
-      os.path.join(tiny.ROOT, "configs", "grpo.py"),
+      os.path.join(tiny.ROOT, "configs", "algos", "grpo.py"),
       list(dict(tiny.OVERRIDES, **{"model.family": family}).items()))
   model_cfg = models.tiny_config(config.model, VOCAB)
   params = models.init_params(model_cfg, seed=0)

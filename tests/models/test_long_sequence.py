@@ -90,7 +90,7 @@ def test_plan_activations_match_xla_accounting(setup, attention, length, remat, 
   """``rljax plan``'s train-step activations + log-prob chunk (+ the stacked layer weights and
   their gradient with scan_layers) for one row of ``length`` tokens against XLA's temporaries of
   the same gradient. Unrolled, only remat 'none' is comparable: XLA:CPU merges the unrolled
-  recomputation back into the forward (docs/results/benchmarks_long_sequence.md); scanned, every policy is."""
+  recomputation back into the forward (docs/results/benchmarks/long_sequence.md); scanned, every policy is."""
   c, cfg, _ = setup
   p = _plan(c, attention, remat, scan, length)
   by = p["bytes"]

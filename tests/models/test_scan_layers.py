@@ -112,7 +112,7 @@ def _temp_bytes(cfg):
 def test_remat_saves_memory_only_with_scanned_layers():
   """XLA's temporaries of the loss gradient (4 layers, T=1024), measured: scan full / scan none
   0.31, scan full / unrolled none 0.35, unrolled full / unrolled none 0.94 (the unrolled
-  recomputation is merged back into the forward; docs/results/benchmarks_long_sequence.md, issue 16)."""
+  recomputation is merged back into the forward; docs/results/benchmarks/long_sequence.md, issue 16)."""
   scan = {r: _temp_bytes(MEM_CFG.replace(remat=r, scan_layers=True)) for r in ("none", "full")}
   unrolled = {r: _temp_bytes(MEM_CFG.replace(remat=r)) for r in ("none", "full")}
   assert scan["full"] <= 0.5 * scan["none"], scan

@@ -74,7 +74,7 @@ def _config(**overrides):
 
   from rljax.config import loader as config_loader
   from tests.parallel.conftest import REPO
-  return config_loader.load_config(os.path.join(REPO, "configs", "grpo.py"),
+  return config_loader.load_config(os.path.join(REPO, "configs", "algos", "grpo.py"),
                                    [(k, str(v)) for k, v in overrides.items()])
 
 

@@ -76,7 +76,7 @@ def test_mesh_axes_are_the_mesh_config_keys():
 ])
 def test_cpu_devices_one_per_core_that_the_rows_split_over(overrides, cores, want):
   from rljax.config import loader as config_loader
-  config = config_loader.load_config(os.path.join(REPO, "configs", "grpo.py"),
+  config = config_loader.load_config(os.path.join(REPO, "configs", "algos", "grpo.py"),
                                      list(overrides.items()))
   assert mesh_lib.cpu_devices(config, cores) == want
 
@@ -86,7 +86,7 @@ def test_cpu_devices_left_alone_once_jax_started():
   keeps the devices it has."""
   from rljax.config import loader as config_loader
   jax.devices()
-  config = config_loader.load_config(os.path.join(REPO, "configs", "grpo.py"))
+  config = config_loader.load_config(os.path.join(REPO, "configs", "algos", "grpo.py"))
   assert mesh_lib.start_cpu_devices(config) is None
 
 

@@ -1,6 +1,6 @@
-"""Multi-turn RL on a mesh: two steps of configs/guess.py (the turn-synchronous engine, sampled
-at temperature 1, episodes stepped in the worker processes) on 8 simulated CPU devices, data 4 x
-fsdp 2, draw the same episodes and train the same losses as on one device.
+"""Multi-turn RL on a mesh: two steps of configs/tasks/guess.py (the turn-synchronous engine,
+sampled at temperature 1, episodes stepped in the worker processes) on 8 simulated CPU devices, data
+4 x fsdp 2, draw the same episodes and train the same losses as on one device.
 
 Both runs are `python -m rljax train` subprocesses (one with 8 devices, one with 1), started
 together."""
@@ -29,7 +29,7 @@ def _start(run_dir, devices: int, mesh: dict):
                             # every step a gradient whatever the rewards.
                             "algo.entropy_coef": "0.01"}, **mesh)
   cmd = [sys.executable, "-m", "rljax", "train", "--config", os.path.join(REPO, "configs",
-                                                                          "guess.py")]
+                                                                          "tasks", "guess.py")]
   cmd += [f"--config.{k}={v}" for k, v in overrides.items()]
   return subprocess.Popen(cmd, env=device_env(devices), cwd=REPO, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True)

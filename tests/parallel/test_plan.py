@@ -21,7 +21,7 @@ def fsdp_bytes(n, nbytes=2):
 
 
 def load(name):
-  path = os.path.join(REPO, "experiments", "plans", f"{name}.py")
+  path = os.path.join(REPO, "configs", "jobs", f"{name}.py")
   spec = importlib.util.spec_from_file_location(name, path)
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
@@ -234,14 +234,14 @@ def test_the_main_jobs_sft_cold_start_plans_as_its_tiny_architecture(capsys):
   and a source it cannot plan is a one-line error of the CLI naming it."""
   from rljax import cli
   from rljax.config import loader as config_loader
-  config = config_loader.load_config(os.path.join(REPO, "configs", "main.py"))
+  config = config_loader.load_config(os.path.join(REPO, "configs", "jobs", "main.py"))
   name, cfg = plan_lib.model_config(config)
   d, f, layers, vocab = 128, 384, 4, 57
   per_layer = d * d + 2 * d * 64 + d * d + 3 * d * f + 2 * d  # q, k+v (G*Dh=64), o, MLP, norms
   assert name == "sft" and cfg.num_params() == layers * per_layer + vocab * d + d
   with pytest.raises(SystemExit, match=r"^error: cannot plan for model 'nope'"):
-    cli.entry(["plan", "--config", os.path.join(REPO, "configs", "main.py"), "--device", "cpu",
-               "--config.model.source=nope"])
+    cli.entry(["plan", "--config", os.path.join(REPO, "configs", "jobs", "main.py"),
+               "--device", "cpu", "--config.model.source=nope"])
 
 
 def test_sampler_on_its_own_devices_plans_both_meshes():
@@ -271,7 +271,7 @@ def test_sampler_on_its_own_devices_plans_both_meshes():
 
 
 def test_lora_7b_on_one_h100_against_a_hand_count():
-  """experiments/plans/qwen7b_lora_1xh100.py: adapters of rank r on the 7 projections of the 28
+  """configs/jobs/qwen7b_lora_1xh100.py: adapters of rank r on the 7 projections of the 28
   layers hold r * (A's inputs + B's outputs) = r * 90112 per layer in float32, AdamW's mu and nu
   as much again each, gradients two copies (16 micro-batches); the base is bfloat16 (2 bytes a
   parameter) with no reference copy; the rollout holds the 28 layers' merged kernels in bfloat16.
@@ -313,7 +313,7 @@ def test_the_packed_update_counts_its_chunk_rows():
                "algo.minibatches": "1", "algo.micro_batches": "1"}
   plans = {}
   for pack in ("auto", "False"):
-    config = config_loader.load_config(os.path.join(REPO, "configs", "grpo.py"),
+    config = config_loader.load_config(os.path.join(REPO, "configs", "algos", "grpo.py"),
                                        list({**overrides, "model.pack": pack}.items()))
     plans[pack] = plan_lib.plan(config, "cpu")
   packed, padded = plans["auto"], plans["False"]
@@ -322,3 +322,46 @@ def test_the_packed_update_counts_its_chunk_rows():
   for name in ("activations_no_remat", "activations_remat", "logits"):
     assert packed["bytes"][name] * 4 == padded["bytes"][name] * 5, name
   assert any("13 chunks" in a for a in packed["assumptions"])
+
+
+# --- the reward's models: the reward model and the LLM judge --------------------------------------
+
+def _reward_config(**reward):
+  """The tiny GRPO run on CPU, float32, with ``reward.*`` overrides."""
+  from tests.train import tiny
+  overrides = dict(tiny.OVERRIDES, **{"model.dtype": "float32"}, **reward)
+  return config_loader.load_config(os.path.join(REPO, "configs", "algos", "grpo.py"),
+                                   list(overrides.items()))
+
+
+def test_the_reward_model_and_the_judge_are_counted_and_their_sources_checked(tmp_path):
+  """Was: neither counted, and FITS with sources that do not exist. The reward model's weights
+  (one device: all of them) are the bytes of its safetensors tensors; the judge ('policy': the
+  policy's architecture, unsharded) holds a KV cache 2 x L x B x K x G x Dh x 4 over every row
+  of a round, K = the template's bytes + prompt + completion + its verdict."""
+  from safetensors.numpy import load_file
+  from rljax.errors import ModelFileError
+  from tests import hf_models
+  base = plan_lib.plan(_reward_config(), "cpu")
+  path = hf_models.build_reward_model("llama", str(tmp_path / "rm"))
+  rm_bytes = sum(a.nbytes for a in load_file(os.path.join(path, "model.safetensors")).values())
+  p = plan_lib.plan(_reward_config(**{"reward.sources": "verifier:1,rm:0.5,judge:0.5",
+                                      "reward.model.source": f"hf:{path}"}), "cpu")
+  assert p["bytes"]["reward_model_params"] == rm_bytes
+  assert p["bytes"]["judge_params"] == base["bytes"]["params"]  # unsharded: all of them
+  _, cfg = plan_lib.model_config(_reward_config(), device_kind="cpu")
+  template = "question: {prompt}\nanswer: {completion}\nscore: "
+  slots = len(template) + 8 + 8 + 8  # prompt_bucket, rollout.max_new_tokens, judge verdict
+  rows = 2 * 4
+  assert p["bytes"]["judge_phase"] == 2 * cfg.num_layers * rows * slots * cfg.num_kv_heads \
+      * cfg.head_dim * 4
+  assert p["resident"] == base["resident"] + rm_bytes + base["bytes"]["params"]
+  assert p["peak"] == p["resident"] + max(p["rollout"], p["train"], p["reward"])
+  report = plan_lib.format_plan(p)
+  assert "reward model params (reward.model.source)" in report and "judge params" in report
+  for key, value in (("reward.model.source", "hf:/no/such/rm"),
+                     ("reward.judge.source", "hf:/no/such/judge")):
+    sources = {"reward.sources": "verifier:1,rm:0.5,judge:0.5",
+               "reward.model.source": f"hf:{path}", key: value}
+    with pytest.raises(ModelFileError, match=f"{key}='{value}'"):
+      plan_lib.plan(_reward_config(**sources), "cpu")

@@ -7,7 +7,7 @@ from tests.sweep.smoke_study import TINY
 def get_study():
   return Study(
       name="stop",
-      config="configs/grpo.py",
+      config="configs/algos/grpo.py",
       overrides=dict(TINY, **{"train.steps": 100000, "reward.workers": 2}),
       variants=independent([("only", {})]),
       seeds=(0,),

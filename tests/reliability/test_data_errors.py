@@ -85,7 +85,7 @@ def test_context_leaves_room_for_new_tokens():
 def test_multi_turn_budget_is_env_max_tokens():
   """A multi-turn episode holds every turn and observation after the prompt: the prompt limit
   leaves env.max_tokens positions of the context, and the errors name that key."""
-  config = config_loader.load_config(f"{tiny.ROOT}/configs/guess.py")
+  config = config_loader.load_config(f"{tiny.ROOT}/configs/tasks/guess.py")
   tok = tokenizer_lib.load_tokenizer(config.data.tokenizer, False)
   context = prompt_policy.model_context(config, tok)
   assert prompt_policy.completion_budget(config) == (config.env.max_tokens, "env.max_tokens")

@@ -202,7 +202,7 @@ TINY = {
 
 def _train(tmp_path, env_name):
   run_dir = str(tmp_path / "run")
-  args = ["train", "--config", os.path.join(tiny.ROOT, "configs", "guess.py")]
+  args = ["train", "--config", os.path.join(tiny.ROOT, "configs", "tasks", "guess.py")]
   args += [f"--config.{k}={v}" for k, v in dict(TINY, **{"train.run_dir": run_dir,
                                                           "env.name": env_name}).items()]
   with pytest.raises(SystemExit) as info:
@@ -264,12 +264,12 @@ def test_the_continuous_engine_reads_results_through_the_same_checks():
 
 
 def test_the_run_limits_first_observations_to_the_context_less_the_episode_budget():
-  config = config_loader.load_config(os.path.join(tiny.ROOT, "configs", "guess.py"),
+  config = config_loader.load_config(os.path.join(tiny.ROOT, "configs", "tasks", "guess.py"),
                                      list(TINY.items()))
   context = models.tiny_config(config.model, TOK.vocab_size, eos_token_id=TOK.eos_id,
                                pad_token_id=TOK.pad_id).max_position_embeddings
   assert build.env_settings(config, TOK).max_prompt_tokens == context - 40  # TINY's env.max_tokens
   config = config_loader.load_config(
-      os.path.join(tiny.ROOT, "configs", "guess.py"),
+      os.path.join(tiny.ROOT, "configs", "tasks", "guess.py"),
       [(k, v) for k, v in TINY.items()] + [("data.max_prompt_tokens", "9")])
   assert build.env_settings(config, TOK).max_prompt_tokens == 9

@@ -45,7 +45,7 @@ def test_a_run_whose_updates_keep_failing_stops_with_the_last_good_parameters(mo
                       lambda *a, **k: optax.chain(real(*a, **k), _nan_from_finite_gradients()))
   overrides = dict(tiny.OVERRIDES, **{"train.steps": "5", "train.max_skipped_steps": "2",
                                       "train.run_dir": str(tmp_path / "run")})
-  config = config_loader.load_config(tiny.ROOT + "/configs/grpo.py", list(overrides.items()))
+  config = config_loader.load_config(tiny.ROOT + "/configs/algos/grpo.py", list(overrides.items()))
   with pytest.raises(FloatingPointError, match="last 2 steps was skipped.*stopped at step 2"):
     loop.train(config)
   from rljax.runs import metrics as metrics_lib

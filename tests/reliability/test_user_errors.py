@@ -89,7 +89,7 @@ def _train(extra):
 PROBES = {
     "config-without-path": (lambda tmp: ["train", "--config"],
                             "--config needs a config file path"),
-    "override-without-value": (lambda tmp: ["train", "--config", "configs/grpo.py",
+    "override-without-value": (lambda tmp: ["train", "--config", "configs/algos/grpo.py",
                                             "--config.train.steps"],
                                "--config.train.steps needs a value"),
     "get_config-returns-a-dict": (lambda tmp: ["train", "--config", _not_a_configdict(tmp)],

@@ -192,10 +192,10 @@ def test_workers_0_is_refused_with_an_environment_and_leaves_the_timeout_unread(
   from rljax.config.loader import load_config_file
   from rljax.errors import ConfigError, UnusedKeyError
   configs = os.path.join(os.path.dirname(__file__), "..", "..", "configs")
-  main = load_config_file(os.path.join(configs, "main.py"))
+  main = load_config_file(os.path.join(configs, "jobs", "main.py"))
   assert main.reward.workers == 0
   config_checks.check_config(main)
-  env = load_config_file(os.path.join(configs, "tool_calc.py"))
+  env = load_config_file(os.path.join(configs, "tasks", "tool_calc.py"))
   env.reward.workers = 0
   with pytest.raises(ConfigError, match="reward.workers=0 with env.name='tool_calc'"):
     config_checks.check_config(env)

@@ -16,7 +16,7 @@ TINY = {
 def get_study():
   return Study(
       name="smoke",
-      config="configs/grpo.py",
+      config="configs/algos/grpo.py",
       overrides=TINY,
       variants=independent([("symmetric", {}), ("clip_higher", {"algo.clip_eps_high": 0.28})]),
       seeds=(0, 1),

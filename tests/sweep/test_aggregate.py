@@ -132,7 +132,7 @@ def test_generated_samples_of_a_run_logged_before_the_metric_come_from_its_round
 
 
 def _study(**kw):
-  args = dict(name="s", config="configs/grpo.py",
+  args = dict(name="s", config="configs/algos/grpo.py",
               variants=study_lib.independent([("a", {}), ("b", {"algo.clip_eps_high": 0.28})]),
               seeds=(0, 1, 2), metrics=("final_accuracy", "wall_time_s"), baseline="a")
   args.update(kw)
@@ -188,7 +188,7 @@ def test_bad_study_is_refused_naming_the_problem(change, message):
 
 
 def test_plan_sets_seed_data_order_and_one_cold_start_for_all_seeds(tmp_path):
-  study = _study(config="configs/study.py")
+  study = _study(config="configs/studies/arith_l1_grpo.py")
   specs = runner.plan_runs(study, str(tmp_path))
   assert [(s.variant, s.seed) for s in specs] == [(v, k) for v in "ab" for k in (0, 1, 2)]
   first = dict(specs[0].overrides)
@@ -207,7 +207,7 @@ def test_plan_sets_seed_data_order_and_one_cold_start_for_all_seeds(tmp_path):
 
 
 def test_a_variant_of_another_sft_seed_has_its_own_cold_start(tmp_path):
-  study = _study(config="configs/study.py", variants=study_lib.independent(
+  study = _study(config="configs/studies/arith_l1_grpo.py", variants=study_lib.independent(
       [("a", {}), ("other_base", {"sft.seed": 7})]))
   dirs = {(s.variant, s.seed): s.sft_dir for s in runner.plan_runs(study, str(tmp_path))}
   assert dirs[("a", 0)] == dirs[("a", 2)] != dirs[("other_base", 0)] == dirs[("other_base", 2)]
@@ -255,7 +255,7 @@ def test_gain_curve_subtracts_each_runs_first_eval(tmp_path):
 
 
 def test_a_finished_run_of_an_older_default_is_aggregated_and_a_changed_study_is_refused(tmp_path):
-  study = _study(config="configs/study.py")
+  study = _study(config="configs/studies/arith_l1_grpo.py")
   spec = runner.plan_runs(study, str(tmp_path))[4]  # variant b: algo.clip_eps_high=0.28
   os.makedirs(spec.run_dir)
   config = json.loads(config_loader.load_config(study.config_path(), list(spec.overrides))

@@ -23,7 +23,7 @@ def test_each_claim_of_the_seeds_is_a_five_seed_study_on_the_study_scale():
   assert {s.name for s in claims} == {"claim_clip_higher", "claim_dr_grpo", "claim_token_vs_seq",
                                       "claim_dynamic_sampling", "claim_kl"}
   for study in claims:
-    assert study.config == "configs/study_main.py" and len(study.seeds) >= 5
+    assert study.config == "configs/studies/main_150.py" and len(study.seeds) >= 5
     assert len(study.variants) == 2
 
 
@@ -44,9 +44,10 @@ def test_studies_of_one_base_config_share_one_cold_start_over_their_seeds(tmp_pa
     for spec in runner.plan_runs(study, str(tmp_path)):
       dirs.setdefault(study.config, set()).add(spec.sft_dir)
   assert all(len(d) == 1 for d in dirs.values()), dirs
-  assert set(dirs) >= {"configs/study.py", "configs/main.py", "configs/study_main.py"}
+  assert set(dirs) >= {"configs/studies/arith_l1_grpo.py", "configs/jobs/main.py",
+                       "configs/studies/main_150.py"}
   # The claims' study scale is the main job: the main job's cold start.
-  assert dirs["configs/study_main.py"] == dirs["configs/main.py"]
+  assert dirs["configs/studies/main_150.py"] == dirs["configs/jobs/main.py"]
 
 
 def test_each_seed_of_the_rlhf_study_has_one_reward_model_its_kl_arms_share(tmp_path):

@@ -25,7 +25,7 @@ LORA = {"model.lora.rank": str(RANK), "model.lora.alpha": "8.0", "optim.lr": "0.
 
 def config(run_dir, extra=None):
   overrides = {**tiny.overrides("grpo"), **LORA, "train.run_dir": str(run_dir), **(extra or {})}
-  return config_loader.load_config(os.path.join(tiny.ROOT, "configs", "grpo.py"),
+  return config_loader.load_config(os.path.join(tiny.ROOT, "configs", "algos", "grpo.py"),
                                    list(overrides.items()))
 
 

@@ -20,7 +20,7 @@ from tests.train import tiny
 
 def _config(run_dir, extra=None, preset="grpo"):
   overrides = dict(tiny.overrides(preset), **{"train.run_dir": str(run_dir)}, **(extra or {}))
-  return config_loader.load_config(os.path.join(tiny.ROOT, "configs", f"{preset}.py"),
+  return config_loader.load_config(os.path.join(tiny.ROOT, "configs", "algos", f"{preset}.py"),
                                    list(overrides.items()))
 
 

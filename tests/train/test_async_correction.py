@@ -26,7 +26,7 @@ def test_training_prints_it_before_the_first_batch(tmp_path, monkeypatch, capsys
   monkeypatch.setattr(loop, "collect_batch", collect)
   overrides = dict(tiny.overrides("grpo"), **{"train.run_dir": str(tmp_path),
                                               "rollout.max_staleness": "1"}, **correction)
-  config = config_loader.load_config(os.path.join(tiny.ROOT, "configs", "grpo.py"),
+  config = config_loader.load_config(os.path.join(tiny.ROOT, "configs", "algos", "grpo.py"),
                                      list(overrides.items()))
   with pytest.raises(ValueError, match="no batch needed"):
     loop.train(config)

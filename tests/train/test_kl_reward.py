@@ -3,7 +3,7 @@ summed per-token penalty), from a float64 reference of both policies' log-probs.
 import jax
 import numpy as np
 
-from tests.train.test_section8_wiring import G, _config, _reference_logp, _rollout, _setup
+from tests.train.test_transforms_in_trainer import G, _config, _reference_logp, _rollout, _setup
 
 
 def test_grpo_reads_the_reward_less_the_rows_summed_kl_penalty():

@@ -28,7 +28,7 @@ SCORING = {"algo.minibatches": "2", "model.pack": "False", "optim.lr": "1e-3"}
 
 def _config(mode: str, **extra):
   overrides = dict(tiny.OVERRIDES, **SCORING, **{"algo.old_logp": mode}, **extra)
-  return config_loader.load_config(os.path.join(tiny.ROOT, "configs", "grpo.py"),
+  return config_loader.load_config(os.path.join(tiny.ROOT, "configs", "algos", "grpo.py"),
                                    list(overrides.items()))
 
 

@@ -45,7 +45,7 @@ def _config(preset, pack, **extra):
       "model.pack": str(pack), "model.forward_tokens": str(FORWARD_TOKENS if pack else 0),
       "optim.lr": "1e-2", "optim.eps": "1.0"})
   overrides.update({k: str(v) for k, v in extra.items()})
-  return config_loader.load_config(os.path.join(tiny.ROOT, "configs", f"{preset}.py"),
+  return config_loader.load_config(os.path.join(tiny.ROOT, "configs", "algos", f"{preset}.py"),
                                    list(overrides.items()))
 
 

@@ -26,7 +26,7 @@ def _run(preset, tmp_path, extra=None):
 
 
 def _initial_params(preset):
-  config = config_loader.load_config(os.path.join(tiny.ROOT, "configs", f"{preset}.py"),
+  config = config_loader.load_config(os.path.join(tiny.ROOT, "configs", "algos", f"{preset}.py"),
                                      list(tiny.overrides(preset).items()))
   from rljax.data import tokenizer as tokenizer_lib
   from rljax.train import build
@@ -58,7 +58,7 @@ def test_preset_runs_and_applies_its_components(preset, tmp_path):
     for key, value in record.items():
       assert value is None or np.isfinite(value), (key, value)
   assert _changed(state.params, _initial_params(preset)), "policy parameters did not move"
-  config = config_loader.load_config(os.path.join(tiny.ROOT, "configs", f"{preset}.py"))
+  config = config_loader.load_config(os.path.join(tiny.ROOT, "configs", "algos", f"{preset}.py"))
   last = steps[-1]
   # The reference model exists exactly when a KL term does.
   assert (state.ref_params is None) == (config.algo.kl_placement == "none")
@@ -188,13 +188,13 @@ def test_value_pretraining_leaves_actor_bit_identical(tmp_path):
   run_dir = str(tmp_path / "vc_ppo")
   overrides = dict(tiny.overrides("vc_ppo"), **{"critic.pretrain_steps": "2",
                                                 "train.run_dir": run_dir})
-  config = config_loader.load_config(os.path.join(tiny.ROOT, "configs", "vc_ppo.py"),
+  config = config_loader.load_config(os.path.join(tiny.ROOT, "configs", "algos", "vc_ppo.py"),
                                      list(overrides.items()))
   run = build.build_run(config)
   try:
     # What train() does before the first RL step, with a colocated sampler: it reads the train
     # state's own buffers, which every critic step donates (a second step once sampled from
-    # deleted weights: `rljax train --config configs/vapo.py` stopped after one).
+    # deleted weights: `rljax train --config configs/algos/vapo.py` stopped after one).
     loop.pretrain_critic(run, lambda params: params)
   finally:
     run.writer.close()
@@ -217,14 +217,14 @@ def test_value_pretraining_targets_are_monte_carlo_whatever_lam_critic(lam_criti
   from rljax.models import tiny_config
   from rljax.parallel import mesh as mesh_lib
   from rljax.train import build
-  from tests.train.test_section8_wiring import _rollout
+  from tests.train.test_transforms_in_trainer import _rollout
   # No KL: PPO's KL-in-reward settings go back to their defaults (nothing reads them).
   overrides = dict(tiny.overrides("ppo"), **{"critic.pretrain_steps": "2",
                                              "algo.kl_placement": "none", "algo.kl_coef": "0.04",
                                              "algo.kl_estimator": "k3", "algo.gamma": "1.0"})
   if lam_critic is not None:
     overrides["algo.lam_critic"] = lam_critic
-  config = config_loader.load_config(os.path.join(tiny.ROOT, "configs", "ppo.py"),
+  config = config_loader.load_config(os.path.join(tiny.ROOT, "configs", "algos", "ppo.py"),
                                      list(overrides.items()))
   algo = resolve(config)
   model_cfg = tiny_config(config.model, 40)

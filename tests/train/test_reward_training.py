@@ -58,7 +58,7 @@ def rm_run(tmp_path_factory):
   pairs = write_jsonl(root / "pairs.jsonl", rule_pairs(400, seed=0))
   run_dir = str(root / "run")
   args = dict(RM_ARGS, **{"rm.train_file": pairs, "train.run_dir": run_dir})
-  result = cli.main(["rm", "--config", os.path.join(ROOT, "configs", "rm.py")]
+  result = cli.main(["rm", "--config", os.path.join(ROOT, "configs", "tasks", "rm.py")]
                     + [f"--config.{k}={v}" for k, v in args.items()])
   return result, run_dir
 
@@ -166,7 +166,7 @@ def test_starts_from_a_causal_lm_trunk_or_a_classifier(hf_dirs, tmp_path):
 
 
 def test_rm_errors_are_one_line(tmp_path, capsys):
-  args = ["rm", "--config", os.path.join(ROOT, "configs", "rm.py"),
+  args = ["rm", "--config", os.path.join(ROOT, "configs", "tasks", "rm.py"),
           f"--config.train.run_dir={tmp_path / 'run'}"]
   with pytest.raises(SystemExit):
     cli.entry(args)

@@ -13,7 +13,7 @@ from rljax.config import loader as config_loader
 from rljax.train import build
 from tests.train import tiny
 
-GRPO = os.path.join(tiny.ROOT, "configs", "grpo.py")
+GRPO = os.path.join(tiny.ROOT, "configs", "algos", "grpo.py")
 
 
 @pytest.fixture(scope="module")

@@ -152,7 +152,7 @@ def test_selective_rollouts_need_groups_and_their_keys_need_them_on():
 
 
 def _config(preset, values):
-  return load_config(os.path.join(tiny.ROOT, "configs", f"{preset}.py"),
+  return load_config(os.path.join(tiny.ROOT, "configs", "algos", f"{preset}.py"),
                      [(key, str(value)) for key, value in values.items()])
 
 

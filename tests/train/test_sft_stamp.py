@@ -4,6 +4,7 @@ import os
 
 import pytest
 
+from rljax.errors import StartupError
 from rljax.config import loader as config_loader
 from rljax.data import tokenizer as tokenizer_lib
 from rljax.train import build, sft
@@ -48,7 +49,8 @@ def test_a_stamp_saved_with_its_directory_is_still_read_as_valid(tmp_path):
 
 
 def test_a_multi_turn_cold_start_saved_before_observations_were_masked_is_retrained():
-  config = config_loader.load_config(os.path.join(tiny.ROOT, "configs", "tool_calc.py"), [])
+  config = config_loader.load_config(
+      os.path.join(tiny.ROOT, "configs", "tasks", "tool_calc.py"), [])
   stamp = sft.cold_start_stamp(config)
   saved_before = {k: v for k, v in stamp.items() if k != "observations"}
   assert stamp != saved_before and stamp["observations"] == "unlearned"
@@ -60,7 +62,7 @@ def test_a_run_whose_cold_start_is_not_trained_yet_passes_the_start_up_checks(tm
   from rljax.data import tokenizer as tokenizer_lib
   from rljax.train import build
   config = config_loader.load_config(
-      os.path.join(tiny.ROOT, "configs", "tool_calc.py"),
+      os.path.join(tiny.ROOT, "configs", "tasks", "tool_calc.py"),
       [("sft.out_dir", str(tmp_path / "sft")), ("train.run_dir", str(tmp_path / "run"))])
   build.prepare(config)
   model_cfg = build.resolve_model_config(config, tokenizer_lib.load_tokenizer("char"))
@@ -125,6 +127,6 @@ def test_a_directory_of_other_files_is_still_refused(tmp_path, monkeypatch):
   _fake_training(monkeypatch)
   (tmp_path / "sft").mkdir()
   (tmp_path / "sft" / "notes.txt").write_text("mine")
-  with pytest.raises(FileExistsError, match="not this config's SFT cold start"):
+  with pytest.raises(StartupError, match="not this config's SFT cold start"):
     sft.ensure_sft_checkpoint(_config(tmp_path), tokenizer_lib.load_tokenizer("char"))
   assert (tmp_path / "sft" / "notes.txt").read_text() == "mine"

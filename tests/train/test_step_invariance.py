@@ -31,7 +31,7 @@ def _config(loss_agg, micro):
                     "algo.minibatches": "2", "algo.epochs": "2", "rollout.group_size": "4",
                     "algo.kl_placement": "loss", "algo.entropy_coef": "0.01",
                     "algo.pos_lm_coef": "0.1", "model.pack": "False"})
-  return config_loader.load_config(os.path.join(tiny.ROOT, "configs", "grpo.py"),
+  return config_loader.load_config(os.path.join(tiny.ROOT, "configs", "algos", "grpo.py"),
                                    list(overrides.items()))
 
 
@@ -80,7 +80,7 @@ def _on_policy_step(micro, **extra):
   overrides.update({"algo.micro_batches": str(micro), "algo.minibatches": "1",
                     "algo.epochs": "1", "rollout.group_size": "4", "algo.kl_placement": "loss",
                     "algo.entropy_coef": "0.01", "model.pack": "False"}, **extra)
-  config = config_loader.load_config(os.path.join(tiny.ROOT, "configs", "grpo.py"),
+  config = config_loader.load_config(os.path.join(tiny.ROOT, "configs", "algos", "grpo.py"),
                                      list(overrides.items()))
   model_cfg = tiny_config(config.model, VOCAB)
   fns, state, hp = _step_fns(config, model_cfg, transformer.init_params(model_cfg, seed=0))

@@ -32,11 +32,21 @@ DYNAMIC_SAMPLING = {"algo.max_gen_batches": "3"}
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+def config_path(name: str) -> str:
+  """The config file named ``name``: an algorithm preset (``configs/algos/``) or a job
+  (``configs/jobs/``, e.g. ``main``)."""
+  for kind in ("algos", "jobs"):
+    path = os.path.join(ROOT, "configs", kind, f"{name}.py")
+    if os.path.isfile(path):
+      return path
+  raise FileNotFoundError(f"no configs/algos/{name}.py or configs/jobs/{name}.py")
+
+
 def overrides(preset: str) -> dict:
-  """The tiny settings for ``configs/<preset>.py``, the critic's and dynamic sampling's where
-  the preset has them."""
+  """The tiny settings for the config ``preset`` (``config_path``), the critic's and dynamic
+  sampling's where the preset has them."""
   from rljax.config import loader as config_loader
-  config = config_loader.load_config(os.path.join(ROOT, "configs", f"{preset}.py"))
+  config = config_loader.load_config(config_path(preset))
   merged = dict(OVERRIDES)
   if config.critic.enabled:
     merged.update(CRITIC)
@@ -46,12 +56,12 @@ def overrides(preset: str) -> dict:
 
 
 def args(preset: str, run_dir: str, extra: dict | None = None) -> list[str]:
-  """``rljax train`` arguments for ``configs/<preset>.py`` at the tiny size (the sizes left out
-  where ``extra`` names a checkpoint source, which brings its own architecture)."""
+  """``rljax train`` arguments for the config ``preset`` (``config_path``) at the tiny size (the
+  sizes left out where ``extra`` names a checkpoint source, which brings its own architecture)."""
   merged = dict(overrides(preset), **{"train.run_dir": run_dir}, **(extra or {}))
   if not str(merged.get("model.source", "tiny")).startswith(("tiny", "sft")):
     merged = {k: v for k, v in merged.items() if k not in MODEL_SIZES}
-  return (["train", "--config", os.path.join(ROOT, "configs", f"{preset}.py")]
+  return (["train", "--config", config_path(preset)]
           + [f"--config.{k}={v}" for k, v in merged.items()])
 
 

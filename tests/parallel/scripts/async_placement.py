@@ -27,7 +27,7 @@ def run(run_dir: str, extra: dict) -> dict:
   weights and its learner's state were on, the number of devices, and its metrics rows."""
   overrides = dict(tiny.overrides("grpo"), **{"train.run_dir": run_dir, "train.steps": "3",
                                                "algo.minibatches": "2"}, **extra)
-  config = config_loader.load_config(os.path.join(tiny.ROOT, "configs", "grpo.py"),
+  config = config_loader.load_config(os.path.join(tiny.ROOT, "configs", "algos", "grpo.py"),
                                      list(overrides.items()))
   seen = {"sampler": set(), "learner": set()}
   real_collect, real_learn = loop.collect_batch, loop.RunLearner.learn

@@ -149,7 +149,7 @@ def train_once(shape, pack=False):
       "mesh.data": str(d), "mesh.fsdp": str(f), "mesh.context": str(c), "mesh.tensor": str(t)}
   if pack:  # chunks of 16 tokens per data shard: packed rows of 16 slots, split over context
     overrides |= {"model.pack": "True", "model.forward_tokens": "16"}
-  config = config_loader.load_config(os.path.join(ROOT, "configs", "grpo.py"),
+  config = config_loader.load_config(os.path.join(ROOT, "configs", "algos", "grpo.py"),
                                      list(overrides.items()))
   mesh = mesh_of(shape)
   cfg = tiny_config(config.model, tok.vocab_size, eos_token_id=tok.eos_id,

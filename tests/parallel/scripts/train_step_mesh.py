@@ -53,7 +53,7 @@ def config_for(mesh, scan_layers=False, layers=1, minibatches=1, lora_rank=0, pa
       "algo.kl_placement": "loss", "algo.entropy_coef": "0.01",
       "mesh.data": str(d), "mesh.fsdp": str(f), "mesh.tensor": str(t),
   }
-  return config_loader.load_config(os.path.join(ROOT, "configs", "grpo.py"),
+  return config_loader.load_config(os.path.join(ROOT, "configs", "algos", "grpo.py"),
                                    list(overrides.items()))
 
 
