@@ -155,7 +155,7 @@ def reference_attention(q, k, v, k_segments, *, q_offset=0, window=None):
 #
 # The kernel works on any evenly spaced slots: query i of a call sits at slot ``q0 + stride * i``
 # and key j at ``k0 + stride * j`` of the row (stride 1 here; the striped layout of context
-# parallelism, ``rljax.models.ring``, calls it with stride N on each device's every N-th slot).
+# parallelism, ``rljax.parallel.ring``, calls it with stride N on each device's every N-th slot).
 # Causality, the window and the segments are decided by slot, so one device's piece of a ring
 # step is the same kernel with other numbers.
 
