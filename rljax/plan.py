@@ -64,6 +64,17 @@ What is counted (per device, the device holding the most):
   tokens to the experts instead (an all-gather of the rows over ``expert``; measured on the
   8-device CPU mesh by ``tests/parallel/test_expert_8dev.py``).
 
+**The context axis** (``mesh.context`` = N, ``rljax.parallel.context``): each row's tokens are
+split N ways, so the activations, the log-prob chunk and the attention temporaries count
+``ceil(S / N)`` tokens of a row per device, the KV cache ``ceil(K / N)`` of its slots (the rule
+``cache_length -> context``), and the weights are split over ``fsdp x context`` (gathered per
+layer as FSDP's are). Each layer's ring keeps its visiting keys and values and the next ones in
+flight (and in the backward their float32 gradient accumulators): ``ring_buffers``. What the ring
+sends is reported, not added to memory (``ring_transfers``): per layer, forward ``N - 1`` key/value
+pieces (twice with remat: the backward recomputes the forward), backward ``N`` pieces with their
+float32 gradients. Attention under a split is the blockwise kernel (cuDNN/splash return no
+log-sum-exp to combine ring steps).
+
 The reward's own models (a reward model, an LLM judge: ``rljax.plan_rewards``) add their
 weights to the resident state and their forward (or the judge's KV cache) as a third phase, and
 their sources are checked: one that does not exist is an error, not a plan.
@@ -91,6 +102,7 @@ from rljax.models import lora, transformer
 from rljax.models.config import (REMAT_CHOICES, ModelConfig, compute_dtype, lora_settings,
                                  tiny_config)
 from rljax.models.source import parse_source, run_config
+from rljax.parallel import context as context_lib
 from rljax.parallel import mesh as mesh_lib
 from rljax.parallel import rules as rules_lib
 from rljax.rollout import sampler as sampler_lib
@@ -289,9 +301,16 @@ def run_optimizer(config) -> optax.GradientTransformation:
   return make_optimizer(config.optim, config.optim.lr, total_updates(config))
 
 
-def planned_attention(backend: str, device_kind: str) -> str:
+def planned_attention(backend: str, device_kind: str, context: int = 1) -> str:
   """The attention backend ``model.attention`` resolves to on ``device_kind`` (as
-  ``rljax.models.attention.resolve_backend`` does on the device itself)."""
+  ``rljax.models.attention.resolve_backend`` does on the device itself); with rows split over
+  ``context > 1`` devices the ring's blockwise kernel (a fused one named is refused)."""
+  if context > 1:
+    try:
+      context_lib.check_backend(backend, context)
+    except ValueError as e:
+      raise ConfigError(str(e)) from e
+    return "blockwise"
   if backend != "auto":
     return backend
   platform = "tpu" if device_kind in _CORES_PER_CHIP else "cpu" if device_kind == "cpu" else "gpu"
@@ -368,6 +387,22 @@ def packed_update(config, device_kind: str, rows: int, shards: int, seq_len: int
   limit = update_lib.forward_tokens(config.model.forward_tokens, device_kind)
   return packing.packed_shape(config.model.pack, device_kind, rows, seq_len, limit, shards,
                               config.algo.micro_batches, capacity)
+
+
+def ring_bytes(n: int, rows: int, seq_dev: int, kv_width: int, dtype_bytes: int, layers: int,
+               remat: bool) -> dict:
+  """The ring of ``n`` context devices over ``rows`` rows of ``seq_dev`` tokens each, with keys
+  and values ``kv_width`` = G x Dh wide per token (module doc). ``buffers``: one layer's visiting
+  and next keys and values (2 x 2 pieces), and in the backward their float32 gradients (2 x 2
+  more); ``sent``: bytes one device sends per optimizer micro-batch, all layers (forward ``n-1``
+  pieces, again when remat recomputes it; backward ``n`` pieces and their float32 gradients)."""
+  if n == 1:
+    return dict(buffers=0, sent=0)
+  piece = rows * seq_dev * kv_width  # elements of one device's k (or v)
+  buffers = piece * (2 * 2 * dtype_bytes + 2 * 2 * 4)
+  forward = (n - 1) * 2 * piece * dtype_bytes
+  backward = n * 2 * piece * (dtype_bytes + 4)
+  return dict(buffers=buffers, sent=layers * (forward * (2 if remat else 1) + backward))
 
 
 def plan(config, device: str | None = None, *, model: str | None = None,
@@ -502,12 +537,16 @@ def _plan(config, device: str | None = None, *, model: str | None = None,
     assumptions.append(f"prompt length = data.prompt_bucket = {prompt_len} tokens "
                        "(set plan.prompt_len for longer prompts)")
   slots = prompt_len + r.max_new_tokens
+  n_ctx = sizes["context"]
+  seq_dev = _split(slots, n_ctx)  # a row's tokens on one device (context splits them)
   # The rows one decode loop holds at a time (continuous batching caps them) and the sampler's
   # real cache (shapes only): the plan follows the sampler's code, not a formula of its own.
   rows = r.prompts_per_step * r.group_size
   decode_rows = sampler_lib.slot_budget(cfg, rows, prompt_len, r.max_new_tokens,
                                         r.max_concurrent_rows, r.kv_cache_bytes)
-  cache = jax.eval_shape(lambda: kv_cache_lib.init_cache(cfg, decode_rows, slots))
+  # The sampler pads a striped cache to a multiple of the context devices.
+  cache = jax.eval_shape(lambda: kv_cache_lib.init_cache(cfg, decode_rows,
+                                                         context_lib.padded_length(slots, n_ctx)))
   cache_shape = tuple(cache[0][0].shape)
   cache_spec, cache_notes = rules_lib.resolve(kv_cache_lib.CACHE_AXES, cache_shape, mesh, rules)
   fallbacks += [f"kv cache {n}" for n in cache_notes]
@@ -520,22 +559,24 @@ def _plan(config, device: str | None = None, *, model: str | None = None,
   batch_shards = rules_lib.batch_divisor(mesh, rules)
   prompts_dev = _split(r.prompts_per_step, batch_shards)
   heads_dev = _split(cfg.num_heads, tensor if cfg.num_heads % tensor == 0 else 1)
-  attention = planned_attention(cfg.attention, dev["kind"])
+  attention = planned_attention(cfg.attention, dev["kind"], n_ctx)
   blk = cfg.attention_block
   if attention == "xla":
     prefill = prompts_dev * heads_dev * prompt_len * prompt_len * (ATTN_BYTES + b)
   elif attention == "blockwise":
-    prefill = (prompts_dev * heads_dev * attention_lib.balanced_block(prompt_len, blk) ** 2 * 4
+    prefill = (prompts_dev * heads_dev
+               * attention_lib.balanced_block(_split(prompt_len, n_ctx), blk) ** 2 * 4
                * BLOCK_TEMPS)
   else:
     prefill = 0
   experts_w = _expert_bytes(axes, shapes)  # in the parameter dtype
   total_weights = _tree_bytes(shapes) // pb * b  # all weights in the compute dtype
   expert_weights = experts_w // pb * b
-  split = [name for name, size, w in (("FSDP-sharded", sizes["fsdp"], total_weights),
+  zero3 = sizes["fsdp"] * n_ctx  # the weights' model width is split over fsdp x context
+  split = [name for name, size, w in (("FSDP-sharded", zero3, total_weights),
                                       ("expert-split", sizes["expert"], expert_weights))
            if size > 1 and w]
-  rollout_gather = (total_weights if sizes["fsdp"] > 1 else
+  rollout_gather = (total_weights if zero3 > 1 else
                     expert_weights if sizes["expert"] > 1 else 0) // tensor
   batch_axes = " x ".join(rules_lib.batch_axes(rules))
   if r.prompts_per_step % batch_shards:
@@ -573,13 +614,13 @@ def _plan(config, device: str | None = None, *, model: str | None = None,
   # On CPU micro-batches run side by side (one per thread): their activations live together.
   side_by_side = min(micro, update_lib.concurrent_chunks(config.model.parallel_chunks,
                                                          dev["kind"]))
-  tokens = train_rows * side_by_side * slots
+  tokens = train_rows * side_by_side * seq_dev
   lin = (ACT_D * d + ACT_QKV * (t_div(h * dh) + 2 * t_div(g * dh)) + ACT_F * t_div(f)) * b
   if attention == "xla":
-    attn = t_div(h) * slots * (ATTN_BYTES + b)
+    attn = t_div(h) * seq_dev * (ATTN_BYTES + b)
   else:
     attn = t_div(h) * (dh * b + 4)
-  block = attention_lib.balanced_block(slots, blk)
+  block = attention_lib.balanced_block(seq_dev, blk)
   attn_blocks = (train_rows * side_by_side * t_div(h) * block ** 2 * 4 * BLOCK_TEMPS
                  if attention == "blockwise" else 0)
   layer_act = tokens * (lin + attn)
@@ -596,19 +637,22 @@ def _plan(config, device: str | None = None, *, model: str | None = None,
     scan_weights = 2 * _layer_bytes(shapes, p_sh)
     if config.critic.enabled:
       scan_weights += 2 * _layer_bytes(c_shapes, c_sh)
-  logits = train_rows * min(config.model.logits_chunk, slots) * t_div(cfg.vocab_size) * 4 \
+  logits = train_rows * min(config.model.logits_chunk, seq_dev) * t_div(cfg.vocab_size) * 4 \
       * LOGITS_COPIES
   # One layer's weights as FSDP gathers them: expert kernels stay split over ``expert``.
   layers_w = _tree_bytes(shapes) - _tree_bytes({k: v for k, v in shapes.items()
                                                 if not k.startswith("layers_")})
   layer_w = (layers_w - experts_w + experts_w // sizes["expert"]) // L // pb * b
   head_w = cfg.vocab_size * d * b
-  train_gather = (GATHERED_LAYERS * layer_w + head_w) // tensor if sizes["fsdp"] > 1 else 0
+  train_gather = (GATHERED_LAYERS * layer_w + head_w) // tensor if zero3 > 1 else 0
+  ring = ring_bytes(n_ctx, train_rows * side_by_side, seq_dev, t_div(g) * dh, b, L,
+                    cfg.remat != "none")
   activations = act_by_remat[cfg.remat]
 
   resident = params + opt + reference + critic + critic_opt + reward.resident
   rollout_peak = kv_cache + kv_growth + prefill + rollout_gather + merged
-  train_peak = grads + critic_grads + activations + logits + train_gather + scan_weights
+  train_peak = (grads + critic_grads + activations + logits + train_gather + scan_weights
+                + ring["buffers"])
   peak = resident + max(rollout_peak, train_peak, reward.phase)
   usable = int(dev["bytes"] * USABLE_FRACTION)
   if optimizer is None and pb < 4:
@@ -643,7 +687,8 @@ def _plan(config, device: str | None = None, *, model: str | None = None,
       mesh=sizes, batch_shards=batch_shards,
       shapes=dict(rollout_rows=rows, rollout_rows_per_device=rows_dev, prompt_len=prompt_len,
                   cache_slots=slots, kv_heads_per_device=g_dev, prompts_per_device=prompts_dev,
-                  train_rows_per_device=train_rows, train_seq=slots),
+                  train_rows_per_device=train_rows, train_seq=slots,
+                  train_seq_per_device=seq_dev),
       bytes=dict(params=params, adapters=adapters, sampler_params=sampler_params,
                  merged_weights=merged, opt_state=opt, gradients=grads, reference=reference,
                  critic=critic, critic_opt_state=critic_opt, critic_gradients=critic_grads,
@@ -652,7 +697,8 @@ def _plan(config, device: str | None = None, *, model: str | None = None,
                  activations_remat=act_by_remat["full"], activations_dots=act_by_remat["dots"],
                  activations_no_remat=act_by_remat["none"],
                  logits=logits, train_gathered_weights=train_gather,
-                 scan_stacked_weights=scan_weights, **reward.bytes),
+                 scan_stacked_weights=scan_weights, ring_buffers=ring["buffers"],
+                 ring_transfers=ring["sent"], **reward.bytes),
       resident=resident, rollout=rollout_peak, train=train_peak, reward=reward.phase,
       reward_models=reward.lines, peak=peak, fits=peak <= usable,
       fits_by_remat={k: resident + max(rollout_peak, train_peak - activations + v,
@@ -724,8 +770,9 @@ def format_plan(p: dict) -> str:
       "  = rollout phase".ljust(56) + _gib(p["rollout"]),
       "  train: gradients (+ critic)".ljust(56)
       + _gib(by["gradients"] + by["critic_gradients"]),
-      f"  train: activations, remat={m['remat']}, attention={m['attention']} "
-      f"[rows={s['train_rows_per_device']}, S={s['train_seq']}]".ljust(56)
+      (f"  train: activations, remat={m['remat']}, attention={m['attention']} "
+       f"[rows={s['train_rows_per_device']}, S={s['train_seq']}"
+       + (f"/{mesh['context']}" if mesh["context"] > 1 else "") + "]").ljust(56)
       + _gib(by["activations"]),
       f"         (remat none: {by['activations_no_remat'] / GiB:.2f} GiB, "
       f"dots: {by['activations_dots'] / GiB:.2f} GiB, full: {by['activations_remat'] / GiB:.2f}"
@@ -735,6 +782,9 @@ def format_plan(p: dict) -> str:
       + (_gib(by["scan_stacked_weights"]) if m["scan_layers"]
          else "       - (model.scan_layers=False)"),
       "  train: gathered weights".ljust(56) + _gib(by["train_gathered_weights"]),
+  ] + ([
+      f"  train: ring buffers (context={mesh['context']})".ljust(56) + _gib(by["ring_buffers"]),
+  ] if mesh["context"] > 1 else []) + [
       "  = train phase".ljust(56) + _gib(p["train"]),
   ] + ([
       "  reward: reward model forward".ljust(56) + _gib(by["reward_model_forward"]),
@@ -766,6 +816,10 @@ def format_plan(p: dict) -> str:
   if others:
     lines.append(f"  (with model.remat in {others} it would "
                  f"{'not ' if p['fits'] else ''}fit)")
+  if mesh["context"] > 1:
+    lines.append(f"ring (context={mesh['context']}): each device sends "
+                 f"{by['ring_transfers'] / GiB:.2f} GiB per micro-batch's forward + backward "
+                 f"({by['ring_transfers'] / m['layers'] / 2 ** 20:.1f} MiB a layer)")
   lines.append("replicated fallbacks: " + ("none" if not p["fallbacks"] else ""))
   lines += [f"  {f}" for f in p["fallbacks"]]
   if p["warnings"]:

@@ -48,7 +48,7 @@ DTYPES = ("float32", "bfloat16", "float16")
 ROLLOUT_LEVELS = ("none", "token", "sequence", "geometric")
 OLD_LOGP_SOURCES = ("recompute", "sampler")  # algo.old_logp
 REMAT_MODES = ("none", "full", "dots")  # model.remat; True/False of old configs: full/none
-MESH_AXES = ("data", "fsdp", "expert", "tensor")  # the mesh's axes, in its device order
+MESH_AXES = ("data", "fsdp", "expert", "context", "tensor")  # the mesh's axes, in device order
 MESH_AXIS = integer(1, also=(-1,))  # any one axis may be -1: the devices the others leave
 MODEL_DIM = integer(1, 2**20)  # a model dimension; larger ones overflow int32 shapes, never fit
 STRING_TUPLE = Check(lambda v: isinstance(v, (tuple, list)) and all(isinstance(t, str) for t in v),
@@ -660,6 +660,10 @@ KEYS = declare((
     Key("mesh.expert", 1, MESH_AXIS,
         "expert-parallel axis: MoE expert weights split by expert; batch rows split over it too, "
         "other weights replicated"),
+    Key("mesh.context", 1, MESH_AXIS,
+        "context-parallel axis: every sequence of the update, the scoring and the rollout (its "
+        "KV cache) split over it, attention by a striped ring (docs/scale_out.md); weights split "
+        "over it as over fsdp"),
     Key("mesh.tensor", 1, MESH_AXIS, "tensor-parallel axis"),
     Key("mesh.cpu_devices", -1, integer(0, 4096, also=(-1,)),
         "CPU devices `rljax train` splits the machine into before JAX starts (XLA:CPU runs one "

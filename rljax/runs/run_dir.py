@@ -56,7 +56,7 @@ RESUMABLE_CHANGES = (
     "train.compilation_cache",
     "reward.workers", "reward.timeout_s", "reward.max_logged_failures", "data.num_eval",
     "reward.max_worker_memory_mb", "reward.worker_max_calls", "train.preempt_grace_s",
-    "mesh.data", "mesh.fsdp", "mesh.expert", "mesh.tensor", "mesh.cpu_devices",
+    "mesh.data", "mesh.fsdp", "mesh.expert", "mesh.context", "mesh.tensor", "mesh.cpu_devices",
     "mesh.sampler_devices",
     "mesh.learner_devices", "dist.mode", "dist.coordinator_address",
     "dist.num_processes", "dist.process_id", "model.remat", "model.scan_layers",

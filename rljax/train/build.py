@@ -60,7 +60,7 @@ def engine_placement(model_cfg: ModelConfig, mesh, learner_mesh=None) -> Placeme
       rows=rules.batch_sharding(mesh, 2), replicated=rules.replicated(mesh),
       # The sampler reads merged weights (the base layout), never the adapters themselves.
       param_sharding=_param_sharding(mesh, model_cfg.base), to_device=distributed.from_host,
-      to_host=distributed.to_host)
+      to_host=distributed.to_host, context=rules.context_layout(mesh))
 
 
 def make_engine(config, model_cfg: ModelConfig, mesh, tokenizer, learner_mesh=None,
@@ -375,7 +375,8 @@ def step_spec(config, model_cfg: ModelConfig, algo: Algorithm, aux_cfgs: tuple =
                           row_shards=1 if mesh is None else rules.batch_divisor(mesh),
                           side_by_side=update_lib.concurrent_chunks(config.model.parallel_chunks,
                                                                     platform),
-                          pack=config.model.pack, platform=platform, **placed)
+                          pack=config.model.pack, platform=platform,
+                          context=None if mesh is None else rules.context_layout(mesh), **placed)
 
 
 def _keep_rows(mesh, tree):
