@@ -38,6 +38,12 @@ setup(
         # data.source='verifiers:ID' with env.name='verifiers': environments of the verifiers
         # library (its classic API; 0.4 removed it).
         "verifiers": ["verifiers>=0.3.1,<0.4", "datasets>=3.0"],
+        # The agent endpoint's demo harnesses (rljax/agents/calc_agent.py): the OpenAI client.
+        "agents": ["openai>=2.7"],
+        # OpenEnv environments played through the agent endpoint (rljax/agents/openenv_agent.py):
+        # the WebSocket client; the server runs with the openenv package in its own environment
+        # (the bootstrap makes .venv-openenv for the tests' example server).
+        "openenv": ["websockets>=13"],
         # benchmarks/train_step.py's second peer: TRL's GRPOTrainer (CPU).
         "bench": ["torch==2.13.0", "trl==1.16.0", "datasets>=3.0"],
         # LoRA adapters in PEFT's format: rljax writes and reads them without peft; the tests

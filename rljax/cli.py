@@ -65,6 +65,7 @@ def cmd_sft(argv):
   from rljax.data import tokenizer as tokenizer_lib
   from rljax.train import sft
   tokenizer = tokenizer_lib.load_tokenizer(config.data.tokenizer, config.data.chat_template)
+  sft.check_cold_start(config, tokenizer)  # before anything is written
   path = sft.ensure_sft_checkpoint(config, tokenizer)
   print(path)
   return path

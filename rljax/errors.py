@@ -65,6 +65,10 @@ class DataError(RljaxError, ValueError):
   """A dataset file or line that cannot be read (the message names file and line)."""
 
 
+class MissingPackageError(RljaxError, ImportError):
+  """An optional package a config needs is not installed; the message names the extra."""
+
+
 class DataFileNotFoundError(RljaxError, FileNotFoundError):
   """``data.source`` names a file or directory that does not exist."""
 

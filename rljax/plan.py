@@ -64,8 +64,23 @@ What is counted (per device, the device holding the most):
   tokens to the experts instead (an all-gather of the rows over ``expert``; measured on the
   8-device CPU mesh by ``tests/parallel/test_expert_8dev.py``).
 
-``peak = resident + max(rollout, train)`` is compared with ``USABLE_FRACTION`` of the device
-memory (room for XLA's own buffers and fragmentation).
+**The context axis** (``mesh.context`` = N, ``rljax.parallel.context``): each row's tokens are
+split N ways, so the activations, the log-prob chunk and the attention temporaries count
+``ceil(S / N)`` tokens of a row per device, the KV cache ``ceil(K / N)`` of its slots (the rule
+``cache_length -> context``), and the weights are split over ``fsdp x context`` (gathered per
+layer as FSDP's are). Each layer's ring keeps its visiting keys and values and the next ones in
+flight (and in the backward their float32 gradient accumulators): ``ring_buffers``. What the ring
+sends is reported, not added to memory (``ring_transfers``): per layer, forward ``N - 1`` key/value
+pieces (twice with remat: the backward recomputes the forward), backward ``N`` pieces with their
+float32 gradients. Attention under a split is the blockwise kernel (cuDNN/splash return no
+log-sum-exp to combine ring steps).
+
+The reward's own models (a reward model, an LLM judge: ``rljax.plan_rewards``) add their
+weights to the resident state and their forward (or the judge's KV cache) as a third phase, and
+their sources are checked: one that does not exist is an error, not a plan.
+
+``peak = resident + max(rollout, train, reward)`` is compared with ``USABLE_FRACTION`` of the
+device memory (room for XLA's own buffers and fragmentation).
 """
 from __future__ import annotations
 
@@ -87,12 +102,14 @@ from rljax.models import lora, transformer
 from rljax.models.config import (REMAT_CHOICES, ModelConfig, compute_dtype, lora_settings,
                                  tiny_config)
 from rljax.models.source import parse_source, run_config
+from rljax.parallel import context as context_lib
 from rljax.parallel import mesh as mesh_lib
 from rljax.parallel import rules as rules_lib
 from rljax.rollout import sampler as sampler_lib
 from rljax.learner import packing, update as update_lib
 from rljax.learner.state import make_optimizer, total_updates, trainable
 from rljax.data import tokenizer as tokenizer_lib
+from rljax import plan_rewards
 
 GiB = 1024 ** 3
 
@@ -284,9 +301,16 @@ def run_optimizer(config) -> optax.GradientTransformation:
   return make_optimizer(config.optim, config.optim.lr, total_updates(config))
 
 
-def planned_attention(backend: str, device_kind: str) -> str:
+def planned_attention(backend: str, device_kind: str, context: int = 1) -> str:
   """The attention backend ``model.attention`` resolves to on ``device_kind`` (as
-  ``rljax.models.attention.resolve_backend`` does on the device itself)."""
+  ``rljax.models.attention.resolve_backend`` does on the device itself); with rows split over
+  ``context > 1`` devices the ring's blockwise kernel (a fused one named is refused)."""
+  if context > 1:
+    try:
+      context_lib.check_backend(backend, context)
+    except ValueError as e:
+      raise ConfigError(str(e)) from e
+    return "blockwise"
   if backend != "auto":
     return backend
   platform = "tpu" if device_kind in _CORES_PER_CHIP else "cpu" if device_kind == "cpu" else "gpu"
@@ -329,6 +353,20 @@ def layer_activations(layers: int, layer_input: int, dots_kept: int, layer_act: 
           "dots": int(layers * (layer_input + dots_kept) + live * layer_act)}
 
 
+def forward_layer_bytes(cfg: ModelConfig, tokens: int, width: int, attention: str,
+                        tensor: int = 1) -> int:
+  """One layer's live activations of a forward (no backward) over ``tokens`` tokens of rows
+  ``width`` wide: the train step's per-token figures (``ACT_*``, attention's), heads split
+  ``tensor`` ways where they divide."""
+  t_div = lambda n: n // tensor if n % tensor == 0 else n
+  b = np.dtype(cfg.dtype).itemsize
+  h, g, dh = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+  lin = (ACT_D * cfg.hidden_size + ACT_QKV * (t_div(h * dh) + 2 * t_div(g * dh))
+         + ACT_F * t_div(cfg.intermediate_size)) * b
+  attn = t_div(h) * (width * (ATTN_BYTES + b) if attention == "xla" else dh * b + 4)
+  return tokens * (lin + attn)
+
+
 def _split(size: int, parts: int) -> int:
   """Per-device share of ``size`` split ``parts`` ways (rounded up)."""
   return -(-size // parts)
@@ -341,12 +379,30 @@ def train_micro_batches(config, device_kind: str, rows: int, shards: int, seq_le
   return update_lib.row_parts(rows, shards, seq_len, limit, config.algo.micro_batches)
 
 
-def packed_update(config, device_kind: str, rows: int, shards: int, seq_len: int) -> tuple | None:
+def packed_update(config, device_kind: str, rows: int, shards: int, seq_len: int,
+                  capacity: bool = False) -> tuple | None:
   """``(C, R, W)``: the packed chunks the update's forwards take for a minibatch of ``rows`` rows
-  where ``model.pack`` resolves on for it (``packing.packed_shape``), else None."""
+  where ``model.pack`` resolves on for it (``packing.packed_shape``; ``capacity``: MoE layers
+  dispatched by capacity, never packed), else None."""
   limit = update_lib.forward_tokens(config.model.forward_tokens, device_kind)
   return packing.packed_shape(config.model.pack, device_kind, rows, seq_len, limit, shards,
-                              config.algo.micro_batches)
+                              config.algo.micro_batches, capacity)
+
+
+def ring_bytes(n: int, rows: int, seq_dev: int, kv_width: int, dtype_bytes: int, layers: int,
+               remat: bool) -> dict:
+  """The ring of ``n`` context devices over ``rows`` rows of ``seq_dev`` tokens each, with keys
+  and values ``kv_width`` = G x Dh wide per token (module doc). ``buffers``: one layer's visiting
+  and next keys and values (2 x 2 pieces), and in the backward their float32 gradients (2 x 2
+  more); ``sent``: bytes one device sends per optimizer micro-batch, all layers (forward ``n-1``
+  pieces, again when remat recomputes it; backward ``n`` pieces and their float32 gradients)."""
+  if n == 1:
+    return dict(buffers=0, sent=0)
+  piece = rows * seq_dev * kv_width  # elements of one device's k (or v)
+  buffers = piece * (2 * 2 * dtype_bytes + 2 * 2 * 4)
+  forward = (n - 1) * 2 * piece * dtype_bytes
+  backward = n * 2 * piece * (dtype_bytes + 4)
+  return dict(buffers=buffers, sent=layers * (forward * (2 if remat else 1) + backward))
 
 
 def plan(config, device: str | None = None, *, model: str | None = None,
@@ -400,14 +456,14 @@ def plan(config, device: str | None = None, *, model: str | None = None,
   for key in ("rollout_rows_per_device", "kv_heads_per_device", "prompts_per_device"):
     p["shapes"][key] = s["shapes"][key]
   p["rollout"] = s["rollout"]
-  p["peak"] = p["resident"] + p["train"]
+  p["peak"] = p["resident"] + max(p["train"], p["reward"])  # the reward runs on the learner's
   p["fits"] = p["peak"] <= p["device"]["usable"] and sampler["fits"]
   p["warnings"] += [f"sampler: {w}" for w in s["warnings"] if w.startswith("rollout.")]
   return p
 
 
 def _set_peak(p: dict) -> None:
-  p["peak"] = p["resident"] + max(p["rollout"], p["train"])
+  p["peak"] = p["resident"] + max(p["rollout"], p["train"], p["reward"])
   p["fits"] = p["peak"] <= p["device"]["usable"]
 
 
@@ -481,12 +537,16 @@ def _plan(config, device: str | None = None, *, model: str | None = None,
     assumptions.append(f"prompt length = data.prompt_bucket = {prompt_len} tokens "
                        "(set plan.prompt_len for longer prompts)")
   slots = prompt_len + r.max_new_tokens
+  n_ctx = sizes["context"]
+  seq_dev = _split(slots, n_ctx)  # a row's tokens on one device (context splits them)
   # The rows one decode loop holds at a time (continuous batching caps them) and the sampler's
   # real cache (shapes only): the plan follows the sampler's code, not a formula of its own.
   rows = r.prompts_per_step * r.group_size
   decode_rows = sampler_lib.slot_budget(cfg, rows, prompt_len, r.max_new_tokens,
                                         r.max_concurrent_rows, r.kv_cache_bytes)
-  cache = jax.eval_shape(lambda: kv_cache_lib.init_cache(cfg, decode_rows, slots))
+  # The sampler pads a striped cache to a multiple of the context devices.
+  cache = jax.eval_shape(lambda: kv_cache_lib.init_cache(cfg, decode_rows,
+                                                         context_lib.padded_length(slots, n_ctx)))
   cache_shape = tuple(cache[0][0].shape)
   cache_spec, cache_notes = rules_lib.resolve(kv_cache_lib.CACHE_AXES, cache_shape, mesh, rules)
   fallbacks += [f"kv cache {n}" for n in cache_notes]
@@ -499,22 +559,24 @@ def _plan(config, device: str | None = None, *, model: str | None = None,
   batch_shards = rules_lib.batch_divisor(mesh, rules)
   prompts_dev = _split(r.prompts_per_step, batch_shards)
   heads_dev = _split(cfg.num_heads, tensor if cfg.num_heads % tensor == 0 else 1)
-  attention = planned_attention(cfg.attention, dev["kind"])
+  attention = planned_attention(cfg.attention, dev["kind"], n_ctx)
   blk = cfg.attention_block
   if attention == "xla":
     prefill = prompts_dev * heads_dev * prompt_len * prompt_len * (ATTN_BYTES + b)
   elif attention == "blockwise":
-    prefill = (prompts_dev * heads_dev * attention_lib.balanced_block(prompt_len, blk) ** 2 * 4
+    prefill = (prompts_dev * heads_dev
+               * attention_lib.balanced_block(_split(prompt_len, n_ctx), blk) ** 2 * 4
                * BLOCK_TEMPS)
   else:
     prefill = 0
   experts_w = _expert_bytes(axes, shapes)  # in the parameter dtype
   total_weights = _tree_bytes(shapes) // pb * b  # all weights in the compute dtype
   expert_weights = experts_w // pb * b
-  split = [name for name, size, w in (("FSDP-sharded", sizes["fsdp"], total_weights),
+  zero3 = sizes["fsdp"] * n_ctx  # the weights' model width is split over fsdp x context
+  split = [name for name, size, w in (("FSDP-sharded", zero3, total_weights),
                                       ("expert-split", sizes["expert"], expert_weights))
            if size > 1 and w]
-  rollout_gather = (total_weights if sizes["fsdp"] > 1 else
+  rollout_gather = (total_weights if zero3 > 1 else
                     expert_weights if sizes["expert"] > 1 else 0) // tensor
   batch_axes = " x ".join(rules_lib.batch_axes(rules))
   if r.prompts_per_step % batch_shards:
@@ -529,7 +591,8 @@ def _plan(config, device: str | None = None, *, model: str | None = None,
   micro = train_micro_batches(config, dev["kind"], rows // mb, batch_shards, slots)
   # Packed (model.pack on for the update): a micro-batch is a chunk of R packed rows of the same
   # width, as many chunks as its layout has (the empty ones skipped, so never more memory).
-  packed = packed_update(config, dev["kind"], rows // mb, batch_shards, slots)
+  packed = packed_update(config, dev["kind"], rows // mb, batch_shards, slots,
+                         bool(cfg.moe_layers) and cfg.moe_dispatch == "capacity")
   if packed is not None:
     micro = packed[0]
     assumptions.append(f"model.pack={config.model.pack}: the update packed, chunks of "
@@ -551,16 +614,21 @@ def _plan(config, device: str | None = None, *, model: str | None = None,
   # On CPU micro-batches run side by side (one per thread): their activations live together.
   side_by_side = min(micro, update_lib.concurrent_chunks(config.model.parallel_chunks,
                                                          dev["kind"]))
-  tokens = train_rows * side_by_side * slots
+  tokens = train_rows * side_by_side * seq_dev
   lin = (ACT_D * d + ACT_QKV * (t_div(h * dh) + 2 * t_div(g * dh)) + ACT_F * t_div(f)) * b
   if attention == "xla":
-    attn = t_div(h) * slots * (ATTN_BYTES + b)
+    attn = t_div(h) * seq_dev * (ATTN_BYTES + b)
   else:
     attn = t_div(h) * (dh * b + 4)
-  block = attention_lib.balanced_block(slots, blk)
+  block = attention_lib.balanced_block(seq_dev, blk)
   attn_blocks = (train_rows * side_by_side * t_div(h) * block ** 2 * 4 * BLOCK_TEMPS
                  if attention == "blockwise" else 0)
   layer_act = tokens * (lin + attn)
+  reward = plan_rewards.plan_rewards(
+      config, policy_cfg=cfg, mesh=mesh, rules=rules, rows=rows, batch_shards=batch_shards,
+      prompt_len=prompt_len,
+      forward_bytes=lambda c, n, width: forward_layer_bytes(c, n * width, width, attention,
+                                                            tensor))
   dots = (t_div(h * dh) + 2 * t_div(g * dh) + d + 2 * t_div(f)) * b
   act_by_remat = layer_activations(L, tokens * d * b, tokens * dots, layer_act, cfg.scan_layers)
   act_by_remat = {k: v + attn_blocks for k, v in act_by_remat.items()}
@@ -569,20 +637,23 @@ def _plan(config, device: str | None = None, *, model: str | None = None,
     scan_weights = 2 * _layer_bytes(shapes, p_sh)
     if config.critic.enabled:
       scan_weights += 2 * _layer_bytes(c_shapes, c_sh)
-  logits = train_rows * min(config.model.logits_chunk, slots) * t_div(cfg.vocab_size) * 4 \
+  logits = train_rows * min(config.model.logits_chunk, seq_dev) * t_div(cfg.vocab_size) * 4 \
       * LOGITS_COPIES
   # One layer's weights as FSDP gathers them: expert kernels stay split over ``expert``.
   layers_w = _tree_bytes(shapes) - _tree_bytes({k: v for k, v in shapes.items()
                                                 if not k.startswith("layers_")})
   layer_w = (layers_w - experts_w + experts_w // sizes["expert"]) // L // pb * b
   head_w = cfg.vocab_size * d * b
-  train_gather = (GATHERED_LAYERS * layer_w + head_w) // tensor if sizes["fsdp"] > 1 else 0
+  train_gather = (GATHERED_LAYERS * layer_w + head_w) // tensor if zero3 > 1 else 0
+  ring = ring_bytes(n_ctx, train_rows * side_by_side, seq_dev, t_div(g) * dh, b, L,
+                    cfg.remat != "none")
   activations = act_by_remat[cfg.remat]
 
-  resident = params + opt + reference + critic + critic_opt
+  resident = params + opt + reference + critic + critic_opt + reward.resident
   rollout_peak = kv_cache + kv_growth + prefill + rollout_gather + merged
-  train_peak = grads + critic_grads + activations + logits + train_gather + scan_weights
-  peak = resident + max(rollout_peak, train_peak)
+  train_peak = (grads + critic_grads + activations + logits + train_gather + scan_weights
+                + ring["buffers"])
+  peak = resident + max(rollout_peak, train_peak, reward.phase)
   usable = int(dev["bytes"] * USABLE_FRACTION)
   if optimizer is None and pb < 4:
     warnings.append(f"param_dtype={cfg.param_dtype} with optax's default state: AdamW moments and "
@@ -616,7 +687,8 @@ def _plan(config, device: str | None = None, *, model: str | None = None,
       mesh=sizes, batch_shards=batch_shards,
       shapes=dict(rollout_rows=rows, rollout_rows_per_device=rows_dev, prompt_len=prompt_len,
                   cache_slots=slots, kv_heads_per_device=g_dev, prompts_per_device=prompts_dev,
-                  train_rows_per_device=train_rows, train_seq=slots),
+                  train_rows_per_device=train_rows, train_seq=slots,
+                  train_seq_per_device=seq_dev),
       bytes=dict(params=params, adapters=adapters, sampler_params=sampler_params,
                  merged_weights=merged, opt_state=opt, gradients=grads, reference=reference,
                  critic=critic, critic_opt_state=critic_opt, critic_gradients=critic_grads,
@@ -625,10 +697,12 @@ def _plan(config, device: str | None = None, *, model: str | None = None,
                  activations_remat=act_by_remat["full"], activations_dots=act_by_remat["dots"],
                  activations_no_remat=act_by_remat["none"],
                  logits=logits, train_gathered_weights=train_gather,
-                 scan_stacked_weights=scan_weights),
-      resident=resident, rollout=rollout_peak, train=train_peak, peak=peak,
-      fits=peak <= usable,
-      fits_by_remat={k: resident + max(rollout_peak, train_peak - activations + v) <= usable
+                 scan_stacked_weights=scan_weights, ring_buffers=ring["buffers"],
+                 ring_transfers=ring["sent"], **reward.bytes),
+      resident=resident, rollout=rollout_peak, train=train_peak, reward=reward.phase,
+      reward_models=reward.lines, peak=peak, fits=peak <= usable,
+      fits_by_remat={k: resident + max(rollout_peak, train_peak - activations + v,
+                                       reward.phase) <= usable
                      for k, v in act_by_remat.items()},
       fallbacks=fallbacks, assumptions=assumptions, warnings=warnings)
 
@@ -677,6 +751,11 @@ def format_plan(p: dict) -> str:
               "  critic optimizer state".ljust(56) + _gib(by["critic_opt_state"])]
   else:
     lines.append("  critic".ljust(56) + "       - (critic.enabled=False)")
+  if by.get("reward_model_params"):
+    lines.append("  reward model params (reward.model.source)".ljust(56)
+                 + _gib(by["reward_model_params"]))
+  if by.get("judge_params"):
+    lines.append("  judge params (reward.judge.source)".ljust(56) + _gib(by["judge_params"]))
   lines += [
       "  = resident".ljust(56) + _gib(p["resident"]),
       f"  rollout: kv cache [B={s['rollout_rows_per_device']}/{s['rollout_rows']}, "
@@ -691,8 +770,9 @@ def format_plan(p: dict) -> str:
       "  = rollout phase".ljust(56) + _gib(p["rollout"]),
       "  train: gradients (+ critic)".ljust(56)
       + _gib(by["gradients"] + by["critic_gradients"]),
-      f"  train: activations, remat={m['remat']}, attention={m['attention']} "
-      f"[rows={s['train_rows_per_device']}, S={s['train_seq']}]".ljust(56)
+      (f"  train: activations, remat={m['remat']}, attention={m['attention']} "
+       f"[rows={s['train_rows_per_device']}, S={s['train_seq']}"
+       + (f"/{mesh['context']}" if mesh["context"] > 1 else "") + "]").ljust(56)
       + _gib(by["activations"]),
       f"         (remat none: {by['activations_no_remat'] / GiB:.2f} GiB, "
       f"dots: {by['activations_dots'] / GiB:.2f} GiB, full: {by['activations_remat'] / GiB:.2f}"
@@ -702,9 +782,20 @@ def format_plan(p: dict) -> str:
       + (_gib(by["scan_stacked_weights"]) if m["scan_layers"]
          else "       - (model.scan_layers=False)"),
       "  train: gathered weights".ljust(56) + _gib(by["train_gathered_weights"]),
+  ] + ([
+      f"  train: ring buffers (context={mesh['context']})".ljust(56) + _gib(by["ring_buffers"]),
+  ] if mesh["context"] > 1 else []) + [
       "  = train phase".ljust(56) + _gib(p["train"]),
+  ] + ([
+      "  reward: reward model forward".ljust(56) + _gib(by["reward_model_forward"]),
+  ] if "reward_model_forward" in by else []) + ([
+      "  reward: judge (kv cache or forward)".ljust(56) + _gib(by["judge_phase"]),
+  ] if "judge_phase" in by else []) + ([
+      "  = reward phase".ljust(56) + _gib(p["reward"]),
+  ] if p["reward_models"] else []) + [
       "",
-      f"peak = resident + max(rollout, train) = {p['peak'] / GiB:.2f} GiB of "
+      f"peak = resident + max(rollout, train{', reward' if p['reward_models'] else ''}) = "
+      f"{p['peak'] / GiB:.2f} GiB of "
       f"{dev['usable'] / GiB:.1f} GiB usable ({USABLE_FRACTION:.0%} of {dev['bytes'] / GiB:.1f})"
       f": {'FITS' if p['fits'] else 'DOES NOT FIT'}",
   ]
@@ -725,13 +816,17 @@ def format_plan(p: dict) -> str:
   if others:
     lines.append(f"  (with model.remat in {others} it would "
                  f"{'not ' if p['fits'] else ''}fit)")
+  if mesh["context"] > 1:
+    lines.append(f"ring (context={mesh['context']}): each device sends "
+                 f"{by['ring_transfers'] / GiB:.2f} GiB per micro-batch's forward + backward "
+                 f"({by['ring_transfers'] / m['layers'] / 2 ** 20:.1f} MiB a layer)")
   lines.append("replicated fallbacks: " + ("none" if not p["fallbacks"] else ""))
   lines += [f"  {f}" for f in p["fallbacks"]]
   if p["warnings"]:
     lines.append("warnings:")
     lines += [f"  {w}" for w in p["warnings"]]
   lines.append("assumptions:")
-  lines += [f"  {a}" for a in p["assumptions"]]
+  lines += [f"  {a}" for a in p["assumptions"] + p["reward_models"]]
   return "\n".join(lines)
 
 

@@ -204,15 +204,18 @@ TRANSFORMS = Registry("transform", "transform", fill=("rljax.transforms",))
 ROLLOUT_ENGINES = Registry("rollout_engine", "rollout engine", "rollout.engine",
                            fill=("rljax.rollout",))
 EPISODE_ENGINES = Registry("episode_engine", "episode engine (multi-turn driver)", "env.engine",
-                           fill=("rljax.envs",))
-REWARD_FNS = Registry("reward_fn", "reward function", "reward.fn", fill=("rljax.rewards",))
+                           fill=("rljax.envs", "rljax.agents"))
+REWARD_FNS = Registry("reward_fn", "reward function", "reward.fn",
+                      fill=("rljax.rewards", "rljax.agents"))
 # 'name:weight,...' in reward.sources: a name holds none of the separators (nor the metric's '/').
 REWARD_SOURCES = Registry("reward_source", "reward source", "reward.sources",
                           fill=("rljax.rewards", "rljax.envs"),
                           name_rule=(r"[^:,/\s]+", "may not contain ':', ',', '/' or spaces"))
-ENVS = Registry("environment", "environment", "env.name", fill=("rljax.envs",))
+# Environments are stepped (rljax/envs/) or agent harnesses played through the endpoint
+# (rljax/agents/).
+ENVS = Registry("environment", "environment", "env.name", fill=("rljax.envs", "rljax.agents"))
 # A compact call '<name ARGS>' names its tool in lowercase letters and digits.
-TOOLS = Registry("tool", "tool", fill=("rljax.envs",),
+TOOLS = Registry("tool", "tool", fill=("rljax.envs", "rljax.agents"),
                  name_rule=(r"[a-z][a-z0-9]*", "must be lowercase letters and digits"))
 MODEL_FAMILIES = Registry("model_family", "model family (HF model_type)", "model.family",
                           fill=("rljax.models.families",))

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Creates .venv on first use and installs rljax with its test extras, the experiment trackers and
-# the task/environment libraries, peft (their tests run too), pinned by constraints.txt.
+# the task/environment libraries, peft (their tests run too), pinned by constraints.txt; and
+# .venv-openenv, the openenv package for the OpenEnv example server the agent tests start (its
+# pins cannot share .venv with the verifiers library's).
 # Re-running is cheap: the install is skipped while setup.py and constraints.txt are unchanged.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,6 +13,10 @@ if [ ! -x .venv/bin/python ]; then
 fi
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   .venv/bin/python -m pip install -q --upgrade pip
-  .venv/bin/python -m pip install -q -c constraints.txt -e ".[test,wandb,mlflow,reasoning_gym,verifiers,peft]"
+  .venv/bin/python -m pip install -q -c constraints.txt -e ".[test,wandb,mlflow,reasoning_gym,verifiers,peft,agents,openenv]"
+  if [ ! -x .venv-openenv/bin/python ]; then
+    python3 -m venv .venv-openenv
+  fi
+  .venv-openenv/bin/python -m pip install -q -c constraints.txt "openenv==$(sed -n 's/^openenv==//p' constraints.txt)"
   echo "$want" > "$stamp"
 fi

@@ -24,6 +24,7 @@ room or one module of it, the longer name winning):
   4 algos
   5 transforms, envs, runs                              runs: what a run directory is
   6 algorithm                                           the resolved algorithm
+    agents                                              the agent endpoint, harnesses, sandbox
   7 learner                                             the compiled update
   8 train
   9 api, cli, catalogue, plan, sweep, __init__, __main__   what users call
@@ -43,10 +44,11 @@ LAYERS = {
     "rewards": 3, "data": 3, "parallel": 3,
     "algos": 4,
     "transforms": 5, "envs": 5, "runs": 5,
-    "algorithm": 6,
+    "algorithm": 6, "agents": 6,
     "learner": 7,
     "train": 8,
-    "api": 9, "cli": 9, "catalogue": 9, "plan": 9, "sweep": 9, "__init__": 9, "__main__": 9,
+    "api": 9, "cli": 9, "catalogue": 9, "plan": 9, "plan_rewards": 9, "sweep": 9, "__init__": 9,
+    "__main__": 9,
 }
 
 

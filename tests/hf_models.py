@@ -138,3 +138,20 @@ def prompt_and_completion(prompt_lengths, completion_lengths, prompt_width, comp
     tokens[i, span] = rng.integers(3, vocab, p + c)
     mask[i, span] = 1
   return tokens, mask
+
+
+def build_tokenizer(path: str, pad: bool = True) -> str:
+  """A byte-level BPE trained on a few strings, saved as a ``transformers`` tokenizer with EOS
+  and BOS, and a pad token only when ``pad`` (many decoder-only tokenizers define none)."""
+  from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+  from transformers import PreTrainedTokenizerFast
+  tok = Tokenizer(models.BPE())
+  tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+  tok.decoder = decoders.ByteLevel()
+  trainer = trainers.BpeTrainer(vocab_size=120, special_tokens=["<pad>", "<eos>", "<bos>"],
+                                initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+  tok.train_from_iterator(["what is 2 + 3?", "the answer is 5", "12+7*3=33"] * 10, trainer)
+  fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", bos_token="<bos>",
+                                 **({"pad_token": "<pad>"} if pad else {}))
+  fast.save_pretrained(path)
+  return path

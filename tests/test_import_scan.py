@@ -22,6 +22,8 @@ LOCAL_IMPORT_DEPENDENCIES = {
     "matplotlib.figure": "run curves, drawn at a run's end (~1 s of start-up)",
     "math_verify": "sympy-heavy: only when that verifier is used",
     "scipy": "one statistic of the sweep reports",
+    "openai": "the optional [agents] extra: the demo harnesses' client, in harness processes",
+    "websockets.sync.client": "the optional [openenv] extra: OpenEnv harnesses only",
     "jax.experimental.pallas.ops.tpu.splash_attention": "the TPU kernels (Mosaic), where they run",
     "jax._src.clusters": "cluster detection through JAX's private API, guarded",
     "reasoning_gym": "the optional [reasoning_gym] extra: only a reasoning_gym: data source",

@@ -7,7 +7,7 @@ from rljax.config.declare import Relation, registry_meta
 from rljax.config.conditions import FRESH_MODEL, REASONING_GYM, RM_SOURCE, VERIFIERS
 from rljax.config.reward_spec import (ENV_SOURCE, REWARD_MODEL_SOURCE, VERIFIER_SOURCE,
                                       composed_sources, reward_clip, reward_normalize, task_source)
-from rljax.config.table import MESH_AXES
+from rljax.config.table import CAPACITY_UNPACKED, MESH_AXES
 
 
 def _one_filled_mesh_axis(f):
@@ -15,6 +15,27 @@ def _one_filled_mesh_axis(f):
   if len(fill) > 1:
     return (f"only one mesh axis may be -1 (the devices the others leave), got "
             f"{', '.join(fill)}")
+
+
+def _context_split(f):
+  """What cannot run with each row split over ``mesh.context`` devices (one line)."""
+  n = f["mesh.context"]
+  if n == 1:
+    return None
+  split = f"mesh.context={n} splits every row's tokens (and its KV cache) over devices"
+  if f["model.attention"] in ("cudnn", "pallas"):
+    return (f"{split}; model.attention={f['model.attention']!r}'s kernel returns no log-sum-exp "
+            "to combine ring steps: use 'auto' or 'blockwise' (the ring's kernel)")
+  if f["rollout.engine"] != "all_rows" or f["env.name"] is not None:
+    return (f"{split}; only the all_rows sampler stripes its cache (rollout.engine="
+            f"{f['rollout.engine']!r}, env.name={f['env.name']!r}): use all_rows, single-turn")
+  if f["rollout.max_concurrent_rows"] or f["rollout.kv_cache_bytes"]:
+    return (f"{split}; continuous batching (rollout.max_concurrent_rows / kv_cache_bytes) keeps "
+            "whole rows in its cache blocks: set both to 0")
+  if f["model.moe_dispatch"] == "capacity":
+    return (f"{split}; model.moe_dispatch='capacity' drops tokens by their order in the "
+            "forward, which the split changes: use 'dense' or 'sparse' (dropless)")
+  return None
 
 
 def _multiple(name, of, only_if=lambda f: True):
@@ -190,6 +211,11 @@ def _env_workers(f):
             "worker processes (under env.timeout_s); set reward.workers >= 1")
 
 
+def _capacity_unpacked(f):
+  if f["model.moe_dispatch"] == "capacity" and str(f["model.pack"]).lower() == "true":
+    return CAPACITY_UNPACKED
+
+
 RELATIONS = (
     Relation(("reward.normalize", "reward.clip", "reward.sources"),
              "per-source normalisation names sources of the reward", _normalized_sources),
@@ -202,6 +228,10 @@ RELATIONS = (
              "per-turn token rewards: the environment's reward alone", _turn_rewards_alone),
     Relation(tuple(f"mesh.{axis}" for axis in MESH_AXES), "at most one axis is -1",
              _one_filled_mesh_axis),
+    Relation(("mesh.context", "model.attention", "rollout.engine", "env.name",
+              "rollout.max_concurrent_rows", "rollout.kv_cache_bytes", "model.moe_dispatch"),
+             "sequences split over mesh.context: the ring's kernel, the all_rows sampler, "
+             "dropless experts", _context_split),
     Relation(("model.hidden_size", "model.num_heads"), "heads divide the width ('tiny'/'sft')",
              _multiple("model.hidden_size", "model.num_heads", lambda f: FRESH_MODEL.test(f, ""))),
     Relation(("model.num_heads", "model.num_kv_heads"),
@@ -232,6 +262,8 @@ RELATIONS = (
     Relation(("reward.sources", "reward.model.source"),
              f"the reward model source '{REWARD_MODEL_SOURCE}' needs reward.model.source",
              _reward_model_named),
+    Relation(("model.pack", "model.moe_dispatch"),
+             "capacity dispatch is never packed (it is not layout-invariant)", _capacity_unpacked),
     Relation(("model.lora.rank", "critic.enabled"),
              "LoRA: no critic (it would be a full copy sharing nothing with the base)",
              _lora_critic),

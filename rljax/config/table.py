@@ -49,7 +49,7 @@ DTYPES = ("float32", "bfloat16", "float16")
 ROLLOUT_LEVELS = ("none", "token", "sequence", "geometric")
 OLD_LOGP_SOURCES = ("recompute", "sampler")  # algo.old_logp
 REMAT_MODES = ("none", "full", "dots")  # model.remat; True/False of old configs: full/none
-MESH_AXES = ("data", "fsdp", "expert", "tensor")  # the mesh's axes, in its device order
+MESH_AXES = ("data", "fsdp", "expert", "context", "tensor")  # the mesh's axes, in device order
 MESH_AXIS = integer(1, also=(-1,))  # any one axis may be -1: the devices the others leave
 MODEL_DIM = integer(1, 2**20)  # a model dimension; larger ones overflow int32 shapes, never fit
 STRING_TUPLE = Check(lambda v: isinstance(v, (tuple, list)) and all(isinstance(t, str) for t in v),
@@ -58,6 +58,16 @@ STRING_TUPLE = Check(lambda v: isinstance(v, (tuple, list)) and all(isinstance(t
 LORA_TARGETS = Check(lambda v: isinstance(v, (tuple, list)) and len(v) > 0
                      and all(isinstance(t, str) for t in v),
                      "a non-empty tuple of projection names, or ('all',)", tuple)
+
+# Why a model whose MoE layers dispatch by capacity is never packed (rljax.learner.packing;
+# rljax.config.relations refuses model.pack=True with it).
+CAPACITY_UNPACKED = (
+    "model.pack=True with model.moe_dispatch='capacity': under capacity dispatch a token's "
+    "output depends on the other tokens of its forward (their number sets each expert's "
+    "capacity, their order its queue), so packed rows drop other token-choice pairs than padded "
+    "ones and compute another function; use model.pack='auto' or False (padded rows), or a "
+    "dropless dispatch ('sparse', 'dense'), which packs exactly")
+
 
 # ``model.pack='auto'`` (``rljax.learner.packing.packs``): a forward packs when its packed layout
 # has at least this many chunks, on these platforms. Packing saves work only by the chunks the
@@ -145,7 +155,8 @@ KEYS = declare((
         "go back to the padded layout, so every loss is the padded one's; auto = packed on "
         f"{'/'.join(AUTO_PACK_PLATFORMS)} where a forward's packed layout has at least "
         f"{AUTO_PACK_MIN_CHUNKS} chunks (the empty ones are skipped), else padded; True / False "
-        "force it"),
+        "force it. A model whose MoE layers dispatch by capacity is never packed (True is "
+        "refused: that dispatch depends on the tokens sharing a forward)"),
     Key("model.parallel_chunks", -1, integer(1, 1024, also=(-1,)),
         "row chunks (model.forward_tokens) computed side by side per scan iteration: "
         "independent, so XLA:CPU runs them on separate threads; -1 = auto (one per CPU thread "
@@ -175,7 +186,8 @@ KEYS = declare((
         "where prompts come from: a registered data source and its argument (docs/algorithms.md, "
         "'Data sources'): embedded:TASK | reasoning_gym:NAME[,NAME...] (extra [reasoning_gym]) | "
         "verifiers:ID (with env.name='verifiers'; extra [verifiers]) | jsonl:PATH | hf:PATH "
-        "(local datasets files) | any registered source"),
+        "(local datasets files) | code:PATH (unit-tested programming problems) | any registered "
+        "source"),
     Key("data.difficulty", 1, integer(0, 1000), "embedded tasks: problem difficulty",
         read_if=EMBEDDED_SOURCE),
     Key("data.train_seed", 0, SEED, "generated tasks: seed of the training problems"),
@@ -354,16 +366,19 @@ KEYS = declare((
     Key("env.name", None, optional(registered("environment")),
         "None = single-turn rollouts scored by reward.fn | a registered environment: multi-turn "
         "rollouts (turns of at most rollout.max_new_tokens, tool calls, observations) scored by "
-        "it"),
+        "it | a registered agent harness (env.engine='endpoint'): episodes played by agent code "
+        "through an OpenAI-compatible endpoint (docs/agents.md)"),
     Key("env.max_turns", 4, integer(1, 10**4),
-        "most policy turns per episode; an episode still running after them ends unsolved",
+        "most policy turns per episode (endpoint: calls; one more is refused); an episode still "
+        "running after them ends unsolved",
         read_if=MULTI_TURN),
     Key("env.max_tokens", 256, SIZE,
         "token budget of a trajectory after its prompt (policy and environment tokens): the "
         "record's T; a trajectory that reaches it ends, flagged truncated", read_if=MULTI_TURN),
     Key("env.timeout_s", 5.0, POSITIVE,
-        "per reset / step call in its worker process (reward.workers of them): a hard bound, the "
-        "trajectory of a call past it (or crashing) ends with reward 0, counted",
+        "per reset / step call in its worker process (reward.workers of them; endpoint: per "
+        "episode, its whole harness): a hard bound, the trajectory of a call past it (or "
+        "crashing) ends with reward 0, counted",
         read_if=MULTI_TURN),
     Key("env.tool_format", "compact", choice("compact", "hermes"),
         "how tool calls are written: compact '<calc 12*3>' (char-level tasks) | hermes "
@@ -374,7 +389,9 @@ KEYS = declare((
         "turn_sync: every turn is one sampler call over the live rows, then every step (a turn "
         "waits for its slowest row and tool) | async_turns: a row whose turn ends steps its "
         "environment while the others decode, and re-enters with its KV cache kept "
-        "(rljax/envs/async_turns.py)", read_if=MULTI_TURN),
+        "(rljax/envs/async_turns.py) | endpoint: agent harnesses (env.name) call an "
+        "OpenAI-compatible endpoint, their calls continuously batched (rljax/agents/driver.py)",
+        read_if=MULTI_TURN),
     Key("env.turn_discount", 1.0, FRACTION,
         "token-level estimators (gae, reinforce_pp, remax): < 1 puts each turn's reward at its "
         "last policy token, discounted per turn (a token of turn k sees sum_j>=k d^(j-k) r_j); "
@@ -382,8 +399,12 @@ KEYS = declare((
         read_if=MULTI_TURN & meta_says("algo.advantage", _token_level, "a token-level estimator",
                                       _one_reward_per_episode)),
     Key("env.slots", 0, integer(0, 2**31 - 1),
-        "async_turns engine: rows decoding at once (lanes); 0 = every row of the batch (a call "
-        "narrows to S/8, S/4 or S/2 lanes when that holds the rows decoding or ready to)",
+        "async_turns / endpoint engines: rows decoding at once (lanes); 0 = every row of the "
+        "batch (a call narrows to S/8, S/4 or S/2 lanes when that holds the rows decoding or "
+        "ready to)",
+        read_if=MULTI_TURN & DRIVER_READS),
+    Key("env.harness_workers", 16, integer(1, 4096),
+        "endpoint engine: processes running agent harnesses, the episodes in flight at once",
         read_if=MULTI_TURN & DRIVER_READS),
     # --- algorithm (sections 2-5, 7) -----------------------------------------------------------
     Key("algo.advantage", "grpo", registered("advantage"), "advantage estimator"),
@@ -626,8 +647,9 @@ KEYS = declare((
     Key("rm.steps", 200, integer(1, 10**9), "`rljax rm`: optimizer steps (lr etc.: optim.*)"),
     Key("rm.batch_size", 16, SIZE, "`rljax rm`: preference pairs per step"),
     Key("rm.max_tokens", 256, SIZE,
-        "`rljax rm`: tokens of one scored row (prompt, response, EOS); a longer pair is an error "
-        "naming its line"),
+        "`rljax rm`: the longest scored row (prompt, response, EOS), bound by the model's "
+        "context; a longer pair is an error naming its line. Batches are padded to their own "
+        "longest row"),
     Key("rm.eval_every", 0, integer(0),
         "`rljax rm`: held-out pairwise accuracy every N steps; 0 = before and after"),
     # --- device mesh ---------------------------------------------------------------------------
@@ -636,6 +658,10 @@ KEYS = declare((
     Key("mesh.expert", 1, MESH_AXIS,
         "expert-parallel axis: MoE expert weights split by expert; batch rows split over it too, "
         "other weights replicated"),
+    Key("mesh.context", 1, MESH_AXIS,
+        "context-parallel axis: every sequence of the update, the scoring and the rollout (its "
+        "KV cache) split over it, attention by a striped ring (docs/scale_out.md); weights split "
+        "over it as over fsdp"),
     Key("mesh.tensor", 1, MESH_AXIS, "tensor-parallel axis"),
     Key("mesh.cpu_devices", -1, integer(0, 4096, also=(-1,)),
         "CPU devices `rljax train` splits the machine into before JAX starts (XLA:CPU runs one "

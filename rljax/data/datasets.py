@@ -7,6 +7,8 @@ The data sources themselves (``data.source='NAME:ARGS'``) are registered
   (``solution`` optional, for SFT). An integer answer is read as its decimal text (``3`` ->
   ``'3'``); any other non-string answer (``3.0``, ``true``, ``[3]``, an object) is an error
   naming file and line, since its text would never match what a verifier extracts;
+- ``'code:PATH'``: programming problems checked by unit tests, a JSONL file in the MBPP or
+  HumanEval layout (``rljax.data.code_tasks``; ``reward.fn='code_tests'``);
 - ``'hf:PATH'``: a local ``.jsonl``/``.json``/``.parquet`` file, or a directory of them, read
   with Hugging Face ``datasets`` (same fields). Nothing is downloaded.
 
@@ -32,7 +34,7 @@ import random
 from rljax.data.prompt_policy import where
 from rljax.data.sources import Rows, data_settings, open_data_source, register_data_source
 from rljax.data.tasks import Problem, is_eval_prompt
-from rljax.errors import DataError, DataFileNotFoundError
+from rljax.errors import DataError, DataFileNotFoundError, MissingPackageError
 
 logger = logging.getLogger(__name__)
 
@@ -69,7 +71,7 @@ def read_hf(path: str) -> list[Problem]:
   try:
     import datasets  # the optional [hf] extra: hf: data sources only
   except ImportError:
-    raise ImportError(
+    raise MissingPackageError(
         f"data.source='hf:{path}' needs the Hugging Face datasets library: pip install datasets"
     ) from None
   files = _dataset_files(path)

@@ -33,7 +33,7 @@ import re
 from rljax.config import conditions
 from rljax.data.sources import register_data_source
 from rljax.data.tasks import MARKER, Problem, Task, marked_answer
-from rljax.errors import DataError
+from rljax.errors import DataError, MissingPackageError
 
 SOURCE_KIND = conditions.REASONING_GYM
 NAMES_HELP = ("the names are the keys of reasoning_gym.factory.DATASETS "
@@ -46,7 +46,7 @@ def _library():
   try:
     import reasoning_gym  # optional extra [reasoning_gym]: imported only by this source
   except ImportError:
-    raise ImportError("data.source='reasoning_gym:...' needs reasoning-gym: "
+    raise MissingPackageError("data.source='reasoning_gym:...' needs reasoning-gym: "
                       "pip install 'rljax[reasoning_gym]'") from None
   return reasoning_gym
 

@@ -76,6 +76,12 @@ class Tokenizer(abc.ABC):
     raise TokenizerError(f"{type(self).__name__} has no chat template to render chat messages "
                          "with (data.chat_template=True with a Hugging Face tokenizer has one)")
 
+  def render_chat(self, messages: Sequence[dict], tools: Sequence[dict] | None = None) -> str:
+    """The text of a whole conversation up to the next assistant header, with the function
+    ``tools`` offered (the chat template's own rendering; an agent endpoint's requests)."""
+    raise TokenizerError(f"{type(self).__name__} has no chat template to render chat messages "
+                         "with (data.chat_template=True with a Hugging Face tokenizer has one)")
+
   def fingerprint(self) -> str:
     """What fixes the ids of every text: two tokenizers with the same fingerprint encode any text
     alike (a model's ids mean the same under both). By default this very object only."""
@@ -211,9 +217,15 @@ class HFTokenizer(Tokenizer):
   def chat_turns(self) -> bool:
     return self.use_chat_template
 
-  def _template(self, messages) -> str:
+  def render_chat(self, messages: Sequence[dict], tools: Sequence[dict] | None = None) -> str:
+    if not self.use_chat_template:
+      return super().render_chat(messages, tools)
+    return self._template(list(messages), tools=list(tools) if tools else None)
+
+  def _template(self, messages, tools=None) -> str:
     try:
-      return self._hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+      return self._hf.apply_chat_template(messages, tools=tools, tokenize=False,
+                                          add_generation_prompt=True)
     except Exception as e:  # jinja2's TemplateError, or the template's own raise_exception
       first = (str(e).strip().splitlines() or [type(e).__name__])[0]
       roles = ", ".join(str(m.get("role")) if isinstance(m, dict) else "?" for m in messages)

@@ -30,7 +30,7 @@ import json
 from rljax.config import conditions
 from rljax.data.sources import Rows, register_data_source
 from rljax.data.tasks import Problem, is_eval_prompt
-from rljax.errors import DataError
+from rljax.errors import DataError, MissingPackageError
 
 SOURCE_KIND = conditions.VERIFIERS
 # The dataset columns an episode reads (``Environment.init_state``); the others stay behind.
@@ -43,7 +43,7 @@ def library():
   try:
     import verifiers  # optional extra [verifiers]: imported only by verifiers sources
   except ImportError:
-    raise ImportError("data.source='verifiers:...' needs the verifiers library: "
+    raise MissingPackageError("data.source='verifiers:...' needs the verifiers library: "
                       "pip install 'rljax[verifiers]'") from None
   return verifiers
 

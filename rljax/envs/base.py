@@ -39,6 +39,7 @@ from typing import Any, List, Sequence, Union
 import numpy as np
 
 from rljax.config.table import options
+from rljax.errors import StartupError
 from rljax.registries import ENVS
 
 # Text, token ids, or chat messages ({"role": ..., "content": ...}) rendered with the chat template.
@@ -78,6 +79,9 @@ class Environment(abc.ABC):
   how tool calls are written, ``rljax.envs.tools``)."""
 
   name: str = ""
+  # Whether episode engines step it (``turn_sync``, ``async_turns``); an agent harness is not
+  # stepped: the endpoint engine plays it (``rljax.agents.harness``).
+  stepped: bool = True
 
   def __init__(self, *, max_turns: int = 4, tool_format: str = "compact"):
     if tool_format not in TOOL_FORMATS:
@@ -123,6 +127,16 @@ def env_names() -> List[str]:
 
 def get_env_class(name: str):
   return ENVS.get(name)
+
+
+def check_engine(name: str, engine: str, steps: bool) -> None:
+  """Refuse to run environment ``name`` with ``env.engine=engine`` (which ``steps``
+  environments, or plays agent harnesses) when that is not how it runs
+  (``Environment.stepped``)."""
+  if get_env_class(name).stepped != steps:
+    how = ("is stepped: run it with env.engine='turn_sync' or 'async_turns'" if steps is False
+           else "is an agent harness: run it with env.engine='endpoint'")
+    raise StartupError(f"env.name={name!r} {how}, not env.engine={engine!r}")
 
 
 def make_env(name: str, *, max_turns: int = 4, tool_format: str = "compact") -> Environment:

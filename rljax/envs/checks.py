@@ -24,6 +24,8 @@ def check_env_startup(config, tokenizer) -> None:
   except Exception as error:
     raise ConfigError(f"env.name={e.name!r} cannot be constructed: {type(error).__name__}: "
                       f"{_first_line(error)}") from None
+  if not env.stepped:  # an agent harness: its workers look it up by name
+    return
   try:
     pickle.loads(pickle.dumps(env))
   except Exception as error:

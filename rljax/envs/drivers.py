@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from rljax.config.reward_spec import ENV_SOURCE
 from rljax.envs.async_turns import run_async_episodes
+from rljax.envs.base import check_engine
 from rljax.envs.episodes import EnvSettings, MultiTurnResult, run_episodes
 from rljax.errors import RewardSourceError, StartupError
 from rljax.rewards.sources import RewardBatch, Scored, register_reward_source
@@ -26,7 +27,10 @@ from rljax.rollout.sampling import SamplingParams
 class EpisodeEngineBase:
   """A multi-turn driver around ``base``: everything but ``episodes`` is the base engine's."""
 
+  steps = True  # it steps environments (``Environment.stepped``)
+
   def __init__(self, base: RolloutEngine, settings: EnvSettings, tokenizer, prompt_bucket: int):
+    check_engine(settings.name, settings.engine, self.steps)
     self.base, self.settings = base, settings
     self.tokenizer, self.prompt_bucket = tokenizer, prompt_bucket
 

@@ -71,8 +71,9 @@ class EnvSettings:
   workers: int = 4
   max_worker_memory_mb: int = 0
   worker_max_calls: int = 0
-  engine: str = "turn_sync"  # or 'async_turns' (rljax.envs.async_turns)
-  slots: int = 0  # the async_turns engine's lanes; 0: every row
+  engine: str = "turn_sync"  # or 'async_turns' (rljax.envs.async_turns), 'endpoint'
+  slots: int = 0  # the async_turns and endpoint engines' lanes; 0: every row
+  harness_workers: int = 16  # the endpoint engine's harness processes (episodes in flight)
   turn_discount: float = 1.0  # < 1: per-turn token rewards, discounted across turns
   # The most tokens a first observation may hold (the model's context less ``max_tokens``,
   # ``data.max_prompt_tokens``: ``rljax.data.prompt_policy``); 0: no limit.
@@ -88,6 +89,7 @@ class EnvSettings:
                timeout_s=e.timeout_s, tool_format=e.tool_format, workers=r.workers,
                max_worker_memory_mb=r.max_worker_memory_mb,
                worker_max_calls=r.worker_max_calls, engine=e.engine, slots=e.slots,
+               harness_workers=e.get("harness_workers", cls.harness_workers),
                turn_discount=e.turn_discount)
 
   @property
@@ -287,6 +289,17 @@ def finish_episodes(episodes: Sequence[Episode], prompts: Sequence[Sequence[int]
                     tokenizer, group_size: int, prompt_bucket: int, budget: int,
                     counts: dict, turn_discount: float = 1.0) -> MultiTurnResult:
   """The ``MultiTurnResult`` of finished episodes: the record and the batch's ``env/*`` sums."""
+  tally(episodes, counts)
+  prompt_tokens, prompt_mask = left_pad(prompts, prompt_bucket, tokenizer.pad_id)
+  g = group_size
+  rollout = build_record(episodes, np.repeat(prompt_tokens, g, 0), np.repeat(prompt_mask, g, 0),
+                         budget, tokenizer.pad_id, turn_discount=turn_discount)
+  transcripts = [tokenizer.decode(ep.ids) for ep in episodes]
+  return MultiTurnResult(rollout, episodes, transcripts, counts)
+
+
+def tally(episodes: Sequence[Episode], counts: dict) -> dict:
+  """The batch's ``env/*`` sums of finished episodes added to ``counts``."""
   counts["env/episodes"] = float(len(episodes))
   for ep in episodes:
     counts["env/turns"] += ep.turns
@@ -297,12 +310,7 @@ def finish_episodes(episodes: Sequence[Episode], prompts: Sequence[Sequence[int]
     counts["env/max_turns"] += ep.end == "max_turns"
     counts["env/max_tokens"] += ep.end == "max_tokens"
     counts["env/env_tokens"] += ep.source.count(SOURCE_ENV)
-  prompt_tokens, prompt_mask = left_pad(prompts, prompt_bucket, tokenizer.pad_id)
-  g = group_size
-  rollout = build_record(episodes, np.repeat(prompt_tokens, g, 0), np.repeat(prompt_mask, g, 0),
-                         budget, tokenizer.pad_id, turn_discount=turn_discount)
-  transcripts = [tokenizer.decode(ep.ids) for ep in episodes]
-  return MultiTurnResult(rollout, episodes, transcripts, counts)
+  return counts
 
 
 def run_episodes(problems: Sequence, key, *, generate: GenerateFn, tokenizer, settings: EnvSettings,

@@ -48,7 +48,12 @@ def _rubric(vf, format_weight: float):
   return vf.Rubric(funcs=[correct_answer, integer_answer], weights=[1.0, format_weight])
 
 
-def _rows(make, n: int, seed: int) -> list[dict]:
+def _rows(make, n: int, seed: int, distinct: int) -> list[dict]:
+  """``n`` rows of distinct questions drawn by ``make``; more than the ``distinct`` questions it
+  can draw is a ValueError (drawing until ``n`` would never end)."""
+  if n > distinct:
+    raise ValueError(f"num_examples={n} is more than the {distinct} distinct problems this "
+                     "environment has")
   rng = random.Random(f"verifiers_demo/{seed}")
   rows, seen = [], set()
   while len(rows) < n:
@@ -83,7 +88,8 @@ def load_arith_environment(num_examples: int = 2000, max_operand: int = 99, seed
   """A single-turn environment of ``a+b=`` / ``a*b=`` problems (module docstring)."""
   import verifiers as vf  # optional extra [verifiers]
   from datasets import Dataset  # a dependency of verifiers
-  rows = _rows(lambda rng: _arith(rng, max_operand), num_examples, seed)
+  rows = _rows(lambda rng: _arith(rng, max_operand), num_examples, seed,
+               distinct=2 * (max_operand + 1) ** 2)  # a+b= and a*b=, a and b in 0..max_operand
   return vf.SingleTurnEnv(dataset=Dataset.from_list(rows), rubric=_rubric(vf, format_weight))
 
 
@@ -92,7 +98,7 @@ def load_calc_environment(num_examples: int = 2000, seed: int = 0, max_turns: in
   """A tool environment of ``123*45=`` problems with the ``calc`` tool (module docstring)."""
   import verifiers as vf  # optional extra [verifiers]
   from datasets import Dataset  # a dependency of verifiers
-  rows = _rows(_product, num_examples, seed)
+  rows = _rows(_product, num_examples, seed, distinct=900 * 90)  # 3-digit by 2-digit
   # A failed call is answered 'error' (the library's default answer, the exception's text, may
   # hold characters the char tokenizer lacks).
   return vf.ToolEnv(dataset=Dataset.from_list(rows), tools=[calc], max_turns=max_turns,

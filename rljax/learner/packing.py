@@ -18,6 +18,16 @@ first row with room; used rows form a prefix, filled chunk by chunk.
 Packing saves work only by the chunks it leaves empty: in a layout of one chunk it computes as
 many rows as the padded forward plus the layout's gathers. ``packs`` says, per forward, whether
 ``model.pack`` packs it.
+
+Exact means: every sequence's per-token outputs are those of the padded forward, because a
+sequence attends only to itself and every other layer is per token. MoE layers keep that under a
+dropless dispatch ('sparse', 'dense': each token's experts and gates are its own). Under
+'capacity' dispatch they do not: which token-choice pairs an expert drops depends on every token
+of the forward (``C = ceil(f T k / E)`` of its ``T`` tokens, the queue in their order), so a
+layout that puts other tokens together, or in another order, computes another function, not a
+rounding of the same one. Such a model is never packed ('auto' keeps the padded rows; True is
+refused at start-up). Its padded forwards share the property with micro-batches and
+``model.forward_tokens`` row chunks: under capacity dispatch, the update is exact per forward.
 """
 from __future__ import annotations
 
@@ -26,18 +36,16 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from rljax.config.table import AUTO_PACK_MIN_CHUNKS, AUTO_PACK_PLATFORMS, options
+from rljax.config.table import (AUTO_PACK_MIN_CHUNKS, AUTO_PACK_PLATFORMS, CAPACITY_UNPACKED,
+                                options)
 
 SETTINGS = options("model.pack")  # 'auto' and the strings of True / False a command line gives
 
 
-def packs(setting, chunks: int, platform: str) -> bool:
-  """``model.pack`` resolved for a forward whose packed layout (``chunk_shape``) has ``chunks``
-  chunks on ``platform``: True / False (or their strings) force it; 'auto' packs on
-  ``AUTO_PACK_PLATFORMS`` when ``chunks >= AUTO_PACK_MIN_CHUNKS`` (``rljax/config/table.py`` says
-  why and where it was measured)."""
+def forced(setting) -> bool | None:
+  """``model.pack`` as True / False where it forces the layout, None for 'auto'."""
   if setting == "auto":
-    return platform in AUTO_PACK_PLATFORMS and chunks >= AUTO_PACK_MIN_CHUNKS
+    return None
   if isinstance(setting, bool):
     return setting
   if setting in SETTINGS:
@@ -45,14 +53,30 @@ def packs(setting, chunks: int, platform: str) -> bool:
   raise ValueError(f"model.pack={setting!r}: expected one of {list(SETTINGS)} or a bool")
 
 
+def packs(setting, chunks: int, platform: str, capacity: bool = False) -> bool:
+  """``model.pack`` resolved for a forward whose packed layout (``chunk_shape``) has ``chunks``
+  chunks on ``platform``: True / False (or their strings) force it; 'auto' packs on
+  ``AUTO_PACK_PLATFORMS`` when ``chunks >= AUTO_PACK_MIN_CHUNKS`` (``rljax/config/table.py`` says
+  why and where it was measured). ``capacity``: the model's MoE layers dispatch by capacity,
+  which never packs (``CAPACITY_UNPACKED``: 'auto' resolves padded, True is a ValueError)."""
+  force = forced(setting)
+  if capacity:
+    if force:
+      raise ValueError(CAPACITY_UNPACKED)
+    return False
+  if force is None:
+    return platform in AUTO_PACK_PLATFORMS and chunks >= AUTO_PACK_MIN_CHUNKS
+  return force
+
+
 def packed_shape(setting, platform: str, rows: int, width: int, max_tokens: int,
-                 shards: int = 1, at_least: int = 1) -> tuple | None:
+                 shards: int = 1, at_least: int = 1, capacity: bool = False) -> tuple | None:
   """``(C, R, W)``: the packed chunks (``chunk_rows`` rows as wide as the padded ones) of a
   forward over ``rows`` rows of ``width`` tokens (``max_tokens`` per shard a chunk, 0 for no
   limit; ``at_least`` micro-batches), or None where ``model.pack=setting`` resolves to the
-  padded rows for it (``packs``)."""
+  padded rows for it (``packs``; ``capacity``: MoE layers dispatched by capacity)."""
   shape = chunk_shape(rows, width, chunk_rows(rows, width, max_tokens, shards, at_least))
-  return shape if packs(setting, shape[0], platform) else None
+  return shape if packs(setting, shape[0], platform, capacity) else None
 
 
 class Layout(NamedTuple):
@@ -141,7 +165,7 @@ def layout(valid, shape: tuple) -> Layout:
   are one sequence each; ``S <= W``)."""
   if valid.shape[1] > shape[2]:
     raise ValueError(f"rows of {valid.shape[1]} tokens do not fit packed rows of {shape[2]}")
-  return first_fit_decreasing(valid.astype(jnp.int32).sum(axis=1), shape)
+  return first_fit_decreasing((valid > 0).astype(jnp.int32).sum(axis=1), shape)
 
 
 def slots(valid, lay: Layout):
@@ -166,9 +190,14 @@ def pack(x, valid, lay: Layout, fill=0):
 
 
 def segment_ids(valid, lay: Layout):
-  """[C, R, W] int32: each packed slot's segment id, 0 where no token is."""
-  seg = jnp.broadcast_to(lay.segment[:, None], valid.shape)
-  return pack(seg, valid, lay)
+  """[C, R, W] int32: each packed slot's segment id (1, 2, ... along a packed row), 0 where no
+  token is. A row of ``valid`` that holds segment ids (several samples of one episode:
+  ``rljax.agents.trajectory``) keeps them apart: each of its segments is a segment of the packed
+  row, numbered in order (for 0/1 rows the ids are ``Layout.segment``)."""
+  keyed = pack(lay.segment[:, None] * (valid.shape[1] + 1) + valid.astype(jnp.int32), valid, lay)
+  before = jnp.concatenate([jnp.zeros_like(keyed[..., :1]), keyed[..., :-1]], axis=-1)
+  starts = (keyed > 0) & (keyed != before)
+  return jnp.where(keyed > 0, jnp.cumsum(starts.astype(jnp.int32), axis=-1), 0)
 
 
 def next_tokens(tokens, valid, lay: Layout):

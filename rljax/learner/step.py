@@ -30,6 +30,7 @@ from rljax.algos import losses as loss_lib
 from rljax.algos import value as value_lib
 from rljax.algorithm import Algorithm
 from rljax.models import ModelConfig, lora, transformer
+from rljax.parallel import context as context_lib
 from rljax.rewards import shaping
 from rljax.rollout.sampler import Rollout
 from rljax.learner import packing
@@ -48,12 +49,20 @@ def sequence_inputs(rollout: Rollout):
 
   Multi-turn rollouts (``rljax.envs.episodes``) carry ``extras['source']`` [B, T] (0 padding, 1
   policy, 2 environment): the forward attends to policy *and* environment tokens (the
-  observations the policy saw), while ``mask`` (the losses') stays on policy tokens only."""
+  observations the policy saw), while ``mask`` (the losses') stays on policy tokens only. A
+  record whose rows hold several separate samples (an agent episode whose calls did not extend
+  each other: ``rljax.agents.trajectory``) also carries ``extras['segment']`` [B, T] (1, 2, ...
+  on every non-padding position, 0 on padding): ``attn_mask`` is then segment ids (the prompt
+  in segment 1), so each sample's positions start at 0 and its attention stays within it."""
   tokens = jnp.concatenate([rollout.prompt_tokens, rollout.tokens], axis=1).astype(jnp.int32)
+  extras = rollout.extras if isinstance(rollout.extras, dict) else {}
   completion = rollout.mask
-  source = rollout.extras.get("source") if isinstance(rollout.extras, dict) else None
+  source = extras.get("source")
   if source is not None:
     completion = (source > 0) | (rollout.mask > 0)
+  completion = completion.astype(jnp.int32)
+  if extras.get("segment") is not None:
+    completion = jnp.where(completion > 0, jnp.maximum(extras["segment"], 1), 0)
   attn = jnp.concatenate([rollout.prompt_mask.astype(jnp.int32), completion.astype(jnp.int32)],
                          axis=1)
   return tokens, attn
@@ -62,11 +71,13 @@ def sequence_inputs(rollout: Rollout):
 class Packed(NamedTuple):
   """How a forward takes a batch's rows packed (``rljax.learner.packing``): the ``layout``; the
   update's one chunk ``chunk`` (traced), or None for every used chunk (scoring), run in a scan
-  ``side_by_side`` per iteration; ``place``: the chunk's rows constrained to the data shards."""
+  ``side_by_side`` per iteration; ``place``: the chunk's rows constrained to the data shards;
+  ``context``: each packed row's tokens split over a mesh axis (``RowSplit.context``)."""
   layout: packing.Layout
   chunk: jax.Array | None = None
   side_by_side: int = 1
   place: Callable = lambda tree: tree
+  context: context_lib.Context | None = None
 
 
 def _moe_rows(moe, rows: int):
@@ -94,6 +105,11 @@ def _completion_forward(model_cfg: ModelConfig, params, rollout: Rollout,
 
   def chunk_out(rows):
     tokens, attn, routes = rows
+    if split.context is not None:
+      per_token, moe = context_lib.per_token(model_cfg, params, tokens, attn, split.context,
+                                             head, out, routes=routes)
+      return (jax.tree.map(lambda a: a[:, s - t - 1:s - 1], per_token),
+              _moe_rows(moe, tokens.shape[0]))
     hidden, model, moe = transformer.forward_with_routes(model_cfg, params, tokens, attn, head,
                                                          routes)
     return (out(model, hidden[:, s - t - 1:s - 1], tokens[:, s - t:]),
@@ -119,6 +135,11 @@ def _packed_forward(model_cfg: ModelConfig, params, tokens, valid, prompt_width:
 
   def run(index):
     x = split.place(jax.tree.map(lambda a: a[index], inputs))
+    if split.context is not None:
+      y, moe = context_lib.per_token(model_cfg, params, x["tokens"], x["segments"],
+                                     split.context, head, out, x["targets"], x.get("routes"))
+      return y, (None if moe is None else (moe.routes, moe.aux_loss,
+                                           jnp.asarray(moe.dropped, jnp.float32)))
     hidden, model, moe = transformer.forward_with_routes(model_cfg, params, x["tokens"],
                                                          x["segments"], head, x.get("routes"))
     return out(model, hidden, x["targets"]), (
@@ -226,7 +247,8 @@ class StepSpec:
   ``side_by_side``: row chunks per scan iteration (``update.concurrent_chunks``);
   ``keep_rows``: a record's rows constrained to the data shards (``update.run_epochs``).
   ``pack``: ``model.pack`` (True, False or 'auto'), resolved per forward on ``platform``
-  (``pack_shape``)."""
+  (``pack_shape``). ``context``: every forward's rows split over the mesh's context axis
+  (``rljax.parallel.rules.context_layout``), or None."""
   algo: Algorithm
   model_cfg: ModelConfig
   actor_tx: optax.GradientTransformation
@@ -241,6 +263,7 @@ class StepSpec:
   keep_rows: Callable = lambda tree: tree
   pack: bool | str = False
   platform: str = "cpu"
+  context: context_lib.Context | None = None
 
   @property
   def reuse_policy_forward(self) -> bool:
@@ -263,7 +286,7 @@ class StepSpec:
     rows = rollout.tokens.shape[0]
     seq_len = rollout.prompt_tokens.shape[1] + rollout.tokens.shape[1]
     parts = update_lib.row_parts(rows, self.row_shards, seq_len, self.forward_tokens, at_least)
-    return update_lib.RowSplit(parts, self.side_by_side)
+    return update_lib.RowSplit(parts, self.side_by_side, self.context)
 
   def pack_rows(self, rows: int, seq_len: int, at_least: int = 1) -> int:
     """Packed rows of ``seq_len`` tokens per chunk (``packing.chunk_rows``)."""
@@ -274,7 +297,13 @@ class StepSpec:
     forward over ``rows`` rows of ``seq_len`` tokens, or None where ``model.pack`` resolves to
     the padded rows for it (``packing.packs``)."""
     return packing.packed_shape(self.pack, self.platform, rows, seq_len, self.forward_tokens,
-                                self.row_shards, at_least)
+                                self.row_shards, at_least, capacity=self.capacity_dispatch)
+
+  @property
+  def capacity_dispatch(self) -> bool:
+    """Whether the policy's MoE layers dispatch by capacity (never packed: ``packing``)."""
+    cfg = self.model_cfg  # None in a spec made for its layout alone
+    return cfg is not None and bool(cfg.moe_layers) and cfg.moe_dispatch == "capacity"
 
   def describe_packing(self, rows: int, seq_len: int) -> str:
     """One start-up line: how ``model.pack`` resolves for scoring ``rows`` rows of ``seq_len``
@@ -300,7 +329,7 @@ class StepSpec:
       return self.row_split(rollout, at_least)
     _, valid = sequence_inputs(rollout)
     return Packed(packing.layout(valid, shape), side_by_side=self.side_by_side,
-                  place=self.keep_rows)
+                  place=self.keep_rows, context=self.context)
 
 
 # --- scoring -------------------------------------------------------------------------------------
@@ -545,7 +574,8 @@ def minibatch_update(learner: StepSpec, hp, state: TrainState, minibatch: Rollou
   else:
     counts = minibatch_counts(learner, minibatch, split.parts)
     accumulate = lambda loss_fn, params, **kw: update_lib.accumulate_gradients(
-        lambda p, mb, c: loss_fn(p, mb, update_lib.RowSplit(), c), params, minibatch, counts,
+        lambda p, mb, c: loss_fn(p, mb, update_lib.RowSplit(context=learner.context), c),
+        params, minibatch, counts,
         parts=split.parts, side_by_side=split.side_by_side, **kw)
   if update_actor:
     # Gradients w.r.t. the trainable parameters only (the adapters, with LoRA); the frozen base

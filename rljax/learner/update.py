@@ -43,9 +43,11 @@ def merge_rows(tree):
 
 class RowSplit(NamedTuple):
   """How a forward takes a batch's rows: ``parts`` chunks (``split_rows``) in a scan,
-  ``side_by_side`` of them per iteration (``concurrent_chunks``)."""
+  ``side_by_side`` of them per iteration (``concurrent_chunks``); each row's tokens split over
+  ``context`` (``rljax.parallel.context.Context``; None: one device holds a row)."""
   parts: int = 1
   side_by_side: int = 1
+  context: Any = None
 
 
 def map_rows(fn: Callable, tree, split: RowSplit):

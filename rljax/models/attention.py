@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import NamedTuple
 
 import chex
 import jax
@@ -151,15 +152,59 @@ def reference_attention(q, k, v, k_segments, *, q_offset=0, window=None):
 
 
 # --- blockwise (flash) attention in pure JAX ----------------------------------------------------
+#
+# The kernel works on any evenly spaced slots: query i of a call sits at slot ``q0 + stride * i``
+# and key j at ``k0 + stride * j`` of the row (stride 1 here; the striped layout of context
+# parallelism, ``rljax.parallel.ring``, calls it with stride N on each device's every N-th slot).
+# Causality, the window and the segments are decided by slot, so one device's piece of a ring
+# step is the same kernel with other numbers.
 
-def _key_block_range(q_first, q_last, bk, nk, window, seg_start):
-  """Key blocks ``[lo, hi)`` holding a key some query in slots ``q_first..q_last`` may see;
-  ``seg_start``: the first slot of any of their segments (``segment_spans``)."""
-  hi = jnp.clip(q_last // bk + 1, 0, nk)
-  lo = seg_start // bk
-  if window is not None:
-    lo = jnp.maximum(lo, (q_first - window + 1) // bk)
-  return jnp.clip(lo, 0, nk), hi
+class Rows(NamedTuple):
+  """What the blockwise kernel reads of the rows besides q, k, v, all int32: the segment of each
+  query ``q_seg`` [B, Sq] and key ``k_seg`` [B, K] (``query_segments``; 0 padding), the first
+  slot a query's segment may see ``q_start`` [B, Sq] and the last slot of a query that may see a
+  key ``k_end`` [B, K] (``segment_spans``: the kernel's block skipping)."""
+  q_seg: jax.Array
+  k_seg: jax.Array
+  q_start: jax.Array
+  k_end: jax.Array
+
+  def padded(self, sq: int, kn: int) -> "Rows":
+    """Padded to ``sq`` queries and ``kn`` keys: padding keys have segment 0 and no query that
+    sees them; a padding query segment 0 and the last query's start (no block range changes)."""
+    pad = lambda x, n, **kw: jnp.pad(x, ((0, 0), (0, n - x.shape[1])), **kw)
+    return Rows(pad(self.q_seg, sq), pad(self.k_seg, kn), pad(self.q_start, sq, mode="edge"),
+                pad(self.k_end, kn, constant_values=-1))
+
+
+def row_spans(k_segments, q_offset, num_queries: int) -> Rows:
+  """``Rows`` of queries at slots ``q_offset .. q_offset + num_queries - 1`` against the keys of
+  ``k_segments`` [B, K] at slots ``0 .. K-1``."""
+  start, end = segment_spans(k_segments)
+  return Rows(query_segments(k_segments, q_offset, num_queries), k_segments,
+              jax.lax.dynamic_slice_in_dim(start, q_offset, num_queries, axis=1), end)
+
+
+def _ceil_div(a, n: int):
+  return -((-a) // n)
+
+
+def _key_block_range(q_first, q_last, k0, stride: int, bk, nk, window, seg_start):
+  """Key blocks ``[lo, hi)`` holding a key some query in slots ``q_first..q_last`` may see (key
+  j at slot ``k0 + stride * j``); ``seg_start``: the first slot of any of their segments."""
+  lo_slot = seg_start if window is None else jnp.maximum(seg_start, q_first - window + 1)
+  lo = _ceil_div(lo_slot - k0, stride) // bk
+  hi = (q_last - k0) // stride // bk + 1
+  return jnp.clip(lo, 0, nk), jnp.clip(hi, 0, nk)
+
+
+def _query_block_range(k_first, k_last, q0, stride: int, bq, nq, window, seg_end):
+  """Query blocks ``[lo, hi)`` holding a query that may see a key in slots ``k_first..k_last``
+  (query i at slot ``q0 + stride * i``); ``seg_end``: the last query slot of their segments."""
+  hi_slot = seg_end if window is None else jnp.minimum(seg_end, k_last + window - 1)
+  lo = _ceil_div(k_first - q0, stride) // bq
+  hi = (hi_slot - q0) // stride // bq + 1
+  return jnp.clip(lo, 0, nq), jnp.clip(hi, 0, nq)
 
 
 def segment_spans(k_segments):
@@ -185,12 +230,13 @@ def _scores(qb, kb, scale):
   return s / scale
 
 
-def _block_ok(k_segments, q_segments, q_offset, i, k0, bq, bk, r, window):
-  """allowed of query block ``i`` and the key block at ``k0`` as [B, 1, bq*R, bk] (query rows
-  are slot-major, head-minor)."""
-  ok = allowed_mask(jax.lax.dynamic_slice_in_dim(k_segments, k0, bk, 1),
-                    jax.lax.dynamic_slice_in_dim(q_segments, i * bq, bq, 1),
-                    q_offset + i * bq + jnp.arange(bq), k0 + jnp.arange(bk), window)
+def _block_ok(rows: Rows, q0, k0, stride: int, i, kj, bq, bk, r, window):
+  """allowed of query block ``i`` and the key block starting at key ``kj`` as [B, 1, bq*R, bk]
+  (query rows are slot-major, head-minor)."""
+  ok = allowed_mask(jax.lax.dynamic_slice_in_dim(rows.k_seg, kj, bk, 1),
+                    jax.lax.dynamic_slice_in_dim(rows.q_seg, i * bq, bq, 1),
+                    q0 + stride * (i * bq + jnp.arange(bq)), k0 + stride * (kj + jnp.arange(bk)),
+                    window)
   return jnp.repeat(ok, r, axis=1)[:, None]
 
 
@@ -201,8 +247,9 @@ def balanced_block(n: int, block: int) -> int:
   return -(-n // -(-n // block))
 
 
-def _layout(q, k, v, block):
-  """Head-major, block-padded operands: q [B, G, Sp*R, Dh], k, v [B, G, Kp, Dh]."""
+def head_major(q, k, v, block):
+  """Head-major, block-padded operands: q [B, G, Sp*R, Dh], k, v [B, G, Kp, Dh], and the
+  blocks ``bq``, ``bk``."""
   b, s, h, dh = q.shape
   kn, g = k.shape[1], k.shape[2]
   bq, bk = balanced_block(s, block), balanced_block(kn, block)
@@ -215,7 +262,7 @@ def _layout(q, k, v, block):
   return qh, kh, vh, bq, bk
 
 
-def _unlayout(x, b, s, h, dh, g):
+def token_major(x, b, s, h, dh, g):
   """[B, G, Sp*R, Dh] -> [B, S, H, Dh]."""
   x = x.reshape(b, g, -1, h // g, dh).transpose(0, 2, 1, 3, 4)
   return x[:, :s].reshape(b, s, h, dh)
@@ -224,35 +271,36 @@ def _unlayout(x, b, s, h, dh, g):
 def blockwise_attention(q, k, v, k_segments, q_offset=0, *, window=None, block=DEFAULT_BLOCK):
   """``reference_attention`` by blocks of ``block`` queries x ``block`` keys, never ``S x K``."""
   b, s, h, dh = q.shape
-  kn, g = k.shape[1], k.shape[2]
-  segments = as_segments(k_segments)
+  g = k.shape[2]
   q_offset = jnp.asarray(q_offset, jnp.int32)
-  qh, kh, vh, bq, bk = _layout(q, k, v, block)
-  k_seg = jnp.pad(segments, ((0, 0), (0, kh.shape[2] - kn)))
-  q_seg = jnp.pad(query_segments(segments, q_offset, s), ((0, 0), (0, qh.shape[2] // (h // g) - s)))
-  start, end = segment_spans(segments)
-  out = _flash(qh, kh, vh, k_seg, q_seg, start, end, q_offset, bq, bk, h // g, window)
-  return _unlayout(out, b, s, h, dh, g)
+  qh, kh, vh, bq, bk = head_major(q, k, v, block)
+  rows = row_spans(as_segments(k_segments), q_offset, s).padded(qh.shape[2] // (h // g),
+                                                                kh.shape[2])
+  out = _flash(qh, kh, vh, rows, q_offset, jnp.zeros((), jnp.int32), 1, bq, bk, h // g, window)
+  return token_major(out, b, s, h, dh, g)
 
 
-def _flash_forward(q, k, v, k_seg, q_seg, start, end, q_offset, bq, bk, r, window):
-  """Online-softmax forward: (out [B, G, Sp*R, Dh] in q's dtype, lse [B, G, Sp*R] float32)."""
-  del end
-  b, g, rows, dh = q.shape
-  nq, nk = rows // (bq * r), k.shape[2] // bk
+def flash_forward(q, k, v, rows: Rows, q0, k0, stride: int, bq, bk, r, window, out_dtype=None):
+  """Online-softmax forward of head-major q [B, G, Sp*R, Dh] against k, v [B, G, Kp, Dh]
+  (queries at slots ``q0 + stride * i``, keys at ``k0 + stride * j``): (out [B, G, Sp*R, Dh] in
+  ``out_dtype`` (q's), lse [B, G, Sp*R] float32: the log-sum-exp of each query's scores,
+  ``MASK_VALUE`` where it sees no key (its out is then 0))."""
+  b, g, n_rows, dh = q.shape
+  nq, nk = n_rows // (bq * r), k.shape[2] // bk
   scale = np.float32(math.sqrt(dh))
 
   def query_block(i, carry):
     out, lse = carry
     qb = jax.lax.dynamic_slice_in_dim(q, i * bq * r, bq * r, 2)
-    q0 = q_offset + i * bq
-    seg_start = jnp.min(jax.lax.dynamic_index_in_dim(start, q0, 1, keepdims=False))
-    lo, hi = _key_block_range(q0, q0 + bq - 1, bk, nk, window, seg_start)
+    q_first = q0 + stride * i * bq
+    seg_start = jnp.min(jax.lax.dynamic_slice_in_dim(rows.q_start, i * bq, bq, 1))
+    lo, hi = _key_block_range(q_first, q_first + stride * (bq - 1), k0, stride, bk, nk, window,
+                              seg_start)
 
     def key_block(j, acc):
       o, m, l = acc
       s = _scores(qb, jax.lax.dynamic_slice_in_dim(k, j * bk, bk, 2), scale)
-      ok = _block_ok(k_seg, q_seg, q_offset, i, j * bk, bq, bk, r, window)
+      ok = _block_ok(rows, q0, k0, stride, i, j * bk, bq, bk, r, window)
       s = jnp.where(ok, s, MASK_VALUE)
       m_new = jnp.maximum(m, s.max(-1))
       p = jnp.where(ok, jnp.exp(s - m_new[..., None]), 0.0)
@@ -267,54 +315,40 @@ def _flash_forward(q, k, v, k_seg, q_seg, start, end, q_offset, bq, bk, r, windo
     o, m, l = jax.lax.fori_loop(lo, hi, key_block, init)
     seen = l > 0
     o = o / jnp.where(seen, l, 1.0)[..., None]
-    block_lse = jnp.where(seen, m + jnp.log(jnp.where(seen, l, 1.0)), 0.0)
+    block_lse = jnp.where(seen, m + jnp.log(jnp.where(seen, l, 1.0)), MASK_VALUE)
     out = jax.lax.dynamic_update_slice_in_dim(out, o.astype(out.dtype), i * bq * r, 2)
     return out, jax.lax.dynamic_update_slice_in_dim(lse, block_lse, i * bq * r, 2)
 
-  init = (jnp.zeros(q.shape, q.dtype), jnp.zeros((b, g, rows), jnp.float32))
+  init = (jnp.zeros(q.shape, out_dtype or q.dtype), jnp.zeros((b, g, n_rows), jnp.float32))
   return jax.lax.fori_loop(0, nq, query_block, init)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(8, 9, 10, 11))
-def _flash(q, k, v, k_seg, q_seg, start, end, q_offset, bq, bk, r, window):
-  return _flash_forward(q, k, v, k_seg, q_seg, start, end, q_offset, bq, bk, r, window)[0]
-
-
-def _flash_fwd(q, k, v, k_seg, q_seg, start, end, q_offset, bq, bk, r, window):
-  out, lse = _flash_forward(q, k, v, k_seg, q_seg, start, end, q_offset, bq, bk, r, window)
-  return out, (q, k, v, k_seg, q_seg, start, end, q_offset, out, lse)
-
-
-def _flash_bwd(bq, bk, r, window, res, dout):
-  """FlashAttention-2 backward: per key block, recompute ``P = exp(S - lse)`` for the query
-  blocks that see it; ``dV += P^T dO``, ``dS = P (dO V^T - rowsum(dO * O))``, ``dK += dS^T Q``,
-  ``dQ += dS K`` (with the 1/sqrt(Dh) scale)."""
-  q, k, v, k_seg, q_seg, start, end, q_offset, out, lse = res
-  del start
-  b, g, rows, dh = q.shape
-  nq, nk = rows // (bq * r), k.shape[2] // bk
+def flash_backward(q, k, v, rows: Rows, q0, k0, stride: int, lse, delta, dout, bq, bk, r,
+                   window):
+  """FlashAttention-2 backward of ``flash_forward``'s slots: per key block, recompute
+  ``P = exp(S - lse)`` for the query blocks that see it; ``dV += P^T dO``,
+  ``dS = P (dO V^T - delta)``, ``dK += dS^T Q``, ``dQ += dS K`` (with the 1/sqrt(Dh) scale).
+  ``lse`` and ``delta = rowsum(dO * O)`` [B, G, Sp*R] are the whole softmax's, so a piece of
+  the keys (a ring step) gets its exact share. Returns float32 (dq, dk, dv)."""
+  b, g, n_rows, dh = q.shape
+  nq, nk = n_rows // (bq * r), k.shape[2] // bk
   scale = np.float32(math.sqrt(dh))
-  delta = jnp.sum(dout.astype(jnp.float32) * out.astype(jnp.float32), axis=-1)
 
   def key_block(j, carry):
     dq, dk, dv = carry
-    k0 = j * bk
-    kb = jax.lax.dynamic_slice_in_dim(k, k0, bk, 2)
-    vb = jax.lax.dynamic_slice_in_dim(v, k0, bk, 2)
-    # Query blocks holding a query at or after slot k0, up to the last slot of the block's last
-    # segment (and, with a window, before k0+bk-1+window).
-    lo = jnp.clip((k0 - q_offset) // bq, 0, nq)
-    last = jnp.minimum(k0 + bk - 1, end.shape[1] - 1)
-    seg_end = jnp.max(jax.lax.dynamic_index_in_dim(end, last, 1, keepdims=False))
-    hi = jnp.clip((seg_end - q_offset) // bq + 1, 0, nq)
-    if window is not None:
-      hi = jnp.minimum(hi, jnp.clip((k0 + bk - 2 + window - q_offset) // bq + 1, 0, nq))
+    kj = j * bk
+    kb = jax.lax.dynamic_slice_in_dim(k, kj, bk, 2)
+    vb = jax.lax.dynamic_slice_in_dim(v, kj, bk, 2)
+    k_first = k0 + stride * kj
+    seg_end = jnp.max(jax.lax.dynamic_slice_in_dim(rows.k_end, kj, bk, 1))
+    lo, hi = _query_block_range(k_first, k_first + stride * (bk - 1), q0, stride, bq, nq,
+                                window, seg_end)
 
     def query_block(i, acc):
       dq, dkb, dvb = acc
       sl = lambda x: jax.lax.dynamic_slice_in_dim(x, i * bq * r, bq * r, 2)
       qb, dob = sl(q), sl(dout)
-      ok = _block_ok(k_seg, q_seg, q_offset, i, k0, bq, bk, r, window)
+      ok = _block_ok(rows, q0, k0, stride, i, kj, bq, bk, r, window)
       p = jnp.where(ok, jnp.exp(_scores(qb, kb, scale) - sl(lse)[..., None]), 0.0)
       dvb = dvb + jnp.einsum("bgqk,bgqd->bgkd", p.astype(dob.dtype), dob,
                              preferred_element_type=jnp.float32)
@@ -329,14 +363,35 @@ def _flash_bwd(bq, bk, r, window, res, dout):
 
     zeros = jnp.zeros((b, g, bk, dh), jnp.float32)
     dq, dkb, dvb = jax.lax.fori_loop(lo, hi, query_block, (dq, zeros, zeros))
-    dk = jax.lax.dynamic_update_slice_in_dim(dk, dkb, k0, 2)
-    return dq, dk, jax.lax.dynamic_update_slice_in_dim(dv, dvb, k0, 2)
+    dk = jax.lax.dynamic_update_slice_in_dim(dk, dkb, kj, 2)
+    return dq, dk, jax.lax.dynamic_update_slice_in_dim(dv, dvb, kj, 2)
 
   init = (jnp.zeros(q.shape, jnp.float32), jnp.zeros(k.shape, jnp.float32),
           jnp.zeros(v.shape, jnp.float32))
-  dq, dk, dv = jax.lax.fori_loop(0, nk, key_block, init)
-  return (dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None, None, None, None,
-          None)
+  return jax.lax.fori_loop(0, nk, key_block, init)
+
+
+def softmax_delta(out, dout):
+  """``rowsum(dO * O)`` [B, G, Sp*R] float32: the backward's correction for the softmax."""
+  return jnp.sum(dout.astype(jnp.float32) * out.astype(jnp.float32), axis=-1)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8, 9, 10))
+def _flash(q, k, v, rows, q0, k0, stride, bq, bk, r, window):
+  return flash_forward(q, k, v, rows, q0, k0, stride, bq, bk, r, window)[0]
+
+
+def _flash_fwd(q, k, v, rows, q0, k0, stride, bq, bk, r, window):
+  out, lse = flash_forward(q, k, v, rows, q0, k0, stride, bq, bk, r, window)
+  return out, (q, k, v, rows, q0, k0, out, lse)
+
+
+def _flash_bwd(stride, bq, bk, r, window, res, dout):
+  q, k, v, rows, q0, k0, out, lse = res
+  dq, dk, dv = flash_backward(q, k, v, rows, q0, k0, stride, lse, softmax_delta(out, dout), dout,
+                              bq, bk, r, window)
+  no_grad = jax.tree.map(lambda _: None, rows)
+  return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), no_grad, None, None
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)

@@ -269,6 +269,29 @@ def _check_complete(path: str, cfg: ModelConfig, shapes: dict, loaded: set) -> N
     raise MissingTensorError(f"checkpoint {path!r} is missing tensors: {names}")
 
 
+def write_safetensors(tensors: dict, path: str) -> None:
+  """``tensors`` (name -> array) as the safetensors file ``path``, readable as the other files
+  written beside it: mode ``0o666`` less the process's umask (``safetensors`` creates its files
+  0600, so an account that serves the model could read config.json but not the weights)."""
+  save_file(tensors, path, metadata={"format": "pt"})
+  os.chmod(path, 0o666 & ~_umask())
+
+
+def _umask() -> int:
+  """The process's umask, read without changing it (``os.umask`` sets it, which would race with
+  files that other threads create); from ``/proc`` where Linux has it."""
+  try:
+    with open("/proc/self/status") as f:
+      for line in f:
+        if line.startswith("Umask:"):
+          return int(line.split()[1], 8)
+  except OSError:
+    pass
+  mask = os.umask(0o022)
+  os.umask(mask)
+  return mask
+
+
 def save_hf(path: str, cfg: ModelConfig, params: dict, *, dtype: str | None = None,
             max_shard_bytes: int = 2 << 30, tokenizer=None) -> None:
   """Write ``params`` as a directory ``transformers.AutoModelForCausalLM`` loads, or, for a
@@ -302,7 +325,7 @@ def save_hf(path: str, cfg: ModelConfig, params: dict, *, dtype: str | None = No
       size += array.nbytes
   hf_cfg = cfg.to_hf_dict()
   if reward_model:
-    hf_cfg.update(architectures=[a.replace(CAUSAL_LM, SEQUENCE_CLASSIFIER)
+    hf_cfg.update(architectures=[families.classifier_architecture(cfg.model_type, a)
                                  for a in hf_cfg["architectures"]],
                   id2label={"0": "LABEL_0"}, label2id={"LABEL_0": 0})
   hf_cfg["torch_dtype"] = str(np.dtype(out_dtype)) if out_dtype != ml_dtypes.bfloat16 \
@@ -310,12 +333,12 @@ def save_hf(path: str, cfg: ModelConfig, params: dict, *, dtype: str | None = No
   with open(os.path.join(path, "config.json"), "w") as f:
     json.dump(hf_cfg, f, indent=2)
   if len(shards) == 1:
-    save_file(shards[0], os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
+    write_safetensors(shards[0], os.path.join(path, "model.safetensors"))
   else:
     weight_map = {}
     for i, shard in enumerate(shards):
       file = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
-      save_file(shard, os.path.join(path, file), metadata={"format": "pt"})
+      write_safetensors(shard, os.path.join(path, file))
       weight_map.update({name: file for name in shard})
     with open(os.path.join(path, "model.safetensors.index.json"), "w") as f:
       json.dump({"metadata": {}, "weight_map": weight_map}, f, indent=2)

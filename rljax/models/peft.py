@@ -25,7 +25,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from safetensors import safe_open
-from safetensors.numpy import save_file
 
 from rljax.errors import ModelFileError
 from rljax.models import hf, lora, transformer
@@ -151,7 +150,7 @@ def save_peft_adapter(path: str, cfg: ModelConfig, adapters: dict,
       targets.add(name.split(".")[-3])
   if not tensors:
     raise ValueError("save_peft_adapter: the tree holds no LoRA factors")
-  save_file(tensors, os.path.join(path, WEIGHTS_FILE), metadata={"format": "pt"})
+  hf.write_safetensors(tensors, os.path.join(path, WEIGHTS_FILE))
   with open(os.path.join(path, CONFIG_FILE), "w") as f:
     json.dump(adapter_config(cfg, targets, base_model), f, indent=2)
 

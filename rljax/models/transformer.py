@@ -347,13 +347,28 @@ def last_valid_index(attn_mask):
   return width - 1 - jnp.argmax(attn_mask[:, ::-1].astype(jnp.int32), axis=-1)
 
 
+def scored_index(tokens, attn_mask, pad_token_id):
+  """Index [B] of the token each row of ``tokens`` [B, S] is scored at: its last real token
+  (``attn_mask``) that is not ``pad_token_id``, where ``transformers``' ``*ForSequenceClassification``
+  pools (its last token that is not ``pad_token_id``, on rows padded with that id). A tokenizer
+  without a pad token pads with EOS (``HFTokenizer.pad_id``): a row ending in EOS is then scored
+  at the token before it, as ``transformers`` scores the export. A row whose every real token is
+  the padding id is scored at its last real token; ``pad_token_id`` None: the last real token."""
+  real = attn_mask.astype(bool)
+  if pad_token_id is not None:
+    kept = real & (tokens != pad_token_id)
+    real = jnp.where(kept.any(axis=-1, keepdims=True), kept, real)
+  return last_valid_index(real)
+
+
 def sequence_scores(cfg: ModelConfig, params: dict, tokens, attn_mask):
   """Reward-model scores [B] float32 of rows ``tokens`` [B, S] (``attn_mask`` marks the real
-  tokens): ``r = h[b, last(b)] . w_score``, the final-norm hidden state at each row's last real
-  token times the ``score`` head, as ``transformers``' ``*ForSequenceClassification`` pools (its
-  last token that is not ``pad_token_id``). ``params`` of ``head='score'``."""
+  tokens): ``r = h[b, last(b)] . w_score``, the final-norm hidden state at each row's scored
+  token (``scored_index``: its last real token that is not ``cfg.pad_token_id``, where
+  ``transformers`` pools) times the ``score`` head. ``params`` of ``head='score'``."""
   hidden, model, _ = forward_with_routes(cfg, params, tokens, attn_mask, head="score")
-  pooled = jnp.take_along_axis(hidden, last_valid_index(attn_mask)[:, None, None], axis=1)[:, 0]
+  last = scored_index(tokens, attn_mask, cfg.pad_token_id)
+  pooled = jnp.take_along_axis(hidden, last[:, None, None], axis=1)[:, 0]
   return model.scores(pooled)
 
 

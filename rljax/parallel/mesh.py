@@ -1,5 +1,5 @@
-"""The device mesh: axes ``('data', 'fsdp', 'expert', 'tensor')`` over every device of every
-process.
+"""The device mesh: axes ``('data', 'fsdp', 'expert', 'context', 'tensor')`` over every device of
+every process.
 
 - ``data``:   pure data parallelism; parameters are replicated across it, batch rows split.
 - ``fsdp``:   data parallelism that also shards parameters and optimizer state (ZeRO-3 style);
@@ -7,13 +7,18 @@ process.
 - ``expert``: expert parallelism; the stacked expert weights of mixture-of-experts layers are
               split by expert. Everything else treats it as a data axis (batch rows split, other
               parameters replicated), so no device idles in the dense parts (as MaxText does).
+- ``context``: context (sequence) parallelism; every row's tokens are split over it, attention
+              by a striped ring (``rljax.models.ring``), and the sampler's KV cache by slot.
+              Weights and optimizer state are split over it as over ``fsdp``.
 - ``tensor``: tensor (model) parallelism; attention heads, MLP width and vocabulary are split.
 
-Sizes come from ``config.mesh`` (``data``, ``fsdp``, ``expert``, ``tensor``); one of them may be -1
-and takes all devices the others leave. Which logical array dimension goes on which axis is
-decided by the rule table in ``rljax.parallel.rules``. ``tensor`` is the innermost axis (its
-activation all-reduces need the fastest links), ``expert`` the next (the expert exchange of every
-MoE layer); with ``expert=1`` the mesh is the three-axis one of configs written before it existed.
+Sizes come from ``config.mesh`` (``data``, ``fsdp``, ``expert``, ``context``, ``tensor``); one of
+them may be -1 and takes all devices the others leave. Which logical array dimension goes on which
+axis is decided by the rule table in ``rljax.parallel.rules``. ``tensor`` is the innermost axis
+(its activation all-reduces need the fastest links), ``context`` the next (its ring passes keys
+and values to a neighbour in every layer), then ``expert`` (the expert exchange of every MoE
+layer); with ``expert=1`` and ``context=1`` the mesh is the three-axis one of configs written
+before they existed (a mesh config without ``context`` reads it as 1).
 """
 from __future__ import annotations
 
@@ -32,7 +37,13 @@ from rljax.parallel import distributed
 AXES = MESH_AXES  # the mesh.* keys that lay devices out, in the mesh's order
 
 
+_ADDED_AXES = {"context": 1}  # axes added after configs were written: their size when absent
+
+
 def _read(mesh_cfg, key):
+  if key in _ADDED_AXES and (key not in mesh_cfg if isinstance(mesh_cfg, Mapping)
+                             else not hasattr(mesh_cfg, key)):
+    return _ADDED_AXES[key]
   if isinstance(mesh_cfg, Mapping):
     if key not in mesh_cfg:
       raise KeyError(f"mesh config has no key {key!r}; it needs {AXES}")
@@ -43,7 +54,7 @@ def _read(mesh_cfg, key):
 
 
 def mesh_shape(mesh_cfg, num_devices: int) -> tuple[int, ...]:
-  """The axis sizes ``(data, fsdp, expert, tensor)`` (in ``AXES`` order) from ``mesh_cfg`` for
+  """The axis sizes ``(data, fsdp, expert, context, tensor)`` (in ``AXES`` order) from ``mesh_cfg`` for
   ``num_devices`` devices.
 
   ``mesh_cfg`` is ``config.mesh`` (or a dict) with an integer key per axis of ``AXES``; at most
@@ -131,7 +142,8 @@ def _num_slices(devices) -> int:
 
 
 def make_mesh(mesh_cfg, devices: Sequence[jax.Device] | None = None) -> Mesh:
-  """A ``Mesh`` with axes ``AXES`` (``('data', 'fsdp', 'expert', 'tensor')``) over ``devices``
+  """A ``Mesh`` with axes ``AXES`` (``('data', 'fsdp', 'expert', 'context', 'tensor')``) over
+  ``devices``
   (default: all devices of all processes, ``jax.devices()``).
 
   Device order follows ``jax.make_mesh`` (TPU-topology aware; on GPU/CPU devices are in process
@@ -160,7 +172,7 @@ def make_mesh(mesh_cfg, devices: Sequence[jax.Device] | None = None) -> Mesh:
 
 
 def describe(mesh) -> str:
-  """``data=2 fsdp=2 expert=1 tensor=2 (8 devices, 2 processes)``."""
+  """``data=2 fsdp=2 expert=1 context=1 tensor=2 (8 devices, 2 processes)``."""
   sizes = dict(mesh.shape)
   text = " ".join(f"{k}={sizes[k]}" for k in mesh.axis_names)
   n = math.prod(sizes.values())

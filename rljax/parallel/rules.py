@@ -2,7 +2,7 @@
 
 Every parameter carries a tuple of logical axis names (``rljax.models.transformer.logical_axes``); the
 rule table below says which mesh axes (``rljax.parallel.mesh``: ``data``, ``fsdp``, ``expert``,
-``tensor``) each name is split over. The same table places parameters, optimizer state (which
+``context``, ``tensor``) each name is split over. The same table places parameters, optimizer state (which
 mirrors the parameters), the reference model and critic (same model, same rules), batches and the
 KV cache.
 
@@ -11,7 +11,7 @@ logical name      mesh axes                         what it is
 ================  ================================  ================================================
 ``batch``         ``('data', 'fsdp', 'expert')``    rows of a batch / the KV cache (data parallel)
 ``vocab``         ``'tensor'``                      vocabulary of the embedding and LM head
-``embed``         ``'fsdp'``                        model width of weight matrices (FSDP / ZeRO-3)
+``embed``         ``('fsdp', 'context')``           model width of weight matrices (FSDP / ZeRO-3)
 ``q_heads``       ``'tensor'``                      query heads x head dim of q/o projections
 ``kv_heads``      ``'tensor'``                      key/value heads (k/v projections, the KV cache)
 ``mlp``           ``'tensor'``                      MLP width (of the experts too)
@@ -20,7 +20,7 @@ logical name      mesh axes                         what it is
 ``lora_rank``     replicated                        rank r of the low-rank adapters A [in, r],
                                                     B [r, out] (which share their kernel's axes)
 ``length``        replicated                        sequence positions of activations
-``cache_length``  replicated                        slots of the KV cache
+``cache_length``  ``'context'``                     slots of the KV cache (striped by the sampler)
 ``head_dim``      replicated                        per-head features of the KV cache
 ``act_embed``     replicated                        model width of activations [B, S, D]
 ``act_heads``     ``'tensor'``                      heads of activations
@@ -28,6 +28,11 @@ logical name      mesh axes                         what it is
 ``act_vocab``     ``'tensor'``                      vocabulary of logits
 ``None``          replicated                        anything unnamed
 ================  ================================  ================================================
+
+The ``context`` axis splits every row's tokens (``context_layout``: the forwards fold each row
+into ``context`` stripes, ``rljax.models.ring``), not rows: batch rows are replicated over it, and
+its devices share the weights' model width with ``fsdp`` (each holds ``1 / (fsdp x context)``,
+gathered per layer as FSDP's are).
 
 Only ``experts`` names the ``expert`` axis among the parameters, so every other weight is
 replicated across it while batch rows are split over it: outside the MoE layers ``expert`` is one
@@ -60,11 +65,12 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from rljax.config.table import MESH_AXES as AXES  # the mesh's axes (rljax.parallel.mesh)
 from rljax.models.kv_cache import CACHE_AXES
+from rljax.parallel import context as context_lib
 
 DEFAULT_RULES: dict[str, Any] = {
     "batch": ("data", "fsdp", "expert"),
     "vocab": "tensor",
-    "embed": "fsdp",
+    "embed": ("fsdp", "context"),
     "q_heads": "tensor",
     "kv_heads": "tensor",
     "mlp": "tensor",
@@ -72,7 +78,7 @@ DEFAULT_RULES: dict[str, Any] = {
     "norm": None,
     "lora_rank": None,
     "length": None,
-    "cache_length": None,
+    "cache_length": "context",
     "head_dim": None,
     "act_embed": None,
     "act_heads": "tensor",
@@ -321,3 +327,11 @@ def per_device_bytes(shapes_tree, shardings_tree) -> int:
     shard = sh.shard_shape(tuple(x.shape))
     total += int(np.prod(shard, dtype=np.int64)) * np.dtype(x.dtype).itemsize
   return total
+
+
+def context_layout(mesh, rules=None) -> context_lib.Context | None:
+  """How the forwards split rows over the mesh's ``context`` axis (``rljax.parallel.context``):
+  rows over the ``batch`` rule's axes, heads over ``act_heads``'; None where the axis has one
+  device."""
+  return context_lib.layout(mesh, batch_axes(rules),
+                            _axes_tuple("act_heads", _table(rules)["act_heads"]))

@@ -10,7 +10,8 @@ encoded as prompts are (chat template, BOS). Its verdict becomes a score by
   sampled; the first match of
   ``reward.judge.pattern`` in the decoded verdict is the score, clipped to ``reward.judge.range``.
   A verdict without one scores ``reward.judge.fallback`` and is counted
-  (``reward/judge_unparsable``), never an exception.
+  (``reward/judge_unparsable`` of ``reward/judge_verdicts``), never an exception; the first batch
+  none of whose verdicts parsed is one warning line.
 - ``p_yes``: no sampling: one forward over the judge's prompt, the score is
   ``P(yes) = softmax(z)[yes]`` of the logits ``z`` of the token after it, ``yes`` the one token of
   ``reward.judge.yes``.
@@ -19,10 +20,15 @@ The judge's weights (``reward.judge.source``): ``policy`` (the policy's own at s
 ``model.source``: the random 'tiny' model of the run's seed or its Hugging Face directory),
 ``hf:PATH`` or ``run:DIR`` (the run's export ``DIR/hf``). It reads text with the run's tokenizer,
 so a judge of another vocabulary is refused. It runs frozen on the default device.
+
+Its context holds its prompt and verdict: ``reward.judge.max_new_tokens`` at or past the judge's
+``max_position_embeddings`` is refused at start-up, and a judge prompt longer than the rest
+stops the step in one line (it used to run past the context silently, or out of memory).
 """
 from __future__ import annotations
 
 import functools
+import logging
 import re
 import zlib
 from typing import Callable, Optional, Sequence
@@ -32,7 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rljax import models
-from rljax.errors import ModelFileError, StartupError
+from rljax.errors import ModelFileError, RewardSourceError, StartupError
 from rljax.models import transformer
 from rljax.models.config import ModelConfig, compute_dtype, run_settings
 from rljax.models.source import parse_source
@@ -44,6 +50,9 @@ from rljax.rollout.sampling import SamplingParams
 
 JUDGE_SOURCES = ("hf", "run")  # besides 'policy': kinds of rljax.models.source
 UNPARSABLE = "reward/judge_unparsable"
+VERDICTS = "reward/judge_verdicts"  # beside it: the share that did not parse
+
+logger = logging.getLogger(__name__)
 
 
 # --- verdicts -> scores (pure) -------------------------------------------------------------------
@@ -140,6 +149,14 @@ class Judge:
     self.tokenizer, self.cfg, self.params = tokenizer, cfg, params
     self.template, self.parse, self.seed = j.template, j.parse, config.seed
     self.bucket = config.data.prompt_bucket
+    self.warned = False  # of verdicts none of which parsed (once per run)
+    # A verdict is generated in the judge's context after its prompt (parse='number').
+    self.room = cfg.max_position_embeddings - (j.max_new_tokens if j.parse == "number" else 0)
+    if self.room < 1:
+      raise StartupError(
+          f"reward.judge.max_new_tokens={j.max_new_tokens} leaves no room for a prompt in the "
+          f"judge's context of {cfg.max_position_embeddings} positions (max_position_embeddings"
+          f" of reward.judge.source={j.source!r})")
     if j.parse == "p_yes":
       ids = tokenizer.encode(j.yes)
       if len(ids) != 1:
@@ -156,7 +173,18 @@ class Judge:
       self.engine.load_weights(self.engine.transfer(params)[0], 0)
 
   def encode(self, batch: RewardBatch) -> tuple[np.ndarray, np.ndarray]:
+    """The judge's prompts, left-padded; one longer than the judge's context leaves for it
+    (less the verdict's tokens) stops the step in one line naming the row."""
     ids = [self.tokenizer.encode_prompt(p) for p in judge_prompts(batch, self.template)]
+    longest = max(range(len(ids)), key=lambda i: len(ids[i]))
+    if len(ids[longest]) > self.room:
+      verdict = (f" less reward.judge.max_new_tokens={self.cfg.max_position_embeddings - self.room}"
+                 if self.parse == "number" else "")
+      raise RewardSourceError(
+          f"reward.judge: the judge's prompt of row {longest} is {len(ids[longest])} tokens, more "
+          f"than the {self.room} its context of {self.cfg.max_position_embeddings} positions "
+          f"leaves{verdict}: shorten reward.judge.template, the prompts or "
+          "rollout.max_new_tokens, or use a judge of a longer context")
     return text_lib.left_pad(ids, self.bucket, self.tokenizer.pad_id)
 
   def verdicts(self, tokens, mask) -> list[str]:
@@ -169,9 +197,17 @@ class Judge:
     if self.parse == "p_yes":
       logp = next_token_logp(self.cfg, self.params, jnp.asarray(tokens), jnp.asarray(mask))
       return Scored(np.exp(np.asarray(logp)[:, self.yes_id]).astype(np.float32))
-    scores, unparsable = parse_numbers(self.verdicts(tokens, mask), self.pattern, *self.range,
-                                       self.fallback)
-    return Scored(scores, metrics={UNPARSABLE: float(unparsable)})
+    verdicts = self.verdicts(tokens, mask)
+    scores, unparsable = parse_numbers(verdicts, self.pattern, *self.range, self.fallback)
+    if unparsable == len(verdicts) and not self.warned:
+      self.warned = True
+      logger.warning(
+          "reward.judge: none of the %d verdicts of a batch holds a number matching "
+          "reward.judge.pattern=%r (first: %r); they score reward.judge.fallback=%g. Counted in %s "
+          "(per step); this is said once", len(verdicts), self.pattern, verdicts[0][:200],
+          self.fallback, UNPARSABLE)
+    return Scored(scores, metrics={UNPARSABLE: float(unparsable),
+                                   VERDICTS: float(len(verdicts))})
 
 
 @register_reward_source("judge", reads=tuple(f"reward.judge.{k}" for k in (

@@ -38,7 +38,8 @@ import numpy as np
 from rljax.config import reward_spec
 from rljax import models
 from rljax.data import tokenizer as tokenizer_lib
-from rljax.errors import ModelFileError, RljaxError, StartupError, TokenizerError
+from rljax.errors import (ModelFileError, RewardSourceError, RljaxError, StartupError,
+                          TokenizerError)
 from rljax.models import ModelConfig, transformer
 from rljax.models.config import compute_dtype, run_settings
 from rljax.models.source import ModelSource, parse_source, run_config
@@ -131,8 +132,8 @@ def scoring_fn(cfg: ModelConfig, mesh) -> Callable:
                  out_shardings=rules.batch_sharding(mesh, 1))
 
 
-def _bucket(length: int) -> int:
-  """Row width of re-encoded rows: the next power of two (few distinct shapes to compile)."""
+def bucket(length: int) -> int:
+  """Row width of encoded rows: the next power of two (few distinct shapes to compile)."""
   return max(_MIN_WIDTH, 1 << (max(length, 1) - 1).bit_length())
 
 
@@ -155,15 +156,28 @@ class RewardModel:
     if self.reuse_ids:
       tokens = np.concatenate([batch.prompt_tokens, batch.tokens], axis=1).astype(np.int32)
       mask = np.concatenate([batch.prompt_mask, batch.mask], axis=1).astype(np.int32)
+      self._check_context(mask.sum(axis=1))
       return tokens, mask
     ids = [self._encode(batch, i) for i in range(len(batch.completions))]
-    width = _bucket(max(len(r) for r in ids))
+    lengths = np.asarray([len(row) for row in ids])
+    self._check_context(lengths)
+    width = min(bucket(int(lengths.max())), self.cfg.max_position_embeddings)
     tokens = np.full((len(ids), width), self.tokenizer.pad_id, np.int32)
     mask = np.zeros((len(ids), width), np.int32)
     for i, row in enumerate(ids):
       tokens[i, width - len(row):] = row
       mask[i, width - len(row):] = 1
     return tokens, mask
+
+  def _check_context(self, lengths: np.ndarray) -> None:
+    """Rows [B] of ``lengths`` real tokens fit the reward model's context, or the step stops in
+    one line naming the longest (a model read past its positions scores silently wrong)."""
+    context, longest = self.cfg.max_position_embeddings, int(np.argmax(lengths))
+    if lengths[longest] > context:
+      raise RewardSourceError(
+          f"{SOURCE_KEY}={self.name!r}: row {longest} is {int(lengths[longest])} tokens, more than "
+          f"the reward model's context of {context} positions (max_position_embeddings); "
+          "shorten the prompts or rollout.max_new_tokens")
 
   def _encode(self, batch, i: int) -> list[int]:
     valid = np.flatnonzero(np.asarray(batch.mask[i]))

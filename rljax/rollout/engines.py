@@ -211,7 +211,9 @@ class Placement:
   ``replicated`` are the shardings of prompt rows and of the key, ``data_axes`` the mesh axes
   rows are split over (``row_multiple`` shards), ``param_sharding`` the weights' shardings on
   this mesh, ``colocated`` whether it is the learner's mesh; ``to_device(tree, shardings)`` /
-  ``to_host(tree)`` move host values in and results out (every process takes part)."""
+  ``to_host(tree)`` move host values in and results out (every process takes part);
+  ``context``: each row's KV cache striped over the mesh's context axis
+  (``rljax.parallel.context.Context``), or None."""
   mesh: Any = None
   colocated: bool = True
   row_multiple: int = 1
@@ -221,6 +223,7 @@ class Placement:
   param_sharding: Any = None
   to_device: Callable = jax.device_put
   to_host: Callable = jax.device_get
+  context: Any = None
 
 
 # Compiled samplers shared by every engine of the process (notebooks, tests, eval after train):
@@ -281,7 +284,8 @@ class JaxEngine(EngineBase):
           self.model_cfg, sampling, group_size, mesh=self.mesh,
           data_axis=self.placement.data_axes, param_sharding=self.placement.param_sharding,
           max_concurrent_rows=self.max_concurrent_rows or None,
-          kv_cache_bytes=self.kv_cache_bytes or None, dtype=self.dtype)
+          kv_cache_bytes=self.kv_cache_bytes or None, dtype=self.dtype,
+          context=self.placement.context)
     return fn
 
 

@@ -164,8 +164,9 @@ def _sample_impl(params, prompt_tokens, prompt_mask, key, *, cfg: ModelConfig,
                  sp: SamplingParams, group_size: int, shard_axes=None,
                  max_concurrent_rows: int | None = None, kv_cache_bytes: int | None = None,
                  dtype: str | None = None, refill_rows: int | None = None,
-                 with_stats: bool = False, row_budget=None):
-  """The sampler on one device's rows; ``shard_axes``: the mesh axes it runs under (shard_map).
+                 with_stats: bool = False, row_budget=None, context=None):
+  """The sampler on one device's rows; ``shard_axes``: the mesh axes it runs under (shard_map);
+  ``context``: each row's KV cache striped over a mesh axis (``_sample_rows``).
   ``with_stats``: also return ``{"slots", "computed"}``, the rows decoded at a time and the
   token slots computed (benchmarks: slot utilisation = tokens / computed). ``row_budget``: [B]
   int, an optional per-row cap on the completion length below ``T`` (rows reaching it end,
@@ -192,6 +193,11 @@ def _sample_impl(params, prompt_tokens, prompt_mask, key, *, cfg: ModelConfig,
   prompt_tokens = prompt_tokens.astype(jnp.int32)
   prompt_mask = prompt_mask.astype(jnp.int32)
   cfg, weights = decode.inference_weights(cfg, params, p + t_max)  # once, outside the loops
+  if slots < b and context is not None:
+    raise ValueError(f"rollout.max_concurrent_rows / rollout.kv_cache_bytes cap a shard's {b} "
+                     f"rows at {slots}: continuous batching's cache is not split over "
+                     f"mesh.context={context.size}; lift the caps (the striped cache already "
+                     "holds 1/context of each row)")
   if slots < b:
     return _continuous(weights, prompt_tokens, prompt_mask, row_offset, step_keys, row_budget,
                        cfg=cfg, sp=sp, stop_ids=stop_ids, g=g, slots=slots,
@@ -200,7 +206,7 @@ def _sample_impl(params, prompt_tokens, prompt_mask, key, *, cfg: ModelConfig,
   if row_budget is None:
     row_budget = jnp.full((b,), t_max, jnp.int32)
   rows = functools.partial(_sample_rows, weights, key_at=lambda t: step_keys[t], cfg=cfg, sp=sp,
-                           stop_ids=stop_ids, g=g)
+                           stop_ids=stop_ids, g=g, context=context)
   pc = prompts_per_chunk(cfg, n_prompts, p, g, t_max)
   if pc == n_prompts:
     out = rows(prompt_tokens, prompt_mask, row_offset, row_budget)
@@ -276,25 +282,48 @@ def _continuous(weights, prompt_tokens, prompt_mask, row_offset, step_keys, row_
 
 
 def _sample_rows(weights, prompt_tokens, prompt_mask, row_offset, budget, *, key_at,
-                 cfg: ModelConfig, sp: SamplingParams, stop_ids: tuple, g: int) -> Rollout:
+                 cfg: ModelConfig, sp: SamplingParams, stop_ids: tuple, g: int,
+                 context=None) -> Rollout:
   """Prefill ``Pn`` prompts and decode ``G`` completions of each (rows ``row_offset ..`` of the
-  whole batch, which picks their noise); row ``i`` ends after ``budget[i]`` tokens at most."""
+  whole batch, which picks their noise); row ``i`` ends after ``budget[i]`` tokens at most.
+
+  ``context`` (N devices on a mesh axis this runs manual over; ``rljax.parallel.context.
+  Context``, taken as data): the cache is striped (slot j on device j mod N): the prompts are
+  left-padded to a multiple of N slots, each device prefills its stripe and holds 1/N of every
+  row's slots (the slot counts below are the row's), and every decode step's attention is the
+  devices' partial attention combined (``context.cache_attend``)."""
+  n = 1 if context is None else context.size
+  prompt_out = (prompt_tokens, prompt_mask)  # the rollout's prompts, as they came
+  extra = -prompt_tokens.shape[1] % n
+  if extra:
+    prompt_tokens, prompt_mask = (jnp.pad(x, ((0, 0), (extra, 0))) for x in prompt_out)
   n_prompts, p = prompt_tokens.shape
   t_max = sp.max_new_tokens
   b = n_prompts * g
-  segments = _segments(p, t_max)
+  segments = [(a, e, k + -k % n) for a, e, k in _segments(p, t_max)]
   # Prefill the distinct prompts once, straight into a cache as large as the first segment needs.
   positions = transformer.positions_from_mask(prompt_mask)
-  cache = kv_cache.init_cache(cfg, n_prompts, segments[0][2] if segments else p)
-  kv_valid = jnp.pad(prompt_mask.astype(bool), ((0, 0), (0, cache[0][0].shape[2] - p)))
-  hidden, cache, prompt_routes = decode.step(cfg, weights, prompt_tokens, positions,
-                                             cache, 0, kv_valid)
+  first_slots = segments[0][2] if segments else p
+  cache = kv_cache.init_cache(cfg, n_prompts, first_slots // n)
+  kv_valid = jnp.pad(prompt_mask.astype(bool), ((0, 0), (0, first_slots - p)))
+  if context is None:
+    hidden, cache, prompt_routes = decode.step(cfg, weights, prompt_tokens, positions,
+                                               cache, 0, kv_valid)
+  else:
+    hidden, cache, prompt_routes = decode.step(
+        cfg, weights, context.stripe(prompt_tokens), context.stripe(positions), cache, 0,
+        kv_valid, attend=context.cache_attend(cfg, 0, kv_valid, p // n))
+    hidden = context.from_last(hidden)  # slot P-1 is the last device's
+    if prompt_routes is not None:
+      prompt_routes = context.gather(prompt_routes)
+  if prompt_routes is not None:
+    prompt_routes = prompt_routes[:, extra:]
   head = lambda h: logits_of(cfg, weights, h)
   last_logits = head(hidden)  # [Pn, V]
 
   # Group sampling: repeat prompt rows (and their cache) G times, groups contiguous.
   rep = lambda x: jnp.repeat(x, g, axis=0) if g > 1 else x
-  prompt_tokens_b, prompt_mask_b = rep(prompt_tokens), rep(prompt_mask)
+  prompt_mask_b = rep(prompt_mask)
   cache = jax.tree.map(rep, cache)
   last_logits = rep(last_logits)
   next_pos = rep(positions[:, -1]) + 1  # [B] position of the first completion token
@@ -326,7 +355,7 @@ def _sample_rows(weights, prompt_tokens, prompt_mask, row_offset, budget, *, key
                                                           jnp.int32)
 
   for first, end, slots in segments:
-    cache = _grow_cache(cache, slots)
+    cache = _grow_cache(cache, slots // n)
     kv_valid = jnp.concatenate([prompt_mask_b.astype(bool), jnp.ones((b, slots - p), bool)], 1)
 
     def cond(carry, end=end):
@@ -336,9 +365,10 @@ def _sample_rows(weights, prompt_tokens, prompt_mask, row_offset, budget, *, key
     def body(carry, kv_valid=kv_valid):
       t, cache, tok, out, routes = carry
       # Feed token t-1 at slot P+t-1 (position next_pos + t-1) and sample token t.
+      attend = None if context is None else context.cache_attend(cfg, p + t - 1, kv_valid, 1)
       hidden, cache, step_routes = decode.step(cfg, weights, tok[:, None],
                                                (next_pos + t - 1)[:, None], cache, p + t - 1,
-                                               kv_valid)
+                                               kv_valid, attend)
       if routes is not None:
         routes = jax.lax.dynamic_update_slice_in_dim(routes, step_routes, t - 1, axis=1)
       out, tok = record(out, t, head(hidden))
@@ -354,7 +384,7 @@ def _sample_rows(weights, prompt_tokens, prompt_mask, row_offset, budget, *, key
   extras = {}
   if routes is not None:
     extras["sampler_routes"] = with_prompt_routes(rep(prompt_routes), routes, mask)
-  return Rollout(prompt_tokens=prompt_tokens_b, prompt_mask=prompt_mask_b, tokens=tokens,
+  return Rollout(prompt_tokens=rep(prompt_out[0]), prompt_mask=rep(prompt_out[1]), tokens=tokens,
                  mask=mask, sampler_logp=logp, draw_logp=slogp, lengths=length,
                  truncated=~done, extras=extras)
 
@@ -408,7 +438,7 @@ def sample(cfg: ModelConfig, params: Any, prompt_tokens: jax.Array, prompt_mask:
 def make_sampler(cfg: ModelConfig, sp: SamplingParams, group_size: int = 1, mesh=None,
                  data_axis: str | Sequence[str] = ("data",), param_sharding=None, *,
                  max_concurrent_rows: int | None = None, kv_cache_bytes: int | None = None,
-                 dtype: str | None = None, refill_rows: int | None = None):
+                 dtype: str | None = None, refill_rows: int | None = None, context=None):
   """A jitted ``fn(params, prompt_tokens, prompt_mask, key) -> Rollout`` for fixed cfg / sp / G.
 
   Without a mesh this is ``sample`` with the static arguments bound. With a mesh, decoding is
@@ -424,6 +454,11 @@ def make_sampler(cfg: ModelConfig, sp: SamplingParams, group_size: int = 1, mesh
 
   On a multi-core CPU host, ``XLA_FLAGS=--xla_force_host_platform_device_count=<cores>`` and a
   mesh over those devices run one decode loop per core.
+
+  ``context`` (``rljax.parallel.context.Context`` of the mesh's context axis, or None): each
+  row's KV cache is striped over that axis: the N devices of a data shard prefill a stripe of
+  the prompts each, hold 1/N of every row's slots, and combine their partial attention by
+  log-sum-exp in every decode step (the same tokens come out of all N).
   """
   engine = dict(max_concurrent_rows=max_concurrent_rows or None,
                 kv_cache_bytes=kv_cache_bytes or None, dtype=dtype, refill_rows=refill_rows or None)
@@ -434,7 +469,7 @@ def make_sampler(cfg: ModelConfig, sp: SamplingParams, group_size: int = 1, mesh
   n_shards = int(np.prod([mesh.shape[a] for a in axes]))
   spec = PartitionSpec(axes)
   local = functools.partial(_sample_impl, cfg=cfg, sp=sp, group_size=group_size,
-                            shard_axes=axes, **engine)
+                            shard_axes=axes, context=context, **engine)
   mapped = jax.shard_map(local, mesh=mesh, in_specs=(PartitionSpec(), spec, spec, PartitionSpec()),
                          out_specs=spec, check_vma=False)
   replicated = NamedSharding(mesh, PartitionSpec())

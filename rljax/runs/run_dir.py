@@ -11,9 +11,10 @@
   directory holding committed checkpoints. A resumed run must have the same config as the run
   that wrote the directory, except the keys in ``RESUMABLE_CHANGES`` and those the user names in
   ``train.resume_override``; ``train.steps`` may grow but not fall below the latest checkpoint.
-* **Same data.** ``data.json`` records the sha256 of the files a file ``data.source`` reads; a
-  resume whose files differ is refused unless ``data.source`` is named in
-  ``train.resume_override`` (the data order and the eval set would change silently).
+* **Same data.** ``data.json`` records the sha256 of the files a file ``data.source`` reads, and
+  of the other files the command names (``rljax rm``'s pairs); a resume whose files differ is
+  refused unless the key is named in ``train.resume_override`` (the data order and the eval set
+  would change silently).
 * ``config.json`` is written (atomically) once these checks pass, so a run killed even before its
   first checkpoint can be resumed.
 
@@ -27,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import hashlib
 import json
 import logging
 import os
@@ -54,7 +56,7 @@ RESUMABLE_CHANGES = (
     "train.compilation_cache",
     "reward.workers", "reward.timeout_s", "reward.max_logged_failures", "data.num_eval",
     "reward.max_worker_memory_mb", "reward.worker_max_calls", "train.preempt_grace_s",
-    "mesh.data", "mesh.fsdp", "mesh.expert", "mesh.tensor", "mesh.cpu_devices",
+    "mesh.data", "mesh.fsdp", "mesh.expert", "mesh.context", "mesh.tensor", "mesh.cpu_devices",
     "mesh.sampler_devices",
     "mesh.learner_devices", "dist.mode", "dist.coordinator_address",
     "dist.num_processes", "dist.process_id", "model.remat", "model.scan_layers",
@@ -143,7 +145,12 @@ def committed_steps(run_dir: str) -> list[int]:
 
 
 def holds_run(run_dir: str) -> bool:
-  return os.path.isfile(os.path.join(run_dir, CONFIG_FILE)) or bool(committed_steps(run_dir))
+  """Whether ``run_dir`` holds an rljax run: a committed checkpoint, or the ``config.json`` of
+  an rljax config (its ``train`` section). A Hugging Face directory's ``config.json`` (an export,
+  a model) is not one."""
+  saved = read_config(run_dir)
+  return bool(committed_steps(run_dir)) or (isinstance(saved, dict) and
+                                            isinstance(saved.get("train"), dict))
 
 
 def flatten_config(tree, prefix: str = "") -> dict:
@@ -181,8 +188,9 @@ def read_config(run_dir: str) -> dict | None:
     return None
 
 
-def check_start(config, current: dict) -> None:
-  """Raise ``RunDirError`` unless ``config`` may start (fresh) or resume in its run dir."""
+def check_start(config, current: dict, steps_key: str = "train.steps") -> None:
+  """Raise ``RunDirError`` unless ``config`` may start (fresh) or resume in its run dir;
+  ``steps_key``: the key of the run's step count (``rm.steps`` for ``rljax rm``)."""
   t = config.train
   run_dir = t.run_dir
   steps = committed_steps(run_dir)
@@ -202,9 +210,10 @@ def check_start(config, current: dict) -> None:
             f"cannot resume {run_dir}: its config differs in {'; '.join(diffs)}. Resume with the "
             "same values, or name the keys in train.resume_override, e.g. "
             f"--config.train.resume_override=\"{tuple(d.split(':')[0] for d in diffs)}\"")
-    if steps and t.steps < steps[-1]:
-      raise RunDirError(f"train.steps={t.steps} is below the latest checkpoint {steps[-1]} of "
-                        f"{run_dir}: a resumed run can only grow train.steps")
+    total = _config_value(config, steps_key)
+    if steps and total < steps[-1]:
+      raise RunDirError(f"{steps_key}={total} is below the latest checkpoint {steps[-1]} of "
+                        f"{run_dir}: a resumed run can only grow {steps_key}")
   elif steps:
     raise RunDirError(f"{run_dir} already holds checkpoints {steps}: pass "
                       "--config.train.resume=True to continue it, or choose another "
@@ -215,23 +224,55 @@ def write_config(run_dir: str, config_json: str) -> None:
   _write_atomic(os.path.join(run_dir, CONFIG_FILE), config_json)
 
 
-def data_record(config) -> dict:
-  return {"source": config.data.source, "sha256": sources.fingerprint(config.data.source)}
+def data_record(config, files: tuple[str, ...] = ()) -> dict:
+  """What ``data.json`` records: ``data.source`` and the sha256 of the files it reads, and of the
+  file each config key of ``files`` names (``rljax rm``'s pairs: ``rm.train_file``...)."""
+  record = {"source": config.data.source, "sha256": sources.fingerprint(config.data.source)}
+  named = {key: _config_value(config, key) for key in files}
+  record["files"] = {key: {"path": path, "sha256": file_sha256(path)}
+                     for key, path in named.items() if path}
+  return record
+
+
+def _config_value(config, key: str):
+  node = config
+  for part in key.split("."):
+    node = node[part]
+  return node
+
+
+def file_sha256(path: str) -> str:
+  digest = hashlib.sha256()
+  with open(path, "rb") as f:
+    for block in iter(lambda: f.read(1 << 20), b""):
+      digest.update(block)
+  return digest.hexdigest()
 
 
 def check_data(config, record: dict) -> None:
-  """Refuse to resume on data files other than those the run started with (module docstring)."""
+  """Refuse to resume on data files other than those the run started with (module docstring):
+  ``data.source``'s and each recorded file key's, unless ``train.resume_override`` names it."""
   t = config.train
   path = os.path.join(t.run_dir, DATA_FILE)
-  if not t.resume or not os.path.isfile(path) or "data.source" in tuple(t.resume_override):
+  if not t.resume or not os.path.isfile(path):
     return
   saved = _read_record(path)
-  if saved.get("sha256") != record["sha256"]:
+  overrides = tuple(t.resume_override)
+  if "data.source" not in overrides and saved.get("sha256") != record["sha256"]:
     raise RunDirError(
         f"cannot resume {t.run_dir}: its data changed (data.source={saved.get('source')!r}, "
         f"sha256 {str(saved.get('sha256'))[:12]}...; now {config.data.source!r}, sha256 "
         f"{str(record['sha256'])[:12]}...). Resume with the original files, or continue on these "
         "with --config.train.resume_override=\"('data.source',)\"")
+  for key, was in (saved.get("files") or {}).items():
+    now = record["files"].get(key)
+    if key in overrides or now is None or now["sha256"] == was.get("sha256"):
+      continue
+    raise RunDirError(
+        f"cannot resume {t.run_dir}: the file of {key} changed ({was.get('path')!r}, sha256 "
+        f"{str(was.get('sha256'))[:12]}...; now {now['path']!r}, sha256 {now['sha256'][:12]}...)."
+        f" Resume with the original file, or continue on this one with "
+        f"--config.train.resume_override=\"('{key}',)\"")
 
 
 def _write_atomic(path: str, text: str) -> None:
@@ -277,9 +318,11 @@ _HELD: dict[str, RunLock] = {}
 
 
 @contextlib.contextmanager
-def claimed(config):
+def claimed(config, files: tuple[str, ...] = (), steps_key: str = "train.steps"):
   """Hold ``train.run_dir`` for a run (module docstring): lock, fresh/resume checks,
-  ``config.json``. Released when the block exits, however it exits."""
+  ``config.json``; ``files``: config keys naming files the run reads besides ``data.source``'s,
+  fingerprinted in ``data.json`` like them; ``steps_key``: the key of its step count. Released
+  when the block exits, however it exits."""
   distributed.initialize(config.dist)
   run_dir = config.train.run_dir
   check_path(run_dir)
@@ -298,8 +341,8 @@ def claimed(config):
   _HELD[key] = lock
   try:
     current = json.loads(config.to_json_best_effort())
-    check_start(config, current)
-    record = data_record(config)
+    check_start(config, current, steps_key)
+    record = data_record(config, files)
     check_data(config, record)
     try:
       _write_atomic(os.path.join(run_dir, DATA_FILE), json.dumps(record))

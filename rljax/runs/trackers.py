@@ -12,9 +12,13 @@ config once, when the tracker's run is created; and the finished ``curves.png`` 
 ``train.resume=True`` continues the W&B / MLflow run recorded there (a tracker added on resume
 starts a new one); a fresh run replaces the record.
 
-**Failures.** A tracker that raises (no network, a quota, a server error), when it starts or at any
-call, is reported in one warning line and switched off for the rest of the run; training goes
-on. A tracker whose package is missing is a start-up error naming the extra to install.
+**Failures.** A logger other than the run's own files (``jsonl``, ``tensorboard``: a failure
+there, a full disk, stops the run as its checkpoints would) never stops training (``Guarded``):
+a tracker that raises (no network, a quota, a server error), when it starts or at any call, is
+reported in one warning line and switched off for the rest of the run; a logger a user registers
+in ``LOGGERS`` that raises is one warning line, keeps being called, and its failures are counted
+(their total is one line at the end). A tracker whose package is missing is a start-up error
+naming the extra to install.
 """
 from __future__ import annotations
 
@@ -187,22 +191,30 @@ def mlflow_key(key: str) -> str:
 # --- the registry and failure isolation ----------------------------------------------------------
 
 class Guarded:
-  """A tracker that never stops training: the first exception it raises is one warning line, and
-  the tracker is off from then on (each later call would likely fail, and cost a timeout)."""
+  """A logger that never stops training: its first exception is one warning line, later ones are
+  counted (``failures``) and their total is one line when the run closes it. A tracker
+  (``stays_on=False``: W&B, MLflow) is off after its first failure (each later call would likely
+  fail, and cost a timeout); a logger a user registered keeps being called, so one bad record
+  costs only that record."""
 
-  def __init__(self, name: str, make: Callable[[], Any]):
-    self.name, self.inner = name, None
+  def __init__(self, name: str, make: Callable[[], Any], stays_on: bool = True):
+    self.name, self.inner, self.stays_on, self.failures = name, None, stays_on, 0
     self.inner = self._call("start", make)
 
   def _call(self, what: str, fn: Callable[[], Any], step: int | None = None):
     try:
       return fn()
     except Exception as e:  # network, quota, a raising backend: warn once, train on
-      where = f" at step {step}" if step is not None else ""
-      message = " ".join(str(e).split())[:300]
-      logger.warning("%s logger failed in %s%s (%s: %s); it is off for the rest of this run",
-                     self.name, what, where, type(e).__name__, message)
-      self.inner = None
+      self.failures += 1
+      if self.failures == 1:
+        where = f" at step {step}" if step is not None else ""
+        message = " ".join(str(e).split())[:300]
+        then = ("it is off for the rest of this run" if not self.stays_on or what == "start"
+                else "training goes on; its later failures are counted")
+        logger.warning("%s logger failed in %s%s (%s: %s); %s", self.name, what, where,
+                       type(e).__name__, message, then)
+      if not self.stays_on or what == "start":
+        self.inner = None
 
   def log(self, step: int, metrics: Mapping[str, float], stream: str = MAIN) -> None:
     if self.inner is not None:
@@ -220,28 +232,36 @@ class Guarded:
     if self.inner is not None:
       self._call("close", self.inner.close)
       self.inner = None
+    if self.failures > 1:
+      logger.warning("%s logger failed %d times in this run (the first is reported above)",
+                     self.name, self.failures)
+      self.failures = 0  # close is idempotent: reported once
 
 
-def register_logger(name: str, *, reads: Sequence[str] = (), package: Optional[str] = None
-                    ) -> Callable:
+def register_logger(name: str, *, reads: Sequence[str] = (), package: Optional[str] = None,
+                    run_file: bool = False) -> Callable:
   """``@register_logger("name")`` on ``factory(config, start_step) -> Logger`` (a
   ``rljax.runs.metrics.Logger``: ``log``, ``log_config``, ``log_artifact``, ``close``):
   selectable in ``train.loggers``. ``reads``: the ``train.*`` keys only it reads; ``package``: the
-  optional package it needs, installed with the extra ``rljax[name]``."""
-  return LOGGERS.register(name, reads=reads, package=package)
+  optional package it needs, installed with the extra ``rljax[name]`` (a tracker: ``Guarded``
+  switches it off after its first failure); ``run_file``: it writes the run dir's own files,
+  whose failure (a full disk) is the run's, so it is not ``Guarded`` (every other logger is, one
+  a user registers included)."""
+  return LOGGERS.register(name, reads=reads, package=package, run_file=run_file)
 
 
 TRACKER_KEYS = ("train.tracker_project", "train.tracker_run_name", "train.tracker_group",
                 "train.tracker_tags")  # what a tracking service's logger reads
 
-@register_logger("jsonl")
+
+@register_logger("jsonl", run_file=True)
 def jsonl_logger(config, start):
   """The run's own record, ``run_dir/metrics.jsonl`` (``JsonlLogger``), read back by resumes,
   evals and sweeps: always on."""
   return JsonlLogger(config.train.run_dir, start)
 
 
-@register_logger("tensorboard")
+@register_logger("tensorboard", run_file=True)
 def tensorboard_logger(config, start):
   """TensorBoard event files under ``run_dir/tb`` (``TensorBoardLogger``)."""
   return TensorBoardLogger(config.train.run_dir, start)
@@ -249,14 +269,14 @@ def tensorboard_logger(config, start):
 
 @register_logger("wandb", reads=TRACKER_KEYS, package="wandb")
 def wandb_logger(config, start):
-  """A W&B run (``WandbLogger``); a failure switches it off, never the run (``Guarded``)."""
-  return Guarded("wandb", lambda: WandbLogger(config, config.train.resume))
+  """A W&B run (``WandbLogger``)."""
+  return WandbLogger(config, config.train.resume)
 
 
 @register_logger("mlflow", reads=TRACKER_KEYS + ("train.mlflow_tracking_uri",), package="mlflow")
 def mlflow_logger(config, start):
-  """An MLflow run (``MlflowLogger``); a failure switches it off, never the run (``Guarded``)."""
-  return Guarded("mlflow", lambda: MlflowLogger(config, config.train.resume))
+  """An MLflow run (``MlflowLogger``)."""
+  return MlflowLogger(config, config.train.resume)
 
 
 def check_logger_packages(config) -> None:
@@ -270,12 +290,20 @@ def check_logger_packages(config) -> None:
 
 
 def factory(config) -> Callable[[str, int | None], list]:
-  """The ``MetricsWriter(loggers=...)`` argument of ``config``: its ``train.loggers`` in order.
-  A fresh run first drops the tracker ids an earlier run left in its run dir: they are not its
-  runs, and a later resume must not continue them."""
+  """The ``MetricsWriter(loggers=...)`` argument of ``config``: its ``train.loggers`` in order,
+  each but the run's own files ``Guarded`` (a tracker off after its first failure). A fresh run
+  first drops the tracker ids an earlier run left in its run dir: they are not its runs, and a
+  later resume must not continue them."""
   def make(run_dir: str, start: int | None) -> list:
     if not config.train.resume:
       with contextlib.suppress(FileNotFoundError):
         os.remove(os.path.join(run_dir, IDS_FILE))
-    return [LOGGERS.get(name)(config, start) for name in config.train.loggers]
+    return [_started(name, config, start) for name in config.train.loggers]
   return make
+
+
+def _started(name: str, config, start: int | None):
+  meta = LOGGERS.meta(name)
+  if meta["run_file"]:
+    return LOGGERS.get(name)(config, start)
+  return Guarded(name, lambda: LOGGERS.get(name)(config, start), stays_on=not meta["package"])

@@ -58,7 +58,7 @@ def engine_placement(model_cfg: ModelConfig, mesh, learner_mesh=None) -> Placeme
       rows=rules.batch_sharding(mesh, 2), replicated=rules.replicated(mesh),
       # The sampler reads merged weights (the base layout), never the adapters themselves.
       param_sharding=_param_sharding(mesh, model_cfg.base), to_device=distributed.from_host,
-      to_host=distributed.to_host)
+      to_host=distributed.to_host, context=rules.context_layout(mesh))
 
 
 def make_engine(config, model_cfg: ModelConfig, mesh, tokenizer, learner_mesh=None,
@@ -373,7 +373,8 @@ def step_spec(config, model_cfg: ModelConfig, algo: Algorithm, aux_cfgs: tuple =
                           row_shards=1 if mesh is None else rules.batch_divisor(mesh),
                           side_by_side=update_lib.concurrent_chunks(config.model.parallel_chunks,
                                                                     platform),
-                          pack=config.model.pack, platform=platform, **placed)
+                          pack=config.model.pack, platform=platform,
+                          context=None if mesh is None else rules.context_layout(mesh), **placed)
 
 
 def _keep_rows(mesh, tree):
@@ -529,6 +530,8 @@ def prepare(config) -> Prepared:
   trackers.check_logger_packages(config)
   distributed.initialize(config.dist)
   tokenizer = tokenizer_lib.load_tokenizer(config.data.tokenizer, config.data.chat_template)
+  if model_source(config).kind == "sft":  # what would stop the cold start midway
+    sft.check_cold_start(config, tokenizer)
   _check_model_files(config, algo, tokenizer)
   algo = _startup(check_model_keys, config, algo, tokenizer)
   source = datasets.make_prompt_source(config.data)

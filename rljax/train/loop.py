@@ -192,29 +192,33 @@ def train(config) -> dict:
   SIGINT end it with ``preemption.Stop`` (SIGTERM after saving the last step)."""
   prepared = build.prepare(config)  # every check that needs no run dir, before claiming it
   check_env_startup(config, prepared.tokenizer)
-  rlhf.prepare_reward_model(config)  # the RLHF demo's pairs and reward model, made first
   # The cache is set once the run dir is claimed and before anything is compiled (the SFT cold
-  # start included).
+  # start included). The run dir is claimed before the RLHF demo's reward model is trained, so
+  # a run stopped then is resumed (train.resume=True) as well as rerun.
+  grace_s = config.train.preempt_grace_s
   with models.matmul_precision(config.model), run_dir_lib.claimed(config), \
       compilation_cache.persistent(compilation_cache.run_cache_dir(config)), \
-      preemption.guard(config.train.run_dir, config.train.preempt_grace_s) as guard:
-    run = None
-    try:
-      with guard.droppable():
-        run = build.build_run(config, prepared)
-      return _train(run, guard)
-    except (preemption.Preempted, KeyboardInterrupt) as reason:
-      stop = guard.stop(run, reason)
-      actors.join_stopped(config.train.preempt_grace_s)  # the sampler thread's batch, if any
-      raise stop from None
-    except BaseException:
-      # Whatever stops the loop, checkpoints already started are completed, not left half-written.
-      if run is not None and run.checkpointer is not None:
-        run.checkpointer.close()
-      if run is not None:
-        run.writer.close()
-      actors.join_stopped(config.train.preempt_grace_s)
-      raise
+      preemption.preemptible(config.train.run_dir, grace_s,
+                             after=lambda: actors.join_stopped(grace_s)) as guard:
+    with guard.droppable():  # the cold starts inside are blocks of their own (not droppable)
+      rlhf.prepare_reward_model(config)  # the RLHF demo's pairs and reward model, made first
+      run = build.build_run(config, prepared)
+    guard.attach(save=_saver(run), close=lambda: _close(run))
+    return _train(run, guard)
+
+
+def _saver(run: build.Run):
+  """How a preemption saves the run's state at a step (None: the run keeps no checkpoints)."""
+  if run.checkpointer is None:
+    return None
+  return lambda step, extra: run.checkpointer.save(step, run.state, extra, force=True)
+
+
+def _close(run: build.Run) -> None:
+  """Complete pending saves (never left half-written) and close the metrics."""
+  if run.checkpointer is not None:
+    run.checkpointer.close()
+  run.writer.close()
 
 
 def describe_model(model_cfg) -> str:

@@ -14,15 +14,27 @@ import ml_collections
 from rljax.data import tokenizer as tokenizer_lib
 from rljax.errors import StartupError
 from rljax.rewards import gold
+from rljax.runs import run_dir as run_dir_lib
 from rljax.train import reward_training
 
 EMBEDDED = "embedded:"
 
 
+# The sections the reward model's training reads of the run's config (with its SFT start's:
+# sft, env, rollout); a cold start that was stopped is continued by a run that differs only in
+# the others (another arm of a study sharing the seed's reward model).
+RM_SECTIONS = ("seed", "model", "data", "sft", "env", "rollout", "rm", "optim", "mesh", "dist",
+               "train")
+
+
 def rm_config(config, run_dir: str) -> ml_collections.ConfigDict:
-  """The ``rljax rm`` config of the cold start: the run's, its run dir the reward model's."""
+  """The ``rljax rm`` config of the cold start: the run's, its run dir the reward model's. It
+  continues what ``run_dir`` holds (a cold start killed or preempted midway), whatever the run's
+  own ``train.resume``."""
   rm = ml_collections.ConfigDict(config.to_dict())
-  rm.train.run_dir, rm.train.resume = run_dir, False
+  rm.train.run_dir = run_dir
+  rm.train.resume = run_dir_lib.holds_run(run_dir)
+  rm.train.resume_override = tuple(k for k in rm.keys() if k not in RM_SECTIONS)
   rm.train.loggers = ("jsonl",)
   return rm
 
@@ -67,5 +79,6 @@ def _make_reward_model(config, run_dir: str, log) -> None:
                                num_pairs=pairs, seed=config.data.train_seed)
     log(f"wrote {written} gold-labelled preference pairs to {path}")
   log(f"training the reward model into {run_dir} (rljax rm)")
-  result = reward_training.train_reward_model(rm_config(config, run_dir), log=log)
+  result = reward_training.train_reward_model(rm_config(config, run_dir), log=log,
+                                              what="in the reward model's cold start ")
   log(f"reward model: held-out pairwise accuracy {result['eval_accuracy']:.3f}")

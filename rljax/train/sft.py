@@ -24,7 +24,10 @@ from rljax import algos, models
 from rljax.data import datasets
 from rljax.envs import tools, validate
 from rljax.envs.episodes import message_turns
+from rljax.errors import DataError, StartupError
 from rljax.models import transformer
+from rljax.runs import preemption
+from rljax.runs.checkpoint import Checkpointer
 from rljax.runs.run_dir import flatten_config
 
 STAMP_FILE = "rljax_sft_stamp.json"
@@ -130,12 +133,60 @@ def make_batch(tokenizer, problems, width: int, tool_format: str = "compact"):
   for i, p in enumerate(problems):
     ids, learn = encode_example(tokenizer, p, tool_format)
     if len(ids) > width:
-      raise ValueError(f"SFT example of {len(ids)} tokens exceeds the width {width} "
-                       f"(data.prompt_bucket + rollout.max_new_tokens): {p.prompt!r}")
+      raise DataError(_too_wide(len(ids), width, p))
     tokens[i, width - len(ids):] = ids
     attn[i, width - len(ids):] = 1
     loss[i, width - len(ids):] = learn
   return tokens, attn, loss
+
+
+def _too_wide(length: int, width: int, problem) -> str:
+  return (f"an SFT example of {length} tokens (prompt, solution, EOS) is wider than the "
+          f"sampler's window of {width} (data.prompt_bucket + rollout.max_new_tokens): "
+          f"{problem.prompt!r}; raise rollout.max_new_tokens or data.prompt_bucket, or train on "
+          "an easier data.difficulty")
+
+
+def check_cold_start(config, tokenizer) -> None:
+  """What would stop the cold start midway, checked before anything is written (``rljax sft``,
+  and ``rljax train`` with ``model.source='sft'`` before it claims its run dir), unless
+  ``sft.out_dir`` already holds it: the directory can be written, and every example of the
+  ``sft.steps`` batches it draws has a reference solution and fits the sampler's window (the
+  same stream, drawn and encoded again: a small part of the training's own time,
+  docs/reliability.md)."""
+  out = resolve_out_dir(config)  # says so where it puts this cold start beside another
+  if read_stamp(out) == cold_start_stamp(config):
+    return
+  if os.path.isdir(out) and os.listdir(out):
+    raise StartupError(f"sft.out_dir={out!r} holds files that are not this config's SFT cold "
+                       "start; choose another sft.out_dir")
+  _check_writable(out)
+  s = config.sft
+  width = config.data.prompt_bucket + config.rollout.max_new_tokens
+  source = datasets.make_prompt_source(config.data, stream_seed=s.seed)
+  for _ in range(s.steps):
+    for problem in source.next_batch(s.batch_size):
+      if not problem.solution:
+        raise StartupError(_NO_SOLUTIONS.format(source=config.data.source))
+      length = len(encode_example(tokenizer, problem, config.env.tool_format)[0])
+      if length > width:
+        raise StartupError(_too_wide(length, width, problem))
+
+
+_NO_SOLUTIONS = ("SFT needs reference solutions; data.source={source!r} has none (use an "
+                 "embedded task)")
+
+
+def _check_writable(out: str) -> None:
+  """The cold start is written beside ``out`` (``publish_atomically``): its nearest existing
+  ancestor must be a directory this process may write into."""
+  parent = os.path.dirname(os.path.abspath(out))
+  while not os.path.exists(parent):
+    parent = os.path.dirname(parent)
+  if not os.path.isdir(parent) or not os.access(parent, os.W_OK | os.X_OK):
+    what = "is not a directory" if not os.path.isdir(parent) else "cannot be written"
+    raise StartupError(f"sft.out_dir={out!r} cannot be created: {parent!r} {what}; choose "
+                       "another sft.out_dir")
 
 
 def sft_loss(model_cfg, params, tokens, attn, loss_mask, chunk: int):
@@ -193,28 +244,82 @@ def train_sft(config, tokenizer, *, log=print):
     checked = datasets.make_prompt_source(config.data, stream_seed=_check_stream_seed(s.seed))
     check = make_batch(tokenizer, checked.next_batch(s.check_size), width, config.env.tool_format)
   source = datasets.make_prompt_source(config.data, stream_seed=s.seed)
-  t0 = time.perf_counter()
-  for i in range(s.steps):
-    problems = source.next_batch(s.batch_size)
-    if any(not p.solution for p in problems):
-      raise ValueError(f"SFT needs reference solutions; data.source={config.data.source!r} has "
-                       "none (use an embedded task)")
-    params, opt_state, loss = step(params, opt_state, *make_batch(tokenizer, problems, width,
-                                                                  config.env.tool_format))
-    if (i + 1) % max(s.steps // 10, 1) == 0 or i == 0:
-      log(f"sft step {i + 1}/{s.steps} loss {float(loss):.4f} ({time.perf_counter() - t0:.0f}s)")
-    if check is not None and (i + 1) % s.check_every == 0:
-      rate = float(match(params, *check))
-      log(f"sft step {i + 1} exact match {rate:.3f}")
-      if rate >= s.stop_match:
-        log(f"sft stopped at step {i + 1}: exact match {rate:.3f} >= sft.stop_match "
-            f"{s.stop_match} ({time.perf_counter() - t0:.0f}s)")
-        break
-  else:
-    if check is not None:
-      log(f"sft ran all {s.steps} steps: exact match {float(match(params, *check)):.3f} < "
-          f"sft.stop_match {s.stop_match}")
-  return model_cfg, params
+  held = {"params": params, "opt_state": opt_state}  # the state after the steps done
+  partial = partial_dir(config.sft.out_dir)
+  with preemption.preemptible(config.sft.out_dir, config.train.preempt_grace_s,
+                              checkpoints=partial, what="in the SFT cold start ",
+                              hint=None if preemption.active() else RERUN_HINT) as guard:
+    with guard.droppable():
+      start = _resume(partial, held, source, _stamp_json(config), log)
+    extra = lambda: {"stamp": _stamp_json(config), "data": source.state_dict()}
+    guard.attach(save=lambda i, data: _save_partial(partial, i, held, data), close=lambda: None)
+    t0 = time.perf_counter()
+    for i in range(start, s.steps):
+      guard.at_step(i, extra())
+      problems = source.next_batch(s.batch_size)
+      if any(not p.solution for p in problems):
+        raise StartupError(_NO_SOLUTIONS.format(source=config.data.source))
+      held["params"], held["opt_state"], loss = step(
+          held["params"], held["opt_state"],
+          *make_batch(tokenizer, problems, width, config.env.tool_format))
+      if (i + 1) % max(s.steps // 10, 1) == 0 or i == 0:
+        log(f"sft step {i + 1}/{s.steps} loss {float(loss):.4f} ({time.perf_counter() - t0:.0f}s)")
+      if check is not None and (i + 1) % s.check_every == 0:
+        rate = float(match(held["params"], *check))
+        log(f"sft step {i + 1} exact match {rate:.3f}")
+        if rate >= s.stop_match:
+          log(f"sft stopped at step {i + 1}: exact match {rate:.3f} >= sft.stop_match "
+              f"{s.stop_match} ({time.perf_counter() - t0:.0f}s)")
+          break
+    else:
+      if check is not None:
+        log(f"sft ran all {s.steps} steps: exact match {float(match(held['params'], *check)):.3f}"
+            f" < sft.stop_match {s.stop_match}")
+  return model_cfg, held["params"]
+
+
+RERUN_HINT = "rerun the same command to continue it"  # `rljax sft` reads no train.resume
+
+
+def partial_dir(out: str) -> str:
+  """Where a preempted cold start of ``out`` keeps its last step (removed once ``out`` is
+  published)."""
+  return f"{os.path.normpath(out)}.partial"
+
+
+def _stamp_json(config) -> dict:
+  """The cold start's stamp as a checkpoint's JSON holds it (tuples as lists)."""
+  return json.loads(json.dumps(cold_start_stamp(config)))
+
+
+def _save_partial(partial: str, step: int, held: dict, extra: dict) -> None:
+  """A preempted cold start's state after ``step`` steps, committed in ``partial``."""
+  with Checkpointer(partial, keep=1) as checkpointer:
+    checkpointer.save(step, held, extra, force=True)
+
+
+def _resume(partial: str, held: dict, source, stamp: dict, log) -> int:
+  """The step a preempted cold start of these settings saved in ``partial`` (its state into
+  ``held``, its data position into ``source``), or 0. One of other settings (changed since) is
+  removed: the next preemption saves there."""
+  if not os.path.isdir(partial):
+    return 0
+  with Checkpointer(partial, keep=1) as checkpointer:
+    step = checkpointer.latest_step()
+    if step is None:
+      return 0
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device),
+                            held)
+    state, extra = checkpointer.restore(step, abstract)
+  if extra.get("stamp") != stamp:
+    log(f"{partial} holds a preempted cold start of other settings; removed")
+    shutil.rmtree(partial, ignore_errors=True)
+    return 0
+  held.update(state)
+  source.load_state_dict(extra["data"])
+  log(f"continuing the preempted SFT cold start at step {step} ({partial})")
+  return step
 
 
 def ensure_sft_checkpoint(config, tokenizer, *, log=print) -> str:
@@ -225,12 +330,13 @@ def ensure_sft_checkpoint(config, tokenizer, *, log=print) -> str:
     log(f"using the SFT cold start in {out}")
     return out
   if os.path.isdir(out) and os.listdir(out):
-    raise FileExistsError(f"sft.out_dir={out!r} holds files that are not this config's SFT cold "
-                          "start; choose another sft.out_dir")
+    raise StartupError(f"sft.out_dir={out!r} holds files that are not this config's SFT cold "
+                       "start; choose another sft.out_dir")
   log(f"training the SFT cold start into {out}")
   with models.matmul_precision(config.model):
     model_cfg, params = train_sft(config, tokenizer, log=log)
   publish_atomically(out, lambda tmp: _write_cold_start(tmp, model_cfg, params, want))
+  shutil.rmtree(partial_dir(out), ignore_errors=True)
   return out
 
 

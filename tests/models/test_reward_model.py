@@ -81,3 +81,55 @@ def test_export_of_a_reward_model_needs_a_pad_id(reward_dirs, tmp_path):
   with pytest.raises(ValueError, match="needs pad_token_id"):
     models.save_hf(str(tmp_path), cfg.replace(pad_token_id=None), params)
   assert not os.path.exists(tmp_path / "config.json")
+
+
+@pytest.mark.parametrize("pad", [True, False], ids=["pad_token", "no_pad_token"])
+def test_export_scores_where_transformers_pools_with_and_without_a_pad_token(pad, tmp_path):
+  """The reward model as ``rljax rm`` exports it (its padding id the tokenizer's: EOS for a
+  tokenizer without a pad token) and rows as it encodes them (prompt, response, EOS; left-padded
+  with that id): rljax scores each row where ``AutoModelForSequenceClassification`` pools, its
+  last token that is not the padding id (without a pad token: the one before the EOS)."""
+  from rljax.data import preferences, tokenizer as tokenizer_lib
+  from rljax.train import reward_training
+  tok_dir = hf_models.build_tokenizer(str(tmp_path / "tok"), pad=pad)
+  tok = tokenizer_lib.load_tokenizer(tok_dir, chat_template=False)
+  assert (tok.pad_id == tok.eos_id) == (not pad)
+  path = hf_models.build_reward_model("llama", str(tmp_path / "rm"), seed=5, vocab=tok.vocab_size)
+  cfg, params = models.load_hf(path, head="score")
+  models.save_hf(str(tmp_path / "export"), cfg.replace(pad_token_id=tok.pad_id), params,
+                 tokenizer=tok)  # as reward_training.initial_params and _export set it
+  pairs = [preferences.Pair("what is 2 + 3?", "the answer is 5", "5"),
+           preferences.Pair("12+7*3=", "33", "the answer is 12")]
+  tokens, mask = reward_training.encode_pairs(tok, pairs, 40)
+  tokens, mask = tokens.reshape(4, 40), mask.reshape(4, 40)
+  assert (tokens[mask == 1][-1] == tok.eos_id) and (tokens[mask == 0] == tok.pad_id).all()
+  cfg, params = models.load_hf(str(tmp_path / "export"), head="score")
+  ours = np.asarray(_scores(cfg, params, tokens, mask))
+  theirs = hf_models.hf_scores(str(tmp_path / "export"), tokens, mask)
+  assert np.std(theirs) > 0.1 and np.abs(ours - theirs).max() <= 1e-4
+  # By hand: the pooled token is the EOS with a pad token, the token before it without one, so
+  # without one a row scores as the row with its EOS cut off.
+  cut = np.concatenate([np.full((4, 1), tok.pad_id), tokens[:, :-1]], axis=1)
+  cut_mask = np.concatenate([np.zeros((4, 1), mask.dtype), mask[:, :-1]], axis=1)
+  cut_scores = np.asarray(_scores(cfg, params, cut, cut_mask))
+  assert (np.abs(ours - cut_scores).max() <= 1e-4) == (not pad)
+
+
+def test_a_gemma3_text_reward_model_exports_as_the_text_classifier(hf_dirs, rows, tmp_path):
+  """A Gemma 3 text model's reward model is ``Gemma3TextForSequenceClassification``
+  (``Gemma3ForSequenceClassification`` is the image-text model's): ``transformers`` loads the
+  export as that class and scores alike."""
+  import transformers
+  cfg, lm = models.load_hf(hf_dirs["gemma3"])
+  params = {k: v for k, v in lm.items() if k != "lm_head"}
+  params["score"] = {"kernel": np.random.default_rng(0).normal(size=(cfg.hidden_size, 1))
+                     .astype(np.float32)}
+  models.save_hf(str(tmp_path), cfg, params)
+  assert json.load(open(tmp_path / "config.json"))["architectures"] == [
+      "Gemma3TextForSequenceClassification"]
+  model = transformers.AutoModelForSequenceClassification.from_pretrained(str(tmp_path))
+  assert type(model).__name__ == "Gemma3TextForSequenceClassification"
+  tokens, mask = rows
+  cfg, params = models.load_hf(str(tmp_path), head="score")
+  ours = np.asarray(_scores(cfg, params, tokens, mask))
+  assert np.abs(ours - hf_models.hf_scores(str(tmp_path), tokens, mask)).max() <= 1e-4

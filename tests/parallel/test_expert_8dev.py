@@ -11,7 +11,7 @@ import pytest
 
 from tests.parallel.conftest import run_script
 
-# (data, fsdp, expert, tensor), as rljax.parallel.mesh.AXES orders them.
+# (data, fsdp, expert, tensor), as rljax.parallel.mesh.AXES orders them (context 1).
 MESHES = [(4, 1, 2, 1), (1, 2, 4, 1), (1, 1, 8, 1)]
 DISPATCHES = ["dense", "sparse", "capacity"]
 NUM_EXPERTS = 8  # of the script's model

@@ -16,23 +16,26 @@ CFG = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=96, num_layer
                   num_heads=4, num_kv_heads=2, head_dim=8, qkv_bias=True, model_type="qwen2")
 
 
-def amesh(data=1, fsdp=1, tensor=1, expert=1):
-  sizes = dict(data=data, fsdp=fsdp, expert=expert, tensor=tensor)
+def amesh(data=1, fsdp=1, tensor=1, expert=1, context=1):
+  sizes = dict(data=data, fsdp=fsdp, expert=expert, context=context, tensor=tensor)
   return AbstractMesh(tuple(sizes[a] for a in mesh_lib.AXES), mesh_lib.AXES)
 
 
 # --- mesh ----------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("cfg,n,want", [
-    (dict(data=-1, fsdp=1, expert=1, tensor=1), 8, (8, 1, 1, 1)),
-    (dict(data=1, fsdp=-1, expert=1, tensor=1), 8, (1, 8, 1, 1)),
-    (dict(data=2, fsdp=-1, expert=1, tensor=2), 8, (2, 2, 1, 2)),
-    (dict(data=1, fsdp=2, expert=1, tensor=-1), 8, (1, 2, 1, 4)),
-    (dict(data=2, fsdp=2, expert=1, tensor=2), 8, (2, 2, 1, 2)),
-    (dict(data=-1, fsdp=1, expert=1, tensor=1), 1, (1, 1, 1, 1)),
-    (dict(data=1, fsdp=-1, expert=1, tensor=1), 32, (1, 32, 1, 1)),
-    (dict(data=-1, fsdp=1, expert=2, tensor=1), 8, (4, 1, 2, 1)),
-    (dict(data=1, fsdp=2, expert=-1, tensor=1), 8, (1, 2, 4, 1)),
+    (dict(data=-1, fsdp=1, expert=1, tensor=1), 8, (8, 1, 1, 1, 1)),
+    (dict(data=1, fsdp=-1, expert=1, tensor=1), 8, (1, 8, 1, 1, 1)),
+    (dict(data=2, fsdp=-1, expert=1, tensor=2), 8, (2, 2, 1, 1, 2)),
+    (dict(data=1, fsdp=2, expert=1, tensor=-1), 8, (1, 2, 1, 1, 4)),
+    (dict(data=2, fsdp=2, expert=1, tensor=2), 8, (2, 2, 1, 1, 2)),
+    (dict(data=-1, fsdp=1, expert=1, tensor=1), 1, (1, 1, 1, 1, 1)),
+    (dict(data=1, fsdp=-1, expert=1, tensor=1), 32, (1, 32, 1, 1, 1)),
+    (dict(data=-1, fsdp=1, expert=2, tensor=1), 8, (4, 1, 2, 1, 1)),
+    (dict(data=1, fsdp=2, expert=-1, tensor=1), 8, (1, 2, 4, 1, 1)),
+    # mesh.context (a config without the key reads it as 1, as the ones above do)
+    (dict(data=-1, fsdp=1, expert=1, context=2, tensor=2), 8, (2, 1, 1, 2, 2)),
+    (dict(data=1, fsdp=2, expert=1, context=-1, tensor=1), 8, (1, 2, 1, 4, 1)),
 ])
 def test_mesh_shape(cfg, n, want):
   assert mesh_lib.mesh_shape(cfg, n) == want
@@ -42,6 +45,8 @@ def test_mesh_shape(cfg, n, want):
     (dict(data=-1, fsdp=3, expert=1, tensor=1), 8, r"mesh\.fsdp"),
     (dict(data=-1, fsdp=1, expert=1, tensor=3), 8, r"mesh\.tensor"),
     (dict(data=-1, fsdp=1, expert=3, tensor=1), 8, r"product of mesh\.expert = 3 does not divide"),
+    (dict(data=-1, fsdp=1, expert=1, context=3, tensor=1), 8,
+     r"product of mesh\.context = 3 does not divide"),
     (dict(data=-1, fsdp=1, expert=0, tensor=1), 8, r"mesh\.expert must be a positive integer"),
     (dict(data=-1, fsdp=1, expert=-1, tensor=1), 8, r"mesh\.data, mesh\.expert"),
     (dict(data=-1, fsdp=-1, expert=1, tensor=1), 8, r"only one mesh axis may be -1"),
@@ -89,8 +94,9 @@ def test_make_mesh_from_base_config():
   import ml_collections
   c = ml_collections.ConfigDict(dict(data=-1, fsdp=1, expert=1, tensor=1))
   mesh = mesh_lib.make_mesh(c)
-  assert mesh.axis_names == ("data", "fsdp", "expert", "tensor")
-  assert dict(mesh.shape) == {"data": jax.device_count(), "fsdp": 1, "expert": 1, "tensor": 1}
+  assert mesh.axis_names == ("data", "fsdp", "expert", "context", "tensor")
+  assert dict(mesh.shape) == {"data": jax.device_count(), "fsdp": 1, "expert": 1, "context": 1,
+                              "tensor": 1}
   assert "1 process" in mesh_lib.describe(mesh)
 
 
@@ -143,7 +149,20 @@ def test_rules_override():
   m = amesh(1, 2, 2)
   assert rules.logical_to_spec(("embed", "mlp"), (32, 96), m, r) == P(None, "tensor")
   assert rules.logical_to_spec(("batch", "length"), (4, 6), m, r) == P("fsdp", "tensor")
-  assert rules.DEFAULT_RULES["embed"] == "fsdp"  # defaults untouched
+  assert rules.DEFAULT_RULES["embed"] == ("fsdp", "context")  # defaults untouched
+
+
+def test_context_splits_weights_with_fsdp_and_the_cache_by_slot():
+  """The context axis splits no batch rows: weights' model width over fsdp x context (ZeRO-3 over
+  both), the KV cache's slots over context (the sampler's striped cache), rows over the batch
+  axes only."""
+  m = amesh(data=2, fsdp=2, context=2)
+  assert rules.logical_to_spec(("vocab", "embed"), (64, 32), m) == P(None, ("fsdp", "context"))
+  assert rules.logical_to_spec(("vocab", "embed"), (64, 6), m) == P(None, "fsdp")  # 6 % 4
+  assert rules.logical_to_spec(("batch", None), (8, 5), m) == P(("data", "fsdp"), None)
+  cache = rules.logical_to_spec(("batch", "kv_heads", "cache_length", "head_dim"), (4, 2, 16, 8), m)
+  assert cache == P(("data", "fsdp"), None, "context", None)
+  assert rules.context_layout(m).size == 2 and rules.context_layout(amesh(data=2)) is None
 
 
 def test_param_shardings_follow_the_rules():

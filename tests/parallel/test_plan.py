@@ -67,7 +67,7 @@ def kv_bytes(rows, slots, layers=28, kv=4, dh=128, nbytes=2):
 def test_qwen7b_v5p64():
   c = load("qwen7b_v5p64")
   p = plan_lib.plan(c)
-  assert p["mesh"] == {"data": 1, "fsdp": 32, "expert": 1, "tensor": 1}
+  assert p["mesh"] == {"data": 1, "fsdp": 32, "expert": 1, "context": 1, "tensor": 1}
   assert p["device"]["count"] == 32 and p["device"]["hosts"] == 8
   by = p["bytes"]
   # bf16 params split 32 ways: 7.6e9 * 2 / 32 = 0.476 GB (+0.6 MB of replicated norms/biases).
@@ -91,6 +91,39 @@ def test_qwen7b_v5p64():
   assert by_xla["activations_no_remat"] > 95 * GiB > by_xla["activations_remat"]
 
 
+def test_qwen7b_128k_on_v5p64_fits_only_with_the_context_axis():
+  """128k-token rows: one row of activations per chip is 85 GiB (remat full), so one chip per
+  row does not fit; split over context=8 it is 1/8 of it, the KV cache 1/8 of its slots."""
+  c = load("qwen7b_v5p64_128k")
+  p = plan_lib.plan(c)
+  assert p["mesh"] == {"data": 1, "fsdp": 4, "expert": 1, "context": 8, "tensor": 1}
+  by, shapes = p["bytes"], p["shapes"]
+  assert shapes["train_rows_per_device"] == 1 and shapes["train_seq_per_device"] == 131072 // 8
+  assert by["kv_cache"] == kv_bytes(64 // 4, 131072) // 8
+  assert by["params"] == fsdp_bytes(32)  # the weights over fsdp x context
+  assert p["model"]["attention"] == "blockwise"  # the ring's kernel, not Pallas
+  assert p["fits"] and p["peak"] < 45 * GiB
+  # What each chip sends per micro-batch, by hand: one chip's k (or v) piece is 16384 tokens x
+  # 4 kv heads x 128 = 2^23 bf16 values; per layer the forward passes 7 pieces of k and v
+  # (twice: remat recomputes it), the backward 8 with their float32 gradients.
+  piece = 16384 * 4 * 128
+  per_layer = 2 * (7 * 2 * piece * 2) + 8 * 2 * piece * (2 + 4)
+  assert by["ring_transfers"] == 28 * per_layer
+  assert "ring (context=8): each device sends 33.25 GiB" in plan_lib.format_plan(p)
+  c.mesh.context, c.mesh.fsdp = 1, 32
+  alone = plan_lib.plan(c)
+  assert not alone["fits"] and alone["bytes"]["activations"] > 80 * GiB
+  # Activations scale with the tokens a chip holds (the blockwise tiles are a fixed few MiB).
+  assert close(by["activations"], alone["bytes"]["activations"] / 8, 0.01)
+
+
+def test_qwen32b_64k_on_v5p64_fits_with_context_and_tensor():
+  p = plan_lib.plan(load("qwen32b_v5p64_64k"))
+  assert p["mesh"] == {"data": 1, "fsdp": 2, "expert": 1, "context": 8, "tensor": 2}
+  assert p["model"]["num_params"] > 32e9 and p["fits"], plan_lib.format_plan(p)
+  assert p["bytes"]["kv_cache"] == kv_bytes(32 // 2, 65536, layers=64, kv=8) // 8 // 2
+
+
 def test_qwen7b_v5p128_fsdp64():
   c = load("qwen7b_v5p64")
   p = plan_lib.plan(c, "v5p-128")
@@ -102,7 +135,7 @@ def test_qwen7b_v5p128_fsdp64():
 def test_qwen7b_8xh100():
   c = load("qwen7b_8xh100")
   p = plan_lib.plan(c)
-  assert p["mesh"] == {"data": 1, "fsdp": 8, "expert": 1, "tensor": 1}
+  assert p["mesh"] == {"data": 1, "fsdp": 8, "expert": 1, "context": 1, "tensor": 1}
   by = p["bytes"]
   assert by["params"] == fsdp_bytes(8)  # 1.9 GB
   assert close(by["opt_state"], QWEN7B * 4 / 8, 0.001)
@@ -110,7 +143,7 @@ def test_qwen7b_8xh100():
   assert close(by["gradients"], 2 * by["params"], 0.001)  # micro_batches > 1: acc + current
   assert p["fits"] and p["peak"] < 60 * GiB
   report = plan_lib.plan_main(c)
-  assert "data=1 fsdp=8 expert=1 tensor=1" in report and "FITS" in report
+  assert "data=1 fsdp=8 expert=1 context=1 tensor=1" in report and "FITS" in report
   json.dumps(p)  # plain data
 
 
@@ -123,13 +156,13 @@ def test_moe_expert_weights_split_over_the_expert_axis():
   experts = 48 * 128 * 3 * 2048 * 768  # layers x E x (gate, up, down) x D x F
   total = 30_532_122_624  # Qwen3-30B-A3B's parameters (its q/k norms included)
   by = p["bytes"]
-  assert p["mesh"] == {"data": 1, "fsdp": 1, "expert": 8, "tensor": 1}
+  assert p["mesh"] == {"data": 1, "fsdp": 1, "expert": 8, "context": 1, "tensor": 1}
   assert by["params"] == 2 * (experts // 8 + total - experts)  # bf16
   assert close(by["opt_state"], 2 * by["params"], 0.001)
   assert by["rollout_gathered_weights"] == 2 * experts
   assert p["batch_shards"] == 8 and p["fallbacks"] == []
   report = plan_lib.format_plan(p)
-  assert "mesh    data=1 fsdp=1 expert=8 tensor=1; batch rows split 8 ways" in report
+  assert "mesh    data=1 fsdp=1 expert=8 context=1 tensor=1; batch rows split 8 ways" in report
   assert "E=128 k=8 Fe=768 (48 MoE layers)" in report
   assert "expert-split weights" in report and "48 MoE layers: activations" in report
 
@@ -219,7 +252,7 @@ def test_sampler_on_its_own_devices_plans_both_meshes():
   with c.unlocked():
     c.mesh.sampler_devices, c.rollout.max_staleness = 4, 1
   p = plan_lib.plan(c)
-  assert p["mesh"] == {"data": 1, "fsdp": 4, "expert": 1, "tensor": 1}
+  assert p["mesh"] == {"data": 1, "fsdp": 4, "expert": 1, "context": 1, "tensor": 1}
   assert p["bytes"]["params"] == fsdp_bytes(4)
   assert p["peak"] == p["resident"] + p["train"]  # the rollout runs elsewhere
   s = p["sampler"]
@@ -289,3 +322,46 @@ def test_the_packed_update_counts_its_chunk_rows():
   for name in ("activations_no_remat", "activations_remat", "logits"):
     assert packed["bytes"][name] * 4 == padded["bytes"][name] * 5, name
   assert any("13 chunks" in a for a in packed["assumptions"])
+
+
+# --- the reward's models: the reward model and the LLM judge --------------------------------------
+
+def _reward_config(**reward):
+  """The tiny GRPO run on CPU, float32, with ``reward.*`` overrides."""
+  from tests.train import tiny
+  overrides = dict(tiny.OVERRIDES, **{"model.dtype": "float32"}, **reward)
+  return config_loader.load_config(os.path.join(REPO, "configs", "algos", "grpo.py"),
+                                   list(overrides.items()))
+
+
+def test_the_reward_model_and_the_judge_are_counted_and_their_sources_checked(tmp_path):
+  """Was: neither counted, and FITS with sources that do not exist. The reward model's weights
+  (one device: all of them) are the bytes of its safetensors tensors; the judge ('policy': the
+  policy's architecture, unsharded) holds a KV cache 2 x L x B x K x G x Dh x 4 over every row
+  of a round, K = the template's bytes + prompt + completion + its verdict."""
+  from safetensors.numpy import load_file
+  from rljax.errors import ModelFileError
+  from tests import hf_models
+  base = plan_lib.plan(_reward_config(), "cpu")
+  path = hf_models.build_reward_model("llama", str(tmp_path / "rm"))
+  rm_bytes = sum(a.nbytes for a in load_file(os.path.join(path, "model.safetensors")).values())
+  p = plan_lib.plan(_reward_config(**{"reward.sources": "verifier:1,rm:0.5,judge:0.5",
+                                      "reward.model.source": f"hf:{path}"}), "cpu")
+  assert p["bytes"]["reward_model_params"] == rm_bytes
+  assert p["bytes"]["judge_params"] == base["bytes"]["params"]  # unsharded: all of them
+  _, cfg = plan_lib.model_config(_reward_config(), device_kind="cpu")
+  template = "question: {prompt}\nanswer: {completion}\nscore: "
+  slots = len(template) + 8 + 8 + 8  # prompt_bucket, rollout.max_new_tokens, judge verdict
+  rows = 2 * 4
+  assert p["bytes"]["judge_phase"] == 2 * cfg.num_layers * rows * slots * cfg.num_kv_heads \
+      * cfg.head_dim * 4
+  assert p["resident"] == base["resident"] + rm_bytes + base["bytes"]["params"]
+  assert p["peak"] == p["resident"] + max(p["rollout"], p["train"], p["reward"])
+  report = plan_lib.format_plan(p)
+  assert "reward model params (reward.model.source)" in report and "judge params" in report
+  for key, value in (("reward.model.source", "hf:/no/such/rm"),
+                     ("reward.judge.source", "hf:/no/such/judge")):
+    sources = {"reward.sources": "verifier:1,rm:0.5,judge:0.5",
+               "reward.model.source": f"hf:{path}", key: value}
+    with pytest.raises(ModelFileError, match=f"{key}='{value}'"):
+      plan_lib.plan(_reward_config(**sources), "cpu")

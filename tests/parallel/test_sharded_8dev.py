@@ -82,7 +82,7 @@ def test_two_processes_on_localhost():
     assert (r["process_index"], r["process_count"]) == (pid, 2)
     assert (r["devices"], r["local_devices"]) == (4, 2)
     assert r["main"] == (pid == 0)
-    assert r["mesh"] == "data=2 fsdp=2 expert=1 tensor=1 (4 devices, 2 processes)"
+    assert r["mesh"] == "data=2 fsdp=2 expert=1 context=1 tensor=1 (4 devices, 2 processes)"
     assert r["global_shape"] == [8, 3]
     assert r["allgather_ok"]
     assert r["logits_diff"] < 1e-5 and r["from_host_diff"] < 1e-5

@@ -4,6 +4,7 @@ POINT (or pauses there), for the fault-injection tests.
 Before dying it writes ``KILLED <point>`` to stderr, so the test knows the point was reached.
 
   sft:K       at the K-th SFT batch
+  rm:K        at the K-th batch of a reward model's training (`rljax rm`, the RLHF cold start)
   compile:S   S seconds into the first train-step call (its compilation)
   rollout:K   in the K-th rollout round, after sampling, before scoring
   update:K    after the K-th train_step, before its metrics are written
@@ -88,6 +89,9 @@ def install(point: str, run_dir: str) -> None:
 
   if kind == "sft":
     nth_call(sft, "make_batch", int(arg), die_before, point)
+  elif kind == "rm":
+    from rljax.data import preferences
+    nth_call(preferences, "batch_indices", int(arg), die_before, point)
   elif kind == "compile":
     def timed(original, args, kwargs):
       after(float(arg), point)
@@ -170,7 +174,8 @@ def install(point: str, run_dir: str) -> None:
 
 def main():
   point, args = sys.argv[1], sys.argv[2:]
-  run_dir = next(a.split("=", 1)[1] for a in args if a.startswith("--config.train.run_dir="))
+  run_dir = next((a.split("=", 1)[1] for a in args if a.startswith("--config.train.run_dir=")),
+                 "")
   install(point, run_dir)
   from tests.train import tiny  # registers the tiny reward
   del tiny

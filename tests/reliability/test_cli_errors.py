@@ -14,6 +14,7 @@ import pytest
 
 from rljax import cli
 from rljax import plan
+from rljax.runs import run_dir as run_dir_lib
 from rljax.sweep import runner
 from rljax.train import evaluation
 from tests.train import tiny
@@ -340,3 +341,21 @@ def test_convert_writes_the_model_or_nothing(run_dir, tmp_path, monkeypatch, cap
   assert models.check_hf_dir(str(forced)).num_layers == int(tiny.OVERRIDES["model.num_layers"])
   assert (forced / "README.md").read_text() == "mine"
   assert sorted(os.listdir(tmp_path)) == ["forced", "hf"]
+
+
+def test_convert_force_onto_an_earlier_export_and_its_files_readable_as_config_json(run_dir,
+                                                                                    tmp_path):
+  """Was: `convert --force` onto an earlier export was refused as "a run directory" (its
+  config.json read as a run's), and every safetensors file rljax writes was mode 0600 beside a
+  0644 config.json (a serving account could read the config but not the weights). Under the
+  umask 022 and 027 both are 0666 less the umask, like any file the process creates."""
+  out = tmp_path / "hf"
+  for mask in (0o022, 0o027):
+    previous = os.umask(mask)
+    try:
+      cli.entry(["convert", run_dir, str(out)] + (["--force"] if out.exists() else []))
+    finally:
+      os.umask(previous)
+    modes = {name: os.stat(out / name).st_mode & 0o777 for name in os.listdir(out)}
+    assert modes == {"config.json": 0o666 & ~mask, "model.safetensors": 0o666 & ~mask}
+  assert not run_dir_lib.holds_run(str(out))  # an export is not a run

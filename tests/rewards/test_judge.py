@@ -1,6 +1,8 @@
 """The LLM judge (``rljax.rewards.judge``): verdicts of a scripted engine parsed into the
 hand-worked scores (unparsable ones counted, never raised), P(yes) against a NumPy softmax of a
 tiny model's logits, and its keys refused in one line."""
+import re
+
 import jax
 import numpy as np
 import pytest
@@ -9,7 +11,7 @@ import rljax
 from rljax.config import checks as config_checks
 from rljax.data import tokenizer as tokenizer_lib
 from rljax.data.tasks import Problem
-from rljax.errors import ConfigError, StartupError
+from rljax.errors import ConfigError, RewardSourceError, StartupError
 from rljax.models import transformer
 from rljax.rewards import judge as judge_lib
 from rljax.rewards import sources
@@ -84,7 +86,7 @@ def test_scripted_verdicts_parse_into_the_hand_worked_scores(scripted):
   # "7" -> 7; "score 3.5!" -> 3.5; "no idea" -> the fallback -1 (counted); "12" -> clipped to 10;
   # "-4 points" -> clipped to 0; "ok 2 or 9" -> the first number, 2.
   np.testing.assert_array_equal(scored.values, np.float32([7, 3.5, -1, 10, 0, 2]))
-  assert scored.metrics == {"reward/judge_unparsable": 1.0}
+  assert scored.metrics == {"reward/judge_unparsable": 1.0, "reward/judge_verdicts": 6.0}
   # The judge saw the template filled with each row (BOS dropped by decode).
   assert PROMPTS_SEEN == [[f"q {i}+1= a {i + 1} score:" for i in range(6)]]
 
@@ -136,3 +138,35 @@ def test_a_yes_of_several_tokens_and_an_unread_judge_key_are_refused():
                                         r"'' does not read it; it is read by reward source "
                                         r"'judge'$"):
     config_checks.check_config(config)
+
+
+def test_verdicts_none_of_which_parse_are_one_warning_and_counted(scripted, caplog):
+  """Was: only counted in reward/judge_unparsable, never said. The first batch none of whose
+  verdicts parses is one warning line (once per run); every batch is counted."""
+  import logging
+  config = _config(engine="scripted_judge", pattern=r"final: (\d+)", max_new_tokens=12)
+  judge, _, _ = _judge(config)
+  with caplog.at_level(logging.WARNING, logger=judge_lib.__name__):
+    for _ in range(2):
+      scored = judge(_batch(["1", "2", "3"]))
+  assert scored.metrics == {"reward/judge_unparsable": 3.0, "reward/judge_verdicts": 3.0}
+  np.testing.assert_array_equal(scored.values, np.zeros(3, np.float32))  # the fallback
+  assert [r.getMessage() for r in caplog.records] == [
+      "reward.judge: none of the 3 verdicts of a batch holds a number matching "
+      "reward.judge.pattern='final: (\\\\d+)' (first: '7'); they score reward.judge.fallback=0. "
+      "Counted in reward/judge_unparsable (per step); this is said once"]
+
+
+def test_the_judges_context_holds_its_prompt_and_verdict(scripted):
+  """Was: reward.judge.max_new_tokens=5000 ran past the judge's context of 4096 silently (1e8:
+  an out-of-memory traceback), and so did prompts longer than the context leaves."""
+  with pytest.raises(StartupError, match=re.escape(
+      "reward.judge.max_new_tokens=5000 leaves no room for a prompt in the judge's context of "
+      "4096 positions (max_position_embeddings of reward.judge.source='policy')")):
+    _judge(_config(engine="scripted_judge", max_new_tokens=5000))
+  judge, _, _ = _judge(_config(engine="scripted_judge", max_new_tokens=4000))
+  # Row 1 by hand: BOS + "question: " 10 + "1+1=" 4 + "\nanswer: " 9 + 100 + "\nscore: " 8.
+  with pytest.raises(RewardSourceError, match=re.escape(
+      "reward.judge: the judge's prompt of row 1 is 132 tokens, more than the 96 its context of "
+      "4096 positions leaves less reward.judge.max_new_tokens=4000")):
+    judge(_batch(["1", "2" * 100, "3"]))

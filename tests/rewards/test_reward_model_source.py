@@ -203,3 +203,19 @@ def test_reward_model_dtype_is_its_compute_dtype(char_rm, one_device):
   assert (full.cfg.dtype, half.cfg.dtype) == ("float32", "bfloat16")
   diff = np.abs(half(batch) - full(batch))
   assert 0 < diff.max() < 0.1 * np.abs(full(batch)).max()
+
+
+def test_rows_longer_than_the_reward_models_context_stop_the_step(char_rm, bpe_rm, one_device):
+  """Was: a reward model of fewer positions than a row scored it silently (past its positions).
+  With the policy's ids, row 1 is the longest: BOS, '3*4=', 'twelve 12' and EOS, 15 tokens;
+  re-encoded by another tokenizer, whatever it makes of the text."""
+  from rljax.errors import RewardSourceError
+  policy = CharTokenizer()
+  for path, tokenizer, named in ((char_rm, "char", r"row 1 is 15 tokens"), (bpe_rm, "", r"row \d")):
+    rm = reward_model.load_reward_model(rm_config(f"hf:{path}", tokenizer=tokenizer), policy,
+                                        one_device)
+    rm.rows(policy_batch(policy))  # the model's own context holds them
+    short = dataclasses.replace(rm, cfg=rm.cfg.replace(max_position_embeddings=10))
+    with pytest.raises(RewardSourceError, match=named + r".* more than the reward model's "
+                                                r"context of 10 positions"):
+      short.rows(policy_batch(policy))

@@ -132,6 +132,37 @@ def test_auto_packs_from_two_chunks_on_cpu_and_true_false_force_it():
     packing.packs("yes", 2, "cpu")
 
 
+def test_capacity_dispatch_is_never_packed_and_true_is_refused_in_one_line():
+  """Was: packed under 'capacity' (grad norm 1.986 vs 2.010 padded; the log-prob gap 3.5x larger)
+  and 'auto' switched between the two by chunk count. A capacity dispatch is a function of the
+  tokens that share a forward (packing module docstring): 'auto' keeps the padded rows, True is
+  refused at start-up with the reason; the dropless dispatches still pack."""
+  import rljax
+  from rljax.config import checks as config_checks
+  from rljax.config.table import CAPACITY_UNPACKED
+  from rljax.errors import ConfigError
+  from rljax import models
+  assert not packing.packs("auto", 8, "cpu", capacity=True)
+  assert not packing.packs("False", 8, "cpu", capacity=True)
+  with pytest.raises(ValueError, match="model.moe_dispatch='capacity'"):
+    packing.packs(True, 8, "cpu", capacity=True)
+  config = rljax.config()
+  config.model.update(family="qwen3_moe", hidden_size=32, intermediate_size=64, num_layers=2,
+                      num_heads=4, num_kv_heads=2, moe_intermediate_size=16, num_experts=4,
+                      experts_per_token=2, moe_dispatch="capacity", pack="True")
+  with pytest.raises(ConfigError) as e:
+    config_checks.check_config(config)
+  assert str(e.value).endswith(CAPACITY_UNPACKED) and "\n" not in str(e.value)
+  cfg = models.tiny_config(config.model, 40, eos_token_id=1, pad_token_id=0)
+  spec = StepSpec(algo=types.SimpleNamespace(minibatches=1, micro_batches=1), model_cfg=cfg,
+                  actor_tx=None, critic_tx=None, logits_chunk=0, forward_tokens=2048,
+                  pack="auto", platform="cpu")
+  assert cfg.moe_dispatch == "capacity" and spec.pack_shape(16, 256) is None
+  assert "scoring padded, update padded" in spec.describe_packing(16, 256)
+  sparse = dataclasses.replace(spec, model_cfg=cfg.replace(moe_dispatch="sparse"))
+  assert sparse.pack_shape(16, 256) == (2, 8, 256)
+
+
 def test_auto_resolves_per_forward_from_the_chunk_count_hand_counted():
   """``StepSpec.pack_shape`` with 2048 tokens a chunk (auto on a two-thread CPU device): 16 rows
   of 128 tokens fit one chunk of 16 rows (padded); of 256 tokens, chunks of 2048 / 256 = 8 rows,

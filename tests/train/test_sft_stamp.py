@@ -4,6 +4,7 @@ import os
 
 import pytest
 
+from rljax.errors import StartupError
 from rljax.config import loader as config_loader
 from rljax.data import tokenizer as tokenizer_lib
 from rljax.train import build, sft
@@ -126,6 +127,6 @@ def test_a_directory_of_other_files_is_still_refused(tmp_path, monkeypatch):
   _fake_training(monkeypatch)
   (tmp_path / "sft").mkdir()
   (tmp_path / "sft" / "notes.txt").write_text("mine")
-  with pytest.raises(FileExistsError, match="not this config's SFT cold start"):
+  with pytest.raises(StartupError, match="not this config's SFT cold start"):
     sft.ensure_sft_checkpoint(_config(tmp_path), tokenizer_lib.load_tokenizer("char"))
   assert (tmp_path / "sft" / "notes.txt").read_text() == "mine"

@@ -201,6 +201,41 @@ def test_failing_trackers_warn_once_and_training_goes_on(tmp_path, monkeypatch, 
   assert steps == [0, 1, 2, 2]  # eval before, two steps, eval after
 
 
+def test_a_user_logger_that_raises_is_one_warning_and_counted(tmp_path, monkeypatch, caplog):
+  """Was: a logger registered in trackers.LOGGERS that raised killed the run. Now its first
+  failure is one warning line, it keeps being called (a record that fails costs only itself),
+  and its failures' total is one line at the end; metrics.jsonl is complete."""
+  seen = []
+
+  class Flaky:
+    def log(self, step, metrics, stream="metrics"):
+      seen.append(step)
+      if step >= 1:
+        raise ValueError(f"cannot send step {step}")
+
+    def log_config(self, config):
+      pass
+
+    def log_artifact(self, path):
+      pass
+
+    def close(self):
+      pass
+  monkeypatch.setitem(trackers.LOGGERS, "flaky", lambda config, start: Flaky())
+  run_dir = str(tmp_path / "run")
+  with caplog.at_level(logging.WARNING, logger=trackers.__name__):
+    result = cli.main(tiny.args("grpo", run_dir, {"train.loggers": "('jsonl', 'flaky')"}))
+  assert int(result["state"].step) == 2
+  assert seen == [0, 1, 2, 2]  # called for every record, after its failures too
+  warnings = [r.getMessage() for r in caplog.records if r.name == trackers.__name__]
+  assert warnings == [
+      "flaky logger failed in log at step 1 (ValueError: cannot send step 1); training goes on; "
+      "its later failures are counted",
+      "flaky logger failed 3 times in this run (the first is reported above)"]
+  steps = [r["step"] for r in read_jsonl(os.path.join(run_dir, "metrics.jsonl"))]
+  assert steps == [0, 1, 2, 2]
+
+
 # --- start-up checks, the eval table and the sweep's group ----------------------------------------
 
 @pytest.mark.parametrize("overrides, error, match", [

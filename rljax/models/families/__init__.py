@@ -30,6 +30,9 @@ class Family:
   layer_tensors: ``layer_tensors(cfg, layer)`` -> ``TensorMap`` of that layer.
   tiny_fields: ``tiny_fields(model section, fields)`` -> the ``ModelConfig`` fields a fresh
     'tiny' model of this family sets beyond the common ``fields`` (``config.tiny_config``).
+  classifiers: ``model_type`` -> the ``transformers`` class of its sequence classifier (a reward
+    model's export) where that is not the causal LM's with ``ForSequenceClassification``
+    (``classifier_architecture``).
   """
   name: str
   model_types: tuple
@@ -40,6 +43,7 @@ class Family:
   layer_tensors: Callable
   embed_scale: bool = False
   tiny_fields: Callable = lambda model_section, fields: {}
+  classifiers: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
 
 def register_family(family: Family) -> Family:
@@ -55,6 +59,13 @@ def model_types() -> tuple[str, ...]:
 
 def get(model_type: str) -> Family:
   return MODEL_FAMILIES.get(model_type)
+
+
+def classifier_architecture(model_type: str, causal_lm: str) -> str:
+  """The ``*ForSequenceClassification`` class ``transformers`` loads a reward model of
+  ``model_type`` with, given its causal LM's class ``causal_lm``."""
+  named = get(model_type).classifiers.get(model_type)
+  return named or causal_lm.replace("ForCausalLM", "ForSequenceClassification")
 
 
 # --- config.json keys the families share ---------------------------------------------------------

@@ -92,5 +92,7 @@ register_family(Family(
     config_from_hf=config_from_hf, config_to_hf=config_to_hf,
     layer_tensors=lambda cfg, layer: dense_tensors(cfg, qk_norm=True, extra_norms=_NORMS[2:]),
     embed_scale=True,
+    # Gemma3ForSequenceClassification is the image-text model's; the text model's is this one.
+    classifiers={"gemma3_text": "Gemma3TextForSequenceClassification"},
     tiny_fields=lambda model_section, fields: dict(hidden_act="gelu_pytorch_tanh",
                                                    query_pre_attn_scalar=fields["head_dim"])))

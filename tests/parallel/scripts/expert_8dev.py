@@ -3,7 +3,7 @@ partition rules on meshes with an ``expert`` axis, its logits and the gradient o
 loss compared with one device's, for every MoE dispatch. Prints one JSON line per (dispatch,
 mesh).
 
-Arguments: meshes as ``data,fsdp,expert,tensor`` (``mesh_lib.AXES`` order).
+Arguments: meshes as ``data,fsdp,expert,tensor`` (``mesh_lib.AXES`` order; context 1).
 """
 import json
 import re
@@ -94,7 +94,7 @@ def main(meshes):
   refs = {d: jax.jit(step, compiler_options=FAST_COMPILE)(params, tokens, mask)
           for d, step in steps.items()}
   for shape in meshes:
-    mesh = mesh_lib.make_mesh(dict(zip(mesh_lib.AXES, shape)))
+    mesh = mesh_lib.make_mesh(dict(zip(("data", "fsdp", "expert", "tensor"), shape)))
     p_sh = rules.param_shardings(mesh, axes, shapes)
     b_sh = rules.batch_sharding(mesh, 2)
     sharded = rules.shard_params(params, p_sh)
