@@ -202,7 +202,7 @@ def test_failing_trackers_warn_once_and_training_goes_on(tmp_path, monkeypatch, 
 
 
 def test_a_user_logger_that_raises_is_one_warning_and_counted(tmp_path, monkeypatch, caplog):
-  """Was: a logger registered in trackers.LOGGERS that raised killed the run. Now its first
+  """Was: a logger registered in LOGGERS that raised killed the run. Now its first
   failure is one warning line, it keeps being called (a record that fails costs only itself),
   and its failures' total is one line at the end; metrics.jsonl is complete."""
   seen = []
@@ -221,10 +221,13 @@ def test_a_user_logger_that_raises_is_one_warning_and_counted(tmp_path, monkeypa
 
     def close(self):
       pass
-  monkeypatch.setitem(trackers.LOGGERS, "flaky", lambda config, start: Flaky())
+  trackers.register_logger("flaky")(lambda config, start: Flaky())
   run_dir = str(tmp_path / "run")
-  with caplog.at_level(logging.WARNING, logger=trackers.__name__):
-    result = cli.main(tiny.args("grpo", run_dir, {"train.loggers": "('jsonl', 'flaky')"}))
+  try:
+    with caplog.at_level(logging.WARNING, logger=trackers.__name__):
+      result = cli.main(tiny.args("grpo", run_dir, {"train.loggers": "('jsonl', 'flaky')"}))
+  finally:
+    trackers.LOGGERS.unregister("flaky")
   assert int(result["state"].step) == 2
   assert seen == [0, 1, 2, 2]  # called for every record, after its failures too
   warnings = [r.getMessage() for r in caplog.records if r.name == trackers.__name__]
