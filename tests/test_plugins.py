@@ -170,7 +170,7 @@ def test_a_data_source_registered_here_feeds_the_run(single_turn, data_file):
   with open(data_file, "rb") as f:
     want = hashlib.sha256(os.path.basename(data_file).encode() + b"\0" + f.read()).hexdigest()
   with open(os.path.join(run_dir, "data.json")) as f:
-    assert json.load(f) == {"source": f"tsv:{data_file}", "sha256": want}
+    assert json.load(f) == {"source": f"tsv:{data_file}", "sha256": want, "files": {}}
 
 
 def test_an_engine_registered_here_samples_and_its_declared_key_is_its_own(single_turn):
