@@ -73,7 +73,7 @@ def bind(registry: Registry, name: str, algo: Mapping[str, Any], hparams: Dict[s
       static.append((kw, meta["defaults"][kw]))
       continue
     if key not in algo:
-      raise KeyError(f"{registry.family} {name!r} reads algo.{key}, which the config does not "
+      raise KeyError(f"{registry.what} {name!r} reads algo.{key}, which the config does not "
                      f"have: add it to the algo section of the config")
     keys.append(key)
     value = algo[key]

@@ -26,6 +26,7 @@ from rljax.data import tokenizer as tokenizer_lib
 from rljax.models import ModelConfig, transformer
 from rljax.models.config import compute_dtype
 from rljax.models.source import parse_source
+from rljax.registries import ROLLOUT_ENGINES
 from rljax.rollout import engines, text
 from rljax.rollout.sampler import Rollout, SamplingParams
 from rljax.train import evaluation
@@ -82,7 +83,7 @@ class Model:
   def rollout_engine(self) -> engines.RolloutEngine:
     """The registered engine ``self.engine`` for this model, on one device (no mesh)."""
     settings = config(overrides={"rollout.engine": self.engine})
-    return engines.ENGINES.get(self.engine)(settings, self.cfg, engines.Placement())
+    return ROLLOUT_ENGINES.get(self.engine)(settings, self.cfg, engines.Placement())
 
   def logprobs(self, rollout: Rollout, chunk: int = 512) -> tuple[jax.Array, jax.Array]:
     """Teacher-forced log-probs of a rollout's completion tokens and the full-vocabulary

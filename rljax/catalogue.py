@@ -1,9 +1,11 @@
 """The registered components and ``docs/algorithms.md``, the reference generated from them.
 
-Every registry (advantage estimators, policy objectives, loss aggregations, KL estimators,
-regularisers, transforms, reward functions, environments, tools) contributes each name it holds:
-the function's signature and module, the config keys its registration binds (with their declared
-defaults) and its docstring, which carries the formula and the paper. The few pieces that are
+Every registry of ``rljax.registries`` (advantage estimators, policy objectives, loss
+aggregations, KL estimators, regularisers, transforms, reward functions and sources, rollout and
+episode engines, environments, tools, data sources, embedded tasks, model families, loggers)
+contributes each name it holds: the function's signature and module, the config keys its
+registration binds or reads (with their declared defaults) and its docstring, which carries the
+formula and the paper. The few pieces that are
 plain functions rather than registered names (reward shaping, whitening, the value loss, the
 batch filter, the functions a transform computes) are listed here by section. ``rljax components``
 prints the registered names; ``python -m rljax components --markdown > docs/algorithms.md``
@@ -13,27 +15,24 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import sys
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from rljax import envs
-from rljax.envs import drivers as _env_engines  # noqa: F401 (registers the 'env' reward source)
-from rljax.algos import (advantages, correction, cov, distill, entropy, kl, registry, value)
+from rljax import registries
+from rljax.algos import (advantages, correction, cov, distill, entropy, kl, value)
 from rljax.config.table import KEY_BY_NAME
-from rljax.rewards import gold as _gold  # noqa: F401 (registers the 'gold' reward source)
-from rljax.rewards import judge as _judge  # noqa: F401 (registers the 'judge' reward source)
-from rljax.rewards import reward_model as _rm  # noqa: F401 (registers the 'rm' reward source)
 from rljax.rewards import shaping, sources, checkers
 from rljax.train import filters, selective
-from rljax.transforms import TRANSFORMS
+from rljax.registries import TRANSFORMS
+
+ALGORITHM_FAMILIES = ("advantage", "policy_loss", "loss_agg", "kl_estimator", "regularizer")
 
 
 def families() -> Dict[str, List[str]]:
-  """``{family: registered names}``: what ``rljax components`` lists."""
-  table = dict(registry.list_registries())
+  """``{family: registered names}`` of every registry (transforms in hook order): what
+  ``rljax components`` lists."""
+  table = {kind: reg.names() for kind, reg in registries.FAMILIES.items()}
   table["transform"] = sorted(TRANSFORMS.names(), key=lambda n: TRANSFORMS.meta(n)["order"])
-  table["reward_fn"] = checkers.REWARD_FNS.names()
-  table["reward_source"] = sources.REWARD_SOURCES.names()  # reward.sources
-  table["env"], table["tool"] = envs.env_names(), envs.tool_names()  # env.name; tools of envs
   return table
 
 
@@ -43,7 +42,7 @@ def families() -> Dict[str, List[str]]:
 class Section:
   title: str
   intro: str
-  family: str = ""  # a family of ``families()`` whose every name gets an entry
+  families: Tuple[str, ...] = ()  # families of ``families()`` whose every name gets an entry
   functions: Tuple[Callable, ...] = ()  # plain functions documented after the registered names
 
 
@@ -79,41 +78,41 @@ SECTIONS: Tuple[Section, ...] = (
             "The verifier (`reward.fn`) scores each completion; shaping adds terms counted in "
             "tokens, never characters. `reward.format_weight` adds a format term "
             "(`format_ok`); `reward.wrong_value` is the reward of a wrong answer.",
-            family="reward_fn",
+            families=("reward_fn",),
             functions=(checkers.format_ok, shaping.overlong_penalty,
                        shaping.overlong_filter_mask, kl.kl_reward_penalty, kl.kl_reward_tokens)),
     Section("1.1 Reward sources (`reward.sources`)",
             "The reward is a weighted sum of named sources (docs/reward_models.md), each "
             "normalised as `reward.normalize` / `reward.clip` declare and logged raw as "
             "`reward/<name>`; the shaping above applies to the sum.",
-            family="reward_source", functions=(sources.whiten, sources.normalize)),
+            families=("reward_source",), functions=(sources.whiten, sources.normalize)),
     Section("2. Advantage estimators (`algo.advantage`)",
             "Outcome estimators compute a row advantage `A_i` and broadcast it, `A[i,t] = A_i "
             "m[i,t]`; every estimator is exactly 0 on padding. Group estimators need `G >= 2` "
             "(a config error otherwise) and give `A = 0`, never NaN, to a group with no reward "
             "spread.",
-            family="advantage", functions=(advantages.whiten,)),
+            families=("advantage",), functions=(advantages.whiten,)),
     Section("3. Policy objectives (`algo.policy_loss`)",
             "Each objective returns per-token losses `[B, T]` (or one per sequence) and "
             "`(sum, count)` metrics. Every objective logs its clip fractions (low and high "
             "apart), the mean ratio and the approximate KL `mean(-delta)`.",
-            family="policy_loss"),
+            families=("policy_loss",)),
     Section("4. Loss aggregation (`algo.loss_agg`)",
             "Over the whole minibatch, across micro-batches and devices: each part returns "
             "`(sum, count)` and the division happens once. Rows with no valid token are left "
             "out of sequence means. An objective may force its aggregation.",
-            family="loss_agg"),
+            families=("loss_agg",)),
     Section("5. Regularisers (`algo.<name>_coef`)",
             "Terms `coef * agg(values)` added to the policy loss, each on while its coefficient "
             "is non-zero (or a transform drives it). The KL term compares the policy with the "
             "reference through a KL estimator (`algo.kl_estimator`); `algo.kl_placement` puts "
             "it in the loss, in the reward (section 1) or nowhere (no reference model is "
             "loaded).",
-            family="regularizer", functions=(kl.ema_update,)),
+            families=("regularizer",), functions=(kl.ema_update,)),
     Section("5.1 KL estimators (`algo.kl_estimator`)",
             "Elementwise `k(logp, ref_logp)` on the sampled tokens; what matters in the loss is "
             "the gradient with respect to `logp`.",
-            family="kl_estimator"),
+            families=("kl_estimator",)),
     Section("6. Value model (`critic.*`)",
             "With `critic.enabled`: the policy's trunk with a scalar head, its own optimizer "
             "(`critic.lr`), trained on the targets of the `gae` estimator; "
@@ -135,10 +134,30 @@ SECTIONS: Tuple[Section, ...] = (
             "Pieces with state or hooks (`rljax.transforms.base`): controllers, corrections of "
             "the batch, token selections, extra rollouts, host checks, a frozen second model. "
             "Listed in hook order; each is on when its keys say so, and lists the keys it reads.",
-            family="transform"),
+            families=("transform",)),
     Section("9. Environments and tools (`env.name`)",
             "Multi-turn environments (docs/multiturn.md) and the tools their episodes may call.",
-            family="env"),
+            families=("environment", "tool")),
+    Section("10. Engines (`rollout.engine`, `env.engine`)",
+            "A rollout engine samples completions of prompts (`rljax.rollout.engines`, "
+            "docs/rollout.md); an episode engine is a multi-turn driver that wraps the run's "
+            "rollout engine and plays whole episodes against the environment "
+            "(`rljax.envs.drivers`). Keys an engine lists are read only when it is picked.",
+            families=("rollout_engine", "episode_engine")),
+    Section("11. Data sources (`data.source`)",
+            "`data.source='NAME:ARGS'` names a registered data source (`rljax.data.sources`: "
+            "how to write one) and its argument; `embedded:NAME` names an embedded task. Keys a "
+            "source lists are read only when it is picked.",
+            families=("data_source", "task")),
+    Section("12. Model families (`model.family`)",
+            "Per Hugging Face `model_type`, the blocks that differ (`rljax.models.families`); "
+            "`model.family` picks one for a fresh `tiny` model, a checkpoint's config.json "
+            "names its own.",
+            families=("model_family",)),
+    Section("13. Loggers (`train.loggers`)",
+            "Where metrics go besides the run's own `metrics.jsonl` (`rljax.runs.trackers`, "
+            "docs/integrations.md). Keys a logger lists are read only when it is named.",
+            families=("logger",)),
 )
 
 
@@ -211,7 +230,7 @@ def _registration_facts(family: str, meta: Dict[str, Any]) -> List[str]:
 
 
 def _registered_entry(family: str, name: str) -> List[str]:
-  reg = registry.get_family(family)
+  reg = registries.family(family)
   fn, meta = reg.get(name), reg.meta(name)
   keys = ([_key(f"algo.{meta['coef']}")] if family == "regularizer" else []) + _bound_keys(meta)
   lines = [heading(family, name), "", _where(fn) + "  "]
@@ -223,12 +242,38 @@ def _registered_entry(family: str, name: str) -> List[str]:
   return lines + ["", _md(inspect.getdoc(fn)), ""]
 
 
+def _documented(family: str, piece: Any) -> Tuple[str, Optional[str]]:
+  """``(where, docstring)`` of a registered piece: a function or class is its own document; a
+  record is documented by what it holds (a tool by its function, a model family by its
+  module)."""
+  if family == "tool":
+    return _where(piece.fn), piece.description
+  if family == "model_family":
+    module = sys.modules[piece.config_from_hf.__module__]
+    return f"`{module.__name__}` (family `{piece.name}`)", inspect.getdoc(module)
+  if inspect.isclass(piece):
+    return f"`{piece.__module__}.{piece.__name__}`", inspect.getdoc(piece)
+  return _where(piece), inspect.getdoc(piece)
+
+
+def _piece_entry(family: str, name: str) -> List[str]:
+  """A registered piece that is not an algorithm component: where, the keys only it reads (its
+  registration's ``reads``), its docstring."""
+  reg = registries.family(family)
+  where, doc = _documented(family, reg.get(name))
+  lines = [heading(family, name), "", where + "  "]
+  reads = reg.meta(name)["reads"]
+  if reads:
+    lines.append("Keys: " + ", ".join(_key(k) for k in reads) + "  ")
+  return lines + ["", _md(doc), ""]
+
+
 def _transform_entry(name: str) -> List[str]:
   factory, meta = TRANSFORMS.get(name), TRANSFORMS.meta(name)
   lines = [heading("transform", name), "",
            f"`{factory.__module__}.{factory.__name__}`, hook order {meta['order']}  "]
   if meta["reads"]:
-    lines.append("Keys: " + ", ".join(_key(f"algo.{k}") for k in meta["reads"]) + "  ")
+    lines.append("Keys: " + ", ".join(_key(k) for k in meta["reads"]) + "  ")
   lines += ["", _md(inspect.getdoc(factory)), ""]
   for fn in TRANSFORM_FUNCTIONS.get(name, ()):
     lines += [f"#### `{fn.__name__}`", "", _where(fn), "", _md(inspect.getdoc(fn)), ""]
@@ -236,22 +281,10 @@ def _transform_entry(name: str) -> List[str]:
 
 
 def _reward_entry(name: str) -> List[str]:
-  fn, spec = checkers.REWARD_FNS[name], checkers.REWARD_SPECS[name]
+  fn, spec = checkers.REWARD_FNS.get(name), checkers.REWARD_FNS.meta(name)["spec"]
   output = "binary (0 or 1)" if spec.binary else f"a real in [{spec.low}, {spec.high}]"
   return [heading("reward_fn", name), "", _where(fn) + "  ", f"Returns: {output}", "",
           _md(inspect.getdoc(fn)), ""]
-
-
-def _env_entries() -> List[str]:
-  lines = []
-  for name in envs.env_names():
-    cls = envs.get_env_class(name)
-    lines += [heading("env", name), "", f"`{cls.__module__}.{cls.__name__}`", "",
-              _md(inspect.getdoc(cls)), ""]
-  for name in envs.tool_names():
-    tool = envs.TOOLS[name]
-    lines += [heading("tool", name), "", _where(tool.fn), "", _md(tool.description), ""]
-  return lines
 
 
 def _function_entry(fn: Callable) -> List[str]:
@@ -266,22 +299,16 @@ def _anchor(heading: str) -> str:
 
 def _entries(section: Section) -> List[str]:
   lines = []
-  if section.family == "reward_fn":
-    for name in checkers.REWARD_FNS.names():
-      lines += _reward_entry(name)
-  elif section.family == "reward_source":
-    for name in sources.REWARD_SOURCES.names():
-      factory = sources.REWARD_SOURCES.get(name)
-      lines += [heading("reward_source", name), "", _where(factory), "",
-                _md(inspect.getdoc(factory)), ""]
-  elif section.family == "transform":
-    for name in families()["transform"]:
-      lines += _transform_entry(name)
-  elif section.family == "env":
-    lines += _env_entries()
-  elif section.family:
-    for name in registry.get_family(section.family).names():
-      lines += _registered_entry(section.family, name)
+  for family in section.families:
+    for name in families()[family]:
+      if family == "reward_fn":
+        lines += _reward_entry(name)
+      elif family == "transform":
+        lines += _transform_entry(name)
+      elif family in ALGORITHM_FAMILIES:
+        lines += _registered_entry(family, name)
+      else:
+        lines += _piece_entry(family, name)
   for fn in section.functions:
     lines += _function_entry(fn)
   return lines

@@ -14,15 +14,16 @@ The layers (the project's design: config < models < rollout < rewards/data/paral
 transforms/envs < train < api/cli), with the top-level modules placed among them (a key names a
 room or one module of it, the longer name winning):
 
-  0 base        config, errors, lifetime                the key declarations and errors: they
-                                                        import nothing of the package above them
+  0 base        config, registries, errors, lifetime    the key declarations, the registries
+                                                        (filled by module path when read) and
+                                                        errors: they import nothing of the
+                                                        package above them
   1 models
   2 rollout
   3 rewards, data, parallel
   4 algos
   5 transforms, envs, runs                              runs: what a run directory is
-  6 config.checks, algorithm                            the start-up checks and the resolved
-                                                        algorithm: they read every registry
+  6 algorithm                                           the resolved algorithm
     agents                                              the agent endpoint, harnesses, sandbox
   7 learner                                             the compiled update
   8 train
@@ -37,13 +38,13 @@ import os
 import sys
 
 LAYERS = {
-    "config": 0, "errors": 0, "lifetime": 0,
+    "config": 0, "registries": 0, "errors": 0, "lifetime": 0,
     "models": 1,
     "rollout": 2,
     "rewards": 3, "data": 3, "parallel": 3,
     "algos": 4,
     "transforms": 5, "envs": 5, "runs": 5,
-    "config.checks": 6, "algorithm": 6, "agents": 6,
+    "algorithm": 6, "agents": 6,
     "learner": 7,
     "train": 8,
     "api": 9, "cli": 9, "catalogue": 9, "plan": 9, "plan_rewards": 9, "sweep": 9, "__init__": 9,

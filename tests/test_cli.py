@@ -6,7 +6,7 @@ import jax
 import numpy as np
 import pytest
 
-from rljax import cli
+from rljax import cli, registries
 from rljax.config import loader as config_loader
 from rljax.errors import UsageError
 from rljax.models import transformer
@@ -33,11 +33,12 @@ def test_override_types_and_unknown_keys():
 
 def test_components_lists_every_family(capsys):
   table = cli.main(["components"])
-  assert {"advantage", "policy_loss", "loss_agg", "kl_estimator", "reward_fn"} <= set(table)
+  assert set(table) == set(registries.FAMILIES)
   out = capsys.readouterr().out
   # Tests may have registered more environments by now: the embedded ones must be listed.
-  assert "cispo" in out and {"guess", "tool_calc"} <= set(table["env"]) and "calc" in table["tool"]
-  assert any(line.startswith("env: ") and "guess" in line for line in out.splitlines())
+  assert "cispo" in out and {"guess", "tool_calc"} <= set(table["environment"])
+  assert "calc" in table["tool"] and {"jsonl", "hf", "embedded"} <= set(table["data_source"])
+  assert any(line.startswith("environment: ") and "guess" in line for line in out.splitlines())
 
 
 def test_check_conversion_command(hf_dirs, capsys):

@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 from rljax import catalogue
-from rljax.algos import registry
+from rljax import registries
 from rljax.transforms import TRANSFORMS
 from tests.train import tiny
 
@@ -36,7 +36,7 @@ def test_every_registered_name_has_its_section():
 
 def _docs_of_algorithm_components():
   for family in ("advantage", "policy_loss", "kl_estimator", "regularizer"):
-    reg = registry.get_family(family)
+    reg = registries.family(family)
     for name in reg.names():
       yield f"{family} {name}", inspect.getdoc(reg.get(name)) or ""
   for name in TRANSFORMS.names():

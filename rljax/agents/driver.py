@@ -183,4 +183,5 @@ def _last_policy(ep: Episode) -> int:
   return int(policy[-1]) if policy.size else 0
 
 
-register_episode_engine(harness_lib.ENDPOINT_ENGINE)(EndpointEngine)
+register_episode_engine(harness_lib.ENDPOINT_ENGINE, reads=("env.slots", "env.harness_workers"))(
+    EndpointEngine)

@@ -11,8 +11,10 @@ and returns an ``Algorithm`` whose methods the trainer (or a notebook) calls:
   value_loss_sum(values, old_values, returns, mask, clip=...) / value_loss_count(mask)
 
 A new component is one decorated function (``register_advantage``, ``register_policy_loss``,
-``register_regularizer``): its positional parameters name the arrays it reads, its keyword-only
-ones the ``algo.*`` hyperparameters.
+``register_regularizer``) in a module of this package: its positional parameters name the arrays
+it reads, its keyword-only ones the ``algo.*`` hyperparameters. Every module of the package is
+imported the first time a component registry is read (``rljax.registries``), so a component
+registers itself by existing: none is listed by hand.
 """
 from rljax.algos.registry import (ADVANTAGES, KL_ESTIMATORS, LOSS_AGGS, POLICY_LOSSES,
                                   REGULARIZERS, Registry, UnknownNameError, list_registries,
@@ -34,10 +36,3 @@ from rljax.algos.value import (explained_variance, positive_example_rows, positi
 from rljax.algos.correction import mismatch_metrics
 from rljax.algos.logprobs import (entropy_from_logits, logprobs_from_logits,
                                   token_logprobs_and_entropy)
-import importlib as _importlib
-import pkgutil as _pkgutil
-
-# Every module of the package is imported, so a component registers itself by existing: none is
-# listed by hand (tests/algos/test_registry.py checks that no registration is left out).
-for _module in _pkgutil.iter_modules(__path__):
-  _importlib.import_module(f"{__name__}.{_module.name}")

@@ -11,6 +11,10 @@ eval. In order:
    policy_loss 'cispo'; it is read by policy_loss 'gspo', policy_loss 'ppo'``);
 3. the ``RELATIONS`` between keys.
 
+The registries the declarations name (``registered(...)``, ``component_reads``) fill themselves
+the first time they are read (``rljax.registries``), so the checks see the package's pieces and
+what a notebook or a test registered, and this module imports nothing above the config package.
+
 A condition that looks at more than the config (the resolved algorithm, the model's architecture)
 is applied by ``check_unused`` once that is known: ``rljax.algorithm.resolve`` passes the
 algorithm, ``rljax.train.build`` the model. A key absent from the config is skipped (a config
@@ -20,19 +24,6 @@ from __future__ import annotations
 
 from typing import Any, Dict
 
-# Every registry the declarations name (``registered(...)``, ``component_reads``), loaded here so
-# that the checks see the package's components whoever calls them.
-import rljax.algos  # noqa: F401
-import rljax.envs  # noqa: F401
-import rljax.envs.drivers  # noqa: F401
-import rljax.models.families  # noqa: F401
-import rljax.rewards.gold  # noqa: F401
-import rljax.rewards.judge  # noqa: F401
-import rljax.rewards.reward_model  # noqa: F401
-import rljax.rewards.sources  # noqa: F401
-import rljax.rewards.checkers  # noqa: F401
-import rljax.rollout.engines  # noqa: F401
-import rljax.transforms  # noqa: F401
 from rljax.config.table import KEY_BY_NAME, KEYS
 from rljax.config.relations import RELATIONS
 from rljax.errors import ConfigError, UnknownComponentError, UnusedKeyError

@@ -5,9 +5,9 @@ The conditions that look at the reward's composition parse it with ``rljax.confi
 """
 from __future__ import annotations
 
-from rljax.config.declare import (When, above, component_reads, differs, equals, registry_meta,
-                                  registry_names)
-from rljax.config.reward_spec import REWARD_MODEL_SOURCE, named_source
+from rljax.config.declare import (When, above, chosen_reads, component_reads, differs, equals,
+                                  registry_meta, registry_names)
+from rljax.config.reward_spec import REWARD_MODEL_SOURCE, named_source, reward_weights
 
 COMPONENT = component_reads()
 CRITIC = equals("critic.enabled", True, "there is no critic (critic.enabled=False)")
@@ -30,31 +30,24 @@ FRESH_MODEL = When(lambda f, k: f["model.source"] in ("tiny", "sft"),
                        f"model.source={f['model.source']!r} brings its own architecture"))
 
 
-def logger_on(*names: str) -> When:
-  """``train.loggers`` names one of ``names`` (the trackers that read a ``train.*`` key)."""
-  says = " or ".join(f"'{n}'" for n in names)
-  return When(lambda f, k: bool(set(names) & set(f["train.loggers"])),
-              f"train.loggers naming {says}", lambda f, k: (
-                  f"it is read by the {' and '.join(names)} logger{'s' if len(names) > 1 else ''}"
-                  f", and train.loggers={tuple(f['train.loggers'])!r} names none"))
-
-
-TRACKERS = ("wandb", "mlflow")  # the loggers that keep a run on a tracking service
-TRACKED = logger_on(*TRACKERS)
-# data.source kinds whose keys only they read (rljax.data.datasets parses the source).
+# Keys that only some pieces of a family read: read when the piece the config picks declares
+# them (its registration's ``reads``, rljax.registries), refused naming the pieces that do.
+ENGINE_READS = chosen_reads("rollout.engine")
+DRIVER_READS = chosen_reads("env.engine")
+DATA_SOURCE_READS = chosen_reads("data.source")
+LOGGER_READS = chosen_reads("train.loggers")
+REWARD_SOURCE_READS = chosen_reads("reward.sources", "reward_source",
+                                   lambda text: tuple(reward_weights(text)))
+# data.source='NAME:ARGS' names that relations pair with other keys.
 REASONING_GYM = "reasoning_gym"
-GYM_SOURCE = When(lambda f, k: f["data.source"].startswith(REASONING_GYM + ":"),
-                  f"data.source='{REASONING_GYM}:NAME'", lambda f, k: (
-                      f"data.source={f['data.source']!r} is not a {REASONING_GYM}: source"))
+VERIFIERS = "verifiers"  # data.source='verifiers:ID' with env.name='verifiers'
+# data.difficulty: read by the embedded tasks, refused only where it would mislead (reasoning-gym's
+# generators take their settings from data.reasoning_gym.config), so a preset's difficulty stays
+# allowed when a run switches it to a file source.
 EMBEDDED_SOURCE = When(lambda f, k: not f["data.source"].startswith(REASONING_GYM + ":"),
                        "a data.source other than reasoning_gym", lambda f, k: (
                            f"data.source={f['data.source']!r} reads its generators' settings "
                            "from data.reasoning_gym.config"))
-# data.source='verifiers:ID' with env.name='verifiers' (rljax/envs/verifiers_env.py).
-VERIFIERS = "verifiers"
-VERIFIERS_SOURCE = When(lambda f, k: f["data.source"].startswith(VERIFIERS + ":"),
-                        f"data.source='{VERIFIERS}:ID'", lambda f, k: (
-                            f"data.source={f['data.source']!r} is not a {VERIFIERS}: source"))
 MOE_MODEL = When(lambda f, k: bool(f.model.moe_layers), "a model with MoE layers",
                  lambda f, k: (f"model.source={f['model.source']!r} is a {f.model.model_type} "
                                "model without MoE layers"), frozenset({"model"}))
@@ -73,6 +66,5 @@ def _one_reward_per_episode(f, k) -> str:
 def _agg_modes(algorithm) -> set:
   return {algorithm.policy_agg} | {r.agg for r in algorithm.regularizers}
 
-JUDGE = named_source("judge")
 RM_SOURCE = named_source(REWARD_MODEL_SOURCE)
-JUDGE_NUMBER = JUDGE & equals("reward.judge.parse", "number")
+JUDGE_NUMBER = REWARD_SOURCE_READS & equals("reward.judge.parse", "number")

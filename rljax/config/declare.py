@@ -11,8 +11,10 @@
   resolved the algorithm and the model's architecture): ``Key.read_if`` says when a key is read,
   and a key set away from its default while its condition is false is refused by name.
 
-This module is the bottom of the package: it imports nothing of it. Registries higher up make
-their names known here (``add_family``), so a declaration can say "a registered advantage".
+This module is the bottom of the package: it imports nothing of it but the registries
+(``rljax.registries``, beside it at the bottom), so a declaration can say "a registered
+advantage" and a key can be read by the registered piece that a config string picks
+(``chosen_reads``).
 """
 from __future__ import annotations
 
@@ -20,6 +22,8 @@ import dataclasses
 import math
 import numbers
 from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
+
+from rljax import registries
 
 
 def _is_int(value) -> bool:
@@ -37,6 +41,8 @@ class Check:
   allowed: str
   type: type
   family: str = ""  # a registry whose names are allowed (listed when a value fails)
+  # ``names(value) -> tuple``: the registered names an allowed value of a ``family`` key picks
+  names: Optional[Callable[[Any], tuple]] = None
   options: tuple = ()  # the values of a ``choice``
   # ``why(value) -> None | str``: what exactly is wrong with a value ``ok`` refuses (``parsed``)
   why: Optional[Callable[[Any], Optional[str]]] = None
@@ -54,8 +60,9 @@ class Check:
 
 def optional(check: Check) -> Check:
   """``check``, or None (the key's 'off' or 'derived' value)."""
+  names = None if check.names is None else (lambda v: () if v is None else check.names(v))
   return Check(lambda v: v is None or check.ok(v), f"{check.allowed} (or None)", check.type,
-               check.family, check.options)
+               check.family, names, check.options)
 
 
 def integer(lo: Optional[int] = None, hi: Optional[int] = None, *, also: tuple = ()) -> Check:
@@ -129,32 +136,49 @@ def registered(family: str) -> Check:
   """A name in one of the registries (``rljax components`` lists them); looked up when checked,
   so components registered by a config file or a notebook count."""
   def ok(v):
-    return isinstance(v, str) and v in registry_names(family)
-  return Check(ok, f"a registered {family} name (`rljax components`)", str, family)
+    return isinstance(v, str) and v in registries.family(family)
+  return Check(ok, f"a registered {family} name (`rljax components`)", str, family,
+               lambda v: (v,))
 
 
-# --- registries, made known from above ----------------------------------------------------------
+def registered_spec(family: str, example: str) -> Check:
+  """``'NAME:ARGS'``: a registered ``NAME`` (e.g. a data source) and a non-empty ``ARGS``."""
+  def why(v) -> Optional[str]:
+    name, sep, arg = v.partition(":") if isinstance(v, str) else ("", "", "")
+    if not (sep and arg):
+      return f"'NAME:ARGS' with NAME a registered {family}, e.g. {example!r}"
+    if name not in registries.family(family):
+      return (f"'NAME:ARGS' with NAME a registered {family}: "
+              f"{', '.join(registry_names(family))}")
+    return None
+  return Check(lambda v: why(v) is None, f"'NAME:ARGS', NAME a registered {family} name "
+               "(`rljax components`)", str, family, lambda v: (v.partition(":")[0],), why=why)
 
-_FAMILIES: Dict[str, Any] = {}  # family -> its registry: ``names()`` and ``meta(name)``
 
-
-def add_family(family: str, registry) -> None:
-  """Makes ``registry`` (an object with ``names()`` and, optionally, ``meta(name)``) the one
-  ``registered(family)`` looks names up in. Each registry calls it when it is created."""
-  _FAMILIES[family] = registry
+def registered_tuple(family: str, *, required: Tuple[str, ...] = ()) -> Check:
+  """A tuple of distinct registered names that includes ``required``."""
+  must = "".join(f" that includes {r!r}" for r in required)
+  def why(v) -> Optional[str]:
+    if not (isinstance(v, (tuple, list)) and all(isinstance(n, str) for n in v)):
+      return f"a tuple of registered {family} names{must}"
+    unknown = [n for n in v if n not in registries.family(family)]
+    if unknown:
+      return (f"{unknown} not registered; registered {family} names: "
+              f"{', '.join(registry_names(family))}")
+    if len(set(v)) != len(v) or not set(required) <= set(v):
+      return f"a tuple of distinct registered {family} names{must}"
+    return None
+  return Check(lambda v: why(v) is None, f"a tuple of distinct registered {family} names{must} "
+               "(`rljax components`)", tuple, family, tuple, why=why)
 
 
 def registry_names(family: str) -> list:
-  if family not in _FAMILIES:
-    raise LookupError(f"no registry of {family!r} names is loaded (import rljax.config.checks, "
-                      "which imports every registry)")
-  return list(_FAMILIES[family].names())
+  return registries.family(family).names()
 
 
 def registry_meta(family: str, name: str) -> dict:
-  """What ``name`` registered in ``family`` declares (its inputs, hyperparameters, flags)."""
-  registry_names(family)
-  return _FAMILIES[family].meta(name)
+  """What ``name`` registered in ``family`` declares (its inputs, hyperparameters, reads)."""
+  return registries.family(family).meta(name)
 
 
 # --- when a key is read --------------------------------------------------------------------------
@@ -178,16 +202,20 @@ class Facts:
 @dataclasses.dataclass(frozen=True)
 class When:
   """A condition on the run: ``test(facts, key) -> bool`` (``key``: the dotted name of the key it
-  is the ``read_if`` of); ``says``: the condition in words (docs, "it is read with ...");
+  is the ``read_if`` of); ``says``: the condition in words (docs, "it is read with ..."), or
+  ``f(key) -> words`` when they depend on what is registered (``chosen_reads``; ``words(key)``);
   ``unless``: why the key is not read when it is false (a string or ``f(facts, key) -> str``);
   ``needs``: the facts beyond the config it looks at ('algorithm', 'model'), so the walker
   applies it once they are known. ``a & b``, ``a | b`` combine conditions."""
   test: Callable[[Facts, str], bool]
-  says: str
+  says: Any
   unless: Any = None
   needs: frozenset = frozenset()
   parts: tuple = ()  # of an ``a & b``: the first part that is false says why
   components: bool = False  # a resolved component reads the key (``component_reads``)
+
+  def words(self, key: str) -> str:
+    return self.says(key) if callable(self.says) else self.says
 
   def why_not(self, facts: Facts, key: str) -> str:
     for part in self.parts:
@@ -195,18 +223,21 @@ class When:
         return part.why_not(facts, key)
     if callable(self.unless):
       return self.unless(facts, key)
-    return self.unless or f"it is read only with {self.says}"
+    return self.unless or f"it is read only with {self.words(key)}"
 
   def __and__(self, other: "When") -> "When":
-    return When(lambda f, k: self.test(f, k) and other.test(f, k),
-                f"{self.says} and {other.says}", None, self.needs | other.needs, (self, other))
+    says = lambda k: " and ".join(f"({w})" if " or " in w else w
+                                  for w in (self.words(k), other.words(k)))
+    return When(lambda f, k: self.test(f, k) and other.test(f, k), says, None,
+                self.needs | other.needs, (self, other))
 
   def __or__(self, other: "When") -> "When":
     unless = self.unless or other.unless
     if self.components or other.components:  # the components named, and the other condition
-      also = [p.says for p in (self, other) if not p.components]
-      unless = lambda f, k: _component_message(f, k, also)
-    says = " or ".join(f"({p.says})" if " and " in p.says else p.says for p in (self, other))
+      unless = lambda f, k: _component_message(
+          f, k, [p.words(k) for p in (self, other) if not p.components])
+    says = lambda k: " or ".join(f"({w})" if " and " in w else w
+                                 for w in (self.words(k), other.words(k)))
     return When(lambda f, k: self.test(f, k) or other.test(f, k), says, unless,
                 self.needs | other.needs,
                 components=self.components or other.components)
@@ -227,12 +258,38 @@ def above(name: str, bound, unless=None) -> When:
   return When(lambda f, k: f[name] > bound, f"{name} > {bound!r}", unless)
 
 
-_KEY_FAMILIES: Dict[str, str] = {}  # filled by ``declare``: registered key -> its family
+_KEY_CHECKS: Dict[str, Check] = {}  # filled by ``declare``: key naming registered pieces -> check
 
 
 def meta_says(name: str, test: Callable[[dict], bool], says: str, unless=None) -> When:
   """The component that the key ``name`` (a ``registered`` key) names declares ``test(meta)``."""
-  return When(lambda f, k: test(registry_meta(_KEY_FAMILIES[name], f[name])), says, unless)
+  return When(lambda f, k: test(registry_meta(_KEY_CHECKS[name].family, f[name])), says, unless)
+
+
+def chosen_reads(selector: str, family: str = "",
+                 names: Optional[Callable[[Any], Sequence[str]]] = None) -> When:
+  """The piece that the key ``selector`` picks (a ``registered...`` key: ``rollout.engine``,
+  ``data.source``, ``train.loggers``; or any key, given its ``family`` and ``names(value)``, the
+  names a value picks) declares that it reads the key (its registration's ``reads``). Unread, the
+  key is named with the pieces that would read it."""
+  def family_of() -> str:
+    return family or _KEY_CHECKS[selector].family
+
+  def reads(f: Facts, key: str) -> bool:
+    picked = (names or _KEY_CHECKS[selector].names)(f[selector])
+    return any(key in registry_meta(family_of(), name)["reads"] for name in picked)
+
+  def readers(key: str) -> list:
+    return [n for n in registry_names(family_of())
+            if key in registry_meta(family_of(), n)["reads"]]
+
+  def unless(f: Facts, key: str) -> str:
+    what = registries.family(family_of()).what
+    named = [f"{what} '{n}'" for n in readers(key)]
+    return (f"{selector}={f[selector]!r} does not read it"
+            + (f"; it is read by {', '.join(named)}" if named else ""))
+  return When(reads, lambda key: f"{selector} naming {' or '.join(map(repr, readers(key)))}",
+              unless)
 
 
 def component_reads() -> When:
@@ -252,10 +309,10 @@ def _component_message(f: Facts, key: str, also: Sequence[str] = ()) -> str:
   readers = []
   for family, label in (("advantage", "advantage"), ("policy_loss", "policy_loss"),
                         ("regularizer", "regulariser"), ("transform", "transform")):
-    for name in registry_names(family) if family in _FAMILIES else ():
+    for name in registry_names(family):
       meta = registry_meta(family, name)
       if (leaf in meta.get("hparams", {}).values() or meta.get("coef") == leaf
-          or leaf in meta.get("reads", ())):
+          or key in meta["reads"]):
         readers.append(f"{label} '{name}'")
   readers += list(also)
   return f"by {described}" + (f"; it is read by {', '.join(readers)}" if readers else "")
@@ -295,14 +352,14 @@ def declare(keys: Sequence[Key]) -> Tuple[Key, ...]:
       raise ValueError(f"config key {key.name!r} is declared twice")
     seen.add(key.name)
     if key.check.family:
-      _KEY_FAMILIES[key.name] = key.check.family
+      _KEY_CHECKS[key.name] = key.check
   return tuple(keys)
 
 
 # --- tables --------------------------------------------------------------------------------------
 
 def _allowed(key: Key) -> str:
-  if key.check.family and key.check.family in _FAMILIES:
+  if key.check.family:
     return f"a registered name: {', '.join(registry_names(key.check.family))}"
   return key.check.allowed
 
@@ -311,7 +368,7 @@ def text_table(declared: Sequence[Key], prefix: str = "") -> str:
   """``rljax keys``: one block per key."""
   return "\n".join(
       f"{k.name} = {k.default!r}\n    {k.doc}\n    allowed: {_allowed(k)}"
-      + ("" if k.read_if is ALWAYS else f"\n    read with: {k.read_if.says}")
+      + ("" if k.read_if is ALWAYS else f"\n    read with: {k.read_if.words(k.name)}")
       for k in declared if k.name.startswith(prefix))
 
 
@@ -329,7 +386,7 @@ def markdown_table(declared: Sequence[Key], relations: Sequence[Relation] = ()) 
       lines += ["", f"## {section or 'top level'}", "",
                 "| key | default | allowed | read with | what |", "|---|---|---|---|---|"]
     # Registered names are listed by `rljax components` (plugins and notebooks add more).
-    read = "" if k.read_if is ALWAYS else cell(k.read_if.says)
+    read = "" if k.read_if is ALWAYS else cell(k.read_if.words(k.name))
     lines.append(f"| `{k.name}` | `{k.default!r}` | {cell(k.check.allowed)} | {read} | "
                  f"{cell(k.doc)} |")
   if relations:

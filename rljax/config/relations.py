@@ -4,7 +4,7 @@ check returns what is wrong as one line, or None. ``rljax.config.checks`` applie
 from __future__ import annotations
 
 from rljax.config.declare import Relation, registry_meta
-from rljax.config.conditions import FRESH_MODEL, GYM_SOURCE, REASONING_GYM, RM_SOURCE, VERIFIERS
+from rljax.config.conditions import FRESH_MODEL, REASONING_GYM, RM_SOURCE, VERIFIERS
 from rljax.config.reward_spec import (ENV_SOURCE, REWARD_MODEL_SOURCE, VERIFIER_SOURCE,
                                       composed_sources, reward_clip, reward_normalize, task_source)
 from rljax.config.table import CAPACITY_UNPACKED, MESH_AXES
@@ -126,13 +126,14 @@ def _overlong_buffer(f):
 
 
 def _gym_reward(f):
-  if f["reward.fn"] == REASONING_GYM and not GYM_SOURCE.test(f, ""):
+  if f["reward.fn"] == REASONING_GYM and f["data.source"].partition(":")[0] != REASONING_GYM:
     return (f"reward.fn={REASONING_GYM!r} scores problems of data.source='{REASONING_GYM}:NAME' "
             f"only (it calls the generating task's scorer); data.source={f['data.source']!r}")
 
 
 def _verifiers_pair(f):
-  source, env = f["data.source"].startswith(VERIFIERS + ":"), f["env.name"] == VERIFIERS
+  source = f["data.source"].partition(":")[0] == VERIFIERS
+  env = f["env.name"] == VERIFIERS
   if source != env:
     return (f"data.source={f['data.source']!r} and env.name={f['env.name']!r}: a verifiers "
             f"environment's dataset (data.source='{VERIFIERS}:ID') is run by its own episodes "

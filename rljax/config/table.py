@@ -33,15 +33,16 @@ from ml_collections.config_dict import placeholder
 
 from rljax.config.declare import (ADAM_BETA, BOOL, Check, FRACTION, KEY_TUPLE, Key, NONEMPTY,
                                   NONNEG, PASS_RATE_WINDOW, POSITIVE, SEED, SIZE, STRING, When,
-                                  above, choice, declare, equals, integer, meta_says, optional,
-                                  parsed, real, registered)
-from rljax.config.conditions import (COMPONENT, CRITIC, DYNAMIC_SAMPLING, EMBEDDED_SOURCE,
-                                     FRESH_MODEL, GYM_SOURCE, JUDGE, JUDGE_NUMBER, KL_TERM, LORA,
-                                     MOE_MODEL, MULTI_TURN, OVERLONG_SHAPING, RM_SOURCE,
-                                     SELECTIVE, SFT_STOP, SINGLE_TURN, TRACKED, VERIFIERS_SOURCE,
-                                     VERIFIER_PROCESSES, _agg_modes, _one_reward_per_episode,
-                                     _token_level, logger_on)
-from rljax.config.reward_spec import (judge_pattern, judge_template, named_source, reward_clip,
+                                  above, choice, declare, equals, integer, meta_says,
+                                  optional, parsed, real, registered, registered_spec,
+                                  registered_tuple)
+from rljax.config.conditions import (COMPONENT, CRITIC, DATA_SOURCE_READS, DRIVER_READS,
+                                     DYNAMIC_SAMPLING, EMBEDDED_SOURCE, ENGINE_READS,
+                                     FRESH_MODEL, JUDGE_NUMBER, KL_TERM, LOGGER_READS, LORA,
+                                     MOE_MODEL, MULTI_TURN, OVERLONG_SHAPING, REWARD_SOURCE_READS,
+                                     SELECTIVE, SFT_STOP, SINGLE_TURN, VERIFIER_PROCESSES,
+                                     _agg_modes, _one_reward_per_episode, _token_level)
+from rljax.config.reward_spec import (judge_pattern, judge_template, reward_clip,
                                       reward_normalize, reward_weights)
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -57,10 +58,6 @@ STRING_TUPLE = Check(lambda v: isinstance(v, (tuple, list)) and all(isinstance(t
 LORA_TARGETS = Check(lambda v: isinstance(v, (tuple, list)) and len(v) > 0
                      and all(isinstance(t, str) for t in v),
                      "a non-empty tuple of projection names, or ('all',)", tuple)
-# The names themselves are looked up in rljax.runs.trackers.LOGGERS at start-up.
-LOGGER_NAMES = Check(lambda v: isinstance(v, (tuple, list)) and "jsonl" in v
-                     and all(isinstance(n, str) for n in v),
-                     "a tuple of logger names that includes 'jsonl'", tuple)
 
 # Why a model whose MoE layers dispatch by capacity is never packed (rljax.learner.packing;
 # rljax.config.relations refuses model.pack=True with it).
@@ -184,28 +181,30 @@ KEYS = declare((
         "must be model.lora.rank, alpha and targets, its shapes the base's (docs/integrations.md)",
         read_if=LORA),
     # --- data ----------------------------------------------------------------------------------
-    Key("data.source", "embedded:arithmetic", NONEMPTY,
-        "'embedded:arithmetic' | 'embedded:countdown' | 'reasoning_gym:NAME[,NAME...]' "
-        "(reasoning-gym tasks, extra [reasoning_gym]) | 'verifiers:ID' (a verifiers environment's "
-        "dataset, with env.name='verifiers'; extra [verifiers]) | 'jsonl:PATH' | 'hf:PATH' "
-        "(local datasets files)"),
+    Key("data.source", "embedded:arithmetic",
+        registered_spec("data_source", "jsonl:data/train.jsonl"),
+        "where prompts come from: a registered data source and its argument (docs/algorithms.md, "
+        "'Data sources'): embedded:TASK | reasoning_gym:NAME[,NAME...] (extra [reasoning_gym]) | "
+        "verifiers:ID (with env.name='verifiers'; extra [verifiers]) | jsonl:PATH | hf:PATH "
+        "(local datasets files) | code:PATH (unit-tested programming problems) | any registered "
+        "source"),
     Key("data.difficulty", 1, integer(0, 1000), "embedded tasks: problem difficulty",
         read_if=EMBEDDED_SOURCE),
     Key("data.train_seed", 0, SEED, "generated tasks: seed of the training problems"),
     Key("data.eval_seed", 1, SEED, "generated tasks: seed of the held-out problems"),
     Key("data.reasoning_gym.weights", "", STRING,
         "reasoning_gym source: 'NAME=W,NAME=W' sampling weight of each task; '' = equal",
-        read_if=GYM_SOURCE),
+        read_if=DATA_SOURCE_READS),
     Key("data.reasoning_gym.config", "{}", STRING,
         "reasoning_gym source: JSON {task: {setting: value}} passed to the task's generator "
         "(reasoning_gym.create_dataset); seed 0 and the library's size unless given",
-        read_if=GYM_SOURCE),
+        read_if=DATA_SOURCE_READS),
     Key("data.reasoning_gym.template", "{question}", NONEMPTY,
         "reasoning_gym source: the prompt, a str.format template over the item's question and "
-        "metadata fields, e.g. '{expression}='", read_if=GYM_SOURCE),
+        "metadata fields, e.g. '{expression}='", read_if=DATA_SOURCE_READS),
     Key("data.verifiers.args", "{}", STRING,
         "verifiers source: JSON object of keyword arguments for the environment's loader "
-        "(load_environment or MODULE:FUNCTION)", read_if=VERIFIERS_SOURCE),
+        "(load_environment or MODULE:FUNCTION)", read_if=DATA_SOURCE_READS),
     Key("data.num_eval", 256, SIZE, "held-out problems evaluated before/after training"),
     Key("data.tokenizer", "char", NONEMPTY, "'char' or a local Hugging Face tokenizer directory"),
     Key("data.chat_template", False, BOOL, "wrap prompts in the tokenizer's chat template"),
@@ -231,9 +230,11 @@ KEYS = declare((
         "decoded together) | continuous (slot budgets below, freed slots refilled) | any "
         "registered engine; read once, when the run is built"),
     Key("rollout.max_concurrent_rows", 0, integer(0, 2**31 - 1),
-        "rollout.engine='continuous': slot budget S per data shard; 0 = all rows at once"),
+        "rollout.engine='continuous': slot budget S per data shard; 0 = all rows at once",
+        read_if=ENGINE_READS),
     Key("rollout.kv_cache_bytes", 0, integer(0),
-        "rollout.engine='continuous': KV-cache budget per data shard, caps S too; 0 = no cap"),
+        "rollout.engine='continuous': KV-cache budget per data shard, caps S too; 0 = no cap",
+        read_if=ENGINE_READS),
     Key("rollout.dtype", None, optional(choice(*DTYPES)),
         "sampler weights + KV cache dtype; None = model.dtype"),
     Key("rollout.weight_dtype", None, optional(choice("float8_e4m3fn")),
@@ -287,15 +288,15 @@ KEYS = declare((
     Key("reward.judge.source", "policy", NONEMPTY,
         "the judge's weights: 'policy' (the policy's own at step 0: model.source) | 'hf:PATH' | "
         "'run:DIR' (DIR/hf); it reads text with the run's tokenizer (data.tokenizer)",
-        read_if=JUDGE),
+        read_if=REWARD_SOURCE_READS),
     Key("reward.judge.template", "question: {prompt}\nanswer: {completion}\nscore: ",
         parsed(judge_template, "a template naming {prompt} and {completion}"),
         "the judge's prompt, a str.format template over the row's prompt and completion (as "
-        "prompts are: chat template, BOS)", read_if=JUDGE),
+        "prompts are: chat template, BOS)", read_if=REWARD_SOURCE_READS),
     Key("reward.judge.parse", "number", choice("number", "p_yes"),
         "verdict -> score: number (the first match of reward.judge.pattern in the judge's "
         "generated verdict, clipped to reward.judge.range) | p_yes (P(reward.judge.yes) of the "
-        "judge's next token after the template, no sampling)", read_if=JUDGE),
+        "judge's next token after the template, no sampling)", read_if=REWARD_SOURCE_READS),
     Key("reward.judge.pattern", r"-?\d+(?:\.\d+)?",
         parsed(judge_pattern, "a regular expression"),
         "parse=number: the verdict's score is the first match (its group 1 if it has groups)",
@@ -310,7 +311,7 @@ KEYS = declare((
         "reward/judge_unparsable)", read_if=JUDGE_NUMBER),
     Key("reward.judge.yes", " yes", NONEMPTY,
         "parse=p_yes: the text whose probability is the score; one token of the run's "
-        "tokenizer (e.g. 'y' with the char tokenizer)", read_if=JUDGE & equals(
+        "tokenizer (e.g. 'y' with the char tokenizer)", read_if=REWARD_SOURCE_READS & equals(
             "reward.judge.parse", "p_yes")),
     Key("reward.judge.engine", "all_rows", registered("rollout_engine"),
         "parse=number: the rollout engine that generates the verdicts (rollout.engine's "
@@ -329,7 +330,7 @@ KEYS = declare((
         "'run:DIR' holds no export yet, the gold scorer labels this many preference pairs of the "
         "embedded task into rm.train_file (kept if it exists) and `rljax rm` trains the reward "
         "model into DIR first (rm.*, model.*), as model.source='sft' is trained first; 0 = off",
-        read_if=named_source("gold")),
+        read_if=REWARD_SOURCE_READS),
     Key("reward.workers", 4, integer(0, 1024),
         "verifier worker processes; 0 = the verifier runs in the trainer's process (no process "
         "round trip per call, no timeout: for fast verifiers one trusts, e.g. exact_match)"),
@@ -346,20 +347,21 @@ KEYS = declare((
     Key("reward.model.source", "", STRING,
         "reward source 'rm': 'hf:PATH' (a *ForSequenceClassification directory, one label) | "
         "'run:DIR[@STEP]' (an `rljax rm` run: its export DIR/hf, or DIR/exports/STEP)",
-        read_if=RM_SOURCE),
+        read_if=REWARD_SOURCE_READS),
     Key("reward.model.tokenizer", "", STRING,
         "the reward model's tokenizer: '' = its own (the hf: directory's tokenizer files, the "
         "rm run's data.tokenizer) | 'char' | a local Hugging Face tokenizer directory; the "
         "policy's ids are reused when it is the policy's, else the text is re-encoded",
-        read_if=RM_SOURCE),
+        read_if=REWARD_SOURCE_READS),
     Key("reward.model.chat_template", False, BOOL,
-        "render prompts with the reward model tokenizer's chat template", read_if=RM_SOURCE),
+        "render prompts with the reward model tokenizer's chat template",
+        read_if=REWARD_SOURCE_READS),
     Key("reward.model.batch_size", 0, integer(0),
         "rows per reward-model forward (rounded up to a multiple of the data-parallel width); "
-        "0 = the whole batch in one", read_if=RM_SOURCE),
+        "0 = the whole batch in one", read_if=REWARD_SOURCE_READS),
     Key("reward.model.dtype", "", choice("", *DTYPES),
         "reward-model compute dtype; '' = model.dtype (bfloat16 on accelerators)",
-        read_if=RM_SOURCE),
+        read_if=REWARD_SOURCE_READS),
     # --- multi-turn environment (docs/multiturn.md) -------------------------------------------
     Key("env.name", None, optional(registered("environment")),
         "None = single-turn rollouts scored by reward.fn | a registered environment: multi-turn "
@@ -400,14 +402,10 @@ KEYS = declare((
         "async_turns / endpoint engines: rows decoding at once (lanes); 0 = every row of the "
         "batch (a call narrows to S/8, S/4 or S/2 lanes when that holds the rows decoding or "
         "ready to)",
-        read_if=MULTI_TURN & When(lambda f, k: f["env.engine"] in ("async_turns", "endpoint"),
-                                  "env.engine='async_turns' or 'endpoint'", lambda f, k: (
-            f"only env.engine='async_turns' or 'endpoint' decodes in lanes "
-            f"(env.engine={f['env.engine']!r})"))),
+        read_if=MULTI_TURN & DRIVER_READS),
     Key("env.harness_workers", 16, integer(1, 4096),
         "endpoint engine: processes running agent harnesses, the episodes in flight at once",
-        read_if=MULTI_TURN & equals("env.engine", "endpoint", lambda f, k: (
-            f"only env.engine='endpoint' runs harnesses (env.engine={f['env.engine']!r})"))),
+        read_if=MULTI_TURN & DRIVER_READS),
     # --- algorithm (sections 2-5, 7) -----------------------------------------------------------
     Key("algo.advantage", "grpo", registered("advantage"), "advantage estimator"),
     Key("algo.adv_std", "group", choice("group", "batch", "none"),
@@ -598,21 +596,21 @@ KEYS = declare((
     Key("train.compilation_cache", True, BOOL,
         "keep compiled XLA programs in run_dir/xla_cache (in JAX_COMPILATION_CACHE_DIR instead "
         "where that is set), so a restarted or resumed run loads them instead of compiling again"),
-    Key("train.loggers", ("jsonl", "tensorboard"), LOGGER_NAMES,
+    Key("train.loggers", ("jsonl", "tensorboard"), registered_tuple("logger", required=("jsonl",)),
         "where metrics go: jsonl (run_dir/metrics.jsonl, always on) | tensorboard | wandb | "
         "mlflow (docs/integrations.md)"),
     Key("train.tracker_project", "rljax", NONEMPTY,
-        "wandb/mlflow loggers: the W&B project, the MLflow experiment", read_if=TRACKED),
+        "wandb/mlflow loggers: the W&B project, the MLflow experiment", read_if=LOGGER_READS),
     Key("train.tracker_run_name", "", STRING,
-        "wandb/mlflow loggers: the run's name; '' = the run dir's name", read_if=TRACKED),
+        "wandb/mlflow loggers: the run's name; '' = the run dir's name", read_if=LOGGER_READS),
     Key("train.tracker_group", "", STRING,
         "wandb/mlflow loggers: the W&B group, the MLflow tag rljax.group ('' = none); "
-        "`rljax sweep` sets it to the study's name", read_if=TRACKED),
+        "`rljax sweep` sets it to the study's name", read_if=LOGGER_READS),
     Key("train.tracker_tags", (), STRING_TUPLE, "wandb/mlflow loggers: the run's tags",
-        read_if=TRACKED),
+        read_if=LOGGER_READS),
     Key("train.mlflow_tracking_uri", "", STRING,
         "mlflow logger: the tracking server or store; '' = MLflow's own default "
-        "(MLFLOW_TRACKING_URI)", read_if=logger_on("mlflow")),
+        "(MLFLOW_TRACKING_URI)", read_if=LOGGER_READS),
     Key("train.max_skipped_steps", 10, integer(0),
         "stop after this many consecutive steps whose every update was skipped as non-finite; "
         "0 = never"),

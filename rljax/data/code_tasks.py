@@ -22,6 +22,8 @@ import dataclasses
 import json
 import os
 
+from rljax.data.datasets import screen_rows
+from rljax.data.sources import Rows, register_data_source
 from rljax.data.tasks import Problem
 from rljax.errors import DataError, DataFileNotFoundError
 
@@ -94,3 +96,11 @@ def read_code_tasks(path: str) -> list[Problem]:
         raise DataError(f"{path}:{line_number}: not valid JSON ({e.msg})") from None
       problems.append(row_problem(row, f"{path}:{line_number}"))
   return problems
+
+
+@register_data_source(SOURCE_KIND, files=lambda path: [path])
+def code_source(path: str, settings) -> Rows:
+  """``data.source='code:PATH'``: programming problems checked by unit tests, a JSONL file in the
+  MBPP or HumanEval layout (``reward.fn='code_tests'``), screened by ``data.invalid_rows``."""
+  rows, invalid = screen_rows(read_code_tasks(path), settings["invalid_rows"])
+  return Rows(rows, invalid_rows=invalid)

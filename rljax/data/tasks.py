@@ -20,6 +20,9 @@ import random
 import re
 from typing import Iterator
 
+from rljax.data.sources import register_data_source
+from rljax.registries import TASKS
+
 MARKER = "#"
 EVAL_PERMILLE = 100  # 10% of the problem space is held out for evaluation
 _EVAL_PATIENCE = 50_000  # draws without a new eval prompt before eval_set gives up
@@ -132,6 +135,12 @@ class Task(abc.ABC):
 
 # --- arithmetic --------------------------------------------------------------------------------
 
+def register_task(cls):
+  """Class decorator adding a ``Task`` subclass to ``TASKS`` (``rljax.registries``) under its
+  ``name``: ``data.source='embedded:<name>'``."""
+  return TASKS.register(cls.name)(cls)
+
+
 @dataclasses.dataclass(frozen=True)
 class ArithmeticLevel:
   num_operands: int
@@ -148,6 +157,7 @@ _APPLY = {
 }
 
 
+@register_task
 class Arithmetic(Task):
   """Evaluate an integer expression step by step.
 
@@ -242,6 +252,7 @@ class CountdownLevel:
   max_value: int  # cap on every intermediate result (keeps solutions short)
 
 
+@register_task
 class Countdown(Task):
   """Reach the target using every given number exactly once.
 
@@ -331,14 +342,17 @@ def _countdown_apply(a: int, op: str, b: int) -> int | None:
   return c if c > 0 else None
 
 
-# --- registry ----------------------------------------------------------------------------------
-
-TASKS = {task.name: task for task in (Arithmetic, Countdown)}
-
+# --- the embedded tasks ------------------------------------------------------------------------
 
 @functools.lru_cache(maxsize=None)
 def make_task(name: str, difficulty: int = 1) -> Task:
-  """The task registered as ``name`` at ``difficulty`` (tasks are stateless, so cached)."""
-  if name not in TASKS:
-    raise ValueError(f"unknown task {name!r}; registered tasks: {sorted(TASKS)}")
-  return TASKS[name](difficulty)
+  """The task ``name`` of ``TASKS`` at ``difficulty`` (tasks are stateless, so cached)."""
+  return TASKS.get(name)(difficulty)
+
+
+@register_data_source("embedded")
+def embedded_source(arg: str, settings) -> Task:
+  """``data.source='embedded:<task>'``: a task of ``TASKS`` generated at ``data.difficulty``
+  (``arithmetic``, ``countdown``; multi-turn environments pose them too, e.g. ``tool_calc``'s
+  products)."""
+  return make_task(arg, settings["difficulty"])

@@ -27,13 +27,12 @@ import functools
 import importlib
 import json
 
-from rljax.config import conditions, table
+from rljax.config import conditions
+from rljax.data.sources import Rows, register_data_source
 from rljax.data.tasks import Problem, is_eval_prompt
 from rljax.errors import DataError, MissingPackageError
 
 SOURCE_KIND = conditions.VERIFIERS
-KEY_DEFAULTS = {k.name.rsplit(".", 1)[1]: k.default for k in table.KEYS
-                if k.name.startswith(f"data.{SOURCE_KIND}.")}
 # The dataset columns an episode reads (``Environment.init_state``); the others stay behind.
 ROW_FIELDS = ("prompt", "answer", "info", "task", "example_id")
 
@@ -170,3 +169,13 @@ def problems(env_id: str, args_json: str = "{}",
   if not train:
     raise DataError(f"data.source='verifiers:{env_id}' has no training rows")
   return train, held
+
+
+@register_data_source(SOURCE_KIND, reads=(f"data.{SOURCE_KIND}.args",))
+def verifiers_data_source(env_id: str, settings) -> Rows:
+  """``data.source='verifiers:ID'``: the dataset of an environment of the ``verifiers`` library
+  (an optional dependency, ``rljax[verifiers]``; ``data.verifiers.args``), run by
+  ``env.name='verifiers'``; its held-out rows are the environment's eval dataset, or a hash
+  split."""
+  train, held = problems(env_id, settings[SOURCE_KIND]["args"], settings["chat_template"])
+  return Rows(train, held_out=held)

@@ -34,13 +34,13 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from typing import Any, Callable, Dict, List, Sequence, Union
+from typing import Any, List, Sequence, Union
 
 import numpy as np
 
 from rljax.config.table import options
-from rljax.errors import StartupError, UnknownNameError
-from rljax.config.declare import add_family
+from rljax.errors import StartupError
+from rljax.registries import ENVS
 
 # Text, token ids, or chat messages ({"role": ..., "content": ...}) rendered with the chat template.
 Observation = Union[str, Sequence[int], Sequence[dict]]
@@ -100,44 +100,33 @@ class Environment(abc.ABC):
     tokens kept) -> ``StepResult``."""
 
 
-# --- registry ------------------------------------------------------------------------------------
-
-ENVS: Dict[str, Callable[..., Environment]] = {}
-
+# --- registry (rljax.registries.ENVS: filled by the modules of rljax.envs) -----------------------
 
 def register_env(name: str):
-  """Class decorator adding an ``Environment`` subclass to the registry under ``name``."""
-  if not isinstance(name, str) or not name:
-    raise ValueError(f"register_env: a name must be a non-empty string, got {name!r}")
+  """Class decorator adding an ``Environment`` subclass to ``ENVS`` under ``name``."""
+  register = ENVS.register(name)
 
   def add(cls):
-    if name in ENVS:
-      raise ValueError(f"environment {name!r} is already registered")
     if not (isinstance(cls, type) and issubclass(cls, Environment)):
       raise TypeError(f"register_env({name!r}): {cls!r} is not an Environment subclass")
+    register(cls)
     cls.name = name
-    ENVS[name] = cls
     return cls
   return add
 
 
 def unregister_env(name: str) -> None:
   """Removes ``name`` (a notebook re-running the cell that registered it, a test)."""
-  get_env_class(name)
-  del ENVS[name]
+  ENVS.unregister(name)
 
 
 def env_names() -> List[str]:
-  """The registered environments (importing this module runs ``rljax/envs/__init__.py``
-  first, whose package scan registers the built-in ones)."""
-  return sorted(ENVS)
+  """The registered environments."""
+  return ENVS.names()
 
 
 def get_env_class(name: str):
-  if name not in env_names():
-    raise UnknownNameError(f"unknown environment {name!r} (env.name); registered environments: "
-                           f"{', '.join(env_names())}")
-  return ENVS[name]
+  return ENVS.get(name)
 
 
 def check_engine(name: str, engine: str, steps: bool) -> None:
@@ -153,17 +142,6 @@ def check_engine(name: str, engine: str, steps: bool) -> None:
 def make_env(name: str, *, max_turns: int = 4, tool_format: str = "compact") -> Environment:
   """A fresh environment ``name`` for one episode."""
   return get_env_class(name)(max_turns=max_turns, tool_format=tool_format)
-
-
-class _Registered:
-  """The environments as ``registered("environment")`` keys (``env.name``) look them up."""
-
-  @staticmethod
-  def names():
-    return env_names()
-
-
-add_family("environment", _Registered)
 
 
 def plain(value: Any, depth: int = 0):

@@ -1,6 +1,7 @@
-"""The multi-turn drivers as rollout engines (``env.engine``): each wraps the run's base engine
-(``rollout.engine``), passes ``generate`` / weights / ``close`` through to it, and adds
-``episodes(problems, key, sampling, group_size)``.
+"""The episode engines (``env.engine``, ``EPISODE_ENGINES``): multi-turn drivers, each wrapping
+the run's rollout engine (``rollout.engine``, ``rljax.rollout.engines``: what samples a turn),
+passing ``generate`` / weights / ``close`` through to it and adding ``episodes(problems, key,
+sampling, group_size)``.
 
 - ``turn_sync``: ``rljax.envs.episodes.run_episodes``, every turn one ``base.generate`` call over
   the live rows;
@@ -89,7 +90,7 @@ class AsyncTurnsEngine(EpisodeEngineBase):
 
 
 register_episode_engine("turn_sync")(TurnSyncEngine)
-register_episode_engine("async_turns")(AsyncTurnsEngine)
+register_episode_engine("async_turns", reads=("env.slots",))(AsyncTurnsEngine)
 
 
 @register_reward_source(ENV_SOURCE)

@@ -96,7 +96,7 @@ class GuessTask(Task):
     return bool(re.fullmatch(r"(<guess \d+>( higher\n| lower\n))*<guess \d+>\s*", completion))
 
 
-tasks_lib.TASKS.setdefault(GuessTask.name, GuessTask)
+tasks_lib.register_task(GuessTask)
 
 
 @register_env("guess")

@@ -84,7 +84,7 @@ def _answer_matches(text: str, gold: str) -> bool:
       is not None and int(got) == int(gold)
 
 
-tasks_lib.TASKS.setdefault(ToolCalcTask.name, ToolCalcTask)
+tasks_lib.register_task(ToolCalcTask)
 
 
 @register_env("tool_calc")

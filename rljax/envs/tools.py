@@ -39,11 +39,12 @@ import json
 import math
 import re
 from fractions import Fraction
-from typing import Callable, Dict, List, Optional
+from typing import Callable, List, Optional
 
 from rljax.envs.base import TOOL_FORMATS
+from rljax.registries import TOOLS
 
-# --- the tool registry ---------------------------------------------------------------------------
+# --- the tool registry (rljax.registries.TOOLS: filled by the modules of rljax.envs) -------------
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,29 +55,24 @@ class Tool:
   description: str = ""
 
 
-TOOLS: Dict[str, Tool] = {}
-
-
 def register_tool(name: str, *, compact_arg: str = "input", description: str = ""):
-  """Decorator adding ``fn(**arguments) -> str | number`` to the tool registry as ``name``
-  (lowercase letters and digits, so that the compact form ``<name ...>`` can name it)."""
-  if not re.fullmatch(r"[a-z][a-z0-9]*", name or ""):
-    raise ValueError(f"register_tool: name {name!r} must be lowercase letters and digits")
+  """Decorator adding ``fn(**arguments) -> str | number`` to ``TOOLS`` as ``name`` (lowercase
+  letters and digits, so that the compact form ``<name ...>`` can name it); the registry holds
+  its ``Tool`` record."""
+  register = TOOLS.register(name)
 
   def add(fn):
-    if name in TOOLS:
-      raise ValueError(f"tool {name!r} is already registered")
-    TOOLS[name] = Tool(name, fn, compact_arg, description or (fn.__doc__ or "").split("\n")[0])
+    register(Tool(name, fn, compact_arg, description or (fn.__doc__ or "").split("\n")[0]))
     return fn
   return add
 
 
 def unregister_tool(name: str) -> None:
-  del TOOLS[name]
+  TOOLS.unregister(name)
 
 
 def tool_names() -> List[str]:
-  return sorted(TOOLS)
+  return TOOLS.names()
 
 
 class ToolError(Exception):
@@ -177,15 +173,14 @@ def _hermes_call(body: str) -> ToolCall:
 # --- running and answering -----------------------------------------------------------------------
 
 
-def run_tool(call: ToolCall, tools: Optional[Dict[str, Tool]] = None) -> tuple[str, bool]:
+def run_tool(call: ToolCall) -> tuple[str, bool]:
   """``(result text, ok)`` of one parsed call; a malformed call, an unknown tool, rejected
   arguments or a tool that raises give ``(why, False)``."""
-  tools = TOOLS if tools is None else tools
   if call.error is not None:
     return call.error, False
-  tool = tools.get(call.name)
-  if tool is None:
-    return f"unknown tool {call.name!r} (tools: {', '.join(sorted(tools))})", False
+  if call.name not in TOOLS:
+    return f"unknown tool {call.name!r} (tools: {', '.join(TOOLS.names())})", False
+  tool = TOOLS.get(call.name)
   arguments = dict(call.arguments)
   if "" in arguments:  # the compact form's one argument
     arguments = {tool.compact_arg: arguments.pop("")}
@@ -251,7 +246,7 @@ def render_call(name: str, arguments: dict, tool_format: str) -> str:
   if tool_format == "hermes":
     payload = json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False)
     return f"{HERMES_OPEN}\n{payload}\n{HERMES_CLOSE}"
-  tool = TOOLS.get(name)
+  tool = TOOLS.get(name) if name in TOOLS else None
   value = arguments[tool.compact_arg] if tool is not None and tool.compact_arg in arguments \
       else " ".join(str(v) for v in arguments.values())
   return f"<{name} {value}>"

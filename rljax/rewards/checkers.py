@@ -24,21 +24,10 @@ import numpy as np
 
 from rljax.data import reasoning_gym_tasks
 from rljax.data.tasks import MARKER, Problem, make_task, marked_answer
-from rljax.config.declare import add_family
+from rljax.registries import REWARD_FNS
 from rljax.rewards import isolation
 
 RewardFn = Callable[[str, Problem], float]
-
-
-class RewardRegistry(dict):
-  """``name -> reward function``, listed by ``names()`` like the algorithm registries."""
-
-  def names(self) -> list[str]:
-    return sorted(self)
-
-
-REWARD_FNS = RewardRegistry()
-add_family("reward_fn", REWARD_FNS)
 
 
 class _DropDisabledTimeoutWarning(logging.Filter):
@@ -93,7 +82,8 @@ BINARY = RewardSpec()
 
 def register_reward(name: str, *, binary: bool = True, value_range: tuple[float, float] = (0., 1.),
                     preload: tuple[str, ...] = ()):
-  """Decorator adding a reward function to ``REWARD_FNS`` under ``name``.
+  """Decorator adding a reward function to ``REWARD_FNS`` (``rljax.registries``: filled by the
+  modules of ``rljax.rewards``) under ``name``, its ``RewardSpec`` as ``meta(name)['spec']``.
 
   Args:
     binary: it returns exactly 0 or 1 (or a bool); anything else is counted invalid.
@@ -110,35 +100,24 @@ def register_reward(name: str, *, binary: bool = True, value_range: tuple[float,
     raise ValueError(f"register_reward({name!r}): a binary reward has value_range (0, 1); "
                      "pass binary=False for a real-valued one")
 
-  def add(fn: RewardFn) -> RewardFn:
-    if name in REWARD_FNS:
-      raise ValueError(f"reward function {name!r} is already registered")
-    REWARD_FNS[name] = fn
-    REWARD_SPECS[name] = RewardSpec(binary=binary, low=low, high=high, preload=tuple(preload))
-    return fn
-  return add
-
-
-REWARD_SPECS: dict[str, RewardSpec] = {}
+  return REWARD_FNS.register(name, spec=RewardSpec(binary=binary, low=low, high=high,
+                                                   preload=tuple(preload)))
 
 
 def reward_spec(fn: str | RewardFn) -> RewardSpec:
   """The declared output of a registered reward (by name or function); an unregistered function
   is taken as binary."""
   if isinstance(fn, str):
-    get_reward_fn(fn)
-    return REWARD_SPECS[fn]
-  for name, registered in REWARD_FNS.items():
-    if registered is fn:
-      return REWARD_SPECS[name]
+    return REWARD_FNS.meta(fn)["spec"]
+  for name in REWARD_FNS.names():
+    if REWARD_FNS.get(name) is fn:
+      return REWARD_FNS.meta(name)["spec"]
   return BINARY
 
 
 def get_reward_fn(name: str) -> RewardFn:
   """The reward function registered as ``name`` (``reward.fn``)."""
-  if name not in REWARD_FNS:
-    raise ValueError(f"reward.fn={name!r} is not registered; available: {REWARD_FNS.names()}")
-  return REWARD_FNS[name]
+  return REWARD_FNS.get(name)
 
 
 # --- answer extraction -------------------------------------------------------------------------

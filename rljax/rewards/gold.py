@@ -112,7 +112,7 @@ def cold_start_pending(config) -> bool:
   return not os.path.isfile(os.path.join(reward_model_dir(config), EXPORT_DIR, "config.json"))
 
 
-@register_reward_source("gold")
+@register_reward_source("gold", reads=("reward.gold.pairs",))
 def gold_source(config, tokenizer, model_cfg, mesh):
   """The RLHF demo's hidden gold score (``rljax.rewards.gold``): correctness by the embedded
   task's verifier minus ``BREVITY`` per completion token (EOS included); embedded problems

@@ -44,7 +44,8 @@ from rljax.models.config import ModelConfig, compute_dtype, run_settings
 from rljax.models.source import parse_source
 from rljax.rewards.sources import RewardBatch, Scored, register_reward_source
 from rljax.rollout import text as text_lib
-from rljax.rollout.engines import ENGINES, Placement
+from rljax.registries import ROLLOUT_ENGINES
+from rljax.rollout.engines import Placement
 from rljax.rollout.sampling import SamplingParams
 
 JUDGE_SOURCES = ("hf", "run")  # besides 'policy': kinds of rljax.models.source
@@ -168,7 +169,7 @@ class Judge:
       self.sampling = SamplingParams(
           temperature=j.temperature, greedy=j.greedy, max_new_tokens=j.max_new_tokens,
           stop_ids=(tokenizer.eos_id,), pad_id=tokenizer.pad_id)
-      self.engine = ENGINES.get(j.engine)(config, cfg, Placement())
+      self.engine = ROLLOUT_ENGINES.get(j.engine)(config, cfg, Placement())
       self.engine.load_weights(self.engine.transfer(params)[0], 0)
 
   def encode(self, batch: RewardBatch) -> tuple[np.ndarray, np.ndarray]:
@@ -209,7 +210,9 @@ class Judge:
                                    VERDICTS: float(len(verdicts))})
 
 
-@register_reward_source("judge")
+@register_reward_source("judge", reads=tuple(f"reward.judge.{k}" for k in (
+    "source", "template", "parse", "pattern", "range", "fallback", "yes", "engine",
+    "max_new_tokens", "greedy", "temperature")))
 def judge_source(config, tokenizer, model_cfg, mesh) -> Callable:
   """An LLM judge (``reward.judge.*``, ``rljax.rewards.judge``): ``reward.judge.template`` over
   the row's prompt and completion; the score is the first number of the judge's verdict in

@@ -239,7 +239,8 @@ def load_reward_model(config, policy_tokenizer, mesh) -> RewardModel:
                      batch_size=rm.batch_size, name=rm.source)
 
 
-@register_reward_source(reward_spec.REWARD_MODEL_SOURCE)
+@register_reward_source(reward_spec.REWARD_MODEL_SOURCE, reads=tuple(
+    f"reward.model.{k}" for k in ("source", "tokenizer", "chat_template", "batch_size", "dtype")))
 def reward_model_source(config, tokenizer, model_cfg, mesh) -> Callable:
   """A learned scalar reward model (``reward.model.*``, ``rljax.rewards.reward_model``): a
   frozen ``*ForSequenceClassification`` with one label scores each prompt and completion at its

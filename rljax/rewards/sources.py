@@ -27,9 +27,8 @@ import numpy as np
 from rljax.config import reward_spec
 from rljax.data.tasks import Problem
 from rljax.errors import RewardSourceError
-from rljax.config.declare import add_family
+from rljax.registries import REWARD_SOURCES
 from rljax.rewards import checkers
-from rljax.rollout.engines import EngineRegistry
 
 METRIC_PREFIX = "reward/"  # reward/<name>: a source's raw mean; also the host extras' keys
 WHITEN_EPS = 1e-8
@@ -73,17 +72,13 @@ class Scored:
   failures: tuple = ()
 
 
-REWARD_SOURCES = EngineRegistry("reward.sources", what="reward source")
-add_family("reward_source", REWARD_SOURCES)  # reward.sources' check looks names up here
-
-
-def register_reward_source(name: str) -> Callable:
+def register_reward_source(name: str, *, reads: Sequence[str] = ()) -> Callable:
   """``@register_reward_source("name")`` on ``factory(config, tokenizer, model_cfg, mesh) ->
-  source``: selectable in ``reward.sources`` as ``'name:weight'``. A name holds no ``':'``,
-  ``','`` or ``'/'`` (the keys' separators, the metric's)."""
-  if isinstance(name, str) and any(c in name for c in ":,/ "):
-    raise ValueError(f"reward source name {name!r} may not contain ':', ',', '/' or spaces")
-  return REWARD_SOURCES.register(name)
+  source``: selectable in ``reward.sources`` as ``'name:weight'`` (``REWARD_SOURCES`` of
+  ``rljax.registries``, filled by the modules of ``rljax.rewards`` and ``rljax.envs``). A name holds
+  no ``':'``, ``','`` or ``'/'`` (the keys' separators, the metric's); ``reads``: the config keys
+  only this source reads."""
+  return REWARD_SOURCES.register(name, reads=reads)
 
 
 # --- composition ---------------------------------------------------------------------------------

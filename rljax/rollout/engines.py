@@ -20,27 +20,30 @@ A ``RolloutEngine`` holds the weights it samples with:
   the sampler can never decode weights older than those published.
 - ``close()``: release what it holds (called when the run ends).
 
-Engines are registered by name (``@register_engine("name")``) and chosen once, at start-up, by
+Rollout engines are registered by name (``@register_engine("name")``, ``ROLLOUT_ENGINES`` of
+``rljax.registries``, filled by the modules of ``rljax.rollout``) and chosen once, at start-up, by
 ``rollout.engine``; a factory is called as ``factory(config, model_cfg, placement)``
-(``Placement``: the sampler's mesh and shardings, whether it shares the learner's devices).
-Registered here: ``all_rows`` (every row of a call decoded together, ``rljax.rollout.sampler``)
-and ``continuous`` (at most ``rollout.max_concurrent_rows`` / ``kv_cache_bytes`` rows at a time
-per data shard, freed slots refilled: ``rljax.rollout.continuous``). Multi-turn
-drivers are engines too: ``@register_episode_engine("name")`` (chosen by ``env.engine``) wraps
-the base engine, ``factory(base, settings, tokenizer, prompt_bucket)``, and adds
-``episodes(problems, key, sampling, group_size)`` (``rljax.envs.drivers``).
+(``Placement``: the sampler's mesh and shardings, whether it shares the learner's devices), and
+declares the ``rollout.*`` keys only it reads (``reads``). Registered here: ``all_rows`` (every row
+of a call decoded together, ``rljax.rollout.sampler``) and ``continuous`` (at most
+``rollout.max_concurrent_rows`` / ``kv_cache_bytes`` rows at a time per data shard, freed slots
+refilled: ``rljax.rollout.continuous``).
+
+*Episode engines* are the other kind: multi-turn drivers (``rljax.envs.drivers``), registered with
+``@register_episode_engine("name")`` (``EPISODE_ENGINES``) and chosen by ``env.engine``. One wraps
+the run's rollout engine, ``factory(base, settings, tokenizer, prompt_bucket)``, and adds
+``episodes(problems, key, sampling, group_size)``.
 """
 from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any, Callable, Dict, Optional, Protocol, runtime_checkable
+from typing import Any, Callable, Optional, Protocol, Sequence, runtime_checkable
 
 import jax
 import numpy as np
 
-from rljax.errors import StartupError, UnknownNameError
-from rljax.config.declare import add_family
+from rljax.registries import EPISODE_ENGINES, ROLLOUT_ENGINES
 from rljax.models import lora, quantize
 from rljax.models.config import ModelConfig
 from rljax.rollout import sampler as sampler_lib
@@ -181,58 +184,21 @@ class WeightSync:
     return placed, {**metrics, "weights/sync_bytes": float(nbytes), "weights/sync_sec": sec}
 
 
-# --- registries ----------------------------------------------------------------------------------
+# --- registries (rljax.registries: ROLLOUT_ENGINES filled by the modules of rljax.rollout,
+# EPISODE_ENGINES by those of rljax.envs) ----------------------------------------------------------
 
-class EngineRegistry:
-  """Engine factories by name; ``key``: the config key that picks one; ``what``: what a factory
-  makes, in messages (the reward sources of ``rljax.rewards.sources`` are registered alike)."""
-
-  def __init__(self, key: str, what: str = "engine"):
-    self.key, self.what = key, what
-    self._factories: Dict[str, Callable[..., Any]] = {}
-
-  def register(self, name: str) -> Callable:
-    if not isinstance(name, str) or not name:
-      raise ValueError(f"{self.key}: {self.what} names must be non-empty strings, got {name!r}")
-
-    def decorator(factory):
-      if name in self._factories:
-        raise ValueError(f"{self.key}: {self.what} {name!r} is already registered")
-      self._factories[name] = factory
-      return factory
-    return decorator
-
-  def unregister(self, name: str) -> None:
-    """Removes ``name`` (a test, or a notebook re-running the cell that registered it)."""
-    self.get(name)
-    del self._factories[name]
-
-  def names(self) -> list:
-    return sorted(self._factories)
-
-  def get(self, name: str) -> Callable:
-    if name not in self._factories:
-      raise UnknownNameError(f"{self.key}={name!r} is not a registered {self.what}; registered: "
-                             f"{', '.join(self.names())}")
-    return self._factories[name]
-
-
-ENGINES = EngineRegistry("rollout.engine")
-EPISODE_ENGINES = EngineRegistry("env.engine")
-add_family("rollout_engine", ENGINES)  # rollout.engine's check: registered("rollout_engine")
-add_family("episode_engine", EPISODE_ENGINES)  # env.engine's (filled by rljax.envs.drivers)
-
-
-def register_engine(name: str) -> Callable:
+def register_engine(name: str, *, reads: Sequence[str] = ()) -> Callable:
   """``@register_engine("name")`` on ``factory(config, model_cfg, placement) ->
-  RolloutEngine``: selectable as ``rollout.engine='name'``."""
-  return ENGINES.register(name)
+  RolloutEngine``: selectable as ``rollout.engine='name'``; ``reads``: the ``rollout.*`` keys
+  only this engine reads (another engine picked, they must keep their defaults)."""
+  return ROLLOUT_ENGINES.register(name, reads=reads)
 
 
-def register_episode_engine(name: str) -> Callable:
+def register_episode_engine(name: str, *, reads: Sequence[str] = ()) -> Callable:
   """``@register_episode_engine("name")`` on ``factory(base, settings, tokenizer,
-  prompt_bucket) -> EpisodeEngine``: selectable as ``env.engine='name'``."""
-  return EPISODE_ENGINES.register(name)
+  prompt_bucket) -> EpisodeEngine`` (a multi-turn driver around the rollout engine ``base``):
+  selectable as ``env.engine='name'``; ``reads``: the ``env.*`` keys only this driver reads."""
+  return EPISODE_ENGINES.register(name, reads=reads)
 
 
 # --- the JAX engines -----------------------------------------------------------------------------
@@ -336,22 +302,15 @@ def weight_sync(config, placement: Placement, model_cfg: ModelConfig) -> WeightS
   return WeightSync(placement.param_sharding, weight_dtype=dtype, adapters_cfg=adapters)
 
 
-CONTINUOUS_KEYS = ("max_concurrent_rows", "kv_cache_bytes")  # read by 'continuous' only
-
-
 @register_engine("all_rows")
 def all_rows_engine(config, model_cfg: ModelConfig, placement: Placement) -> JaxEngine:
   """Every row of a call decoded together until the last one stops (``rljax.rollout.sampler``)."""
   r = config.rollout
-  unread = [f"rollout.{k}={r[k]}" for k in CONTINUOUS_KEYS if r[k]]
-  if unread:
-    raise StartupError(f"{', '.join(unread)} not read by rollout.engine='all_rows': the slot "
-                         "budgets are continuous batching's; set rollout.engine='continuous'")
   return JaxEngine(model_cfg, placement, dtype=r.dtype,
                    sync=weight_sync(config, placement, model_cfg))
 
 
-@register_engine("continuous")
+@register_engine("continuous", reads=("rollout.max_concurrent_rows", "rollout.kv_cache_bytes"))
 def continuous_engine(config, model_cfg: ModelConfig, placement: Placement) -> JaxEngine:
   """At most ``rollout.max_concurrent_rows`` rows (and what ``rollout.kv_cache_bytes`` holds)
   decoding at once per data shard, a stopped row's slot refilled with the next pending row

@@ -38,7 +38,7 @@ import time
 
 from rljax import errors
 from rljax.errors import RljaxError, RunDirError
-from rljax.data import datasets
+from rljax.data import sources
 from rljax.parallel import distributed
 
 logger = logging.getLogger(__name__)
@@ -227,7 +227,7 @@ def write_config(run_dir: str, config_json: str) -> None:
 def data_record(config, files: tuple[str, ...] = ()) -> dict:
   """What ``data.json`` records: ``data.source`` and the sha256 of the files it reads, and of the
   file each config key of ``files`` names (``rljax rm``'s pairs: ``rm.train_file``...)."""
-  record = {"source": config.data.source, "sha256": datasets.fingerprint(config.data.source)}
+  record = {"source": config.data.source, "sha256": sources.fingerprint(config.data.source)}
   named = {key: _config_value(config, key) for key in files}
   record["files"] = {key: {"path": path, "sha256": file_sha256(path)}
                      for key, path in named.items() if path}

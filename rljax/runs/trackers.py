@@ -1,8 +1,10 @@
 """Experiment trackers: W&B and MLflow as loggers (``rljax.runs.metrics.Logger``), chosen by name.
 
-``train.loggers`` names the run's loggers in ``LOGGERS``: ``jsonl`` (always: the run's own
-record), ``tensorboard``, ``wandb``, ``mlflow``. A tracker gets every record ``metrics.jsonl``
-gets, at the same step; side streams (critic pre-training) as ``<stream>/<key>`` metrics in
+``train.loggers`` names the run's loggers in ``LOGGERS`` (``rljax.registries``, filled by the
+modules of ``rljax.runs``): ``jsonl`` (always: the run's own record), ``tensorboard``, ``wandb``,
+``mlflow`` (registered here), and any logger registered with ``register_logger`` (a module of
+``rljax.runs``, a notebook, a test file). A tracker gets every record ``metrics.jsonl`` gets, at
+the same step; side streams (critic pre-training) as ``<stream>/<key>`` metrics in
 MLflow and as one ``<stream>`` table in W&B (its history has a single step axis); the resolved
 config once, when the tracker's run is created; and the finished ``curves.png`` and ``evals.csv``.
 
@@ -28,9 +30,10 @@ import os
 import re
 import secrets
 import time
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 from rljax.errors import StartupError
+from rljax.registries import LOGGERS
 from rljax.runs.metrics import MAIN, JsonlLogger, TensorBoardLogger
 from rljax.runs.run_dir import flatten_config
 
@@ -235,47 +238,72 @@ class Guarded:
       self.failures = 0  # close is idempotent: reported once
 
 
-# name -> (config, start_step) -> Logger; the package a tracker needs (None: always installed).
-# Every logger but the run's own files (``RUN_FILES``: their failure, a full disk, is the run's:
-# its checkpoints would fail too) is ``Guarded`` by ``factory``, one a user registers included.
-LOGGERS: dict[str, Callable] = {
-    "jsonl": lambda config, start: JsonlLogger(config.train.run_dir, start),
-    "tensorboard": lambda config, start: TensorBoardLogger(config.train.run_dir, start),
-    "wandb": lambda config, start: WandbLogger(config, config.train.resume),
-    "mlflow": lambda config, start: MlflowLogger(config, config.train.resume),
-}
-PACKAGES = {"wandb": "wandb", "mlflow": "mlflow"}
-RUN_FILES = ("jsonl", "tensorboard")  # written into the run dir: not guarded
+def register_logger(name: str, *, reads: Sequence[str] = (), package: Optional[str] = None,
+                    run_file: bool = False) -> Callable:
+  """``@register_logger("name")`` on ``factory(config, start_step) -> Logger`` (a
+  ``rljax.runs.metrics.Logger``: ``log``, ``log_config``, ``log_artifact``, ``close``):
+  selectable in ``train.loggers``. ``reads``: the ``train.*`` keys only it reads; ``package``: the
+  optional package it needs, installed with the extra ``rljax[name]`` (a tracker: ``Guarded``
+  switches it off after its first failure); ``run_file``: it writes the run dir's own files,
+  whose failure (a full disk) is the run's, so it is not ``Guarded`` (every other logger is, one
+  a user registers included)."""
+  return LOGGERS.register(name, reads=reads, package=package, run_file=run_file)
 
 
-def check_config(config) -> None:
-  """Start-up checks of ``train.loggers``: registered names, no repeats, the trackers' packages
-  installed (a tracker key set for a tracker that is not on is refused with every unread key,
-  from its declaration in ``rljax.config.table``)."""
-  names = tuple(config.train.loggers)
-  unknown = [n for n in names if n not in LOGGERS]
-  if unknown:
-    raise StartupError(f"train.loggers: {unknown} not registered; loggers: {sorted(LOGGERS)}")
-  if len(set(names)) != len(names):
-    raise StartupError(f"train.loggers={names!r} names a logger twice")
-  for name in names:
-    package = PACKAGES.get(name)
+TRACKER_KEYS = ("train.tracker_project", "train.tracker_run_name", "train.tracker_group",
+                "train.tracker_tags")  # what a tracking service's logger reads
+
+
+@register_logger("jsonl", run_file=True)
+def jsonl_logger(config, start):
+  """The run's own record, ``run_dir/metrics.jsonl`` (``JsonlLogger``), read back by resumes,
+  evals and sweeps: always on."""
+  return JsonlLogger(config.train.run_dir, start)
+
+
+@register_logger("tensorboard", run_file=True)
+def tensorboard_logger(config, start):
+  """TensorBoard event files under ``run_dir/tb`` (``TensorBoardLogger``)."""
+  return TensorBoardLogger(config.train.run_dir, start)
+
+
+@register_logger("wandb", reads=TRACKER_KEYS, package="wandb")
+def wandb_logger(config, start):
+  """A W&B run (``WandbLogger``)."""
+  return WandbLogger(config, config.train.resume)
+
+
+@register_logger("mlflow", reads=TRACKER_KEYS + ("train.mlflow_tracking_uri",), package="mlflow")
+def mlflow_logger(config, start):
+  """An MLflow run (``MlflowLogger``)."""
+  return MlflowLogger(config, config.train.resume)
+
+
+def check_logger_packages(config) -> None:
+  """Start-up check of ``train.loggers`` beyond its key's (registered names, none twice): the
+  packages its loggers need are installed."""
+  for name in config.train.loggers:
+    package = LOGGERS.meta(name)["package"]
     if package and importlib.util.find_spec(package) is None:
       raise StartupError(f"train.loggers names {name!r} but {package} is not installed: "
                          f"pip install 'rljax[{name}]'")
 
 
 def factory(config) -> Callable[[str, int | None], list]:
-  """The ``MetricsWriter(loggers=...)`` argument of ``config``: its ``train.loggers`` in order.
-  A fresh run first drops the tracker ids an earlier run left in its run dir: they are not its
-  runs, and a later resume must not continue them."""
+  """The ``MetricsWriter(loggers=...)`` argument of ``config``: its ``train.loggers`` in order,
+  each but the run's own files ``Guarded`` (a tracker off after its first failure). A fresh run
+  first drops the tracker ids an earlier run left in its run dir: they are not its runs, and a
+  later resume must not continue them."""
   def make(run_dir: str, start: int | None) -> list:
     if not config.train.resume:
       with contextlib.suppress(FileNotFoundError):
         os.remove(os.path.join(run_dir, IDS_FILE))
-    return [LOGGERS[name](config, start) if name in RUN_FILES else
-            Guarded(name, lambda name=name: LOGGERS[name](config, start),
-                    stays_on=name not in PACKAGES)
-            for name in config.train.loggers]
+    return [_started(name, config, start) for name in config.train.loggers]
   return make
 
+
+def _started(name: str, config, start: int | None):
+  meta = LOGGERS.meta(name)
+  if meta["run_file"]:
+    return LOGGERS.get(name)(config, start)
+  return Guarded(name, lambda: LOGGERS.get(name)(config, start), stays_on=not meta["package"])

@@ -47,8 +47,9 @@ import threading
 import time
 from typing import Callable, Iterable
 
-from rljax.config import loader as config_loader, conditions, table
+from rljax.config import loader as config_loader, table
 from rljax import lifetime
+from rljax.registries import LOGGERS
 from rljax.sweep import study as study_lib
 from rljax.runs import run_dir as run_dir_lib
 from rljax.train import sft
@@ -107,7 +108,7 @@ def plan_runs(study: study_lib.Study, root: str,
       per_run = (("train.progress", "false"),) + extra + (
           ("seed", str(seed)), ("data.train_seed", str(seed)), ("train.run_dir", run_dir))
       config = study_lib.variant_config(study, variant, per_run)
-      if set(config.train.loggers) & set(conditions.TRACKERS):
+      if any("train.tracker_group" in LOGGERS.meta(n)["reads"] for n in config.train.loggers):
         # W&B/MLflow runs of a study: one group per study, named by variant and seed.
         per_run += (("train.tracker_group", study.name),
                     ("train.tracker_run_name", f"{study.name}/{variant.name}/seed{seed}"))

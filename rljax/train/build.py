@@ -19,8 +19,6 @@ from rljax import models
 from rljax import rollout as rollout_lib
 from rljax.algorithm import Algorithm, resolve
 from rljax.data import datasets, prompt_policy, tokenizer as tokenizer_lib
-from rljax import agents as _agents  # noqa: F401 (the endpoint engine, harnesses, code rewards)
-from rljax.envs import drivers as _episode_engines  # noqa: F401 (registers env.engine's)
 from rljax.config.reward_spec import (ENV_SOURCE, REWARD_MODEL_SOURCE, VERIFIER_SOURCE,
                                       reward_weights)
 from rljax.envs.episodes import EnvSettings
@@ -34,8 +32,8 @@ from rljax.models.source import (POLICY_SOURCES, ModelSource, check_same_tokeniz
 from rljax.parallel import distributed, mesh as mesh_lib, rules
 from rljax.rewards import sources as reward_sources
 from rljax.rewards import gold, reward_model, checkers
-from rljax.rollout.engines import (ENGINES, EPISODE_ENGINES, EpisodeEngine, Placement,
-                                   RolloutEngine)
+from rljax.registries import EPISODE_ENGINES, ROLLOUT_ENGINES
+from rljax.rollout.engines import EpisodeEngine, Placement, RolloutEngine
 from rljax.runs import run_dir as run_dir_lib
 from rljax.train import selective
 from rljax.train import sft
@@ -68,7 +66,7 @@ def make_engine(config, model_cfg: ModelConfig, mesh, tokenizer, learner_mesh=No
   """The run's rollout engine, chosen once: ``rollout.engine``'s on ``mesh``, inside
   ``env.engine``'s multi-turn driver when ``env.name`` is set (``settings``: another
   environment than the config's)."""
-  factory = _startup(ENGINES.get, config.rollout.engine)
+  factory = _startup(ROLLOUT_ENGINES.get, config.rollout.engine)
   engine = _startup(factory, config, model_cfg, engine_placement(model_cfg, mesh, learner_mesh))
   _check_weight_dtype(config, engine)
   settings = settings or env_settings(config, tokenizer)
@@ -529,7 +527,7 @@ def prepare(config) -> Prepared:
     sft.resolve_out_dir(config)
   algo = _startup(resolve, config)
   check_reward_fn(config)
-  trackers.check_config(config)
+  trackers.check_logger_packages(config)
   distributed.initialize(config.dist)
   tokenizer = tokenizer_lib.load_tokenizer(config.data.tokenizer, config.data.chat_template)
   if model_source(config).kind == "sft":  # what would stop the cold start midway

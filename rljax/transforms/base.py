@@ -33,9 +33,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
-from rljax.algos.registry import Registry
-from rljax.config.declare import add_family
-from rljax.algos.registry import LOSS_AGGS, POLICY_LOSSES
+from rljax.registries import LOSS_AGGS, POLICY_LOSSES, TRANSFORMS
 
 Metrics = Dict[str, Any]
 
@@ -110,15 +108,11 @@ class Minibatch:
   index: Any
 
 
-TRANSFORMS = Registry("transform")
-add_family("transform", TRANSFORMS)
-
-
 def register_transform(name: str, *, order: int, reads: Tuple[str, ...]):
   """``factory(algo settings, hparams) -> Transform | None`` under ``name``; ``reads``: every
   ``algo.*`` key it may read (the resolved ``Transform.keys`` is the part a config uses), named
   when a key is set that nothing resolved reads."""
-  return TRANSFORMS.register(name, None, order=order, reads=tuple(reads))
+  return TRANSFORMS.register(name, order=order, reads=tuple(f"algo.{key}" for key in reads))
 
 
 def resolve_transforms(algo: Mapping[str, Any], hparams: Dict[str, float]

@@ -261,7 +261,8 @@ def test_every_transform_reads_only_keys_it_declares():
       except ValueError:
         continue
       for t in algo.transforms:
-        assert set(t.keys) <= set(TRANSFORMS.meta(t.name)["reads"]), (preset, key.name, t.name)
+        reads = set(TRANSFORMS.meta(t.name)["reads"])
+        assert {f"algo.{k}" for k in t.keys} <= reads, (preset, key.name, t.name)
 
 
 @pytest.mark.parametrize("name,value", [("skip_target", 0.6), ("skip_explore", 0.2)])

@@ -26,13 +26,13 @@ def test_unknown_name_error_names_family_key_and_choices(registry, key):
   with pytest.raises(UnknownNameError) as info:
     registry.get("nope")
   message = str(info.value)
-  assert registry.family in message and key in message and "'nope'" in message
+  assert registry.what in message and key in message and "'nope'" in message
   assert all(name in message for name in registry.names())
   assert isinstance(info.value, KeyError) and isinstance(info.value, ValueError)
 
 
 def test_register_get_names_meta_and_duplicates():
-  reg = Registry("widget", "x.widget")
+  reg = Registry("widget", "widget", "x.widget", signature=True)
 
   @reg.register("b", flavour="sweet")
   def b():
@@ -41,16 +41,16 @@ def test_register_get_names_meta_and_duplicates():
   reg.register("a")(lambda: 1)
   assert reg.names() == ["a", "b"] and "a" in reg and "c" not in reg
   assert reg.get("b") is b
-  assert reg.meta("b") == {"flavour": "sweet", "inputs": (), "hparams": {}, "defaults": {}}
+  assert reg.meta("b") == {"flavour": "sweet", "reads": (), "inputs": (), "hparams": {},
+                           "defaults": {}}
   with pytest.raises(ValueError, match="already registered"):
     reg.register("a")(lambda: 3)
-  with pytest.raises(KeyError, match="unknown widget 'c' \\(x.widget\\); registered widget "
-                                     "names: a, b"):
+  with pytest.raises(KeyError, match="^unknown widget 'c' \\(x.widget\\); registered: a, b$"):
     reg.meta("c")
 
 
 def test_inputs_and_hyperparameters_come_from_the_signature():
-  reg = Registry("widget", "x.widget")
+  reg = Registry("widget", "widget", "x.widget", signature=True)
 
   @reg.register("w", hparams={"scale": "widget_scale"})
   def w(values, mask, *, scale, mode="sum", offset):

@@ -5,7 +5,7 @@ import sys
 import pytest
 
 from rljax.data import (PromptSource, is_eval_prompt, load_problems, make_prompt_source,
-                        parse_source, read_jsonl)
+                        parse_data_source, read_jsonl)
 
 
 def write_jsonl(path, records):
@@ -19,10 +19,10 @@ def qa_file(tmp_path):
   return write_jsonl(tmp_path / "qa.jsonl", records)
 
 
-def test_parse_source_errors_list_the_kinds():
-  assert parse_source("jsonl:a/b.jsonl") == ("jsonl", "a/b.jsonl")
+def test_parse_data_source_errors_list_the_sources():
+  assert parse_data_source("jsonl:a/b.jsonl") == ("jsonl", "a/b.jsonl")
   with pytest.raises(ValueError, match="embedded"):
-    parse_source("csv:x.csv")
+    parse_data_source("csv:x.csv")
 
 
 def test_jsonl_loader_reads_fields_and_splits_by_prompt_hash(qa_file):

@@ -36,7 +36,7 @@ def _library_entry(problem):
 def test_scorer_agrees_with_the_library_on_every_eval_item():
   config = _config()
   source = datasets.make_prompt_source(config.data)
-  mixed = datasets.PromptSource("reasoning_gym:chain_sum,basic_arithmetic", gym=MIXED)
+  mixed = datasets.PromptSource("reasoning_gym:chain_sum,basic_arithmetic", reasoning_gym=MIXED)
   configured = source.eval_set(config.data.num_eval)
   problems = configured + mixed.eval_set(32)
   rows, expected = [], []
@@ -85,7 +85,7 @@ def test_prompts_are_a_function_of_the_seeds_and_eval_is_held_out():
 
 
 def test_weights_set_how_often_each_task_is_drawn():
-  drawn = datasets.PromptSource("reasoning_gym:chain_sum,basic_arithmetic", gym=MIXED)
+  drawn = datasets.PromptSource("reasoning_gym:chain_sum,basic_arithmetic", reasoning_gym=MIXED)
   tasks = [p.meta["reasoning_gym"]["task"] for p in drawn.next_batch(2000)]
   # 3:1 -> 0.75; the binomial standard deviation at n=2000 is 0.0097, so 0.05 is 5 sigma
   assert abs(tasks.count("chain_sum") / len(tasks) - 0.75) < 0.05
@@ -105,7 +105,7 @@ def test_weights_set_how_often_each_task_is_drawn():
 ])
 def test_bad_settings_are_one_line_errors(source, gym, message):
   with pytest.raises(DataError, match=message) as error:
-    datasets.PromptSource(source, gym=gym)
+    datasets.PromptSource(source, reasoning_gym=gym)
   assert "\n" not in str(error.value)
 
 
@@ -115,7 +115,7 @@ def test_an_eval_set_larger_than_the_held_out_part_names_the_size(monkeypatch):
   monkeypatch.setattr(tasks, "_EVAL_PATIENCE", 5000)
   with pytest.raises(DataError, match=r"data.num_eval=256: .*sizes \{'chain_sum': 500\}: set "
                      r"a larger 'size'") as error:
-    datasets.PromptSource("reasoning_gym:chain_sum", gym={}).eval_set(256)
+    datasets.PromptSource("reasoning_gym:chain_sum", reasoning_gym={}).eval_set(256)
   assert "\n" not in str(error.value)
 
 

@@ -17,7 +17,7 @@ import pytest
 from rljax import cli
 from rljax.config import loader as config_loader
 from rljax.config.checks import ConfigError, check_config
-from rljax.data import datasets
+from rljax.data import datasets, verifiers_source
 from rljax.data.tokenizer import CharTokenizer, load_tokenizer
 from rljax.envs import verifiers_demo
 from rljax.envs.episodes import SOURCE_ENV, SOURCE_POLICY, EnvSettings, run_episodes
@@ -38,8 +38,8 @@ FORMAT_WEIGHT = 0.1  # verifiers_demo's default weight of the integer-answer ter
 
 
 def _problems(source, n, args=ARGS, chat=False):
-  return datasets.load_problems(source, split="train",
-                                verifiers={"args": args, "chat": chat})[:n]
+  return datasets.load_problems(source, split="train", verifiers={"args": args},
+                                chat_template=chat)[:n]
 
 
 def _settings(**kw):
@@ -81,7 +81,7 @@ class ScriptedClient(vf.Client):
 
 def library_reward(source, problem, replies, args=ARGS) -> float:
   """The library's own rollout and scoring of ``problem``'s row with these replies."""
-  env = datasets.verifiers_source.environment(source.split(":", 1)[1], args)
+  env = verifiers_source.environment(source.split(":", 1)[1], args)
   row = problem.meta["verifiers"]["row"]
   out = asyncio.run(env.run_rollout(row, ScriptedClient(replies), "scripted", {}))
   return float(out["reward"])

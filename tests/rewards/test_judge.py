@@ -15,7 +15,7 @@ from rljax.errors import ConfigError, RewardSourceError, StartupError
 from rljax.models import transformer
 from rljax.rewards import judge as judge_lib
 from rljax.rewards import sources
-from rljax.rollout.engines import ENGINES, EngineBase, register_engine
+from rljax.rollout.engines import ROLLOUT_ENGINES, EngineBase, register_engine
 from rljax.rollout.record import Rollout
 from rljax.train import build
 
@@ -49,7 +49,7 @@ def scripted():
   register_engine("scripted_judge")(ScriptedJudge)
   PROMPTS_SEEN.clear()
   yield
-  ENGINES.unregister("scripted_judge")
+  ROLLOUT_ENGINES.unregister("scripted_judge")
 
 
 def _config(**judge):
@@ -134,7 +134,9 @@ def test_a_yes_of_several_tokens_and_an_unread_judge_key_are_refused():
     _judge(_config(parse="p_yes"))
   config = rljax.config()
   config.reward.judge.parse = "p_yes"
-  with pytest.raises(ConfigError, match="does not name 'judge'"):
+  with pytest.raises(ConfigError, match=r"^reward.judge.parse='p_yes' is not used: reward.sources="
+                                        r"'' does not read it; it is read by reward source "
+                                        r"'judge'$"):
     config_checks.check_config(config)
 
 

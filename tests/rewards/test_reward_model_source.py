@@ -185,7 +185,9 @@ def test_config_keys_are_read_only_with_the_source_rm():
     config_checks.check_config(config)
   config = get_config()
   config.reward.model.tokenizer = "char"
-  with pytest.raises(ConfigError, match=r"reward.model.tokenizer.*does not name 'rm'"):
+  with pytest.raises(ConfigError, match=r"reward.model.tokenizer='char' is not used: "
+                                        r"reward.sources='' does not read it; it is read by "
+                                        r"reward source 'rm'$"):
     config_checks.check_config(config)
 
 

@@ -9,10 +9,11 @@ import numpy as np
 import pytest
 
 import rljax
-from rljax.errors import StartupError, UnknownNameError
+from rljax.config.checks import check_config
+from rljax.errors import UnknownNameError, UnusedKeyError
 from rljax.models import ModelConfig, quantize, transformer
 from rljax.rollout import SamplingParams, left_pad, sample
-from rljax.rollout.engines import ENGINES, EngineBase, JaxEngine, Placement, WeightSync
+from rljax.rollout.engines import ROLLOUT_ENGINES, EngineBase, JaxEngine, Placement, WeightSync
 
 CFG = ModelConfig(vocab_size=16, hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2,
                   num_kv_heads=1, head_dim=16, max_position_embeddings=64)
@@ -22,7 +23,7 @@ TOKENS, MASK = left_pad([[1, 5, 7], [2, 9], [4, 4, 8, 6]], 4, 0)
 
 def _engine(name, **overrides):
   config = rljax.config(overrides={"rollout.engine": name, **overrides})
-  return ENGINES.get(name)(config, CFG, Placement())
+  return ROLLOUT_ENGINES.get(name)(config, CFG, Placement())
 
 
 def _fields(r):
@@ -47,14 +48,21 @@ def test_an_engine_is_the_sampler_it_names_with_the_weights_loaded_last(name, bu
 
 
 def test_slot_budgets_are_continuous_only():
-  with pytest.raises(StartupError, match=r"rollout.max_concurrent_rows=8 not read by "
-                                         r"rollout.engine='all_rows'"):
-    _engine("all_rows", **{"rollout.max_concurrent_rows": 8})
+  """The continuous engine's registration declares the keys it reads; the key check refuses
+  them with another engine, naming the engine that reads them."""
+  assert ROLLOUT_ENGINES.meta("continuous")["reads"] == ("rollout.max_concurrent_rows",
+                                                         "rollout.kv_cache_bytes")
+  for key in ("rollout.max_concurrent_rows", "rollout.kv_cache_bytes"):
+    with pytest.raises(UnusedKeyError, match=rf"^{key}=8 is not used: rollout.engine='all_rows' "
+                                             r"does not read it; it is read by rollout engine "
+                                             r"'continuous'$"):
+      check_config(rljax.config(overrides={"rollout.engine": "all_rows", key: 8}))
+    check_config(rljax.config(overrides={"rollout.engine": "continuous", key: 8}))
 
 
 def test_an_unknown_engine_lists_the_registered_ones():
   with pytest.raises(UnknownNameError, match="registered: all_rows, continuous"):
-    ENGINES.get("vllm")
+    ROLLOUT_ENGINES.get("vllm")
 
 
 def test_engine_base_holds_what_it_is_given():

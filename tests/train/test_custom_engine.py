@@ -6,7 +6,7 @@ import pytest
 from rljax import cli
 from rljax.data import tokenizer as tokenizer_lib
 from rljax.errors import RljaxError
-from rljax.rollout.engines import EngineBase, ENGINES, register_engine
+from rljax.rollout.engines import EngineBase, ROLLOUT_ENGINES, register_engine
 from rljax.rollout.record import Rollout
 from tests.train import tiny
 
@@ -51,7 +51,7 @@ def canned():
   register_engine("canned_test")(CannedEngine)
   CALLS.clear()
   yield
-  ENGINES.unregister("canned_test")
+  ROLLOUT_ENGINES.unregister("canned_test")
 
 
 def test_a_registered_engine_trains_through_rljax_train(tmp_path, canned):

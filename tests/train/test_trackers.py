@@ -17,7 +17,7 @@ from wandb.proto import wandb_internal_pb2
 
 from rljax import cli
 from rljax.config import loader as config_loader
-from rljax.errors import UnusedKeyError
+from rljax.errors import ConfigError, UnknownComponentError, UnusedKeyError
 from rljax.errors import StartupError
 from rljax.runs import trackers
 from rljax.runs.metrics import MetricsWriter, eval_table, read_jsonl
@@ -202,7 +202,7 @@ def test_failing_trackers_warn_once_and_training_goes_on(tmp_path, monkeypatch, 
 
 
 def test_a_user_logger_that_raises_is_one_warning_and_counted(tmp_path, monkeypatch, caplog):
-  """Was: a logger registered in trackers.LOGGERS that raised killed the run. Now its first
+  """Was: a logger registered in LOGGERS that raised killed the run. Now its first
   failure is one warning line, it keeps being called (a record that fails costs only itself),
   and its failures' total is one line at the end; metrics.jsonl is complete."""
   seen = []
@@ -221,10 +221,13 @@ def test_a_user_logger_that_raises_is_one_warning_and_counted(tmp_path, monkeypa
 
     def close(self):
       pass
-  monkeypatch.setitem(trackers.LOGGERS, "flaky", lambda config, start: Flaky())
+  trackers.register_logger("flaky")(lambda config, start: Flaky())
   run_dir = str(tmp_path / "run")
-  with caplog.at_level(logging.WARNING, logger=trackers.__name__):
-    result = cli.main(tiny.args("grpo", run_dir, {"train.loggers": "('jsonl', 'flaky')"}))
+  try:
+    with caplog.at_level(logging.WARNING, logger=trackers.__name__):
+      result = cli.main(tiny.args("grpo", run_dir, {"train.loggers": "('jsonl', 'flaky')"}))
+  finally:
+    trackers.LOGGERS.unregister("flaky")
   assert int(result["state"].step) == 2
   assert seen == [0, 1, 2, 2]  # called for every record, after its failures too
   warnings = [r.getMessage() for r in caplog.records if r.name == trackers.__name__]
@@ -239,26 +242,27 @@ def test_a_user_logger_that_raises_is_one_warning_and_counted(tmp_path, monkeypa
 # --- start-up checks, the eval table and the sweep's group ----------------------------------------
 
 @pytest.mark.parametrize("overrides, error, match", [
-    ({"train.loggers": "('jsonl', 'neptune')"}, StartupError, r"\['neptune'\] not registered"),
-    ({"train.loggers": "('jsonl', 'wandb', 'wandb')"}, StartupError, "names a logger twice"),
+    ({"train.loggers": "('jsonl', 'neptune')"}, UnknownComponentError,
+     r"\['neptune'\] not registered; registered logger names: jsonl, mlflow, tensorboard, wandb"),
+    ({"train.loggers": "('jsonl', 'wandb', 'wandb')"}, ConfigError, "distinct"),
     ({"train.loggers": "('tensorboard',)"}, ValueError, r"train\.loggers.*'jsonl'"),
     ({"train.tracker_group": "g"}, UnusedKeyError, r"train\.tracker_group='g' is not used"),
     ({"train.loggers": "('jsonl', 'wandb')", "train.mlflow_tracking_uri": "file:///x"},
-     UnusedKeyError, r"read by the mlflow logger"),
+     UnusedKeyError, r"train.loggers=\('jsonl', 'wandb'\) does not read it; it is read by "
+                     r"logger 'mlflow'$"),
 ])
 def test_logger_keys_are_checked_at_start(overrides, error, match):
   from rljax.config import checks as config_checks
   config = config_loader.load_config(BASE, list(overrides.items()))
   with pytest.raises(error, match=match):
     config_checks.check_config(config)
-    trackers.check_config(config)
 
 
 def test_missing_tracker_package_names_the_extra(monkeypatch):
   config = config_loader.load_config(BASE, [("train.loggers", "('jsonl', 'mlflow')")])
   monkeypatch.setattr(trackers.importlib.util, "find_spec", lambda name: None)
   with pytest.raises(StartupError, match=r"pip install 'rljax\[mlflow\]'"):
-    trackers.check_config(config)
+    trackers.check_logger_packages(config)
 
 
 def test_eval_table_rows_are_the_eval_records():

@@ -1,16 +1,16 @@
-"""Model families: per HF ``model_type``, the blocks that differ and how config.json and the
-tensor names map onto rljax (``Family``). Adding a family is one file in this package that calls
-``register_family``; the network (``rljax.models.transformer``), the sampler, the trainer, import
-and export and ``rljax plan`` take everything else from the record.
+"""Model families: per HF ``model_type``, the blocks that differ and how config.json and the tensor
+names map onto rljax (``Family``). Adding a family is one file in this package that calls
+``register_family`` (``MODEL_FAMILIES`` of ``rljax.registries``: every module of this package is
+imported the first time it is read, so a family registers itself by existing); the network
+(``rljax.models.transformer``), the sampler, the trainer, import and export and ``rljax plan``
+take everything else from the record.
 """
 from __future__ import annotations
 
 import dataclasses
-import importlib
-import pkgutil
 from typing import Any, Callable, Mapping
 
-from rljax.config.declare import add_family
+from rljax.registries import MODEL_FAMILIES
 
 # HF tensor name (within ``model.layers.{i}.``) -> (rljax path within ``layers_i``, transpose,
 # expert index or None). Stacked expert weights take one HF tensor per expert.
@@ -46,45 +46,19 @@ class Family:
   classifiers: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
 
-_FAMILIES: dict[str, Family] = {}
-
-
 def register_family(family: Family) -> Family:
+  """Registers ``family`` under each of its HF ``model_type``s."""
   for model_type in family.model_types:
-    if model_type in _FAMILIES:
-      raise ValueError(f"model_type {model_type!r} is registered twice")
-    _FAMILIES[model_type] = family
+    MODEL_FAMILIES.register(model_type)(family)
   return family
 
 
-def _scan() -> None:
-  if not _FAMILIES:
-    for info in pkgutil.iter_modules(__path__):
-      importlib.import_module(f"{__name__}.{info.name}")
-
-
 def model_types() -> tuple[str, ...]:
-  _scan()
-  return tuple(sorted(_FAMILIES))
-
-
-class _Registered:
-  """The families as ``registered("model_family")`` keys (``model.family``) look them up."""
-
-  @staticmethod
-  def names():
-    return model_types()
-
-
-add_family("model_family", _Registered)
+  return tuple(MODEL_FAMILIES.names())
 
 
 def get(model_type: str) -> Family:
-  _scan()
-  if model_type not in _FAMILIES:
-    raise ValueError(f"unsupported architecture model_type={model_type!r}; supported: "
-                     f"{', '.join(sorted(_FAMILIES))}")
-  return _FAMILIES[model_type]
+  return MODEL_FAMILIES.get(model_type)
 
 
 def classifier_architecture(model_type: str, causal_lm: str) -> str:
