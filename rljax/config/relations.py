@@ -29,9 +29,6 @@ def _context_split(f):
   if f["rollout.engine"] != "all_rows" or f["env.name"] is not None:
     return (f"{split}; only the all_rows sampler stripes its cache (rollout.engine="
             f"{f['rollout.engine']!r}, env.name={f['env.name']!r}): use all_rows, single-turn")
-  if f["rollout.max_concurrent_rows"] or f["rollout.kv_cache_bytes"]:
-    return (f"{split}; continuous batching (rollout.max_concurrent_rows / kv_cache_bytes) keeps "
-            "whole rows in its cache blocks: set both to 0")
   if f["model.moe_dispatch"] == "capacity":
     return (f"{split}; model.moe_dispatch='capacity' drops tokens by their order in the "
             "forward, which the split changes: use 'dense' or 'sparse' (dropless)")
@@ -229,7 +226,7 @@ RELATIONS = (
     Relation(tuple(f"mesh.{axis}" for axis in MESH_AXES), "at most one axis is -1",
              _one_filled_mesh_axis),
     Relation(("mesh.context", "model.attention", "rollout.engine", "env.name",
-              "rollout.max_concurrent_rows", "rollout.kv_cache_bytes", "model.moe_dispatch"),
+              "model.moe_dispatch"),
              "sequences split over mesh.context: the ring's kernel, the all_rows sampler, "
              "dropless experts", _context_split),
     Relation(("model.hidden_size", "model.num_heads"), "heads divide the width ('tiny'/'sft')",

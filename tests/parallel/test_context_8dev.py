@@ -82,7 +82,7 @@ def _config(**overrides):
     ({"model.attention": "cudnn"}, "model.attention='cudnn'"),
     ({"model.attention": "pallas"}, "log-sum-exp"),
     ({"rollout.engine": "continuous"}, "only the all_rows sampler"),
-    ({"rollout.max_concurrent_rows": 4}, "continuous batching"),
+    ({"model.moe_dispatch": "capacity"}, "dropless"),
 ])
 def test_what_cannot_run_split_is_refused_in_one_line(overrides, words):
   from rljax.config import checks
