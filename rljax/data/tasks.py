@@ -43,11 +43,14 @@ class Problem:
       calls ``((name, arguments), ...)`` and their results ``(text, ...)``, which the cold start
       writes in the run's tool format; ``solution`` is the compact text): the SFT cold start
       learns the turns only.
+    images: the images the prompt shows (``rljax.data.images.Image``), one ``<image>`` marker in
+      ``prompt`` where each goes; ``()`` for a text prompt (every text-only path ignores it).
   """
   prompt: str
   answer: str
   solution: str = ""
   meta: dict = dataclasses.field(default_factory=dict)
+  images: tuple = ()
 
 
 def marked_answer(completion: str) -> str | None:
@@ -72,6 +75,8 @@ class Task(abc.ABC):
   split_by_prompt: bool = True
   # Solutions end with `` #<answer>`` (``MARKER``); an episode task (guess) answers otherwise.
   marked_answer: bool = True
+  # Its problems show images (``Problem.images``): the policy must take images.
+  images: bool = False
 
   def __init__(self, difficulty: int):
     if difficulty not in self.levels:
@@ -137,8 +142,9 @@ class Task(abc.ABC):
 
 def register_task(cls):
   """Class decorator adding a ``Task`` subclass to ``TASKS`` (``rljax.registries``) under its
-  ``name``: ``data.source='embedded:<name>'``."""
-  return TASKS.register(cls.name)(cls)
+  ``name``: ``data.source='embedded:<name>'``; the registration states whether its problems show
+  images (``images``)."""
+  return TASKS.register(cls.name, images=cls.images)(cls)
 
 
 @dataclasses.dataclass(frozen=True)
