@@ -75,6 +75,13 @@ def images_digest(images: Sequence[Image]) -> str:
   return digest.hexdigest()
 
 
+def row_key(problem) -> str:
+  """What tells rows apart and splits them into train and held out (``is_eval_prompt``): the
+  prompt, and the digest of its images when it shows any (text rows keep their split)."""
+  images = tuple(getattr(problem, "images", ()))
+  return problem.prompt if not images else f"{problem.prompt}\0{images_digest(images)}"
+
+
 def _pil():
   try:
     from PIL import Image as PILImage  # the optional Pillow: rows with images only
