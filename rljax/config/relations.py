@@ -7,7 +7,7 @@ from rljax.config.declare import Relation, registry_meta, registry_names
 from rljax.config.conditions import FRESH_MODEL, REASONING_GYM, RM_SOURCE, VERIFIERS
 from rljax.config.reward_spec import (ENV_SOURCE, REWARD_MODEL_SOURCE, VERIFIER_SOURCE,
                                       composed_sources, reward_clip, reward_normalize, task_source)
-from rljax.config.table import CAPACITY_UNPACKED, MESH_AXES
+from rljax.config.table import CAPACITY_UNPACKED, CHAR_TOKENIZERS, MESH_AXES
 
 
 def _one_filled_mesh_axis(f):
@@ -109,7 +109,7 @@ def _replay_single_turn(f):
 
 def _hermes_tokenizer(f):
   if f["env.name"] is not None and f["env.tool_format"] == "hermes" \
-      and f["data.tokenizer"] == "char":
+      and f["data.tokenizer"] in CHAR_TOKENIZERS:
     return ("env.tool_format='hermes' needs a tokenizer that can write "
             "'<tool_call>{\"name\": ...}</tool_call>'; the char tokenizer has no braces, quotes or "
             "'_': use env.tool_format='compact'")

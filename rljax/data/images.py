@@ -31,6 +31,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from rljax.data.prompt_policy import where
+from rljax.data.tokenizer import QWEN2_VL, Placeholders
 from rljax.errors import DataError, MissingPackageError, TokenizerError
 
 IMAGE_MARKER = "<image>"
@@ -150,18 +151,6 @@ def marker_problem(prompt: str, images: Sequence[Image]) -> str | None:
 
 
 # --- what a vision-language policy takes ------------------------------------------------------
-
-@dataclasses.dataclass(frozen=True)
-class Placeholders:
-  """The chat template's image placeholder tokens of a family (as text)."""
-  start: str
-  pad: str
-  end: str
-
-
-# Qwen2-VL, Qwen2.5-VL and Qwen3-VL write an image as these tokens (their chat templates).
-QWEN2_VL = Placeholders("<|vision_start|>", "<|image_pad|>", "<|vision_end|>")
-
 
 def qwen2_vl_image_processor(**settings):
   """Hugging Face's Qwen2-VL image processor (Qwen2.5-VL uses it too) built directly, nothing

@@ -200,10 +200,13 @@ def test_images_in_a_text_only_models_prompts_are_refused(files, processor):
   _one_line_error(ConfigError, lambda: check_config(config), "poses its problems as images")
 
 
-def test_the_embedded_visual_task_encodes_with_three_image_tokens(processor, hf_tokenizer):
+def test_the_embedded_visual_task_encodes_with_the_char_vl_vocabulary(processor):
   from rljax.data import make_task
   problems = make_task("visual_arithmetic", 1).eval_set(seed=0, n=2)
-  batch = encode_image_prompts(load_tokenizer(hf_tokenizer[0]), problems, processor)
+  tok = load_tokenizer("char_vl")
+  batch = encode_image_prompts(tok, problems, processor)
   assert batch.image_grid_thw.tolist() == [[1, 2, 6]] * 2  # 28 x 84 pixels, kept as drawn
-  pad = hf_tokenizer[1].convert_tokens_to_ids(QWEN2_VL.pad)
-  assert [ids.count(pad) for ids in batch.ids] == [3, 3]
+  # <bos>, <|vision_start|> (57), 1*2*6/4 = 3 x <|image_pad|> (58), <|vision_end|> (59), '='.
+  assert batch.ids == [[2, 57, 58, 58, 58, 59, tok.encode("=")[0]]] * 2
+  assert tok.decode(batch.ids[0]) == "="
+  assert load_tokenizer("char").encode("12+3") == tok.encode("12+3")  # 'char' ids unchanged
