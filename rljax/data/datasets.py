@@ -34,7 +34,7 @@ import numbers
 import os
 import random
 
-from rljax.data.images import marker_problem, read_images, row_key
+from rljax.data.images import image_path, marker_problem, read_images, row_key
 from rljax.data.prompt_policy import where
 from rljax.data.sources import Rows, data_settings, open_data_source, register_data_source
 from rljax.data.tasks import Problem, is_eval_prompt
@@ -199,7 +199,22 @@ def _split_rows(problems: list[Problem], split: str) -> list[Problem]:
   return [p for p in problems if is_eval_prompt(row_key(p)) == want_eval]
 
 
-@register_data_source("jsonl", files=lambda path: [path])
+def _jsonl_files(path: str) -> list[str]:
+  """The JSONL file and the image files its rows name (what a resumed run's data is)."""
+  images = set()
+  with open(path, "rb") as f:
+    for raw in f:
+      try:
+        record = json.loads(raw)
+      except ValueError:
+        continue  # the file was read when the run started: no row is unreadable now
+      refs = record.get("images") if isinstance(record, dict) else None
+      refs = [refs] if isinstance(refs, (str, dict)) else refs or []
+      images.update(p for p in (image_path(r, os.path.dirname(path)) for r in refs) if p)
+  return [path] + sorted(images)
+
+
+@register_data_source("jsonl", files=_jsonl_files)
 def jsonl_source(path: str, settings) -> Rows:
   """``data.source='jsonl:PATH'``: one JSON object per line, string fields ``prompt`` and
   ``answer`` (``solution`` optional), screened by ``data.invalid_rows``."""

@@ -103,6 +103,21 @@ def _decode(raw: bytes, what: str, where_: str) -> Image:
     raise DataError(f"{where_}: {what} is not a readable image ({first})") from None
 
 
+def _is_base64(ref: str) -> bool:
+  return _DATA_URL.fullmatch(ref) is not None or (len(ref) >= 64
+                                                   and _BASE64.fullmatch(ref) is not None)
+
+
+def image_path(ref: Any, base_dir: str = "") -> str | None:
+  """The file an entry of a row's ``images`` names (relative paths start at ``base_dir``), or
+  None when the entry holds the image itself (base64, bytes, a PIL image)."""
+  if isinstance(ref, dict) and ref.get("bytes") is None:
+    ref = ref.get("path")
+  if not isinstance(ref, str) or not ref or _is_base64(ref):
+    return None
+  return os.path.join(base_dir, ref) if base_dir and not os.path.isabs(ref) else ref
+
+
 def read_image(ref: Any, where_: str, base_dir: str = "") -> Image:
   """The ``Image`` of one entry of a row's ``images``: a path (relative to ``base_dir``), a base64
   string or ``data:`` URL, a PIL image, or a ``{'bytes', 'path'}`` dict; a missing or corrupt
@@ -110,17 +125,15 @@ def read_image(ref: Any, where_: str, base_dir: str = "") -> Image:
   an extension (base64 has no '.') and is long enough to hold an image."""
   if isinstance(ref, dict) and ref.get("bytes") is not None:
     return _decode(bytes(ref["bytes"]), f"image {ref.get('path') or '(bytes)'}", where_)
-  if isinstance(ref, dict) and ref.get("path"):
-    ref = ref["path"]
-  if isinstance(ref, str):
+  path = image_path(ref, base_dir)
+  if path is None and isinstance(ref, str) and ref:
     url = _DATA_URL.fullmatch(ref)
-    if url is not None or (len(ref) >= 64 and _BASE64.fullmatch(ref)):
-      try:
-        raw = base64.b64decode(url[1] if url else ref, validate=False)
-      except (binascii.Error, ValueError):
-        raise DataError(f"{where_}: an image string is neither a file nor valid base64") from None
-      return _decode(raw, "a base64 image", where_)
-    path = os.path.join(base_dir, ref) if base_dir and not os.path.isabs(ref) else ref
+    try:
+      raw = base64.b64decode(url[1] if url else ref, validate=False)
+    except (binascii.Error, ValueError):
+      raise DataError(f"{where_}: an image string is neither a file nor valid base64") from None
+    return _decode(raw, "a base64 image", where_)
+  if path is not None:
     if not os.path.isfile(path):
       raise DataError(f"{where_}: image file {path!r} does not exist")
     with open(path, "rb") as f:

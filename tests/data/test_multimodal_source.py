@@ -216,3 +216,13 @@ def test_the_embedded_visual_task_encodes_with_the_char_vl_vocabulary(processor)
   assert batch.ids == [[2, 57, 58, 58, 58, 59, tok.encode("=")[0]]] * 2
   assert tok.decode(batch.ids[0]) == "="
   assert load_tokenizer("char").encode("12+3") == tok.encode("12+3")  # 'char' ids unchanged
+
+
+def test_a_resumed_run_sees_a_changed_image_file(files, tmp_path):
+  from rljax.data.sources import fingerprint
+  (tmp_path / "a.png").write_bytes(files["paths"][0].read_bytes())
+  path = _write(tmp_path, [{"prompt": "<image>", "answer": "1", "images": ["a.png"]}], "x.jsonl")
+  before = fingerprint(f"jsonl:{path}")
+  (tmp_path / "a.png").write_bytes(files["paths"][1].read_bytes())
+  assert fingerprint(f"jsonl:{path}") != before
+  assert datasets._jsonl_files(files["base64.jsonl"]) == [files["base64.jsonl"]]
