@@ -61,8 +61,7 @@ class Image:
     return np.frombuffer(self.data, np.uint8).reshape(self.height, self.width, 3)
 
   def to_pil(self):
-    from PIL import Image as PILImage  # Pillow: only where images are decoded or processed
-    return PILImage.fromarray(self.pixels.copy(), "RGB")
+    return _pil().fromarray(self.pixels.copy(), "RGB")
 
 
 def images_digest(images: Sequence[Image]) -> str:
@@ -85,11 +84,11 @@ def row_key(problem) -> str:
 
 def _pil():
   try:
-    from PIL import Image as PILImage  # the optional Pillow: rows with images only
+    from PIL import Image as PILImage  # the optional [vision] extra: images only
     return PILImage
   except ImportError:
-    raise MissingPackageError("rows with images need Pillow to decode them: pip install pillow"
-                              ) from None
+    raise MissingPackageError("images need Pillow to be decoded and processed: pip install "
+                              "pillow (the [vision] extra)") from None
 
 
 def _decode(raw: bytes, what: str, where_: str) -> Image:
