@@ -106,7 +106,17 @@ def _hf_processor(processor, tokenizer):
   return ImagesOnly(image_processor=processor, tokenizer=tokenizer)
 
 
-def test_patches_grids_and_placeholders_equal_hf_processors(files, processor, hf_tokenizer):
+# Qwen2-VL / Qwen2.5-VL's processor settings (the fixture), and Qwen3-VL's (16-pixel patches,
+# mean and std 0.5): the same placeholder tokens, other grids.
+QWEN3_VL = dict(patch_size=16, image_mean=[0.5] * 3, image_std=[0.5] * 3, min_pixels=32 * 32,
+                max_pixels=32 * 32 * 16)
+
+
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl"])
+def test_patches_grids_and_placeholders_equal_hf_processors(files, processor, hf_tokenizer,
+                                                            family):
+  if family == "qwen3_vl":
+    processor = qwen2_vl_image_processor(**QWEN3_VL)
   path, fast = hf_tokenizer
   problems = load_problems(f"jsonl:{files['paths.jsonl']}", split="all")
   ours = encode_image_prompts(load_tokenizer(path), problems, processor)
@@ -119,15 +129,16 @@ def test_patches_grids_and_placeholders_equal_hf_processors(files, processor, hf
   assert ours.ids == [list(ids[m.astype(bool)]) for ids, m in
                       zip(want["input_ids"], want["attention_mask"])]
   assert ours.image_prompt.tolist() == [0, 1, 1]
-  # The grid sizes are the processor's: (56, 84) and (28, 56) as drawn, (40, 90) resized.
-  assert ours.image_grid_thw.tolist()[:2] == [[1, 4, 6], [1, 2, 4]]
+  if family == "qwen2_5_vl":  # (56, 84) and (28, 56) as drawn, (40, 90) resized
+    assert ours.image_grid_thw.tolist()[:2] == [[1, 4, 6], [1, 2, 4]]
   pad = fast.convert_tokens_to_ids(QWEN2_VL.pad)
   runs = [sum(1 for i in ids if i == pad) for ids in ours.ids]
   counts = [int(np.prod(g)) // 4 for g in ours.image_grid_thw]
   assert runs == [counts[0], counts[1] + counts[2], 0]
   assert [placeholder_count(g, 2) for g in ours.image_grid_thw] == counts
+  size = processor.patch_size
   assert ours.pixel_values.shape == (sum(int(np.prod(g)) for g in ours.image_grid_thw),
-                                     3 * 2 * 14 * 14)
+                                     3 * 2 * size * size)
 
 
 def test_hf_dataset_image_column_reads_like_jsonl(files, tmp_path):
