@@ -240,6 +240,7 @@ def encode_image_prompts(tokenizer, problems, processor,
   for text in (placeholders.start, placeholders.end):
     _placeholder_id(tokenizer, text)
   merge = int(processor.merge_size)
+  marked = "".join(dataclasses.astuple(placeholders))
   ids, patches, grids, owners = [], [], [], []
   for row, problem in enumerate(problems):
     images = tuple(problem.images)
@@ -249,7 +250,6 @@ def encode_image_prompts(tokenizer, problems, processor,
     if any(p in problem.prompt for p in dataclasses.astuple(placeholders)):
       raise DataError(f"{where(problem)}: the prompt writes an image placeholder token itself; "
                       f"mark where an image goes with {IMAGE_MARKER}")
-    marked = "".join(dataclasses.astuple(placeholders))
     prompt_ids = tokenizer.encode_prompt(problem.prompt.replace(IMAGE_MARKER, marked))
     counts = []
     if images:

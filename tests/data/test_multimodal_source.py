@@ -3,6 +3,7 @@ decode to, and the prompt batch a vision-language policy takes, against Hugging 
 Qwen2-VL processor (patches, grid sizes and the placeholder-expanded input ids); each bad input's
 one-line error."""
 import base64
+import dataclasses
 import json
 import os
 
@@ -195,6 +196,14 @@ def test_images_the_markers_do_not_place_are_refused_or_dropped_and_counted(
                   "bad.jsonl:2: " + match)
   rows = datasets.jsonl_source(path, datasets.data_settings(invalid_rows="drop"))
   assert (len(rows.rows), rows.invalid_rows) == (1, 1)
+
+
+def test_a_prompt_that_writes_a_placeholder_itself_is_refused(files, processor, hf_tokenizer):
+  problem = load_problems(f"jsonl:{files['paths.jsonl']}", split="all")[0]
+  problem = dataclasses.replace(problem, prompt="<|image_pad|> and <image>")
+  _one_line_error(DataError, lambda: encode_image_prompts(load_tokenizer(hf_tokenizer[0]),
+                                                          [problem], processor),
+                  "paths.jsonl:1: the prompt writes an image placeholder token itself")
 
 
 def test_images_in_a_text_only_models_prompts_are_refused(files, processor):
