@@ -59,6 +59,13 @@ def marked_answer(completion: str) -> str | None:
   return tail.strip() if sep else None
 
 
+def marked_integer_matches(completion: str, problem: Problem) -> float:
+  """1.0 if the integer after the last ``MARKER`` equals ``problem.answer``, else 0.0."""
+  got = marked_answer(completion)
+  return float(got is not None and _INT.fullmatch(got) is not None
+               and int(got) == int(problem.answer))
+
+
 def is_eval_prompt(prompt: str) -> bool:
   """Whether ``prompt`` belongs to the held-out eval part of the problem space (stable hash)."""
   digest = hashlib.blake2b(prompt.encode("utf-8"), digest_size=8).digest()
@@ -156,7 +163,8 @@ class ArithmeticLevel:
   max_abs_value: int  # cap on every intermediate result (keeps solutions short)
 
 
-_APPLY = {
+# The integer operators of the generated tasks: symbol -> function.
+OPERATORS = {
     "+": lambda a, b: a + b,
     "-": lambda a, b: a - b,
     "*": lambda a, b: a * b,
@@ -200,9 +208,7 @@ class Arithmetic(Task):
         meta=self._meta())
 
   def verify(self, completion: str, problem: Problem) -> float:
-    got = marked_answer(completion)
-    return float(got is not None and _INT.fullmatch(got) is not None
-                 and int(got) == int(problem.answer))
+    return marked_integer_matches(completion, problem)
 
   def format_ok(self, completion: str) -> bool:
     return self._FORMAT.fullmatch(completion) is not None
@@ -231,7 +237,7 @@ def _evaluate_steps(nums: list[int], ops: list[str], paren: int | None):
   while ops:
     k = _next_operator(ops, paren)
     a, op, b = nums[k], ops[k], nums[k + 1]
-    value = _APPLY[op](a, b)
+    value = OPERATORS[op](a, b)
     steps.append(f"{a}{op}{b}={value}")
     values.append(value)
     nums[k:k + 2], paren = [value], None
@@ -342,9 +348,9 @@ def _countdown_apply(a: int, op: str, b: int) -> int | None:
   """``a op b`` when it is a positive integer, else None."""
   if op == "/":
     return a // b if b > 1 and a % b == 0 else None
-  if op not in _APPLY:
+  if op not in OPERATORS:
     return None
-  c = _APPLY[op](a, b)
+  c = OPERATORS[op](a, b)
   return c if c > 0 else None
 
 

@@ -25,8 +25,8 @@ import re
 import numpy as np
 
 from rljax.data.images import IMAGE_MARKER, Image
-from rljax.data.tasks import (_APPLY, _INT, MARKER, Problem, Task, is_eval_prompt, marked_answer,
-                              register_task)
+from rljax.data.tasks import (MARKER, OPERATORS, Problem, Task, is_eval_prompt,
+                              marked_integer_matches, register_task)
 
 # 5 columns x 7 rows per glyph; every glyph spans its columns without a gap, so glyphs are told
 # apart by the empty columns between them.
@@ -112,7 +112,7 @@ class VisualArithmetic(Task):
     lv = self.level
     a, b = rng.randint(0, lv.max_operand), rng.randint(0, lv.max_operand)
     op = rng.choice(lv.ops)
-    return f"{a}{op}{b}", _APPLY[_OPS[op]](a, b)
+    return f"{a}{op}{b}", OPERATORS[_OPS[op]](a, b)
 
   def _problem(self, expression: str, value: int, rng: random.Random) -> Problem:
     image = Image.from_array(draw_text(expression, rng, self.level))
@@ -142,9 +142,7 @@ class VisualArithmetic(Task):
     return problems
 
   def verify(self, completion: str, problem: Problem) -> float:
-    got = marked_answer(completion)
-    return float(got is not None and _INT.fullmatch(got) is not None
-                 and int(got) == int(problem.answer))
+    return marked_integer_matches(completion, problem)
 
   def format_ok(self, completion: str) -> bool:
     return self._FORMAT.fullmatch(completion) is not None
