@@ -5,7 +5,6 @@ one-line error."""
 import base64
 import dataclasses
 import json
-import os
 
 import numpy as np
 import pytest
@@ -13,14 +12,12 @@ import pytest
 PIL = pytest.importorskip("PIL.Image")
 
 from rljax.config.checks import check_config
-from rljax.config.loader import load_config
 from rljax.config.table import get_config
 from rljax.data import datasets, load_problems, load_tokenizer
 from rljax.data.images import (QWEN2_VL, encode_image_prompts, placeholder_count,
                                qwen2_vl_image_processor)
 from rljax.errors import ConfigError, DataError, TokenizerError
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # Sizes: two kept as drawn (multiples of 28), one the processor resizes (40 x 90).
 SIZES = [(56, 84), (28, 56), (40, 90)]
 # Images in the middle of text, two in one prompt, and a text-only row beside them.
@@ -218,12 +215,13 @@ def test_images_in_a_text_only_models_prompts_are_refused(files, processor):
   _one_line_error(DataError, lambda: datasets.make_prompt_source(config.data),
                   "its prompts show images, and this run's policy and rollouts take text only")
   assert datasets.make_prompt_source(config.data, takes_images=True).shows_images
-  # ... or, for a task of images, by the config check before anything is built: the preset
-  # configs/tasks/visual.py is refused for that alone (with a text task it passes every check).
-  preset = load_config(os.path.join(ROOT, "configs", "tasks", "visual.py"))
-  _one_line_error(ConfigError, lambda: check_config(preset), "poses its problems as images")
-  preset.data.source = "embedded:arithmetic"
-  check_config(preset)
+  # ... or, for a task of images, by the config check before anything is built (with a text
+  # task, the same config passes every check).
+  config = get_config()
+  config.data.source, config.data.tokenizer = "embedded:visual_arithmetic", "char_vl"
+  _one_line_error(ConfigError, lambda: check_config(config), "poses its problems as images")
+  config.data.source = "embedded:arithmetic"
+  check_config(config)
 
 
 def test_the_embedded_visual_task_encodes_with_the_char_vl_vocabulary(processor):
