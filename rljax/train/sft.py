@@ -28,7 +28,7 @@ from rljax.errors import DataError, StartupError
 from rljax.models import transformer
 from rljax.runs import preemption
 from rljax.runs.checkpoint import Checkpointer
-from rljax.runs.run_dir import flatten_config
+from rljax.runs.run_dir import check_creatable, flatten_config
 
 STAMP_FILE = "rljax_sft_stamp.json"
 
@@ -160,7 +160,7 @@ def check_cold_start(config, tokenizer) -> None:
   if os.path.isdir(out) and os.listdir(out):
     raise StartupError(f"sft.out_dir={out!r} holds files that are not this config's SFT cold "
                        "start; choose another sft.out_dir")
-  _check_writable(out)
+  check_creatable(out, "sft.out_dir")
   s = config.sft
   width = config.data.prompt_bucket + config.rollout.max_new_tokens
   source = datasets.make_prompt_source(config.data, stream_seed=s.seed)
@@ -175,18 +175,6 @@ def check_cold_start(config, tokenizer) -> None:
 
 _NO_SOLUTIONS = ("SFT needs reference solutions; data.source={source!r} has none (use an "
                  "embedded task)")
-
-
-def _check_writable(out: str) -> None:
-  """The cold start is written beside ``out`` (``publish_atomically``): its nearest existing
-  ancestor must be a directory this process may write into."""
-  parent = os.path.dirname(os.path.abspath(out))
-  while not os.path.exists(parent):
-    parent = os.path.dirname(parent)
-  if not os.path.isdir(parent) or not os.access(parent, os.W_OK | os.X_OK):
-    what = "is not a directory" if not os.path.isdir(parent) else "cannot be written"
-    raise StartupError(f"sft.out_dir={out!r} cannot be created: {parent!r} {what}; choose "
-                       "another sft.out_dir")
 
 
 def sft_loss(model_cfg, params, tokens, attn, loss_mask, chunk: int):

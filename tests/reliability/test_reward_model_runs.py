@@ -229,3 +229,24 @@ def test_the_rlhf_reward_model_cold_start_killed_then_rerun_and_resumed(tmp_path
   records = metrics_lib.read_jsonl(str(rm_dir / "metrics.jsonl"))
   assert [r["step"] for r in records] == list(range(7))  # no step twice, none missing
   assert (rm_dir / "hf" / "config.json").exists()
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux's /proc")
+@pytest.mark.parametrize("key, value, line", [
+    ("rm.train_file", "/proc/rljax-pairs.jsonl",
+     "rm.train_file='/proc/rljax-pairs.jsonl' cannot be created: '/proc' cannot be written ("),
+    ("rm.train_file", "{root}",
+     "rm.train_file='{root}' exists and is not a file; choose another rm.train_file"),
+    ("reward.model.source", "run:/proc/rljax-rm",
+     "reward.model.source='run:/proc/rljax-rm' cannot be created: '/proc' cannot be written ("),
+], ids=["pairs_unwritable", "pairs_a_directory", "rm_dir_unwritable"])
+def test_the_rlhf_cold_start_refuses_where_it_cannot_write_before_the_run_dir(
+    key, value, line, tmp_path, capsys):
+  """Was: the run dir claimed, then a FileNotFoundError / IsADirectoryError traceback where the
+  pairs or the reward model were first written (after the SFT cold start for the latter)."""
+  value, line = value.format(root=tmp_path), line.format(root=tmp_path)
+  with pytest.raises(SystemExit) as e:
+    cli.entry(_rlhf_args(tmp_path) + [f"--config.{key}={value}"])
+  err = capsys.readouterr().err
+  assert e.value.code == 2 and err.startswith(f"error: {line}") and err.count("\n") == 1, err
+  assert not (tmp_path / "grpo").exists() and not (tmp_path / "sft").exists()

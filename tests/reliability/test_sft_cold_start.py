@@ -80,3 +80,29 @@ def test_an_out_dir_that_cannot_be_written_is_one_line_before_anything_is_writte
   run_dir = tmp_path / "run"
   err = _entry(tiny.args("grpo", str(run_dir), dict(SFT, **{"sft.out_dir": str(out)})), capsys)
   assert "cannot be created" in err and not run_dir.exists()
+
+
+def test_an_out_dir_that_is_a_file_is_refused_and_the_file_kept(tmp_path, capsys):
+  """Was: the cold start trained, then the user's file was renamed to ``<name>.old-<ns>`` and a
+  directory of weights took its place."""
+  out = tmp_path / "notes.txt"
+  out.write_text("mine")
+  assert _entry(sft_args(str(out)), capsys) == (
+      f"error: sft.out_dir={str(out)!r} exists and is not a directory; choose another "
+      "sft.out_dir\n")
+  assert out.read_text() == "mine" and os.listdir(tmp_path) == ["notes.txt"]
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux's /proc")
+def test_an_out_dir_where_no_directory_can_be_made_is_one_line(tmp_path, capsys):
+  """Was: a FileNotFoundError traceback after the whole cold start had trained: ``os.access``
+  says /proc may be written (for root), ``mkdir`` there fails. The check makes (and removes) a
+  directory where the cold start will be written."""
+  out = "/proc/rljax-sft"
+  err = _entry(sft_args(out), capsys)
+  assert err.startswith(f"error: sft.out_dir={out!r} cannot be created: '/proc' cannot be "
+                        "written (") and err.count("\n") == 1
+  assert err.endswith("); choose another sft.out_dir\n")
+  run_dir = tmp_path / "run"
+  err = _entry(tiny.args("grpo", str(run_dir), dict(SFT, **{"sft.out_dir": out})), capsys)
+  assert "cannot be created" in err and not run_dir.exists()
