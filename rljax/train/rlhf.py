@@ -11,6 +11,7 @@ import os
 
 import ml_collections
 
+from rljax.config import loader as config_loader
 from rljax.data import tokenizer as tokenizer_lib
 from rljax.errors import StartupError
 from rljax.rewards import gold
@@ -31,8 +32,10 @@ RM_SECTIONS = ("seed", "model", "data", "sft", "env", "rollout", "rm", "optim", 
 def rm_config(config, run_dir: str) -> ml_collections.ConfigDict:
   """The ``rljax rm`` config of the cold start: the run's, its run dir the reward model's. It
   continues what ``run_dir`` holds (a cold start killed or preempted midway), whatever the run's
-  own ``train.resume``."""
+  own ``train.resume``. The adapters of a LoRA policy (``model.lora.*``) are the policy's: the
+  reward model is trained whole (``rljax rm`` trains no adapters), from the same cold start."""
   rm = ml_collections.ConfigDict(config.to_dict())
+  config_loader.reset(rm, *(f"model.lora.{k}" for k in rm.model.lora))
   rm.train.run_dir = run_dir
   rm.train.resume = run_dir_lib.holds_run(run_dir)
   rm.train.resume_override = tuple(k for k in rm.keys() if k not in RM_SECTIONS)

@@ -18,6 +18,7 @@ from rljax.rewards import sources
 from rljax.rollout.engines import ROLLOUT_ENGINES, EngineBase, register_engine
 from rljax.rollout.record import Rollout
 from rljax.train import build
+from tests import hf_models
 
 VERDICTS = ["7", "score 3.5!", "no idea", "12", "-4 points", "ok 2 or 9"]
 PROMPTS_SEEN = []
@@ -170,3 +171,22 @@ def test_the_judges_context_holds_its_prompt_and_verdict(scripted):
       "reward.judge: the judge's prompt of row 1 is 132 tokens, more than the 96 its context of "
       "4096 positions leaves less reward.judge.max_new_tokens=4000")):
     judge(_batch(["1", "2" * 100, "3"]))
+
+
+def test_a_lora_policys_judge_of_hugging_face_weights_has_no_adapters(tmp_path):
+  """Was: ``model.lora.rank=4`` gave the judge of ``reward.judge.source='hf:...'`` the policy's
+  adapter settings over weights that hold none (a traceback at its first forward). Its P(yes)
+  is the one of the same judge in a run without adapters."""
+  tok = tokenizer_lib.load_tokenizer("char")
+  path = hf_models.build("llama", str(tmp_path / "judge"), eos_token_id=tok.eos_id,
+                         pad_token_id=tok.pad_id)
+
+  def p_yes(rank):
+    config = _config(parse="p_yes", yes="y", template="{prompt}{completion} ok?",
+                     source=f"hf:{path}")
+    config.model.lora.rank = rank
+    judge, _, _ = _judge(config)
+    return judge.cfg.lora_rank, judge(_batch(["2", "7", "n"])).values
+  rank, with_lora = p_yes(4)
+  assert rank == 0
+  np.testing.assert_array_equal(with_lora, p_yes(0)[1])
