@@ -106,3 +106,17 @@ def test_an_out_dir_where_no_directory_can_be_made_is_one_line(tmp_path, capsys)
   run_dir = tmp_path / "run"
   err = _entry(tiny.args("grpo", str(run_dir), dict(SFT, **{"sft.out_dir": out})), capsys)
   assert "cannot be created" in err and not run_dir.exists()
+
+
+def test_the_exact_match_checks_examples_are_checked_too(tmp_path, capsys):
+  """Was: with ``sft.stop_match`` the examples of the exact-match check (their own stream of
+  ``sft.check_size``) were not checked at start: one of them wider than the window stopped the
+  cold start after ``rljax train`` had written its run dir. Here the training examples fit the
+  window of 24 (lengths 24 and 22 by hand from the stream) and a check example is 26 tokens."""
+  out, run_dir = tmp_path / "sft", tmp_path / "run"
+  args = {**SFT, "sft.steps": "1", "sft.batch_size": "2", "sft.warmup_steps": "0",
+          "sft.stop_match": "0.5", "rollout.max_new_tokens": "16", "sft.out_dir": str(out)}
+  err = _entry(tiny.args("grpo", str(run_dir), args), capsys)
+  assert err.startswith("error: an SFT example of 26 tokens (prompt, solution, EOS) is wider "
+                        "than the sampler's window of 24") and err.count("\n") == 1, err
+  assert not run_dir.exists() and not out.exists()
