@@ -1,0 +1,88 @@
+"""The command line's config handling (in-process, no model built): every subcommand answers
+``--help`` (its usage and the config keys it reads), two ``--config`` files are refused, and an
+override of a key the command does not read (``Key.commands``) is refused before anything is
+written."""
+import os
+
+import pytest
+
+from rljax import cli
+from rljax.config import effects
+from tests.train import tiny
+
+GRPO = os.path.join(tiny.ROOT, "configs", "algos", "grpo.py")
+RM = os.path.join(tiny.ROOT, "configs", "tasks", "rm.py")
+
+
+def _exit_code(argv, capsys) -> tuple[int, str, str]:
+  """(exit status, stdout, stderr) of ``rljax ARGV`` run as the console entry runs it."""
+  try:
+    cli.entry(argv)
+    code = 0
+  except SystemExit as e:
+    code = e.code or 0
+  out = capsys.readouterr()
+  return code, out.out, out.err
+
+
+@pytest.mark.parametrize("command", sorted(cli.COMMANDS))
+def test_every_subcommand_answers_help(command, capsys):
+  """Was: `rljax train --help` (and sft, rm, eval, plan) 'error: --config PATH is required',
+  exit 2."""
+  code, out, err = _exit_code([command, "--help"], capsys)
+  assert code == 0 and not err
+  assert out.startswith(f"usage: rljax {command}")
+  if command in cli.CONFIG_COMMANDS:
+    assert f"config keys rljax {command} reads:" in out
+
+
+def test_help_lists_the_keys_the_command_reads(capsys):
+  text = cli.main(["sft", "--help"])
+  listed = {line.split(":")[0].strip() for line in text.splitlines() if line.startswith("  ")}
+  assert {"model", "data", "sft", "rollout"} <= listed and not {"algo", "optim", "rm"} & listed
+  assert "max_new_tokens" in text and "lora" not in text  # the cold start puts no adapters on
+  train = cli.main(["train", "--config", GRPO, "--help"])  # --help with a config: the help
+  assert "lora.rank" in train and "steps*" in train  # rm.steps: read with reward.gold.pairs > 0
+  assert len(effects.command_keys("train")) > len(effects.command_keys("sft"))
+
+
+def test_two_config_files_are_refused_in_one_line(tmp_path, capsys):
+  """Was: the second --config silently replaced the first."""
+  code, _, err = _exit_code(["train", "--config", GRPO, "--config", RM,
+                             f"--config.train.run_dir={tmp_path / 'run'}"], capsys)
+  assert code == 2 and err.count("\n") == 1
+  assert f"--config given twice ({GRPO!r}, then {RM!r})" in err
+  assert not os.path.exists(tmp_path / "run")
+
+
+@pytest.mark.parametrize("command,config,override,message", [
+    # Was: accepted, and the cold start trained every weight (SFT puts no adapters on).
+    ("sft", GRPO, "model.lora.rank=4", "rljax sft does not read model.lora.rank; it is read by "
+     "train, eval, plan, rm"),
+    ("sft", GRPO, "optim.lr=0.1", "rljax sft does not read optim.lr"),  # SFT's is sft.lr
+    # Was: accepted, and nothing read it (the policy is not the cold start).
+    ("train", GRPO, "sft.steps=10", "rljax train reads sft.steps only with model.source, "
+     "teacher.source or reward.judge.source 'sft': no model of the run is the SFT cold start"),
+    ("train", GRPO, "rm.steps=10", "rljax train reads rm.steps only with reward.gold.pairs > 0"),
+    ("rm", RM, "algo.kl_coef=0.1", "rljax rm does not read algo.kl_coef"),
+])
+def test_an_override_the_command_does_not_read_is_refused_before_anything_is_written(
+    command, config, override, message, tmp_path, capsys):
+  run = tmp_path / "run"
+  argv = [command, "--config", config, f"--config.{override}", f"--config.sft.out_dir={run}"
+          if command == "sft" else f"--config.train.run_dir={run}"]
+  code, _, err = _exit_code(argv, capsys)
+  assert code == 2 and err.count("\n") == 1
+  assert f"error: --config.{override.split('=')[0]}: {message}" in err
+  assert not os.path.exists(run)
+
+
+def test_a_config_files_values_are_not_refused_for_a_command_that_does_not_read_them(tmp_path):
+  """One file serves several commands: a job's sft.* keys (for rljax sft) and its algorithm
+  (for rljax train) are not refused by the other command; only the command line is held to it."""
+  config, _ = cli._config(["--config", os.path.join(tiny.ROOT, "configs", "jobs", "main.py"),
+                           "--config.model.source=tiny"], "train", cli._parser("train"))
+  assert config.sft.steps == 600
+  config, _ = cli._config(["--config", GRPO, "--config.model.source=sft",
+                           "--config.sft.steps=3"], "train", cli._parser("train"))
+  assert config.sft.steps == 3
