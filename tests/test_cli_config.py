@@ -61,8 +61,8 @@ def test_two_config_files_are_refused_in_one_line(tmp_path, capsys):
      "train, eval, plan, rm"),
     ("sft", GRPO, "optim.lr=0.1", "rljax sft does not read optim.lr"),  # SFT's is sft.lr
     # Was: accepted, and nothing read it (the policy is not the cold start).
-    ("train", GRPO, "sft.steps=10", "rljax train reads sft.steps only with model.source, "
-     "teacher.source or reward.judge.source 'sft': no model of the run is the SFT cold start"),
+    ("train", GRPO, "sft.steps=10", "rljax train reads sft.steps only with model.source or "
+     "teacher.source 'sft': no model of the run is the SFT cold start"),
     ("train", GRPO, "rm.steps=10", "rljax train reads rm.steps only with reward.gold.pairs > 0"),
     ("rm", RM, "algo.kl_coef=0.1", "rljax rm does not read algo.kl_coef"),
 ])
@@ -86,3 +86,20 @@ def test_a_config_files_values_are_not_refused_for_a_command_that_does_not_read_
   config, _ = cli._config(["--config", GRPO, "--config.model.source=sft",
                            "--config.sft.steps=3"], "train", cli._parser("train"))
   assert config.sft.steps == 3
+
+
+@pytest.mark.parametrize("overrides,message", [
+    ({"reward.judge.source": "hf:/nowhere"},
+     "reward.judge.source='hf:/nowhere': '/nowhere' is not a directory"),
+    ({"reward.judge.max_new_tokens": "100000000"},
+     "reward.judge.max_new_tokens=100000000 leaves no room for a prompt in the judge's context"),
+])
+def test_a_judge_mistake_is_refused_before_the_run_dir_is_written(overrides, message, tmp_path,
+                                                                   capsys):
+  """Was: the run dir (config.json, data.json, checkpoints/, metrics.jsonl) was written, then the
+  judge was found wrong when the reward was built."""
+  run = tmp_path / "run"
+  argv = tiny.args("grpo", str(run), {"reward.sources": "verifier:1,judge:1", **overrides})
+  code, _, err = _exit_code(argv, capsys)
+  assert code == 2 and err.count("\n") == 1 and message in err
+  assert not os.path.exists(run)

@@ -31,7 +31,7 @@ from rljax.models.source import (POLICY_SOURCES, ModelSource, check_same_tokeniz
                                  run_config)
 from rljax.parallel import distributed, mesh as mesh_lib, rules
 from rljax.rewards import sources as reward_sources
-from rljax.rewards import gold, reward_model, checkers
+from rljax.rewards import gold, judge, reward_model, checkers
 from rljax.registries import EPISODE_ENGINES, ROLLOUT_ENGINES
 from rljax.rollout.engines import EpisodeEngine, Placement, RolloutEngine
 from rljax.runs import run_dir as run_dir_lib
@@ -498,6 +498,8 @@ def _check_model_files(config, algo: Algorithm, tokenizer) -> None:
   if REWARD_MODEL_SOURCE in reward_weights(config.reward.sources) and \
       not gold.cold_start_pending(config):  # else trained first (rljax.train.rlhf), then read
     reward_model.check_files(config.reward.model)
+  if judge.JUDGE_SOURCE in reward_weights(config.reward.sources):  # was: after the run dir
+    judge.check_judge_files(config, tokenizer, resolve_model_config(config, tokenizer))
 
 
 def _named(key: str, value: str, path: str) -> ModelConfig:
