@@ -103,3 +103,28 @@ def test_a_judge_mistake_is_refused_before_the_run_dir_is_written(overrides, mes
   code, _, err = _exit_code(argv, capsys)
   assert code == 2 and err.count("\n") == 1 and message in err
   assert not os.path.exists(run)
+
+
+def test_the_rlhf_reward_models_pairs_file_is_checked_before_the_run_dir(tmp_path, capsys):
+  """Was: config.json and data.json written, then a NotADirectoryError traceback when the gold
+  scorer wrote its pairs (reward.gold.pairs > 0, the RLHF demo's cold start)."""
+  blocker = tmp_path / "a_file"
+  blocker.write_text("")
+  run = tmp_path / "run"
+  argv = (["train", "--config", os.path.join(tiny.ROOT, "configs", "tasks", "rlhf.py")]
+          + [f"--config.{k}={v}" for k, v in {
+              "model.source": "tiny", "mesh.cpu_devices": "0", "train.run_dir": str(run),
+              "rm.train_file": str(blocker / "pairs.jsonl"),
+              "reward.model.source": f"run:{tmp_path / 'rm'}"}.items()])
+  code, _, err = _exit_code(argv, capsys)
+  assert code == 2 and err.count("\n") == 1
+  assert f"rm.train_file='{blocker}/pairs.jsonl' cannot be created: '{blocker}' is not a " \
+         "directory" in err
+  assert not os.path.exists(run) and not os.path.exists(tmp_path / "rm")
+
+
+def test_rljax_rm_on_the_sft_cold_start_reads_what_the_cold_start_reads():
+  """`rljax rm` with model.source='sft' trains the cold start first: it reads its data keys."""
+  assert effects.read_by("rm", "data.source", {"model.source": "sft", "teacher.source": ""})
+  assert not effects.read_by("rm", "data.source", {"model.source": "tiny", "teacher.source": ""})
+  assert effects.read_by("rm", "rm.steps") and not effects.read_by("rm", "algo.kl_coef")

@@ -15,7 +15,7 @@ from rljax.data import tokenizer as tokenizer_lib
 from rljax.errors import StartupError
 from rljax.rewards import gold
 from rljax.runs import run_dir as run_dir_lib
-from rljax.train import reward_training
+from rljax.train import reward_training, sft
 
 EMBEDDED = "embedded:"
 
@@ -64,7 +64,12 @@ def _exclusive(lock_path: str):
       fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def _make_reward_model(config, run_dir: str, log) -> None:
+def check_cold_start(config) -> None:
+  """What would stop the reward model's cold start after the run dir is claimed, checked before
+  (``rljax.train.build.prepare``): embedded tasks to label, a pairs file (``rm.train_file``)
+  that exists or can be written, a reward-model directory that can be written."""
+  if not gold.cold_start_pending(config):
+    return
   pairs = config.reward.gold.pairs
   data = config.data.source
   if not data.startswith(EMBEDDED):
@@ -73,6 +78,16 @@ def _make_reward_model(config, run_dir: str, log) -> None:
   path = config.rm.train_file
   if not path:
     raise StartupError(f"reward.gold.pairs={pairs} writes its pairs to rm.train_file: set it")
+  if not os.path.isfile(path):
+    sft.check_writable(path, "rm.train_file")
+  sft.check_writable(gold.reward_model_dir(config), "reward.model.source")
+
+
+def _make_reward_model(config, run_dir: str, log) -> None:
+  pairs = config.reward.gold.pairs
+  check_cold_start(config)
+  data = config.data.source
+  path = config.rm.train_file
   if not os.path.isfile(path):
     tokenizer = tokenizer_lib.load_tokenizer(config.data.tokenizer, config.data.chat_template)
     written = gold.write_pairs(path, data[len(EMBEDDED):], config.data.difficulty, tokenizer,

@@ -162,7 +162,7 @@ def check_cold_start(config, tokenizer) -> None:
   if os.path.isdir(out) and os.listdir(out):
     raise StartupError(f"sft.out_dir={out!r} holds files that are not this config's SFT cold "
                        "start; choose another sft.out_dir")
-  _check_writable(out)
+  check_writable(out)
   s = config.sft
   width = config.data.prompt_bucket + config.rollout.max_new_tokens
   source = datasets.make_prompt_source(config.data, stream_seed=s.seed)
@@ -179,16 +179,17 @@ _NO_SOLUTIONS = ("SFT needs reference solutions; data.source={source!r} has none
                  "embedded task)")
 
 
-def _check_writable(out: str) -> None:
-  """The cold start is written beside ``out`` (``publish_atomically``): its nearest existing
-  ancestor must be a directory this process may write into."""
+def check_writable(out: str, key: str = "sft.out_dir") -> None:
+  """``out`` (the value of the config key ``key``) can be created: the cold start is written
+  beside it (``publish_atomically``), so its nearest existing ancestor must be a directory this
+  process may write into."""
   parent = os.path.dirname(os.path.abspath(out))
   while not os.path.exists(parent):
     parent = os.path.dirname(parent)
   if not os.path.isdir(parent) or not os.access(parent, os.W_OK | os.X_OK):
     what = "is not a directory" if not os.path.isdir(parent) else "cannot be written"
-    raise StartupError(f"sft.out_dir={out!r} cannot be created: {parent!r} {what}; choose "
-                       "another sft.out_dir")
+    raise StartupError(f"{key}={out!r} cannot be created: {parent!r} {what}; choose another "
+                       f"{key}")
 
 
 def sft_loss(model_cfg, params, tokens, attn, loss_mask, chunk: int):

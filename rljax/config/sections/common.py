@@ -2,6 +2,7 @@
 key (``Key.commands``)."""
 from __future__ import annotations
 
+from rljax.config.conditions import SFT_MODEL
 from rljax.config.declare import COMMANDS, Check, reads
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -9,5 +10,6 @@ STRING_TUPLE = Check(lambda v: isinstance(v, (tuple, list)) and all(isinstance(t
                      "a tuple of strings", tuple)
 
 ALL_COMMANDS = reads(*COMMANDS)  # every command that builds a model reads it
-RL_SFT = reads("train", "eval", "plan", "sft")  # the RL run's, and the SFT cold start's
+# The RL run's, and the SFT cold start's (`rljax rm` trains it first for a reward model on it).
+RL_SFT = reads("train", "eval", "plan", "sft", rm=SFT_MODEL)
 RL_RM = reads("train", "eval", "plan", "rm")  # the RL run's, and reward-model training's
