@@ -4,10 +4,13 @@ override of a key the command does not read (``Key.commands``) is refused before
 written."""
 import os
 
+import jax
 import pytest
 
-from rljax import cli
+import rljax
+from rljax import cli, models
 from rljax.config import effects
+from rljax.models import transformer
 from tests.train import tiny
 
 GRPO = os.path.join(tiny.ROOT, "configs", "algos", "grpo.py")
@@ -88,20 +91,52 @@ def test_a_config_files_values_are_not_refused_for_a_command_that_does_not_read_
   assert config.sft.steps == 3
 
 
+JUDGE = {"reward.sources": "verifier:1,judge:1"}
+
+
 @pytest.mark.parametrize("overrides,message", [
-    ({"reward.judge.source": "hf:/nowhere"},
+    ({**JUDGE, "reward.judge.source": "hf:/nowhere"},
      "reward.judge.source='hf:/nowhere': '/nowhere' is not a directory"),
-    ({"reward.judge.max_new_tokens": "100000000"},
+    ({**JUDGE, "reward.judge.max_new_tokens": "100000000"},
      "reward.judge.max_new_tokens=100000000 leaves no room for a prompt in the judge's context"),
+    # Was: a ValueError traceback at the first rollout.
+    ({"rollout.engine": "continuous", "rollout.kv_cache_bytes": "1"},
+     "rollout.kv_cache_bytes=1 holds no row: one row's cache of 16 slots takes 2048 bytes"),
+    # Was: 'RuntimeError: cuDNN is not detected.' at the first forward (on a CPU).
+    ({"model.attention": "cudnn"}, "model.attention='cudnn' needs a GPU; this process runs JAX "
+     "on cpu: use 'auto' (blockwise here)"),
 ])
-def test_a_judge_mistake_is_refused_before_the_run_dir_is_written(overrides, message, tmp_path,
-                                                                   capsys):
+def test_start_up_mistakes_are_refused_before_the_run_dir_is_written(overrides, message,
+                                                                      tmp_path, capsys):
   """Was: the run dir (config.json, data.json, checkpoints/, metrics.jsonl) was written, then the
-  judge was found wrong when the reward was built."""
+  mistake found when the reward, the engine or the first forward was built."""
+  if overrides.get("model.attention") == "cudnn" and jax.default_backend() == "gpu":
+    pytest.skip("cuDNN runs here")
   run = tmp_path / "run"
-  argv = tiny.args("grpo", str(run), {"reward.sources": "verifier:1,judge:1", **overrides})
-  code, _, err = _exit_code(argv, capsys)
+  code, _, err = _exit_code(tiny.args("grpo", str(run), overrides), capsys)
   assert code == 2 and err.count("\n") == 1 and message in err
+  assert not os.path.exists(run)
+
+
+def test_a_reward_models_tokenizer_is_checked_before_the_run_dir(tmp_path, capsys):
+  """Was: the run dir written, then 'data.tokenizer=... is neither...' (a key the user had not
+  set) when the reward was built."""
+  rm = str(tmp_path / "rm")
+  cfg = models.tiny_config(rljax.config(overrides={"model.hidden_size": 32,
+                                                   "model.intermediate_size": 64,
+                                                   "model.num_layers": 1}).model, 97,
+                           eos_token_id=1, pad_token_id=0).base
+  params = {k: v for k, v in transformer.init_params(cfg).items() if k != "lm_head"}
+  params["score"] = transformer.init_params(cfg.replace(num_layers=0, vocab_size=1),
+                                            head="score")["score"]
+  models.save_hf(rm, cfg, params)  # a reward model without tokenizer files
+  run = tmp_path / "run"
+  argv = tiny.args("grpo", str(run), {"reward.sources": "verifier:1,rm:1",
+                                      "reward.model.source": f"hf:{rm}",
+                                      "reward.model.tokenizer": "/nowhere"})
+  code, _, err = _exit_code(argv, capsys)
+  assert code == 2 and err == ("error: reward.model.tokenizer='/nowhere' is neither 'char' nor an "
+                               "existing local directory\n")
   assert not os.path.exists(run)
 
 

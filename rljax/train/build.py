@@ -25,6 +25,7 @@ from rljax.envs.episodes import EnvSettings
 from rljax.envs.failures import FailureReport
 from rljax.errors import ModelFileError, RljaxError, StartupError
 from rljax.models import ModelConfig, lora, transformer
+from rljax.models import attention as attention_lib
 from rljax.models.config import compute_dtype, run_settings
 from rljax.models.peft import check_peft_adapter, load_peft_adapter
 from rljax.models.source import (POLICY_SOURCES, ModelSource, check_same_tokenizer, parse_source,
@@ -500,6 +501,13 @@ def _check_model_files(config, algo: Algorithm, tokenizer) -> None:
     reward_model.check_files(config.reward.model)
   if judge.JUDGE_SOURCE in reward_weights(config.reward.sources):  # was: after the run dir
     judge.check_judge_files(config, tokenizer, resolve_model_config(config, tokenizer))
+  if config.rollout.kv_cache_bytes:  # was: a traceback at the first rollout
+    # The smallest row the sampler decodes (a prompt of one bucket) must fit.
+    cfg = rollout_lib.sampler.sampler_config(resolve_model_config(config, tokenizer),
+                                             config.rollout.dtype)
+    _startup(rollout_lib.sampler.slot_budget, cfg, 1, config.data.prompt_bucket,
+             config.rollout.max_new_tokens, None, config.rollout.kv_cache_bytes)
+  attention_lib.check_platform(config.model.attention)  # was: a traceback at the first call
 
 
 def _named(key: str, value: str, path: str) -> ModelConfig:
