@@ -194,6 +194,7 @@ def cmd_convert(argv):
   from rljax.models import peft, source
   run_dir.check_convert_target(args.run_dir, args.out, force=args.force)
   config = source.run_config(args.run_dir)
+  run_dir.check_policy_run(args.run_dir, f"convert {args.run_dir}")
   rank = config.model.get("lora", {}).get("rank", 0)
   form = args.format or ("peft" if rank else "merged")
   if form == "peft":

@@ -2,6 +2,7 @@
 ``--help`` (its usage and the config keys it reads), two ``--config`` files are refused, and an
 override of a key the command does not read (``Key.commands``) is refused before anything is
 written."""
+import json
 import os
 
 import jax
@@ -163,3 +164,30 @@ def test_rljax_rm_on_the_sft_cold_start_reads_what_the_cold_start_reads():
   assert effects.read_by("rm", "data.source", {"model.source": "sft", "teacher.source": ""})
   assert not effects.read_by("rm", "data.source", {"model.source": "tiny", "teacher.source": ""})
   assert effects.read_by("rm", "rm.steps") and not effects.read_by("rm", "algo.kl_coef")
+
+
+def _reward_model_run(path) -> str:
+  """A directory as `rljax rm` starts it: its config.json and a data.json naming its pairs."""
+  os.makedirs(path)
+  with open(os.path.join(path, "config.json"), "w") as f:
+    f.write(rljax.config().to_json_best_effort())
+  with open(os.path.join(path, "data.json"), "w") as f:
+    json.dump({"source": "embedded:arithmetic", "sha256": None,
+               "files": {"rm.train_file": {"path": "pairs.jsonl", "sha256": "0" * 64}}}, f)
+  return str(path)
+
+
+@pytest.mark.parametrize("use", ["train", "eval", "convert"])
+def test_a_reward_model_run_where_a_policy_is_read_is_one_line(use, tmp_path, capsys):
+  """Was: a 30-40 line traceback restoring its checkpoint (for `rljax train`, after the new run's
+  directory was written)."""
+  rm = _reward_model_run(tmp_path / "rm")
+  run = tmp_path / "run"
+  argv = {"train": tiny.args("grpo", str(run), {"model.source": f"run:{rm}"}),
+          "eval": ["eval", "--config", GRPO, "--checkpoint", rm],
+          "convert": ["convert", rm, str(tmp_path / "out")]}[use]
+  code, _, err = _exit_code(argv, capsys)
+  assert code == 2 and err.count("\n") == 1
+  assert f"{rm!r} is a reward-model run (`rljax rm`, trained on 'pairs.jsonl'), not a policy; a " \
+         f"reward model is read as reward.model.source='run:{rm}'" in err
+  assert not os.path.exists(run) and not os.path.exists(tmp_path / "out")

@@ -127,6 +127,7 @@ def check_run_source(config, source: ModelSource) -> None:
   config's tokenizer, holding a committed checkpoint (step ``STEP`` when given)."""
   named = f"model.source={source.text!r}"
   run_config(source.path)  # an rljax run directory at all
+  run_dir_lib.check_policy_run(source.path, named)
   check_same_tokenizer(config, source.path, named)
   steps = run_dir_lib.committed_steps(source.path)
   if not steps:
