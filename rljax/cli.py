@@ -12,6 +12,8 @@
                                            --markdown: the algorithm reference (docs/algorithms.md)
   keys              [--markdown] [PREFIX]  every config key: default, allowed values, doc
   sweep             STUDY [--parallel N] [--print-commands] [--aggregate-only]   an ablation study
+
+rljax COMMAND --help: the command's options, and the config keys it reads.
 """
 from __future__ import annotations
 
@@ -27,20 +29,71 @@ from rljax.errors import USER_ERROR, ArgumentParser, UsageError
 CONVERT_FORMATS = ("peft", "merged")  # rljax convert --format
 
 
-def _config(argv, *, required=True):
+# The commands that take a config file: what each does (the first line of its --help).
+CONFIG_COMMANDS = {
+    "train": "RL training of the config's run (its get_config(), overrides on top).",
+    "sft": "The supervised cold start of model.source='sft' (sft.*), written to sft.out_dir.",
+    "rm": "Reward-model training on preference pairs (rm.*; docs/reward_models.md).",
+    "eval": "pass@1 (with --samples K also pass@k and maj@k) of model.source, or of the latest "
+            "checkpoint of a run directory.",
+    "plan": "The memory plan of the config's run on a device mesh.",
+}
+
+
+class _Help(Exception):
+  """``rljax <command> --help``: its text, printed by ``main`` (exit status 0)."""
+
+
+def _parser(command: str, usage: str = "") -> ArgumentParser:
+  """The parser of a config command's own options; its ``--help`` (``command_help``) adds the
+  config keys the command reads."""
+  import argparse
+  import textwrap
+  return ArgumentParser(prog=f"rljax {command}",
+                        description=textwrap.fill(CONFIG_COMMANDS[command], 100),
+                        usage=f"rljax {command} --config PATH [--config.KEY=VALUE ...]{usage}",
+                        formatter_class=argparse.RawDescriptionHelpFormatter,
+                        epilog=_keys_read(command))
+
+
+def _keys_read(command: str) -> str:
+  """The config keys ``rljax <command>`` reads, by section (``Key.commands``)."""
+  import textwrap
+  from rljax.config import declare, effects
+  sections: dict = {}
+  for key in effects.command_keys(command):
+    leaf = key.name[len(key.section) + 1:] if key.section else key.name
+    mark = "" if key.commands[command] is declare.ALWAYS else "*"
+    sections.setdefault(key.section or "top level", []).append(leaf + mark)
+  lines = [f"--config PATH: a config file defining get_config() (configs/); --config.KEY=VALUE "
+           f"sets one of the keys rljax {command} reads (a key it does not read is refused); "
+           "`rljax keys KEY` gives a key's default, allowed values and doc; * = read only under "
+           "a condition it names.", "", f"config keys rljax {command} reads:"]
+  lines = [textwrap.fill(line, 100) for line in lines]
+  lines += [textwrap.fill(f"{section}: {', '.join(leaves)}", 100, initial_indent="  ",
+                          subsequent_indent="      ") for section, leaves in sections.items()]
+  return "\n".join(lines)
+
+
+def _config(argv, command: str, parser: ArgumentParser):
+  """The config of ``--config PATH`` with its ``--config.KEY=VALUE`` overrides, checked (values,
+  unread keys, relations; an override of a key ``command`` does not read) before anything is
+  built or written; and the other arguments. ``--help`` anywhere: the command's help."""
   path, overrides, rest = config_loader.split_config_args(argv)
+  if "-h" in rest or "--help" in rest:
+    raise _Help(parser.format_help())
   if path is None:
-    if required:
-      raise UsageError("--config PATH is required (e.g. --config configs/algos/dapo.py)")
-    return None, rest
+    raise UsageError("--config PATH is required (e.g. --config configs/algos/dapo.py; "
+                     f"rljax {command} --help)")
   config = config_loader.load_config(path, overrides)
   from rljax.config import checks as config_checks
-  config_checks.check_config(config)  # every value checked before anything is built
+  # Every value, then an override of a key the command does not read, before anything is built.
+  config_checks.check_config(config, command, [key for key, _ in overrides])
   return config, rest
 
 
 def cmd_train(argv):
-  config, rest = _config(argv)
+  config, rest = _config(argv, "train", _parser("train"))
   if rest:
     raise UsageError(f"unexpected arguments {rest}; train takes --config PATH and "
                      "--config.key=value overrides only")
@@ -58,7 +111,7 @@ def cmd_train(argv):
 
 
 def cmd_sft(argv):
-  config, rest = _config(argv)
+  config, rest = _config(argv, "sft", _parser("sft"))
   if rest:
     raise UsageError(f"unexpected arguments {rest}; sft takes --config PATH and "
                      "--config.key=value overrides only")
@@ -72,7 +125,7 @@ def cmd_sft(argv):
 
 
 def cmd_rm(argv):
-  config, rest = _config(argv)
+  config, rest = _config(argv, "rm", _parser("rm"))
   if rest:
     raise UsageError(f"unexpected arguments {rest}; rm takes --config PATH and "
                      "--config.key=value overrides only")
@@ -83,11 +136,11 @@ def cmd_rm(argv):
 
 
 def cmd_eval(argv):
-  config, rest = _config(argv)
-  parser = ArgumentParser(prog="rljax eval")
+  parser = _parser("eval", " [--samples K] [--checkpoint RUN_DIR]")
   parser.add_argument("--samples", type=int, default=1, help="k for pass@k and maj@k")
   parser.add_argument("--checkpoint", default=None,
                       help="an rljax run directory: its latest checkpoint is evaluated")
+  config, rest = _config(argv, "eval", parser)
   args = parser.parse_args(rest)
   from rljax.config import checks as config_checks
   config_checks.check_eval_samples(args.samples)
@@ -141,6 +194,7 @@ def cmd_convert(argv):
   from rljax.models import peft, source
   run_dir.check_convert_target(args.run_dir, args.out, force=args.force)
   config = source.run_config(args.run_dir)
+  run_dir.check_policy_run(args.run_dir, f"convert {args.run_dir}")
   rank = config.model.get("lora", {}).get("rank", 0)
   form = args.format or ("peft" if rank else "merged")
   if form == "peft":
@@ -184,10 +238,10 @@ def _export_atomically(out: str, write) -> None:
 
 
 def cmd_plan(argv):
-  config, rest = _config(argv)
-  parser = ArgumentParser(prog="rljax plan")
+  parser = _parser("plan", " [--device NAME]")
   parser.add_argument("--device", default=None,
                       help="v5p-64 | 8xh100-80g | cpu | 8x80GB (default: the config's plan.device)")
+  config, rest = _config(argv, "plan", parser)
   args = parser.parse_args(rest)
   from rljax import plan
   report = plan.plan_main(config, args.device)
@@ -250,7 +304,12 @@ def main(argv=None):
   command, rest = argv[0], argv[1:]
   if command not in COMMANDS:
     raise UsageError(f"unknown command {command!r}; commands: {sorted(COMMANDS)}")
-  return COMMANDS[command](rest)
+  try:
+    return COMMANDS[command](rest)
+  except _Help as shown:
+    text = str(shown)
+    sys.stdout.write(text)
+    return text
 
 
 class UserExit(SystemExit):

@@ -27,10 +27,10 @@ from typing import Any, Dict
 from rljax.config.table import KEY_BY_NAME, KEYS
 from rljax.config.relations import RELATIONS
 from rljax.errors import ConfigError, UnknownComponentError, UnusedKeyError
-from rljax.config.declare import Facts
+from rljax.config.declare import Facts, commands_words
 
 __all__ = ["ConfigError", "UnknownComponentError", "UnusedKeyError", "check_config",
-           "check_section", "check_unused", "check_eval_samples"]
+           "check_overrides", "check_section", "check_unused", "check_eval_samples"]
 
 
 def flat(config) -> Dict[str, Any]:
@@ -62,16 +62,41 @@ def check_section(section: str, values) -> None:
         raise _fail(key.name, values[leaf], allowed)
 
 
-def check_config(config) -> None:
+def check_config(config, command: str | None = None, overrides=()) -> None:
   """Raise a ``ConfigError`` (one line: key, value, what is allowed or why it is not read) for
-  the first bad value, unread key or broken relation that the config alone shows."""
+  the first bad value, unread key or broken relation that the config alone shows; with the
+  ``command`` that runs it (``rljax <command>``), also for a command-line override (``overrides``:
+  the dotted keys set) of a key the command does not read (``check_overrides``)."""
   values = flat(config)
   for name, value in values.items():
     if (allowed := KEY_BY_NAME[name].check(value)) is not None:
       raise _fail(name, value, allowed)
+  if command is not None:
+    check_overrides(command, config, overrides)
   facts = Facts(values)
   _check_read(facts)
   _check_relations(facts)
+
+
+def check_overrides(command: str, config, names) -> None:
+  """Refuse a ``--config.KEY`` override (``names``: the dotted keys the command line set) of a
+  key that ``rljax <command>`` does not read (``Key.commands``), or reads only under a condition
+  the config does not meet: one ``UnusedKeyError`` naming the key and who reads it. A config
+  file's values are not refused here (one file serves several commands: a job's ``sft.*`` for
+  ``rljax sft``, its ``model.lora.*`` for ``rljax train``)."""
+  values = flat(config)
+  for name in names:
+    key = KEY_BY_NAME.get(name)
+    if key is None:
+      continue
+    when = key.commands.get(command)
+    if when is None:
+      raise UnusedKeyError(f"--config.{name}: rljax {command} does not read {name}; it is read by "
+                           f"{commands_words(key)} (rljax {command} --help lists what it reads)")
+    facts = Facts(values)
+    if facts.known(when.needs) and not when.test(facts, name):
+      raise UnusedKeyError(f"--config.{name}: rljax {command} reads {name} only with "
+                           f"{when.words(name)}: {when.why_not(facts, name)}")
 
 
 def check_unused(config, algorithm=None, model=None) -> None:

@@ -25,6 +25,15 @@ MULTI_TURN = differs("env.name", None, "rollouts are single-turn (env.name=None)
                                        "to an environment or drop the key")
 LORA = above("model.lora.rank", 0, "model.lora.rank=0 (no adapters)")
 SFT_STOP = above("sft.stop_match", 0.0, "sft.stop_match=0 (SFT trains all sft.steps)")
+# The SFT cold start is read by a command whose run loads it: its policy (the reward model's start
+# under `rljax rm`; the judge 'policy' is the policy) or its distillation teacher.
+SFT_MODEL = When(lambda f, k: "sft" in (f["model.source"], f["teacher.source"]),
+                 "model.source or teacher.source 'sft'",
+                 "no model of the run is the SFT cold start (model.source and teacher.source are "
+                 "not 'sft')")
+# `rljax train` trains the RLHF demo's reward model first (rljax.train.rlhf) as `rljax rm` does.
+GOLD_COLD_START = above("reward.gold.pairs", 0, "the RLHF demo's reward-model cold start is off "
+                        "(reward.gold.pairs=0); `rljax rm` reads it")
 FRESH_MODEL = When(lambda f, k: f["model.source"] in ("tiny", "sft"),
                    "model.source='tiny' or 'sft'", lambda f, k: (
                        f"model.source={f['model.source']!r} brings its own architecture"))

@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
+import types
 from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
 
 from rljax import registries
@@ -318,14 +319,55 @@ def _component_message(f: Facts, key: str, also: Sequence[str] = ()) -> str:
   return f"by {described}" + (f"; it is read by {', '.join(readers)}" if readers else "")
 
 
+# --- what a key changes, and which commands read it ----------------------------------------------
+
+# A key's effect: what a different value changes. Resume (``rljax.runs.run_dir``), sweep
+# aggregation (``rljax.sweep.runner``) and the SFT cold start's stamp (``rljax.train.sft``) derive
+# which keys they compare from it (``rljax.config.effects``).
+RESULT = "result"
+EXTENT = "extent"
+MEASURE = "measure"
+LAYOUT = "layout"
+BOOKKEEPING = "bookkeeping"
+EFFECTS = {
+    RESULT: "changes the numbers a run produces: a resume refuses a change, a sweep compares it",
+    EXTENT: "how far the run trains (its steps): a resume may extend it, never shorten it",
+    MEASURE: "changes only what is measured (held-out evaluation): a resume accepts a change, a "
+             "sweep compares it",
+    LAYOUT: "how the same numbers are computed (sharding, chunking, caches, worker processes and "
+            "their bounds): a resume accepts a change, a sweep ignores it",
+    BOOKKEEPING: "where and how the run records itself (paths, checkpoints, logging, progress): "
+                 "a resume accepts a change, a sweep ignores it",
+}
+
+# The commands that take a config (``rljax <command> --config ...``). A key names the ones that
+# read it and when (``Key.commands``); the command line may set only a key its command reads
+# (``rljax.config.checks.check_overrides``).
+COMMANDS = ("train", "eval", "plan", "sft", "rm")
+
+
+def reads(*commands: str, **when: "When") -> Mapping[str, "When"]:
+  """``Key.commands``: ``commands`` read the key always, ``name=WHEN`` under ``WHEN``."""
+  return types.MappingProxyType({**{c: ALWAYS for c in commands}, **when})
+
+
+RL_COMMANDS = reads("train", "eval", "plan")  # a key of the RL run (the default)
+
+
 @dataclasses.dataclass(frozen=True)
 class Key:
-  """One config key: its dotted name, default, check, one-line doc and when it is read."""
+  """One config key: its dotted name, default, check, one-line doc, when it is read
+  (``read_if``: any value away from the default is refused when it is false), its ``effect``
+  (``EFFECTS``) and the ``commands`` that read it (``reads(...)``; a command-line override for
+  another command is refused)."""
   name: str
   default: Any
   check: Check
   doc: str
   read_if: When = ALWAYS
+  effect: str = RESULT
+  commands: Mapping[str, When] = dataclasses.field(default_factory=lambda: RL_COMMANDS,
+                                                   hash=False, compare=False)
 
   @property
   def section(self) -> str:
@@ -351,6 +393,12 @@ def declare(keys: Sequence[Key]) -> Tuple[Key, ...]:
     if key.name in seen:
       raise ValueError(f"config key {key.name!r} is declared twice")
     seen.add(key.name)
+    if key.effect not in EFFECTS:
+      raise ValueError(f"config key {key.name!r}: effect {key.effect!r} is not one of "
+                       f"{sorted(EFFECTS)}")
+    if not set(key.commands) <= set(COMMANDS):
+      raise ValueError(f"config key {key.name!r}: commands {sorted(key.commands)} are not all "
+                       f"of {list(COMMANDS)}")
     if key.check.family:
       _KEY_CHECKS[key.name] = key.check
   return tuple(keys)
@@ -364,31 +412,50 @@ def _allowed(key: Key) -> str:
   return key.check.allowed
 
 
+def commands_words(key: Key) -> str:
+  """``'sft; train, rm with model.source='sft''``: the commands that read ``key`` always, then
+  those that read it under a condition, grouped by the condition."""
+  groups: Dict[str, list] = {}
+  for command in COMMANDS:
+    when = key.commands.get(command)
+    if when is not None:
+      groups.setdefault("" if when is ALWAYS else when.words(key.name), []).append(command)
+  return "; ".join(", ".join(names) + (f" with {words}" if words else "")
+                   for words, names in sorted(groups.items(), key=lambda item: item[0] != ""))
+
+
 def text_table(declared: Sequence[Key], prefix: str = "") -> str:
   """``rljax keys``: one block per key."""
   return "\n".join(
       f"{k.name} = {k.default!r}\n    {k.doc}\n    allowed: {_allowed(k)}"
       + ("" if k.read_if is ALWAYS else f"\n    read with: {k.read_if.words(k.name)}")
+      + f"\n    effect: {k.effect}; read by: {commands_words(k)}"
       for k in declared if k.name.startswith(prefix))
 
 
 def markdown_table(declared: Sequence[Key], relations: Sequence[Relation] = ()) -> str:
   """``docs/config.md``, generated from the declarations (a test keeps the file in step)."""
   lines = ["# Config keys", "",
-           "Generated from `rljax/config/table.py` by `python -m rljax keys --markdown`; do not edit.",
+           "Generated from the key table (`rljax/config/sections/`, listed by "
+           "`rljax/config/table.py`) by `python -m rljax keys --markdown`; do not edit.",
            "Override any key with `--config.KEY=VALUE`. A key set away from its default is read "
-           "only under its *read with* condition; otherwise the run stops naming it.", ""]
+           "only under its *read with* condition; otherwise the run stops naming it. *read by*: "
+           "the commands that read it (`rljax <command> --help` lists them); the command line may "
+           "set a key only for a command that reads it.", "",
+           "*effect*, what another value changes (a resume and a sweep compare runs by it):", ""]
+  lines += [f"- `{name}`: {words}" for name, words in EFFECTS.items()]
   section = None
   cell = lambda text: str(text).replace("|", "\\|")
   for k in declared:
     if k.section != section:
       section = k.section
       lines += ["", f"## {section or 'top level'}", "",
-                "| key | default | allowed | read with | what |", "|---|---|---|---|---|"]
+                "| key | default | allowed | read with | effect | read by | what |",
+                "|---|---|---|---|---|---|---|"]
     # Registered names are listed by `rljax components` (plugins and notebooks add more).
     read = "" if k.read_if is ALWAYS else cell(k.read_if.words(k.name))
     lines.append(f"| `{k.name}` | `{k.default!r}` | {cell(k.check.allowed)} | {read} | "
-                 f"{cell(k.doc)} |")
+                 f"{k.effect} | {cell(commands_words(k))} | {cell(k.doc)} |")
   if relations:
     lines += ["", "## Between keys", "", "Checked at start-up, before anything is built.", ""]
     lines += [f"- {', '.join(f'`{name}`' for name in r.keys)}: {r.says}" for r in relations]

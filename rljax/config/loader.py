@@ -139,12 +139,17 @@ def split_config_args(argv: list[str]) -> tuple[str | None, list[tuple[str, str]
   i = 0
   while i < len(argv):
     arg = argv[i]
-    if arg == "--config":
-      path = _flag_value(argv, i, "a config file path, e.g. --config configs/algos/grpo.py")
-      i += 2
-      continue
-    if arg.startswith("--config="):
-      path, i = arg.split("=", 1)[1], i + 1
+    if arg == "--config" or arg.startswith("--config="):
+      if arg == "--config":
+        given = _flag_value(argv, i, "a config file path, e.g. --config configs/algos/grpo.py")
+        i += 2
+      else:
+        given, i = arg.split("=", 1)[1], i + 1
+      if path is not None:  # the second file would replace the first, silently
+        raise UsageError(f"--config given twice ({path!r}, then {given!r}): a command reads one "
+                         "config file; start one file from the other with based_on() "
+                         "(rljax.config.loader) and pass that")
+      path = given
       continue
     if arg.startswith("--config."):
       body = arg[len("--config."):]

@@ -57,6 +57,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rljax.errors import StartupError
 from rljax.models.config import ATTENTION_BACKENDS as BACKENDS
 MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
 DEFAULT_BLOCK = 128
@@ -84,6 +85,21 @@ def auto_backend(platform: str) -> str:
   (float32 compute attends in bfloat16 inputs with float32 accumulation, ``cudnn_attention``),
   splash attention on TPUs; blockwise (memory linear in the length) on CPU."""
   return {"gpu": "cudnn", "tpu": "pallas"}.get(platform, "blockwise")
+
+
+# model.attention values that need one platform (``jax.default_backend()``).
+PLATFORM_KERNELS = {"cudnn": "gpu"}
+
+
+def check_platform(backend: str, platform: str | None = None) -> None:
+  """Refuse ``model.attention=backend`` where its kernel cannot run (cuDNN off a GPU), in one
+  line before anything is built or written."""
+  platform = platform or jax.default_backend()
+  needs = PLATFORM_KERNELS.get(backend)
+  if needs and platform != needs:
+    raise StartupError(f"model.attention={backend!r} needs a {needs.upper()}; this process runs "
+                       f"JAX on {platform}: use 'auto' ({auto_backend(platform)} here), "
+                       "'blockwise' or 'xla'")
 
 
 def attention(q, k, v, k_segments, *, q_offset=0, window: int | None = None,

@@ -30,6 +30,14 @@ DECLARED_FIELDS = ("remat", "scan_layers", "attention", "attention_block", "moe_
                    "moe_capacity_factor", "router_replay")
 
 
+def _check_declared(key: str, value) -> None:
+  """``value`` against the declaration of the config key ``key`` (rljax/config/sections/):
+  a ModelConfig built by hand is held to what ``--config`` allows."""
+  allowed = KEY_BY_NAME[key].check(value)
+  if allowed is not None:
+    raise ConfigError(f"{key}={value!r} is not allowed: expected {allowed}")
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
   """Hyperparameters of a decoder-only transformer, named as ``transformers`` names them.
@@ -101,9 +109,7 @@ class ModelConfig:
     if isinstance(key, bool) or key in ("true", "false"):
       object.__setattr__(self, "remat", old[key])
     for name in DECLARED_FIELDS:  # a direct call gets the checks a config gets
-      value = getattr(self, name)
-      if (allowed := KEY_BY_NAME[f"model.{name}"].check(value)) is not None:
-        raise ConfigError(f"model.{name}={value!r} is not allowed: expected {allowed}")
+      _check_declared(f"model.{name}", getattr(self, name))
     if self.sliding_window is not None and self.sliding_window < 1:
       raise ValueError(f"sliding_window={self.sliding_window}: must be >= 1 or None")
     if self.model_type not in supported_model_types():
@@ -131,8 +137,7 @@ class ModelConfig:
       object.__setattr__(self, "eos_token_id", tuple(self.eos_token_id))
 
   def _check_lora(self) -> None:
-    if not isinstance(self.lora_rank, int) or self.lora_rank < 0:
-      raise ConfigError(f"model.lora.rank={self.lora_rank!r}: expected an integer >= 0")
+    _check_declared("model.lora.rank", self.lora_rank)
     try:
       object.__setattr__(self, "lora_targets", lora.resolve_targets(self.lora_targets))
     except ValueError as e:
@@ -140,8 +145,8 @@ class ModelConfig:
     if self.lora_rank and (self.fused_qkv or self.fused_mlp):
       raise ValueError("adapters attach to the unfused q/k/v and gate/up kernels; the fused "
                        "(sampler) layout is built from merged weights (lora.merge_adapters)")
-    if self.lora_rank and not self.lora_alpha > 0:
-      raise ConfigError(f"model.lora.alpha={self.lora_alpha!r}: expected a number > 0")
+    if self.lora_rank:
+      _check_declared("model.lora.alpha", self.lora_alpha)
 
   @property
   def base(self) -> "ModelConfig":

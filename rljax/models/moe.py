@@ -67,9 +67,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from rljax.config.table import options
 from rljax.models import lora
 
-DISPATCHES = ("dense", "sparse", "capacity")
+DISPATCHES = options("model.moe_dispatch")  # declared once, in the key table
 PROJECTIONS = ("gate_proj", "up_proj", "down_proj")  # the expert kernels, as named in the tree
 # The sparse dispatch's blocks (``block_rows``): the most rows of padding it adds, as a share of
 # the T*k token-choice pairs (the FLOPs it may add), the most rows of a block, and what one

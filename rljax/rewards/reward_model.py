@@ -84,14 +84,29 @@ def model_dir(text: str, key: str = SOURCE_KEY) -> tuple[ModelSource, str]:
 
 
 def check_files(rm_section) -> ModelConfig:
-  """The reward model's architecture from config.json and the safetensors headers (under a
-  second): a missing directory, a checkpoint that is not a sequence classifier with one label,
-  a truncated file or a wrong shape is found before anything is loaded."""
-  _, path = model_dir(rm_section.source)
+  """The reward model's architecture from config.json and the safetensors headers, and its
+  tokenizer (under a second): a missing directory, a checkpoint that is not a sequence
+  classifier with one label, a truncated file, a wrong shape, a tokenizer that is missing, not
+  the model's or of another chat-template setting is found before anything is loaded (before the
+  run dir is claimed: rljax.train.build)."""
+  source, path = model_dir(rm_section.source)
   try:
-    return models.check_hf_dir(path, head="score")
+    cfg = models.check_hf_dir(path, head="score")
   except ModelFileError as e:
     raise type(e)(f"{SOURCE_KEY}={rm_section.source!r}: {e}") from None
+  reward_tokenizer(rm_section, source, path, cfg.vocab_size)
+  return cfg
+
+
+def reward_tokenizer(rm_section, source: ModelSource, path: str, vocab: int):
+  """``load_tokenizer``, refused when it has more ids than the model's vocabulary ``vocab``."""
+  tokenizer = load_tokenizer(rm_section, source, path)
+  if tokenizer.vocab_size > vocab:
+    raise TokenizerError(
+        f"{SOURCE_KEY}={rm_section.source!r}: its tokenizer has {tokenizer.vocab_size} ids, more "
+        f"than the model's vocabulary of {vocab}: it is not the reward model's tokenizer (set "
+        "reward.model.tokenizer)")
+  return tokenizer
 
 
 def load_tokenizer(rm_section, source: ModelSource, path: str):
@@ -113,7 +128,14 @@ def load_tokenizer(rm_section, source: ModelSource, path: str):
                            "files; name the reward model's tokenizer in reward.model.tokenizer "
                            "('char' or a local Hugging Face tokenizer directory)")
     name = path
-  return tokenizer_lib.load_tokenizer(name, rm_section.chat_template)
+  try:
+    return tokenizer_lib.load_tokenizer(name, rm_section.chat_template)
+  except TokenizerError as e:
+    if not rm_section.tokenizer and not rm_section.chat_template:
+      raise
+    # Its messages name the run's own keys; these are the reward model's.
+    raise TokenizerError(str(e).replace("data.tokenizer=", "reward.model.tokenizer=").replace(
+        "data.chat_template=", "reward.model.chat_template=")) from None
 
 
 def param_shardings(mesh, cfg: ModelConfig):
@@ -221,13 +243,7 @@ def load_reward_model(config, policy_tokenizer, mesh) -> RewardModel:
   """The reward model of ``config.reward.model`` placed on ``mesh``, with its tokenizer."""
   rm = config.reward.model
   source, path = model_dir(rm.source)
-  vocab = check_files(rm).vocab_size
-  tokenizer = load_tokenizer(rm, source, path)
-  if tokenizer.vocab_size > vocab:
-    raise TokenizerError(
-        f"{SOURCE_KEY}={rm.source!r}: its tokenizer has {tokenizer.vocab_size} ids, more than "
-        f"the model's vocabulary of {vocab}: it is not the reward model's tokenizer (set "
-        "reward.model.tokenizer)")
+  tokenizer = reward_tokenizer(rm, source, path, check_files(rm).vocab_size)
   cfg, params = models.load_hf(path, dtype=rm.dtype or compute_dtype(config.model.dtype),
                                param_dtype=config.model.param_dtype, head="score")
   cfg = cfg.replace(**run_settings(config.model)).base  # the policy's adapters are not its

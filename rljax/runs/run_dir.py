@@ -9,8 +9,10 @@
 * **Fresh or resume.** ``train.resume=True`` needs a run there (its ``config.json`` or a committed
   checkpoint): a misspelt path is an error, not a silent fresh start. A fresh run refuses a
   directory holding committed checkpoints. A resumed run must have the same config as the run
-  that wrote the directory, except the keys in ``RESUMABLE_CHANGES`` and those the user names in
-  ``train.resume_override``; ``train.steps`` may grow but not fall below the latest checkpoint.
+  that wrote the directory, except the keys whose declared effect is not ``result``
+  (``rljax.config.effects.resumable``: where and how often to write, evaluate and show things,
+  how to lay the same computation out) and those the user names in ``train.resume_override``;
+  ``train.steps`` may grow but not fall below the latest checkpoint.
 * **Same data.** ``data.json`` records the sha256 of the files a file ``data.source`` reads, and
   of the other files the command names (``rljax rm``'s pairs); a resume whose files differ is
   refused unless the key is named in ``train.resume_override`` (the data order and the eval set
@@ -38,6 +40,7 @@ import tempfile
 import time
 
 from rljax import errors
+from rljax.config import effects
 from rljax.errors import RljaxError, RunDirError, StartupError
 from rljax.data import sources
 from rljax.parallel import distributed
@@ -48,26 +51,6 @@ LOCK_FILE = "run.lock"
 CONFIG_FILE = "config.json"
 DATA_FILE = "data.json"
 ENV_FAILURES_FILE = "env_failures.jsonl"  # failed environment calls (rljax.envs.failures)
-
-# Keys that may differ between the run that wrote a directory and the run resuming it: where
-# and how often to write, evaluate and show things, and how to lay the same computation out.
-RESUMABLE_CHANGES = (
-    "train.steps", "train.resume", "train.resume_override", "train.run_dir", "train.progress",
-    "train.eval_every", "train.checkpoint_every", "train.keep_checkpoints", "train.export_hf",
-    "train.compilation_cache",
-    "reward.workers", "reward.timeout_s", "reward.max_logged_failures", "data.num_eval",
-    "reward.max_worker_memory_mb", "reward.worker_max_calls", "train.preempt_grace_s",
-    "mesh.data", "mesh.fsdp", "mesh.expert", "mesh.context", "mesh.tensor", "mesh.cpu_devices",
-    "mesh.sampler_devices",
-    "mesh.learner_devices", "dist.mode", "dist.coordinator_address",
-    "dist.num_processes", "dist.process_id", "model.remat", "model.scan_layers",
-    "model.logits_chunk", "model.forward_tokens", "model.parallel_chunks",
-    "model.pack",
-    "sft.out_dir", "train.loggers", "train.tracker_project", "train.tracker_run_name",
-    "train.tracker_group", "train.tracker_tags", "train.mlflow_tracking_uri",
-    "rm.steps", "rm.eval_every",  # `rljax rm`: as train.steps and train.eval_every
-)
-
 
 class RunLock:
   """An exclusive ``flock`` on ``<run_dir>/run.lock``; ``release()`` (or process death) frees it."""
@@ -166,13 +149,13 @@ def flatten_config(tree, prefix: str = "") -> dict:
 
 
 def config_differences(saved: dict, current: dict, allowed=()) -> list[str]:
-  """``'key: saved -> current'`` for every key that differs, except ``RESUMABLE_CHANGES``, the
-  ``allowed`` keys and their sub-keys."""
-  skip = tuple(RESUMABLE_CHANGES) + tuple(allowed)
+  """``'key: saved -> current'`` for every key that differs, except the resumable ones (their
+  declared effect: ``rljax.config.effects.resumable``), the ``allowed`` keys and their sub-keys."""
+  skip = tuple(allowed)
   a, b = flatten_config(saved), flatten_config(current)
   diffs = []
   for key in sorted(set(a) | set(b)):
-    if any(key == s or key.startswith(s + ".") for s in skip):
+    if effects.resumable(key) or any(key == s or key.startswith(s + ".") for s in skip):
       continue
     if a.get(key, "<absent>") != b.get(key, "<absent>"):
       diffs.append(f"{key}: {a.get(key, '<absent>')!r} -> {b.get(key, '<absent>')!r}")
@@ -219,6 +202,18 @@ def check_start(config, current: dict, steps_key: str = "train.steps") -> None:
     raise RunDirError(f"{run_dir} already holds checkpoints {steps}: pass "
                       "--config.train.resume=True to continue it, or choose another "
                       "train.run_dir")
+
+
+def check_policy_run(run_dir: str, what: str) -> None:
+  """Refuse a reward-model run (``rljax rm``: its ``data.json`` fingerprints the pairs file)
+  where a policy's run is read (``what``: ``model.source='run:DIR'``, ``eval --checkpoint``,
+  ``convert``): its checkpoints hold a scalar head, not a policy, and restoring them was a
+  traceback after the new run's directory was written."""
+  files = _read_record(os.path.join(run_dir, DATA_FILE)).get("files") or {}
+  if "rm.train_file" in files:
+    raise RunDirError(f"{what}: {run_dir!r} is a reward-model run (`rljax rm`, trained on "
+                      f"{files['rm.train_file'].get('path')!r}), not a policy; a reward model is "
+                      f"read as reward.model.source='run:{run_dir}'")
 
 
 def write_config(run_dir: str, config_json: str) -> None:

@@ -47,7 +47,7 @@ import threading
 import time
 from typing import Callable, Iterable
 
-from rljax.config import loader as config_loader, table
+from rljax.config import effects, loader as config_loader, table
 from rljax import lifetime
 from rljax.registries import LOGGERS
 from rljax.sweep import study as study_lib
@@ -58,13 +58,12 @@ from rljax.runs.run_dir import flatten_config
 
 WALL_FILE = "sweep_wall.json"  # per run dir: wall time and exit status of each attempt
 LOG_FILE = "sweep.log"  # per run dir: stdout and stderr of the train subprocess
-# Keys that change neither what a run computes nor its results: a run dir written with other
-# values (or before the key existed) is the same run. The run dir itself is one: a run linked
-# from another study (finished_twin) or a study root moved elsewhere holds the same run.
-_IGNORED_CONFIG_KEYS = {"train.run_dir", "train.resume", "train.progress", "reward.workers",
-                        "train.compilation_cache", "train.loggers", "train.tracker_project",
-                        "train.tracker_run_name", "train.tracker_group", "train.tracker_tags",
-                        "train.mlflow_tracking_uri"}
+# Keys that change neither what a run computes nor its results (their declared effect, layout or
+# bookkeeping: rljax.config.effects.same_result): a run dir written with other values (or before
+# the key existed) is the same run. The run dir itself is one: a run linked from another study
+# (finished_twin) or a study root moved elsewhere holds the same run.
+def _ignored(key: str) -> bool:
+  return effects.same_result(key)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,16 +170,15 @@ def check_same_config(spec: RunSpec, config_path: str, finished: bool = False) -
   with open(saved) as f:
     have = flatten_config(json.load(f))
   default = _default_config()
-  differing = sorted(k for k in (set(want) | set(have)) - _IGNORED_CONFIG_KEYS
-                     if want.get(k, _MISSING) != have.get(k, _MISSING))
+  differing = sorted(k for k in (set(want) | set(have))
+                     if not _ignored(k) and want.get(k, _MISSING) != have.get(k, _MISSING))
   chosen = {k for k, _ in spec.overrides}
   # A key the study leaves at today's default, while the run has another value: the default moved.
   # A key the run lacks (rljax added it later) wanted at its default: a new key's default is what
   # rljax did before it, also where the study names that value.
   drift = [k for k in differing
            if want.get(k, _MISSING) == default.get(k, _MISSING)
-           and (k not in chosen or have.get(k, _MISSING) == _MISSING)
-           or k == "sft.out_dir"]  # named by a hash of the config: it moves with any default
+           and (k not in chosen or have.get(k, _MISSING) == _MISSING)]
   if not differing or (finished and drift == differing):
     return [f"{k}: run dir has {have.get(k, _MISSING)!r}, today's default {want.get(k, _MISSING)!r}"
             for k in drift]
@@ -207,8 +205,8 @@ def _wanted_config(spec: RunSpec, config_path: str) -> dict:
 
 def _comparable(flat: dict) -> dict:
   """A flattened config without the keys that differ between two runs of the same computation
-  (``_IGNORED_CONFIG_KEYS``)."""
-  return {k: v for k, v in flat.items() if k not in _IGNORED_CONFIG_KEYS}
+  (``_ignored``)."""
+  return {k: v for k, v in flat.items() if not _ignored(k)}
 
 
 def finished_twin(spec: RunSpec, config_path: str) -> str | None:
@@ -252,8 +250,10 @@ def train_argv(spec: RunSpec, config_path: str, python: str = sys.executable) ->
 
 
 def sft_argv(spec: RunSpec, config_path: str, python: str = sys.executable) -> tuple[str, ...]:
+  """The run's cold start: ``rljax sft`` with the run's overrides of the keys it reads (it
+  refuses the others, e.g. the algorithm's)."""
   return (python, "-m", "rljax", "sft", "--config", config_path,
-          *[f"--config.{k}={v}" for k, v in spec.overrides])
+          *[f"--config.{k}={v}" for k, v in spec.overrides if effects.read_by("sft", k)])
 
 
 def sft_is_ready(spec: RunSpec, config_path: str) -> bool:

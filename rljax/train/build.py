@@ -25,13 +25,14 @@ from rljax.envs.episodes import EnvSettings
 from rljax.envs.failures import FailureReport
 from rljax.errors import ModelFileError, RljaxError, StartupError
 from rljax.models import ModelConfig, lora, transformer
+from rljax.models import attention as attention_lib
 from rljax.models.config import compute_dtype, run_settings
 from rljax.models.peft import check_peft_adapter, load_peft_adapter
 from rljax.models.source import (POLICY_SOURCES, ModelSource, check_same_tokenizer, parse_source,
                                  run_config)
 from rljax.parallel import distributed, mesh as mesh_lib, rules
 from rljax.rewards import sources as reward_sources
-from rljax.rewards import gold, reward_model, checkers
+from rljax.rewards import gold, judge, reward_model, checkers
 from rljax.registries import EPISODE_ENGINES, ROLLOUT_ENGINES
 from rljax.rollout.engines import EpisodeEngine, Placement, RolloutEngine
 from rljax.runs import run_dir as run_dir_lib
@@ -126,6 +127,7 @@ def check_run_source(config, source: ModelSource) -> None:
   config's tokenizer, holding a committed checkpoint (step ``STEP`` when given)."""
   named = f"model.source={source.text!r}"
   run_config(source.path)  # an rljax run directory at all
+  run_dir_lib.check_policy_run(source.path, named)
   check_same_tokenizer(config, source.path, named)
   steps = run_dir_lib.committed_steps(source.path)
   if not steps:
@@ -498,6 +500,15 @@ def _check_model_files(config, algo: Algorithm, tokenizer) -> None:
   if REWARD_MODEL_SOURCE in reward_weights(config.reward.sources) and \
       not gold.cold_start_pending(config):  # else trained first (rljax.train.rlhf), then read
     reward_model.check_files(config.reward.model)
+  if judge.JUDGE_SOURCE in reward_weights(config.reward.sources):  # was: after the run dir
+    judge.check_judge_files(config, tokenizer, resolve_model_config(config, tokenizer))
+  if config.rollout.kv_cache_bytes:  # was: a traceback at the first rollout
+    # The smallest row the sampler decodes (a prompt of one bucket) must fit.
+    cfg = rollout_lib.sampler.sampler_config(resolve_model_config(config, tokenizer),
+                                             config.rollout.dtype)
+    _startup(rollout_lib.sampler.slot_budget, cfg, 1, config.data.prompt_bucket,
+             config.rollout.max_new_tokens, None, config.rollout.kv_cache_bytes)
+  attention_lib.check_platform(config.model.attention)  # was: a traceback at the first call
 
 
 def _named(key: str, value: str, path: str) -> ModelConfig:

@@ -21,7 +21,7 @@ from rljax.rewards import checkers
 from rljax.models.source import check_same_tokenizer, run_config
 from rljax.train import build, generation
 from rljax.train.build import load_run_params
-from rljax.runs.run_dir import RunDirError
+from rljax.runs.run_dir import RunDirError, check_policy_run
 from rljax.parallel import mesh as mesh_lib
 
 EVAL_BATCH = 128  # problems per sampler call
@@ -47,6 +47,7 @@ def checkpoint_config(config, run_dir: str, overridden=()) -> ml_collections.Con
   that the command line overrides (``overridden``: the ``--config.KEY`` names) taken from
   ``config``; any other ``model.*`` override whose value differs from the run's is an error."""
   saved = run_config(run_dir)
+  check_policy_run(run_dir, f"eval --checkpoint {run_dir}")
   for key in overridden:
     section, _, name = key.partition(".")
     if section != "model" or not name:

@@ -21,6 +21,7 @@ import numpy as np
 import optax
 
 from rljax import algos, models
+from rljax.config import effects
 from rljax.data import datasets
 from rljax.envs import tools, validate
 from rljax.envs.episodes import message_turns
@@ -33,23 +34,24 @@ from rljax.runs.run_dir import check_creatable, flatten_config
 STAMP_FILE = "rljax_sft_stamp.json"
 
 
-# Keys SFT does not read: the eval split is held out by a hash of the prompt, so the eval keys do
-# not change what the cold start trains on, and its examples come from the stream of sft.seed,
-# not data.train_seed (the RL run's order of prompts).
-_UNREAD_DATA_KEYS = ("eval_seed", "num_eval", "train_seed")
-
-
 def cold_start_stamp(config) -> dict:
-  """What the cold start depends on; a saved one is reused while its stamp is equal. Its own
-  directory is not part of it, so a cold start moved elsewhere, or named by a relative path in one
-  run and an absolute one in another, is still found valid. Nor is the run's ``seed``: the cold
-  start's init and examples are drawn from ``sft.seed``, so the seeds of a study are RL runs from
-  one cold start, as runs of the field start from one pretrained model."""
-  data = {k: v for k, v in config.data.to_dict().items() if k not in _UNREAD_DATA_KEYS}
-  sft = {k: v for k, v in config.sft.to_dict().items() if k != "out_dir"}
-  # The adapters a run puts on the cold start (model.lora.*) are not part of it.
-  model = {k: v for k, v in config.model.to_dict().items() if k != "lora"}
-  stamp = {"sft": sft, "model": model, "data": data}
+  """What the cold start depends on; a saved one is reused while its stamp is equal: the
+  ``sft``, ``model`` and ``data`` keys that ``rljax sft`` reads (``Key.commands``; e.g. not the
+  adapters a run puts on the cold start, ``model.lora.*``, nor ``data.train_seed``, the RL run's
+  order of prompts: its examples come from the stream of ``sft.seed``; nor the eval keys: the eval
+  split is held out by a hash of the prompt), less its own directory (``sft.out_dir``, a
+  bookkeeping key), so a cold start moved elsewhere, or named by a relative path in one run and an
+  absolute one in another, is still found valid. Nor is the run's ``seed``: the cold start's init
+  and examples are drawn from ``sft.seed``, so the seeds of a study are RL runs from one cold
+  start, as runs of the field start from one pretrained model."""
+  stamp = {"sft": {}, "model": {}, "data": {}}
+  for name in effects.sft_stamp_keys():
+    *sections, leaf = name.split(".")
+    node, tree = config, stamp
+    for section in sections:
+      node, tree = node[section], tree.setdefault(section, {})
+    value = node[leaf]
+    tree[leaf] = value.to_dict() if hasattr(value, "to_dict") else value
   if config.env.name is not None:
     # Multi-turn cold starts leave the observations unlearned; ones saved before did not.
     stamp["observations"] = "unlearned"

@@ -346,7 +346,8 @@ def test_the_reward_model_and_the_judge_are_counted_and_their_sources_checked(tm
   path = hf_models.build_reward_model("llama", str(tmp_path / "rm"))
   rm_bytes = sum(a.nbytes for a in load_file(os.path.join(path, "model.safetensors")).values())
   p = plan_lib.plan(_reward_config(**{"reward.sources": "verifier:1,rm:0.5,judge:0.5",
-                                      "reward.model.source": f"hf:{path}"}), "cpu")
+                                      "reward.model.source": f"hf:{path}",
+                                      "reward.model.tokenizer": "char"}), "cpu")
   assert p["bytes"]["reward_model_params"] == rm_bytes
   assert p["bytes"]["judge_params"] == base["bytes"]["params"]  # unsharded: all of them
   _, cfg = plan_lib.model_config(_reward_config(), device_kind="cpu")
@@ -362,6 +363,6 @@ def test_the_reward_model_and_the_judge_are_counted_and_their_sources_checked(tm
   for key, value in (("reward.model.source", "hf:/no/such/rm"),
                      ("reward.judge.source", "hf:/no/such/judge")):
     sources = {"reward.sources": "verifier:1,rm:0.5,judge:0.5",
-               "reward.model.source": f"hf:{path}", key: value}
+               "reward.model.source": f"hf:{path}", "reward.model.tokenizer": "char", key: value}
     with pytest.raises(ModelFileError, match=f"{key}='{value}'"):
       plan_lib.plan(_reward_config(**sources), "cpu")

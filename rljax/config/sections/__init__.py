@@ -1,0 +1,1 @@
+"""The key table by section (``rljax/config/table.py`` concatenates them into ``KEYS``)."""
