@@ -202,7 +202,8 @@ def test_plan_sets_seed_data_order_and_one_cold_start_for_all_seeds(tmp_path):
   assert "--config.train.resume=True" not in argv and "--config.algo.clip_eps_high=0.28" in argv
   # ... one that has started resumes.
   os.makedirs(specs[4].run_dir)
-  open(os.path.join(specs[4].run_dir, "config.json"), "w").close()
+  with open(os.path.join(specs[4].run_dir, "config.json"), "w") as f:
+    f.write('{"train": {"steps": 2}}')  # an rljax config (an HF export's config.json is not)
   assert runner.train_argv(specs[4], study.config_path())[-1] == "--config.train.resume=True"
 
 
