@@ -1,0 +1,184 @@
+"""Qwen2.5-VL against ``transformers``: a tiny random model built here (2 vision blocks, one of
+them windowed, patches of 4 pixels; a 2-layer text model), the Hugging Face image processor for
+pixels and grid sizes, logits with several images per row, images in the middle of the text,
+rows with and without images; the export round trip."""
+import os
+
+import jax
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from rljax.models import hf  # noqa: E402
+from rljax.models.config import ModelConfig  # noqa: E402
+from rljax.vision import multimodal, qwen2_5_vl  # noqa: E402
+
+VOCAB, IMAGE, START, END = 128, 120, 118, 119
+
+
+def _hf_config():
+  return transformers.Qwen2_5_VLConfig(
+      text_config=dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                       rope_parameters=dict(rope_type="default", rope_theta=1e4,
+                                            mrope_section=[2, 3, 3]),
+                       tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, pad_token_id=0),
+      vision_config=dict(depth=2, hidden_size=32, intermediate_size=48, num_heads=2, patch_size=4,
+                         spatial_merge_size=2, temporal_patch_size=2, window_size=16,
+                         out_hidden_size=64, fullatt_block_indexes=[1], in_channels=3),
+      image_token_id=IMAGE, video_token_id=121, vision_start_token_id=START,
+      vision_end_token_id=END, tie_word_embeddings=False)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+  """(path, transformers model, rljax cfg, params)."""
+  path = str(tmp_path_factory.mktemp("qwen2_5_vl"))
+  torch.manual_seed(0)
+  model = transformers.Qwen2_5_VLForConditionalGeneration(_hf_config()).float().eval()
+  with torch.no_grad():
+    for name, p in model.named_parameters():  # biases and norms away from their init
+      if name.endswith("bias") or "norm" in name or "ln_q" in name:
+        p.add_(0.1 * torch.randn_like(p))
+  model.save_pretrained(path)
+  cfg, params = hf.load_hf(path)
+  return path, model, cfg, params
+
+
+@pytest.fixture(scope="module")
+def images():
+  """Three images of different sizes through the HF processor: (pixels [N, 96], grid [3, 3])."""
+  proc = transformers.Qwen2VLImageProcessorPil(patch_size=4, merge_size=2, temporal_patch_size=2,
+                                               min_pixels=64, max_pixels=64 * 64)
+  rng = np.random.default_rng(0)
+  pics = [rng.integers(0, 256, (h, w, 3), dtype=np.uint8) for h, w in ((16, 16), (24, 16),
+                                                                       (16, 40))]
+  out = proc(images=pics, return_tensors="np")
+  return out["pixel_values"].astype(np.float32), out["image_grid_thw"].astype(np.int64)
+
+
+def _placeholders(grid):
+  return [START] + [IMAGE] * (int(np.prod(grid)) // 4) + [END]
+
+
+def _batch(grid):
+  """Left-padded rows: two images amid text; one image; text only."""
+  rng = np.random.default_rng(1)
+  text = lambda n: list(rng.integers(3, 110, n))
+  rows = [text(3) + _placeholders(grid[0]) + text(4) + _placeholders(grid[1]) + text(2),
+          text(5) + _placeholders(grid[2]) + text(3),
+          text(9)]
+  width = max(map(len, rows))
+  tokens = np.zeros((len(rows), width), np.int32)
+  mask = np.zeros_like(tokens)
+  for i, r in enumerate(rows):
+    tokens[i, width - len(r):], mask[i, width - len(r):] = r, 1
+  return tokens, mask
+
+
+def test_config_and_layout(tiny, images):
+  _, model, cfg, _ = tiny
+  assert cfg.mrope_section == (2, 3, 3) and cfg.qkv_bias and not cfg.o_bias
+  vision = qwen2_5_vl.vision_config(cfg)
+  _, grid = images
+  lay = qwen2_5_vl.layout(grid, vision)
+  from transformers import vision_utils as vu
+  g = torch.tensor(grid)
+  window_index, cu_windows = vu.get_vision_window_index(g, 2, 16, 4)
+  np.testing.assert_array_equal(lay.order.reshape(-1, 4)[:, 0] // 4, window_index.numpy())
+  bounds = np.flatnonzero(np.diff(lay.windows)) + 1
+  np.testing.assert_array_equal(np.r_[0, bounds, len(lay.windows)], cu_windows.numpy())
+  positions = vu.get_vision_position_ids(g, 2).numpy()
+  np.testing.assert_array_equal(lay.positions, positions[lay.order])
+
+
+def test_tower_matches_transformers(tiny, images):
+  _, model, cfg, params = tiny
+  pixels, grid = images
+  lay = qwen2_5_vl.layout(grid, qwen2_5_vl.vision_config(cfg))
+  ours = jax.jit(lambda p, x, l: multimodal.image_features(cfg, p, x, l))(params, pixels, lay)
+  with torch.no_grad():
+    theirs = model.model.visual(torch.tensor(pixels), grid_thw=torch.tensor(grid)).pooler_output
+  np.testing.assert_allclose(np.asarray(ours), theirs.numpy(), atol=1e-5, rtol=0)
+
+
+def test_logits_match_transformers(tiny, images):
+  """Several images per row, images amid text, left padding, a text-only row."""
+  _, model, cfg, params = tiny
+  pixels, grid = images
+  tokens, mask = _batch(grid)
+  vision = qwen2_5_vl.vision_config(cfg)
+  positions, deltas = multimodal.rope_index(tokens, mask, grid, vision)
+  lay = qwen2_5_vl.layout(grid, vision)
+  ours = jax.jit(lambda p, t, m, pos, x, l: multimodal.logits(cfg, p, t, m, pos, x, l))(
+      params, tokens, mask, positions, pixels, lay)
+  with torch.no_grad():
+    ids = torch.tensor(tokens, dtype=torch.long)
+    out = model(input_ids=ids, attention_mask=torch.tensor(mask), pixel_values=torch.tensor(pixels),
+                image_grid_thw=torch.tensor(grid), mm_token_type_ids=(ids == IMAGE).int())
+    hf_pos, hf_deltas = model.model.get_rope_index(
+        ids, image_grid_thw=torch.tensor(grid), attention_mask=torch.tensor(mask),
+        mm_token_type_ids=(ids == IMAGE).int())
+  np.testing.assert_array_equal(positions, hf_pos.numpy())
+  np.testing.assert_array_equal(deltas, hf_deltas.numpy()[:, 0])
+  valid = mask.astype(bool)
+  diff = np.abs(np.asarray(ours) - out.logits.numpy())[valid]
+  assert diff.max() <= 1e-4, diff.max()
+
+
+def test_text_rows_are_plain_rope(tiny):
+  """Without images, [3, B, S] positions of equal components = the text forward at [B, S]."""
+  _, _, cfg, params = tiny
+  rng = np.random.default_rng(2)
+  tokens = rng.integers(3, 110, (2, 7)).astype(np.int32)
+  mask = np.ones_like(tokens)
+  positions, _ = multimodal.rope_index(tokens, mask, np.zeros((0, 3)), qwen2_5_vl.vision_config(cfg))
+  ours = multimodal.logits(cfg, params, tokens, mask, positions)
+  from rljax.models import transformer
+  np.testing.assert_allclose(np.asarray(ours),
+                             np.asarray(transformer.logits(cfg, params, tokens, mask)), atol=1e-6)
+
+
+def test_placeholder_mismatch_is_one_error(tiny, images):
+  _, _, cfg, _ = tiny
+  _, grid = images
+  tokens = np.array([[5, START] + [IMAGE] * 3 + [END]], np.int32)
+  with pytest.raises(ValueError, match="needs 4 placeholder tokens, found a run of 3"):
+    multimodal.rope_index(tokens, np.ones_like(tokens), grid[:1], qwen2_5_vl.vision_config(cfg))
+  with pytest.raises(ValueError, match="more image placeholders than the 0 images"):
+    multimodal.rope_index(tokens, np.ones_like(tokens), np.zeros((0, 3)),
+                          qwen2_5_vl.vision_config(cfg))
+
+
+def test_export_round_trip(tiny, tmp_path):
+  """load -> save: every tensor bit-identical, and transformers loads the export."""
+  path, model, cfg, params = tiny
+  out = str(tmp_path / "export")
+  hf.save_hf(out, cfg, params)
+  original = dict(hf.iter_hf_tensors(path))
+  exported = dict(hf.iter_hf_tensors(out))
+  assert sorted(exported) == sorted(original)
+  for name, value in original.items():
+    assert exported[name].dtype == value.dtype and np.array_equal(exported[name], value), name
+  assert ModelConfig.from_hf_dir(out) == cfg
+  again = transformers.Qwen2_5_VLForConditionalGeneration.from_pretrained(out)
+  assert again.config.vision_config.fullatt_block_indexes == [1]
+  assert again.config.text_config.rope_parameters["mrope_section"] == [2, 3, 3]
+
+
+def test_language_model_prefix_loads(tiny, tmp_path):
+  """The names transformers 4.52-4.57 wrote (model.visual.*, model.language_model.*) load as
+  the same parameters."""
+  path, _, cfg, params = tiny
+  renamed = {("model." + n if n.startswith("visual.") else
+              n.replace("model.", "model.language_model.", 1) if n.startswith("model.") else n): v
+             for n, v in hf.iter_hf_tensors(path)}
+  out = tmp_path / "renamed"
+  out.mkdir()
+  hf.write_safetensors(renamed, str(out / "model.safetensors"))
+  with open(os.path.join(path, "config.json")) as f, open(out / "config.json", "w") as g:
+    g.write(f.read())
+  _, loaded = hf.load_hf(str(out))
+  jax.tree.map(np.testing.assert_array_equal, loaded, params)
