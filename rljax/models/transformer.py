@@ -122,7 +122,7 @@ class Transformer(nnx.Module):
     for spec in rope_specs(cfg):
       inv_freq = layers.rope_inv_freq(cfg.head_dim, *spec)
       ropes[spec] = (layers.rope_at(positions, inv_freq, cfg.mrope_section)
-                     if rope_tables is None
+                     if rope_tables is None or positions.ndim == 3  # M-RoPE: computed
                      else layers.rope_lookup(rope_tables[repr(spec)], positions))
     moe_layers = [i for i in range(cfg.num_layers) if cfg.is_moe_layer(i)]
     if routes is not None:

@@ -9,8 +9,11 @@ their three position components are equal, which is plain RoPE.
 """
 from __future__ import annotations
 
-import numpy as np
+from typing import NamedTuple
+
+import jax
 import jax.numpy as jnp
+import numpy as np
 
 from rljax.models import transformer
 from rljax.models.config import ModelConfig
@@ -97,3 +100,32 @@ def logits(cfg: ModelConfig, params: dict, tokens, attn_mask, positions, pixels=
   features = None if pixels is None else image_features(cfg, params, pixels, lay)
   hidden, model = forward(cfg, params, tokens, attn_mask, positions, features)
   return model.logits(hidden)
+
+
+# --- prompts with images for the sampler ---------------------------------------------------------
+
+class PromptImages(NamedTuple):
+  """The images of a batch of prompts as the sampler takes them (``prompt_images``): the pixel
+  patches [N, P] of every image in placeholder order, their tower ``Layout``, and the prompts'
+  M-RoPE positions [3, Pn, P]."""
+  pixels: jax.Array
+  layout: qwen2_5_vl.Layout
+  positions: jax.Array
+
+
+def prompt_images(cfg: ModelConfig, tokens, mask, pixels, grid_thw) -> PromptImages:
+  """Host side: the layout and positions of left-padded prompts ``tokens`` [Pn, P] with images
+  of grid sizes ``grid_thw`` (placeholders checked against them, ``rope_index``)."""
+  vision = qwen2_5_vl.vision_config(cfg)
+  positions, _ = rope_index(tokens, mask, grid_thw, vision)
+  return PromptImages(np.asarray(pixels), qwen2_5_vl.layout(grid_thw, vision), positions)
+
+
+def prompt_embeddings(cfg: ModelConfig, params: dict, tokens, images: PromptImages):
+  """Input embeddings [Pn, P, D] of the prompts: the tower run once over all their images, the
+  features merged at the placeholders. The sampler prefills these and shares the cache among a
+  prompt's group, so the tower runs once per prompt, not per completion."""
+  model = transformer.bind(cfg, params)
+  features = model.visual(images.pixels, images.layout)
+  return merge_images(model.embed(tokens), tokens, qwen2_5_vl.vision_config(cfg)["image_token_id"],
+                      features)

@@ -2,6 +2,7 @@
 them windowed, patches of 4 pixels; a 2-layer text model), the Hugging Face image processor for
 pixels and grid sizes, logits with several images per row, images in the middle of the text,
 rows with and without images; the export round trip."""
+import functools
 import os
 
 import jax
@@ -112,8 +113,8 @@ def test_logits_match_transformers(tiny, images):
   vision = qwen2_5_vl.vision_config(cfg)
   positions, deltas = multimodal.rope_index(tokens, mask, grid, vision)
   lay = qwen2_5_vl.layout(grid, vision)
-  ours = jax.jit(lambda p, t, m, pos, x, l: multimodal.logits(cfg, p, t, m, pos, x, l))(
-      params, tokens, mask, positions, pixels, lay)
+  ours = jax.jit(functools.partial(multimodal.logits, cfg))(params, tokens, mask, positions,
+                                                             pixels, lay)
   with torch.no_grad():
     ids = torch.tensor(tokens, dtype=torch.long)
     out = model(input_ids=ids, attention_mask=torch.tensor(mask), pixel_values=torch.tensor(pixels),
@@ -135,10 +136,10 @@ def test_text_rows_are_plain_rope(tiny):
   tokens = rng.integers(3, 110, (2, 7)).astype(np.int32)
   mask = np.ones_like(tokens)
   positions, _ = multimodal.rope_index(tokens, mask, np.zeros((0, 3)), qwen2_5_vl.vision_config(cfg))
-  ours = multimodal.logits(cfg, params, tokens, mask, positions)
   from rljax.models import transformer
-  np.testing.assert_allclose(np.asarray(ours),
-                             np.asarray(transformer.logits(cfg, params, tokens, mask)), atol=1e-6)
+  ours, text = jax.jit(lambda p: (multimodal.logits(cfg, p, tokens, mask, positions),
+                                  transformer.logits(cfg, p, tokens, mask)))(params)
+  np.testing.assert_allclose(np.asarray(ours), np.asarray(text), atol=1e-6)
 
 
 def test_placeholder_mismatch_is_one_error(tiny, images):
@@ -182,3 +183,70 @@ def test_language_model_prefix_loads(tiny, tmp_path):
     g.write(f.read())
   _, loaded = hf.load_hf(str(out))
   jax.tree.map(np.testing.assert_array_equal, loaded, params)
+
+
+# --- the sampler ----------------------------------------------------------------------------------
+
+T = 6
+
+
+def _prompts(grid):
+  """Left-padded prompts: two images amid text, one image, text only (ending in text)."""
+  return _batch(grid)
+
+
+def _repeat_images(pixels, grid, per_row, g):
+  """The patches and grids of the rows repeated ``g`` times (groups contiguous)."""
+  starts = np.r_[0, np.cumsum(np.prod(grid, 1))]
+  order = [i for row in per_row for _ in range(g) for i in row]
+  return (np.concatenate([pixels[starts[i]:starts[i + 1]] for i in order]), grid[order])
+
+
+def test_greedy_equals_transformers_generate(tiny, images):
+  from rljax.rollout import SamplingParams, sample
+  _, model, cfg, params = tiny
+  pixels, grid = images
+  tokens, mask = _prompts(grid)
+  sp = SamplingParams(greedy=True, max_new_tokens=T, stop_ids=(), pad_id=0)
+  r = jax.device_get(sample(cfg, params, tokens, mask, jax.random.key(0), sp,
+                            images=multimodal.prompt_images(cfg, tokens, mask, pixels, grid)))
+  ids = torch.tensor(tokens, dtype=torch.long)
+  with torch.no_grad():
+    out = model.generate(input_ids=ids, attention_mask=torch.tensor(mask),
+                         pixel_values=torch.tensor(pixels), image_grid_thw=torch.tensor(grid),
+                         mm_token_type_ids=(ids == IMAGE).int(), max_new_tokens=T,
+                         min_new_tokens=T, do_sample=False, pad_token_id=0)
+  np.testing.assert_array_equal(r.tokens, out[:, tokens.shape[1]:].numpy())
+
+
+def test_tower_runs_once_per_prompt_and_logp_matches_teacher_forcing(tiny, images, monkeypatch):
+  """Groups of 3 sampled: the tower is traced once, over the prompts' patches only; each
+  completion's sampler log-probs equal the teacher-forced forward with the images."""
+  from rljax.rollout import SamplingParams, sample
+  _, _, cfg, params = tiny
+  pixels, grid = images
+  tokens, mask = _prompts(grid)
+  seen = []
+  call = qwen2_5_vl.VisionTower.__call__
+
+  def counted(self, x, lay):
+    seen.append(x.shape[0])
+    return call(self, x, lay)
+
+  monkeypatch.setattr(qwen2_5_vl.VisionTower, "__call__", counted)
+  sp = SamplingParams(temperature=1.0, max_new_tokens=T, stop_ids=(), pad_id=0)
+  g = 3
+  r = jax.device_get(sample(cfg, params, tokens, mask, jax.random.key(1), sp, group_size=g,
+                            images=multimodal.prompt_images(cfg, tokens, mask, pixels, grid)))
+  assert seen == [pixels.shape[0]]
+  full = np.concatenate([r.prompt_tokens, r.tokens], 1)
+  full_mask = np.concatenate([r.prompt_mask, r.mask], 1)
+  rep_pixels, rep_grid = _repeat_images(pixels, grid, [[0, 1], [2], []], g)
+  positions, _ = multimodal.rope_index(full, full_mask, rep_grid, qwen2_5_vl.vision_config(cfg))
+  lay = qwen2_5_vl.layout(rep_grid, qwen2_5_vl.vision_config(cfg))
+  logits = np.asarray(jax.jit(functools.partial(multimodal.logits, cfg))(
+      params, full, full_mask, positions, rep_pixels, lay), np.float64)[:, tokens.shape[1] - 1:-1]
+  logp = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)) \
+      - logits.max(-1, keepdims=True)
+  tf = np.take_along_axis(logp, r.tokens[..., None], -1)[..., 0]
+  assert np.abs(tf - r.sampler_logp)[r.mask == 1].max() <= 1e-5
