@@ -251,6 +251,9 @@ def config_from_hf(hf) -> dict:
   vision["rope_theta"] = (hf.get("vision_config", {}).get("rope_parameters") or {}).get(
       "rope_theta", vision["rope_theta"])
   vision.update({k: int(hf.get(k, text.get(k, d))) for k, d in TOKEN_IDS.items()})
+  if vision["out_hidden_size"] != text["hidden_size"]:
+    raise ValueError(f"vision_config.out_hidden_size={vision['out_hidden_size']} differs from the "
+                     f"text model's hidden_size={text['hidden_size']}")
   return dict(common_from_hf(dict(text, rope_parameters=rope)), qkv_bias=True, o_bias=False,
               mrope_section=tuple(section), vision=vision)
 
@@ -303,8 +306,32 @@ def rename(name: str) -> str:
   return name
 
 
+# A fresh tiny model's tower (``model.source='tiny'``): two blocks (one windowed, one full), the
+# processor's 14-pixel patches merged 2x2, windows of 4x4 merged tokens (Qwen's 112 pixels).
+TINY_VISION = dict(VISION_DEFAULTS, depth=2, hidden_size=32, intermediate_size=64, num_heads=2,
+                   fullatt_block_indexes=(1,))
+
+
+def mrope_sections(head_dim: int) -> tuple:
+  """Qwen's split of the Dh/2 rotary frequencies (16, 24, 24 of 64) for another head size:
+  a quarter temporal, the rest halved between height and width."""
+  half = head_dim // 2
+  t = half // 4
+  return (t, (half - t) // 2, half - t - (half - t) // 2)
+
+
+def tiny_fields(model_section, fields) -> dict:
+  """A tiny tower, M-RoPE sections for the head size, and the placeholders as the last three ids
+  of the vocabulary in the order ``data.tokenizer='char_vl'`` appends them (vision start, image
+  pad, vision end); no video token (one past the vocabulary)."""
+  v = fields["vocab_size"]
+  vision = dict(TINY_VISION, out_hidden_size=fields["hidden_size"], vision_start_token_id=v - 3,
+                image_token_id=v - 2, vision_end_token_id=v - 1, video_token_id=v)
+  return dict(qkv_bias=True, mrope_section=mrope_sections(fields["head_dim"]), vision=vision)
+
+
 register_family(Family(
     name=MODEL_TYPE, model_types=(MODEL_TYPE,), block=PreNormBlock,
     final_norm=lambda dim, cfg: layers.RMSNorm(dim, cfg=cfg), config_from_hf=config_from_hf,
     config_to_hf=config_to_hf, layer_tensors=lambda cfg, layer: dense_tensors(cfg),
-    tower=VisionTower, extra_tensors=tower_tensors, rename=rename))
+    tower=VisionTower, extra_tensors=tower_tensors, rename=rename, tiny_fields=tiny_fields))

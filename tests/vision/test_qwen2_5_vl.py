@@ -151,6 +151,23 @@ def test_placeholder_mismatch_is_one_error(tiny, images):
   with pytest.raises(ValueError, match="more image placeholders than the 0 images"):
     multimodal.rope_index(tokens, np.ones_like(tokens), np.zeros((0, 3)),
                           qwen2_5_vl.vision_config(cfg))
+  with pytest.raises(ValueError, match="2 images but placeholders for 0"):
+    multimodal.rope_index(tokens[:, :1], np.ones((1, 1)), grid[:2], qwen2_5_vl.vision_config(cfg))
+  text_only = ModelConfig(vocab_size=VOCAB, hidden_size=16, intermediate_size=32, num_layers=1,
+                          num_heads=2, num_kv_heads=2, head_dim=8, model_type="qwen2")
+  with pytest.raises(ValueError, match="model_type='qwen2' has no vision tower"):
+    multimodal.prompt_images(text_only, tokens, np.ones_like(tokens), np.zeros((16, 96)), grid[:1])
+
+
+def test_sampler_refuses_images_with_continuous_batching(tiny, images):
+  from rljax.rollout import SamplingParams, sample
+  _, _, cfg, params = tiny
+  pixels, grid = images
+  tokens, mask = _prompts(grid)
+  sp = SamplingParams(greedy=True, max_new_tokens=2, stop_ids=(), pad_id=0)
+  with pytest.raises(ValueError, match="prompts with images sample all rows at once"):
+    sample(cfg, params, tokens, mask, jax.random.key(0), sp, max_concurrent_rows=1,
+           images=multimodal.prompt_images(cfg, tokens, mask, pixels, grid))
 
 
 def test_export_round_trip(tiny, tmp_path):
@@ -250,3 +267,38 @@ def test_tower_runs_once_per_prompt_and_logp_matches_teacher_forcing(tiny, image
       - logits.max(-1, keepdims=True)
   tf = np.take_along_axis(logp, r.tokens[..., None], -1)[..., 0]
   assert np.abs(tf - r.sampler_logp)[r.mask == 1].max() <= 1e-5
+
+
+def test_tiny_model_is_a_transformers_model(tmp_path):
+  """model.source='tiny' with model.family='qwen2_5_vl': a tower for the processor's 14-pixel
+  patches, the placeholders as the last three ids ('char_vl''s order), exported and run by
+  transformers with the same logits."""
+  from rljax import models
+  from rljax.config import loader
+  from rljax.models import transformer
+  from tests.train import tiny as tiny_run
+  config = loader.load_config(os.path.join(tiny_run.ROOT, "configs", "base.py"),
+                              [(k, v) for k, v in tiny_run.OVERRIDES.items()
+                               if k.startswith("model.")] + [("model.family", "qwen2_5_vl")])
+  cfg = models.tiny_config(config.model, 60, eos_token_id=1, pad_token_id=0)
+  vision = qwen2_5_vl.vision_config(cfg)
+  assert (vision["vision_start_token_id"], vision["image_token_id"],
+          vision["vision_end_token_id"]) == (57, 58, 59)
+  params = transformer.init_params(cfg, seed=0)
+  hf.save_hf(str(tmp_path), cfg, params)
+  model = transformers.Qwen2_5_VLForConditionalGeneration.from_pretrained(str(tmp_path)).eval()
+  proc = transformers.Qwen2VLImageProcessorPil(patch_size=14, merge_size=2, min_pixels=28 * 28)
+  pic = np.random.default_rng(3).integers(0, 256, (28, 56, 3), dtype=np.uint8)
+  out = proc(images=[pic], return_tensors="np")
+  pixels, grid = out["pixel_values"].astype(np.float32), out["image_grid_thw"]
+  tokens = np.array([[5, 57, 58, 58, 59, 6, 7]], np.int32)
+  mask = np.ones_like(tokens)
+  positions, _ = multimodal.rope_index(tokens, mask, grid, vision)
+  ours = jax.jit(functools.partial(multimodal.logits, cfg))(
+      params, tokens, mask, positions, pixels, qwen2_5_vl.layout(grid, vision))
+  with torch.no_grad():
+    ids = torch.tensor(tokens, dtype=torch.long)
+    theirs = model(input_ids=ids, attention_mask=torch.tensor(mask),
+                   pixel_values=torch.tensor(pixels), image_grid_thw=torch.tensor(grid),
+                   mm_token_type_ids=(ids == 58).int()).logits.numpy()
+  assert np.abs(np.asarray(ours) - theirs).max() <= 1e-4
