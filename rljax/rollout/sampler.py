@@ -172,8 +172,9 @@ def _sample_impl(params, prompt_tokens, prompt_mask, key, *, cfg: ModelConfig,
   token slots computed (benchmarks: slot utilisation = tokens / computed). ``row_budget``: [B]
   int, an optional per-row cap on the completion length below ``T`` (rows reaching it end,
   flagged truncated): the long-tail benchmark's stop rule. ``images``: the prompts' images
-  (``multimodal.PromptImages``): the tower runs once over all of them, before the rows are
-  chunked, and the prompts prefill its merged embeddings at their M-RoPE positions."""
+  (``multimodal.RowImages``): the tower runs once per prompt, before the rows are chunked, the
+  prompts prefill its merged embeddings at their M-RoPE positions, and the record carries them
+  (``extras['images']``, repeated like the prompts) for the scoring and update forwards."""
   chex.assert_rank([prompt_tokens, prompt_mask], 2)
   chex.assert_equal_shape([prompt_tokens, prompt_mask])
   if group_size < 1:
@@ -201,8 +202,9 @@ def _sample_impl(params, prompt_tokens, prompt_mask, key, *, cfg: ModelConfig,
     if slots < b or context is not None:
       raise ValueError("prompts with images sample all rows at once: no continuous batching "
                        "(rollout.max_concurrent_rows / kv_cache_bytes) or mesh.context yet")
-    vision_in = (multimodal.prompt_embeddings(cfg, weights["params"], prompt_tokens, images),
-                 jnp.moveaxis(jnp.asarray(images.positions, jnp.int32), 0, 1))  # [Pn, 3, P]
+    model = transformer.bind(cfg, weights["params"])
+    vision_in = (multimodal.row_embeddings(cfg, model, prompt_tokens, images),
+                 jnp.asarray(images.positions, jnp.int32))  # [Pn, 3, P]
   if slots < b and context is not None:
     raise ValueError(f"rollout.max_concurrent_rows / rollout.kv_cache_bytes cap a shard's {b} "
                      f"rows at {slots}: continuous batching's cache is not split over "
@@ -229,6 +231,9 @@ def _sample_impl(params, prompt_tokens, prompt_mask, key, *, cfg: ModelConfig,
          row_budget.reshape(n_chunks, pc * g), jax.tree.map(by_chunk, vision_in)))
     out = jax.tree.map(lambda x: x.reshape((b,) + x.shape[2:]), chunked)
   # All rows of a chunk at once: every step computes all of them until the last one stops.
+  if images is not None:
+    out = out.replace(extras={**out.extras, "images": jax.tree.map(
+        lambda x: jnp.repeat(jnp.asarray(x), g, axis=0), images)})
   chunk_rows = pc * g
   computed = jnp.sum(jnp.max(out.lengths.reshape(-1, chunk_rows), axis=1)) * chunk_rows
   return (out, dict(slots=chunk_rows, computed=computed)) if with_stats else out
@@ -424,7 +429,7 @@ def sample(cfg: ModelConfig, params: Any, prompt_tokens: jax.Array, prompt_mask:
            key: jax.Array, sp: SamplingParams, group_size: int = 1, *,
            max_concurrent_rows: int | None = None, kv_cache_bytes: int | None = None,
            dtype: str | None = None, refill_rows: int | None = None,
-           images: multimodal.PromptImages | None = None) -> Rollout:
+           images: multimodal.RowImages | None = None) -> Rollout:
   """Sample ``group_size`` completions for each of ``Pn`` left-padded prompts (jitted).
 
   Args:
@@ -442,7 +447,7 @@ def sample(cfg: ModelConfig, params: Any, prompt_tokens: jax.Array, prompt_mask:
     dtype: the sampler's compute dtype (weights, activations and KV cache), e.g. "bfloat16";
       None: the model's ``cfg.dtype``. Logits and log-probs stay float32.
     refill_rows: rows per refill of freed slots (continuous batching); None: ``S // 8``.
-    images: the prompts' images (``multimodal.prompt_images``; a vision-language model): the
+    images: the prompts' images (``multimodal.row_images``; a vision-language model): the
       tower runs once per prompt and the group shares the prefilled cache.
 
   Returns:

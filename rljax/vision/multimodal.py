@@ -1,11 +1,12 @@
 """A batch with images through a vision-language model: 3-D positions, merged embeddings, forward.
 
 The host turns the token rows and the images' grid sizes into M-RoPE positions [3, B, S]
-(``rope_index``) and the tower's ``Layout``; the jitted forward runs the tower once over every
-image of the batch (``image_features``: pixel patches [N, P] -> [N / 4, D] in image order),
-puts the features at the image placeholder tokens in row-major order (``merge_images``) and runs
-the one network on those embeddings at those positions. Rows without images are text rows:
-their three position components are equal, which is plain RoPE.
+(``rope_index``) and each row's own images, patches and tower ``Layout`` padded to one shape
+(``row_images``: ``RowImages``, so rows shard, chunk and repeat as tokens do); the jitted
+forward runs the tower over each row's patches (-> [N / 4, D] in image order), puts the features
+at the row's image placeholders in order (``merge_images``) and runs the one network on those
+embeddings at those positions (``forward_rows``). Rows without images are text rows: their
+three position components are equal, which is plain RoPE.
 """
 from __future__ import annotations
 
@@ -82,50 +83,98 @@ def image_features(cfg: ModelConfig, params: dict, pixels, lay: qwen2_5_vl.Layou
   return transformer.bind(cfg, params).visual(pixels, lay)
 
 
-def forward(cfg: ModelConfig, params: dict, tokens, attn_mask, positions, features=None):
-  """Hidden states [B, S, D] after the final norm of rows ``tokens`` [B, S] (``attn_mask`` 0/1)
-  at M-RoPE ``positions`` [3, B, S], with ``features`` (``image_features``; None: no images)
-  at the image placeholders. Returns (hidden, the bound module)."""
-  model = transformer.bind(cfg, params)
-  x = model.embed(tokens)
-  if features is not None:
-    x = merge_images(x, tokens, qwen2_5_vl.vision_config(cfg)["image_token_id"], features)
-  hidden, _, _ = model(tokens, positions, transformer.self_attention(cfg, attn_mask), embeds=x,
-                       valid=attn_mask > 0)
-  return hidden, model
+# --- each row's own images: the sampler's and the learner's format ------------------------------
 
+class RowImages(NamedTuple):
+  """Each row's images, padded to one shape so rows shard, chunk and repeat like tokens.
 
-def logits(cfg: ModelConfig, params: dict, tokens, attn_mask, positions, pixels=None, lay=None):
-  """Logits [B, S, V] of a batch with images (``pixels`` and their ``layout``; None: none)."""
-  features = None if pixels is None else image_features(cfg, params, pixels, lay)
-  hidden, model = forward(cfg, params, tokens, attn_mask, positions, features)
-  return model.logits(hidden)
-
-
-# --- prompts with images for the sampler ---------------------------------------------------------
-
-class PromptImages(NamedTuple):
-  """The images of a batch of prompts as the sampler takes them (``prompt_images``): the pixel
-  patches [N, P] of every image in placeholder order, their tower ``Layout``, and the prompts'
-  M-RoPE positions [3, Pn, P]."""
+  pixels [R, N, P]: the row's patches (its images in placeholder order), zero-padded to N;
+  layout: the row's ``Layout`` ([R, N], positions [R, N, 2], unorder [R, N/4]); a padding patch
+  is its own segment (-1) and merges into a token no placeholder reads; positions [R, 3, S]: the
+  row's M-RoPE positions over its ``S`` prompt slots."""
   pixels: jax.Array
   layout: qwen2_5_vl.Layout
   positions: jax.Array
 
 
-def prompt_images(cfg: ModelConfig, tokens, mask, pixels, grid_thw) -> PromptImages:
-  """Host side: the layout and positions of left-padded prompts ``tokens`` [Pn, P] with images
-  of grid sizes ``grid_thw`` (placeholders checked against them, ``rope_index``)."""
+def _pad_layout(lay: qwen2_5_vl.Layout, n: int, unit: int) -> qwen2_5_vl.Layout:
+  have = len(lay.order)
+  pad = lambda a, fill: np.concatenate([a, np.full((n - have,) + a.shape[1:], fill, a.dtype)])
+  return qwen2_5_vl.Layout(
+      order=np.concatenate([lay.order, np.arange(have, n, dtype=np.int32)]),
+      windows=pad(lay.windows, -1), images=pad(lay.images, -1), positions=pad(lay.positions, 0),
+      unorder=np.concatenate([lay.unorder, np.arange(have // unit, n // unit, dtype=np.int32)]))
+
+
+def row_images(cfg: ModelConfig, tokens, mask, pixels, grid_thw, bucket: int = 16) -> RowImages:
+  """Host side: ``RowImages`` of left-padded rows ``tokens`` [R, S] whose placeholders take the
+  images of ``grid_thw`` [n_images, 3] in order (``pixel_values`` [sum N, P] as the processor
+  returns them); each row's patches padded to a multiple of ``bucket`` (one compilation per
+  bucket). Placeholders that do not match the images are one ``ValueError`` (``rope_index``)."""
   vision = qwen2_5_vl.vision_config(cfg)
-  positions, _ = rope_index(tokens, mask, grid_thw, vision)
-  return PromptImages(np.asarray(pixels), qwen2_5_vl.layout(grid_thw, vision), positions)
+  tokens, grid = np.asarray(tokens), np.asarray(grid_thw, np.int64).reshape(-1, 3)
+  positions, _ = rope_index(tokens, mask, grid, vision)
+  unit = vision["spatial_merge_size"] ** 2
+  patches = np.prod(grid, axis=1)
+  starts = np.r_[0, np.cumsum(patches)]
+  held = ((tokens == vision["image_token_id"]) & np.asarray(mask).astype(bool)).sum(1)
+  rows, first = [], 0
+  for count in held:  # the images whose placeholders fill this row (rope_index checked them)
+    last = first
+    while count > 0:
+      count -= patches[last] // unit
+      last += 1
+    rows.append((first, last))
+    first = last
+  n = max([int(starts[b] - starts[a]) for a, b in rows] + [unit])
+  n = -(-n // bucket) * bucket
+  pixels = np.asarray(pixels, np.float32)
+  out_pixels = np.zeros((len(rows), n, pixels.shape[-1]), np.float32)
+  lays = []
+  for r, (a, b) in enumerate(rows):
+    out_pixels[r, :starts[b] - starts[a]] = pixels[starts[a]:starts[b]]
+    empty = qwen2_5_vl.Layout(*(np.zeros((0,) + s, np.int32) for s in ((), (), (), (2,), ())))
+    lays.append(_pad_layout(qwen2_5_vl.layout(grid[a:b], vision) if b > a else empty, n, unit))
+  layout = qwen2_5_vl.Layout(*(np.stack(field) for field in zip(*lays)))
+  return RowImages(out_pixels, layout, np.moveaxis(positions, 0, 1))
 
 
-def prompt_embeddings(cfg: ModelConfig, params: dict, tokens, images: PromptImages):
-  """Input embeddings [Pn, P, D] of the prompts: the tower run once over all their images, the
-  features merged at the placeholders. The sampler prefills these and shares the cache among a
-  prompt's group, so the tower runs once per prompt, not per completion."""
-  model = transformer.bind(cfg, params)
-  features = model.visual(images.pixels, images.layout)
-  return merge_images(model.embed(tokens), tokens, qwen2_5_vl.vision_config(cfg)["image_token_id"],
-                      features)
+def row_embeddings(cfg: ModelConfig, model, tokens, images: RowImages):
+  """Input embeddings [R, S', D] of rows ``tokens`` [R, S'] (S' >= the images' S prompt slots):
+  the tower over each row's own patches, its features at the row's placeholders among the first
+  S slots (a placeholder id the policy generated later is embedded as a token, as the sampler
+  fed it)."""
+  image_id = qwen2_5_vl.vision_config(cfg)["image_token_id"]
+  features = jax.vmap(lambda px, lay: model.visual(px, lay))(images.pixels, images.layout)
+  x = model.embed(tokens)
+  s = images.positions.shape[-1]
+  merged = jax.vmap(lambda x, t, f: merge_images(x[None], t[None], image_id, f)[0])(
+      x[:, :s], tokens[:, :s], features)
+  return jnp.concatenate([merged, x[:, s:]], axis=1)
+
+
+def row_positions(images: RowImages, width: int):
+  """M-RoPE positions [3, R, width] of prompts followed by ``width - S`` generated tokens: those
+  continue from each prompt's largest position + 1 (text: three equal components)."""
+  prompt = jnp.asarray(images.positions, jnp.int32)
+  after = prompt.max(axis=(1, 2))[:, None] + 1 + jnp.arange(width - prompt.shape[-1])
+  full = jnp.concatenate([prompt, jnp.broadcast_to(after[:, None], (prompt.shape[0], 3,
+                                                                  after.shape[1]))], axis=-1)
+  return jnp.moveaxis(full, 1, 0)
+
+
+def forward_rows(cfg: ModelConfig, params: dict, tokens, attn_mask, images: RowImages,
+                 head: str = "lm"):
+  """The teacher-forced forward of rows with their images (``RowImages`` of their prompts):
+  (hidden [R, S', D] after the final norm, the bound module). ``attn_mask``: 0/1 [R, S']."""
+  model = transformer.bind(cfg, params, head)
+  x = row_embeddings(cfg, model, tokens, images)
+  hidden, _, _ = model(tokens, row_positions(images, tokens.shape[1]),
+                       transformer.self_attention(cfg, attn_mask), embeds=x, valid=attn_mask > 0)
+  return hidden, model
+
+
+def logits(cfg: ModelConfig, params: dict, tokens, attn_mask, images: RowImages):
+  """Logits [R, S', V] of rows with their images (tests and small models only)."""
+  hidden, model = forward_rows(cfg, params, tokens, attn_mask, images)
+  return model.logits(hidden)

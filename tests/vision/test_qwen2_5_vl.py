@@ -112,9 +112,10 @@ def test_logits_match_transformers(tiny, images):
   tokens, mask = _batch(grid)
   vision = qwen2_5_vl.vision_config(cfg)
   positions, deltas = multimodal.rope_index(tokens, mask, grid, vision)
-  lay = qwen2_5_vl.layout(grid, vision)
-  ours = jax.jit(functools.partial(multimodal.logits, cfg))(params, tokens, mask, positions,
-                                                             pixels, lay)
+  rows = multimodal.row_images(cfg, tokens, mask, pixels, grid)
+  assert rows.pixels.shape[:2] == (3, 48)  # row 0's 16 + 24 patches, padded to 16s
+  np.testing.assert_array_equal(rows.positions, np.moveaxis(positions, 0, 1))
+  ours = jax.jit(functools.partial(multimodal.logits, cfg))(params, tokens, mask, rows)
   with torch.no_grad():
     ids = torch.tensor(tokens, dtype=torch.long)
     out = model(input_ids=ids, attention_mask=torch.tensor(mask), pixel_values=torch.tensor(pixels),
@@ -135,9 +136,9 @@ def test_text_rows_are_plain_rope(tiny):
   rng = np.random.default_rng(2)
   tokens = rng.integers(3, 110, (2, 7)).astype(np.int32)
   mask = np.ones_like(tokens)
-  positions, _ = multimodal.rope_index(tokens, mask, np.zeros((0, 3)), qwen2_5_vl.vision_config(cfg))
+  rows = multimodal.row_images(cfg, tokens, mask, np.zeros((0, 96)), np.zeros((0, 3)))
   from rljax.models import transformer
-  ours, text = jax.jit(lambda p: (multimodal.logits(cfg, p, tokens, mask, positions),
+  ours, text = jax.jit(lambda p: (multimodal.logits(cfg, p, tokens, mask, rows),
                                   transformer.logits(cfg, p, tokens, mask)))(params)
   np.testing.assert_allclose(np.asarray(ours), np.asarray(text), atol=1e-6)
 
@@ -156,7 +157,7 @@ def test_placeholder_mismatch_is_one_error(tiny, images):
   text_only = ModelConfig(vocab_size=VOCAB, hidden_size=16, intermediate_size=32, num_layers=1,
                           num_heads=2, num_kv_heads=2, head_dim=8, model_type="qwen2")
   with pytest.raises(ValueError, match="model_type='qwen2' has no vision tower"):
-    multimodal.prompt_images(text_only, tokens, np.ones_like(tokens), np.zeros((16, 96)), grid[:1])
+    multimodal.row_images(text_only, tokens, np.ones_like(tokens), np.zeros((16, 96)), grid[:1])
 
 
 def test_sampler_refuses_images_with_continuous_batching(tiny, images):
@@ -167,7 +168,7 @@ def test_sampler_refuses_images_with_continuous_batching(tiny, images):
   sp = SamplingParams(greedy=True, max_new_tokens=2, stop_ids=(), pad_id=0)
   with pytest.raises(ValueError, match="prompts with images sample all rows at once"):
     sample(cfg, params, tokens, mask, jax.random.key(0), sp, max_concurrent_rows=1,
-           images=multimodal.prompt_images(cfg, tokens, mask, pixels, grid))
+           images=multimodal.row_images(cfg, tokens, mask, pixels, grid))
 
 
 def test_export_round_trip(tiny, tmp_path):
@@ -212,13 +213,6 @@ def _prompts(grid):
   return _batch(grid)
 
 
-def _repeat_images(pixels, grid, per_row, g):
-  """The patches and grids of the rows repeated ``g`` times (groups contiguous)."""
-  starts = np.r_[0, np.cumsum(np.prod(grid, 1))]
-  order = [i for row in per_row for _ in range(g) for i in row]
-  return (np.concatenate([pixels[starts[i]:starts[i + 1]] for i in order]), grid[order])
-
-
 def test_greedy_equals_transformers_generate(tiny, images):
   from rljax.rollout import SamplingParams, sample
   _, model, cfg, params = tiny
@@ -226,7 +220,7 @@ def test_greedy_equals_transformers_generate(tiny, images):
   tokens, mask = _prompts(grid)
   sp = SamplingParams(greedy=True, max_new_tokens=T, stop_ids=(), pad_id=0)
   r = jax.device_get(sample(cfg, params, tokens, mask, jax.random.key(0), sp,
-                            images=multimodal.prompt_images(cfg, tokens, mask, pixels, grid)))
+                            images=multimodal.row_images(cfg, tokens, mask, pixels, grid)))
   ids = torch.tensor(tokens, dtype=torch.long)
   with torch.no_grad():
     out = model.generate(input_ids=ids, attention_mask=torch.tensor(mask),
@@ -238,7 +232,8 @@ def test_greedy_equals_transformers_generate(tiny, images):
 
 def test_tower_runs_once_per_prompt_and_logp_matches_teacher_forcing(tiny, images, monkeypatch):
   """Groups of 3 sampled: the tower is traced once, over the prompts' patches only; each
-  completion's sampler log-probs equal the teacher-forced forward with the images."""
+  completion's sampler log-probs equal the learner's scoring forward, which runs the tower again
+  over the images the record carries."""
   from rljax.rollout import SamplingParams, sample
   _, _, cfg, params = tiny
   pixels, grid = images
@@ -254,19 +249,15 @@ def test_tower_runs_once_per_prompt_and_logp_matches_teacher_forcing(tiny, image
   sp = SamplingParams(temperature=1.0, max_new_tokens=T, stop_ids=(), pad_id=0)
   g = 3
   r = jax.device_get(sample(cfg, params, tokens, mask, jax.random.key(1), sp, group_size=g,
-                            images=multimodal.prompt_images(cfg, tokens, mask, pixels, grid)))
-  assert seen == [pixels.shape[0]]
-  full = np.concatenate([r.prompt_tokens, r.tokens], 1)
-  full_mask = np.concatenate([r.prompt_mask, r.mask], 1)
-  rep_pixels, rep_grid = _repeat_images(pixels, grid, [[0, 1], [2], []], g)
-  positions, _ = multimodal.rope_index(full, full_mask, rep_grid, qwen2_5_vl.vision_config(cfg))
-  lay = qwen2_5_vl.layout(rep_grid, qwen2_5_vl.vision_config(cfg))
-  logits = np.asarray(jax.jit(functools.partial(multimodal.logits, cfg))(
-      params, full, full_mask, positions, rep_pixels, lay), np.float64)[:, tokens.shape[1] - 1:-1]
-  logp = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)) \
-      - logits.max(-1, keepdims=True)
-  tf = np.take_along_axis(logp, r.tokens[..., None], -1)[..., 0]
-  assert np.abs(tf - r.sampler_logp)[r.mask == 1].max() <= 1e-5
+                            images=multimodal.row_images(cfg, tokens, mask, pixels, grid)))
+  assert seen == [48]  # the prompts' patches (each row padded to 48), not the completions'
+  assert r.extras["images"].pixels.shape[0] == 3 * g
+  from rljax.learner import step
+  logp, _, _ = jax.jit(lambda p: step.policy_stats(cfg, p, r, chunk=8))(params)
+  assert np.abs(np.asarray(logp) - r.sampler_logp)[r.mask == 1].max() <= 1e-5
+  chunks = step.update_lib.RowSplit(parts=3)  # rows carry their images through the scan
+  chunked, _, _ = jax.jit(lambda p: step.policy_stats(cfg, p, r, 8, chunks))(params)
+  np.testing.assert_allclose(np.asarray(chunked), np.asarray(logp), atol=1e-6)
 
 
 def test_tiny_model_is_a_transformers_model(tmp_path):
@@ -293,9 +284,8 @@ def test_tiny_model_is_a_transformers_model(tmp_path):
   pixels, grid = out["pixel_values"].astype(np.float32), out["image_grid_thw"]
   tokens = np.array([[5, 57, 58, 58, 59, 6, 7]], np.int32)
   mask = np.ones_like(tokens)
-  positions, _ = multimodal.rope_index(tokens, mask, grid, vision)
   ours = jax.jit(functools.partial(multimodal.logits, cfg))(
-      params, tokens, mask, positions, pixels, qwen2_5_vl.layout(grid, vision))
+      params, tokens, mask, multimodal.row_images(cfg, tokens, mask, pixels, grid))
   with torch.no_grad():
     ids = torch.tensor(tokens, dtype=torch.long)
     theirs = model(input_ids=ids, attention_mask=torch.tensor(mask),
