@@ -258,6 +258,11 @@ def test_tower_runs_once_per_prompt_and_logp_matches_teacher_forcing(tiny, image
   chunks = step.update_lib.RowSplit(parts=3)  # rows carry their images through the scan
   chunked, _, _ = jax.jit(lambda p: step.policy_stats(cfg, p, r, 8, chunks))(params)
   np.testing.assert_allclose(np.asarray(chunked), np.asarray(logp), atol=1e-6)
+  # The update differentiates through the tower: its weights get finite, non-zero gradients.
+  grads = jax.jit(jax.grad(lambda p: (step.policy_stats(cfg, p, r, 8)[0] * r.mask).sum()))(params)
+  for leaf in jax.tree.leaves(grads["visual"]):
+    assert np.isfinite(leaf).all()
+  assert np.abs(grads["visual"]["patch_embed"]).max() > 0
 
 
 def test_tiny_model_is_a_transformers_model(tmp_path):
