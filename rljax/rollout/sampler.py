@@ -466,7 +466,9 @@ def make_sampler(cfg: ModelConfig, sp: SamplingParams, group_size: int = 1, mesh
                  data_axis: str | Sequence[str] = ("data",), param_sharding=None, *,
                  max_concurrent_rows: int | None = None, kv_cache_bytes: int | None = None,
                  dtype: str | None = None, refill_rows: int | None = None, context=None):
-  """A jitted ``fn(params, prompt_tokens, prompt_mask, key) -> Rollout`` for fixed cfg / sp / G.
+  """A jitted ``fn(params, prompt_tokens, prompt_mask, key, images=None) -> Rollout`` for fixed
+  cfg / sp / G (``images``: the prompts' ``multimodal.RowImages``, split over the shards like the
+  prompts).
 
   Without a mesh this is ``sample`` with the static arguments bound. With a mesh, decoding is
   data parallel: ``shard_map`` over ``data_axis`` gives every shard its own prompts (``Pn`` must
@@ -497,17 +499,26 @@ def make_sampler(cfg: ModelConfig, sp: SamplingParams, group_size: int = 1, mesh
   spec = PartitionSpec(axes)
   local = functools.partial(_sample_impl, cfg=cfg, sp=sp, group_size=group_size,
                             shard_axes=axes, context=context, **engine)
-  mapped = jax.shard_map(local, mesh=mesh, in_specs=(PartitionSpec(), spec, spec, PartitionSpec()),
-                         out_specs=spec, check_vma=False)
   replicated = NamedSharding(mesh, PartitionSpec())
   batch = NamedSharding(mesh, spec)
-  jitted = jax.jit(mapped, in_shardings=(param_sharding or replicated, batch, batch, replicated),
-                   out_shardings=batch)
 
-  def fn(params, prompt_tokens, prompt_mask, key):
+  def compiled(with_images: bool):
+    """The sharded sampler; with images, they come as a fifth argument split by rows."""
+    body = (lambda p, t, m, i, k: local(p, t, m, k, images=i)) if with_images else local
+    rows_in = 3 if with_images else 2
+    mapped = jax.shard_map(body, mesh=mesh, in_specs=(PartitionSpec(),) + (spec,) * rows_in
+                           + (PartitionSpec(),), out_specs=spec, check_vma=False)
+    return jax.jit(mapped, in_shardings=(param_sharding or replicated,) + (batch,) * rows_in
+                   + (replicated,), out_shardings=batch)
+
+  jitted, with_images = compiled(False), functools.lru_cache(1)(lambda: compiled(True))
+
+  def fn(params, prompt_tokens, prompt_mask, key, images=None):
     if prompt_tokens.shape[0] % n_shards:
       raise ValueError(f"{prompt_tokens.shape[0]} prompts do not split evenly over the "
                        f"{n_shards} shards of mesh axes {axes}")
+    if images is not None:
+      return with_images()(params, prompt_tokens, prompt_mask, images, key)
     return jitted(params, prompt_tokens, prompt_mask, key)
 
   fn.jitted = jitted

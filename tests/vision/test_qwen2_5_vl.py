@@ -297,3 +297,61 @@ def test_tiny_model_is_a_transformers_model(tmp_path):
                    pixel_values=torch.tensor(pixels), image_grid_thw=torch.tensor(grid),
                    mm_token_type_ids=(ids == 58).int()).logits.numpy()
   assert np.abs(np.asarray(ours) - theirs).max() <= 1e-4
+
+
+_SHARDED = r"""
+import jax, numpy as np
+from jax.sharding import Mesh
+from rljax.models import ModelConfig, transformer
+from rljax.rollout import SamplingParams, make_sampler, sample
+from rljax.vision import multimodal, qwen2_5_vl
+assert jax.device_count() == 8
+vision = dict(qwen2_5_vl.TINY_VISION, patch_size=4, window_size=16, out_hidden_size=16,
+              vision_start_token_id=29, image_token_id=30, vision_end_token_id=31,
+              video_token_id=32)
+cfg = ModelConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_layers=1, num_heads=2,
+                  num_kv_heads=1, head_dim=8, qkv_bias=True, model_type="qwen2_5_vl",
+                  mrope_section=(1, 1, 2), vision=vision)
+params = transformer.init_params(cfg, 0)
+rng = np.random.default_rng(0)
+grids, rows = [], []
+for r in range(8):  # 0, 1 or 2 images of 2x2 to 4x6 patches amid text
+  row = list(rng.integers(1, 29, 2))
+  for _ in range(r % 3):
+    g = (1, 2 * int(rng.integers(1, 3)), 2 * int(rng.integers(1, 4)))
+    grids.append(g)
+    row += [29] + [30] * (g[1] * g[2] // 4) + [31] + list(rng.integers(1, 29, 2))
+  rows.append(row)
+width = max(map(len, rows))
+tokens = np.zeros((8, width), np.int32); mask = np.zeros_like(tokens)
+for i, row in enumerate(rows):
+  tokens[i, width - len(row):], mask[i, width - len(row):] = row, 1
+grid = np.array(grids)
+pixels = rng.standard_normal((int(np.prod(grid, 1).sum()), 96)).astype(np.float32)
+images = multimodal.row_images(cfg, tokens, mask, pixels, grid)
+sp = SamplingParams(max_new_tokens=4, temperature=1.0, stop_ids=())
+mesh = Mesh(np.array(jax.devices()), ("data",))
+got = make_sampler(cfg, sp, group_size=2, mesh=mesh)(params, tokens, mask, jax.random.key(1),
+                                                     images=images)
+assert {s.data.shape for s in got.tokens.addressable_shards} == {(2, 4)}
+want = sample(cfg, params, tokens, mask, jax.random.key(1), sp, group_size=2, images=images)
+np.testing.assert_array_equal(np.asarray(got.tokens), np.asarray(want.tokens))
+np.testing.assert_allclose(np.asarray(got.sampler_logp), np.asarray(want.sampler_logp), atol=1e-5)
+np.testing.assert_array_equal(np.asarray(got.extras["images"].positions),
+                              np.asarray(want.extras["images"].positions))
+print("OK")
+"""
+
+
+def test_eight_device_mesh_equals_one_device_with_images():
+  """make_sampler over 8 simulated devices splits the prompts' images by rows like the prompts
+  (one prompt a shard, rows with 0-2 images) and returns the one-device rollout."""
+  import subprocess
+  import sys
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
+             JAX_PLATFORMS="cpu")
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+  out = subprocess.run([sys.executable, "-c", _SHARDED], env=env, capture_output=True, text=True,
+                       timeout=300)
+  assert out.returncode == 0 and "OK" in out.stdout, out.stderr[-3000:]
