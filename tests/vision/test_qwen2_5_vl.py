@@ -228,6 +228,14 @@ def test_greedy_equals_transformers_generate(tiny, images):
                          mm_token_type_ids=(ids == IMAGE).int(), max_new_tokens=T,
                          min_new_tokens=T, do_sample=False, pad_token_id=0)
   np.testing.assert_array_equal(r.tokens, out[:, tokens.shape[1]:].numpy())
+  # The engine a run samples through hands the images on (the same compiled sampler).
+  from rljax.rollout.engines import JaxEngine
+  engine = JaxEngine(cfg)
+  engine.load_weights(engine.transfer(params)[0], 0)
+  got = engine.generate(tokens, mask, jax.random.key(0), sp, 1,
+                        images=multimodal.row_images(cfg, tokens, mask, pixels, grid))
+  np.testing.assert_array_equal(got.tokens, r.tokens)
+  assert got.extras["images"].pixels.shape == (3, 48, 96)
 
 
 def test_tower_runs_once_per_prompt_and_logp_matches_teacher_forcing(tiny, images, monkeypatch):
