@@ -25,9 +25,12 @@ setup(
         "absl-py>=2.0",
     ],
     extras_require={
-        "test": ["pytest>=8", "pytest-xdist>=3.6", "torch==2.13.0", "datasets>=3.0", "nbclient>=0.10", "nbformat>=5.10",
+        "test": ["pytest>=8", "pytest-xdist>=3.6", "torch==2.13.0", "datasets>=3.0", "pillow>=10", "nbclient>=0.10", "nbformat>=5.10",
                  "ipykernel>=6.29"],
         "hf": ["torch==2.13.0", "datasets>=3.0"],
+        # Prompts with images (rljax/data/images.py): decoding files and base64, and the Hugging
+        # Face image processors (their PIL backend).
+        "vision": ["pillow>=10"],
         "tpu": ["jax[tpu]"],
         "gpu": ["jax[cuda12]"],
         # Experiment trackers (train.loggers): W&B, and MLflow's tracking client.

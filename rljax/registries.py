@@ -226,7 +226,7 @@ DATA_SOURCES = Registry("data_source", "data source", "data.source", fill=("rlja
                         name_rule=(r"[^:\s]+", "may not contain ':' or spaces"))
 # The generated tasks of data.source='embedded:NAME' (environments pose their own).
 TASKS = Registry("task", "embedded task", "data.source='embedded:NAME'",
-                 fill=("rljax.data.tasks", "rljax.envs"))
+                 fill=("rljax.data.tasks", "rljax.data.visual_tasks", "rljax.envs"))
 
 FAMILIES: Dict[str, Registry] = {r.kind: r for r in (
     ADVANTAGES, POLICY_LOSSES, LOSS_AGGS, KL_ESTIMATORS, REGULARIZERS, TRANSFORMS,

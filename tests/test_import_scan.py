@@ -15,6 +15,7 @@ LOCAL_IMPORT_DEPENDENCIES = {
     "torch": "the optional [hf] extra: conversion checks against transformers",
     "transformers": "seconds to import: HF tokenizers and conversion checks only",
     "datasets": "the optional [hf] extra: hf: data sources only",
+    "PIL": "the optional [vision] extra (Pillow): decoding and processing images only",
     "tensorboardX": "heavy: the metrics sink of the main process only",
     "matplotlib": "sweep plots: the backend is chosen before pyplot is first imported",
     "matplotlib.pyplot": "sweep plots, after the backend is chosen",

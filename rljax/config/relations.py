@@ -3,11 +3,11 @@ check returns what is wrong as one line, or None. ``rljax.config.checks`` applie
 """
 from __future__ import annotations
 
-from rljax.config.declare import Relation, registry_meta
+from rljax.config.declare import Relation, registry_meta, registry_names
 from rljax.config.conditions import FRESH_MODEL, REASONING_GYM, RM_SOURCE, VERIFIERS
 from rljax.config.reward_spec import (ENV_SOURCE, REWARD_MODEL_SOURCE, VERIFIER_SOURCE,
                                       composed_sources, reward_clip, reward_normalize, task_source)
-from rljax.config.table import CAPACITY_UNPACKED, MESH_AXES
+from rljax.config.table import CAPACITY_UNPACKED, CHAR_TOKENIZERS, MESH_AXES
 
 
 def _one_filled_mesh_axis(f):
@@ -109,7 +109,7 @@ def _replay_single_turn(f):
 
 def _hermes_tokenizer(f):
   if f["env.name"] is not None and f["env.tool_format"] == "hermes" \
-      and f["data.tokenizer"] == "char":
+      and f["data.tokenizer"] in CHAR_TOKENIZERS:
     return ("env.tool_format='hermes' needs a tokenizer that can write "
             "'<tool_call>{\"name\": ...}</tool_call>'; the char tokenizer has no braces, quotes or "
             "'_': use env.tool_format='compact'")
@@ -126,6 +126,19 @@ def _gym_reward(f):
   if f["reward.fn"] == REASONING_GYM and f["data.source"].partition(":")[0] != REASONING_GYM:
     return (f"reward.fn={REASONING_GYM!r} scores problems of data.source='{REASONING_GYM}:NAME' "
             f"only (it calls the generating task's scorer); data.source={f['data.source']!r}")
+
+
+def _images_taken(f):
+  """An embedded task whose problems are images (its registration states ``images``) needs a
+  policy and rollouts that take images; sources of files are checked when read
+  (``rljax.data.datasets.make_prompt_source``)."""
+  name, _, task = f["data.source"].partition(":")
+  if name != "embedded" or task not in registry_names("task"):
+    return None
+  if registry_meta("task", task)["images"]:
+    return (f"data.source={f['data.source']!r} poses its problems as images; rljax's rollout "
+            "engines and learner take text prompts only so far (no vision-language policy "
+            "samples or trains yet): pick a text source")
 
 
 def _verifiers_pair(f):
@@ -256,6 +269,8 @@ RELATIONS = (
              _gym_reward),
     Relation(("data.source", "env.name"), "a verifiers source and the verifiers environment go "
              "together", _verifiers_pair),
+    Relation(("data.source",), "a task of images needs a policy and rollouts that take images",
+             _images_taken),
     Relation(("reward.sources", "reward.model.source"),
              f"the reward model source '{REWARD_MODEL_SOURCE}' needs reward.model.source",
              _reward_model_named),

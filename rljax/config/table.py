@@ -50,6 +50,9 @@ ROLLOUT_LEVELS = ("none", "token", "sequence", "geometric")
 OLD_LOGP_SOURCES = ("recompute", "sampler")  # algo.old_logp
 REMAT_MODES = ("none", "full", "dots")  # model.remat; True/False of old configs: full/none
 MESH_AXES = ("data", "fsdp", "expert", "context", "tensor")  # the mesh's axes, in device order
+# data.tokenizer's built-in vocabularies (rljax.data.tokenizer): characters; 'char_vl' adds image
+# placeholder tokens.
+CHAR_TOKENIZERS = ("char", "char_vl")
 MESH_AXIS = integer(1, also=(-1,))  # any one axis may be -1: the devices the others leave
 MODEL_DIM = integer(1, 2**20)  # a model dimension; larger ones overflow int32 shapes, never fit
 STRING_TUPLE = Check(lambda v: isinstance(v, (tuple, list)) and all(isinstance(t, str) for t in v),
@@ -206,7 +209,8 @@ KEYS = declare((
         "verifiers source: JSON object of keyword arguments for the environment's loader "
         "(load_environment or MODULE:FUNCTION)", read_if=DATA_SOURCE_READS),
     Key("data.num_eval", 256, SIZE, "held-out problems evaluated before/after training"),
-    Key("data.tokenizer", "char", NONEMPTY, "'char' or a local Hugging Face tokenizer directory"),
+    Key("data.tokenizer", "char", NONEMPTY,
+        "'char', 'char_vl' (with image placeholders) or a local Hugging Face tokenizer directory"),
     Key("data.chat_template", False, BOOL, "wrap prompts in the tokenizer's chat template"),
     Key("data.prompt_bucket", 32, SIZE,
         "prompts are left-padded to a multiple of this (fewer compilations)"),

@@ -3,22 +3,25 @@
 The data sources themselves (``data.source='NAME:ARGS'``) are registered
 (``rljax.data.sources``); two read local files and are registered here:
 
-- ``'jsonl:PATH'``: one JSON object per line with string fields ``prompt`` and ``answer``
-  (``solution`` optional, for SFT). An integer answer is read as its decimal text (``3`` ->
+- ``'jsonl:PATH'``: one JSON object per line with string fields ``prompt`` (or ``problem``) and
+  ``answer`` (``solution`` optional, for SFT; ``images`` optional: a list of image paths, relative
+  to the file's folder, or base64 strings, one ``<image>`` marker in the prompt per image,
+  ``rljax.data.images``). An integer answer is read as its decimal text (``3`` ->
   ``'3'``); any other non-string answer (``3.0``, ``true``, ``[3]``, an object) is an error
   naming file and line, since its text would never match what a verifier extracts;
 - ``'code:PATH'``: programming problems checked by unit tests, a JSONL file in the MBPP or
   HumanEval layout (``rljax.data.code_tasks``; ``reward.fn='code_tests'``);
 - ``'hf:PATH'``: a local ``.jsonl``/``.json``/``.parquet`` file, or a directory of them, read
-  with Hugging Face ``datasets`` (same fields). Nothing is downloaded.
+  with Hugging Face ``datasets`` (same fields; ``images`` may be the ``datasets`` image feature,
+  as Geometry3K's ``images`` + ``problem`` + ``answer``). Nothing is downloaded.
 
 Generated sources (a ``Task``) give an infinite train stream per ``data.train_seed`` and a
 held-out set per ``data.eval_seed``. Finite sources (``Rows``) are split like the generated
 tasks, by a hash of the prompt (``is_eval_prompt``), unless the source holds its rows out itself
 or ``PromptSource`` is given a separate ``eval_source``.
 
-Rows a run cannot learn from (an empty prompt or answer, a NUL byte, the same prompt with two
-different answers) follow ``data.invalid_rows``: ``'error'`` names the first one (file:line and
+Rows a run cannot learn from (an empty prompt or answer, a NUL byte, the same prompt and images
+with two different answers, images that the prompt's ``<image>`` markers do not place one each) follow ``data.invalid_rows``: ``'error'`` names the first one (file:line and
 the problem), ``'drop'`` leaves them all out, logs one line and counts them
 (``PromptSource.invalid_rows``, the ``data/invalid_rows`` metric).
 """
@@ -31,6 +34,7 @@ import numbers
 import os
 import random
 
+from rljax.data.images import image_path, marker_problem, read_images, row_key
 from rljax.data.prompt_policy import where
 from rljax.data.sources import Rows, data_settings, open_data_source, register_data_source
 from rljax.data.tasks import Problem, is_eval_prompt
@@ -62,7 +66,8 @@ def read_jsonl(path: str) -> list[Problem]:
       except json.JSONDecodeError as e:
         raise DataError(f"{path}:{line_number}: not valid JSON ({e.msg})") from None
       problems.append(_problem_from_record(record, f"{path}:{line_number}",
-                                           {"source": path, "line": line_number}))
+                                           {"source": path, "line": line_number},
+                                           os.path.dirname(path)))
   return problems
 
 
@@ -78,10 +83,13 @@ def read_hf(path: str) -> list[Problem]:
   builder = _HF_BUILDERS[os.path.splitext(files[0])[1]]
   table = datasets.load_dataset(builder, data_files=files, split="train")
   missing = [f for f in ("prompt", "answer") if f not in table.column_names]
+  if missing == ["prompt"] and "problem" in table.column_names:
+    missing = []
   if missing:
     raise DataError(
         f"hf:{path} has no column {missing[0]!r}; columns: {sorted(table.column_names)}")
-  return [_problem_from_record(row, f"hf:{path} row {i}", {"source": path, "row": i})
+  base_dir = path if os.path.isdir(path) else os.path.dirname(path)
+  return [_problem_from_record(row, f"hf:{path} row {i}", {"source": path, "row": i}, base_dir)
           for i, row in enumerate(table)]
 
 
@@ -102,17 +110,21 @@ def _dataset_files(path: str) -> list[str]:
   return files
 
 
-def _problem_from_record(record, where: str, meta: dict) -> Problem:
-  """A Problem from a ``{'prompt', 'answer'[, 'solution']}`` mapping; ``where`` names it in errors."""
+def _problem_from_record(record, where: str, meta: dict, base_dir: str = "") -> Problem:
+  """A Problem from a ``{'prompt' (or 'problem'), 'answer'[, 'solution', 'images']}`` mapping;
+  ``where`` names it in errors, ``base_dir`` is where relative image paths start."""
   if not isinstance(record, dict):
     raise DataError(f"{where}: expected a JSON object, got {type(record).__name__}")
-  for field in ("prompt", "answer"):
+  prompt_field = "problem" if record.get("prompt") is None and "problem" in record else "prompt"
+  for field in (prompt_field, "answer"):
     if field not in record or record[field] is None:
       raise DataError(f"{where}: missing field {field!r} (fields: {sorted(record)})")
-  if not isinstance(record["prompt"], str):
-    raise DataError(f"{where}: field 'prompt' must be a string, got {record['prompt']!r}")
-  return Problem(prompt=record["prompt"], answer=_answer_text(record["answer"], where),
-                 solution=str(record.get("solution") or ""), meta=meta)
+  if not isinstance(record[prompt_field], str):
+    raise DataError(f"{where}: field {prompt_field!r} must be a string, got "
+                    f"{record[prompt_field]!r}")
+  return Problem(prompt=record[prompt_field], answer=_answer_text(record["answer"], where),
+                 solution=str(record.get("solution") or ""), meta=meta,
+                 images=read_images(record.get("images"), where, base_dir))
 
 
 def _answer_text(answer, where: str) -> str:
@@ -135,23 +147,25 @@ def _row_problem(problem: Problem) -> str | None:
     return "empty prompt"
   if not problem.answer.strip():
     return "empty answer"
-  return None
+  return marker_problem(problem.prompt, problem.images)
 
 
 def _invalid_rows(problems: list[Problem]) -> list[tuple[int, str]]:
   """(index, problem) of every row a run cannot learn from; every row of a prompt that is given
   two different answers counts (which one is right cannot be known)."""
-  first, other = {}, {}  # prompt -> its first row; a row with another answer than the first
-  for i, p in enumerate(problems):
-    j = first.setdefault(p.prompt, i)
+  first, other = {}, {}  # row key -> its first row; a row with another answer than the first
+  keys = [row_key(p) for p in problems]
+  for i, (p, key) in enumerate(zip(problems, keys)):
+    j = first.setdefault(key, i)
     if problems[j].answer != p.answer:
-      other.setdefault(p.prompt, i)
+      other.setdefault(key, i)
   bad = []
-  for i, p in enumerate(problems):
+  for i, (p, key) in enumerate(zip(problems, keys)):
     reason = _row_problem(p)
-    if reason is None and p.prompt in other:
-      j = other[p.prompt] if i == first[p.prompt] else first[p.prompt]
-      reason = (f"the same prompt as {where(problems[j])} with another answer ({p.answer!r} "
+    if reason is None and key in other:
+      j = other[key] if i == first[key] else first[key]
+      same = "the same prompt and images" if p.images else "the same prompt"
+      reason = (f"{same} as {where(problems[j])} with another answer ({p.answer!r} "
                 f"here, {problems[j].answer!r} there)")
     if reason:
       bad.append((i, reason))
@@ -182,10 +196,25 @@ def _split_rows(problems: list[Problem], split: str) -> list[Problem]:
   if split == "all":
     return problems
   want_eval = split == "eval"
-  return [p for p in problems if is_eval_prompt(p.prompt) == want_eval]
+  return [p for p in problems if is_eval_prompt(row_key(p)) == want_eval]
 
 
-@register_data_source("jsonl", files=lambda path: [path])
+def _jsonl_files(path: str) -> list[str]:
+  """The JSONL file and the image files its rows name (what a resumed run's data is)."""
+  images = set()
+  with open(path, "rb") as f:
+    for raw in f:
+      try:
+        record = json.loads(raw)
+      except ValueError:
+        continue  # the file was read when the run started: no row is unreadable now
+      refs = record.get("images") if isinstance(record, dict) else None
+      refs = [refs] if isinstance(refs, (str, dict)) else refs or []
+      images.update(p for p in (image_path(r, os.path.dirname(path)) for r in refs) if p)
+  return [path] + sorted(images)
+
+
+@register_data_source("jsonl", files=_jsonl_files)
 def jsonl_source(path: str, settings) -> Rows:
   """``data.source='jsonl:PATH'``: one JSON object per line, string fields ``prompt`` and
   ``answer`` (``solution`` optional), screened by ``data.invalid_rows``."""
@@ -275,6 +304,14 @@ class PromptSource:
     self._keep = lambda problem: True
     self.dropped_prompts = 0
 
+  @property
+  def shows_images(self) -> bool:
+    """Whether its prompts show images (``Problem.images``): a generated task that states so, or
+    any of its rows."""
+    if self._task is not None:
+      return bool(self._task.images)
+    return any(p.images for p in self._rows + self._eval_rows)
+
   def set_prompt_filter(self, keep) -> None:
     """Leave out problems for which ``keep(problem)`` is False (``keep`` may raise instead: see
     ``rljax.data.prompt_policy``). File rows are filtered now, all of them (so a bad prompt is
@@ -352,12 +389,20 @@ class PromptSource:
     self.position = int(state["position"])
 
 
-def make_prompt_source(data, *, stream_seed: int | None = None) -> PromptSource:
+def make_prompt_source(data, *, stream_seed: int | None = None,
+                       takes_images: bool = False) -> PromptSource:
   """The ``PromptSource`` of the config's ``c.data`` section.
 
   ``stream_seed`` replaces ``data.train_seed`` for a separate stream of the same train split
-  (e.g. the SFT cold start draws its examples apart from the RL prompts).
+  (e.g. the SFT cold start draws its examples apart from the RL prompts). ``takes_images``:
+  whether the caller's policy and rollouts take images; when not, a source whose prompts show
+  images is refused (its images would be dropped silently).
   """
-  return PromptSource(data.source,
-                      train_seed=data.train_seed if stream_seed is None else stream_seed,
-                      eval_seed=data.eval_seed, settings=data)
+  source = PromptSource(data.source,
+                        train_seed=data.train_seed if stream_seed is None else stream_seed,
+                        eval_seed=data.eval_seed, settings=data)
+  if source.shows_images and not takes_images:
+    raise DataError(f"data.source={data.source!r}: its prompts show images, and this run's "
+                    "policy and rollouts take text only (a text-only model; rljax samples and "
+                    "trains on text prompts only so far)")
+  return source

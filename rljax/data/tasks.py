@@ -43,17 +43,27 @@ class Problem:
       calls ``((name, arguments), ...)`` and their results ``(text, ...)``, which the cold start
       writes in the run's tool format; ``solution`` is the compact text): the SFT cold start
       learns the turns only.
+    images: the images the prompt shows (``rljax.data.images.Image``), one ``<image>`` marker in
+      ``prompt`` where each goes; ``()`` for a text prompt (every text-only path ignores it).
   """
   prompt: str
   answer: str
   solution: str = ""
   meta: dict = dataclasses.field(default_factory=dict)
+  images: tuple = ()
 
 
 def marked_answer(completion: str) -> str | None:
   """The text after the last ``MARKER``, stripped; None when there is no marker."""
   head, sep, tail = completion.rpartition(MARKER)
   return tail.strip() if sep else None
+
+
+def marked_integer_matches(completion: str, problem: Problem) -> float:
+  """1.0 if the integer after the last ``MARKER`` equals ``problem.answer``, else 0.0."""
+  got = marked_answer(completion)
+  return float(got is not None and _INT.fullmatch(got) is not None
+               and int(got) == int(problem.answer))
 
 
 def is_eval_prompt(prompt: str) -> bool:
@@ -72,6 +82,8 @@ class Task(abc.ABC):
   split_by_prompt: bool = True
   # Solutions end with `` #<answer>`` (``MARKER``); an episode task (guess) answers otherwise.
   marked_answer: bool = True
+  # Its problems show images (``Problem.images``): the policy must take images.
+  images: bool = False
 
   def __init__(self, difficulty: int):
     if difficulty not in self.levels:
@@ -137,8 +149,9 @@ class Task(abc.ABC):
 
 def register_task(cls):
   """Class decorator adding a ``Task`` subclass to ``TASKS`` (``rljax.registries``) under its
-  ``name``: ``data.source='embedded:<name>'``."""
-  return TASKS.register(cls.name)(cls)
+  ``name``: ``data.source='embedded:<name>'``; the registration states whether its problems show
+  images (``images``)."""
+  return TASKS.register(cls.name, images=cls.images)(cls)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,7 +163,8 @@ class ArithmeticLevel:
   max_abs_value: int  # cap on every intermediate result (keeps solutions short)
 
 
-_APPLY = {
+# The integer operators of the generated tasks: symbol -> function.
+OPERATORS = {
     "+": lambda a, b: a + b,
     "-": lambda a, b: a - b,
     "*": lambda a, b: a * b,
@@ -194,9 +208,7 @@ class Arithmetic(Task):
         meta=self._meta())
 
   def verify(self, completion: str, problem: Problem) -> float:
-    got = marked_answer(completion)
-    return float(got is not None and _INT.fullmatch(got) is not None
-                 and int(got) == int(problem.answer))
+    return marked_integer_matches(completion, problem)
 
   def format_ok(self, completion: str) -> bool:
     return self._FORMAT.fullmatch(completion) is not None
@@ -225,7 +237,7 @@ def _evaluate_steps(nums: list[int], ops: list[str], paren: int | None):
   while ops:
     k = _next_operator(ops, paren)
     a, op, b = nums[k], ops[k], nums[k + 1]
-    value = _APPLY[op](a, b)
+    value = OPERATORS[op](a, b)
     steps.append(f"{a}{op}{b}={value}")
     values.append(value)
     nums[k:k + 2], paren = [value], None
@@ -336,9 +348,9 @@ def _countdown_apply(a: int, op: str, b: int) -> int | None:
   """``a op b`` when it is a positive integer, else None."""
   if op == "/":
     return a // b if b > 1 and a % b == 0 else None
-  if op not in _APPLY:
+  if op not in OPERATORS:
     return None
-  c = _APPLY[op](a, b)
+  c = OPERATORS[op](a, b)
   return c if c > 0 else None
 
 

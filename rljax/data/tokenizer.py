@@ -7,6 +7,10 @@ The RL loop only ever talks to :class:`Tokenizer`. Two implementations:
 - :class:`HFTokenizer`: wraps ``transformers.AutoTokenizer`` loaded from a *local* directory,
   with the tokenizer's own chat template applied to prompts when asked.
 
+``'char_vl'`` is the character vocabulary with Qwen2-VL's three image placeholder tokens after it
+(``QWEN2_VL``; ids 57-59, so every ``'char'`` id keeps its meaning): a tiny vision-language policy
+on the embedded visual task (``rljax.data.images``).
+
 Conventions shared by both:
 
 - ``encode(text)`` never adds special tokens; ``encode_prompt(prompt)`` is the one way a prompt
@@ -22,9 +26,12 @@ Conventions shared by both:
 from __future__ import annotations
 
 import abc
+import dataclasses
 import os
+import re
 from typing import Sequence
 
+from rljax.config.table import CHAR_TOKENIZERS
 from rljax.errors import TokenizerError
 
 PAD, EOS, BOS = "<pad>", "<eos>", "<bos>"
@@ -38,6 +45,19 @@ _CHAR_SYMBOLS = (
     "#,.:;<>?!"
     "abcdefghijklmnopqrstuvwxyz"
 )
+
+
+@dataclasses.dataclass(frozen=True)
+class Placeholders:
+  """A family's image placeholder tokens, as its chat template writes them: an image is
+  ``start`` + ``pad`` x (its image tokens) + ``end``."""
+  start: str
+  pad: str
+  end: str
+
+
+# Qwen2-VL, Qwen2.5-VL and Qwen3-VL write an image as these tokens (their chat templates).
+QWEN2_VL = Placeholders("<|vision_start|>", "<|image_pad|>", "<|vision_end|>")
 
 
 class Tokenizer(abc.ABC):
@@ -100,12 +120,17 @@ class CharTokenizer(Tokenizer):
 
   Ids: 0 ``<pad>``, 1 ``<eos>``, 2 ``<bos>``, then space, newline, digits, ``+-*/=()``,
   ``#,.:;<>?!`` and lowercase letters. A character outside the vocabulary is an error (never a
-  silent ``<unk>``), because a task that emits one is a bug.
+  silent ``<unk>``), because a task that emits one is a bug. ``images=True`` (``'char_vl'``) adds
+  ``QWEN2_VL``'s placeholder tokens as ids 57, 58, 59, each read whole from text.
   """
 
-  def __init__(self):
-    self._id_to_piece = list(_CHAR_SPECIALS) + list(_CHAR_SYMBOLS)
+  def __init__(self, images: bool = False):
+    extra = list(dataclasses.astuple(QWEN2_VL)) if images else []
+    self._id_to_piece = list(_CHAR_SPECIALS) + list(_CHAR_SYMBOLS) + extra
     self._char_to_id = {ch: i + len(_CHAR_SPECIALS) for i, ch in enumerate(_CHAR_SYMBOLS)}
+    self._special_ids = {piece: len(self._id_to_piece) - len(extra) + k
+                         for k, piece in enumerate(extra)}
+    self._split = re.compile("(" + "|".join(map(re.escape, extra)) + ")") if extra else None
     self.pad_id, self.eos_id, self.bos_id = 0, 1, 2
     self.vocab_size = len(self._id_to_piece)
 
@@ -118,6 +143,13 @@ class CharTokenizer(Tokenizer):
     return "char:" + "".join(self._id_to_piece)
 
   def encode(self, text: str) -> list[int]:
+    if self._split is not None:
+      return [i for piece in self._split.split(text) if piece
+              for i in ([self._special_ids[piece]] if piece in self._special_ids
+                        else self._encode_chars(piece))]
+    return self._encode_chars(text)
+
+  def _encode_chars(self, text: str) -> list[int]:
     try:
       return [self._char_to_id[ch] for ch in text]
     except KeyError as e:
@@ -129,7 +161,8 @@ class CharTokenizer(Tokenizer):
     pieces = []
     for i in ids:
       i = int(i)
-      if i == self.pad_id or (skip_special_tokens and i in (self.eos_id, self.bos_id)):
+      if i == self.pad_id or (skip_special_tokens and (
+          i in (self.eos_id, self.bos_id) or i in self._special_ids.values())):
         continue
       # A model whose embedding table is larger than the vocabulary may sample an id with no
       # character: show it as U+FFFD so the completion is simply wrong, not a crashed run.
@@ -277,9 +310,11 @@ def _load_hf_tokenizer(path: str):
 
 
 def load_tokenizer(name_or_path: str, chat_template: bool = False) -> Tokenizer:
-  """``'char'`` -> :class:`CharTokenizer`; a local directory -> :class:`HFTokenizer`."""
-  if name_or_path == "char":
+  """``'char'`` (``'char_vl'``: with image placeholders) -> :class:`CharTokenizer`; a local
+  directory -> :class:`HFTokenizer`."""
+  if name_or_path in CHAR_TOKENIZERS:
     if chat_template:
-      raise TokenizerError("data.chat_template=True needs a Hugging Face tokenizer, not 'char'")
-    return CharTokenizer()
+      raise TokenizerError("data.chat_template=True needs a Hugging Face tokenizer, not "
+                           f"{name_or_path!r}")
+    return CharTokenizer(images=name_or_path == "char_vl")
   return HFTokenizer(name_or_path, chat_template=chat_template)

@@ -123,7 +123,7 @@ def load_judge(config, tokenizer, policy_cfg: ModelConfig) -> tuple[ModelConfig,
         f"{cfg.vocab_size} / eos {cfg.eos_token_id} / pad {cfg.pad_token_id} vs "
         f"{tokenizer.vocab_size} / {policy_cfg.eos_token_id} / {policy_cfg.pad_token_id}): the "
         "judge reads the completions with data.tokenizer")
-  return cfg.replace(**run_settings(m)), params
+  return cfg.replace(**run_settings(m)).base, params  # the policy's adapters are not its
 
 
 # --- the source ----------------------------------------------------------------------------------

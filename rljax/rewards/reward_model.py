@@ -230,7 +230,7 @@ def load_reward_model(config, policy_tokenizer, mesh) -> RewardModel:
         "reward.model.tokenizer)")
   cfg, params = models.load_hf(path, dtype=rm.dtype or compute_dtype(config.model.dtype),
                                param_dtype=config.model.param_dtype, head="score")
-  cfg = cfg.replace(**run_settings(config.model))
+  cfg = cfg.replace(**run_settings(config.model)).base  # the policy's adapters are not its
   params = jax.device_put(params, param_shardings(mesh, cfg))
   reuse = (tokenizer.fingerprint() == policy_tokenizer.fingerprint()
            and bool(rm.chat_template) == bool(config.data.chat_template))

@@ -34,10 +34,11 @@ import logging
 import os
 import re
 import socket
+import tempfile
 import time
 
 from rljax import errors
-from rljax.errors import RljaxError, RunDirError
+from rljax.errors import RljaxError, RunDirError, StartupError
 from rljax.data import sources
 from rljax.parallel import distributed
 
@@ -303,6 +304,34 @@ def check_path(run_dir: str) -> None:
   if not os.path.isdir(run_dir):
     raise RunDirError(f"train.run_dir={run_dir!r} exists and is not a directory; choose another "
                       "train.run_dir")
+
+
+def check_creatable(path: str, key: str, *, file: bool = False, value: str | None = None) -> None:
+  """Refuse, before anything is trained, a ``path`` (named by config key ``key``, whose value is
+  ``value``, default ``path``: a directory, or a ``file``) that a run would write and could not:
+  it exists as the other kind, or its nearest existing ancestor is not a directory in which this
+  process can make one. Tried by making and removing a directory there (``os.access`` answers
+  yes for root where ``mkdir`` fails: /proc, a read-only mount); writes go beside ``path`` first
+  (``<path>.tmp-*``, then renamed)."""
+  named = f"{key}={path if value is None else value!r}"
+  if os.path.exists(path):
+    if os.path.isdir(path) == file:
+      raise StartupError(f"{named} exists and is not a {'file' if file else 'directory'}; "
+                         f"choose another {key}")
+  parent = os.path.dirname(os.path.abspath(path))
+  while not os.path.exists(parent):
+    parent = os.path.dirname(parent)
+  if not os.path.isdir(parent):
+    raise StartupError(f"{named} cannot be created: {parent!r} is not a directory; choose "
+                       f"another {key}")
+  try:
+    os.rmdir(tempfile.mkdtemp(prefix=".rljax-write-check-", dir=parent))
+  except OSError as e:
+    full = errors.disk_full(e)
+    if full is not None:
+      raise full from None
+    raise StartupError(f"{named} cannot be created: {parent!r} cannot be written "
+                       f"({e.strerror}); choose another {key}") from None
 
 
 def _path_error(run_dir: str, error: OSError) -> RljaxError:

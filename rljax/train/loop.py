@@ -192,6 +192,7 @@ def train(config) -> dict:
   SIGINT end it with ``preemption.Stop`` (SIGTERM after saving the last step)."""
   prepared = build.prepare(config)  # every check that needs no run dir, before claiming it
   check_env_startup(config, prepared.tokenizer)
+  rlhf.check_start(config)  # the RLHF demo's cold start can write where it will
   # The cache is set once the run dir is claimed and before anything is compiled (the SFT cold
   # start included). The run dir is claimed before the RLHF demo's reward model is trained, so
   # a run stopped then is resumed (train.resume=True) as well as rerun.

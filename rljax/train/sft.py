@@ -28,7 +28,7 @@ from rljax.errors import DataError, StartupError
 from rljax.models import transformer
 from rljax.runs import preemption
 from rljax.runs.checkpoint import Checkpointer
-from rljax.runs.run_dir import flatten_config
+from rljax.runs.run_dir import check_creatable, flatten_config
 
 STAMP_FILE = "rljax_sft_stamp.json"
 
@@ -151,42 +151,33 @@ def check_cold_start(config, tokenizer) -> None:
   """What would stop the cold start midway, checked before anything is written (``rljax sft``,
   and ``rljax train`` with ``model.source='sft'`` before it claims its run dir), unless
   ``sft.out_dir`` already holds it: the directory can be written, and every example of the
-  ``sft.steps`` batches it draws has a reference solution and fits the sampler's window (the
-  same stream, drawn and encoded again: a small part of the training's own time,
-  docs/reliability.md)."""
+  ``sft.steps`` batches it draws (and of the exact-match check, with ``sft.stop_match``) has a
+  reference solution and fits the sampler's window (the same streams, drawn and encoded again: a
+  small part of the training's own time, docs/reliability.md)."""
   out = resolve_out_dir(config)  # says so where it puts this cold start beside another
   if read_stamp(out) == cold_start_stamp(config):
     return
   if os.path.isdir(out) and os.listdir(out):
     raise StartupError(f"sft.out_dir={out!r} holds files that are not this config's SFT cold "
                        "start; choose another sft.out_dir")
-  _check_writable(out)
+  check_creatable(out, "sft.out_dir")
   s = config.sft
   width = config.data.prompt_bucket + config.rollout.max_new_tokens
   source = datasets.make_prompt_source(config.data, stream_seed=s.seed)
-  for _ in range(s.steps):
-    for problem in source.next_batch(s.batch_size):
-      if not problem.solution:
-        raise StartupError(_NO_SOLUTIONS.format(source=config.data.source))
-      length = len(encode_example(tokenizer, problem, config.env.tool_format)[0])
-      if length > width:
-        raise StartupError(_too_wide(length, width, problem))
+  drawn = [source.next_batch(s.batch_size) for _ in range(s.steps)]
+  if s.stop_match > 0:  # the exact-match check's examples (train_sft), their own stream
+    checked = datasets.make_prompt_source(config.data, stream_seed=_check_stream_seed(s.seed))
+    drawn.append(checked.next_batch(s.check_size))
+  for problem in (p for batch in drawn for p in batch):
+    if not problem.solution:
+      raise StartupError(_NO_SOLUTIONS.format(source=config.data.source))
+    length = len(encode_example(tokenizer, problem, config.env.tool_format)[0])
+    if length > width:
+      raise StartupError(_too_wide(length, width, problem))
 
 
 _NO_SOLUTIONS = ("SFT needs reference solutions; data.source={source!r} has none (use an "
                  "embedded task)")
-
-
-def _check_writable(out: str) -> None:
-  """The cold start is written beside ``out`` (``publish_atomically``): its nearest existing
-  ancestor must be a directory this process may write into."""
-  parent = os.path.dirname(os.path.abspath(out))
-  while not os.path.exists(parent):
-    parent = os.path.dirname(parent)
-  if not os.path.isdir(parent) or not os.access(parent, os.W_OK | os.X_OK):
-    what = "is not a directory" if not os.path.isdir(parent) else "cannot be written"
-    raise StartupError(f"sft.out_dir={out!r} cannot be created: {parent!r} {what}; choose "
-                       "another sft.out_dir")
 
 
 def sft_loss(model_cfg, params, tokens, attn, loss_mask, chunk: int):

@@ -19,7 +19,8 @@ from rljax.data.tokenizer import CharTokenizer
 from rljax.errors import DataError, RunDirError, StartupError
 from rljax.runs import metrics as metrics_lib
 from rljax.runs import run_dir as run_dir_lib
-from rljax.train import reward_training
+from rljax.config.table import KEY_BY_NAME
+from rljax.train import reward_training, rlhf
 from tests import hf_models
 from tests.train import tiny
 from tests.train.test_reward_training import RM_ARGS, rule_pairs, write_jsonl
@@ -229,3 +230,40 @@ def test_the_rlhf_reward_model_cold_start_killed_then_rerun_and_resumed(tmp_path
   records = metrics_lib.read_jsonl(str(rm_dir / "metrics.jsonl"))
   assert [r["step"] for r in records] == list(range(7))  # no step twice, none missing
   assert (rm_dir / "hf" / "config.json").exists()
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux's /proc")
+@pytest.mark.parametrize("key, value, line", [
+    ("rm.train_file", "/proc/rljax-pairs.jsonl",
+     "rm.train_file='/proc/rljax-pairs.jsonl' cannot be created: '/proc' cannot be written ("),
+    ("rm.train_file", "{root}",
+     "rm.train_file='{root}' exists and is not a file; choose another rm.train_file"),
+    ("reward.model.source", "run:/proc/rljax-rm",
+     "reward.model.source='run:/proc/rljax-rm' cannot be created: '/proc' cannot be written ("),
+], ids=["pairs_unwritable", "pairs_a_directory", "rm_dir_unwritable"])
+def test_the_rlhf_cold_start_refuses_where_it_cannot_write_before_the_run_dir(
+    key, value, line, tmp_path, capsys):
+  """Was: the run dir claimed, then a FileNotFoundError / IsADirectoryError traceback where the
+  pairs or the reward model were first written (after the SFT cold start for the latter)."""
+  value, line = value.format(root=tmp_path), line.format(root=tmp_path)
+  with pytest.raises(SystemExit) as e:
+    cli.entry(_rlhf_args(tmp_path) + [f"--config.{key}={value}"])
+  err = capsys.readouterr().err
+  assert e.value.code == 2 and err.startswith(f"error: {line}") and err.count("\n") == 1, err
+  assert not (tmp_path / "grpo").exists() and not (tmp_path / "sft").exists()
+
+
+def test_the_rlhf_cold_start_of_a_lora_policy_trains_a_whole_reward_model(tmp_path):
+  """Was: a LoRA policy's RLHF run (``model.lora.rank=4``) claimed its run dir, wrote the pairs,
+  then stopped at the reward model's cold start telling the user to set model.lora.rank=0 (the
+  policy's adapters, not the reward model's). The cold start's config has the adapters off, the
+  rest of the model as the run's."""
+  args = _rlhf_args(tmp_path) + ["--config.model.lora.rank=4", "--config.model.lora.alpha=8"]
+  config = config_loader.load_config(args[2], [tuple(a[len("--config."):].split("=", 1))
+                                               for a in args[3:]])
+  rm = rlhf.rm_config(config, str(tmp_path / "rm"))
+  reward_training.check_start(rm)  # refused before
+  assert rm.model.lora.to_dict() == {k: KEY_BY_NAME[f"model.lora.{k}"].default
+                                     for k in rm.model.lora}
+  assert rm.model.hidden_size == config.model.hidden_size == 32
+  assert (config.model.lora.rank, config.model.lora.alpha) == (4, 8)  # the run's config as it was

@@ -80,3 +80,43 @@ def test_an_out_dir_that_cannot_be_written_is_one_line_before_anything_is_writte
   run_dir = tmp_path / "run"
   err = _entry(tiny.args("grpo", str(run_dir), dict(SFT, **{"sft.out_dir": str(out)})), capsys)
   assert "cannot be created" in err and not run_dir.exists()
+
+
+def test_an_out_dir_that_is_a_file_is_refused_and_the_file_kept(tmp_path, capsys):
+  """Was: the cold start trained, then the user's file was renamed to ``<name>.old-<ns>`` and a
+  directory of weights took its place."""
+  out = tmp_path / "notes.txt"
+  out.write_text("mine")
+  assert _entry(sft_args(str(out)), capsys) == (
+      f"error: sft.out_dir={str(out)!r} exists and is not a directory; choose another "
+      "sft.out_dir\n")
+  assert out.read_text() == "mine" and os.listdir(tmp_path) == ["notes.txt"]
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux's /proc")
+def test_an_out_dir_where_no_directory_can_be_made_is_one_line(tmp_path, capsys):
+  """Was: a FileNotFoundError traceback after the whole cold start had trained: ``os.access``
+  says /proc may be written (for root), ``mkdir`` there fails. The check makes (and removes) a
+  directory where the cold start will be written."""
+  out = "/proc/rljax-sft"
+  err = _entry(sft_args(out), capsys)
+  assert err.startswith(f"error: sft.out_dir={out!r} cannot be created: '/proc' cannot be "
+                        "written (") and err.count("\n") == 1
+  assert err.endswith("); choose another sft.out_dir\n")
+  run_dir = tmp_path / "run"
+  err = _entry(tiny.args("grpo", str(run_dir), dict(SFT, **{"sft.out_dir": out})), capsys)
+  assert "cannot be created" in err and not run_dir.exists()
+
+
+def test_the_exact_match_checks_examples_are_checked_too(tmp_path, capsys):
+  """Was: with ``sft.stop_match`` the examples of the exact-match check (their own stream of
+  ``sft.check_size``) were not checked at start: one of them wider than the window stopped the
+  cold start after ``rljax train`` had written its run dir. Here the training examples fit the
+  window of 24 (lengths 24 and 22 by hand from the stream) and a check example is 26 tokens."""
+  out, run_dir = tmp_path / "sft", tmp_path / "run"
+  args = {**SFT, "sft.steps": "1", "sft.batch_size": "2", "sft.warmup_steps": "0",
+          "sft.stop_match": "0.5", "rollout.max_new_tokens": "16", "sft.out_dir": str(out)}
+  err = _entry(tiny.args("grpo", str(run_dir), args), capsys)
+  assert err.startswith("error: an SFT example of 26 tokens (prompt, solution, EOS) is wider "
+                        "than the sampler's window of 24") and err.count("\n") == 1, err
+  assert not run_dir.exists() and not out.exists()

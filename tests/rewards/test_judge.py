@@ -18,6 +18,7 @@ from rljax.rewards import sources
 from rljax.rollout.engines import ROLLOUT_ENGINES, EngineBase, register_engine
 from rljax.rollout.record import Rollout
 from rljax.train import build
+from tests import hf_models
 
 VERDICTS = ["7", "score 3.5!", "no idea", "12", "-4 points", "ok 2 or 9"]
 PROMPTS_SEEN = []
@@ -170,3 +171,24 @@ def test_the_judges_context_holds_its_prompt_and_verdict(scripted):
       "reward.judge: the judge's prompt of row 1 is 132 tokens, more than the 96 its context of "
       "4096 positions leaves less reward.judge.max_new_tokens=4000")):
     judge(_batch(["1", "2" * 100, "3"]))
+
+
+def test_a_lora_policys_judge_of_hugging_face_weights_has_no_adapters(tmp_path):
+  """Was: ``model.lora.rank=4`` gave the judge of ``reward.judge.source='hf:...'`` the policy's
+  adapter settings over weights that hold none (a traceback at its first forward). Its P(yes)
+  is the softmax of ``transformers``' next-token logits of those weights."""
+  tok = tokenizer_lib.load_tokenizer("char")
+  path = hf_models.build("llama", str(tmp_path / "judge"), eos_token_id=tok.eos_id,
+                         pad_token_id=tok.pad_id, num_hidden_layers=1)
+  config = _config(parse="p_yes", yes="y", template="{prompt}{completion} ok?",
+                   source=f"hf:{path}")
+  config.model.lora.rank = 4
+  judge, _, _ = _judge(config)
+  assert judge.cfg.lora_rank == 0
+  completions = ["2", "7", "n"]
+  scored = judge(_batch(completions))
+  ids = np.asarray([tok.encode_prompt(f"{i}+1={c} ok?") for i, c in enumerate(completions)])
+  z = hf_models.hf_logits(path, ids, np.ones_like(ids))[:, -1]
+  p = np.exp(z - z.max(-1, keepdims=True))
+  p /= p.sum(-1, keepdims=True)
+  np.testing.assert_allclose(scored.values, p[:, tok.encode("y")[0]], rtol=1e-4, atol=1e-6)

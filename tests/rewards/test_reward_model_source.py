@@ -219,3 +219,18 @@ def test_rows_longer_than_the_reward_models_context_stop_the_step(char_rm, bpe_r
     with pytest.raises(RewardSourceError, match=named + r".* more than the reward model's "
                                                 r"context of 10 positions"):
       short.rows(policy_batch(policy))
+
+
+def test_a_lora_policys_reward_model_scores_without_adapters(char_rm, one_device):
+  """Was: with ``model.lora.rank=4`` (a LoRA policy) the reward model took the policy's adapter
+  settings and its placement failed (a pytree mismatch: kernels without lora_a / lora_b), so no
+  LoRA run could score with ``reward.sources='rm:...'``. The frozen scorer has no adapters."""
+  tok = CharTokenizer()
+  config = rm_config(f"hf:{char_rm}", tokenizer="char")
+  config.model.lora.rank = 4
+  rm = reward_model.load_reward_model(config, tok, one_device)
+  assert rm.cfg.lora_rank == 0
+  batch = policy_batch(tok)
+  tokens = np.concatenate([batch.prompt_tokens, batch.tokens], 1)
+  mask = np.concatenate([batch.prompt_mask, batch.mask], 1)
+  assert np.abs(rm(batch) - hf_models.hf_scores(char_rm, tokens, mask)).max() <= 1e-4

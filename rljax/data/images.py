@@ -1,0 +1,274 @@
+"""Images in prompts: the pixels a problem carries and what a vision-language policy takes of them.
+
+A problem with images (``Problem.images``, a tuple of ``Image``) writes one ``<image>`` marker
+(``IMAGE_MARKER``) in its prompt text where each image goes, in order. Text-only paths never look
+at ``images``; a prompt batch with images is encoded by ``encode_image_prompts`` into what
+Hugging Face Qwen2-VL / Qwen2.5-VL / Qwen3-VL take (arXiv 2409.12191, 2502.13923):
+
+- per image, the family's Hugging Face image processor's ``pixel_values`` patches
+  ``[N_patches, C * temporal_patch_size * patch_size^2]`` and ``image_grid_thw`` ``[3]``
+  (``(t, h, w)`` in patches; rljax does not re-implement resizing);
+- in the prompt's ids, each marker replaced by the chat template's placeholder
+  ``<|vision_start|>`` + ``<|image_pad|>`` x n + ``<|vision_end|>``, with
+  ``n = t * h * w / merge_size^2`` (the tokens the vision tower's 2x2 patch merger emits).
+
+Images come from files (a path, relative to the data file's folder), base64 strings (bare, or a
+``data:image/...;base64,`` URL), PIL images or ``{'bytes', 'path'}`` dicts (Hugging Face
+``datasets``' image feature); each is decoded when the row is read, so a missing or corrupt image
+is an error naming the row at start-up.
+"""
+from __future__ import annotations
+
+import base64
+import binascii
+import dataclasses
+import hashlib
+import io
+import os
+import re
+from typing import Any, Sequence
+
+import numpy as np
+
+from rljax.data.prompt_policy import where
+from rljax.data.tokenizer import QWEN2_VL, Placeholders
+from rljax.errors import DataError, MissingPackageError, TokenizerError
+
+IMAGE_MARKER = "<image>"
+_BASE64 = re.compile(r"[A-Za-z0-9+/\s]+={0,2}\s*")
+_DATA_URL = re.compile(r"data:image/[\w.+-]+;base64,(.*)", re.S)
+
+
+@dataclasses.dataclass(frozen=True)
+class Image:
+  """An RGB image ``[height, width, 3]`` uint8, held as bytes so that a problem that carries it
+  stays a hashable, comparable value."""
+  height: int
+  width: int
+  data: bytes = dataclasses.field(repr=False)
+
+  @classmethod
+  def from_array(cls, pixels) -> "Image":
+    """From ``[H, W, 3]`` uint8 pixels."""
+    pixels = np.asarray(pixels)
+    if pixels.dtype != np.uint8 or pixels.ndim != 3 or pixels.shape[2] != 3:
+      raise ValueError(f"an image is [H, W, 3] uint8 pixels, got {pixels.shape} {pixels.dtype}")
+    return cls(int(pixels.shape[0]), int(pixels.shape[1]), pixels.tobytes())
+
+  @property
+  def pixels(self) -> np.ndarray:
+    """``[H, W, 3]`` uint8 (read-only)."""
+    return np.frombuffer(self.data, np.uint8).reshape(self.height, self.width, 3)
+
+  def to_pil(self):
+    return _pil().fromarray(self.pixels.copy(), "RGB")
+
+
+def images_digest(images: Sequence[Image]) -> str:
+  """A short stable digest of ``images`` ('' for none): with the prompt, what tells two rows
+  apart (the same question asked of two figures is two problems)."""
+  if not images:
+    return ""
+  digest = hashlib.blake2b(digest_size=8)
+  for image in images:
+    digest.update(f"{image.height}x{image.width};".encode() + image.data)
+  return digest.hexdigest()
+
+
+def row_key(problem) -> str:
+  """What tells rows apart and splits them into train and held out (``is_eval_prompt``): the
+  prompt, and the digest of its images when it shows any (text rows keep their split)."""
+  images = tuple(getattr(problem, "images", ()))
+  return problem.prompt if not images else f"{problem.prompt}\0{images_digest(images)}"
+
+
+def _pil():
+  try:
+    from PIL import Image as PILImage  # the optional [vision] extra: images only
+    return PILImage
+  except ImportError:
+    raise MissingPackageError("images need Pillow to be decoded and processed: pip install "
+                              "pillow (the [vision] extra)") from None
+
+
+def _decode(raw: bytes, what: str, where_: str) -> Image:
+  pil = _pil()
+  try:
+    with pil.open(io.BytesIO(raw)) as opened:
+      opened.load()  # a truncated file fails here, not at the first batch
+      return Image.from_array(np.asarray(opened.convert("RGB")))
+  except (OSError, ValueError, pil.DecompressionBombError) as e:
+    first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+    raise DataError(f"{where_}: {what} is not a readable image ({first})") from None
+
+
+def _is_base64(ref: str) -> bool:
+  return _DATA_URL.fullmatch(ref) is not None or (len(ref) >= 64
+                                                   and _BASE64.fullmatch(ref) is not None)
+
+
+def image_path(ref: Any, base_dir: str = "") -> str | None:
+  """The file an entry of a row's ``images`` names (relative paths start at ``base_dir``), or
+  None when the entry holds the image itself (base64, bytes, a PIL image)."""
+  if isinstance(ref, dict) and ref.get("bytes") is None:
+    ref = ref.get("path")
+  if not isinstance(ref, str) or not ref or _is_base64(ref):
+    return None
+  return os.path.join(base_dir, ref) if base_dir and not os.path.isabs(ref) else ref
+
+
+def read_image(ref: Any, where_: str, base_dir: str = "") -> Image:
+  """The ``Image`` of one entry of a row's ``images``: a path (relative to ``base_dir``), a base64
+  string or ``data:`` URL, a PIL image, or a ``{'bytes', 'path'}`` dict; a missing or corrupt
+  image is a ``DataError`` naming ``where_``. A string is base64 only if it cannot be a path with
+  an extension (base64 has no '.') and is long enough to hold an image."""
+  if isinstance(ref, dict) and ref.get("bytes") is not None:
+    return _decode(bytes(ref["bytes"]), f"image {ref.get('path') or '(bytes)'}", where_)
+  path = image_path(ref, base_dir)
+  if path is None and isinstance(ref, str) and ref:
+    url = _DATA_URL.fullmatch(ref)
+    try:
+      raw = base64.b64decode(url[1] if url else ref, validate=False)
+    except (binascii.Error, ValueError):
+      raise DataError(f"{where_}: an image string is neither a file nor valid base64") from None
+    return _decode(raw, "a base64 image", where_)
+  if path is not None:
+    if not os.path.isfile(path):
+      raise DataError(f"{where_}: image file {path!r} does not exist")
+    with open(path, "rb") as f:
+      return _decode(f.read(), f"image file {path!r}", where_)
+  if hasattr(ref, "convert") and hasattr(ref, "size"):  # a PIL image (datasets' Image feature)
+    return Image.from_array(np.asarray(ref.convert("RGB")))
+  raise DataError(f"{where_}: an image must be a path, a base64 string, a PIL image or a "
+                  f"{{'bytes', 'path'}} dict, got {type(ref).__name__}")
+
+
+def read_images(refs: Any, where_: str, base_dir: str = "") -> tuple:
+  """A row's ``images`` field (a list; one entry alone is taken as a list of one)."""
+  if refs is None:
+    return ()
+  if isinstance(refs, (str, dict)) or not isinstance(refs, Sequence):
+    refs = [refs]
+  return tuple(read_image(r, f"{where_} image {k}", base_dir) for k, r in enumerate(refs))
+
+
+def marker_problem(prompt: str, images: Sequence[Image]) -> str | None:
+  """Why a prompt's ``<image>`` markers do not place its images (one line), or None."""
+  markers = prompt.count(IMAGE_MARKER) if isinstance(prompt, str) else 0
+  if markers == len(images):
+    return None
+  return (f"the prompt has {markers} {IMAGE_MARKER} marker{'s' * (markers != 1)} and "
+          f"{len(images)} image{'s' * (len(images) != 1)}: write one {IMAGE_MARKER} where each "
+          "image goes")
+
+
+# --- what a vision-language policy takes ------------------------------------------------------
+
+def qwen2_vl_image_processor(**settings):
+  """Hugging Face's Qwen2-VL image processor (Qwen2.5-VL uses it too) built directly, nothing
+  downloaded: ``settings`` are its own (``patch_size=14``, ``temporal_patch_size=2``,
+  ``merge_size=2``, ``min_pixels``, ``max_pixels``, ``image_mean``, ...). The PIL/NumPy one, so
+  torch and torchvision are not needed."""
+  try:
+    from transformers import Qwen2VLImageProcessorPil as processor  # transformers >= 5
+  except ImportError:
+    from transformers import Qwen2VLImageProcessor as processor  # 4.x: the NumPy one
+  return processor(**settings)
+
+
+def load_image_processor(path: str):
+  """The image processor saved in a local model directory (``preprocessor_config.json``)."""
+  if not os.path.isfile(os.path.join(path, "preprocessor_config.json")):
+    raise DataError(f"{path!r} has no preprocessor_config.json: a vision-language model "
+                    "directory holds its image processor's settings there")
+  from transformers import AutoImageProcessor  # slow import: only when images are processed
+  return AutoImageProcessor.from_pretrained(path, local_files_only=True)
+
+
+def image_patches(processor, images: Sequence[Image]) -> tuple[np.ndarray, np.ndarray]:
+  """``(pixel_values [sum N_patches, C*temporal_patch_size*patch_size^2] float32,
+  image_grid_thw [num_images, 3] int32)`` of ``images`` by the family's ``processor``."""
+  out = processor(images=[im.to_pil() for im in images], return_tensors="np")
+  return (np.asarray(out["pixel_values"], np.float32),
+          np.asarray(out["image_grid_thw"], np.int32).reshape(-1, 3))
+
+
+def placeholder_count(grid_thw, merge_size: int) -> int:
+  """Image tokens of one image: ``t * h * w / merge_size^2`` (the patch merger joins
+  ``merge_size x merge_size`` neighbouring patches into one token)."""
+  t, h, w = (int(x) for x in grid_thw)
+  if h % merge_size or w % merge_size:
+    raise ValueError(f"image grid {t}x{h}x{w} does not split into {merge_size}x{merge_size} "
+                     "merged patches")
+  return t * h * w // (merge_size * merge_size)
+
+
+@dataclasses.dataclass(frozen=True)
+class ImagePrompts:
+  """A prompt batch with its images, as a vision-language policy takes it.
+
+  ids: per prompt, its token ids with every image's placeholder expanded (``P`` lists).
+  pixel_values: ``[sum N_patches, D]`` float32, the images' patches in prompt order.
+  image_grid_thw: ``[I, 3]`` int32, each image's ``(t, h, w)`` in patches.
+  image_prompt: ``[I]`` int32, the prompt each image belongs to.
+  """
+  ids: list
+  pixel_values: np.ndarray
+  image_grid_thw: np.ndarray
+  image_prompt: np.ndarray
+
+
+def _placeholder_id(tokenizer, text: str) -> int:
+  try:
+    ids = tokenizer.encode(text)
+  except TokenizerError:
+    ids = []
+  if len(ids) != 1:
+    raise TokenizerError(f"the tokenizer has no {text!r} token, so a prompt's images cannot be "
+                         "placed: prompts with images need a vision-language model's tokenizer "
+                         "(this one is a text-only model's)")
+  return ids[0]
+
+
+def encode_image_prompts(tokenizer, problems, processor,
+                         placeholders: Placeholders = QWEN2_VL) -> ImagePrompts:
+  """``problems`` (with or without images) as a vision-language policy takes them
+  (``ImagePrompts``): each ``<image>`` marker becomes the family's placeholder, its pad token
+  repeated ``t*h*w / merge_size^2`` times by the image's grid; the prompt is otherwise encoded as
+  ``tokenizer.encode_prompt`` encodes it (chat template, BOS)."""
+  pad_id = _placeholder_id(tokenizer, placeholders.pad)
+  for text in (placeholders.start, placeholders.end):
+    _placeholder_id(tokenizer, text)
+  merge = int(processor.merge_size)
+  marked = "".join(dataclasses.astuple(placeholders))
+  ids, patches, grids, owners = [], [], [], []
+  for row, problem in enumerate(problems):
+    images = tuple(problem.images)
+    wrong = marker_problem(problem.prompt, images)
+    if wrong:
+      raise DataError(f"{where(problem)}: {wrong}")
+    if any(p in problem.prompt for p in dataclasses.astuple(placeholders)):
+      raise DataError(f"{where(problem)}: the prompt writes an image placeholder token itself; "
+                      f"mark where an image goes with {IMAGE_MARKER}")
+    prompt_ids = tokenizer.encode_prompt(problem.prompt.replace(IMAGE_MARKER, marked))
+    counts = []
+    if images:
+      values, grid = image_patches(processor, images)
+      patches.append(values)
+      grids.append(grid)
+      owners += [row] * len(images)
+      counts = [placeholder_count(g, merge) for g in grid]
+    expanded, k = [], 0
+    for i in prompt_ids:
+      if i == pad_id:
+        expanded += [pad_id] * counts[k]
+        k += 1
+      else:
+        expanded.append(i)
+    ids.append(expanded)
+  width = int(processor.temporal_patch_size) * int(processor.patch_size) ** 2 * 3
+  return ImagePrompts(
+      ids=ids,
+      pixel_values=np.concatenate(patches) if patches else np.zeros((0, width), np.float32),
+      image_grid_thw=np.concatenate(grids) if grids else np.zeros((0, 3), np.int32),
+      image_prompt=np.asarray(owners, np.int32))
