@@ -19,7 +19,8 @@ room or one module of it, the longer name winning):
                                                         errors: they import nothing of the
                                                         package above them
   1 models
-  2 rollout
+  2 rollout, vision                                     vision: the image towers and vision
+                                                        families around the one network
   3 rewards, data, parallel
   4 algos
   5 transforms, envs, runs                              runs: what a run directory is
@@ -40,7 +41,7 @@ import sys
 LAYERS = {
     "config": 0, "registries": 0, "errors": 0, "lifetime": 0,
     "models": 1,
-    "rollout": 2,
+    "rollout": 2, "vision": 2,
     "rewards": 3, "data": 3, "parallel": 3,
     "algos": 4,
     "transforms": 5, "envs": 5, "runs": 5,

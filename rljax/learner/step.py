@@ -38,6 +38,7 @@ from rljax.learner import update as update_lib
 from rljax.learner.compiled import compile_step_fns  # noqa: F401  (re-exported: build uses it)
 from rljax.learner import state as state_lib
 from rljax.learner.state import TrainState
+from rljax.vision import multimodal
 from rljax.transforms import Minibatch, Scored
 from rljax.learner.update import scalar_metric
 
@@ -96,15 +97,25 @@ def _completion_forward(model_cfg: ModelConfig, params, rollout: Rollout,
   ``hidden`` [b, T, D] at the positions that predict the completion tokens ``targets`` [b, T]
   (position ``s`` predicts token ``s+1``); ``moe`` the MoE layers' routing (``_moe_rows``) or
   None; ``routes`` [B, S, L_moe, k]: experts to replay. The rows go through the model in the
-  chunks ``split`` says (``update.map_rows``), or packed (``Packed``: ``_packed_forward``)."""
+  chunks ``split`` says (``update.map_rows``), or packed (``Packed``: ``_packed_forward``).
+  Rows with images (``extras['images']``, ``multimodal.RowImages`` from the sampler) run the
+  tower again over their own patches (``multimodal.forward_rows``)."""
   tokens, attn = sequence_inputs(rollout)
+  images = rollout.extras.get("images") if isinstance(rollout.extras, dict) else None
+  if images is not None and (isinstance(split, Packed) or split.context is not None
+                             or routes is not None):
+    raise ValueError("rollouts with images are scored unpacked, without mesh.context and "
+                     "without router replay (not yet supported together)")
   if isinstance(split, Packed):
     return _packed_forward(model_cfg, params, tokens, attn, rollout.prompt_tokens.shape[1],
                            split, head, out, routes)
   s, t = tokens.shape[1], rollout.tokens.shape[1]
 
   def chunk_out(rows):
-    tokens, attn, routes = rows
+    tokens, attn, routes, images = rows
+    if images is not None:
+      hidden, model = multimodal.forward_rows(model_cfg, params, tokens, attn, images, head)
+      return out(model, hidden[:, s - t - 1:s - 1], tokens[:, s - t:]), None
     if split.context is not None:
       per_token, moe = context_lib.per_token(model_cfg, params, tokens, attn, split.context,
                                              head, out, routes=routes)
@@ -114,7 +125,7 @@ def _completion_forward(model_cfg: ModelConfig, params, rollout: Rollout,
                                                          routes)
     return (out(model, hidden[:, s - t - 1:s - 1], tokens[:, s - t:]),
             _moe_rows(moe, tokens.shape[0]))
-  return update_lib.map_rows(chunk_out, (tokens, attn, routes), split)
+  return update_lib.map_rows(chunk_out, (tokens, attn, routes, images), split)
 
 
 def _packed_forward(model_cfg: ModelConfig, params, tokens, valid, prompt_width: int,

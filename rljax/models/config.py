@@ -100,6 +100,11 @@ class ModelConfig:
   lora_alpha: float = 32.0
   lora_targets: tuple = lora.TARGETS
   lora_base_dtype: str | None = None
+  # Vision-language models (``rljax.vision``): M-RoPE's split of the Dh/2 rotary frequencies
+  # into (temporal, height, width) sections, and the image tower's hyperparameters as sorted
+  # ``(key, value)`` pairs (its family reads them); None for text-only models.
+  mrope_section: tuple | None = None
+  vision: tuple | None = None
 
   def __post_init__(self):
     # Old configs and command lines say remat=True/False (``--config.model.remat=True`` now
@@ -135,6 +140,14 @@ class ModelConfig:
     self._check_lora()
     if isinstance(self.eos_token_id, list):
       object.__setattr__(self, "eos_token_id", tuple(self.eos_token_id))
+    if self.mrope_section is not None:
+      object.__setattr__(self, "mrope_section", tuple(int(n) for n in self.mrope_section))
+      if sum(self.mrope_section) != self.head_dim // 2:
+        raise ValueError(f"mrope_section={self.mrope_section} must sum to head_dim/2="
+                         f"{self.head_dim // 2}")
+    if isinstance(self.vision, Mapping):
+      object.__setattr__(self, "vision", tuple(sorted(
+          (k, tuple(v) if isinstance(v, list) else v) for k, v in self.vision.items())))
 
   def _check_lora(self) -> None:
     _check_declared("model.lora.rank", self.lora_rank)

@@ -44,6 +44,7 @@ def tensor_names(cfg: ModelConfig) -> dict:
   for layer in range(cfg.num_layers):
     for suffix, (sub, transpose, index) in family.layer_tensors(cfg, layer).items():
       names[f"model.layers.{layer}.{suffix}"] = ((f"layers_{layer}",) + sub, transpose, index)
+  names.update(family.extra_tensors(cfg))
   return names
 
 
@@ -52,7 +53,7 @@ def hf_name_to_path(cfg: ModelConfig, name: str) -> tuple[tuple, bool, int | Non
   ignorable tensors."""
   if _IGNORED.match(name):
     return None
-  mapped = tensor_names(cfg).get(name)
+  mapped = tensor_names(cfg).get(families.get(cfg.model_type).rename(name))
   if mapped is None:
     raise MissingTensorError(f"unexpected tensor {name!r} in the checkpoint (not part of a "
                              f"{cfg.model_type} causal LM)")

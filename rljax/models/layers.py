@@ -122,9 +122,19 @@ class Rope(NamedTuple):
   cos: jax.Array
   sin: jax.Array
 
-def rope_at(positions, inv_freq: np.ndarray) -> Rope:
-  """cos/sin of ``positions`` [B, S] (computed once per forward, shared by the layers)."""
-  freqs = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)[None, None, :]
+def rope_at(positions, inv_freq: np.ndarray, mrope_section: tuple | None = None) -> Rope:
+  """cos/sin of ``positions`` [B, S] (computed once per forward, shared by the layers).
+
+  M-RoPE (Qwen2-VL, Wang et al. 2024, "Qwen2-VL", sec. 2.1): ``positions`` [3, B, S] hold a
+  (temporal, height, width) position per token, and frequency ``i`` of the Dh/2 turns with the
+  component ``j`` whose section of ``mrope_section`` (sizes summing to Dh/2) holds ``i``. A text
+  token has three equal components, so it rotates as plain RoPE at that position."""
+  freqs = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)
+  if positions.ndim == 3:
+    if mrope_section is None:
+      raise ValueError("positions [3, B, S] (M-RoPE) need the model's mrope_section")
+    component = np.repeat(np.arange(len(mrope_section)) % 3, mrope_section)  # [Dh/2]
+    freqs = jnp.take_along_axis(freqs, jnp.asarray(component)[None, None, None], axis=0)[0]
   emb = jnp.concatenate([freqs, freqs], axis=-1)  # [B, S, Dh]
   return Rope(jnp.cos(emb), jnp.sin(emb))
 

@@ -88,6 +88,8 @@ class Transformer(nnx.Module):
     self.num_layers = cfg.num_layers
     for i in range(cfg.num_layers):
       setattr(self, f"layers_{i}", family.block(cfg, i, rngs=rngs))
+    if family.tower is not None and cfg.vision is not None:
+      self.visual = family.tower(cfg, rngs=rngs)  # the image encoder (rljax.vision)
     self.norm = family.final_norm(cfg.hidden_size, cfg=cfg)
     if head == "lm" and not cfg.tie_embeddings:
       self.lm_head = layers.Linear(cfg.hidden_size, cfg.vocab_size, axes=("embed", "vocab"),
@@ -100,23 +102,27 @@ class Transformer(nnx.Module):
                                  rngs=rngs)
 
   def __call__(self, tokens, positions, attend: layers.Attend, cache=None, *,
-               last_only: bool = False, valid=None, routes=None, rope_tables=None):
-    """Final-norm hidden states of ``tokens`` [B, S] at ``positions`` [B, S].
+               last_only: bool = False, valid=None, routes=None, rope_tables=None,
+               embeds=None):
+    """Final-norm hidden states of ``tokens`` [B, S] at ``positions`` [B, S] (or [3, B, S]:
+    M-RoPE, ``layers.rope_at``).
 
     ``attend``: the attention strategy (``self_attention`` for a cache-free forward); ``cache``:
     one entry per layer that ``attend`` reads and returns (None: no cache). ``last_only``: the
     last layer computes its output at the last position only (prefill: [B, 1, D] comes back).
     ``valid`` [B, S]: the real tokens (MoE load-balancing statistics); ``routes`` [B, S, L_moe,
     k]: experts to use instead of the router's choice (router replay). ``rope_tables``: the
-    rotations to look up (``rope_tables``; decode steps), else computed. Returns (hidden, new
-    cache or None, ``MoEOut`` or None).
+    rotations to look up (``rope_tables``; decode steps), else computed. ``embeds`` [B, S, D]:
+    the input embeddings to use instead of the tokens' (images merged in, ``rljax.vision``).
+    Returns (hidden, new cache or None, ``MoEOut`` or None).
     """
     cfg = self.cfg
-    x = self.embed(tokens, one_hot=cache is None)
+    x = self.embed(tokens, one_hot=cache is None) if embeds is None else embeds
     ropes = {}
     for spec in rope_specs(cfg):
-      ropes[spec] = (layers.rope_at(positions, layers.rope_inv_freq(cfg.head_dim, *spec))
-                     if rope_tables is None
+      inv_freq = layers.rope_inv_freq(cfg.head_dim, *spec)
+      ropes[spec] = (layers.rope_at(positions, inv_freq, cfg.mrope_section)
+                     if rope_tables is None or positions.ndim == 3  # M-RoPE: computed
                      else layers.rope_lookup(rope_tables[repr(spec)], positions))
     moe_layers = [i for i in range(cfg.num_layers) if cfg.is_moe_layer(i)]
     if routes is not None:

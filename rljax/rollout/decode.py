@@ -82,7 +82,8 @@ def inference_weights(cfg: ModelConfig, params: dict, n_positions: int
                    rope=transformer.rope_tables(cfg, n_positions))
 
 
-def step(cfg: ModelConfig, weights: dict, tokens, positions, cache, slot, kv_valid, attend=None):
+def step(cfg: ModelConfig, weights: dict, tokens, positions, cache, slot, kv_valid, attend=None,
+         embeds=None):
   """Feed ``S`` tokens per row at cache slots ``slot .. slot+S-1``: prefill (S = P) or decode
   (S = 1). Returns (final-norm hidden of the *last* token [B, D], cache, routes): ``routes``
   [B, S, L_moe, k] the experts each fed token went to in each MoE layer (None for a dense
@@ -97,7 +98,8 @@ def step(cfg: ModelConfig, weights: dict, tokens, positions, cache, slot, kv_val
   (``rljax.models.layers.Attend``: it writes ``k, v`` and attends; continuous batching's cache
   blocks, one token per row; the multi-turn store of ``rljax.rollout.turns``, which also
   prefills chunks of ``S`` tokens into a cache that already holds earlier ones); ``slot`` and
-  ``kv_valid`` are then unused.
+  ``kv_valid`` are then unused. ``embeds`` [B, S, D]: input embeddings instead of the tokens'
+  (a prompt with images, ``rljax.vision.multimodal``), with M-RoPE ``positions`` [3, B, S].
   """
   s = tokens.shape[1]
   if attend is None:
@@ -105,5 +107,6 @@ def step(cfg: ModelConfig, weights: dict, tokens, positions, cache, slot, kv_val
   model = transformer.bind(cfg, weights["params"])
   # A prefill computes the last layer at every position only when its routes are recorded.
   hidden, cache, moe = model(tokens, positions, attend, cache,
-                             last_only=s > 1 and not cfg.moe_layers, rope_tables=weights["rope"])
+                             last_only=s > 1 and not cfg.moe_layers, rope_tables=weights["rope"],
+                             embeds=embeds)
   return hidden[:, -1], cache, None if moe is None else moe.routes

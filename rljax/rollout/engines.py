@@ -64,8 +64,11 @@ class RolloutEngine(Protocol):
   def load_weights(self, weights, version: int) -> None:
     """Sample with ``weights`` (``transfer``'s result) from now on."""
 
-  def generate(self, tokens, mask, key, sampling: SamplingParams, group_size: int) -> Rollout:
-    """``group_size`` completions of each left-padded prompt row (NumPy ``Rollout``)."""
+  def generate(self, tokens, mask, key, sampling: SamplingParams, group_size: int,
+               images=None) -> Rollout:
+    """``group_size`` completions of each left-padded prompt row (NumPy ``Rollout``);
+    ``images``: the rows' images (``rljax.vision.multimodal.RowImages``) for a vision-language
+    policy, carried in the record as ``extras['images']``; an engine without them refuses."""
 
   def close(self) -> None:
     """Release the weights and whatever else the engine holds."""
@@ -100,7 +103,8 @@ class EngineBase:
   def load_weights(self, weights, version: int) -> None:
     self.weights, self.version = weights, int(version)
 
-  def generate(self, tokens, mask, key, sampling: SamplingParams, group_size: int) -> Rollout:
+  def generate(self, tokens, mask, key, sampling: SamplingParams, group_size: int,
+               images=None) -> Rollout:
     raise NotImplementedError(f"{type(self).__name__} must define generate")
 
   def close(self) -> None:
@@ -256,7 +260,8 @@ class JaxEngine(EngineBase):
   def transfer(self, params) -> tuple[Any, dict]:
     return self.sync(params)
 
-  def generate(self, tokens, mask, key, sampling: SamplingParams, group_size: int) -> Rollout:
+  def generate(self, tokens, mask, key, sampling: SamplingParams, group_size: int,
+               images=None) -> Rollout:
     if self.weights is None:
       raise RuntimeError("the engine has no weights: load_weights first")
     p = self.placement
@@ -264,14 +269,17 @@ class JaxEngine(EngineBase):
                    kv_cache_bytes=self.kv_cache_bytes, dtype=self.dtype)
     if p.mesh is None:
       out = sampler_lib.sample(self.model_cfg, self.weights, tokens, mask, key, sampling,
-                               group_size, **budgets)
+                               group_size, images=images, **budgets)
       return jax.tree.map(np.asarray, out)
     # Every process holds the same prompts; each feeds its own rows of the global batch, and
     # every process gets all completions back (the verifiers see the whole batch).
     if not jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):  # a raw uint32 key
       key = np.asarray(key)  # (a typed key has no NumPy form: it is placed as it is)
     tokens, mask, key = p.to_device((tokens, mask, key), (p.rows, p.rows, p.replicated))
-    out = p.to_host(self._sampler(sampling, group_size)(self.weights, tokens, mask, key))
+    if images is not None:  # split by rows like the prompts
+      images = p.to_device(images, jax.tree.map(lambda _: p.rows, images))
+    out = p.to_host(self._sampler(sampling, group_size)(self.weights, tokens, mask, key,
+                                                        images=images))
     return jax.tree.map(np.asarray, out)
 
   def _sampler(self, sampling: SamplingParams, group_size: int):

@@ -60,6 +60,7 @@ from rljax.rollout import continuous, decode, noise
 from rljax.rollout.record import Rollout  # noqa: F401 (re-exported: the sampler's output)
 from rljax.rollout.sampling import (SamplingParams, _is_identity, pick_tokens,  # noqa: F401
                                       process_logits)
+from rljax.vision import multimodal
 
 # The decode loop is split into segments of about this many steps (the cache grows between
 # them); at most ``_MAX_SEGMENTS`` segments, since each one is a separately compiled loop body.
@@ -164,13 +165,16 @@ def _sample_impl(params, prompt_tokens, prompt_mask, key, *, cfg: ModelConfig,
                  sp: SamplingParams, group_size: int, shard_axes=None,
                  max_concurrent_rows: int | None = None, kv_cache_bytes: int | None = None,
                  dtype: str | None = None, refill_rows: int | None = None,
-                 with_stats: bool = False, row_budget=None, context=None):
+                 with_stats: bool = False, row_budget=None, context=None, images=None):
   """The sampler on one device's rows; ``shard_axes``: the mesh axes it runs under (shard_map);
   ``context``: each row's KV cache striped over a mesh axis (``_sample_rows``).
   ``with_stats``: also return ``{"slots", "computed"}``, the rows decoded at a time and the
   token slots computed (benchmarks: slot utilisation = tokens / computed). ``row_budget``: [B]
   int, an optional per-row cap on the completion length below ``T`` (rows reaching it end,
-  flagged truncated): the long-tail benchmark's stop rule."""
+  flagged truncated): the long-tail benchmark's stop rule. ``images``: the prompts' images
+  (``multimodal.RowImages``): the tower runs once per prompt, before the rows are chunked, the
+  prompts prefill its merged embeddings at their M-RoPE positions, and the record carries them
+  (``extras['images']``, repeated like the prompts) for the scoring and update forwards."""
   chex.assert_rank([prompt_tokens, prompt_mask], 2)
   chex.assert_equal_shape([prompt_tokens, prompt_mask])
   if group_size < 1:
@@ -193,6 +197,14 @@ def _sample_impl(params, prompt_tokens, prompt_mask, key, *, cfg: ModelConfig,
   prompt_tokens = prompt_tokens.astype(jnp.int32)
   prompt_mask = prompt_mask.astype(jnp.int32)
   cfg, weights = decode.inference_weights(cfg, params, p + t_max)  # once, outside the loops
+  vision_in = None
+  if images is not None:
+    if slots < b or context is not None:
+      raise ValueError("prompts with images sample all rows at once: no continuous batching "
+                       "(rollout.max_concurrent_rows / kv_cache_bytes) or mesh.context yet")
+    model = transformer.bind(cfg, weights["params"])
+    vision_in = (multimodal.row_embeddings(cfg, model, prompt_tokens, images),
+                 jnp.asarray(images.positions, jnp.int32))  # [Pn, 3, P]
   if slots < b and context is not None:
     raise ValueError(f"rollout.max_concurrent_rows / rollout.kv_cache_bytes cap a shard's {b} "
                      f"rows at {slots}: continuous batching's cache is not split over "
@@ -209,15 +221,19 @@ def _sample_impl(params, prompt_tokens, prompt_mask, key, *, cfg: ModelConfig,
                            stop_ids=stop_ids, g=g, context=context)
   pc = prompts_per_chunk(cfg, n_prompts, p, g, t_max)
   if pc == n_prompts:
-    out = rows(prompt_tokens, prompt_mask, row_offset, row_budget)
+    out = rows(prompt_tokens, prompt_mask, row_offset, row_budget, vision_in)
   else:
     n_chunks = n_prompts // pc
+    by_chunk = lambda x: None if x is None else x.reshape((n_chunks, pc) + x.shape[1:])
     chunked = jax.lax.map(
-        lambda xs: rows(xs[0], xs[1], row_offset + xs[2] * (pc * g), xs[3]),
-        (prompt_tokens.reshape(n_chunks, pc, p), prompt_mask.reshape(n_chunks, pc, p),
-         jnp.arange(n_chunks), row_budget.reshape(n_chunks, pc * g)))
+        lambda xs: rows(xs[0], xs[1], row_offset + xs[2] * (pc * g), xs[3], xs[4]),
+        (by_chunk(prompt_tokens), by_chunk(prompt_mask), jnp.arange(n_chunks),
+         row_budget.reshape(n_chunks, pc * g), jax.tree.map(by_chunk, vision_in)))
     out = jax.tree.map(lambda x: x.reshape((b,) + x.shape[2:]), chunked)
   # All rows of a chunk at once: every step computes all of them until the last one stops.
+  if images is not None:
+    out = out.replace(extras={**out.extras, "images": jax.tree.map(
+        lambda x: jnp.repeat(jnp.asarray(x), g, axis=0), images)})
   chunk_rows = pc * g
   computed = jnp.sum(jnp.max(out.lengths.reshape(-1, chunk_rows), axis=1)) * chunk_rows
   return (out, dict(slots=chunk_rows, computed=computed)) if with_stats else out
@@ -281,8 +297,8 @@ def _continuous(weights, prompt_tokens, prompt_mask, row_offset, step_keys, row_
   return (out, dict(slots=chunk_slots, computed=computed)) if with_stats else out
 
 
-def _sample_rows(weights, prompt_tokens, prompt_mask, row_offset, budget, *, key_at,
-                 cfg: ModelConfig, sp: SamplingParams, stop_ids: tuple, g: int,
+def _sample_rows(weights, prompt_tokens, prompt_mask, row_offset, budget, vision_in=None, *,
+                 key_at, cfg: ModelConfig, sp: SamplingParams, stop_ids: tuple, g: int,
                  context=None) -> Rollout:
   """Prefill ``Pn`` prompts and decode ``G`` completions of each (rows ``row_offset ..`` of the
   whole batch, which picks their noise); row ``i`` ends after ``budget[i]`` tokens at most.
@@ -291,7 +307,9 @@ def _sample_rows(weights, prompt_tokens, prompt_mask, row_offset, budget, *, key
   Context``, taken as data): the cache is striped (slot j on device j mod N): the prompts are
   left-padded to a multiple of N slots, each device prefills its stripe and holds 1/N of every
   row's slots (the slot counts below are the row's), and every decode step's attention is the
-  devices' partial attention combined (``context.cache_attend``)."""
+  devices' partial attention combined (``context.cache_attend``). ``vision_in``: (embeddings
+  [Pn, P, D], M-RoPE positions [Pn, 3, P]) of prompts with images, prefilled instead of the
+  tokens' (``_sample_impl``)."""
   n = 1 if context is None else context.size
   prompt_out = (prompt_tokens, prompt_mask)  # the rollout's prompts, as they came
   extra = -prompt_tokens.shape[1] % n
@@ -302,13 +320,17 @@ def _sample_rows(weights, prompt_tokens, prompt_mask, row_offset, budget, *, key
   b = n_prompts * g
   segments = [(a, e, k + -k % n) for a, e, k in _segments(p, t_max)]
   # Prefill the distinct prompts once, straight into a cache as large as the first segment needs.
-  positions = transformer.positions_from_mask(prompt_mask)
+  embeds = None
+  if vision_in is None:
+    positions = transformer.positions_from_mask(prompt_mask)
+  else:
+    embeds, positions = vision_in[0], jnp.moveaxis(vision_in[1], 1, 0)  # [3, Pn, P]
   first_slots = segments[0][2] if segments else p
   cache = kv_cache.init_cache(cfg, n_prompts, first_slots // n)
   kv_valid = jnp.pad(prompt_mask.astype(bool), ((0, 0), (0, first_slots - p)))
   if context is None:
     hidden, cache, prompt_routes = decode.step(cfg, weights, prompt_tokens, positions,
-                                               cache, 0, kv_valid)
+                                               cache, 0, kv_valid, embeds=embeds)
   else:
     hidden, cache, prompt_routes = decode.step(
         cfg, weights, context.stripe(prompt_tokens), context.stripe(positions), cache, 0,
@@ -326,7 +348,9 @@ def _sample_rows(weights, prompt_tokens, prompt_mask, row_offset, budget, *, key
   prompt_mask_b = rep(prompt_mask)
   cache = jax.tree.map(rep, cache)
   last_logits = rep(last_logits)
-  next_pos = rep(positions[:, -1]) + 1  # [B] position of the first completion token
+  # [B] position of the first completion token: after the prompt's largest (M-RoPE: an image
+  # advances the text positions by its side, not by its token count).
+  next_pos = rep(positions[:, -1] if vision_in is None else positions.max(axis=(0, 2))) + 1
 
   stop_arr = jnp.asarray(stop_ids or (-1,), jnp.int32)
   pad = jnp.int32(sp.pad_id)
@@ -404,7 +428,8 @@ _sample_jit = jax.jit(_sample_impl,
 def sample(cfg: ModelConfig, params: Any, prompt_tokens: jax.Array, prompt_mask: jax.Array,
            key: jax.Array, sp: SamplingParams, group_size: int = 1, *,
            max_concurrent_rows: int | None = None, kv_cache_bytes: int | None = None,
-           dtype: str | None = None, refill_rows: int | None = None) -> Rollout:
+           dtype: str | None = None, refill_rows: int | None = None,
+           images: multimodal.RowImages | None = None) -> Rollout:
   """Sample ``group_size`` completions for each of ``Pn`` left-padded prompts (jitted).
 
   Args:
@@ -422,6 +447,8 @@ def sample(cfg: ModelConfig, params: Any, prompt_tokens: jax.Array, prompt_mask:
     dtype: the sampler's compute dtype (weights, activations and KV cache), e.g. "bfloat16";
       None: the model's ``cfg.dtype``. Logits and log-probs stay float32.
     refill_rows: rows per refill of freed slots (continuous batching); None: ``S // 8``.
+    images: the prompts' images (``multimodal.row_images``; a vision-language model): the
+      tower runs once per prompt and the group shares the prefilled cache.
 
   Returns:
     A ``Rollout`` with ``T = sp.max_new_tokens`` completion slots per row.
@@ -432,14 +459,16 @@ def sample(cfg: ModelConfig, params: Any, prompt_tokens: jax.Array, prompt_mask:
   return _sample_jit(params, prompt_tokens, prompt_mask, key, cfg=cfg, sp=sp,
                      group_size=int(group_size), max_concurrent_rows=max_concurrent_rows or None,
                      kv_cache_bytes=kv_cache_bytes or None, dtype=dtype,
-                     refill_rows=refill_rows or None)
+                     refill_rows=refill_rows or None, images=images)
 
 
 def make_sampler(cfg: ModelConfig, sp: SamplingParams, group_size: int = 1, mesh=None,
                  data_axis: str | Sequence[str] = ("data",), param_sharding=None, *,
                  max_concurrent_rows: int | None = None, kv_cache_bytes: int | None = None,
                  dtype: str | None = None, refill_rows: int | None = None, context=None):
-  """A jitted ``fn(params, prompt_tokens, prompt_mask, key) -> Rollout`` for fixed cfg / sp / G.
+  """A jitted ``fn(params, prompt_tokens, prompt_mask, key, images=None) -> Rollout`` for fixed
+  cfg / sp / G (``images``: the prompts' ``multimodal.RowImages``, split over the shards like the
+  prompts).
 
   Without a mesh this is ``sample`` with the static arguments bound. With a mesh, decoding is
   data parallel: ``shard_map`` over ``data_axis`` gives every shard its own prompts (``Pn`` must
@@ -470,17 +499,26 @@ def make_sampler(cfg: ModelConfig, sp: SamplingParams, group_size: int = 1, mesh
   spec = PartitionSpec(axes)
   local = functools.partial(_sample_impl, cfg=cfg, sp=sp, group_size=group_size,
                             shard_axes=axes, context=context, **engine)
-  mapped = jax.shard_map(local, mesh=mesh, in_specs=(PartitionSpec(), spec, spec, PartitionSpec()),
-                         out_specs=spec, check_vma=False)
   replicated = NamedSharding(mesh, PartitionSpec())
   batch = NamedSharding(mesh, spec)
-  jitted = jax.jit(mapped, in_shardings=(param_sharding or replicated, batch, batch, replicated),
-                   out_shardings=batch)
 
-  def fn(params, prompt_tokens, prompt_mask, key):
+  def compiled(with_images: bool):
+    """The sharded sampler; with images, they come as a fifth argument split by rows."""
+    body = (lambda p, t, m, i, k: local(p, t, m, k, images=i)) if with_images else local
+    rows_in = 3 if with_images else 2
+    mapped = jax.shard_map(body, mesh=mesh, in_specs=(PartitionSpec(),) + (spec,) * rows_in
+                           + (PartitionSpec(),), out_specs=spec, check_vma=False)
+    return jax.jit(mapped, in_shardings=(param_sharding or replicated,) + (batch,) * rows_in
+                   + (replicated,), out_shardings=batch)
+
+  jitted, with_images = compiled(False), functools.lru_cache(1)(lambda: compiled(True))
+
+  def fn(params, prompt_tokens, prompt_mask, key, images=None):
     if prompt_tokens.shape[0] % n_shards:
       raise ValueError(f"{prompt_tokens.shape[0]} prompts do not split evenly over the "
                        f"{n_shards} shards of mesh axes {axes}")
+    if images is not None:
+      return with_images()(params, prompt_tokens, prompt_mask, images, key)
     return jitted(params, prompt_tokens, prompt_mask, key)
 
   fn.jitted = jitted

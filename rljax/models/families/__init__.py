@@ -33,6 +33,12 @@ class Family:
   classifiers: ``model_type`` -> the ``transformers`` class of its sequence classifier (a reward
     model's export) where that is not the causal LM's with ``ForSequenceClassification``
     (``classifier_architecture``).
+  tower: ``tower(cfg, rngs=...)`` -> the module that encodes images (the network's ``visual``
+    entry) where ``cfg.vision`` is set; None: a text-only family.
+  extra_tensors: ``extra_tensors(cfg)`` -> ``TensorMap`` of full HF names beyond the decoder's (a
+    tower's).
+  rename: a checkpoint's tensor name -> the name the export writes (``transformers`` versions
+    name some families' tensors differently; the identity for most).
   """
   name: str
   model_types: tuple
@@ -44,6 +50,9 @@ class Family:
   embed_scale: bool = False
   tiny_fields: Callable = lambda model_section, fields: {}
   classifiers: Mapping[str, str] = dataclasses.field(default_factory=dict)
+  tower: Callable | None = None
+  extra_tensors: Callable = lambda cfg: {}
+  rename: Callable[[str], str] = lambda name: name
 
 
 def register_family(family: Family) -> Family:
