@@ -37,18 +37,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rljax import models
-from rljax.errors import ModelFileError, RewardSourceError, StartupError
+from rljax.errors import RewardSourceError, StartupError
 from rljax.models import transformer
-from rljax.models.config import ModelConfig, compute_dtype, run_settings
-from rljax.models.source import parse_source
+from rljax.models.config import ModelConfig
 from rljax.rewards.sources import RewardBatch, Scored, register_reward_source
 from rljax.rollout import text as text_lib
 from rljax.registries import ROLLOUT_ENGINES
 from rljax.rollout.engines import Placement
 from rljax.rollout.sampling import SamplingParams
 
-JUDGE_SOURCES = ("hf", "run")  # besides 'policy': kinds of rljax.models.source
 UNPARSABLE = "reward/judge_unparsable"
 VERDICTS = "reward/judge_verdicts"  # beside it: the share that did not parse
 
@@ -88,42 +85,6 @@ def next_token_logp(cfg: ModelConfig, params, tokens, mask):
   hidden, model, _ = transformer.forward_with_routes(cfg, params, tokens, mask)
   logits = model.logits(hidden[:, -1:])[:, 0]
   return jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-
-
-# --- the judge's weights -------------------------------------------------------------------------
-
-def load_judge(config, tokenizer, policy_cfg: ModelConfig) -> tuple[ModelConfig, dict]:
-  """``(ModelConfig, params)`` of ``reward.judge.source``; another vocabulary, EOS or padding
-  than the run's tokenizer is refused in one line."""
-  text = config.reward.judge.source
-  m = config.model
-  if text == "policy":
-    source = parse_source(m.source, "model.source")
-    if source.kind == "tiny":  # the policy's own random start (rljax.train.build.load_policy)
-      return policy_cfg, transformer.init_params(policy_cfg, seed=config.seed)
-    if source.kind == "run":
-      raise StartupError(f"reward.judge.source='policy' with model.source={m.source!r}: a judge "
-                         f"reads Hugging Face weights; name the run's export with "
-                         f"reward.judge.source='run:{source.path}'")
-    path = source.hf_dir(config.sft.out_dir)
-  else:
-    source = parse_source(text, "reward.judge.source", JUDGE_SOURCES)
-    if source.step is not None:
-      raise StartupError(f"reward.judge.source={text!r}: a judge is read from the run's Hugging "
-                         f"Face export ('run:{source.path}'), not from a checkpoint step")
-    path = source.hf_dir(config.sft.out_dir)
-  try:
-    cfg, params = models.load_hf(path, dtype=compute_dtype(m.dtype), param_dtype=m.param_dtype)
-  except (ModelFileError, OSError) as e:
-    raise ModelFileError(f"reward.judge.source={text!r}: {e}") from None
-  if cfg.vocab_size < tokenizer.vocab_size or (cfg.eos_token_id, cfg.pad_token_id) != (
-      policy_cfg.eos_token_id, policy_cfg.pad_token_id):
-    raise StartupError(
-        f"reward.judge.source={text!r} has another tokenizer than the run's (vocab "
-        f"{cfg.vocab_size} / eos {cfg.eos_token_id} / pad {cfg.pad_token_id} vs "
-        f"{tokenizer.vocab_size} / {policy_cfg.eos_token_id} / {policy_cfg.pad_token_id}): the "
-        "judge reads the completions with data.tokenizer")
-  return cfg.replace(**run_settings(m)), params
 
 
 # --- the source ----------------------------------------------------------------------------------
@@ -210,14 +171,14 @@ class Judge:
                                    VERDICTS: float(len(verdicts))})
 
 
-@register_reward_source("judge", reads=tuple(f"reward.judge.{k}" for k in (
+@register_reward_source("judge", model="judge", reads=tuple(f"reward.judge.{k}" for k in (
     "source", "template", "parse", "pattern", "range", "fallback", "yes", "engine",
     "max_new_tokens", "greedy", "temperature")))
-def judge_source(config, tokenizer, model_cfg, mesh) -> Callable:
+def judge_source(config, tokenizer, model_cfg, mesh, model) -> Callable:
   """An LLM judge (``reward.judge.*``, ``rljax.rewards.judge``): ``reward.judge.template`` over
   the row's prompt and completion; the score is the first number of the judge's verdict in
   ``reward.judge.range`` (``parse='number'``; unparsable verdicts score ``reward.judge.fallback``,
   counted in ``reward/judge_unparsable``) or ``P(reward.judge.yes)`` of its next token
   (``parse='p_yes'``)."""
-  cfg, params = load_judge(config, tokenizer, model_cfg)
-  return Judge(config, tokenizer, cfg, params)
+  del model_cfg, mesh  # its own architecture (``model``, read by rljax.loading); one device
+  return Judge(config, tokenizer, model.cfg, model.params)
