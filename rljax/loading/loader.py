@@ -306,8 +306,9 @@ def load(config, role: str, tokenizer=None, *, policy_cfg: Optional[ModelConfig]
 def own_tokenizer(config, r: Role, source: ModelSource, asked):
   """The tokenizer of a role that brings its own: the one asked for (``reward.model.tokenizer``;
   ``rljax.load``'s argument), else a run's ``data.tokenizer`` (a reward model's chat template
-  setting must be ``reward.model.chat_template``), else the tokenizer files of its directory
-  (``rljax.load``: else 'char')."""
+  setting must be ``reward.model.chat_template``), else for 'tiny' ``data.tokenizer`` (it is
+  built over that vocabulary), else the tokenizer files of its directory (``rljax.load``: else
+  'char')."""
   if r.tokenizer_key is None and asked is not None and not isinstance(asked, str):
     return asked  # a tokenizer object already (rljax.load of 'tiny')
   name = _get(config, r.tokenizer_key) if r.tokenizer_key else asked
@@ -320,6 +321,8 @@ def own_tokenizer(config, r: Role, source: ModelSource, asked):
           f"(its config.json); set {r.chat_key}={saved.chat_template}")
     chat = saved.chat_template if chat is None else chat
     name = name or saved.tokenizer
+  if source.kind == "tiny":  # built over the run's own vocabulary
+    name = name or config.data.tokenizer
   path = (os.path.join(source.path, RM_EXPORTS, str(run_step(source, r.key)))
           if source.kind == "run" and r.head == "score" else hf_dir(config, source))
   if not name:

@@ -6,7 +6,6 @@ the same code runs on one CPU device and on a pod.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import os
 from typing import Any
@@ -16,91 +15,27 @@ import jax
 from rljax import models
 from rljax import rollout as rollout_lib
 from rljax.algorithm import Algorithm
-from rljax.config.reward_spec import ENV_SOURCE, VERIFIER_SOURCE
-from rljax.config.sources import ModelSource
-from rljax.data import prompt_policy
-from rljax.envs.episodes import EnvSettings
-from rljax.envs.failures import FailureReport
 from rljax.learner import state as state_lib, step as step_lib
 from rljax.learner.initial import (abstract_state, initial_state_fn, optimizers,  # noqa: F401
                                    param_sharding, sharded_state_and_fns, single_device,
                                    state_shardings, step_spec)
 from rljax.learner.state import TrainState
-from rljax.loading import loader, pin
-from rljax.models import ModelConfig, lora
-from rljax.parallel import distributed, rules
-from rljax.registries import EPISODE_ENGINES, ROLLOUT_ENGINES
+from rljax.loading import pin
+from rljax.models import lora
+from rljax.parallel import distributed
 from rljax.rewards import checkers, sources as reward_sources
-from rljax.rollout.engines import EpisodeEngine, Placement, RolloutEngine
+from rljax.rollout.engines import RolloutEngine
 from rljax.runs import run_dir as run_dir_lib, trackers
 from rljax.runs.checkpoint import Checkpointer
 from rljax.runs.metrics import MetricsWriter, write_eval_table
 from rljax.runs.plot import plot_rewards_vs_kl, plot_run
-from rljax.train import sft
-from rljax.train.generation import Generator
-from rljax.train.startup import (Prepared, _startup, check_model_keys,  # noqa: F401
+from rljax.train import policy
+from rljax.train.policy import load_aux_models, load_policy, load_run_params  # noqa: F401
+from rljax.train.generation import (Generator, engine_placement, env_settings,  # noqa: F401
+                                    make_engine, make_generator, sampling_params)
+from rljax.train.startup import (Prepared, check_model_keys,  # noqa: F401
                                  check_resumable, check_reward_fn, model_source, prepare,
                                  resolve_model_config)
-
-
-def engine_placement(model_cfg: ModelConfig, mesh, learner_mesh=None) -> Placement:
-  """Where the rollout engine runs: ``mesh`` (the sampler's), rows split over its data axes and
-  weights sharded by the partition rules; colocated when it is ``learner_mesh`` (or that is
-  None)."""
-  return Placement(
-      mesh=mesh, colocated=learner_mesh is None or mesh is learner_mesh,
-      row_multiple=rules.batch_divisor(mesh), data_axes=tuple(rules.batch_axes()),
-      rows=rules.batch_sharding(mesh, 2), replicated=rules.replicated(mesh),
-      # The sampler reads merged weights (the base layout), never the adapters themselves.
-      param_sharding=param_sharding(mesh, model_cfg.base), to_device=distributed.from_host,
-      to_host=distributed.to_host, context=rules.context_layout(mesh))
-
-
-def make_engine(config, model_cfg: ModelConfig, mesh, tokenizer, learner_mesh=None,
-                settings: EnvSettings | None = None) -> RolloutEngine:
-  """The run's rollout engine, chosen once: ``rollout.engine``'s on ``mesh``, inside
-  ``env.engine``'s multi-turn driver when ``env.name`` is set (``settings``: another
-  environment than the config's)."""
-  factory = _startup(ROLLOUT_ENGINES.get, config.rollout.engine)
-  engine = _startup(factory, config, model_cfg, engine_placement(model_cfg, mesh, learner_mesh))
-  _check_weight_dtype(config, engine)
-  settings = settings or env_settings(config, tokenizer)
-  if settings is None:
-    return engine
-  driver = _startup(EPISODE_ENGINES.get, settings.engine)
-  return _startup(driver, engine, settings, tokenizer, config.data.prompt_bucket)
-
-
-def _check_weight_dtype(config, engine) -> None:
-  """``rollout.weight_dtype`` is applied by a JAX engine's weight sync (``rljax.rollout.engines.
-  weight_sync``); an engine built without it would sample at full precision: refused by name."""
-  dtype = config.rollout.weight_dtype
-  sync = getattr(engine, "sync", None)
-  if dtype is not None and getattr(sync, "weight_dtype", None) != dtype:
-    raise StartupError(f"rollout.weight_dtype={dtype!r} is not applied by rollout.engine="
-                       f"{config.rollout.engine!r} (its weights do not pass through "
-                       "rljax.rollout.engines.weight_sync); set it to None or use all_rows / "
-                       "continuous")
-
-
-def env_settings(config, tokenizer) -> EnvSettings | None:
-  """``env.name``'s settings (None: single-turn), its first observations limited to the model's
-  context less the episode's budget (``env.max_tokens``), as prompts are."""
-  settings = EnvSettings.from_config(config)
-  if settings is None:
-    return None
-  budget, key = prompt_policy.completion_budget(config)
-  limit = prompt_policy.prompt_token_limit(
-      config.data.max_prompt_tokens, prompt_policy.model_context(config, tokenizer), budget, key)
-  return dataclasses.replace(settings, max_prompt_tokens=limit)
-
-
-def sampling_params(config, tokenizer, greedy: bool = False) -> rollout_lib.SamplingParams:
-  r = config.rollout
-  return rollout_lib.SamplingParams(
-      temperature=r.temperature, top_k=r.top_k, top_p=r.top_p, min_p=r.min_p, greedy=greedy,
-      max_new_tokens=r.max_new_tokens, stop_ids=(tokenizer.eos_id,), pad_id=tokenizer.pad_id)
-
 
 
 
@@ -136,95 +71,14 @@ class Run:
     return self.generator.engine
 
 
-def load_policy(config, tokenizer, *, init_from: bool = True, base: str | None = None
-                ) -> tuple[ModelConfig, dict]:
-  """``model.source`` read by ``rljax.loading`` (``base``: the pinned source of a resumed run
-  with adapters), the 'sft' cold start trained first when ``sft.out_dir`` does not hold it yet.
-  With ``model.lora.rank`` > 0 the source is the frozen base and fresh adapters join it (B = 0),
-  or ``model.lora.init_from``'s (unless ``init_from=False``: adapters from a checkpoint)."""
-  if model_source(config).kind == "sft":
-    sft.ensure_sft_checkpoint(config, tokenizer)
-  return loader.policy(config, tokenizer, with_init_from=init_from, base=base)
-
-
-def load_run_params(run_dir: str, config=None, step: int | None = None, *,
-                    merged: bool = True):
-  """(ModelConfig, policy params) of checkpoint ``step`` of the run in ``run_dir`` (None: its
-  latest): ``rljax.loading.loader.read_run`` of ``run:DIR[@STEP]``."""
-  text = f"run:{run_dir}" + ("" if step is None else f"@{step}")
-  return loader.read_run(ModelSource("run", run_dir, step, text), config, merged=merged,
-                         who=text)
-
-
-def _pinned_policy(config, tokenizer, resuming: bool):
-  """(ModelConfig, params, the adapters' base record or None): the policy, its base with adapters
-  pinned at the start (a 'run:DIR' source at the step it reads now) and read at that pin on a
-  resume (``rljax.loading.pin``)."""
-  if not config.model.lora.rank:
-    return (*load_policy(config, tokenizer, init_from=not resuming), None)
-  record = pin.read(config.train.run_dir) if resuming else None
-  source, step = model_source(config), None
-  if record is None and source.kind == "run":
-    step = loader.run_step(source, f"model.source={source.text!r}")
-  base = pin.pinned_source(config, record or {"step": step})
-  model_cfg, params = load_policy(config, tokenizer, init_from=not resuming, base=base)
-  frozen = lora.split_adapters(params)[0]
-  if record is not None:
-    pin.check_fingerprint(record, frozen, config.model.source)
-    return model_cfg, params, record
-  return model_cfg, params, pin.base_record(config, step, frozen if step is not None else None)
-
-
-def load_aux_models(config, algo: Algorithm, tokenizer, model_cfg: ModelConfig, mesh):
-  """The transforms' frozen models (``Transform.aux_role``, read by ``rljax.loading``):
-  ``((name, ModelConfig), ...)`` and ``{name: params placed by the partition rules}`` (empty
-  when no transform has one)."""
-  cfgs, params = [], {}
-  for t in algo.transforms:
-    if t.aux_role is not None:
-      loaded = loader.load(config, t.aux_role, tokenizer, policy_cfg=model_cfg)
-      cfgs.append((t.name, loaded.cfg))
-      params[t.name] = jax.device_put(loaded.params, param_sharding(mesh, loaded.cfg))
-  return tuple(cfgs), params
-
-
-def make_generator(config, engine: RolloutEngine, tokenizer, source,
-                   failure_log: str | None = None,
-                   env_failure_log: str | None = None, mesh=None,
-                   task_only: bool = False) -> Generator:
-  """``failure_log`` / ``env_failure_log``: where failed reward calls / failed episodes of a
-  multi-turn engine are sampled (None: reported, not written). The reward is composed of
-  ``reward.sources`` (``rljax.rewards.sources``; their factories see ``mesh``, the learner's);
-  ``task_only``: of the task's own source alone (an evaluation reads only its correct flags)."""
-  r = config.reward
-  failures, task = None, VERIFIER_SOURCE
-  if isinstance(engine, EpisodeEngine):
-    failures = FailureReport(config.env.name, env_failure_log, r.max_logged_failures)
-    task = ENV_SOURCE
-  load = functools.partial(_reward_model, config, tokenizer, engine.model_cfg)
-  reward = _startup(functools.partial(reward_sources.make_reward, task_only=task_only, task=task,
-                                      load=load), config, tokenizer, engine.model_cfg, mesh)
-  log = None if failure_log is None else checkers.FailureLog(failure_log, r.max_logged_failures)
-  return Generator(engine=engine, tokenizer=tokenizer, reward=reward,
-                   prompt_bucket=config.data.prompt_bucket, overlong_buffer=r.overlong_buffer,
-                   overlong_penalty=r.overlong_penalty,
-                   inflight_chunk=config.rollout.get("inflight_chunk", 0), env_failures=failures,
-                   failure_log=log)
-
-
-def _reward_model(config, tokenizer, policy_cfg: ModelConfig, role: str):
-  """A reward source's model (the judge, the reward model) read by ``rljax.loading``."""
-  return loader.load(config, role, tokenizer, policy_cfg=policy_cfg)
-
-
 def build_run(config, prepared: Prepared | None = None) -> Run:
   # Every key range-checked and every name resolved before any model is loaded or trained.
   prepared = prepared or prepare(config)
   algo, tokenizer, source, mesh = (prepared.algo, prepared.tokenizer, prepared.source,
                                    prepared.mesh)
   resuming = config.train.resume and bool(run_dir_lib.committed_steps(config.train.run_dir))
-  model_cfg, params, lora_base = _pinned_policy(config, tokenizer, resuming)
-  aux_cfgs, aux = load_aux_models(config, algo, tokenizer, model_cfg, mesh)
+  model_cfg, params, lora_base = policy.pinned_policy(config, tokenizer, resuming)
+  aux_cfgs, aux = policy.load_aux_models(config, algo, tokenizer, model_cfg, mesh)
   state, compiled, sharding = sharded_state_and_fns(config, model_cfg, params, mesh, algo,
                                                     aux_cfgs)
   del params

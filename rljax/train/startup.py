@@ -11,13 +11,11 @@ from typing import Any
 from rljax.algorithm import Algorithm, resolve
 from rljax.config import checks as config_checks
 from rljax.config.reward_spec import REWARD_MODEL_SOURCE, reward_weights
-from rljax.config.sources import ModelSource
 from rljax.data import datasets, prompt_policy, tokenizer as tokenizer_lib
 from rljax.errors import RljaxError, StartupError
 from rljax.learner import state as state_lib
 from rljax.learner.initial import abstract_state
 from rljax.loading import loader
-from rljax.models import ModelConfig
 from rljax.parallel import distributed, mesh as mesh_lib, rules
 from rljax.rewards import checkers, gold
 from rljax.runs import run_dir as run_dir_lib, trackers
@@ -25,12 +23,12 @@ from rljax.runs.checkpoint import Checkpointer
 from rljax.train import selective, sft
 
 
-def model_source(config) -> ModelSource:
+def model_source(config) -> loader.ModelSource:
   """``model.source`` parsed (``rljax.config.sources``); a bad one is a one-line error."""
   return loader.source_of(config, "policy")
 
 
-def resolve_model_config(config, tokenizer) -> ModelConfig:
+def resolve_model_config(config, tokenizer) -> loader.ModelConfig:
   """The policy's architecture from ``model.source``, without loading any weights
   (``rljax.loading.loader.architecture``)."""
   return loader.architecture(config, "policy", tokenizer)
