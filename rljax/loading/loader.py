@@ -376,7 +376,9 @@ def reward_model(config, policy_tokenizer, mesh):
 def adapter_source(text: str) -> ModelSource:
   """``model.lora.init_from``: a PEFT adapter directory (``hf:PATH`` or the bare path) or the
   adapters of a LoRA run's checkpoint (``run:DIR[@STEP]``)."""
-  return parse_source(text, "model.lora.init_from", ("hf", "run"), bare_paths=True)
+  if isinstance(text, str) and text and not text.startswith(("hf:", "run:")):
+    return ModelSource("hf", text, text=text)  # a bare path: checked as an adapter directory
+  return parse_source(text, "model.lora.init_from", ("hf", "run"))
 
 
 def check_adapters(config, cfg: ModelConfig) -> None:

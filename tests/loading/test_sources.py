@@ -1,6 +1,5 @@
 """``rljax.config.sources``: every written form of a model source, parsed once for the policy,
 the teacher and ``rljax.load``; a bad one is one line naming the key, the value and the forms."""
-import os
 
 import pytest
 

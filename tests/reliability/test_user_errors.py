@@ -8,7 +8,7 @@ import pytest
 from rljax import cli, models
 from rljax.config import loader as config_loader
 from rljax.models import transformer
-from rljax.train import build
+from rljax.train import policy, startup
 from tests.train import tiny
 
 RUN = "{tmp}/run"
@@ -168,7 +168,7 @@ NAMES_FILE = {"hf-truncated-safetensors": "model.safetensors is not a readable s
 def nothing_is_loaded(monkeypatch):
   def refuse(*args, **kwargs):
     raise AssertionError("weights were loaded before the start-up checks")
-  monkeypatch.setattr(build, "load_policy", refuse)
+  monkeypatch.setattr(policy, "load_policy", refuse)
 
 
 @pytest.mark.parametrize("probe", sorted(PROBES))
@@ -188,7 +188,7 @@ def test_user_error_is_one_line_with_exit_status_2(probe, tmp_path, capsys, noth
 def test_prompts_per_step_not_divisible_is_found_before_the_run_dir(tmp_path, capsys,
                                                                       monkeypatch,
                                                                       nothing_is_loaded):
-  monkeypatch.setattr(build.rules, "batch_divisor", lambda mesh: 4)  # as on 4 data devices
+  monkeypatch.setattr(startup.rules, "batch_divisor", lambda mesh: 4)  # as on 4 data devices
   with pytest.raises(SystemExit) as info:
     cli.entry(tiny.args("grpo", str(tmp_path / "run"), {"rollout.prompts_per_step": "6"}))
   assert info.value.code == 2

@@ -21,7 +21,7 @@ from rljax.config.checks import check_config
 from rljax.errors import ConfigError, RunDirError, UnusedKeyError
 from rljax.models import lora, transformer
 from rljax.runs import checkpoint as checkpoint_lib
-from rljax.train import build, loop
+from rljax.train import loop
 from rljax.runs import metrics as metrics_lib
 from rljax.runs.checkpoint import Checkpointer
 from tests.parallel.conftest import run_script
