@@ -197,7 +197,8 @@ def base_params(config, tokenizer, record: Optional[dict]) -> Any:
   (``rljax.loading.pin``: a 'run:DIR' base is read at the step it started from, its fingerprint
   checked), else ``model.source`` as it reads now."""
   text = pin.pinned_source(config, record)
-  _, params = _weights(config, role_of("reference"), tokenizer, text=text)
+  _, params = _weights(config, role_of("reference"), tokenizer,
+                       source_of(config, "reference", text))
   pin.check_fingerprint(record, params, config.model.source)
   return lora.split_adapters(params)[0]
 
@@ -249,10 +250,9 @@ def hf_dir(config, source: ModelSource) -> Optional[str]:
   return {"sft": config.sft.out_dir, "hf": source.path}.get(source.kind)
 
 
-def _weights(config, r: Role, tokenizer, *, text: Optional[str] = None,
+def _weights(config, r: Role, tokenizer, source: ModelSource, *,
              policy_cfg: Optional[ModelConfig] = None, seed: Optional[int] = None):
-  """(ModelConfig, params) of the role's source, the role's dtype and settings applied."""
-  source = source_of(config, r.name, text)
+  """(ModelConfig, params) of the role's parsed ``source``, its dtype and settings applied."""
   who = f"{r.key or 'rljax.load'}={source.text!r}"
   if source.kind == "tiny":  # a fresh random model, adapters included for the policy
     cfg = _finish(config, r, _tiny(config, tokenizer, policy_cfg))
@@ -286,7 +286,7 @@ def load(config, role: str, tokenizer=None, *, policy_cfg: Optional[ModelConfig]
   who = f"{r.key or 'rljax.load'}={source.text!r}"
   if r.tokenizer == "run" and source.kind == "run":
     check_tokenizer(who, tokenizer, run_dir=source.path, config=config)
-  cfg, params = _weights(config, r, tokenizer, text=text, policy_cfg=policy_cfg, seed=seed)
+  cfg, params = _weights(config, r, tokenizer, source, policy_cfg=policy_cfg, seed=seed)
   own = None
   if r.tokenizer == "own":
     own = own_tokenizer(config, r, source, tokenizer)
