@@ -35,6 +35,7 @@ import numpy as np  # noqa: E402
 from rljax.config import loader as config_loader  # noqa: E402
 from rljax import plan as plan_lib  # noqa: E402
 from rljax.algorithm import resolve  # noqa: E402
+from rljax.data import tokenizer as tokenizer_lib  # noqa: E402
 from rljax.models import lora, transformer  # noqa: E402
 from rljax.parallel import mesh as mesh_lib  # noqa: E402
 from rljax.rollout import engines  # noqa: E402
@@ -135,7 +136,7 @@ def step_fn(rank: int, rows: int, prompt: int, completion: int):
   config = grpo_config({"rollout.prompts_per_step": 1, "rollout.group_size": rows,
                         "rollout.max_new_tokens": completion, "data.prompt_bucket": prompt,
                         "model.lora.rank": rank, "optim.lr": "1e-5"})
-  tokenizer = build.tokenizer_lib.load_tokenizer(config.data.tokenizer, config.data.chat_template)
+  tokenizer = tokenizer_lib.load_tokenizer(config.data.tokenizer, config.data.chat_template)
   cfg, params = build.load_policy(config, tokenizer)
   state, fns, _ = build.sharded_state_and_fns(config, cfg, params,
                                               mesh_lib.make_mesh(config.mesh))

@@ -21,19 +21,15 @@ import ml_collections
 import numpy as np
 
 from rljax.config import load as config
-from rljax import models
 from rljax.data import tokenizer as tokenizer_lib
 from rljax.models import ModelConfig, transformer
-from rljax.models.config import compute_dtype
-from rljax.models.source import parse_source
 from rljax.registries import ROLLOUT_ENGINES
 from rljax.rollout import engines, text
 from rljax.rollout.sampler import Rollout, SamplingParams
-from rljax.train import evaluation
+from rljax.loading import loader
 from rljax.learner import step
 
 
-LOAD_SOURCES = ("tiny", "hf", "run")  # kinds of rljax.models.source that load takes
 
 
 @functools.partial(jax.jit, static_argnums=0)
@@ -91,12 +87,6 @@ class Model:
     return step.completion_stats(self.cfg, self.params, rollout, chunk)
 
 
-def with_precision(model_cfg: ModelConfig, params, *, dtype: str, param_dtype: str):
-  """The model computing in ``dtype`` with its floating-point weights stored in ``param_dtype``."""
-  cast = lambda x: x.astype(param_dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x
-  return model_cfg.replace(dtype=dtype, param_dtype=param_dtype), jax.tree.map(cast, params)
-
-
 def load(source: str = "tiny", *, tokenizer: str | None = None,
          model_config: ml_collections.ConfigDict | None = None, seed: int = 0,
          dtype: str = "auto", param_dtype: str = "float32") -> Model:
@@ -109,30 +99,20 @@ def load(source: str = "tiny", *, tokenizer: str | None = None,
   - an rljax run directory (``train.run_dir``, or ``"run:DIR"``): the latest checkpoint's
     policy; ``"run:DIR@STEP"``: checkpoint ``STEP``'s.
 
-  The forms are ``rljax.models.source``'s; anything else is a one-line ``StartupError``.
+  The forms are ``rljax.config.sources``'s (and 'sft': ``sft.out_dir``), read by
+  ``rljax.loading`` (role 'load'); anything else is a one-line ``StartupError``.
 
   ``dtype``: the compute dtype ('auto': bfloat16 on GPUs/TPUs, float32 on CPU); ``param_dtype``:
   the weights' (float32 master weights by default).
   """
-  precision = dict(dtype=compute_dtype(dtype), param_dtype=param_dtype)
-  parsed = parse_source(source, "rljax.load's source", LOAD_SOURCES, bare_paths=True)
-  if parsed.kind == "tiny":
-    tok = tokenizer_lib.load_tokenizer(tokenizer or "char")
-    model_cfg = models.tiny_config(model_config or config().model, tok.vocab_size,
-                                   eos_token_id=tok.eos_id, pad_token_id=tok.pad_id, **precision)
-    return Model(model_cfg, transformer.init_params(model_cfg, seed=seed), tok)
-  path = parsed.path
-  if not os.path.isdir(path):
-    raise FileNotFoundError(f"rljax.load: {source!r}: {path!r} is not a directory")
-  if parsed.kind == "run":
-    run_config = evaluation.run_config(path)
-    model_cfg, params = evaluation.load_run_params(path, run_config, step=parsed.step)
-    model_cfg, params = with_precision(model_cfg, params, **precision)
-    tok = tokenizer_lib.load_tokenizer(tokenizer or run_config.data.tokenizer,
-                                       run_config.data.chat_template)
-    return Model(model_cfg, params, tok)
-  model_cfg, params = models.load_hf(path, **precision)
-  has_tokenizer = any(os.path.isfile(os.path.join(path, f))
-                      for f in ("tokenizer.json", "tokenizer_config.json"))
-  tok = tokenizer_lib.load_tokenizer(tokenizer or (path if has_tokenizer else "char"))
-  return Model(model_cfg, params, tok)
+  settings = config(overrides={"seed": seed, "model.dtype": dtype,
+                                "model.param_dtype": param_dtype})
+  if model_config is not None:
+    with settings.unlocked():
+      settings.model.update(model_config)
+  parsed = loader.source_of(settings, "load", source)
+  if parsed.kind in ("hf", "run") and not os.path.isdir(parsed.path):
+    raise FileNotFoundError(f"rljax.load: {source!r}: {parsed.path!r} is not a directory")
+  asked = tokenizer_lib.load_tokenizer(tokenizer or "char") if parsed.kind == "tiny" else tokenizer
+  loaded = loader.load(settings, "load", asked, text=source)
+  return Model(loaded.cfg, loaded.params, loaded.tokenizer)

@@ -191,10 +191,12 @@ def cmd_convert(argv):
   from rljax.train import evaluation
   from rljax.runs import run_dir
   from rljax import models
-  from rljax.models import peft, source
+  from rljax.models import peft
+  from rljax.config import sources as source
   run_dir.check_convert_target(args.run_dir, args.out, force=args.force)
   config = source.run_config(args.run_dir)
-  run_dir.check_policy_run(args.run_dir, f"convert {args.run_dir}")
+  from rljax.loading import loader
+  loader.check_run_kind(source.ModelSource("run", args.run_dir), "lm", f"convert {args.run_dir}")
   rank = config.model.get("lora", {}).get("rank", 0)
   form = args.format or ("peft" if rank else "merged")
   if form == "peft":
@@ -202,7 +204,9 @@ def cmd_convert(argv):
       raise UsageError(f"convert --format peft: {args.run_dir!r} trained no adapters "
                        "(model.lora.rank=0); export its weights with --format merged")
     model_cfg, adapters = evaluation.load_run_params(args.run_dir, config, merged=False)
-    base = source.parse_source(config.model.source).hf_dir(config.sft.out_dir)
+    base_source = source.parse_source(config.model.source)  # named in the adapter's config
+    base = {"sft": config.sft.out_dir, "hf": base_source.path,
+            "run": base_source.path and os.path.join(base_source.path, "hf")}.get(base_source.kind)
     base = base and os.path.abspath(base)
     _export_atomically(args.out, lambda path: peft.save_peft_adapter(path, model_cfg, adapters,
                                                                      base_model=base))

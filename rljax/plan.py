@@ -99,16 +99,16 @@ from rljax.config.checks import ConfigError
 from rljax.models import attention as attention_lib
 from rljax.models import kv_cache as kv_cache_lib
 from rljax.models import lora, transformer
-from rljax.models.config import (REMAT_CHOICES, ModelConfig, compute_dtype, lora_settings,
-                                 tiny_config)
-from rljax.models.source import parse_source, run_config
+from rljax.models.config import REMAT_CHOICES, ModelConfig, compute_dtype, lora_settings
+
+from rljax.errors import StartupError
+from rljax.loading import loader
 from rljax.parallel import context as context_lib
 from rljax.parallel import mesh as mesh_lib
 from rljax.parallel import rules as rules_lib
 from rljax.rollout import sampler as sampler_lib
 from rljax.learner import packing, update as update_lib
 from rljax.learner.state import make_optimizer, total_updates, trainable
-from rljax.data import tokenizer as tokenizer_lib
 from rljax import plan_rewards
 
 GiB = 1024 ** 3
@@ -175,10 +175,8 @@ _ALIASES = {"h100": "h100-80g", "a100": "a100-80g", "v5litepod": "v5e", "h200-14
 _CORES_PER_CHIP = {"v4": 2, "v5p": 2, "v5e": 1, "v6e": 1}
 _CHIPS_PER_HOST = {"v4": 4, "v5p": 4, "v5e": 4, "v6e": 4}
 
-
 def _host_memory() -> int:
   return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-
 
 def _parse_bytes(text: str) -> int | None:
   """Bytes of ``70GiB``, ``8e10``, ``80 GB``...; None unless a positive, finite amount below
@@ -192,14 +190,11 @@ def _parse_bytes(text: str) -> int | None:
   amount = float(m.group(1)) * unit
   return int(amount) if math.isfinite(amount) and 1 <= amount < 2 ** 64 else None
 
-
 _MAX_DEVICES = 2 ** 20  # far above any system; the mesh code overflows on counts past int32
-
 
 def _check_count(spec: str, count: int, what: str) -> None:
   if not 1 <= count <= _MAX_DEVICES:
     raise ConfigError(f"device {spec!r}: {what} {count} is not between 1 and {_MAX_DEVICES}")
-
 
 def parse_device(spec: str) -> dict:
   """``{'name', 'count' (None = from the mesh), 'bytes', 'hosts'}`` of a device description.
@@ -247,14 +242,12 @@ def parse_device(spec: str) -> dict:
   hosts = None if count is None or name == "cpu" else max(1, math.ceil(count / 8))
   return dict(name=spec, kind=name, count=count, bytes=override or memory, hosts=hosts)
 
-
 # --- inputs --------------------------------------------------------------------------------------
 
 def _plan_key(config, key, default=None):
   if "plan" in config and key in config.plan and config.plan[key] is not None:
     return config.plan[key]
   return default
-
 
 def model_config(config, model: str | None = None, device_kind: str = "cpu"
                  ) -> tuple[str, ModelConfig]:
@@ -266,40 +259,34 @@ def model_config(config, model: str | None = None, device_kind: str = "cpu"
   m = config.model
   platform = "cpu" if device_kind == "cpu" else "accelerator"
   source = model or _plan_key(config, "model") or m.source
-  dtypes = dict(dtype=compute_dtype(m.dtype, platform), param_dtype=m.param_dtype, remat=m.remat,
-                scan_layers=m.scan_layers, attention=m.attention,
-                attention_block=m.attention_block, **lora_settings(m, platform))
   if source in MODEL_SHAPES:
+    dtypes = dict(dtype=compute_dtype(m.dtype, platform), param_dtype=m.param_dtype,
+                  remat=m.remat, scan_layers=m.scan_layers, attention=m.attention,
+                  attention_block=m.attention_block, **lora_settings(m, platform))
     return source, ModelConfig(**MODEL_SHAPES[source], **dtypes)
-  if source.startswith("hf:"):
-    return source, ModelConfig.from_hf_dir(source[3:], **dtypes)
-  if source.startswith("run:"):  # another run's architecture, from its config.json
-    run = run_config(parse_source(source, "model.source").path)
-    return source, model_config(run, run.model.source, device_kind)[1].replace(**dtypes)
-  if source in ("tiny", "sft"):
-    try:
-      vocab = tokenizer_lib.load_tokenizer(config.data.tokenizer).vocab_size
-    except Exception as e:  # noqa: BLE001 - planning must not need the data stack
-      raise ConfigError(f"model.source={source!r}: cannot read the vocabulary size from "
-                        f"data.tokenizer={config.data.tokenizer!r} ({e})") from e
-    return source, tiny_config(m, vocab, dtype=dtypes["dtype"],
-                               lora_base_dtype=dtypes["lora_base_dtype"])
-  raise ConfigError(f"cannot plan for model {source!r}: use one of {sorted(MODEL_SHAPES)}, "
-                    "'hf:PATH' (a directory with config.json), 'run:DIR' or model.source='tiny' or "
-                    "'sft'")
-
+  try:
+    kind = loader.source_of(config, "policy", source).kind
+  except StartupError:
+    raise ConfigError(f"cannot plan for model {source!r}: use one of {sorted(MODEL_SHAPES)}, "
+                      "'hf:PATH' (a directory with config.json), 'run:DIR' or "
+                      "model.source='tiny' or 'sft'") from None
+  try:  # the architecture alone, as the run will read it (rljax.loading)
+    return source, loader.architecture(config, "policy", text=source, platform=platform)
+  except Exception as e:  # noqa: BLE001 - planning must not need the data stack
+    if kind not in ("tiny", "sft"):
+      raise
+    raise ConfigError(f"model.source={source!r}: cannot read the vocabulary size from "
+                      f"data.tokenizer={config.data.tokenizer!r} ({e})") from e
 
 @functools.lru_cache(maxsize=16)
 def _model_tree(cfg: ModelConfig, head: str = "lm"):
   """(logical axes, parameter shapes), cached: building the abstract model takes ~1 s at 7B."""
   return transformer.logical_axes(cfg, head), transformer.param_shapes(cfg, head)
 
-
 def run_optimizer(config) -> optax.GradientTransformation:
   """The optimizer the trainer builds for ``config`` (``rljax.train.build.optimizers``): the plan
   counts the state the run will really hold."""
   return make_optimizer(config.optim, config.optim.lr, total_updates(config))
-
 
 def planned_attention(backend: str, device_kind: str, context: int = 1) -> str:
   """The attention backend ``model.attention`` resolves to on ``device_kind`` (as
@@ -316,13 +303,11 @@ def planned_attention(backend: str, device_kind: str, context: int = 1) -> str:
   platform = "tpu" if device_kind in _CORES_PER_CHIP else "cpu" if device_kind == "cpu" else "gpu"
   return attention_lib.auto_backend(platform)
 
-
 # --- the plan ------------------------------------------------------------------------------------
 
 def _tree_bytes(shapes) -> int:
   return sum(int(np.prod(x.shape, dtype=np.int64)) * np.dtype(x.dtype).itemsize
              for x in jax.tree.leaves(shapes))
-
 
 def _expert_bytes(axes, shapes) -> int:
   """Bytes of the stacked expert kernels (the leaves with a logical ``experts`` axis)."""
@@ -330,13 +315,11 @@ def _expert_bytes(axes, shapes) -> int:
   return sum(_tree_bytes(x) for ax, x in zip(flat_axes, jax.tree.leaves(shapes))
              if "experts" in ax)
 
-
 def _layer_bytes(shapes, shardings) -> int:
   """Per-device bytes of the ``layers_i`` parameters (what ``scan_layers`` stacks)."""
   keys = [k for k in shapes if k.startswith("layers_")]
   return rules_lib.per_device_bytes({k: shapes[k] for k in keys},
                                     {k: shardings[k] for k in keys})
-
 
 def layer_activations(layers: int, layer_input: int, dots_kept: int, layer_act: int,
                       scan: bool) -> dict:
@@ -352,7 +335,6 @@ def layer_activations(layers: int, layer_input: int, dots_kept: int, layer_act: 
           "full": int(layers * layer_input + live * layer_act),
           "dots": int(layers * (layer_input + dots_kept) + live * layer_act)}
 
-
 def forward_layer_bytes(cfg: ModelConfig, tokens: int, width: int, attention: str,
                         tensor: int = 1) -> int:
   """One layer's live activations of a forward (no backward) over ``tokens`` tokens of rows
@@ -366,18 +348,15 @@ def forward_layer_bytes(cfg: ModelConfig, tokens: int, width: int, attention: st
   attn = t_div(h) * (width * (ATTN_BYTES + b) if attention == "xla" else dh * b + 4)
   return tokens * (lin + attn)
 
-
 def _split(size: int, parts: int) -> int:
   """Per-device share of ``size`` split ``parts`` ways (rounded up)."""
   return -(-size // parts)
-
 
 def train_micro_batches(config, device_kind: str, rows: int, shards: int, seq_len: int) -> int:
   """The micro-batches of one minibatch of ``rows`` rows that the train step runs:
   ``algo.micro_batches``, or more where ``model.forward_tokens`` splits the rows further."""
   limit = update_lib.forward_tokens(config.model.forward_tokens, device_kind)
   return update_lib.row_parts(rows, shards, seq_len, limit, config.algo.micro_batches)
-
 
 def packed_update(config, device_kind: str, rows: int, shards: int, seq_len: int,
                   capacity: bool = False) -> tuple | None:
@@ -387,7 +366,6 @@ def packed_update(config, device_kind: str, rows: int, shards: int, seq_len: int
   limit = update_lib.forward_tokens(config.model.forward_tokens, device_kind)
   return packing.packed_shape(config.model.pack, device_kind, rows, seq_len, limit, shards,
                               config.algo.micro_batches, capacity)
-
 
 def ring_bytes(n: int, rows: int, seq_dev: int, kv_width: int, dtype_bytes: int, layers: int,
                remat: bool) -> dict:
@@ -403,7 +381,6 @@ def ring_bytes(n: int, rows: int, seq_dev: int, kv_width: int, dtype_bytes: int,
   forward = (n - 1) * 2 * piece * dtype_bytes
   backward = n * 2 * piece * (dtype_bytes + 4)
   return dict(buffers=buffers, sent=layers * (forward * (2 if remat else 1) + backward))
-
 
 def plan(config, device: str | None = None, *, model: str | None = None,
          prompt_len: int | None = None, optimizer=None, rules=None) -> dict:
@@ -461,11 +438,9 @@ def plan(config, device: str | None = None, *, model: str | None = None,
   p["warnings"] += [f"sampler: {w}" for w in s["warnings"] if w.startswith("rollout.")]
   return p
 
-
 def _set_peak(p: dict) -> None:
   p["peak"] = p["resident"] + max(p["rollout"], p["train"], p["reward"])
   p["fits"] = p["peak"] <= p["device"]["usable"]
-
 
 def _plan(config, device: str | None = None, *, model: str | None = None,
           prompt_len: int | None = None, optimizer=None, rules=None, count: int | None = None,
@@ -706,14 +681,11 @@ def _plan(config, device: str | None = None, *, model: str | None = None,
                      for k, v in act_by_remat.items()},
       fallbacks=fallbacks, assumptions=assumptions, warnings=warnings)
 
-
 def _count(n: int) -> str:
   return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.2f}M"
 
-
 def _gib(x: int) -> str:
   return f"{x / GiB:8.2f}"
-
 
 def format_plan(p: dict) -> str:
   """The printable report of ``plan``."""
@@ -828,7 +800,6 @@ def format_plan(p: dict) -> str:
   lines.append("assumptions:")
   lines += [f"  {a}" for a in p["assumptions"] + p["reward_models"]]
   return "\n".join(lines)
-
 
 def plan_main(config, device: str | None = None, *, model: str | None = None,
               prompt_len: int | None = None) -> str:

@@ -26,14 +26,12 @@ from typing import Callable
 import jax
 import numpy as np
 
-from rljax import models
 from rljax.config.reward_spec import REWARD_MODEL_SOURCE, reward_weights
-from rljax.errors import ModelFileError
+from rljax.loading import loader
 from rljax.models import kv_cache as kv_cache_lib, transformer
 from rljax.models.config import ModelConfig
-from rljax.models.source import parse_source
 from rljax.parallel import rules as rules_lib
-from rljax.rewards import gold, judge as judge_lib, reward_model
+from rljax.rewards import gold
 
 @dataclasses.dataclass
 class RewardPlan:
@@ -46,25 +44,22 @@ class RewardPlan:
 
 
 def reward_model_config(config, policy_cfg: ModelConfig) -> ModelConfig:
-  """The reward model's architecture, its files checked (``reward_model.check_files``); the
-  policy's while the RLHF demo's reward model is still to be trained."""
+  """The reward model's architecture, its files checked (``rljax.loading``); the policy's while
+  the RLHF demo's reward model is still to be trained."""
   if gold.cold_start_pending(config):
     return policy_cfg
-  return reward_model.check_files(config.reward.model)
+  return model_config(config, "reward_model", policy_cfg)
 
 
 def judge_config(config, policy_cfg: ModelConfig) -> ModelConfig:
-  """The judge's architecture: the policy's (``'policy'``), else its directory's config.json and
-  safetensors headers."""
-  text = config.reward.judge.source
-  if text == "policy":
-    return policy_cfg
-  path = parse_source(text, "reward.judge.source", judge_lib.JUDGE_SOURCES).hf_dir(
-      config.sft.out_dir)
-  try:
-    return models.check_hf_dir(path)
-  except ModelFileError as e:
-    raise type(e)(f"reward.judge.source={text!r}: {e}") from None
+  """The judge's architecture (the policy's for ``'policy'``), its files checked."""
+  return model_config(config, "judge", policy_cfg)
+
+
+def model_config(config, role: str, policy_cfg: ModelConfig) -> ModelConfig:
+  """A role's architecture from its files' headers (``rljax.loading``), without any weights."""
+  loader.check_files(config, role)
+  return loader.architecture(config, role, policy_cfg=policy_cfg)
 
 
 def plan_rewards(config, *, policy_cfg: ModelConfig, mesh, rules, rows: int, batch_shards: int,

@@ -11,7 +11,7 @@ and prints three lists:
 - function-local imports: an ``import`` inside a function or class body.
 
 The layers (the project's design: config < models < rollout < rewards/data/parallel < algos <
-transforms/envs < train < api/cli), with the top-level modules placed among them (a key names a
+transforms/envs < learner < loading < train < api/cli), with the top-level modules placed among them (a key names a
 room or one module of it, the longer name winning):
 
   0 base        config, registries, errors, lifetime    the key declarations, the registries
@@ -27,8 +27,10 @@ room or one module of it, the longer name winning):
   6 algorithm                                           the resolved algorithm
     agents                                              the agent endpoint, harnesses, sandbox
   7 learner                                             the compiled update
-  8 train
-  9 api, cli, catalogue, plan, sweep, __init__, __main__   what users call
+  8 loading                                             every model a run reads, by role
+                                                        (the source grammar: config.sources)
+  9 train
+ 10 api, cli, catalogue, plan, sweep, __init__, __main__   what users call
 """
 from __future__ import annotations
 
@@ -47,9 +49,10 @@ LAYERS = {
     "transforms": 5, "envs": 5, "runs": 5,
     "algorithm": 6, "agents": 6,
     "learner": 7,
-    "train": 8,
-    "api": 9, "cli": 9, "catalogue": 9, "plan": 9, "plan_rewards": 9, "sweep": 9, "__init__": 9,
-    "__main__": 9,
+    "loading": 8,
+    "train": 9,
+    "api": 10, "cli": 10, "catalogue": 10, "plan": 10, "plan_rewards": 10, "sweep": 10,
+    "__init__": 10, "__main__": 10,
 }
 
 

@@ -188,6 +188,5 @@ def test_a_reward_model_run_where_a_policy_is_read_is_one_line(use, tmp_path, ca
           "convert": ["convert", rm, str(tmp_path / "out")]}[use]
   code, _, err = _exit_code(argv, capsys)
   assert code == 2 and err.count("\n") == 1
-  assert f"{rm!r} is a reward-model run (`rljax rm`, trained on 'pairs.jsonl'), not a policy; a " \
-         f"reward model is read as reward.model.source='run:{rm}'" in err
+  assert f"{rm!r} is an `rljax rm` run (a reward model, no language model head)" in err
   assert not os.path.exists(run) and not os.path.exists(tmp_path / "out")

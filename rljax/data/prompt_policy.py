@@ -24,7 +24,7 @@ from rljax.data.tasks import Problem
 from rljax.errors import RljaxError, TokenizerError
 from rljax import models
 from rljax.models import ModelConfig
-from rljax.models.source import POLICY_SOURCES, parse_source, run_config
+from rljax.config.sources import POLICY_SOURCES, parse_source, run_config
 
 POLICIES = ("error", "drop")
 

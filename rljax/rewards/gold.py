@@ -22,8 +22,8 @@ import numpy as np
 
 from rljax.data.tasks import MARKER, Problem, make_task
 from rljax.errors import StartupError
-from rljax.models.source import parse_source
-from rljax.rewards.reward_model import EXPORT_DIR, SOURCE_KEY, SOURCE_KINDS
+from rljax.config.sources import parse_source
+from rljax.rewards.reward_model import EXPORT_DIR, SOURCE_KEY
 from rljax.rewards.sources import RewardBatch, Scored, register_reward_source
 
 BREVITY = 0.02  # gold lost per completion token: a 20-token chain of thought costs 0.4
@@ -97,7 +97,7 @@ def reward_model_dir(config) -> str:
   """The run directory ``DIR`` of ``reward.model.source='run:DIR'``, where the demo's cold start
   (``reward.gold.pairs``, ``rljax.train.rlhf``) trains the reward model: it needs that form."""
   text = config.reward.model.source
-  source = parse_source(text, SOURCE_KEY, SOURCE_KINDS) if text else None
+  source = parse_source(text, SOURCE_KEY) if text else None
   if source is None or source.kind != "run" or source.step is not None:
     raise StartupError(f"reward.gold.pairs={config.reward.gold.pairs} trains the reward model "
                        f"first: {SOURCE_KEY} must be 'run:DIR' (where it is trained), got {text!r}")

@@ -37,18 +37,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rljax import models
-from rljax.errors import ModelFileError, RewardSourceError, StartupError
+from rljax.errors import RewardSourceError, StartupError
 from rljax.models import transformer
-from rljax.models.config import ModelConfig, compute_dtype, run_settings
-from rljax.models.source import parse_source
+from rljax.models.config import ModelConfig
 from rljax.rewards.sources import RewardBatch, Scored, register_reward_source
 from rljax.rollout import text as text_lib
 from rljax.registries import ROLLOUT_ENGINES
 from rljax.rollout.engines import Placement
 from rljax.rollout.sampling import SamplingParams
 
-JUDGE_SOURCES = ("hf", "run")  # besides 'policy': kinds of rljax.models.source
 JUDGE_SOURCE = "judge"  # its name in reward.sources
 UNPARSABLE = "reward/judge_unparsable"
 VERDICTS = "reward/judge_verdicts"  # beside it: the share that did not parse
@@ -91,42 +88,14 @@ def next_token_logp(cfg: ModelConfig, params, tokens, mask):
   return jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
 
 
-# --- the judge's weights -------------------------------------------------------------------------
+# --- what the judge needs of the run -------------------------------------------------------------
 
-def judge_path(config) -> Optional[str]:
-  """The Hugging Face directory of ``reward.judge.source`` (None: the 'tiny' policy's own random
-  start); a source no judge can read is refused in one line."""
-  text = config.reward.judge.source
-  m = config.model
-  if text == "policy":
-    source = parse_source(m.source, "model.source")
-    if source.kind == "tiny":  # the policy's own random start (rljax.train.build.load_policy)
-      return None
-    if source.kind == "run":
-      raise StartupError(f"reward.judge.source='policy' with model.source={m.source!r}: a judge "
-                         f"reads Hugging Face weights; name the run's export with "
-                         f"reward.judge.source='run:{source.path}'")
-  else:
-    source = parse_source(text, "reward.judge.source", JUDGE_SOURCES)
-    if source.step is not None:
-      raise StartupError(f"reward.judge.source={text!r}: a judge is read from the run's Hugging "
-                         f"Face export ('run:{source.path}'), not from a checkpoint step")
-  return source.hf_dir(config.sft.out_dir)
-
-
-def check_judge(config, tokenizer, cfg: ModelConfig, policy_cfg: ModelConfig) -> None:
-  """What the judge of architecture ``cfg`` needs of the run: the run's tokenizer (vocabulary,
-  EOS, padding), room in its context for a prompt beside the verdict (``parse='number'``), a
-  one-token ``reward.judge.yes`` (``parse='p_yes'``). Checked from the judge's header before the
-  run dir is claimed (``check_judge_files``) and again when it is loaded."""
+def check_judge(config, tokenizer, cfg: ModelConfig) -> None:
+  """What the judge of architecture ``cfg`` needs of the run beside its tokenizer (checked by
+  ``rljax.loading``): room in its context for a prompt beside the verdict (``parse='number'``),
+  a one-token ``reward.judge.yes`` (``parse='p_yes'``). Checked from the judge's header before
+  the run dir is claimed (``rljax.train.startup``) and again when it is built."""
   j = config.reward.judge
-  if cfg.vocab_size < tokenizer.vocab_size or (cfg.eos_token_id, cfg.pad_token_id) != (
-      policy_cfg.eos_token_id, policy_cfg.pad_token_id):
-    raise StartupError(
-        f"reward.judge.source={j.source!r} has another tokenizer than the run's (vocab "
-        f"{cfg.vocab_size} / eos {cfg.eos_token_id} / pad {cfg.pad_token_id} vs "
-        f"{tokenizer.vocab_size} / {policy_cfg.eos_token_id} / {policy_cfg.pad_token_id}): the "
-        "judge reads the completions with data.tokenizer")
   if verdict_room(j, cfg) < 1:
     raise StartupError(
         f"reward.judge.max_new_tokens={j.max_new_tokens} leaves no room for a prompt in the "
@@ -142,38 +111,6 @@ def verdict_room(j, cfg: ModelConfig) -> int:
   """Positions of the judge's context left for its prompt: a verdict is generated after it
   (``parse='number'``)."""
   return cfg.max_position_embeddings - (j.max_new_tokens if j.parse == "number" else 0)
-
-
-def check_judge_files(config, tokenizer, policy_cfg: ModelConfig) -> None:
-  """``check_judge`` from the judge's header (no weights read): a missing directory, another
-  tokenizer or a verdict longer than its context is one line before the run dir is claimed
-  (``rljax.train.build``). A judge that is the SFT cold start not trained yet has the policy's
-  architecture."""
-  path = judge_path(config)
-  if path is None or (config.reward.judge.source == "policy" and config.model.source == "sft"):
-    cfg = policy_cfg  # the policy's random start, or its cold start (perhaps not trained yet)
-  else:
-    try:
-      cfg = models.check_hf_dir(path)
-    except ModelFileError as e:
-      raise ModelFileError(f"reward.judge.source={config.reward.judge.source!r}: {e}") from None
-  check_judge(config, tokenizer, cfg, policy_cfg)
-
-
-def load_judge(config, tokenizer, policy_cfg: ModelConfig) -> tuple[ModelConfig, dict]:
-  """``(ModelConfig, params)`` of ``reward.judge.source``; another vocabulary, EOS or padding
-  than the run's tokenizer is refused in one line."""
-  m = config.model
-  path = judge_path(config)
-  if path is None:
-    check_judge(config, tokenizer, policy_cfg, policy_cfg)
-    return policy_cfg, transformer.init_params(policy_cfg, seed=config.seed)
-  try:
-    cfg, params = models.load_hf(path, dtype=compute_dtype(m.dtype), param_dtype=m.param_dtype)
-  except (ModelFileError, OSError) as e:
-    raise ModelFileError(f"reward.judge.source={config.reward.judge.source!r}: {e}") from None
-  check_judge(config, tokenizer, cfg, policy_cfg)
-  return cfg.replace(**run_settings(m)).base, params  # the policy's adapters are not its
 
 
 # --- the source ----------------------------------------------------------------------------------
@@ -200,9 +137,20 @@ class Judge:
     self.template, self.parse, self.seed = j.template, j.parse, config.seed
     self.bucket = config.data.prompt_bucket
     self.warned = False  # of verdicts none of which parsed (once per run)
-    self.room = verdict_room(j, cfg)  # checked by check_judge
+    # A verdict is generated in the judge's context after its prompt (parse='number').
+    self.room = cfg.max_position_embeddings - (j.max_new_tokens if j.parse == "number" else 0)
+    if self.room < 1:
+      raise StartupError(
+          f"reward.judge.max_new_tokens={j.max_new_tokens} leaves no room for a prompt in the "
+          f"judge's context of {cfg.max_position_embeddings} positions (max_position_embeddings"
+          f" of reward.judge.source={j.source!r})")
     if j.parse == "p_yes":
-      self.yes_id = tokenizer.encode(j.yes)[0]  # one token: check_judge
+      ids = tokenizer.encode(j.yes)
+      if len(ids) != 1:
+        raise StartupError(f"reward.judge.yes={j.yes!r} is {len(ids)} tokens of data.tokenizer="
+                           f"{config.data.tokenizer!r}; P(yes) needs one token (e.g. 'y' with "
+                           "the char tokenizer, ' yes' with most BPE tokenizers)")
+      self.yes_id = ids[0]
     else:
       self.pattern, self.range, self.fallback = j.pattern, tuple(j.range), j.fallback
       self.sampling = SamplingParams(
@@ -249,14 +197,15 @@ class Judge:
                                    VERDICTS: float(len(verdicts))})
 
 
-@register_reward_source(JUDGE_SOURCE, reads=tuple(f"reward.judge.{k}" for k in (
+@register_reward_source(JUDGE_SOURCE, model="judge", reads=tuple(f"reward.judge.{k}" for k in (
     "source", "template", "parse", "pattern", "range", "fallback", "yes", "engine",
     "max_new_tokens", "greedy", "temperature")))
-def judge_source(config, tokenizer, model_cfg, mesh) -> Callable:
+def judge_source(config, tokenizer, model_cfg, mesh, model) -> Callable:
   """An LLM judge (``reward.judge.*``, ``rljax.rewards.judge``): ``reward.judge.template`` over
   the row's prompt and completion; the score is the first number of the judge's verdict in
   ``reward.judge.range`` (``parse='number'``; unparsable verdicts score ``reward.judge.fallback``,
   counted in ``reward/judge_unparsable``) or ``P(reward.judge.yes)`` of its next token
   (``parse='p_yes'``)."""
-  cfg, params = load_judge(config, tokenizer, model_cfg)
-  return Judge(config, tokenizer, cfg, params)
+  del model_cfg, mesh  # its own architecture (``model``, read by rljax.loading); one device
+  check_judge(config, tokenizer, model.cfg)
+  return Judge(config, tokenizer, model.cfg, model.params)

@@ -2,8 +2,8 @@
 
 A frozen ``*ForSequenceClassification`` network with one label (``rljax.models`` ``head='score'``)
 scores each (prompt, completion) row: ``r = h_last . w_score``. Its weights come from
-``reward.model.source``: ``hf:PATH`` or an ``rljax rm`` run, ``run:DIR`` (its export ``DIR/hf``)
-or ``run:DIR@STEP`` (the export of checkpoint STEP, ``DIR/exports/STEP``). They are placed like the
+``reward.model.source``: ``hf:PATH`` or an ``rljax rm`` run, ``run:DIR[@STEP]`` (its checkpoint
+STEP, default the latest, as exported to ``DIR/exports/STEP``). They are placed like the
 reference model (sharded by the partition rules over the run's mesh) and the rows of a batch go
 through one jitted forward (rows split over the data axes; in chunks of
 ``reward.model.batch_size``), in ``reward.model.dtype`` (default ``model.dtype``: bfloat16 on
@@ -14,7 +14,8 @@ merges, special ids) and prompts are rendered alike (``reward.model.chat_templat
 ``data.chat_template``), the policy's ids are scored as they are: prompt then completion, its
 stop token included. Otherwise prompt and completion text are encoded again with the reward
 model's tokenizer (``encode_scored``: its chat template, BOS, the completion, EOS where the
-policy stopped), exactly as ``rljax rm`` encoded its training pairs.
+policy stopped), exactly as ``rljax rm`` encoded its training pairs. The weights and the
+tokenizer are read by ``rljax.loading`` (role ``reward_model``).
 
 Where it runs. Rewards are composed on the host after sampling, before reward shaping, dynamic
 sampling (which keeps or drops groups by their rewards) and advantages: all of these need the
@@ -29,25 +30,18 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 from typing import Any, Callable
 
 import jax
 import numpy as np
 
 from rljax.config import reward_spec
-from rljax import models
-from rljax.data import tokenizer as tokenizer_lib
-from rljax.errors import (ModelFileError, RewardSourceError, RljaxError, StartupError,
-                          TokenizerError)
+from rljax.errors import RewardSourceError, RljaxError, TokenizerError
 from rljax.models import ModelConfig, transformer
-from rljax.models.config import compute_dtype, run_settings
-from rljax.models.source import ModelSource, parse_source, run_config
 from rljax.parallel import distributed, mesh as mesh_lib, rules
 from rljax.rewards.sources import register_reward_source
 
 SOURCE_KEY = "reward.model.source"
-SOURCE_KINDS = ("hf", "run")
 EXPORT_DIR = "hf"  # an `rljax rm` run's export of its final model
 STEP_EXPORTS = "exports"  # ... and of each checkpoint: DIR/exports/<STEP>
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
@@ -64,78 +58,6 @@ def encode_scored(tokenizer, prompt, response: str, ended: bool = True) -> list[
   completion cut at the token budget has none). ``rljax rm`` encodes its pairs with it."""
   ids = tokenizer.encode_prompt(prompt) + tokenizer.encode(response)
   return ids + [tokenizer.eos_id] if ended else ids
-
-
-def model_dir(text: str, key: str = SOURCE_KEY) -> tuple[ModelSource, str]:
-  """(parsed source, its Hugging Face directory) of ``reward.model.source``; a directory that
-  does not exist is one ``ModelFileError``."""
-  source = parse_source(text, key, SOURCE_KINDS)
-  if source.kind == "hf":
-    path = source.path
-  elif source.step is None:
-    path = os.path.join(source.path, EXPORT_DIR)
-  else:
-    path = os.path.join(source.path, STEP_EXPORTS, str(source.step))
-  if not os.path.isdir(path):
-    what = ("" if source.kind == "hf" else
-            f" (an `rljax rm` run writes {EXPORT_DIR}/ and {STEP_EXPORTS}/<STEP>/ there)")
-    raise ModelFileError(f"{key}={text!r}: {path} is not a directory{what}")
-  return source, path
-
-
-def check_files(rm_section) -> ModelConfig:
-  """The reward model's architecture from config.json and the safetensors headers, and its
-  tokenizer (under a second): a missing directory, a checkpoint that is not a sequence
-  classifier with one label, a truncated file, a wrong shape, a tokenizer that is missing, not
-  the model's or of another chat-template setting is found before anything is loaded (before the
-  run dir is claimed: rljax.train.build)."""
-  source, path = model_dir(rm_section.source)
-  try:
-    cfg = models.check_hf_dir(path, head="score")
-  except ModelFileError as e:
-    raise type(e)(f"{SOURCE_KEY}={rm_section.source!r}: {e}") from None
-  reward_tokenizer(rm_section, source, path, cfg.vocab_size)
-  return cfg
-
-
-def reward_tokenizer(rm_section, source: ModelSource, path: str, vocab: int):
-  """``load_tokenizer``, refused when it has more ids than the model's vocabulary ``vocab``."""
-  tokenizer = load_tokenizer(rm_section, source, path)
-  if tokenizer.vocab_size > vocab:
-    raise TokenizerError(
-        f"{SOURCE_KEY}={rm_section.source!r}: its tokenizer has {tokenizer.vocab_size} ids, more "
-        f"than the model's vocabulary of {vocab}: it is not the reward model's tokenizer (set "
-        "reward.model.tokenizer)")
-  return tokenizer
-
-
-def load_tokenizer(rm_section, source: ModelSource, path: str):
-  """The reward model's own tokenizer: ``reward.model.tokenizer``, else a run's
-  ``data.tokenizer`` (its chat template setting must be ``reward.model.chat_template``), else
-  the tokenizer files in its directory."""
-  name = rm_section.tokenizer
-  if source.kind == "run":
-    saved = run_config(source.path).data
-    if bool(saved.chat_template) != bool(rm_section.chat_template):
-      raise StartupError(
-          f"{SOURCE_KEY}={rm_section.source!r} was trained with data.chat_template="
-          f"{saved.chat_template} (its config.json); set reward.model.chat_template="
-          f"{saved.chat_template}")
-    name = name or saved.tokenizer
-  if not name:
-    if not any(os.path.isfile(os.path.join(path, f)) for f in _TOKENIZER_FILES):
-      raise TokenizerError(f"{SOURCE_KEY}={rm_section.source!r}: {path} holds no tokenizer "
-                           "files; name the reward model's tokenizer in reward.model.tokenizer "
-                           "('char' or a local Hugging Face tokenizer directory)")
-    name = path
-  try:
-    return tokenizer_lib.load_tokenizer(name, rm_section.chat_template)
-  except TokenizerError as e:
-    if not rm_section.tokenizer and not rm_section.chat_template:
-      raise
-    # Its messages name the run's own keys; these are the reward model's.
-    raise TokenizerError(str(e).replace("data.tokenizer=", "reward.model.tokenizer=").replace(
-        "data.chat_template=", "reward.model.chat_template=")) from None
 
 
 def param_shardings(mesh, cfg: ModelConfig):
@@ -239,25 +161,21 @@ def check_finite(scores: np.ndarray, name: str) -> None:
         "the weights and reward.model.dtype (a float16 overflow)")
 
 
-def load_reward_model(config, policy_tokenizer, mesh) -> RewardModel:
-  """The reward model of ``config.reward.model`` placed on ``mesh``, with its tokenizer."""
+def reward_model(config, loaded, policy_tokenizer, mesh) -> RewardModel:
+  """The reward model ``loaded`` (``rljax.loading``: its ModelConfig, host parameters and
+  tokenizer) placed on ``mesh``, scoring the policy's rows."""
   rm = config.reward.model
-  source, path = model_dir(rm.source)
-  tokenizer = reward_tokenizer(rm, source, path, check_files(rm).vocab_size)
-  cfg, params = models.load_hf(path, dtype=rm.dtype or compute_dtype(config.model.dtype),
-                               param_dtype=config.model.param_dtype, head="score")
-  cfg = cfg.replace(**run_settings(config.model)).base  # the policy's adapters are not its
-  params = jax.device_put(params, param_shardings(mesh, cfg))
-  reuse = (tokenizer.fingerprint() == policy_tokenizer.fingerprint()
+  params = jax.device_put(loaded.params, param_shardings(mesh, loaded.cfg))
+  reuse = (loaded.tokenizer.fingerprint() == policy_tokenizer.fingerprint()
            and bool(rm.chat_template) == bool(config.data.chat_template))
-  return RewardModel(cfg=cfg, params=params, tokenizer=tokenizer,
+  return RewardModel(cfg=loaded.cfg, params=params, tokenizer=loaded.tokenizer,
                      policy_tokenizer=policy_tokenizer, reuse_ids=reuse, mesh=mesh,
                      batch_size=rm.batch_size, name=rm.source)
 
 
-@register_reward_source(reward_spec.REWARD_MODEL_SOURCE, reads=tuple(
+@register_reward_source(reward_spec.REWARD_MODEL_SOURCE, model="reward_model", reads=tuple(
     f"reward.model.{k}" for k in ("source", "tokenizer", "chat_template", "batch_size", "dtype")))
-def reward_model_source(config, tokenizer, model_cfg, mesh) -> Callable:
+def reward_model_source(config, tokenizer, model_cfg, mesh, model) -> Callable:
   """A learned scalar reward model (``reward.model.*``, ``rljax.rewards.reward_model``): a
   frozen ``*ForSequenceClassification`` with one label scores each prompt and completion at its
   last token, ``r = h_last . w_score`` (the Bradley-Terry reward of ``rljax rm``; Ouyang et al.
@@ -267,4 +185,4 @@ def reward_model_source(config, tokenizer, model_cfg, mesh) -> Callable:
   if mesh is None:  # one device (an evaluation or a test builds no mesh)
     mesh = jax.sharding.Mesh(np.asarray(jax.devices()[:1]).reshape((1,) * len(mesh_lib.AXES)),
                              mesh_lib.AXES)
-  return load_reward_model(config, tokenizer, mesh)
+  return reward_model(config, model, tokenizer, mesh)

@@ -72,13 +72,18 @@ class Scored:
   failures: tuple = ()
 
 
-def register_reward_source(name: str, *, reads: Sequence[str] = ()) -> Callable:
+def register_reward_source(name: str, *, reads: Sequence[str] = (),
+                           model: Optional[str] = None) -> Callable:
   """``@register_reward_source("name")`` on ``factory(config, tokenizer, model_cfg, mesh) ->
   source``: selectable in ``reward.sources`` as ``'name:weight'`` (``REWARD_SOURCES`` of
   ``rljax.registries``, filled by the modules of ``rljax.rewards`` and ``rljax.envs``). A name holds
   no ``':'``, ``','`` or ``'/'`` (the keys' separators, the metric's); ``reads``: the config keys
-  only this source reads."""
-  return REWARD_SOURCES.register(name, reads=reads)
+  only this source reads; ``model``: the role of a model it scores with (``rljax.loading.roles``:
+  'judge', 'reward_model'), loaded by ``make_reward``'s ``load`` and passed as the factory's fifth
+  argument."""
+  if model is None:
+    return REWARD_SOURCES.register(name, reads=reads)
+  return REWARD_SOURCES.register(name, reads=reads, model=model)
 
 
 # --- composition ---------------------------------------------------------------------------------
@@ -174,7 +179,8 @@ class Reward:
 
 
 def make_reward(config, tokenizer, model_cfg, mesh=None, *, task_only: bool = False,
-                task: Optional[str] = None) -> Reward:
+                task: Optional[str] = None, load: Optional[Callable[[str], Any]] = None
+                ) -> Reward:
   """The run's ``Reward`` from ``reward.sources`` / ``normalize`` / ``clip``: each source's
   factory called once. ``task_only``: the task's own source alone, weight 1 (evaluation needs
   only its correct flags); ``task``: that source (default: the config's, ``defaults.
@@ -188,8 +194,13 @@ def make_reward(config, tokenizer, model_cfg, mesh=None, *, task_only: bool = Fa
   clips = {} if task_only else reward_spec.reward_clip(config.reward.clip)
   terms = []
   for name, weight in weights.items():
-    factory = REWARD_SOURCES.get(name)
-    terms.append(Term(name=name, weight=weight, source=factory(config, tokenizer, model_cfg, mesh),
+    factory, role = REWARD_SOURCES.get(name), REWARD_SOURCES.meta(name).get("model")
+    if role is not None and load is None:
+      raise ValueError(f"reward source {name!r} scores with a model ({role}): make_reward needs "
+                       "load (rljax.loading)")
+    models = () if role is None else (load(role),)
+    terms.append(Term(name=name, weight=weight,
+                      source=factory(config, tokenizer, model_cfg, mesh, *models),
                       whitened=name in whitened, clip=clips.get(name)))
   return Reward(terms=tuple(terms), task=task)
 

@@ -204,16 +204,10 @@ def check_start(config, current: dict, steps_key: str = "train.steps") -> None:
                       "train.run_dir")
 
 
-def check_policy_run(run_dir: str, what: str) -> None:
-  """Refuse a reward-model run (``rljax rm``: its ``data.json`` fingerprints the pairs file)
-  where a policy's run is read (``what``: ``model.source='run:DIR'``, ``eval --checkpoint``,
-  ``convert``): its checkpoints hold a scalar head, not a policy, and restoring them was a
-  traceback after the new run's directory was written."""
+def records_pairs(run_dir: str) -> str | None:
+  """The pairs file an ``rljax rm`` run's data record fingerprints (None: not such a run)."""
   files = _read_record(os.path.join(run_dir, DATA_FILE)).get("files") or {}
-  if "rm.train_file" in files:
-    raise RunDirError(f"{what}: {run_dir!r} is a reward-model run (`rljax rm`, trained on "
-                      f"{files['rm.train_file'].get('path')!r}), not a policy; a reward model is "
-                      f"read as reward.model.source='run:{run_dir}'")
+  return files["rm.train_file"].get("path") if "rm.train_file" in files else None
 
 
 def write_config(run_dir: str, config_json: str) -> None:

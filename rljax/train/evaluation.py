@@ -18,10 +18,11 @@ from rljax import models
 from rljax.data import datasets, prompt_policy, tokenizer as tokenizer_lib
 from rljax.envs.checks import check_env_startup
 from rljax.rewards import checkers
-from rljax.models.source import check_same_tokenizer, run_config
+from rljax.config.sources import ModelSource, run_config
 from rljax.train import build, generation
+from rljax.loading import loader
 from rljax.train.build import load_run_params
-from rljax.runs.run_dir import RunDirError, check_policy_run
+from rljax.runs.run_dir import RunDirError
 from rljax.parallel import mesh as mesh_lib
 
 EVAL_BATCH = 128  # problems per sampler call
@@ -47,7 +48,7 @@ def checkpoint_config(config, run_dir: str, overridden=()) -> ml_collections.Con
   that the command line overrides (``overridden``: the ``--config.KEY`` names) taken from
   ``config``; any other ``model.*`` override whose value differs from the run's is an error."""
   saved = run_config(run_dir)
-  check_policy_run(run_dir, f"eval --checkpoint {run_dir}")
+  loader.check_run_kind(ModelSource("run", run_dir), "lm", f"eval --checkpoint {run_dir}")
   for key in overridden:
     section, _, name = key.partition(".")
     if section != "model" or not name:
@@ -80,7 +81,7 @@ def _evaluate_config(config, *, samples: int, checkpoint: str | None, run=None) 
   build.check_reward_fn(config)  # before minutes of loading, as train does
   config_checks.check_config(config)  # values, unread keys, relations: before any loading
   if checkpoint:
-    check_same_tokenizer(config, checkpoint, f"eval --checkpoint {checkpoint}")
+    loader.check_tokenizer(f"eval --checkpoint {checkpoint}", run_dir=checkpoint, config=config)
   tokenizer = tokenizer_lib.load_tokenizer(config.data.tokenizer, config.data.chat_template)
   check_env_startup(config, tokenizer)
   if checkpoint:

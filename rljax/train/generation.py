@@ -1,20 +1,33 @@
 """Problems -> scored rollouts: sample completions with the policy, score them with the run's
 reward sources (``rljax.rewards.sources``), shape rewards.
 
-Used by the RL loop (``rljax.train.loop.collect_batch``) and by evaluation alike.
+Used by the RL loop (``rljax.train.loop.collect_batch``) and by evaluation alike; the rollout
+engine and the ``Generator`` of a run are made here from its config (``make_engine``,
+``make_generator``).
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable
 
 import numpy as np
 
 from rljax import rollout as rollout_lib
-from rljax.rewards import shaping, sources
+from rljax.config.reward_spec import ENV_SOURCE, VERIFIER_SOURCE
+from rljax.data import prompt_policy
+from rljax.envs.episodes import EnvSettings
+from rljax.envs.failures import FailureReport
+from rljax.learner.initial import param_sharding
+from rljax.loading import loader
+from rljax.models import ModelConfig
+from rljax.parallel import distributed, rules
+from rljax.registries import EPISODE_ENGINES, ROLLOUT_ENGINES
+from rljax.rewards import checkers, shaping, sources
 from rljax.rollout import inflight
-from rljax.rollout.engines import EpisodeEngine, RolloutEngine
+from rljax.rollout.engines import EpisodeEngine, Placement, RolloutEngine
 from rljax.rollout.sampler import Rollout
+from rljax.train.startup import _startup
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,3 +123,96 @@ def _score(gen: Generator, out: Rollout, rows, completions, episode_rewards=None
   if gen.failure_log is not None and composed.failures:
     gen.failure_log.append(list(composed.failures))
   return composed
+
+
+# --- a run's engine and generator, from its config ----------------------------------------------
+
+def engine_placement(model_cfg: ModelConfig, mesh, learner_mesh=None) -> Placement:
+  """Where the rollout engine runs: ``mesh`` (the sampler's), rows split over its data axes and
+  weights sharded by the partition rules; colocated when it is ``learner_mesh`` (or that is
+  None)."""
+  return Placement(
+      mesh=mesh, colocated=learner_mesh is None or mesh is learner_mesh,
+      row_multiple=rules.batch_divisor(mesh), data_axes=tuple(rules.batch_axes()),
+      rows=rules.batch_sharding(mesh, 2), replicated=rules.replicated(mesh),
+      # The sampler reads merged weights (the base layout), never the adapters themselves.
+      param_sharding=param_sharding(mesh, model_cfg.base), to_device=distributed.from_host,
+      to_host=distributed.to_host, context=rules.context_layout(mesh))
+
+
+def make_engine(config, model_cfg: ModelConfig, mesh, tokenizer, learner_mesh=None,
+                settings: EnvSettings | None = None) -> RolloutEngine:
+  """The run's rollout engine, chosen once: ``rollout.engine``'s on ``mesh``, inside
+  ``env.engine``'s multi-turn driver when ``env.name`` is set (``settings``: another
+  environment than the config's)."""
+  factory = _startup(ROLLOUT_ENGINES.get, config.rollout.engine)
+  engine = _startup(factory, config, model_cfg, engine_placement(model_cfg, mesh, learner_mesh))
+  _check_weight_dtype(config, engine)
+  settings = settings or env_settings(config, tokenizer)
+  if settings is None:
+    return engine
+  driver = _startup(EPISODE_ENGINES.get, settings.engine)
+  return _startup(driver, engine, settings, tokenizer, config.data.prompt_bucket)
+
+
+def _check_weight_dtype(config, engine) -> None:
+  """``rollout.weight_dtype`` is applied by a JAX engine's weight sync (``rljax.rollout.engines.
+  weight_sync``); an engine built without it would sample at full precision: refused by name."""
+  dtype = config.rollout.weight_dtype
+  sync = getattr(engine, "sync", None)
+  if dtype is not None and getattr(sync, "weight_dtype", None) != dtype:
+    raise StartupError(f"rollout.weight_dtype={dtype!r} is not applied by rollout.engine="
+                       f"{config.rollout.engine!r} (its weights do not pass through "
+                       "rljax.rollout.engines.weight_sync); set it to None or use all_rows / "
+                       "continuous")
+
+
+def env_settings(config, tokenizer) -> EnvSettings | None:
+  """``env.name``'s settings (None: single-turn), its first observations limited to the model's
+  context less the episode's budget (``env.max_tokens``), as prompts are."""
+  settings = EnvSettings.from_config(config)
+  if settings is None:
+    return None
+  budget, key = prompt_policy.completion_budget(config)
+  limit = prompt_policy.prompt_token_limit(
+      config.data.max_prompt_tokens, prompt_policy.model_context(config, tokenizer), budget, key)
+  return dataclasses.replace(settings, max_prompt_tokens=limit)
+
+
+def sampling_params(config, tokenizer, greedy: bool = False) -> rollout_lib.SamplingParams:
+  r = config.rollout
+  return rollout_lib.SamplingParams(
+      temperature=r.temperature, top_k=r.top_k, top_p=r.top_p, min_p=r.min_p, greedy=greedy,
+      max_new_tokens=r.max_new_tokens, stop_ids=(tokenizer.eos_id,), pad_id=tokenizer.pad_id)
+
+
+
+
+
+def make_generator(config, engine: RolloutEngine, tokenizer, source,
+                   failure_log: str | None = None,
+                   env_failure_log: str | None = None, mesh=None,
+                   task_only: bool = False) -> "Generator":
+  """``failure_log`` / ``env_failure_log``: where failed reward calls / failed episodes of a
+  multi-turn engine are sampled (None: reported, not written). The reward is composed of
+  ``reward.sources`` (``rljax.rewards.sources``; their factories see ``mesh``, the learner's);
+  ``task_only``: of the task's own source alone (an evaluation reads only its correct flags)."""
+  r = config.reward
+  failures, task = None, VERIFIER_SOURCE
+  if isinstance(engine, EpisodeEngine):
+    failures = FailureReport(config.env.name, env_failure_log, r.max_logged_failures)
+    task = ENV_SOURCE
+  load = functools.partial(_reward_model, config, tokenizer, engine.model_cfg)
+  reward = _startup(functools.partial(sources.make_reward, task_only=task_only, task=task,
+                                      load=load), config, tokenizer, engine.model_cfg, mesh)
+  log = None if failure_log is None else checkers.FailureLog(failure_log, r.max_logged_failures)
+  return Generator(engine=engine, tokenizer=tokenizer, reward=reward,
+                   prompt_bucket=config.data.prompt_bucket, overlong_buffer=r.overlong_buffer,
+                   overlong_penalty=r.overlong_penalty,
+                   inflight_chunk=config.rollout.get("inflight_chunk", 0), env_failures=failures,
+                   failure_log=log)
+
+
+def _reward_model(config, tokenizer, policy_cfg: ModelConfig, role: str):
+  """A reward source's model (the judge, the reward model) read by ``rljax.loading``."""
+  return loader.load(config, role, tokenizer, policy_cfg=policy_cfg)

@@ -39,9 +39,8 @@ import optax
 from rljax import models
 from rljax.data import preferences, tokenizer as tokenizer_lib
 from rljax.errors import DataError, StartupError
-from rljax.models import hf as hf_lib, transformer
-from rljax.models.config import compute_dtype, read_hf_config, run_settings
-from rljax.models.source import POLICY_SOURCES, parse_source
+from rljax.models import transformer
+from rljax.loading import loader
 from rljax.parallel import distributed, mesh as mesh_lib, rules
 from rljax.rewards import reward_model
 from rljax.train import build, sft
@@ -125,23 +124,15 @@ def initial_params(config, tokenizer):
   """(ModelConfig, params of ``head='score'``) to start from (module docstring). Its padding id
   is the tokenizer's, which pads the rows: the export then pools where ``transformers`` does
   (``transformer.scored_index``; EOS for a tokenizer without a pad token)."""
-  source = parse_source(config.model.source, "model.source", POLICY_SOURCES)
-  if source.kind == "hf" and _is_sequence_classifier(source.path):
-    m = config.model
-    cfg, params = models.load_hf(source.path, dtype=compute_dtype(m.dtype),
-                                 param_dtype=m.param_dtype, head="score")
-    cfg = cfg.replace(**run_settings(m))
+  if loader.is_score_model(loader.source_of(config, "rm_start")):  # trained on
+    loaded = loader.load(config, "rm_start", tokenizer)
+    cfg, params = loaded.cfg, loaded.params
   else:
     cfg, lm = build.load_policy(config, tokenizer)
     params = {k: v for k, v in lm.items() if k != "lm_head"}
     params["score"] = transformer.init_params(cfg.replace(num_layers=0, vocab_size=1),
                                               seed=config.seed + 11, head="score")["score"]
   return cfg.replace(pad_token_id=tokenizer.pad_id), params
-
-
-def _is_sequence_classifier(path: str) -> bool:
-  archs = read_hf_config(path).get("architectures") or []
-  return any(str(a).endswith(hf_lib.SEQUENCE_CLASSIFIER) for a in archs)
 
 
 PAIR_FILES = ("rm.train_file", "rm.eval_file")  # fingerprinted in data.json like data files

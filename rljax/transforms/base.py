@@ -17,9 +17,8 @@ points of the step and never names one:
            on_loss(arrays) -> metrics                       per micro-batch, in the actor loss
            on_step(state, hp, batch, metrics) -> (state, metrics)   once per RL step
   host     check_step(metrics, step)                        after each step's metrics
-  build    aux_model(config, tokenizer, policy_cfg) -> (cfg, params)   a frozen model
-           check_aux(config) -> ((key, value, hf_dir), ...)   its files, checked before the
-                                                             run dir is claimed
+  build    aux_role: the role (``rljax.loading.roles``) of a frozen model it scores with,
+           loaded and checked by ``rljax.loading`` (before the run dir is claimed)
 
 Fields a transform adds to the rollout record travel in ``Rollout.extras`` (sharded by rows like
 every other field); ``loss_weight`` names an extras field that multiplies the per-token policy
@@ -54,8 +53,7 @@ class Transform:
   on_loss: Optional[Callable[[Mapping[str, Any]], Metrics]] = None
   on_step: Optional[Callable[..., Tuple[Any, Metrics]]] = None
   check_step: Optional[Callable[[Mapping[str, float], int], None]] = None
-  aux_model: Optional[Callable[..., Tuple[Any, Any]]] = None
-  check_aux: Optional[Callable[[Any], Tuple[Tuple[str, str, str], ...]]] = None
+  aux_role: Optional[str] = None  # a frozen model it scores with (a role of rljax.loading)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,65 +1,9 @@
 """On-policy distillation (docs/algorithms.md; Agarwal et al. arXiv 2306.13649, Tinker): minus the
 reverse KL to a frozen teacher added to the advantages (``rljax.algos.distill``). The teacher is
-a second model that is never trained or checkpointed: ``teacher.source``, same tokenizer."""
-import os
-
-from rljax import models
-from rljax.models.config import compute_dtype
-from rljax.models.source import parse_source
+a second model that is never trained or checkpointed: ``teacher.source``, same tokenizer, read by
+``rljax.loading`` (role ``teacher``)."""
 from rljax.algos import distill
-from rljax.errors import ModelFileError, StartupError
 from rljax.transforms.base import Transform, register_transform, traced
-from rljax.models import transformer
-
-
-TEACHER_SOURCES = ("tiny", "sft", "hf", "run")  # kinds of rljax.models.source
-
-
-def teacher_path(teacher_section, sft_out_dir: str):
-  """The Hugging Face directory of ``teacher.source`` (None for 'tiny': random, for tests); a
-  run directory's teacher is its export ``DIR/hf``."""
-  source = parse_source(teacher_section.source, "teacher.source", TEACHER_SOURCES)
-  if source.step is not None:
-    raise StartupError(f"teacher.source={source.text!r}: a teacher is read from the run's Hugging "
-                       f"Face export ('run:{source.path}' = {source.hf_dir(sft_out_dir)}), not "
-                       "from a checkpoint step")
-  return source.hf_dir(sft_out_dir)
-
-
-def load_teacher(config, tokenizer, policy_cfg):
-  """``(ModelConfig, params)`` of the teacher; it must share the policy's tokenizer."""
-  if not config.teacher.source:
-    raise StartupError("algo.opd_coef > 0 needs a teacher: set teacher.source ('hf:PATH', "
-                       "'run:DIR', 'sft' or 'tiny')")
-  dtype = config.teacher.dtype or compute_dtype(config.model.dtype)
-  path = teacher_path(config.teacher, config.sft.out_dir)
-  if path is None:
-    cfg = policy_cfg.replace(dtype=dtype)
-    return cfg, transformer.init_params(cfg, seed=config.seed + 1)
-  if not os.path.isdir(path):
-    raise ModelFileError(f"teacher.source={config.teacher.source!r}: {path} is not a directory")
-  cfg, params = models.load_hf(path, dtype=dtype, param_dtype=config.model.param_dtype)
-  same = (cfg.vocab_size == policy_cfg.vocab_size and cfg.eos_token_id == policy_cfg.eos_token_id
-          and cfg.pad_token_id == policy_cfg.pad_token_id)
-  if not same:
-    raise StartupError(
-        f"teacher.source={config.teacher.source!r} has another tokenizer than the policy "
-        f"(vocab {cfg.vocab_size} / eos {cfg.eos_token_id} / pad {cfg.pad_token_id} vs "
-        f"{policy_cfg.vocab_size} / {policy_cfg.eos_token_id} / {policy_cfg.pad_token_id}): "
-        "on-policy distillation scores the student's tokens, so both must share one")
-  return cfg, params
-
-
-def check_teacher_files(config):
-  """The teacher's directory, checked from its header before the run dir is claimed ('sft' may
-  be trained first, 'tiny' has none)."""
-  if not config.teacher.source:
-    raise StartupError("algo.opd_coef > 0 needs a teacher: set teacher.source ('hf:PATH', "
-                       "'run:DIR', 'sft' or 'tiny')")
-  path = teacher_path(config.teacher, config.sft.out_dir)
-  if path is None or config.teacher.source == "sft":
-    return ()
-  return (("teacher.source", config.teacher.source, path),)
 
 
 def check_teacher_logp(metrics, step: int) -> None:
@@ -97,5 +41,4 @@ def make(algo, hparams):
     return {"advantages": advantages, "extras": {"teacher_logp": teacher_logp}}, metrics
 
   return Transform("opd", keys=keys, needs_old_logp=True, on_score=on_score,
-                   check_step=check_teacher_logp, aux_model=load_teacher,
-                   check_aux=check_teacher_files)
+                   check_step=check_teacher_logp, aux_role="teacher")

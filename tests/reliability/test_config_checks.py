@@ -9,7 +9,7 @@ import pytest
 
 from rljax import cli
 from rljax.config import checks as config_checks, loader as config_loader
-from rljax.train import build, loop
+from rljax.train import build, loop, policy
 from tests.train import tiny
 
 BASE = os.path.join(tiny.ROOT, "configs", "base.py")
@@ -92,7 +92,7 @@ def nothing_is_built(monkeypatch):
   def refuse(*args, **kwargs):
     raise AssertionError("a model or run was built before the config was checked")
   monkeypatch.setattr(build, "build_run", refuse)
-  monkeypatch.setattr(build, "load_policy", refuse)
+  monkeypatch.setattr(policy, "load_policy", refuse)
   monkeypatch.setattr(loop, "train", refuse)
 
 

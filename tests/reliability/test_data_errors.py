@@ -9,7 +9,7 @@ from rljax import cli
 from rljax.config import loader as config_loader
 from rljax.data import datasets, prompt_policy, tokenizer as tokenizer_lib
 from rljax.data.tasks import is_eval_prompt
-from rljax.train import build
+from rljax.train import policy
 from tests.train import tiny
 
 
@@ -28,7 +28,7 @@ def _prompts(n):
 def no_model(monkeypatch):
   def refuse(*args, **kwargs):
     raise AssertionError("the policy was loaded before the prompts were checked")
-  monkeypatch.setattr(build, "load_policy", refuse)
+  monkeypatch.setattr(policy, "load_policy", refuse)
 
 
 def test_megabyte_prompt_is_refused_at_start_up_naming_file_and_line(tmp_path, no_model):

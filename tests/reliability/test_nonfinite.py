@@ -7,8 +7,8 @@ import optax
 import pytest
 
 from rljax.config import loader as config_loader
-from rljax.train import build, loop
-from rljax.learner import state as state_lib
+from rljax.train import loop
+from rljax.learner import initial, state as state_lib
 from rljax.learner import update as update_lib
 from tests.train import tiny
 
@@ -41,7 +41,7 @@ def test_apply_update_skips_a_step_that_makes_parameters_non_finite():
 def test_a_run_whose_updates_keep_failing_stops_with_the_last_good_parameters(monkeypatch,
                                                                               tmp_path):
   real = state_lib.make_optimizer
-  monkeypatch.setattr(build, "make_optimizer",
+  monkeypatch.setattr(initial, "make_optimizer",
                       lambda *a, **k: optax.chain(real(*a, **k), _nan_from_finite_gradients()))
   overrides = dict(tiny.OVERRIDES, **{"train.steps": "5", "train.max_skipped_steps": "2",
                                       "train.run_dir": str(tmp_path / "run")})

@@ -12,6 +12,7 @@ from rljax.config import checks as config_checks
 from rljax.data import tokenizer as tokenizer_lib
 from rljax.data.tasks import Problem
 from rljax.errors import ConfigError, RewardSourceError, StartupError
+from rljax.loading import loader
 from rljax.models import transformer
 from rljax.rewards import judge as judge_lib
 from rljax.rewards import sources
@@ -76,7 +77,8 @@ def _batch(completions):
 def _judge(config):
   tok = tokenizer_lib.load_tokenizer("char")
   cfg = build.resolve_model_config(config, tok)
-  return sources.REWARD_SOURCES.get("judge")(config, tok, cfg, None), tok, cfg
+  model = loader.load(config, "judge", tok, policy_cfg=cfg)
+  return sources.REWARD_SOURCES.get("judge")(config, tok, cfg, None, model), tok, cfg
 
 
 def test_scripted_verdicts_parse_into_the_hand_worked_scores(scripted):

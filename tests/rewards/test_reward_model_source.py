@@ -11,9 +11,10 @@ from safetensors.numpy import load_file, save_file
 
 from rljax.data.tokenizer import CharTokenizer, load_tokenizer
 from rljax.config.table import get_config
-from rljax.errors import ModelFileError, TokenizerError
+from rljax.errors import ModelFileError, RunDirError, TokenizerError
 from rljax.parallel import mesh as mesh_lib
 from rljax.rewards import reward_model, sources
+from rljax.loading import loader
 from tests import hf_models
 from tests.envs import chat_templates
 
@@ -74,7 +75,7 @@ def bpe_rm(tmp_path_factory):
 def test_the_policys_ids_are_scored_as_they_are(char_rm, one_device):
   tok = CharTokenizer()
   batch = policy_batch(tok)
-  rm = reward_model.load_reward_model(rm_config(f"hf:{char_rm}", tokenizer="char"), tok,
+  rm = loader.reward_model(rm_config(f"hf:{char_rm}", tokenizer="char"), tok,
                                       one_device)
   assert rm.reuse_ids
   scores = rm(batch)
@@ -91,7 +92,7 @@ def test_another_tokenizer_re_encodes_the_text(bpe_rm, one_device):
   import transformers
   policy = CharTokenizer()
   batch = policy_batch(policy)
-  rm = reward_model.load_reward_model(rm_config(f"hf:{bpe_rm}"), policy, one_device)
+  rm = loader.reward_model(rm_config(f"hf:{bpe_rm}"), policy, one_device)
   assert not rm.reuse_ids
   scores = rm(batch)
   hf_tok = transformers.AutoTokenizer.from_pretrained(bpe_rm)
@@ -109,7 +110,7 @@ def test_another_tokenizer_re_encodes_the_text(bpe_rm, one_device):
 def test_a_causal_lm_is_refused_in_one_line(hf_dirs, one_device):
   with pytest.raises(ModelFileError, match=r"reward.model.source='hf:.*is not a sequence "
                                            r"classifier") as e:
-    reward_model.load_reward_model(rm_config(f"hf:{hf_dirs['llama']}"), CharTokenizer(),
+    loader.reward_model(rm_config(f"hf:{hf_dirs['llama']}"), CharTokenizer(),
                                    one_device)
   assert "\n" not in str(e.value)
 
@@ -117,14 +118,14 @@ def test_a_causal_lm_is_refused_in_one_line(hf_dirs, one_device):
 def test_tokenizer_mismatches_that_cannot_be_bridged(char_rm, bpe_rm, one_device):
   with pytest.raises(TokenizerError, match="holds no tokenizer files; name the reward model's "
                                            "tokenizer in reward.model.tokenizer"):
-    reward_model.load_reward_model(rm_config(f"hf:{char_rm}"), CharTokenizer(), one_device)
+    loader.reward_model(rm_config(f"hf:{char_rm}"), CharTokenizer(), one_device)
   with pytest.raises(TokenizerError, match=r"its tokenizer has \d+ ids, more than the model's "
                                            "vocabulary of 97"):
-    reward_model.load_reward_model(rm_config(f"hf:{char_rm}", tokenizer=bpe_rm),
+    loader.reward_model(rm_config(f"hf:{char_rm}", tokenizer=bpe_rm),
                                    CharTokenizer(), one_device)
   # The policy writes what the char tokenizer cannot encode (upper case): named, one line.
   policy = load_tokenizer(bpe_rm)
-  rm = reward_model.load_reward_model(rm_config(f"hf:{char_rm}", tokenizer="char"), policy,
+  rm = loader.reward_model(rm_config(f"hf:{char_rm}", tokenizer="char"), policy,
                                       one_device)
   batch = dataclasses.replace(policy_batch(CharTokenizer()),
                               completions=["19", "Twelve", "99", "4"])
@@ -141,7 +142,7 @@ def test_nan_scores_stop_the_step_naming_the_rows(char_rm, one_device, tmp_path)
   tensors["model.embed_tokens.weight"][CharTokenizer().encode("9")[0]] = np.nan
   save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
   (path / "config.json").write_text(open(os.path.join(char_rm, "config.json")).read())
-  rm = reward_model.load_reward_model(rm_config(f"hf:{path}", tokenizer="char"),
+  rm = loader.reward_model(rm_config(f"hf:{path}", tokenizer="char"),
                                       CharTokenizer(), one_device)
   with pytest.raises(reward_model.RewardModelError,
                      match=r"scored 4 of 4 rows NaN or infinite \(first row 0\); the step "
@@ -152,10 +153,9 @@ def test_nan_scores_stop_the_step_naming_the_rows(char_rm, one_device, tmp_path)
   reward_model.check_finite(np.array([0.0, -3.0], np.float32), "x")  # finite: nothing raised
 
 
-def test_a_run_source_names_its_export(tmp_path):
-  with pytest.raises(ModelFileError, match=r"run:.*@7'.*exports/7 is not a directory"):
-    reward_model.model_dir(f"run:{tmp_path}@7")
-  assert json.loads(json.dumps(reward_model.SOURCE_KINDS)) == ["hf", "run"]
+def test_a_run_source_is_a_run_directory(tmp_path):
+  with pytest.raises(RunDirError, match=r"is not an rljax run directory \(no config.json\)"):
+    loader.load(rm_config(f"run:{tmp_path}@7"), "reward_model", CharTokenizer())
 
 
 def test_composed_as_the_source_rm(char_rm):
@@ -165,8 +165,9 @@ def test_composed_as_the_source_rm(char_rm):
   config.reward.sources = "verifier:0,rm:2"
   tok = CharTokenizer()
   batch = policy_batch(tok)
-  direct = reward_model.load_reward_model(config, tok, mesh_lib.make_mesh(config.mesh))(batch)
-  reward = sources.make_reward(config, tok, None, None, task="verifier")
+  direct = loader.reward_model(config, tok, mesh_lib.make_mesh(config.mesh))(batch)
+  reward = sources.make_reward(config, tok, None, None, task="verifier",
+                               load=lambda role: loader.load(config, role, tok))
   verdicts = sources.Scored(np.zeros(4, np.float32), correct=np.zeros(4, bool))
   reward = dataclasses.replace(reward, terms=tuple(
       dataclasses.replace(t, source=lambda b: verdicts) if t.name == "verifier" else t
@@ -196,9 +197,9 @@ def test_reward_model_dtype_is_its_compute_dtype(char_rm, one_device):
   forward runs in bfloat16, close to float32's scores but not equal to them."""
   tok = CharTokenizer()
   batch = policy_batch(tok)
-  full = reward_model.load_reward_model(rm_config(f"hf:{char_rm}", tokenizer="char"), tok,
+  full = loader.reward_model(rm_config(f"hf:{char_rm}", tokenizer="char"), tok,
                                         one_device)
-  half = reward_model.load_reward_model(
+  half = loader.reward_model(
       rm_config(f"hf:{char_rm}", tokenizer="char", dtype="bfloat16"), tok, one_device)
   assert (full.cfg.dtype, half.cfg.dtype) == ("float32", "bfloat16")
   diff = np.abs(half(batch) - full(batch))
@@ -212,7 +213,7 @@ def test_rows_longer_than_the_reward_models_context_stop_the_step(char_rm, bpe_r
   from rljax.errors import RewardSourceError
   policy = CharTokenizer()
   for path, tokenizer, named in ((char_rm, "char", r"row 1 is 15 tokens"), (bpe_rm, "", r"row \d")):
-    rm = reward_model.load_reward_model(rm_config(f"hf:{path}", tokenizer=tokenizer), policy,
+    rm = loader.reward_model(rm_config(f"hf:{path}", tokenizer=tokenizer), policy,
                                         one_device)
     rm.rows(policy_batch(policy))  # the model's own context holds them
     short = dataclasses.replace(rm, cfg=rm.cfg.replace(max_position_embeddings=10))
@@ -228,7 +229,8 @@ def test_a_lora_policys_reward_model_scores_without_adapters(char_rm, one_device
   tok = CharTokenizer()
   config = rm_config(f"hf:{char_rm}", tokenizer="char")
   config.model.lora.rank = 4
-  rm = reward_model.load_reward_model(config, tok, one_device)
+  from rljax.loading import loader
+  rm = loader.reward_model(config, tok, one_device)
   assert rm.cfg.lora_rank == 0
   batch = policy_batch(tok)
   tokens = np.concatenate([batch.prompt_tokens, batch.tokens], 1)

@@ -16,11 +16,12 @@ import jax
 import numpy as np
 import pytest
 
+from rljax.loading import pin
 from rljax.config.checks import check_config
 from rljax.errors import ConfigError, RunDirError, UnusedKeyError
 from rljax.models import lora, transformer
 from rljax.runs import checkpoint as checkpoint_lib
-from rljax.train import build, loop
+from rljax.train import loop
 from rljax.runs import metrics as metrics_lib
 from rljax.runs.checkpoint import Checkpointer
 from tests.parallel.conftest import run_script
@@ -148,9 +149,9 @@ def test_unknown_target_and_foreign_base_are_one_line(tmp_path):
   with pytest.raises(ConfigError, match=r"^model.lora.targets names \['qkv_proj'\], which are "
                                         r"no projection; choose from"):
     lora_checks.model_config(cfg)
-  extra = {"lora_base": build.base_record(cfg)}
-  build.check_base_source(cfg, extra, "run")  # the same base: accepted
+  extra = {"lora_base": pin.base_record(cfg)}
+  pin.check_record(cfg, extra, "run")  # the same base: accepted
   extra["lora_base"]["source"] = "hf:/elsewhere"
   with pytest.raises(RunDirError, match=r"^run: its adapters were trained on model.source="
                                         r"'hf:/elsewhere', not on model.source='tiny'"):
-    build.check_base_source(cfg, extra, "run")
+    pin.check_record(cfg, extra, "run")

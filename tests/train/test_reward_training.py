@@ -13,6 +13,8 @@ from rljax.data.tokenizer import CharTokenizer
 from rljax.errors import DataError
 from rljax.models import transformer
 from rljax.rewards import reward_model
+from rljax.config.sources import parse_source
+from rljax.loading import loader
 from rljax.train import reward_training
 from tests import hf_models
 from tests.train.tiny import ROOT
@@ -77,9 +79,12 @@ def test_run_dir_holds_checkpoints_and_an_export_per_checkpoint(rm_run):
   _, run_dir = rm_run
   assert sorted(os.listdir(os.path.join(run_dir, "checkpoints"))) == ["20", "30"]
   assert sorted(os.listdir(os.path.join(run_dir, reward_model.STEP_EXPORTS))) == ["20", "30"]
-  _, path = reward_model.model_dir(f"run:{run_dir}@20")
-  assert path == os.path.join(run_dir, "exports", "20")
-  assert reward_model.model_dir(f"run:{run_dir}")[1] == os.path.join(run_dir, "hf")
+  # run:DIR@STEP reads checkpoint STEP (its export), run:DIR the latest: the final model, hf/.
+  for text, export in ((f"run:{run_dir}@20", os.path.join("exports", "20")), (f"run:{run_dir}", "hf")):
+    _, read = loader.read_run(parse_source(text), head="score")
+    _, want = models.load_hf(os.path.join(run_dir, export), head="score")
+    assert jax.tree.all(jax.tree.map(lambda a, b: np.array_equal(np.asarray(a), np.asarray(b)),
+                                     read, want)), text
 
 
 def test_export_scores_alike_in_transformers(rm_run):
@@ -126,7 +131,7 @@ def test_the_run_is_read_back_as_the_source_rm(rm_run):
   config = get_config()
   config.reward.model.source = f"run:{run_dir}"
   tok = CharTokenizer()
-  rm = reward_model.load_reward_model(config, tok, mesh_lib.make_mesh(config.mesh))
+  rm = loader.reward_model(config, tok, mesh_lib.make_mesh(config.mesh))
   assert rm.reuse_ids
   pairs = [preferences.Pair(**p) for p in rule_pairs(4, seed=5)]
   tokens, mask = reward_training.encode_pairs(tok, pairs, 24)
@@ -144,7 +149,7 @@ def test_the_run_is_read_back_as_the_source_rm(rm_run):
   np.testing.assert_allclose(rm(batch), want, atol=1e-5)  # same text, same ids, other padding
   config.reward.model.chat_template = True
   with pytest.raises(StartupError, match="was trained with data.chat_template=False"):
-    reward_model.load_reward_model(config, tok, mesh_lib.make_mesh(config.mesh))
+    loader.reward_model(config, tok, mesh_lib.make_mesh(config.mesh))
 
 
 def test_starts_from_a_causal_lm_trunk_or_a_classifier(hf_dirs, tmp_path):

@@ -10,7 +10,7 @@ import pytest
 
 from rljax import cli, plan
 from rljax.config import loader as config_loader
-from rljax.train import build
+from rljax.train import policy
 from tests.train import tiny
 
 GRPO = os.path.join(tiny.ROOT, "configs", "algos", "grpo.py")
@@ -71,7 +71,7 @@ def _fake_run(path, **data):
 def nothing_is_loaded(monkeypatch):
   def refuse(*args, **kwargs):
     raise AssertionError("weights were loaded before the start-up checks")
-  monkeypatch.setattr(build, "load_policy", refuse)
+  monkeypatch.setattr(policy, "load_policy", refuse)
 
 
 def _refusal(tmp_path, capsys, source: str, run_dir=None) -> str:

@@ -16,6 +16,7 @@ from rljax.config.table import get_config  # noqa: E402
 from rljax.models.config import ModelConfig  # noqa: E402
 from rljax.parallel import mesh as mesh_lib  # noqa: E402
 from rljax.rewards import reward_model, sources  # noqa: E402
+from rljax.loading import loader  # noqa: E402
 
 assert jax.device_count() == 8, jax.devices()
 
@@ -50,12 +51,12 @@ def main(meshes):
   config.model.dtype = "float32"
   rows = batch()
   one = mesh_lib.make_mesh(config.mesh, devices=jax.devices()[:1])
-  ref = reward_model.load_reward_model(config, CharTokenizer(), one)(rows)
+  ref = loader.reward_model(config, CharTokenizer(), one)(rows)
   for spec in meshes:
     data, fsdp, tensor = map(int, spec.split(","))
     config.mesh.data, config.mesh.fsdp, config.mesh.tensor = data, fsdp, tensor
     mesh = mesh_lib.make_mesh(config.mesh)
-    rm = reward_model.load_reward_model(config, CharTokenizer(), mesh)
+    rm = loader.reward_model(config, CharTokenizer(), mesh)
     scores = rm(rows)
     q = rm.params["layers_0"]["self_attn"]["q_proj"]["kernel"]
     print(json.dumps({"mesh": [data, fsdp, tensor], "diff": float(np.abs(scores - ref).max()),

@@ -7,13 +7,13 @@ distillation teacher, the argument of ``rljax.load``) is one of:
 - ``sft``: the supervised cold start in ``sft.out_dir`` (a Hugging Face directory, trained first
   when missing);
 - ``hf:PATH``: a Hugging Face directory (config.json + safetensors);
-- ``run:DIR`` or ``run:DIR@STEP``: an rljax run directory; the policy of its checkpoint ``STEP``
-  (default: the latest) for ``model.source`` and ``rljax.load``, with the architecture of its
-  ``config.json``; its Hugging Face export ``DIR/hf`` where a consumer reads exported weights
-  (the teacher).
+- ``run:DIR`` or ``run:DIR@STEP``: an rljax run directory: the model of its checkpoint ``STEP``
+  (default: the latest committed one), with the architecture of its ``config.json``, for every
+  role (``rljax.loading``; docs/model_sources.md).
 
-Each consumer says which kinds it accepts; anything else is a one-line ``StartupError`` naming
-the key, the value and the forms allowed.
+This module is the grammar only (it sits at the bottom, so any key's reader can parse); the
+roles and the one loader are ``rljax.loading``. Anything outside the grammar is a one-line
+``StartupError`` naming the key, the value and the forms allowed.
 """
 from __future__ import annotations
 
@@ -39,15 +39,6 @@ class ModelSource:
   path: Optional[str] = None
   step: Optional[int] = None
   text: str = ""
-
-  def hf_dir(self, sft_out_dir: str) -> Optional[str]:
-    """The Hugging Face directory holding these weights: ``sft_out_dir`` for 'sft', a run's
-    export ``DIR/hf`` for 'run', None for 'tiny' (no files)."""
-    if self.kind == "sft":
-      return sft_out_dir
-    if self.kind == "run":
-      return os.path.join(self.path, "hf")
-    return self.path
 
 
 def forms(kinds: Sequence[str]) -> str:
@@ -103,16 +94,3 @@ def run_config(run_dir: str) -> ml_collections.ConfigDict:
       return ml_collections.ConfigDict(json.load(f))
   except (OSError, ValueError) as e:
     raise RunDirError(f"{path} is not readable JSON ({e})") from None
-
-
-def check_same_tokenizer(config, run_dir: str, user: str) -> None:
-  """A checkpoint's token ids mean something only with the tokenizer it was trained with: the
-  run's config.json records it (another one scored 1.6% instead of 46.9%, silently). ``user``:
-  who reads the checkpoint, for the message ("eval --checkpoint DIR", "model.source=...")."""
-  saved = run_config(run_dir).data
-  for key in ("tokenizer", "chat_template"):
-    if key in saved and saved[key] != config.data[key]:
-      raise RunDirError(
-          f"{user}: the run was trained with data.{key}={saved[key]!r} (its config.json), this "
-          f"config has data.{key}={config.data[key]!r}; drop that override or pass "
-          f"--config.data.{key}={saved[key]}")

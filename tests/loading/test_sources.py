@@ -1,11 +1,10 @@
-"""``rljax.models.source``: every written form of a model source, parsed once for the policy,
+"""``rljax.config.sources``: every written form of a model source, parsed once for the policy,
 the teacher and ``rljax.load``; a bad one is one line naming the key, the value and the forms."""
-import os
 
 import pytest
 
 from rljax.errors import StartupError
-from rljax.models.source import ModelSource, parse_source
+from rljax.config.sources import ModelSource, parse_source
 
 
 @pytest.mark.parametrize("text, want", [
@@ -19,13 +18,6 @@ from rljax.models.source import ModelSource, parse_source
 ])
 def test_each_form(text, want):
   assert parse_source(text) == want
-
-
-def test_hf_dir_of_each_kind():
-  assert parse_source("tiny").hf_dir("/sft") is None
-  assert parse_source("sft").hf_dir("/sft") == "/sft"
-  assert parse_source("hf:/m").hf_dir("/sft") == "/m"
-  assert parse_source("run:/r").hf_dir("/sft") == os.path.join("/r", "hf")
 
 
 @pytest.mark.parametrize("text", ["bogus", "hf:", "run:", "", "/a/path", "HF:/m"])
