@@ -56,7 +56,8 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from rljax.models import kv_cache, transformer
 from rljax.models.config import ModelConfig
-from rljax.rollout import continuous, decode, noise
+from rljax.rollout import continuous, decode, noise, spec_decode, speculative
+from rljax.rollout.decode import logits_of
 from rljax.rollout.record import Rollout  # noqa: F401 (re-exported: the sampler's output)
 from rljax.rollout.sampling import (SamplingParams, _is_identity, pick_tokens,  # noqa: F401
                                       process_logits)
@@ -164,13 +165,15 @@ def _sample_impl(params, prompt_tokens, prompt_mask, key, *, cfg: ModelConfig,
                  sp: SamplingParams, group_size: int, shard_axes=None,
                  max_concurrent_rows: int | None = None, kv_cache_bytes: int | None = None,
                  dtype: str | None = None, refill_rows: int | None = None,
-                 with_stats: bool = False, row_budget=None, context=None):
+                 with_stats: bool = False, row_budget=None, context=None,
+                 draft: speculative.Draft | None = None):
   """The sampler on one device's rows; ``shard_axes``: the mesh axes it runs under (shard_map);
   ``context``: each row's KV cache striped over a mesh axis (``_sample_rows``).
   ``with_stats``: also return ``{"slots", "computed"}``, the rows decoded at a time and the
   token slots computed (benchmarks: slot utilisation = tokens / computed). ``row_budget``: [B]
   int, an optional per-row cap on the completion length below ``T`` (rows reaching it end,
-  flagged truncated): the long-tail benchmark's stop rule."""
+  flagged truncated): the long-tail benchmark's stop rule. ``draft``: speculative decoding
+  (``rljax.rollout.spec_decode``; its stats add ``verifies`` and ``accepted``)."""
   chex.assert_rank([prompt_tokens, prompt_mask], 2)
   chex.assert_equal_shape([prompt_tokens, prompt_mask])
   if group_size < 1:
@@ -192,7 +195,11 @@ def _sample_impl(params, prompt_tokens, prompt_mask, key, *, cfg: ModelConfig,
 
   prompt_tokens = prompt_tokens.astype(jnp.int32)
   prompt_mask = prompt_mask.astype(jnp.int32)
-  cfg, weights = decode.inference_weights(cfg, params, p + t_max)  # once, outside the loops
+  # A verification feeds k tokens past the last one emitted: their positions need RoPE rows too.
+  extra_positions = 0 if draft is None else draft.tokens + 1
+  cfg, weights = decode.inference_weights(cfg, params, p + t_max + extra_positions)
+  if draft is not None:
+    spec_refusal(draft, b, slots, context)
   if slots < b and context is not None:
     raise ValueError(f"rollout.max_concurrent_rows / rollout.kv_cache_bytes cap a shard's {b} "
                      f"rows at {slots}: continuous batching's cache is not split over "
@@ -205,28 +212,44 @@ def _sample_impl(params, prompt_tokens, prompt_mask, key, *, cfg: ModelConfig,
 
   if row_budget is None:
     row_budget = jnp.full((b,), t_max, jnp.int32)
-  rows = functools.partial(_sample_rows, weights, key_at=lambda t: step_keys[t], cfg=cfg, sp=sp,
-                           stop_ids=stop_ids, g=g, context=context)
+  if draft is None:
+    plain = functools.partial(_sample_rows, weights, key_at=lambda t: step_keys[t], cfg=cfg,
+                              sp=sp, stop_ids=stop_ids, g=g, context=context)
+    rows = lambda *a: (plain(*a), {})
+  else:
+    rows = functools.partial(spec_decode.spec_rows, weights, key=key,
+                             key_at=lambda t: step_keys[t], cfg=cfg, sp=sp, stop_ids=stop_ids,
+                             g=g, draft=draft)
   pc = prompts_per_chunk(cfg, n_prompts, p, g, t_max)
   if pc == n_prompts:
-    out = rows(prompt_tokens, prompt_mask, row_offset, row_budget)
+    out, row_stats = rows(prompt_tokens, prompt_mask, row_offset, row_budget)
   else:
     n_chunks = n_prompts // pc
     chunked = jax.lax.map(
         lambda xs: rows(xs[0], xs[1], row_offset + xs[2] * (pc * g), xs[3]),
         (prompt_tokens.reshape(n_chunks, pc, p), prompt_mask.reshape(n_chunks, pc, p),
          jnp.arange(n_chunks), row_budget.reshape(n_chunks, pc * g)))
-    out = jax.tree.map(lambda x: x.reshape((b,) + x.shape[2:]), chunked)
+    out, row_stats = jax.tree.map(lambda x: x.reshape((b,) + x.shape[2:]), chunked)
   # All rows of a chunk at once: every step computes all of them until the last one stops.
   chunk_rows = pc * g
   computed = jnp.sum(jnp.max(out.lengths.reshape(-1, chunk_rows), axis=1)) * chunk_rows
-  return (out, dict(slots=chunk_rows, computed=computed)) if with_stats else out
+  stats = dict(slots=chunk_rows, computed=computed,
+               **{name: jnp.sum(v) for name, v in row_stats.items()})
+  return (out, stats) if with_stats else out
 
 
-def logits_of(cfg: ModelConfig, weights: dict, hidden):
-  """Next-token logits [B, V] in float32 of final-norm ``hidden`` [B, D]."""
-  return transformer.softcap(cfg, jnp.dot(hidden, weights["head"],
-                                          preferred_element_type=jnp.float32))
+def spec_refusal(draft: speculative.Draft, rows: int, slots: int, context) -> None:
+  """Raise (one line) where speculative decoding is not built: a slot budget below the rows
+  (continuous batching refills slots per token, a verification emits several) and a cache
+  striped over a context axis."""
+  if slots < rows:
+    raise ValueError(f"rollout.draft={draft.kind!r} decodes every row of a shard at once: "
+                     f"continuous batching's slot budget ({slots} of {rows} rows) is not "
+                     "supported with speculative decoding; lift rollout.max_concurrent_rows / "
+                     "rollout.kv_cache_bytes or set rollout.draft='none'")
+  if context is not None:
+    raise ValueError(f"rollout.draft={draft.kind!r} needs each row's KV cache on one device: "
+                     f"mesh.context={context.size} stripes it; set rollout.draft='none'")
 
 
 def continuous_chunks(cfg: ModelConfig, n_prompts: int, g: int, slots: int, t_slots: int) -> int:
@@ -396,7 +419,7 @@ def with_prompt_routes(prompt_routes, completion_routes, mask):
   return jnp.concatenate([prompt_routes, completion_routes * fed], axis=1)
 
 
-_ENGINE_ARGS = ("max_concurrent_rows", "kv_cache_bytes", "dtype", "refill_rows")
+_ENGINE_ARGS = ("max_concurrent_rows", "kv_cache_bytes", "dtype", "refill_rows", "draft")
 _sample_jit = jax.jit(_sample_impl,
                       static_argnames=("cfg", "sp", "group_size", "with_stats") + _ENGINE_ARGS)
 
@@ -404,7 +427,8 @@ _sample_jit = jax.jit(_sample_impl,
 def sample(cfg: ModelConfig, params: Any, prompt_tokens: jax.Array, prompt_mask: jax.Array,
            key: jax.Array, sp: SamplingParams, group_size: int = 1, *,
            max_concurrent_rows: int | None = None, kv_cache_bytes: int | None = None,
-           dtype: str | None = None, refill_rows: int | None = None) -> Rollout:
+           dtype: str | None = None, refill_rows: int | None = None,
+           draft: speculative.Draft | None = None) -> Rollout:
   """Sample ``group_size`` completions for each of ``Pn`` left-padded prompts (jitted).
 
   Args:
@@ -422,6 +446,8 @@ def sample(cfg: ModelConfig, params: Any, prompt_tokens: jax.Array, prompt_mask:
     dtype: the sampler's compute dtype (weights, activations and KV cache), e.g. "bfloat16";
       None: the model's ``cfg.dtype``. Logits and log-probs stay float32.
     refill_rows: rows per refill of freed slots (continuous batching); None: ``S // 8``.
+    draft: speculative decoding (``rljax.rollout.speculative.Draft``); None: off. The rollout
+      follows the same distribution (greedy: the same tokens) with the same log-probs.
 
   Returns:
     A ``Rollout`` with ``T = sp.max_new_tokens`` completion slots per row.
@@ -432,13 +458,14 @@ def sample(cfg: ModelConfig, params: Any, prompt_tokens: jax.Array, prompt_mask:
   return _sample_jit(params, prompt_tokens, prompt_mask, key, cfg=cfg, sp=sp,
                      group_size=int(group_size), max_concurrent_rows=max_concurrent_rows or None,
                      kv_cache_bytes=kv_cache_bytes or None, dtype=dtype,
-                     refill_rows=refill_rows or None)
+                     refill_rows=refill_rows or None, draft=draft)
 
 
 def make_sampler(cfg: ModelConfig, sp: SamplingParams, group_size: int = 1, mesh=None,
                  data_axis: str | Sequence[str] = ("data",), param_sharding=None, *,
                  max_concurrent_rows: int | None = None, kv_cache_bytes: int | None = None,
-                 dtype: str | None = None, refill_rows: int | None = None, context=None):
+                 dtype: str | None = None, refill_rows: int | None = None, context=None,
+                 draft: speculative.Draft | None = None):
   """A jitted ``fn(params, prompt_tokens, prompt_mask, key) -> Rollout`` for fixed cfg / sp / G.
 
   Without a mesh this is ``sample`` with the static arguments bound. With a mesh, decoding is
@@ -459,9 +486,12 @@ def make_sampler(cfg: ModelConfig, sp: SamplingParams, group_size: int = 1, mesh
   row's KV cache is striped over that axis: the N devices of a data shard prefill a stripe of
   the prompts each, hold 1/N of every row's slots, and combine their partial attention by
   log-sum-exp in every decode step (the same tokens come out of all N).
+
+  ``draft``: speculative decoding (``sample``), each data shard verifying its own rows.
   """
   engine = dict(max_concurrent_rows=max_concurrent_rows or None,
-                kv_cache_bytes=kv_cache_bytes or None, dtype=dtype, refill_rows=refill_rows or None)
+                kv_cache_bytes=kv_cache_bytes or None, dtype=dtype, refill_rows=refill_rows or None,
+                draft=draft)
   if mesh is None:
     return jax.jit(functools.partial(_sample_impl, cfg=cfg, sp=sp, group_size=group_size,
                                      **engine))
