@@ -50,9 +50,9 @@ def segment_bounds(t_max: int) -> list[int]:
 def first_layers(cfg: ModelConfig, weights: dict, m: int) -> tuple[ModelConfig, dict]:
   """``(cfg, weights)`` of the policy's first ``m`` layers with its final norm and head (the
   self-speculative draft); ``weights`` from ``decode.inference_weights``."""
-  if not 1 <= m < cfg.num_layers:
-    raise ValueError(f"rollout.draft_layers={m}: the draft must have fewer layers than the "
-                     f"policy's {cfg.num_layers} (and at least 1)")
+  if not 1 <= m <= cfg.num_layers:  # m = L: the draft is the policy (every draft accepted)
+    raise ValueError(f"rollout.draft_layers={m}: the draft's layers are the first of the "
+                     f"policy's {cfg.num_layers}")
   keep = {k: v for k, v in weights["params"].items()
           if not k.startswith("layers_") or int(k[len("layers_"):]) < m}
   layer_types = None if cfg.layer_types is None else cfg.layer_types[:m]
