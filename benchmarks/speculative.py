@@ -2,13 +2,13 @@
 
 Workload: ``--rows`` prompts of 32 random tokens (vocabulary 64), one completion each, exactly
 ``--new-tokens`` tokens per row (no stop token), random-weight Llama models (``bench_common``).
-Sides, all in this process: the plain sampler (``sample``) and
-``sample(..., draft=Draft(kind, k))`` for each draft kind and ``k`` (``rljax.rollout.
-speculative``), greedy and sampled (temperature 1).
+Sides, all in this process, compiled first and then timed interleaved run by run: the plain
+sampler (``sample``) and ``sample(..., draft=Draft(kind, k))`` for each draft kind and ``k``
+(``rljax.rollout.speculative``), greedy and sampled (temperature 1).
 
-Reported per model, mode and side: tokens/s (median of ``--runs`` after a warm-up call that
-compiles), its ratio to the plain sampler's, the acceptance rate (drafted tokens accepted / drafted)
-and the mean tokens emitted per verification forward (accepted + 1, cut at the budget).
+Reported per model, mode and side: tokens/s (median of ``--runs``), its ratio to the plain
+sampler's (wall time, and the process's CPU time: on a shared machine the steadier of the two), the acceptance rate (drafted tokens accepted / drafted) and the mean tokens emitted
+per verification forward (accepted + 1, cut at the budget).
 
 Random-weight models rarely repeat themselves when sampled, so prompt lookup finds little to
 propose and its acceptance is near 0 there; greedy decoding of a random model falls into loops,
@@ -57,24 +57,20 @@ def _parse(argv=None):
   return ap.parse_args(argv)
 
 
-def run_side(cfg, params, tokens, mask, sp, draft, runs: int):
-  """(median tokens/s, acceptance rate, tokens per verification) of one side."""
+def make_side(cfg, params, tokens, mask, sp, draft):
+  """A compiled side: ``fn(i) -> (tokens, seconds, CPU seconds, accepted, verifies)`` of a call
+  with key i."""
   call = lambda i: sampler._sample_jit(params, tokens, mask, jax.random.key(i), cfg=cfg, sp=sp,
                                        group_size=1, draft=draft, with_stats=True)
   jax.block_until_ready(call(0))  # compile
-  rates, acc, per_verify = [], [], []
-  for i in range(runs):
-    t0 = time.perf_counter()
-    out, st = jax.block_until_ready(call(i + 1))
-    sec = time.perf_counter() - t0
-    n = int(np.sum(out.lengths))
-    rates.append(n / sec)
-    if draft is not None:
-      verifies = int(st["verifies"])
-      acc.append(int(st["accepted"]) / max(1, verifies * draft.tokens))
-      per_verify.append((n - out.lengths.shape[0]) / max(1, verifies))  # token 0 is the prefill's
-  mean = lambda xs: float(np.mean(xs)) if xs else float("nan")
-  return statistics.median(rates), mean(acc), mean(per_verify)
+
+  def fn(i):
+    t0, c0 = time.perf_counter(), time.process_time()
+    out, st = jax.block_until_ready(call(i))
+    sec, cpu = time.perf_counter() - t0, time.process_time() - c0
+    return (int(np.sum(out.lengths)), sec, cpu, int(st.get("accepted", 0)),
+            int(st.get("verifies", 0)))
+  return fn
 
 
 def main(argv=None):
@@ -88,25 +84,39 @@ def main(argv=None):
   mask = np.ones_like(tokens)
   print(f"jax {jax.__version__}, {jax.devices()[0].platform}, rows {args.rows}, "
         f"new tokens {args.new_tokens}, runs {args.runs}")
-  print("| model | mode | side | tokens/s | vs plain | acceptance | tokens / verify |")
-  print("|---|---|---|---|---|---|---|")
+  print("| model | mode | side | tokens/s | vs plain | vs plain, CPU time | acceptance | "
+        "tokens / verify |")
+  print("|---|---|---|---|---|---|---|---|")
   for name in args.models.split(","):
     cfg = model_config(name, VOCAB, max_positions=PROMPT + args.new_tokens + 64)
     params = transformer.init_params(cfg, args.seed)
     for mode in args.modes.split(","):
       sp = SamplingParams(greedy=mode == "greedy", max_new_tokens=args.new_tokens, stop_ids=())
-      base, _, _ = run_side(cfg, params, tokens, mask, sp, None, args.runs)
-      print(f"| {name} | {mode} | plain | {base:.0f} | 1.00x | | |", flush=True)
+      sides = {"plain": (None, make_side(cfg, params, tokens, mask, sp, None))}
       for draft in drafts:
         if draft.kind == "layers" and draft.layers >= cfg.num_layers:
           continue
-        rate, acc, per = run_side(cfg, params, tokens, mask, sp, draft, args.runs)
-        side = f"{draft.kind} k={draft.tokens}" + (
+        name_d = f"{draft.kind} k={draft.tokens}" + (
             f" m={draft.layers}/{cfg.num_layers}" if draft.kind == "layers" else
             f" n={draft.ngram}")
-        print(f"| {name} | {mode} | {side} | {rate:.0f} | {rate / base:.2f}x | {acc:.1%} | "
-              f"{per:.2f} |", flush=True)
-
+        sides[name_d] = (draft, make_side(cfg, params, tokens, mask, sp, draft))
+      results = {side: [] for side in sides}
+      for i in range(args.runs):  # sides interleaved run by run
+        for side, (_, fn) in sides.items():
+          results[side].append(fn(i + 1))
+      rate = lambda side: statistics.median(n / sec for n, sec, _, _, _ in results[side])
+      cpu_rate = lambda side: statistics.median(n / c for n, _, c, _, _ in results[side])
+      base, cpu_base = rate("plain"), cpu_rate("plain")
+      for side, (draft, _) in sides.items():
+        if draft is None:
+          print(f"| {name} | {mode} | plain | {base:.0f} | 1.00x | 1.00x | | |", flush=True)
+          continue
+        runs = results[side]
+        acc = np.mean([a / max(1, v * draft.tokens) for _, _, _, a, v in runs])
+        # Token 0 of each row comes from the prefill, the others from verifications.
+        per = np.mean([(n - args.rows) / max(1, v) for n, _, _, _, v in runs])
+        print(f"| {name} | {mode} | {side} | {rate(side):.0f} | {rate(side) / base:.2f}x | "
+              f"{cpu_rate(side) / cpu_base:.2f}x | {acc:.1%} | {per:.2f} |", flush=True)
 
 if __name__ == "__main__":
   main()

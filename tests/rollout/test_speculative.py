@@ -122,6 +122,23 @@ def test_greedy_rollout_is_the_plain_samplers(kind):
   assert 0 < st["accepted"] and st["verifies"] < spec.lengths.sum()  # drafts did get accepted
 
 
+def test_cpu_chunks_of_rows_give_the_same_greedy_rollout(monkeypatch):
+  """The sampler's CPU cache blocking (here 3 sequential chunks of one prompt's group) around
+  the speculative loop, with per-chunk stats summed."""
+  from rljax.rollout import decode
+  plain = jax.device_get(sample(CFG, _params(), TOKENS, MASK, jax.random.key(0), GREEDY, 2))
+  monkeypatch.setattr(decode, "CPU_TUNED_BACKENDS", (jax.default_backend(),))
+  monkeypatch.setattr(sampler, "CPU_CHUNK_BYTES", 2 * sampler._cache_bytes_per_row(CFG, 5 + 12))
+  assert sampler.prompts_per_chunk(CFG, 3, 5, 2, 12) == 1
+  run = jax.jit(functools.partial(sampler._sample_impl, cfg=CFG, sp=GREEDY, group_size=2,
+                                  draft=DRAFTS["ngram"], with_stats=True))
+  got, st = jax.device_get(run(_params(), TOKENS, MASK, jax.random.key(0)))
+  np.testing.assert_array_equal(got.tokens, plain.tokens)
+  np.testing.assert_array_equal(got.lengths, plain.lengths)
+  _, whole = _spec(GREEDY, DRAFTS["ngram"])
+  assert st["verifies"] == whole["verifies"] and st["accepted"] == whole["accepted"]
+
+
 def _exact_joint(sp, prompt):
   """P(x_0, x_1, x_2) [V^3] under the processed distribution, from teacher-forced forwards over
   every prefix (NumPy float64 processing, ``_reference_probs``)."""
