@@ -199,7 +199,7 @@ def spec_rows(weights, prompt_tokens, prompt_mask, row_offset, budget, *, key, k
     def body(carry, kv_valid=kv_valid):
       cache, (it, buf, slp, dlp, length, done, last, verifies, accepted) = carry
       live = ~done & (length < budget)
-      keys = row_keys(it)
+      keys = None if greedy else row_keys(it)  # greedy draws nothing
       cache, d, q = propose(cache, kv_valid, buf, length, last, keys)
       cache, n, block, b_slp, b_dlp = verify(cache, kv_valid, length, last, d, q, keys)
       count, stopped = speculative.emitted_count(block, n, budget - length, stop_ids)
