@@ -30,7 +30,7 @@ import numpy as np
 
 from rljax.models import kv_cache, transformer
 from rljax.models.config import ModelConfig
-from rljax.rollout import decode, speculative
+from rljax.rollout import decode, noise, speculative
 from rljax.rollout.record import Rollout
 from rljax.rollout.sampling import (SamplingParams, _argmax, _is_identity, pick_tokens,
                                     process_logits)
@@ -69,12 +69,6 @@ def _row(x, i):
 def _at(x, tokens):
   """``x[b, s, tokens[b, s]]`` for x [B, S, V]."""
   return jnp.take_along_axis(x, tokens[..., None], axis=-1)[..., 0]
-
-
-def _draw(keys, logits, j: int):
-  """One categorical draw per row from logits [B, V], row ``b`` with ``fold_in(keys[b], j)``."""
-  draw = lambda kk, lg: jax.random.categorical(jax.random.fold_in(kk, j), lg)
-  return jax.vmap(draw)(keys, logits).astype(jnp.int32)
 
 
 def spec_rows(weights, prompt_tokens, prompt_mask, row_offset, budget, *, key, key_at,
@@ -116,15 +110,30 @@ def spec_rows(weights, prompt_tokens, prompt_mask, row_offset, budget, *, key, k
       if stop_ids else jnp.zeros((b,), bool)
 
   rows = row_offset + jnp.arange(b)
+  vocab = cfg.vocab_size
+  n_draft = k if draft.kind == "layers" else 0  # the draft's own draws (a one-hot q draws none)
+  width = (n_draft + 1) * vocab + k
 
-  def row_keys(it):
-    kit = jax.random.fold_in(key, t_max + it)  # token t of the plain loop uses fold_in(key, t)
-    return jax.vmap(lambda r: jax.random.fold_in(kit, r))(rows)
+  def noise_of(it):
+    """Iteration ``it``'s noise per row: Gumbel [k', B, V] for the draft's draws and [B, V] for
+    the residual / bonus draw (a categorical draw is ``argmax(logits + gumbel)``), and uniforms
+    [B, k] for the acceptance tests, from key ``fold_in(key, T + it)`` (the plain loop's token
+    ``t`` uses ``fold_in(key, t)``) at the counters of the row's global index, so a shard draws
+    what the whole batch would (threefry; other RNGs fold the row index into the key)."""
+    kit = jax.random.fold_in(key, t_max + it)
+    if noise.is_threefry(key):
+      g = noise.gumbel(noise.key_data(kit), (b, width), offset=row_offset * width)
+    else:
+      g = jax.vmap(lambda r: jax.random.gumbel(jax.random.fold_in(kit, r), (width,)))(rows)
+    draft_g = g[:, :n_draft * vocab].reshape(b, n_draft, vocab).transpose(1, 0, 2)
+    final_g = g[:, n_draft * vocab:(n_draft + 1) * vocab]
+    uniforms = jnp.exp(-jnp.exp(-g[:, (n_draft + 1) * vocab:]))  # the Gumbel's own uniform
+    return draft_g, final_g, uniforms
 
   if draft.kind == "layers":
     draft_cfg, draft_weights = first_layers(cfg, weights, draft.layers)
 
-  def propose(cache, kv_valid, buf, length, last, keys):
+  def propose(cache, kv_valid, buf, length, last, draft_g):
     """(cache, drafted [B, k], the draft's log-distributions [B, k, V] or None: one-hot)."""
     if draft.kind == "ngram":
       seq = jnp.concatenate([prompt_b, buf[:, :t_max]], axis=1)
@@ -134,8 +143,8 @@ def spec_rows(weights, prompt_tokens, prompt_mask, row_offset, budget, *, key, k
       return cache, d, None
     m = draft.layers
 
-    def one(carry, j):
-      sub, tok = carry
+    def one(carry, xs):
+      (sub, tok), (j, g) = carry, xs
       h, sub, _ = decode.step(draft_cfg, draft_weights, tok[:, None],
                               (next_pos + length - 1 + j)[:, None], sub, p + length - 1 + j,
                               kv_valid)
@@ -143,14 +152,15 @@ def spec_rows(weights, prompt_tokens, prompt_mask, row_offset, budget, *, key, k
       if greedy:
         return (sub, _argmax(logits)), (_argmax(logits), jnp.zeros((b, 0), jnp.float32))
       q = jax.nn.log_softmax(process_logits(logits, sp), axis=-1)
-      d = _draw(keys, q, j)
+      d = _argmax(q + g)
       return (sub, d), (d, q)
 
-    (sub, _), (d, q) = jax.lax.scan(one, (cache[:m], last), jnp.arange(k))
+    g = jnp.zeros((k, b, 0), jnp.float32) if greedy else draft_g
+    (sub, _), (d, q) = jax.lax.scan(one, (cache[:m], last), (jnp.arange(k), g))
     d = d.T
     return tuple(sub) + tuple(cache[m:]), d, None if greedy else q.transpose(1, 0, 2)
 
-  def verify(cache, kv_valid, length, last, d, q, keys):
+  def verify(cache, kv_valid, length, last, d, q, final_g, uniforms):
     """(cache, accepted n [B], the emitted block [B, k+1], its policy and draw log-probs)."""
     feed = jnp.concatenate([last[:, None], d], axis=1)
     pos = (next_pos + length - 1)[:, None] + jnp.arange(k + 1)[None]
@@ -166,14 +176,13 @@ def spec_rows(weights, prompt_tokens, prompt_mask, row_offset, budget, *, key, k
       return cache, n, block, _at(raw, block), jnp.zeros(block.shape, jnp.float32)
     plp = jax.nn.log_softmax(process_logits(logits, sp), axis=-1)
     p_d = _at(plp[:, :k], d)
-    uniforms = jax.vmap(lambda kk: jax.random.uniform(jax.random.fold_in(kk, k + 1), (k,)))(keys)
     n = speculative.accepted_length(
         speculative.acceptance_probs(p_d, None if q is None else _at(q, d)), uniforms)
     j = jnp.minimum(n, k - 1)
     residual = speculative.residual_logits(_row(plp, j), None if q is None else _row(q, j),
                                            drafted=_row(d, j))
     final = jnp.where((n < k)[:, None], residual, _row(plp, n))
-    block = speculative.emitted_block(d, n, _draw(keys, final, k + 2))
+    block = speculative.emitted_block(d, n, _argmax(final + final_g))
     slp = _at(raw, block)
     return cache, n, block, slp, slp if identity else _at(plp, block)
 
@@ -199,9 +208,10 @@ def spec_rows(weights, prompt_tokens, prompt_mask, row_offset, budget, *, key, k
     def body(carry, kv_valid=kv_valid):
       cache, (it, buf, slp, dlp, length, done, last, verifies, accepted) = carry
       live = ~done & (length < budget)
-      keys = None if greedy else row_keys(it)  # greedy draws nothing
-      cache, d, q = propose(cache, kv_valid, buf, length, last, keys)
-      cache, n, block, b_slp, b_dlp = verify(cache, kv_valid, length, last, d, q, keys)
+      draft_g, final_g, uniforms = (None,) * 3 if greedy else noise_of(it)  # greedy draws nothing
+      cache, d, q = propose(cache, kv_valid, buf, length, last, draft_g)
+      cache, n, block, b_slp, b_dlp = verify(cache, kv_valid, length, last, d, q, final_g,
+                                             uniforms)
       count, stopped = speculative.emitted_count(block, n, budget - length, stop_ids)
       count = jnp.where(live, count, 0)
       buf = write(buf, block, length, count, pad)
