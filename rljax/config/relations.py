@@ -226,6 +226,25 @@ def _capacity_unpacked(f):
     return CAPACITY_UNPACKED
 
 
+def _speculative(f):
+  """What speculative decoding (``rollout.draft``) is not built for, one line each."""
+  draft = f["rollout.draft"]
+  if draft == "none":
+    return None
+  what = f"rollout.draft={draft!r}"
+  if f["env.name"] is not None:
+    return (f"{what}: multi-turn episodes (env.name={f['env.name']!r}) decode their turns through "
+            "their own cache store (rljax.rollout.turns), not the all_rows sampler; set "
+            "rollout.draft='none'")
+  if f["mesh.context"] > 1:
+    return (f"{what} verifies each row against its whole KV cache on one device; "
+            f"mesh.context={f['mesh.context']} stripes it: set rollout.draft='none' or "
+            "mesh.context=1")
+  if f["model.router_replay"] == "R3":
+    return (f"{what} with model.router_replay='R3': the verification forward records no "
+            "experts per token; use 'R2' (the old-log-prob forward's experts) or 'off'")
+
+
 RELATIONS = (
     Relation(("reward.normalize", "reward.clip", "reward.sources"),
              "per-source normalisation names sources of the reward", _normalized_sources),
@@ -261,6 +280,9 @@ RELATIONS = (
              _inflight_single_turn),
     Relation(("model.router_replay", "env.name"), "R3 replay: single-turn rollouts",
              _replay_single_turn),
+    Relation(("rollout.draft", "env.name", "mesh.context", "model.router_replay"),
+             "speculative decoding: single-turn, each row's cache on one device, no R3 replay",
+             _speculative),
     Relation(("env.tool_format", "data.tokenizer"), "hermes tool calls need a real tokenizer",
              _hermes_tokenizer),
     Relation(("reward.overlong_buffer", "rollout.max_new_tokens"),

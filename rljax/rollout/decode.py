@@ -83,9 +83,11 @@ def inference_weights(cfg: ModelConfig, params: dict, n_positions: int
 
 
 def step(cfg: ModelConfig, weights: dict, tokens, positions, cache, slot, kv_valid, attend=None,
-         embeds=None):
-  """Feed ``S`` tokens per row at cache slots ``slot .. slot+S-1``: prefill (S = P) or decode
-  (S = 1). Returns (final-norm hidden of the *last* token [B, D], cache, routes): ``routes``
+         embeds=None, all_positions: bool = False):
+  """Feed ``S`` tokens per row at cache slots ``slot .. slot+S-1``: prefill (S = P), decode
+  (S = 1) or a speculative verification (S = k + 1, ``all_positions``). Returns (final-norm
+  hidden of the *last* token [B, D], or of every token [B, S, D] with ``all_positions``, cache,
+  routes): ``routes``
   [B, S, L_moe, k] the experts each fed token went to in each MoE layer (None for a dense
   model; router replay R3 trains with them).
 
@@ -107,6 +109,12 @@ def step(cfg: ModelConfig, weights: dict, tokens, positions, cache, slot, kv_val
   model = transformer.bind(cfg, weights["params"])
   # A prefill computes the last layer at every position only when its routes are recorded.
   hidden, cache, moe = model(tokens, positions, attend, cache,
-                             last_only=s > 1 and not cfg.moe_layers, rope_tables=weights["rope"],
-                             embeds=embeds)
-  return hidden[:, -1], cache, None if moe is None else moe.routes
+                             last_only=s > 1 and not cfg.moe_layers and not all_positions,
+                             rope_tables=weights["rope"], embeds=embeds)
+  return (hidden if all_positions else hidden[:, -1]), cache, None if moe is None else moe.routes
+
+
+def logits_of(cfg: ModelConfig, weights: dict, hidden):
+  """Next-token logits [.., V] in float32 of final-norm ``hidden`` [.., D]."""
+  return transformer.softcap(cfg, jnp.dot(hidden, weights["head"],
+                                          preferred_element_type=jnp.float32))

@@ -49,6 +49,7 @@ from rljax.models.config import ModelConfig
 from rljax.rollout import sampler as sampler_lib
 from rljax.rollout.record import Rollout
 from rljax.rollout.sampling import SamplingParams
+from rljax.rollout.speculative import Draft, make_draft
 
 
 @runtime_checkable
@@ -239,13 +240,18 @@ class JaxEngine(EngineBase):
   """The jitted KV-cache sampler (``rljax.rollout.sampler``) on a ``Placement``'s mesh, rows
   sharded over its data axes. ``max_concurrent_rows`` / ``kv_cache_bytes`` (0 = off) bound the
   rows decoded at once per data shard (continuous batching); ``dtype`` is the sampler's weight
-  and KV-cache dtype (None = the model's); ``sync`` places the learner's weights."""
+  and KV-cache dtype (None = the model's); ``sync`` places the learner's weights; ``draft``:
+  speculative decoding (``rljax.rollout.speculative``; None = off)."""
 
   def __init__(self, model_cfg: ModelConfig, placement: Placement = Placement(), *,
                max_concurrent_rows: int = 0, kv_cache_bytes: int = 0,
-               dtype: Optional[str] = None, sync: Optional[WeightSync] = None):
+               dtype: Optional[str] = None, sync: Optional[WeightSync] = None,
+               draft: Optional[Draft] = None):
     super().__init__(model_cfg)
-    self.placement, self.dtype = placement, dtype
+    self.placement, self.dtype, self.draft = placement, dtype, draft
+    if draft is not None and draft.kind == "layers" and draft.layers >= self.model_cfg.num_layers:
+      raise ValueError(f"rollout.draft_layers={draft.layers}: the draft must have fewer layers "
+                       f"than the policy's {self.model_cfg.num_layers}")
     self.max_concurrent_rows, self.kv_cache_bytes = max_concurrent_rows, kv_cache_bytes
     self.row_multiple = placement.row_multiple
     self.sync = sync or WeightSync(adapters_cfg=self.adapters_cfg)
@@ -266,7 +272,7 @@ class JaxEngine(EngineBase):
       raise RuntimeError("the engine has no weights: load_weights first")
     p = self.placement
     budgets = dict(max_concurrent_rows=self.max_concurrent_rows,
-                   kv_cache_bytes=self.kv_cache_bytes, dtype=self.dtype)
+                   kv_cache_bytes=self.kv_cache_bytes, dtype=self.dtype, draft=self.draft)
     if p.mesh is None:
       out = sampler_lib.sample(self.model_cfg, self.weights, tokens, mask, key, sampling,
                                group_size, images=images, **budgets)
@@ -284,7 +290,7 @@ class JaxEngine(EngineBase):
 
   def _sampler(self, sampling: SamplingParams, group_size: int):
     cache_key = (self.model_cfg, sampling, group_size, self.mesh, self.max_concurrent_rows,
-                 self.kv_cache_bytes, self.dtype)
+                 self.kv_cache_bytes, self.dtype, self.draft)
     fn = _SAMPLERS.get(cache_key)
     if fn is None:
       # Weights stay sharded by the partition rules; prompts split as batch rows are.
@@ -293,7 +299,7 @@ class JaxEngine(EngineBase):
           data_axis=self.placement.data_axes, param_sharding=self.placement.param_sharding,
           max_concurrent_rows=self.max_concurrent_rows or None,
           kv_cache_bytes=self.kv_cache_bytes or None, dtype=self.dtype,
-          context=self.placement.context)
+          context=self.placement.context, draft=self.draft)
     return fn
 
 
@@ -310,11 +316,14 @@ def weight_sync(config, placement: Placement, model_cfg: ModelConfig) -> WeightS
   return WeightSync(placement.param_sharding, weight_dtype=dtype, adapters_cfg=adapters)
 
 
-@register_engine("all_rows")
+@register_engine("all_rows", reads=("rollout.draft", "rollout.draft_tokens",
+                                    "rollout.draft_ngram", "rollout.draft_layers"))
 def all_rows_engine(config, model_cfg: ModelConfig, placement: Placement) -> JaxEngine:
-  """Every row of a call decoded together until the last one stops (``rljax.rollout.sampler``)."""
+  """Every row of a call decoded together until the last one stops (``rljax.rollout.sampler``),
+  speculatively with ``rollout.draft`` (``rljax.rollout.spec_decode``)."""
   r = config.rollout
-  return JaxEngine(model_cfg, placement, dtype=r.dtype,
+  draft = make_draft(r.draft, r.draft_tokens, r.draft_ngram, r.draft_layers)
+  return JaxEngine(model_cfg, placement, dtype=r.dtype, draft=draft,
                    sync=weight_sync(config, placement, model_cfg))
 
 

@@ -56,7 +56,8 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from rljax.models import kv_cache, transformer
 from rljax.models.config import ModelConfig
-from rljax.rollout import continuous, decode, noise
+from rljax.rollout import continuous, decode, noise, spec_decode, speculative
+from rljax.rollout.decode import logits_of
 from rljax.rollout.record import Rollout  # noqa: F401 (re-exported: the sampler's output)
 from rljax.rollout.sampling import (SamplingParams, _is_identity, pick_tokens,  # noqa: F401
                                       process_logits)
@@ -165,7 +166,8 @@ def _sample_impl(params, prompt_tokens, prompt_mask, key, *, cfg: ModelConfig,
                  sp: SamplingParams, group_size: int, shard_axes=None,
                  max_concurrent_rows: int | None = None, kv_cache_bytes: int | None = None,
                  dtype: str | None = None, refill_rows: int | None = None,
-                 with_stats: bool = False, row_budget=None, context=None, images=None):
+                 with_stats: bool = False, row_budget=None, context=None, images=None,
+                 draft: speculative.Draft | None = None):
   """The sampler on one device's rows; ``shard_axes``: the mesh axes it runs under (shard_map);
   ``context``: each row's KV cache striped over a mesh axis (``_sample_rows``).
   ``with_stats``: also return ``{"slots", "computed"}``, the rows decoded at a time and the
@@ -174,7 +176,9 @@ def _sample_impl(params, prompt_tokens, prompt_mask, key, *, cfg: ModelConfig,
   flagged truncated): the long-tail benchmark's stop rule. ``images``: the prompts' images
   (``multimodal.RowImages``): the tower runs once per prompt, before the rows are chunked, the
   prompts prefill its merged embeddings at their M-RoPE positions, and the record carries them
-  (``extras['images']``, repeated like the prompts) for the scoring and update forwards."""
+  (``extras['images']``, repeated like the prompts) for the scoring and update forwards.
+  ``draft``: speculative decoding (``rljax.rollout.spec_decode``; its stats add ``verifies`` and
+  ``accepted``)."""
   chex.assert_rank([prompt_tokens, prompt_mask], 2)
   chex.assert_equal_shape([prompt_tokens, prompt_mask])
   if group_size < 1:
@@ -196,7 +200,11 @@ def _sample_impl(params, prompt_tokens, prompt_mask, key, *, cfg: ModelConfig,
 
   prompt_tokens = prompt_tokens.astype(jnp.int32)
   prompt_mask = prompt_mask.astype(jnp.int32)
-  cfg, weights = decode.inference_weights(cfg, params, p + t_max)  # once, outside the loops
+  # A verification feeds k tokens past the last one emitted: their positions need RoPE rows too.
+  extra_positions = 0 if draft is None else draft.tokens + 1
+  cfg, weights = decode.inference_weights(cfg, params, p + t_max + extra_positions)  # once
+  if draft is not None:
+    spec_refusal(draft, b, slots, context, images)
   vision_in = None
   if images is not None:
     if slots < b or context is not None:
@@ -217,11 +225,18 @@ def _sample_impl(params, prompt_tokens, prompt_mask, key, *, cfg: ModelConfig,
 
   if row_budget is None:
     row_budget = jnp.full((b,), t_max, jnp.int32)
-  rows = functools.partial(_sample_rows, weights, key_at=lambda t: step_keys[t], cfg=cfg, sp=sp,
-                           stop_ids=stop_ids, g=g, context=context)
+  if draft is None:
+    plain = functools.partial(_sample_rows, weights, key_at=lambda t: step_keys[t], cfg=cfg,
+                              sp=sp, stop_ids=stop_ids, g=g, context=context)
+    rows = lambda *a: (plain(*a), {})
+  else:
+    spec = functools.partial(spec_decode.spec_rows, weights, key=key,
+                             key_at=lambda t: step_keys[t], cfg=cfg, sp=sp, stop_ids=stop_ids,
+                             g=g, draft=draft)
+    rows = lambda tokens, mask, offset, budget, vision: spec(tokens, mask, offset, budget)
   pc = prompts_per_chunk(cfg, n_prompts, p, g, t_max)
   if pc == n_prompts:
-    out = rows(prompt_tokens, prompt_mask, row_offset, row_budget, vision_in)
+    out, row_stats = rows(prompt_tokens, prompt_mask, row_offset, row_budget, vision_in)
   else:
     n_chunks = n_prompts // pc
     by_chunk = lambda x: None if x is None else x.reshape((n_chunks, pc) + x.shape[1:])
@@ -229,20 +244,33 @@ def _sample_impl(params, prompt_tokens, prompt_mask, key, *, cfg: ModelConfig,
         lambda xs: rows(xs[0], xs[1], row_offset + xs[2] * (pc * g), xs[3], xs[4]),
         (by_chunk(prompt_tokens), by_chunk(prompt_mask), jnp.arange(n_chunks),
          row_budget.reshape(n_chunks, pc * g), jax.tree.map(by_chunk, vision_in)))
-    out = jax.tree.map(lambda x: x.reshape((b,) + x.shape[2:]), chunked)
+    out, row_stats = jax.tree.map(lambda x: x.reshape((b,) + x.shape[2:]), chunked)
   # All rows of a chunk at once: every step computes all of them until the last one stops.
   if images is not None:
     out = out.replace(extras={**out.extras, "images": jax.tree.map(
         lambda x: jnp.repeat(jnp.asarray(x), g, axis=0), images)})
   chunk_rows = pc * g
   computed = jnp.sum(jnp.max(out.lengths.reshape(-1, chunk_rows), axis=1)) * chunk_rows
-  return (out, dict(slots=chunk_rows, computed=computed)) if with_stats else out
+  stats = dict(slots=chunk_rows, computed=computed,
+               **{name: jnp.sum(v) for name, v in row_stats.items()})
+  return (out, stats) if with_stats else out
 
 
-def logits_of(cfg: ModelConfig, weights: dict, hidden):
-  """Next-token logits [B, V] in float32 of final-norm ``hidden`` [B, D]."""
-  return transformer.softcap(cfg, jnp.dot(hidden, weights["head"],
-                                          preferred_element_type=jnp.float32))
+def spec_refusal(draft: speculative.Draft, rows: int, slots: int, context, images=None) -> None:
+  """Raise (one line) where speculative decoding is not built: a slot budget below the rows
+  (continuous batching refills slots per token, a verification emits several), a cache
+  striped over a context axis, prompts with images (the verification's positions are 1-D)."""
+  if images is not None:
+    raise ValueError(f"rollout.draft={draft.kind!r} with prompts with images is not supported "
+                     "yet (M-RoPE positions in the verification); set rollout.draft='none'")
+  if slots < rows:
+    raise ValueError(f"rollout.draft={draft.kind!r} decodes every row of a shard at once: "
+                     f"continuous batching's slot budget ({slots} of {rows} rows) is not "
+                     "supported with speculative decoding; lift rollout.max_concurrent_rows / "
+                     "rollout.kv_cache_bytes or set rollout.draft='none'")
+  if context is not None:
+    raise ValueError(f"rollout.draft={draft.kind!r} needs each row's KV cache on one device: "
+                     f"mesh.context={context.size} stripes it; set rollout.draft='none'")
 
 
 def continuous_chunks(cfg: ModelConfig, n_prompts: int, g: int, slots: int, t_slots: int) -> int:
@@ -420,7 +448,7 @@ def with_prompt_routes(prompt_routes, completion_routes, mask):
   return jnp.concatenate([prompt_routes, completion_routes * fed], axis=1)
 
 
-_ENGINE_ARGS = ("max_concurrent_rows", "kv_cache_bytes", "dtype", "refill_rows")
+_ENGINE_ARGS = ("max_concurrent_rows", "kv_cache_bytes", "dtype", "refill_rows", "draft")
 _sample_jit = jax.jit(_sample_impl,
                       static_argnames=("cfg", "sp", "group_size", "with_stats") + _ENGINE_ARGS)
 
@@ -429,7 +457,8 @@ def sample(cfg: ModelConfig, params: Any, prompt_tokens: jax.Array, prompt_mask:
            key: jax.Array, sp: SamplingParams, group_size: int = 1, *,
            max_concurrent_rows: int | None = None, kv_cache_bytes: int | None = None,
            dtype: str | None = None, refill_rows: int | None = None,
-           images: multimodal.RowImages | None = None) -> Rollout:
+           images: multimodal.RowImages | None = None,
+           draft: speculative.Draft | None = None) -> Rollout:
   """Sample ``group_size`` completions for each of ``Pn`` left-padded prompts (jitted).
 
   Args:
@@ -449,6 +478,8 @@ def sample(cfg: ModelConfig, params: Any, prompt_tokens: jax.Array, prompt_mask:
     refill_rows: rows per refill of freed slots (continuous batching); None: ``S // 8``.
     images: the prompts' images (``multimodal.row_images``; a vision-language model): the
       tower runs once per prompt and the group shares the prefilled cache.
+    draft: speculative decoding (``rljax.rollout.speculative.Draft``); None: off. The rollout
+      follows the same distribution (greedy: the same tokens) with the same log-probs.
 
   Returns:
     A ``Rollout`` with ``T = sp.max_new_tokens`` completion slots per row.
@@ -459,13 +490,14 @@ def sample(cfg: ModelConfig, params: Any, prompt_tokens: jax.Array, prompt_mask:
   return _sample_jit(params, prompt_tokens, prompt_mask, key, cfg=cfg, sp=sp,
                      group_size=int(group_size), max_concurrent_rows=max_concurrent_rows or None,
                      kv_cache_bytes=kv_cache_bytes or None, dtype=dtype,
-                     refill_rows=refill_rows or None, images=images)
+                     refill_rows=refill_rows or None, images=images, draft=draft)
 
 
 def make_sampler(cfg: ModelConfig, sp: SamplingParams, group_size: int = 1, mesh=None,
                  data_axis: str | Sequence[str] = ("data",), param_sharding=None, *,
                  max_concurrent_rows: int | None = None, kv_cache_bytes: int | None = None,
-                 dtype: str | None = None, refill_rows: int | None = None, context=None):
+                 dtype: str | None = None, refill_rows: int | None = None, context=None,
+                 draft: speculative.Draft | None = None):
   """A jitted ``fn(params, prompt_tokens, prompt_mask, key, images=None) -> Rollout`` for fixed
   cfg / sp / G (``images``: the prompts' ``multimodal.RowImages``, split over the shards like the
   prompts).
@@ -488,9 +520,12 @@ def make_sampler(cfg: ModelConfig, sp: SamplingParams, group_size: int = 1, mesh
   row's KV cache is striped over that axis: the N devices of a data shard prefill a stripe of
   the prompts each, hold 1/N of every row's slots, and combine their partial attention by
   log-sum-exp in every decode step (the same tokens come out of all N).
+
+  ``draft``: speculative decoding (``sample``), each data shard verifying its own rows.
   """
   engine = dict(max_concurrent_rows=max_concurrent_rows or None,
-                kv_cache_bytes=kv_cache_bytes or None, dtype=dtype, refill_rows=refill_rows or None)
+                kv_cache_bytes=kv_cache_bytes or None, dtype=dtype, refill_rows=refill_rows or None,
+                draft=draft)
   if mesh is None:
     return jax.jit(functools.partial(_sample_impl, cfg=cfg, sp=sp, group_size=group_size,
                                      **engine))

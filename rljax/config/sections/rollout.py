@@ -4,8 +4,8 @@ Declared in the format ``rljax/config/table.py`` describes; the table concatenat
 in the order of docs/config.md."""
 from __future__ import annotations
 
-from rljax.config.declare import (POSITIVE, SIZE, Key, When, above, choice, integer, optional, real,
-                                  registered)
+from rljax.config.declare import (POSITIVE, SIZE, Key, When, above, choice, differs, equals,
+                                  integer, optional, real, registered)
 from rljax.config.conditions import ENGINE_READS
 from rljax.config.sections.common import DTYPES, RL_SFT
 
@@ -37,6 +37,22 @@ KEYS = (
         "its dtype (rollout.dtype): the numerics of FP8 weights, the learner keeping full "
         "precision; FP8 matmuls and their memory saving need an accelerator path not built "
         "here; None = off"),
+    Key("rollout.draft", "none", choice("none", "ngram", "layers"),
+        "speculative decoding (docs/rollout.md): 'ngram' drafts by prompt lookup in the row's "
+        "own context, 'layers' by the policy's first rollout.draft_layers layers; k drafted "
+        "tokens are verified in one forward with exact rejection sampling, so the rollout's "
+        "distribution (greedy: its tokens) and log-probs are plain sampling's; 'none' = off",
+        read_if=ENGINE_READS),
+    Key("rollout.draft_tokens", 4, integer(1, 64),
+        "speculative decoding: k, tokens drafted per verification forward",
+        read_if=ENGINE_READS & differs("rollout.draft", "none", "speculative decoding is off "
+                                       "(rollout.draft='none')")),
+    Key("rollout.draft_ngram", 3, integer(1, 64),
+        "rollout.draft='ngram': n, the length of the row's suffix looked up in its context",
+        read_if=ENGINE_READS & equals("rollout.draft", "ngram")),
+    Key("rollout.draft_layers", 1, integer(1, 2**20),
+        "rollout.draft='layers': the draft's layers, the policy's first ones (fewer than "
+        "model.num_layers)", read_if=ENGINE_READS & equals("rollout.draft", "layers")),
     Key("rollout.max_staleness", 0, integer(0, 64),
         "asynchronous RL (docs/async.md): the sampler may start step s's batch with weights of "
         "learner step >= s - max_staleness, in a background thread; 0 = synchronous"),
