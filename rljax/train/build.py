@@ -19,6 +19,7 @@ from rljax import models
 from rljax import rollout as rollout_lib
 from rljax.algorithm import Algorithm, resolve
 from rljax.data import datasets, prompt_policy, tokenizer as tokenizer_lib
+from rljax.data import images as images_lib
 from rljax.config.reward_spec import (ENV_SOURCE, REWARD_MODEL_SOURCE, VERIFIER_SOURCE,
                                       reward_weights)
 from rljax.envs.episodes import EnvSettings
@@ -375,8 +376,21 @@ def step_spec(config, model_cfg: ModelConfig, algo: Algorithm, aux_cfgs: tuple =
                           row_shards=1 if mesh is None else rules.batch_divisor(mesh),
                           side_by_side=update_lib.concurrent_chunks(config.model.parallel_chunks,
                                                                     platform),
-                          pack=config.model.pack, platform=platform,
+                          pack=_pack(config, model_cfg), platform=platform,
                           context=None if mesh is None else rules.context_layout(mesh), **placed)
+
+
+def _pack(config, model_cfg: ModelConfig):
+  """``model.pack``; 'auto' is padded rows for a policy that takes images (the learner scores
+  rows with images unpacked)."""
+  return False if model_cfg.vision is not None and config.model.pack == "auto" \
+      else config.model.pack
+
+
+def takes_images(config, model_cfg: ModelConfig) -> bool:
+  """Whether the run's policy and rollouts take images: a vision-language policy sampled by a
+  single-turn engine."""
+  return model_cfg.vision is not None and config.env.name is None
 
 
 def _keep_rows(mesh, tree):
@@ -441,11 +455,15 @@ def make_generator(config, engine: RolloutEngine, tokenizer, source,
   reward = _startup(functools.partial(reward_sources.make_reward, task_only=task_only, task=task),
                     config, tokenizer, engine.model_cfg, mesh)
   log = None if failure_log is None else checkers.FailureLog(failure_log, r.max_logged_failures)
+  processor = None
+  if takes_images(config, engine.model_cfg):
+    processor = images_lib.vision_processor(
+        dict(engine.model_cfg.vision), _hf_source(config, tokenizer, train_if_missing=False))
   return Generator(engine=engine, tokenizer=tokenizer, reward=reward,
                    prompt_bucket=config.data.prompt_bucket, overlong_buffer=r.overlong_buffer,
                    overlong_penalty=r.overlong_penalty,
                    inflight_chunk=config.rollout.get("inflight_chunk", 0), env_failures=failures,
-                   failure_log=log)
+                   failure_log=log, image_processor=processor)
 
 
 @dataclasses.dataclass
@@ -545,7 +563,8 @@ def prepare(config) -> Prepared:
     sft.check_cold_start(config, tokenizer)
   _check_model_files(config, algo, tokenizer)
   algo = _startup(check_model_keys, config, algo, tokenizer)
-  source = datasets.make_prompt_source(config.data)
+  source = datasets.make_prompt_source(
+      config.data, takes_images=takes_images(config, resolve_model_config(config, tokenizer)))
   prompt_policy.apply_prompt_policy(source, config, tokenizer)  # before SFT and the model
   source = selective.selective_source(source, config)
   mesh, sampler_mesh = _startup(mesh_lib.make_meshes, config.mesh)

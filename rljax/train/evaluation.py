@@ -87,7 +87,8 @@ def _evaluate_config(config, *, samples: int, checkpoint: str | None, run=None) 
     model_cfg, params = load_run_params(checkpoint, run)
   else:
     model_cfg, params = build.load_policy(config, tokenizer)
-  source = datasets.make_prompt_source(config.data)
+  source = datasets.make_prompt_source(config.data,
+                                       takes_images=build.takes_images(config, model_cfg))
   prompt_policy.apply_prompt_policy(source, config, tokenizer)
   engine = build.make_engine(config, model_cfg, mesh_lib.make_mesh(config.mesh), tokenizer)
   generator = build.make_generator(config, engine, tokenizer, source, task_only=True)

@@ -11,10 +11,12 @@ from typing import Any, Callable
 import numpy as np
 
 from rljax import rollout as rollout_lib
+from rljax.data import images as images_lib
 from rljax.rewards import shaping, sources
 from rljax.rollout import inflight
 from rljax.rollout.engines import EpisodeEngine, RolloutEngine
 from rljax.rollout.sampler import Rollout
+from rljax.vision import multimodal
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,6 +40,10 @@ class Generator:
   # rljax.rewards.checkers.FailureLog: where the sources' failed calls are sampled (None: not
   # written; each batch's failures are still logged in one line).
   failure_log: Any = None
+  # A vision-language policy's image processor (``rljax.data.images.vision_processor``): prompts
+  # are encoded with their images' placeholders and the engine takes each row's images; None:
+  # text prompts.
+  image_processor: Any = None
 
   @property
   def multi_turn(self) -> bool:
@@ -73,9 +79,12 @@ def generate(gen: Generator, params, problems, key, sampling: rollout_lib.Sampli
     scored = out.replace(rewards=composed.rewards, correct=composed.correct,
                          extras={**out.extras, **composed.extras()})
     return scored, result.transcripts, {**result.counts, **composed.metrics}
-  prompt_ids = [gen.tokenizer.encode_prompt(p.prompt) for p in problems]
-  tokens, mask = rollout_lib.left_pad(prompt_ids, gen.prompt_bucket, gen.tokenizer.pad_id)
-  if newest is not None and gen.inflight_chunk:
+  tokens, mask, images = prompt_rows(gen, problems)
+  if images is not None:
+    if newest is not None and gen.inflight_chunk:
+      raise ValueError("prompts with images are sampled whole: rollout.inflight_chunk=0")
+    out = engine.generate(tokens, mask, key, sampling, group_size, images=images)
+  elif newest is not None and gen.inflight_chunk:
     def newest_loaded():  # every chunk samples with the newest weights, loaded into the engine
       version, weights = newest()
       engine.load_weights(weights, version)
@@ -96,6 +105,20 @@ def generate(gen: Generator, params, problems, key, sampling: rollout_lib.Sampli
                        row_valid=np.ones(len(completions), np.float32),
                        extras={**out.extras, **composed.extras()})
   return scored, completions, dict(composed.metrics)
+
+
+def prompt_rows(gen: Generator, problems):
+  """``(tokens [P, W], mask [P, W], images)``: the problems' prompts left-padded to a multiple of
+  ``gen.prompt_bucket``; with an image processor, each ``<image>`` marker expanded into the
+  family's placeholders (``images_lib.encode_image_prompts``) and ``images`` each row's own
+  (``multimodal.RowImages``), else None."""
+  if gen.image_processor is None:
+    ids = [gen.tokenizer.encode_prompt(p.prompt) for p in problems]
+    return (*rollout_lib.left_pad(ids, gen.prompt_bucket, gen.tokenizer.pad_id), None)
+  encoded = images_lib.encode_image_prompts(gen.tokenizer, problems, gen.image_processor)
+  tokens, mask = rollout_lib.left_pad(encoded.ids, gen.prompt_bucket, gen.tokenizer.pad_id)
+  return tokens, mask, multimodal.row_images(gen.model_cfg, tokens, mask, encoded.pixel_values,
+                                             encoded.image_grid_thw)
 
 
 def _score(gen: Generator, out: Rollout, rows, completions, episode_rewards=None,
