@@ -3,6 +3,7 @@ prompts with their images, the engine samples with them and the learner updates 
 does not take images is refused in one line."""
 import os
 
+import jax
 import numpy as np
 import pytest
 
@@ -76,3 +77,40 @@ def test_train_on_images(tmp_path, monkeypatch):
 def test_what_takes_no_images_is_refused(extra, error):
   with pytest.raises(ConfigError, match=error):
     config_checks.check_config(_config(**extra))
+
+
+def test_sft_cold_start_reads_the_images(monkeypatch):
+  """The cold start's examples hold each prompt's image as its placeholders (the sampler's
+  prompt), only the solution and EOS are learned, and its update trains the tower on them."""
+  from rljax.data import load_tokenizer, make_task
+  from rljax.train import sft
+  from rljax.vision import multimodal
+  config = _config(**{"sft.steps": "2", "sft.batch_size": "4", "sft.warmup_steps": "1",
+                     "rollout.max_new_tokens": "12"})
+  tok = load_tokenizer("char_vl")
+  model_cfg, processor = sft.cold_start_policy(config, tok)
+  assert processor is not None and model_cfg.vision is not None
+  problem = make_task("visual_arithmetic", 0).eval_set(seed=0, n=1)[0]
+  ids, learn = sft.encode_example(tok, problem, processor=processor)
+  solution = tok.encode(problem.solution) + [tok.eos_id]
+  # BOS, <|vision_start|>, 3 x <|image_pad|> (a 1 x 2 x 6 grid), <|vision_end|>, '='
+  assert ids == [tok.bos_id, 57, 58, 58, 58, 59, tok.encode("=")[0]] + solution
+  assert learn == [0] * 7 + [1] * len(solution)
+  tokens, _, loss, images = sft.image_batch(model_cfg, tok, [problem], 20, processor)
+  assert tokens[0, -len(ids):].tolist() == ids and loss[0, -len(ids):].tolist() == learn
+  assert images.pixels.shape == (1, 16, 3 * 2 * 14 * 14)  # 12 patches, padded to 16
+  forwards = []
+  forward_rows = multimodal.forward_rows
+
+  def counted(cfg, params, tokens, attn, images, head="lm"):
+    forwards.append(images.pixels.shape)
+    return forward_rows(cfg, params, tokens, attn, images, head)
+
+  monkeypatch.setattr(multimodal, "forward_rows", counted)
+  from rljax.models import transformer
+  before = transformer.init_params(model_cfg, seed=config.sft.seed)
+  _, params = sft.train_sft(config, tok, log=lambda line: None)
+  assert forwards and all(shape[0] == 4 and shape[2] == 3 * 2 * 14 * 14 for shape in forwards)
+  moved = [float(np.abs(np.asarray(a) - np.asarray(b)).max())
+           for a, b in zip(jax.tree.leaves(before["visual"]), jax.tree.leaves(params["visual"]))]
+  assert all(np.isfinite(moved)) and max(moved) > 0
