@@ -130,15 +130,27 @@ def _gym_reward(f):
 
 def _images_taken(f):
   """An embedded task whose problems are images (its registration states ``images``) needs a
-  policy and rollouts that take images; sources of files are checked when read
+  policy that takes images (a family with a tower: the 'tiny' / 'sft' policy's ``model.family``;
+  a checkpoint's is checked when loaded) and rollouts that take them: the all_rows engine,
+  single-turn, not in flight, rows not packed. Sources of files are checked when read
   (``rljax.data.datasets.make_prompt_source``)."""
   name, _, task = f["data.source"].partition(":")
   if name != "embedded" or task not in registry_names("task"):
     return None
-  if registry_meta("task", task)["images"]:
-    return (f"data.source={f['data.source']!r} poses its problems as images; rljax's rollout "
-            "engines and learner take text prompts only so far (no vision-language policy "
-            "samples or trains yet): pick a text source")
+  if not registry_meta("task", task)["images"]:
+    return None
+  shown = f"data.source={f['data.source']!r} poses its problems as images"
+  family = f["model.family"]
+  if f["model.source"] in ("tiny", "sft") and family in registry_names("model_family") \
+      and not registry_meta("model_family", family)["images"]:
+    return (f"{shown}; model.family={family!r} is a text-only family: use a vision-language "
+            "one (model.family='qwen2_5_vl', data.tokenizer='char_vl')")
+  if f["rollout.engine"] != "all_rows" or f["env.name"] is not None \
+      or f["rollout.inflight_chunk"] or str(f["model.pack"]).lower() == "true":
+    return (f"{shown}; only single-turn all_rows rollouts, not in flight, on unpacked rows take "
+            f"images (rollout.engine={f['rollout.engine']!r}, env.name={f['env.name']!r}, "
+            f"rollout.inflight_chunk={f['rollout.inflight_chunk']}, "
+            f"model.pack={f['model.pack']!r})")
 
 
 def _verifiers_pair(f):
@@ -291,7 +303,9 @@ RELATIONS = (
              _gym_reward),
     Relation(("data.source", "env.name"), "a verifiers source and the verifiers environment go "
              "together", _verifiers_pair),
-    Relation(("data.source",), "a task of images needs a policy and rollouts that take images",
+    Relation(("data.source", "model.family", "rollout.engine", "env.name",
+              "rollout.inflight_chunk", "model.pack"),
+             "a task of images needs a vision-language policy and single-turn all_rows rollouts",
              _images_taken),
     Relation(("reward.sources", "reward.model.source"),
              f"the reward model source '{REWARD_MODEL_SOURCE}' needs reward.model.source",

@@ -185,6 +185,21 @@ def load_image_processor(path: str):
   return AutoImageProcessor.from_pretrained(path, local_files_only=True)
 
 
+def vision_processor(vision: dict, path: str | None = None):
+  """The image processor of a vision-language policy: its model directory's
+  (``preprocessor_config.json``) where ``path`` holds one, else Hugging Face's Qwen2-VL
+  processor with the tower's patch sizes (``vision``: ``ModelConfig.vision``), whose smallest
+  image is one merged patch (``min_pixels = (patch_size * merge_size)^2``), so a small image
+  keeps its size (28 x 84: grid 1 x 2 x 6 at 14-pixel patches)."""
+  if path and os.path.isfile(os.path.join(path, "preprocessor_config.json")):
+    return load_image_processor(path)
+  side = int(vision["patch_size"]) * int(vision["spatial_merge_size"])
+  return qwen2_vl_image_processor(patch_size=int(vision["patch_size"]),
+                                  temporal_patch_size=int(vision["temporal_patch_size"]),
+                                  merge_size=int(vision["spatial_merge_size"]),
+                                  min_pixels=side * side)
+
+
 def image_patches(processor, images: Sequence[Image]) -> tuple[np.ndarray, np.ndarray]:
   """``(pixel_values [sum N_patches, C*temporal_patch_size*patch_size^2] float32,
   image_grid_thw [num_images, 3] int32)`` of ``images`` by the family's ``processor``."""

@@ -19,7 +19,7 @@ from rljax.data import datasets, prompt_policy, tokenizer as tokenizer_lib
 from rljax.envs.checks import check_env_startup
 from rljax.rewards import checkers
 from rljax.config.sources import ModelSource, run_config
-from rljax.train import build, generation
+from rljax.train import build, generation, startup
 from rljax.loading import loader
 from rljax.train.build import load_run_params
 from rljax.runs.run_dir import RunDirError
@@ -88,7 +88,8 @@ def _evaluate_config(config, *, samples: int, checkpoint: str | None, run=None) 
     model_cfg, params = load_run_params(checkpoint, run)
   else:
     model_cfg, params = build.load_policy(config, tokenizer)
-  source = datasets.make_prompt_source(config.data)
+  source = datasets.make_prompt_source(config.data,
+                                       takes_images=startup.takes_images(config, model_cfg))
   prompt_policy.apply_prompt_policy(source, config, tokenizer)
   engine = build.make_engine(config, model_cfg, mesh_lib.make_mesh(config.mesh), tokenizer)
   generator = build.make_generator(config, engine, tokenizer, source, task_only=True)

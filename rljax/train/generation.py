@@ -15,7 +15,7 @@ import numpy as np
 
 from rljax import rollout as rollout_lib
 from rljax.config.reward_spec import ENV_SOURCE, VERIFIER_SOURCE
-from rljax.data import prompt_policy
+from rljax.data import images as images_lib, prompt_policy
 from rljax.envs.episodes import EnvSettings
 from rljax.envs.failures import FailureReport
 from rljax.learner.initial import param_sharding
@@ -27,7 +27,8 @@ from rljax.rewards import checkers, shaping, sources
 from rljax.rollout import inflight
 from rljax.rollout.engines import EpisodeEngine, Placement, RolloutEngine
 from rljax.rollout.sampler import Rollout
-from rljax.train.startup import _startup
+from rljax.train.startup import _startup, takes_images
+from rljax.vision import multimodal
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +52,10 @@ class Generator:
   # rljax.rewards.checkers.FailureLog: where the sources' failed calls are sampled (None: not
   # written; each batch's failures are still logged in one line).
   failure_log: Any = None
+  # A vision-language policy's image processor (``rljax.data.images.vision_processor``): prompts
+  # are encoded with their images' placeholders and the engine takes each row's images; None:
+  # text prompts.
+  image_processor: Any = None
 
   @property
   def multi_turn(self) -> bool:
@@ -86,9 +91,12 @@ def generate(gen: Generator, params, problems, key, sampling: rollout_lib.Sampli
     scored = out.replace(rewards=composed.rewards, correct=composed.correct,
                          extras={**out.extras, **composed.extras()})
     return scored, result.transcripts, {**result.counts, **composed.metrics}
-  prompt_ids = [gen.tokenizer.encode_prompt(p.prompt) for p in problems]
-  tokens, mask = rollout_lib.left_pad(prompt_ids, gen.prompt_bucket, gen.tokenizer.pad_id)
-  if newest is not None and gen.inflight_chunk:
+  tokens, mask, images = prompt_rows(gen, problems)
+  if images is not None:
+    if newest is not None and gen.inflight_chunk:
+      raise ValueError("prompts with images are sampled whole: rollout.inflight_chunk=0")
+    out = engine.generate(tokens, mask, key, sampling, group_size, images=images)
+  elif newest is not None and gen.inflight_chunk:
     def newest_loaded():  # every chunk samples with the newest weights, loaded into the engine
       version, weights = newest()
       engine.load_weights(weights, version)
@@ -109,6 +117,20 @@ def generate(gen: Generator, params, problems, key, sampling: rollout_lib.Sampli
                        row_valid=np.ones(len(completions), np.float32),
                        extras={**out.extras, **composed.extras()})
   return scored, completions, dict(composed.metrics)
+
+
+def prompt_rows(gen: Generator, problems):
+  """``(tokens [P, W], mask [P, W], images)``: the problems' prompts left-padded to a multiple of
+  ``gen.prompt_bucket``; with an image processor, each ``<image>`` marker expanded into the
+  family's placeholders (``images_lib.encode_image_prompts``) and ``images`` each row's own
+  (``multimodal.RowImages``), else None."""
+  if gen.image_processor is None:
+    ids = [gen.tokenizer.encode_prompt(p.prompt) for p in problems]
+    return (*rollout_lib.left_pad(ids, gen.prompt_bucket, gen.tokenizer.pad_id), None)
+  encoded = images_lib.encode_image_prompts(gen.tokenizer, problems, gen.image_processor)
+  tokens, mask = rollout_lib.left_pad(encoded.ids, gen.prompt_bucket, gen.tokenizer.pad_id)
+  return tokens, mask, multimodal.row_images(gen.model_cfg, tokens, mask, encoded.pixel_values,
+                                             encoded.image_grid_thw)
 
 
 def _score(gen: Generator, out: Rollout, rows, completions, episode_rewards=None,
@@ -206,11 +228,15 @@ def make_generator(config, engine: RolloutEngine, tokenizer, source,
   reward = _startup(functools.partial(sources.make_reward, task_only=task_only, task=task,
                                       load=load), config, tokenizer, engine.model_cfg, mesh)
   log = None if failure_log is None else checkers.FailureLog(failure_log, r.max_logged_failures)
+  processor = None
+  if takes_images(config, engine.model_cfg):
+    processor = images_lib.vision_processor(
+        dict(engine.model_cfg.vision), loader.hf_dir(config, loader.source_of(config, "policy")))
   return Generator(engine=engine, tokenizer=tokenizer, reward=reward,
                    prompt_bucket=config.data.prompt_bucket, overlong_buffer=r.overlong_buffer,
                    overlong_penalty=r.overlong_penalty,
                    inflight_chunk=config.rollout.get("inflight_chunk", 0), env_failures=failures,
-                   failure_log=log)
+                   failure_log=log, image_processor=processor)
 
 
 def _reward_model(config, tokenizer, policy_cfg: ModelConfig, role: str):

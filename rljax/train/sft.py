@@ -22,7 +22,7 @@ import optax
 
 from rljax import algos, models
 from rljax.config import effects
-from rljax.data import datasets
+from rljax.data import datasets, images as images_lib
 from rljax.envs import tools, validate
 from rljax.envs.episodes import message_turns
 from rljax.errors import DataError, StartupError
@@ -30,6 +30,7 @@ from rljax.models import transformer
 from rljax.runs import preemption
 from rljax.runs.checkpoint import Checkpointer
 from rljax.runs.run_dir import check_creatable, flatten_config
+from rljax.vision import multimodal
 
 STAMP_FILE = "rljax_sft_stamp.json"
 
@@ -99,8 +100,8 @@ def resolve_out_dir(config, *, log=print) -> str:
   return beside
 
 
-def encode_example(tokenizer, problem,
-                   tool_format: str = "compact") -> tuple[list[int], list[int]]:
+def encode_example(tokenizer, problem, tool_format: str = "compact", processor=None,
+                   prompt_ids=None) -> tuple[list[int], list[int]]:
   """(tokens, loss mask): the prompt, then the reference solution and EOS, which are learned. A
   multi-turn demonstration (``problem.meta['episode']``) is encoded piece by piece, as the rollout
   driver encodes an episode in ``tool_format``: its observations are in the input but not
@@ -109,9 +110,17 @@ def encode_example(tokenizer, problem,
   or their results ``(text, ...)`` (answered as ``ToolEnv`` answers them). Where turns are chat
   messages (hermes calls with a chat template: ``rljax.envs.episodes.message_turns``) every turn
   ends with EOS and the results are rendered by the chat template, so the demonstration is the
-  conversation exactly as the template renders it."""
+  conversation exactly as the template renders it. With a vision-language policy's image
+  ``processor``, the prompt's images stand as their placeholders
+  (``images_lib.encode_image_prompts``), as the sampler sees them; ``prompt_ids``: the prompt
+  already encoded so."""
   chat = message_turns(tokenizer, tool_format)
-  tokens = list(tokenizer.encode_prompt(problem.prompt))
+  if prompt_ids is not None:
+    tokens = list(prompt_ids)
+  elif processor is None:
+    tokens = list(tokenizer.encode_prompt(problem.prompt))
+  else:
+    tokens = list(images_lib.encode_image_prompts(tokenizer, [problem], processor).ids[0])
   learn = [0] * len(tokens)
   for k, piece in enumerate(problem.meta.get("episode", (problem.solution,))):
     if k % 2 == 0:  # the policy's turn
@@ -127,19 +136,42 @@ def encode_example(tokenizer, problem,
   return tokens + [tokenizer.eos_id], learn + [1]
 
 
-def make_batch(tokenizer, problems, width: int, tool_format: str = "compact"):
-  """Left-padded [B, width] tokens, attention mask and loss mask."""
+def make_batch(tokenizer, problems, width: int, tool_format: str = "compact", prompts=None):
+  """Left-padded [B, width] tokens, attention mask and loss mask (``prompts``: the problems'
+  prompt ids, ``encode_example``'s ``prompt_ids``)."""
   tokens = np.full((len(problems), width), tokenizer.pad_id, np.int32)
   attn = np.zeros((len(problems), width), np.int32)
   loss = np.zeros((len(problems), width), np.float32)
   for i, p in enumerate(problems):
-    ids, learn = encode_example(tokenizer, p, tool_format)
+    ids, learn = encode_example(tokenizer, p, tool_format,
+                                prompt_ids=None if prompts is None else prompts[i])
     if len(ids) > width:
       raise DataError(_too_wide(len(ids), width, p))
     tokens[i, width - len(ids):] = ids
     attn[i, width - len(ids):] = 1
     loss[i, width - len(ids):] = learn
   return tokens, attn, loss
+
+
+def image_batch(model_cfg, tokenizer, problems, width: int, processor):
+  """``make_batch`` of a vision-language policy's examples and their images: (tokens, attention
+  mask, loss mask, ``multimodal.RowImages`` of each row); the prompts' images stand as their
+  placeholders (``images_lib.encode_image_prompts``, one pass over the batch)."""
+  encoded = images_lib.encode_image_prompts(tokenizer, problems, processor)
+  tokens, attn, loss = make_batch(tokenizer, problems, width, prompts=encoded.ids)
+  return tokens, attn, loss, multimodal.row_images(model_cfg, tokens, attn, encoded.pixel_values,
+                                                   encoded.image_grid_thw)
+
+
+def cold_start_policy(config, tokenizer):
+  """(the fresh policy's ``ModelConfig``, its image processor or None): a vision-language family
+  (``model.family`` with a tower) learns from the prompts' images, processed as the RL run's
+  sampler processes them (``images_lib.vision_processor`` of the tower)."""
+  model_cfg = models.tiny_config(config.model, tokenizer.vocab_size, eos_token_id=tokenizer.eos_id,
+                                 pad_token_id=tokenizer.pad_id).base
+  if model_cfg.vision is None:
+    return model_cfg, None
+  return model_cfg, images_lib.vision_processor(dict(model_cfg.vision))
 
 
 def _too_wide(length: int, width: int, problem) -> str:
@@ -165,15 +197,25 @@ def check_cold_start(config, tokenizer) -> None:
   check_creatable(out, "sft.out_dir")
   s = config.sft
   width = config.data.prompt_bucket + config.rollout.max_new_tokens
-  source = datasets.make_prompt_source(config.data, stream_seed=s.seed)
+  _, processor = cold_start_policy(config, tokenizer)
+  takes = processor is not None
+  source = datasets.make_prompt_source(config.data, stream_seed=s.seed, takes_images=takes)
   drawn = [source.next_batch(s.batch_size) for _ in range(s.steps)]
   if s.stop_match > 0:  # the exact-match check's examples (train_sft), their own stream
-    checked = datasets.make_prompt_source(config.data, stream_seed=_check_stream_seed(s.seed))
+    checked = datasets.make_prompt_source(config.data, stream_seed=_check_stream_seed(s.seed),
+                                          takes_images=takes)
     drawn.append(checked.next_batch(s.check_size))
+  prompts = {}  # a prompt with images, by its text and image sizes: its placeholders' ids
   for problem in (p for batch in drawn for p in batch):
     if not problem.solution:
       raise StartupError(_NO_SOLUTIONS.format(source=config.data.source))
-    length = len(encode_example(tokenizer, problem, config.env.tool_format)[0])
+    ids = None
+    if processor is not None:  # the processor's grid depends on the image's size alone
+      key = (problem.prompt, tuple((im.height, im.width) for im in problem.images))
+      if key not in prompts:
+        prompts[key] = images_lib.encode_image_prompts(tokenizer, [problem], processor).ids[0]
+      ids = prompts[key]
+    length = len(encode_example(tokenizer, problem, config.env.tool_format, prompt_ids=ids)[0])
     if length > width:
       raise StartupError(_too_wide(length, width, problem))
 
@@ -182,21 +224,28 @@ _NO_SOLUTIONS = ("SFT needs reference solutions; data.source={source!r} has none
                  "embedded task)")
 
 
-def sft_loss(model_cfg, params, tokens, attn, loss_mask, chunk: int):
-  """Token-mean next-token NLL over the solution tokens."""
-  hidden, model, _ = transformer.forward_with_routes(model_cfg, params, tokens, attn)
+def _forward(model_cfg, params, tokens, attn, images):
+  """(hidden, bound model) of the rows, with their images (``RowImages``) where they have any."""
+  if images is None:
+    return transformer.forward_with_routes(model_cfg, params, tokens, attn)[:2]
+  return multimodal.forward_rows(model_cfg, params, tokens, attn, images)
+
+
+def sft_loss(model_cfg, params, tokens, attn, loss_mask, chunk: int, images=None):
+  """Token-mean next-token NLL over the solution tokens (``images``: the rows' ``RowImages``)."""
+  hidden, model = _forward(model_cfg, params, tokens, attn, images)
   logp, _ = algos.token_logprobs_and_entropy(hidden[:, :-1], model.head_weight(), tokens[:, 1:],
                                              chunk=chunk)
   mask = loss_mask[:, 1:]
   return -(logp * mask).sum() / jnp.maximum(mask.sum(), 1.0)
 
 
-def exact_match(model_cfg, params, tokens, attn, loss_mask):
+def exact_match(model_cfg, params, tokens, attn, loss_mask, images=None):
   """Share of rows that greedy decoding would write exactly: the teacher-forced argmax equals
   the reference at every learned token, so the greedy continuation of the prompt is the
   reference solution (a row can still be right through another solution; this counts only the
   reference's, a lower bound on greedy accuracy). One forward, no decoding."""
-  hidden, model, _ = transformer.forward_with_routes(model_cfg, params, tokens, attn)
+  hidden, model = _forward(model_cfg, params, tokens, attn, images)
   # The cold start is a tiny character-level model (a vocabulary of tens), so the full logits
   # are small; a soft-cap would not move the argmax.
   logits = hidden[:, :-1].astype(jnp.float32) @ model.head_weight().astype(jnp.float32)
@@ -213,8 +262,7 @@ def train_sft(config, tokenizer, *, log=print):
   """Train a fresh tiny policy on reference solutions: returns (ModelConfig, params). The cold
   start is a full model: a run with low-rank adapters (``model.lora.*``) puts them on it."""
   s = config.sft
-  model_cfg = models.tiny_config(config.model, tokenizer.vocab_size, eos_token_id=tokenizer.eos_id,
-                                 pad_token_id=tokenizer.pad_id).base
+  model_cfg, processor = cold_start_policy(config, tokenizer)
   params = transformer.init_params(model_cfg, seed=s.seed)
   schedule = optax.join_schedules(
       [optax.linear_schedule(0.0, s.lr, max(s.warmup_steps, 1)),
@@ -225,18 +273,27 @@ def train_sft(config, tokenizer, *, log=print):
   width = config.data.prompt_bucket + config.rollout.max_new_tokens
 
   @jax.jit
-  def step(params, opt_state, tokens, attn, loss_mask):
+  def step(params, opt_state, tokens, attn, loss_mask, images=None):
     loss, grads = jax.value_and_grad(
-        lambda p: sft_loss(model_cfg, p, tokens, attn, loss_mask, config.model.logits_chunk))(params)
+        lambda p: sft_loss(model_cfg, p, tokens, attn, loss_mask, config.model.logits_chunk,
+                           images))(params)
     updates, opt_state = tx.update(grads, opt_state, params)
     return optax.apply_updates(params, updates), opt_state, loss
 
   match = jax.jit(functools.partial(exact_match, model_cfg))
+  takes = processor is not None
+
+  def batch(problems):  # tokens, attention and loss masks (and the rows' images)
+    if processor is None:
+      return make_batch(tokenizer, problems, width, config.env.tool_format)
+    return image_batch(model_cfg, tokenizer, problems, width, processor)
+
   check = None
   if s.stop_match > 0:
-    checked = datasets.make_prompt_source(config.data, stream_seed=_check_stream_seed(s.seed))
-    check = make_batch(tokenizer, checked.next_batch(s.check_size), width, config.env.tool_format)
-  source = datasets.make_prompt_source(config.data, stream_seed=s.seed)
+    checked = datasets.make_prompt_source(config.data, stream_seed=_check_stream_seed(s.seed),
+                                          takes_images=takes)
+    check = batch(checked.next_batch(s.check_size))
+  source = datasets.make_prompt_source(config.data, stream_seed=s.seed, takes_images=takes)
   held = {"params": params, "opt_state": opt_state}  # the state after the steps done
   partial = partial_dir(config.sft.out_dir)
   with preemption.preemptible(config.sft.out_dir, config.train.preempt_grace_s,
@@ -252,9 +309,8 @@ def train_sft(config, tokenizer, *, log=print):
       problems = source.next_batch(s.batch_size)
       if any(not p.solution for p in problems):
         raise StartupError(_NO_SOLUTIONS.format(source=config.data.source))
-      held["params"], held["opt_state"], loss = step(
-          held["params"], held["opt_state"],
-          *make_batch(tokenizer, problems, width, config.env.tool_format))
+      held["params"], held["opt_state"], loss = step(held["params"], held["opt_state"],
+                                                     *batch(problems))
       if (i + 1) % max(s.steps // 10, 1) == 0 or i == 0:
         log(f"sft step {i + 1}/{s.steps} loss {float(loss):.4f} ({time.perf_counter() - t0:.0f}s)")
       if check is not None and (i + 1) % s.check_every == 0:

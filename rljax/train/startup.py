@@ -73,6 +73,12 @@ def _startup(fn, *args):
     raise StartupError(text) from e
 
 
+def takes_images(config, model_cfg) -> bool:
+  """Whether the run's policy and rollouts take images: a vision-language policy sampled by a
+  single-turn engine."""
+  return model_cfg.vision is not None and config.env.name is None
+
+
 def check_reward_fn(config) -> None:
   _startup(checkers.get_reward_fn, config.reward.fn)
 
@@ -139,7 +145,8 @@ def prepare(config) -> Prepared:
     sft.check_cold_start(config, tokenizer)
   _check_model_files(config, algo, tokenizer)
   algo = _startup(check_model_keys, config, algo, tokenizer)
-  source = datasets.make_prompt_source(config.data)
+  source = datasets.make_prompt_source(
+      config.data, takes_images=takes_images(config, resolve_model_config(config, tokenizer)))
   prompt_policy.apply_prompt_policy(source, config, tokenizer)  # before SFT and the model
   source = selective.selective_source(source, config)
   mesh, sampler_mesh = _startup(mesh_lib.make_meshes, config.mesh)

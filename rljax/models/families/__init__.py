@@ -56,9 +56,10 @@ class Family:
 
 
 def register_family(family: Family) -> Family:
-  """Registers ``family`` under each of its HF ``model_type``s."""
+  """Registers ``family`` under each of its HF ``model_type``s; its registration states whether
+  it takes ``images`` (has a tower), which the config check reads."""
   for model_type in family.model_types:
-    MODEL_FAMILIES.register(model_type)(family)
+    MODEL_FAMILIES.register(model_type, images=family.tower is not None)(family)
   return family
 
 
