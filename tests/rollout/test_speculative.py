@@ -23,7 +23,17 @@ from rljax.rollout import SamplingParams, left_pad, sample, sampler, speculative
 from rljax.rollout.engines import ROLLOUT_ENGINES, Placement
 from rljax.rollout.speculative import Draft
 from tests.models.test_generation_parity import _log_softmax, _teacher_forced_logits
+from tests import xla_cache
 from tests.rollout.test_sampling import _reference_probs
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _no_persistent_cache():
+  """Compiled here without the session's compilation cache: serialising one of these programs
+  into it crashed a worker once (a segfault inside jax's executable serialisation, in
+  ``compilation_cache.put_executable_and_time``); they are compiled by this file alone."""
+  with xla_cache.off():
+    yield
 
 V = 8
 CFG = ModelConfig(vocab_size=V, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2,
