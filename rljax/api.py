@@ -109,10 +109,17 @@ def load(source: str = "tiny", *, tokenizer: str | None = None,
                                 "model.param_dtype": param_dtype})
   if model_config is not None:
     with settings.unlocked():
-      settings.model.update(model_config)
+      # As plain values: a placeholder key (e.g. model.lora.init_from) is a FieldReference in
+      # both, and ml_collections refuses to update one reference from another.
+      settings.model.update(_plain(model_config))
   parsed = loader.source_of(settings, "load", source)
   if parsed.kind in ("hf", "run") and not os.path.isdir(parsed.path):
     raise FileNotFoundError(f"rljax.load: {source!r}: {parsed.path!r} is not a directory")
   asked = tokenizer_lib.load_tokenizer(tokenizer or "char") if parsed.kind == "tiny" else tokenizer
   loaded = loader.load(settings, "load", asked, text=source)
   return Model(loaded.cfg, loaded.params, loaded.tokenizer)
+
+
+def _plain(section):
+  """A config section (or mapping) as nested plain dicts of its values."""
+  return section.to_dict() if hasattr(section, "to_dict") else dict(section)
