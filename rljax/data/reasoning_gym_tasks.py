@@ -133,6 +133,7 @@ class ReasoningGymTask(Task):
     self.names, self.template = list(names), template
     self.weights = [weights[n] for n in names]
     self.settings = {n: settings.get(n, {}) for n in names}
+    _library()  # the package itself, each time: _dataset's cache would skip the check
     self.datasets = {n: _dataset(n, json.dumps(self.settings[n], sort_keys=True)) for n in names}
     for name in names:  # a template field the task does not have fails now, not at step 1
       self._prompt(name, self.datasets[name][0])

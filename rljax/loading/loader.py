@@ -154,6 +154,7 @@ def run_step(source: ModelSource, who: str) -> int:
 def check_run_kind(source: ModelSource, head: str, who: str) -> None:
   """A policy is read from a policy run, a reward model from an ``rljax rm`` run: the other kind
   is one line."""
+  run_config(source.path)  # an rljax run directory at all
   rm_run = is_reward_model_run(source.path)
   if rm_run and head != "score":
     raise RunDirError(f"{who}: {source.path!r} is an `rljax rm` run (a reward model, no language "

@@ -18,6 +18,7 @@ from rljax.config.reward_spec import ENV_SOURCE, VERIFIER_SOURCE
 from rljax.data import images as images_lib, prompt_policy
 from rljax.envs.episodes import EnvSettings
 from rljax.envs.failures import FailureReport
+from rljax.errors import StartupError
 from rljax.learner.initial import param_sharding
 from rljax.loading import loader
 from rljax.models import ModelConfig
