@@ -133,7 +133,6 @@ class ReasoningGymTask(Task):
     self.names, self.template = list(names), template
     self.weights = [weights[n] for n in names]
     self.settings = {n: settings.get(n, {}) for n in names}
-    _library()  # the package itself, each time: _dataset's cache would skip the check
     self.datasets = {n: _dataset(n, json.dumps(self.settings[n], sort_keys=True)) for n in names}
     for name in names:  # a template field the task does not have fails now, not at step 1
       self._prompt(name, self.datasets[name][0])
@@ -173,11 +172,16 @@ class ReasoningGymTask(Task):
     return format_ok(completion)
 
 
-@functools.lru_cache(maxsize=None)
 def make_gym_task(names: str, weights: str = "", settings: str = "{}",
                   template: str = "{question}") -> ReasoningGymTask:
   """The task of ``data.source='reasoning_gym:<names>'`` and the ``data.reasoning_gym.*`` keys
-  (cached: generators are built once per process)."""
+  (cached: generators are built once per process; the package is checked on every call)."""
+  _library()
+  return _gym_task(names, weights, settings, template)
+
+
+@functools.lru_cache(maxsize=None)
+def _gym_task(names: str, weights: str, settings: str, template: str) -> ReasoningGymTask:
   task_names = [n.strip() for n in names.split(",")]
   if not all(task_names) or len(set(task_names)) != len(task_names):
     raise DataError(f"data.source='{SOURCE_KIND}:{names}' must name distinct tasks separated "
