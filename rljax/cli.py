@@ -335,14 +335,34 @@ def _as_user_error(error: BaseException):
   return errors.user_error(error)
 
 
+def _stop_on_sigterm_outside_training():
+  """Outside a training block (which installs its own handler: rljax.runs.preemption), SIGTERM
+  ends the command with one line and 143 instead of a silent kill: the start-up's imports and
+  checks take seconds, and a scheduler's SIGTERM there left the user nothing to read. Returns
+  the handler it replaced (None off the main thread, where handlers cannot be installed)."""
+  import signal
+  import threading
+  from rljax.runs.preemption import Stop
+
+  def _stop(signum, frame):
+    raise Stop("stopped (SIGTERM) outside the training loop (start-up or shutdown): no step was "
+               "in flight", 128 + signum)
+
+  if threading.current_thread() is not threading.main_thread():
+    return None
+  return signal.signal(signal.SIGTERM, _stop)
+
+
 def entry(argv=None):
   """The console entry point: ``main``, with the user's errors (``RljaxError``, a full disk) as
   one line on stderr and exit status 2, a preemption (SIGTERM) and Ctrl-C (SIGINT) as one line
   each; internal errors keep their traceback (exit status 1)."""
   from rljax import errors
+  import signal
   from rljax.runs.preemption import Stop
   lifetime.die_with_parent()  # a run started by a sweep ends with it (kill -9 included)
   errors.quiet_disk_full_logs()
+  previous = _stop_on_sigterm_outside_training()
   try:
     return main(argv)
   except Stop as stop:
@@ -358,6 +378,9 @@ def entry(argv=None):
     line = f"error: {' '.join(str(user).split())}"  # one line, whatever the message held
     print(line, file=sys.stderr)
     raise UserExit(line) from None
+  finally:
+    if previous is not None:
+      signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

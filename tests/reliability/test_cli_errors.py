@@ -224,6 +224,33 @@ def test_sweep_forwards_sigint_to_its_runs_and_a_second_one_kills_them(mode, tmp
   assert runner.run_job(after)["returncode"] == 0
 
 
+# --- SIGTERM before a training block has its own handler -----------------------------------------
+
+def _catches_sigterm(pid: int) -> bool:
+  """Whether the process has a handler for SIGTERM (/proc's SigCgt mask, bit 15 - 1)."""
+  with open(f"/proc/{pid}/status") as f:
+    mask = next(int(line.split()[1], 16) for line in f if line.startswith("SigCgt:"))
+  return bool(mask >> (signal.SIGTERM - 1) & 1)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads /proc")
+def test_sigterm_during_start_up_is_one_line_and_143(tmp_path):
+  """Was: exit 143 and nothing on stderr (killed while importing JAX, before any handler)."""
+  run_dir = str(tmp_path / "run")
+  argv = tiny.args("grpo", run_dir, {"reward.fn": "exact_match"})  # registered outside tests
+  proc = subprocess.Popen([sys.executable, "-m", "rljax", *argv],
+                          cwd=tiny.ROOT, stderr=subprocess.PIPE, text=True)
+  deadline = time.monotonic() + 60
+  while not _catches_sigterm(proc.pid) and time.monotonic() < deadline:
+    time.sleep(0.01)
+  proc.send_signal(signal.SIGTERM)  # the entry point's handler: JAX is still being imported
+  err = proc.communicate(timeout=120)[1]
+  assert proc.returncode == 128 + signal.SIGTERM, err
+  assert err.strip().splitlines() == [
+      "stopped (SIGTERM) outside the training loop (start-up or shutdown): no step was in "
+      "flight"], err
+
+
 # --- eval --checkpoint and train.resume_override against a real run dir ----------------------------
 
 @pytest.fixture(scope="module")
