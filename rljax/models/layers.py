@@ -128,9 +128,12 @@ def rope_at(positions, inv_freq: np.ndarray, mrope_section: tuple | None = None)
   M-RoPE (Qwen2-VL, Wang et al. 2024, "Qwen2-VL", sec. 2.1): ``positions`` [3, B, S] hold a
   (temporal, height, width) position per token, and frequency ``i`` of the Dh/2 turns with the
   component ``j`` whose section of ``mrope_section`` (sizes summing to Dh/2) holds ``i``. A text
-  token has three equal components, so it rotates as plain RoPE at that position."""
+  token has three equal components, so it rotates as plain RoPE at that position. Positions
+  [1, B, S] without ``mrope_section`` are plain RoPE."""
   freqs = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)
-  if positions.ndim == 3:
+  if positions.ndim == 3 and positions.shape[0] == 1 and mrope_section is None:
+    freqs = freqs[0]  # one component: plain RoPE (a multimodal family without M-RoPE, Gemma 3)
+  elif positions.ndim == 3:
     if mrope_section is None:
       raise ValueError("positions [3, B, S] (M-RoPE) need the model's mrope_section")
     component = np.repeat(np.arange(len(mrope_section)) % 3, mrope_section)  # [Dh/2]

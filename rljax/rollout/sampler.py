@@ -357,8 +357,11 @@ def _sample_rows(weights, prompt_tokens, prompt_mask, row_offset, budget, vision
   cache = kv_cache.init_cache(cfg, n_prompts, first_slots // n)
   kv_valid = jnp.pad(prompt_mask.astype(bool), ((0, 0), (0, first_slots - p)))
   if context is None:
+    # Gemma 3: an image's tokens see each other both ways in the prefill (decoding is causal).
+    attend = None if vision_in is None else multimodal.prefill_attend(cfg, prompt_tokens,
+                                                                       kv_valid)
     hidden, cache, prompt_routes = decode.step(cfg, weights, prompt_tokens, positions,
-                                               cache, 0, kv_valid, embeds=embeds)
+                                               cache, 0, kv_valid, attend=attend, embeds=embeds)
   else:
     hidden, cache, prompt_routes = decode.step(
         cfg, weights, context.stripe(prompt_tokens), context.stripe(positions), cache, 0,

@@ -39,6 +39,10 @@ class Family:
     tower's).
   rename: a checkpoint's tensor name -> the name the export writes (``transformers`` versions
     name some families' tensors differently; the identity for most).
+  export_name: a name of ``tensor_names`` -> the name the export writes where ``transformers``
+    writes another (Gemma 3 with images: ``language_model.model.*``); the identity for most.
+  ignored: whether a checkpoint's tensor is one the family never reads (skipped on load, never
+    exported; SigLIP's pooling head in Gemma 3).
   """
   name: str
   model_types: tuple
@@ -53,6 +57,8 @@ class Family:
   tower: Callable | None = None
   extra_tensors: Callable = lambda cfg: {}
   rename: Callable[[str], str] = lambda name: name
+  export_name: Callable[[str], str] = lambda name: name
+  ignored: Callable[[str], bool] = lambda name: False
 
 
 def register_family(family: Family) -> Family:
