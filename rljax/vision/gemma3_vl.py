@@ -268,9 +268,29 @@ def ignored(name: str) -> bool:
   return rename(name).startswith(_HEAD)
 
 
+# A fresh tiny model's tower (``model.source='tiny'``): two SigLIP layers over 28x28 images of
+# the processor's 14-pixel patches (2x2), one soft token each (pooled 2x2).
+TINY_VISION = dict(VISION_DEFAULTS, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                   num_attention_heads=2, image_size=28, mm_tokens_per_image=1)
+
+
+def tiny_fields(model_section, fields) -> dict:
+  """Gemma 3's text settings (local layers of a 16-token window, the last one global), a tiny
+  tower, and the image tokens as the last three ids of the vocabulary in the order
+  ``data.tokenizer='char_vl'`` appends its placeholders (start, image, end)."""
+  v = fields["vocab_size"]
+  vision = dict(TINY_VISION, boi_token_id=v - 3, image_token_id=v - 2, eoi_token_id=v - 1)
+  return dict(hidden_act="gelu_pytorch_tanh", query_pre_attn_scalar=fields["head_dim"],
+              layer_types=("sliding_attention",) * (fields["num_layers"] - 1) + (
+                  "full_attention",), sliding_window=16, vision=vision)
+
+
 register_family(Family(
     name=MODEL_TYPE, model_types=(MODEL_TYPE,), block=gemma3_text.SandwichBlock,
     final_norm=lambda dim, cfg: layers.RMSNorm(dim, cfg=cfg, offset=True),
     config_from_hf=config_from_hf, config_to_hf=config_to_hf,
     layer_tensors=gemma3_text.FAMILY.layer_tensors, embed_scale=True, tower=VisionTower,
-    extra_tensors=tower_tensors, rename=rename, export_name=export_name, ignored=ignored))
+    extra_tensors=tower_tensors, rename=rename, export_name=export_name, ignored=ignored,
+    tiny_fields=tiny_fields,
+    # rljax.data.images encodes Qwen2-VL's placeholders and grids only: runs treat it as text.
+    run_images=False))

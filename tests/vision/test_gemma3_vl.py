@@ -133,9 +133,9 @@ def test_image_blocks_matter(tiny, images, monkeypatch):
   _, _, cfg, params = tiny
   tokens, mask = _batch()
   rows = multimodal.row_images(cfg, tokens, mask, images)
-  ours = multimodal.logits(cfg, params, tokens, mask, rows)
+  ours = jax.jit(functools.partial(multimodal.logits, cfg))(params, tokens, mask, rows)
   monkeypatch.setattr(multimodal, "prefill_attend", lambda *a: None)
-  causal = multimodal.logits(cfg, params, tokens, mask, rows)
+  causal = jax.jit(functools.partial(multimodal.logits, cfg))(params, tokens, mask, rows)
   diff = np.abs(np.asarray(ours) - np.asarray(causal)).max(axis=-1)
   assert diff[0][tokens[0] == IMAGE].max() > 1e-3  # the text-only row: the same attention
   assert diff[2][mask[2] == 1].max() <= 1e-5
@@ -213,3 +213,36 @@ def test_sampler_logp_matches_teacher_forcing(tiny, images):
   logp, _, _ = jax.jit(lambda p: step.policy_stats(cfg, p, r, 8, step.update_lib.RowSplit(
       parts=1)))(params)
   assert np.abs(np.asarray(logp) - r.sampler_logp)[r.mask == 1].max() <= 1e-5
+
+
+def test_tiny_model_is_a_transformers_model(tmp_path):
+  """model.source='tiny' with model.family='gemma3': a SigLIP tower for 28x28 images of the
+  processor's 14-pixel patches, the image tokens as the last three ids ('char_vl''s order),
+  exported and run by transformers with the same logits."""
+  import os
+  from rljax import models
+  from rljax.config import loader
+  from rljax.models import transformer
+  from tests.train import tiny as tiny_run
+  config = loader.load_config(os.path.join(tiny_run.ROOT, "configs", "base.py"),
+                              [(k, v) for k, v in tiny_run.OVERRIDES.items()
+                               if k.startswith("model.")] + [("model.family", "gemma3")])
+  cfg = models.tiny_config(config.model, 60, eos_token_id=1, pad_token_id=0)
+  vision = gemma3_vl.vision_config(cfg)
+  assert (vision["boi_token_id"], vision["image_token_id"], vision["eoi_token_id"]) == (57, 58, 59)
+  params = transformer.init_params(cfg, seed=0)
+  hf.save_hf(str(tmp_path), cfg, params)
+  model = transformers.Gemma3ForConditionalGeneration.from_pretrained(str(tmp_path)).eval()
+  proc = transformers.Gemma3ImageProcessorPil(size={"height": 28, "width": 28})
+  pic = np.random.default_rng(3).integers(0, 256, (28, 56, 3), dtype=np.uint8)
+  pixels = proc(images=[pic], return_tensors="np")["pixel_values"].astype(np.float32)
+  tokens = np.array([[5, 57, 58, 59, 6, 7]], np.int32)
+  mask = np.ones_like(tokens)
+  ours = jax.jit(functools.partial(multimodal.logits, cfg))(
+      params, tokens, mask, multimodal.row_images(cfg, tokens, mask, pixels))
+  ids = torch.tensor(tokens, dtype=torch.long)
+  with torch.no_grad():
+    theirs = model(input_ids=ids, attention_mask=torch.tensor(mask),
+                   pixel_values=torch.tensor(pixels),
+                   token_type_ids=(ids == 58).long()).logits.numpy()
+  assert np.abs(np.asarray(ours) - theirs).max() <= 1e-4
