@@ -70,25 +70,6 @@ def grid_sizes(vision: dict) -> tuple[int, int, int]:
 
 # --- the tower (Flax NNX) -------------------------------------------------------------------------
 
-class LayerNorm(nnx.Module):
-  """``(x - mean) / sqrt(var + eps) * w + b`` over the last axis, in float32."""
-
-  def __init__(self, dim: int, eps: float, cfg: ModelConfig):
-    pdt = jnp.dtype(cfg.param_dtype)
-    self.scale = nnx.Param(jnp.ones((dim,), pdt), logical_axes=("norm",))
-    self.bias = nnx.Param(jnp.zeros((dim,), pdt), logical_axes=("norm",))
-    self.eps = eps
-    self.dtype = jnp.dtype(cfg.dtype)
-
-  def __call__(self, x):
-    x32 = x.astype(jnp.float32)
-    mean = jnp.mean(x32, axis=-1, keepdims=True)
-    var = jnp.mean(jnp.square(x32 - mean), axis=-1, keepdims=True)
-    y = (x32 - mean) * jax.lax.rsqrt(var + self.eps)
-    return (y * self.scale[...].astype(jnp.float32) + self.bias[...].astype(jnp.float32)
-            ).astype(self.dtype)
-
-
 def _tower_cfg(cfg: ModelConfig, vision: dict) -> ModelConfig:
   """The settings the tower's ``layers.Linear`` / ``RMSNorm`` read: no adapters, the
   projector's norm epsilon, the model's dtypes."""
@@ -101,8 +82,8 @@ class EncoderLayer(nnx.Module):
   def __init__(self, tcfg: ModelConfig, vision: dict, *, rngs: nnx.Rngs):
     d, eps = vision["hidden_size"], vision["layer_norm_eps"]
     lin = lambda i, o, axes: layers.Linear(i, o, axes=axes, bias=True, cfg=tcfg, rngs=rngs)
-    self.layer_norm1 = LayerNorm(d, eps, tcfg)
-    self.layer_norm2 = LayerNorm(d, eps, tcfg)
+    self.layer_norm1 = layers.LayerNorm(d, eps, tcfg)
+    self.layer_norm2 = layers.LayerNorm(d, eps, tcfg)
     self.q_proj, self.k_proj, self.v_proj = (lin(d, d, ("embed", "q_heads")) for _ in range(3))
     self.out_proj = lin(d, d, ("q_heads", "embed"))
     self.fc1 = lin(d, vision["intermediate_size"], ("embed", "mlp"))
@@ -142,7 +123,7 @@ class VisionTower(nnx.Module):
     self.depth = v["num_hidden_layers"]
     for i in range(self.depth):
       setattr(self, f"layers_{i}", EncoderLayer(tcfg, v, rngs=rngs))
-    self.post_layernorm = LayerNorm(d, v["layer_norm_eps"], tcfg)
+    self.post_layernorm = layers.LayerNorm(d, v["layer_norm_eps"], tcfg)
     self.mm_soft_emb_norm = layers.RMSNorm(d, cfg=tcfg, offset=True)
     self.mm_input_projection = nnx.Param(
         0.02 * jax.random.normal(rngs.params(), (d, cfg.hidden_size), pdt),

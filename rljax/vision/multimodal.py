@@ -22,11 +22,12 @@ import numpy as np
 
 from rljax.models import kv_cache, transformer
 from rljax.models.config import ModelConfig
-from rljax.vision import gemma3_vl, qwen2_5_vl
+from rljax.vision import gemma3_vl, qwen2_5_vl, qwen3_vl
 
 # The tower module of each vision-language model_type; a module with ``BLOCK_ATTENTION`` lets
 # an image's tokens attend to each other both ways.
-_TOWERS = {qwen2_5_vl.MODEL_TYPE: qwen2_5_vl, gemma3_vl.MODEL_TYPE: gemma3_vl}
+_TOWERS = {qwen2_5_vl.MODEL_TYPE: qwen2_5_vl, gemma3_vl.MODEL_TYPE: gemma3_vl,
+           qwen3_vl.MODEL_TYPE: qwen3_vl}
 
 
 def tower_module(cfg: ModelConfig):
@@ -94,7 +95,8 @@ def merge_images(x, tokens, image_token_id: int, features):
 
 
 def image_features(cfg: ModelConfig, params: dict, pixels, lay: qwen2_5_vl.Layout):
-  """The tower over every image of a batch: pixel patches [N, P] -> [N / 4, D] (image order)."""
+  """The tower over every image of a batch: pixel patches [N, P] -> [N / 4, D] (image order;
+  Qwen3-VL: with its DeepStack features [K, N / 4, D])."""
   return transformer.bind(cfg, params).visual(pixels, lay)
 
 
@@ -108,17 +110,22 @@ class RowImages(NamedTuple):
   is its own segment (-1) and merges into a token no placeholder reads; positions [R, 3, S]: the
   row's M-RoPE positions over its ``S`` prompt slots."""
   pixels: jax.Array
-  layout: qwen2_5_vl.Layout
+  layout: qwen2_5_vl.Layout  # or the tower's own (Qwen3-VL), None (Gemma 3)
   positions: jax.Array
 
 
-def _pad_layout(lay: qwen2_5_vl.Layout, n: int, unit: int) -> qwen2_5_vl.Layout:
+def _pad_layout(lay, n: int, unit: int):
+  """``lay`` (a tower's ``Layout``) of ``len(lay.order)`` patches padded to ``n``: the padding
+  patches in place (``order``, ``unorder`` go on counting), each its own segment (-1), other
+  fields 0."""
   have = len(lay.order)
-  pad = lambda a, fill: np.concatenate([a, np.full((n - have,) + a.shape[1:], fill, a.dtype)])
-  return qwen2_5_vl.Layout(
-      order=np.concatenate([lay.order, np.arange(have, n, dtype=np.int32)]),
-      windows=pad(lay.windows, -1), images=pad(lay.images, -1), positions=pad(lay.positions, 0),
-      unorder=np.concatenate([lay.unorder, np.arange(have // unit, n // unit, dtype=np.int32)]))
+  def pad(name, a):
+    if name in ("order", "unorder"):
+      scale = 1 if name == "order" else unit
+      return np.concatenate([a, np.arange(have // scale, n // scale, dtype=a.dtype)])
+    fill = -1 if name in ("windows", "images") else 0
+    return np.concatenate([a, np.full((n - have,) + a.shape[1:], fill, a.dtype)])
+  return type(lay)(*(pad(name, a) for name, a in zip(lay._fields, lay)))
 
 
 def row_images(cfg: ModelConfig, tokens, mask, pixels, grid_thw=None,
@@ -132,7 +139,8 @@ def row_images(cfg: ModelConfig, tokens, mask, pixels, grid_thw=None,
     if grid_thw is not None:
       raise ValueError("Gemma 3's images all have one size: pass no image_grid_thw")
     return fixed_row_images(cfg, tokens, mask, pixels)
-  vision = qwen2_5_vl.vision_config(cfg)
+  tower = tower_module(cfg)
+  vision = tower.vision_config(cfg)
   tokens, grid = np.asarray(tokens), np.asarray(grid_thw, np.int64).reshape(-1, 3)
   positions, _ = rope_index(tokens, mask, grid, vision)
   unit = vision["spatial_merge_size"] ** 2
@@ -154,9 +162,9 @@ def row_images(cfg: ModelConfig, tokens, mask, pixels, grid_thw=None,
   lays = []
   for r, (a, b) in enumerate(rows):
     out_pixels[r, :starts[b] - starts[a]] = pixels[starts[a]:starts[b]]
-    empty = qwen2_5_vl.Layout(*(np.zeros((0,) + s, np.int32) for s in ((), (), (), (2,), ())))
-    lays.append(_pad_layout(qwen2_5_vl.layout(grid[a:b], vision) if b > a else empty, n, unit))
-  layout = qwen2_5_vl.Layout(*(np.stack(field) for field in zip(*lays)))
+    lays.append(_pad_layout(tower.layout(grid[a:b], vision) if b > a else empty(tower, vision),
+                            n, unit))
+  layout = type(lays[0])(*(np.stack(field) for field in zip(*lays)))
   return RowImages(out_pixels, layout, np.moveaxis(positions, 0, 1))
 
 
@@ -186,6 +194,13 @@ def fixed_row_images(cfg: ModelConfig, tokens, mask, pixels) -> RowImages:
     out[r, :n] = pixels[starts[r]:starts[r] + n]
   positions = np.maximum(np.cumsum(mask, axis=1) - 1, 0).astype(np.int32)[:, None]
   return RowImages(out, None, positions)
+
+
+def empty(tower, vision: dict):
+  """The ``Layout`` of no patches of ``tower`` (a row without images)."""
+  merge = vision["spatial_merge_size"]
+  one = tower.layout(np.array([[1, merge, merge]]), vision)
+  return type(one)(*(a[:0] for a in one))
 
 
 def image_blocks(tokens, valid, image_id: int):
@@ -237,17 +252,26 @@ def prefill_attend(cfg: ModelConfig, prompt_tokens, prompt_mask):
 
 
 def row_embeddings(cfg: ModelConfig, model, tokens, images: RowImages):
-  """Input embeddings [R, S', D] of rows ``tokens`` [R, S'] (S' >= the images' S prompt slots):
-  the tower over each row's own patches, its features at the row's placeholders among the first
-  S slots (a placeholder id the policy generated later is embedded as a token, as the sampler
-  fed it)."""
+  """(input embeddings [R, S', D], DeepStack additions [R, K, S', D] or None) of rows ``tokens``
+  [R, S'] (S' >= the images' S prompt slots): the tower over each row's own patches, its
+  features at the row's placeholders among the first S slots (a placeholder id the policy
+  generated later is embedded as a token, as the sampler fed it). A tower that also returns
+  features of its middle layers (Qwen3-VL's DeepStack, [K, N_tokens, D]) has them placed at the
+  same placeholders, 0 elsewhere."""
   image_id = tower_module(cfg).vision_config(cfg)["image_token_id"]
-  features = jax.vmap(lambda px, lay: model.visual(px, lay))(images.pixels, images.layout)
+  out = jax.vmap(lambda px, lay: model.visual(px, lay))(images.pixels, images.layout)
+  features, deep = out if isinstance(out, tuple) else (out, None)
   x = model.embed(tokens)
   s = images.positions.shape[-1]
-  merged = jax.vmap(lambda x, t, f: merge_images(x[None], t[None], image_id, f)[0])(
-      x[:, :s], tokens[:, :s], features)
-  return jnp.concatenate([merged, x[:, s:]], axis=1)
+  place = lambda x, f: jax.vmap(lambda x, t, f: merge_images(x[None], t[None], image_id, f)[0])(
+      x, tokens[:, :s], f)
+  merged = jnp.concatenate([place(x[:, :s], features), x[:, s:]], axis=1)
+  if deep is None:
+    return merged, None
+  zeros = jnp.zeros_like(x)
+  added = jnp.stack([jnp.concatenate([place(zeros[:, :s], deep[:, k]), zeros[:, s:]], axis=1)
+                     for k in range(deep.shape[1])], axis=1)
+  return merged, added
 
 
 def row_positions(images: RowImages, width: int):
@@ -266,7 +290,7 @@ def forward_rows(cfg: ModelConfig, params: dict, tokens, attn_mask, images: RowI
   """The teacher-forced forward of rows with their images (``RowImages`` of their prompts):
   (hidden [R, S', D] after the final norm, the bound module). ``attn_mask``: 0/1 [R, S']."""
   model = transformer.bind(cfg, params, head)
-  x = row_embeddings(cfg, model, tokens, images)
+  x, deepstack = row_embeddings(cfg, model, tokens, images)
   s = images.positions.shape[-1]
   attend = prefill_attend(cfg, jnp.pad(tokens[:, :s], ((0, 0), (0, tokens.shape[1] - s)),
                                                   constant_values=-1),
@@ -274,7 +298,8 @@ def forward_rows(cfg: ModelConfig, params: dict, tokens, attn_mask, images: RowI
   if attend is None:
     attend = transformer.self_attention(cfg, attn_mask)
   hidden, _, _ = model(tokens, row_positions(images, tokens.shape[1]), attend, embeds=x,
-                       valid=attn_mask > 0)
+                       valid=attn_mask > 0,
+                       deepstack=None if deepstack is None else jnp.moveaxis(deepstack, 1, 0))
   return hidden, model
 
 
