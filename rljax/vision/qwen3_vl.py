@@ -299,12 +299,29 @@ def export_name(name: str) -> str:
   return name
 
 
+# A fresh tiny model's tower (``model.source='tiny'``): two blocks (the first feeding DeepStack)
+# over the processor's 16-pixel patches merged 2x2, a 4x4 grid of learned positions.
+TINY_VISION = dict(VISION_DEFAULTS, depth=2, hidden_size=32, intermediate_size=64, num_heads=2,
+                   num_position_embeddings=16, deepstack_visual_indexes=(0,))
+
+
+def tiny_fields(model_section, fields) -> dict:
+  """A tiny tower, q/k norms, interleaved M-RoPE sections for the head size, and the
+  placeholders as the last three ids of the vocabulary in ``data.tokenizer='char_vl'``'s order
+  (vision start, image pad, vision end); no video token (one past the vocabulary)."""
+  v = fields["vocab_size"]
+  vision = dict(TINY_VISION, out_hidden_size=fields["hidden_size"], vision_start_token_id=v - 3,
+                image_token_id=v - 2, vision_end_token_id=v - 1, video_token_id=v)
+  return dict(mrope_section=qwen2_5_vl.mrope_sections(fields["head_dim"]),
+              mrope_interleaved=True, vision=vision)
+
+
 register_family(Family(
     name=MODEL_TYPE, model_types=(MODEL_TYPE,), block=functools.partial(PreNormBlock,
                                                                         qk_norm=True),
     final_norm=lambda dim, cfg: layers.RMSNorm(dim, cfg=cfg), config_from_hf=config_from_hf,
     config_to_hf=config_to_hf, layer_tensors=qwen3_text.layer_tensors, tower=VisionTower,
-    extra_tensors=tower_tensors, rename=rename, export_name=export_name,
+    extra_tensors=tower_tensors, rename=rename, export_name=export_name, tiny_fields=tiny_fields,
     # rljax.data.images encodes Qwen2-VL's placeholders with 14-pixel patches; Qwen3-VL's
     # processor (16-pixel patches) is not wired into runs yet: they treat it as text.
     run_images=False))

@@ -162,3 +162,34 @@ def test_sampler_logp_matches_teacher_forcing(tiny, images):
   logp, _, _ = jax.jit(lambda p: step.policy_stats(cfg, p, r, 8, step.update_lib.RowSplit(
       parts=1)))(params)
   assert np.abs(np.asarray(logp) - r.sampler_logp)[r.mask == 1].max() <= 1e-5
+
+
+def test_tiny_model_is_a_transformers_model(tmp_path):
+  """model.source='tiny' with model.family='qwen3_vl': exported and run by transformers with
+  the same logits (one 32x32 image: 2x2 patches of 16 pixels, one image token)."""
+  import os
+  from rljax import models
+  from rljax.config import loader
+  from rljax.models import transformer
+  from tests.train import tiny as tiny_run
+  config = loader.load_config(os.path.join(tiny_run.ROOT, "configs", "base.py"),
+                              [(k, v) for k, v in tiny_run.OVERRIDES.items()
+                               if k.startswith("model.")] + [("model.family", "qwen3_vl")])
+  cfg = models.tiny_config(config.model, 60, eos_token_id=1, pad_token_id=0)
+  params = transformer.init_params(cfg, seed=0)
+  hf.save_hf(str(tmp_path), cfg, params)
+  model = transformers.Qwen3VLForConditionalGeneration.from_pretrained(str(tmp_path)).eval()
+  proc = transformers.Qwen2VLImageProcessorPil(patch_size=16, merge_size=2, min_pixels=32 * 32)
+  pic = np.random.default_rng(3).integers(0, 256, (32, 32, 3), dtype=np.uint8)
+  out = proc(images=[pic], return_tensors="np")
+  pixels, grid = out["pixel_values"].astype(np.float32), out["image_grid_thw"]
+  tokens = np.array([[5, 57, 58, 59, 6, 7]], np.int32)
+  mask = np.ones_like(tokens)
+  ours = jax.jit(functools.partial(multimodal.logits, cfg))(
+      params, tokens, mask, multimodal.row_images(cfg, tokens, mask, pixels, grid))
+  with torch.no_grad():
+    ids = torch.tensor(tokens, dtype=torch.long)
+    theirs = model(input_ids=ids, attention_mask=torch.tensor(mask),
+                   pixel_values=torch.tensor(pixels), image_grid_thw=torch.tensor(grid),
+                   mm_token_type_ids=(ids == 58).int()).logits.numpy()
+  assert np.abs(np.asarray(ours) - theirs).max() <= 1e-4

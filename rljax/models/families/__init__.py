@@ -67,11 +67,11 @@ class Family:
 
 def register_family(family: Family) -> Family:
   """Registers ``family`` under each of its HF ``model_type``s; its registration states whether
-  a run poses it ``images`` (it has a tower, and ``run_images``), which the config check
-  reads."""
+  it has a ``tower`` and whether a run poses it ``images`` (a tower, and ``run_images``), which
+  the config check reads."""
   for model_type in family.model_types:
-    MODEL_FAMILIES.register(model_type, images=family.tower is not None and family.run_images)(
-        family)
+    MODEL_FAMILIES.register(model_type, images=family.tower is not None and family.run_images,
+                            tower=family.tower is not None)(family)
   return family
 
 
