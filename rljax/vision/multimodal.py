@@ -139,6 +139,8 @@ def row_images(cfg: ModelConfig, tokens, mask, pixels, grid_thw=None,
     if grid_thw is not None:
       raise ValueError("Gemma 3's images all have one size: pass no image_grid_thw")
     return fixed_row_images(cfg, tokens, mask, pixels)
+  if grid_thw is None:
+    raise ValueError(f"model_type={cfg.model_type!r} needs the images' image_grid_thw")
   tower = tower_module(cfg)
   vision = tower.vision_config(cfg)
   tokens, grid = np.asarray(tokens), np.asarray(grid_thw, np.int64).reshape(-1, 3)
