@@ -219,7 +219,8 @@ TOOLS = Registry("tool", "tool", fill=("rljax.envs", "rljax.agents"),
                  name_rule=(r"[a-z][a-z0-9]*", "must be lowercase letters and digits"))
 # Vision-language families sit in rljax/vision, above the network they extend.
 MODEL_FAMILIES = Registry("model_family", "model family (HF model_type)", "model.family",
-                          fill=("rljax.models.families", "rljax.vision.qwen2_5_vl"))
+                          fill=("rljax.models.families", "rljax.vision.qwen2_5_vl",
+                                "rljax.vision.gemma3_vl", "rljax.vision.qwen3_vl"))
 LOGGERS = Registry("logger", "logger", "train.loggers", fill=("rljax.runs",))
 # 'NAME:ARGS' in data.source: a name holds no ':'.
 DATA_SOURCES = Registry("data_source", "data source", "data.source", fill=("rljax.data",),

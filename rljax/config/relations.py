@@ -143,8 +143,12 @@ def _images_taken(f):
   family = f["model.family"]
   if f["model.source"] in ("tiny", "sft") and family in registry_names("model_family") \
       and not registry_meta("model_family", family)["images"]:
-    return (f"{shown}; model.family={family!r} is a text-only family: use a vision-language "
-            "one (model.family='qwen2_5_vl', data.tokenizer='char_vl')")
+    unwired = ", ".join(n for n in registry_names("model_family")
+                        if registry_meta("model_family", n)["tower"]
+                        and not registry_meta("model_family", n)["images"])
+    return (f"{shown}; model.family={family!r} takes no images in a run (a text-only family, "
+            f"or one whose image prompts runs do not encode yet: {unwired}): use "
+            "model.family='qwen2_5_vl', data.tokenizer='char_vl'")
   if f["rollout.engine"] != "all_rows" or f["env.name"] is not None \
       or f["rollout.inflight_chunk"] or str(f["model.pack"]).lower() == "true":
     return (f"{shown}; only single-turn all_rows rollouts, not in flight, on unpacked rows take "

@@ -104,6 +104,7 @@ class ModelConfig:
   # into (temporal, height, width) sections, and the image tower's hyperparameters as sorted
   # ``(key, value)`` pairs (its family reads them); None for text-only models.
   mrope_section: tuple | None = None
+  mrope_interleaved: bool = False  # Qwen3-VL's assignment of frequencies (layers.mrope_components)
   vision: tuple | None = None
 
   def __post_init__(self):

@@ -51,9 +51,10 @@ def tensor_names(cfg: ModelConfig) -> dict:
 def hf_name_to_path(cfg: ModelConfig, name: str) -> tuple[tuple, bool, int | None] | None:
   """Map an HF tensor name to (rljax param path, transpose, expert index); None for known
   ignorable tensors."""
-  if _IGNORED.match(name):
+  family = families.get(cfg.model_type)
+  if _IGNORED.match(name) or family.ignored(name):
     return None
-  mapped = tensor_names(cfg).get(families.get(cfg.model_type).rename(name))
+  mapped = tensor_names(cfg).get(family.rename(name))
   if mapped is None:
     raise MissingTensorError(f"unexpected tensor {name!r} in the checkpoint (not part of a "
                              f"{cfg.model_type} causal LM)")
@@ -314,6 +315,7 @@ def save_hf(path: str, cfg: ModelConfig, params: dict, *, dtype: str | None = No
       else np.dtype(dtype or cfg.param_dtype)
   shards: list[dict] = [{}]
   size = 0
+  export_name = families.get(cfg.model_type).export_name
   for p, value in _flat_paths(params):
     full = np.asarray(jax.device_get(value)).astype(out_dtype)
     for name, transpose, index in hf_names_of(cfg, p):
@@ -322,7 +324,7 @@ def save_hf(path: str, cfg: ModelConfig, params: dict, *, dtype: str | None = No
       if size and size + array.nbytes > max_shard_bytes:
         shards.append({})
         size = 0
-      shards[-1][name] = array
+      shards[-1][export_name(name)] = array
       size += array.nbytes
   hf_cfg = cfg.to_hf_dict()
   if reward_model:

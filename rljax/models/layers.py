@@ -95,6 +95,26 @@ class RMSNorm(nnx.Module):
     return self.scale[...].astype(self.dtype) * x32.astype(self.dtype)
 
 
+class LayerNorm(nnx.Module):
+  """``(x - mean) / sqrt(var + eps) * w + b`` over the last axis, in float32 (the image towers:
+  SigLIP, Qwen3-VL)."""
+
+  def __init__(self, dim: int, eps: float, cfg: ModelConfig):
+    pdt = _dtype(cfg.param_dtype)
+    self.scale = nnx.Param(jnp.ones((dim,), pdt), logical_axes=("norm",))
+    self.bias = nnx.Param(jnp.zeros((dim,), pdt), logical_axes=("norm",))
+    self.eps = eps
+    self.dtype = _dtype(cfg.dtype)
+
+  def __call__(self, x):
+    x32 = x.astype(jnp.float32)
+    mean = jnp.mean(x32, axis=-1, keepdims=True)
+    var = jnp.mean(jnp.square(x32 - mean), axis=-1, keepdims=True)
+    y = (x32 - mean) * jax.lax.rsqrt(var + self.eps)
+    return (y * self.scale[...].astype(jnp.float32) + self.bias[...].astype(jnp.float32)
+            ).astype(self.dtype)
+
+
 def rope_inv_freq(head_dim: int, theta: float, scaling: tuple | None) -> np.ndarray:
   """Inverse RoPE frequencies ``theta^(-2i/Dh)`` [Dh/2], with linear or Llama-3 scaling."""
   dim = head_dim
@@ -122,18 +142,37 @@ class Rope(NamedTuple):
   cos: jax.Array
   sin: jax.Array
 
-def rope_at(positions, inv_freq: np.ndarray, mrope_section: tuple | None = None) -> Rope:
+def mrope_components(mrope_section: tuple, interleaved: bool = False) -> np.ndarray:
+  """The position component (0 temporal, 1 height, 2 width) of each of the Dh/2 frequencies:
+  contiguous sections (Qwen2-VL), or interleaved (Qwen3-VL: frequency ``i`` takes height where
+  ``i % 3 == 1`` and ``i < 3 * sections[1]``, width where ``i % 3 == 2`` and
+  ``i < 3 * sections[2]``, else temporal)."""
+  if not interleaved:
+    return np.repeat(np.arange(len(mrope_section)) % 3, mrope_section)
+  i = np.arange(sum(mrope_section))
+  out = np.zeros_like(i)
+  for axis in (1, 2):
+    out[(i % 3 == axis) & (i < 3 * mrope_section[axis])] = axis
+  return out
+
+
+def rope_at(positions, inv_freq: np.ndarray, mrope_section: tuple | None = None,
+            interleaved: bool = False) -> Rope:
   """cos/sin of ``positions`` [B, S] (computed once per forward, shared by the layers).
 
   M-RoPE (Qwen2-VL, Wang et al. 2024, "Qwen2-VL", sec. 2.1): ``positions`` [3, B, S] hold a
   (temporal, height, width) position per token, and frequency ``i`` of the Dh/2 turns with the
   component ``j`` whose section of ``mrope_section`` (sizes summing to Dh/2) holds ``i``. A text
-  token has three equal components, so it rotates as plain RoPE at that position."""
+  token has three equal components, so it rotates as plain RoPE at that position
+  (``interleaved``: Qwen3-VL's assignment, ``mrope_components``). Positions
+  [1, B, S] without ``mrope_section`` are plain RoPE."""
   freqs = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)
-  if positions.ndim == 3:
+  if positions.ndim == 3 and positions.shape[0] == 1 and mrope_section is None:
+    freqs = freqs[0]  # one component: plain RoPE (a multimodal family without M-RoPE, Gemma 3)
+  elif positions.ndim == 3:
     if mrope_section is None:
       raise ValueError("positions [3, B, S] (M-RoPE) need the model's mrope_section")
-    component = np.repeat(np.arange(len(mrope_section)) % 3, mrope_section)  # [Dh/2]
+    component = mrope_components(mrope_section, interleaved)  # [Dh/2]
     freqs = jnp.take_along_axis(freqs, jnp.asarray(component)[None, None, None], axis=0)[0]
   emb = jnp.concatenate([freqs, freqs], axis=-1)  # [B, S, Dh]
   return Rope(jnp.cos(emb), jnp.sin(emb))

@@ -103,7 +103,7 @@ class Transformer(nnx.Module):
 
   def __call__(self, tokens, positions, attend: layers.Attend, cache=None, *,
                last_only: bool = False, valid=None, routes=None, rope_tables=None,
-               embeds=None):
+               embeds=None, deepstack=None):
     """Final-norm hidden states of ``tokens`` [B, S] at ``positions`` [B, S] (or [3, B, S]:
     M-RoPE, ``layers.rope_at``).
 
@@ -114,6 +114,8 @@ class Transformer(nnx.Module):
     k]: experts to use instead of the router's choice (router replay). ``rope_tables``: the
     rotations to look up (``rope_tables``; decode steps), else computed. ``embeds`` [B, S, D]:
     the input embeddings to use instead of the tokens' (images merged in, ``rljax.vision``).
+    ``deepstack`` [K, B, S, D]: added to the output of layers 0..K-1 (Qwen3-VL's DeepStack:
+    image features of the tower's middle layers at the image positions, 0 elsewhere).
     Returns (hidden, new cache or None, ``MoEOut`` or None).
     """
     cfg = self.cfg
@@ -121,7 +123,8 @@ class Transformer(nnx.Module):
     ropes = {}
     for spec in rope_specs(cfg):
       inv_freq = layers.rope_inv_freq(cfg.head_dim, *spec)
-      ropes[spec] = (layers.rope_at(positions, inv_freq, cfg.mrope_section)
+      ropes[spec] = (layers.rope_at(positions, inv_freq, cfg.mrope_section,
+                                    cfg.mrope_interleaved)
                      if rope_tables is None or positions.ndim == 3  # M-RoPE: computed
                      else layers.rope_lookup(rope_tables[repr(spec)], positions))
     moe_layers = [i for i in range(cfg.num_layers) if cfg.is_moe_layer(i)]
@@ -131,7 +134,7 @@ class Transformer(nnx.Module):
         raise ValueError(f"routes of shape {tuple(routes.shape)}: router replay needs [B, S, "
                          f"MoE layers, experts per token] = {want}")
     policy = REMAT_POLICIES[cfg.remat]
-    if cache is None and cfg.scan_layers and not moe_layers:
+    if cache is None and cfg.scan_layers and not moe_layers and deepstack is None:
       if not cfg.uniform_layers:
         raise ValueError("model.scan_layers needs identical layers; this model's layers differ "
                          "in attention window or RoPE")
@@ -148,6 +151,8 @@ class Transformer(nnx.Module):
         run = nnx.remat(run, policy=policy)
       x, layer_cache, layer_stats = run(block, x, ropes[cfg.layer_rope(i)], valid, layer_routes,
                                         layer_cache)
+      if deepstack is not None and i < deepstack.shape[0]:
+        x = x + deepstack[i][:, deepstack.shape[2] - x.shape[1]:].astype(x.dtype)
       new_cache.append(layer_cache)
       if layer_stats is not None:
         stats.append(layer_stats)

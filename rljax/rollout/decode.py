@@ -83,7 +83,7 @@ def inference_weights(cfg: ModelConfig, params: dict, n_positions: int
 
 
 def step(cfg: ModelConfig, weights: dict, tokens, positions, cache, slot, kv_valid, attend=None,
-         embeds=None, all_positions: bool = False):
+         embeds=None, all_positions: bool = False, deepstack=None):
   """Feed ``S`` tokens per row at cache slots ``slot .. slot+S-1``: prefill (S = P), decode
   (S = 1) or a speculative verification (S = k + 1, ``all_positions``). Returns (final-norm
   hidden of the *last* token [B, D], or of every token [B, S, D] with ``all_positions``, cache,
@@ -101,7 +101,8 @@ def step(cfg: ModelConfig, weights: dict, tokens, positions, cache, slot, kv_val
   blocks, one token per row; the multi-turn store of ``rljax.rollout.turns``, which also
   prefills chunks of ``S`` tokens into a cache that already holds earlier ones); ``slot`` and
   ``kv_valid`` are then unused. ``embeds`` [B, S, D]: input embeddings instead of the tokens'
-  (a prompt with images, ``rljax.vision.multimodal``), with M-RoPE ``positions`` [3, B, S].
+  (a prompt with images, ``rljax.vision.multimodal``), with M-RoPE ``positions`` [3, B, S];
+  ``deepstack`` [K, B, S, D]: Qwen3-VL's additions to the first layers' outputs.
   """
   s = tokens.shape[1]
   if attend is None:
@@ -110,7 +111,7 @@ def step(cfg: ModelConfig, weights: dict, tokens, positions, cache, slot, kv_val
   # A prefill computes the last layer at every position only when its routes are recorded.
   hidden, cache, moe = model(tokens, positions, attend, cache,
                              last_only=s > 1 and not cfg.moe_layers and not all_positions,
-                             rope_tables=weights["rope"], embeds=embeds)
+                             rope_tables=weights["rope"], embeds=embeds, deepstack=deepstack)
   return (hidden if all_positions else hidden[:, -1]), cache, None if moe is None else moe.routes
 
 

@@ -211,8 +211,9 @@ def _sample_impl(params, prompt_tokens, prompt_mask, key, *, cfg: ModelConfig,
       raise ValueError("prompts with images sample all rows at once: no continuous batching "
                        "(rollout.max_concurrent_rows / kv_cache_bytes) or mesh.context yet")
     model = transformer.bind(cfg, weights["params"])
-    vision_in = (multimodal.row_embeddings(cfg, model, prompt_tokens, images),
-                 jnp.asarray(images.positions, jnp.int32))  # [Pn, 3, P]
+    embeds, deepstack = multimodal.row_embeddings(cfg, model, prompt_tokens, images)
+    vision_in = (embeds, jnp.asarray(images.positions, jnp.int32),  # [Pn, 3, P]
+                 deepstack)  # [Pn, K, P, D] (Qwen3-VL) or None
   if slots < b and context is not None:
     raise ValueError(f"rollout.max_concurrent_rows / rollout.kv_cache_bytes cap a shard's {b} "
                      f"rows at {slots}: continuous batching's cache is not split over "
@@ -336,8 +337,8 @@ def _sample_rows(weights, prompt_tokens, prompt_mask, row_offset, budget, vision
   left-padded to a multiple of N slots, each device prefills its stripe and holds 1/N of every
   row's slots (the slot counts below are the row's), and every decode step's attention is the
   devices' partial attention combined (``context.cache_attend``). ``vision_in``: (embeddings
-  [Pn, P, D], M-RoPE positions [Pn, 3, P]) of prompts with images, prefilled instead of the
-  tokens' (``_sample_impl``)."""
+  [Pn, P, D], M-RoPE positions [Pn, 3, P], DeepStack additions [Pn, K, P, D] or None) of
+  prompts with images, prefilled instead of the tokens' (``_sample_impl``)."""
   n = 1 if context is None else context.size
   prompt_out = (prompt_tokens, prompt_mask)  # the rollout's prompts, as they came
   extra = -prompt_tokens.shape[1] % n
@@ -348,17 +349,22 @@ def _sample_rows(weights, prompt_tokens, prompt_mask, row_offset, budget, vision
   b = n_prompts * g
   segments = [(a, e, k + -k % n) for a, e, k in _segments(p, t_max)]
   # Prefill the distinct prompts once, straight into a cache as large as the first segment needs.
-  embeds = None
+  embeds = deepstack = None
   if vision_in is None:
     positions = transformer.positions_from_mask(prompt_mask)
   else:
     embeds, positions = vision_in[0], jnp.moveaxis(vision_in[1], 1, 0)  # [3, Pn, P]
+    deepstack = None if vision_in[2] is None else jnp.moveaxis(vision_in[2], 1, 0)
   first_slots = segments[0][2] if segments else p
   cache = kv_cache.init_cache(cfg, n_prompts, first_slots // n)
   kv_valid = jnp.pad(prompt_mask.astype(bool), ((0, 0), (0, first_slots - p)))
   if context is None:
+    # Gemma 3: an image's tokens see each other both ways in the prefill (decoding is causal).
+    attend = None if vision_in is None else multimodal.prefill_attend(cfg, prompt_tokens,
+                                                                       kv_valid)
     hidden, cache, prompt_routes = decode.step(cfg, weights, prompt_tokens, positions,
-                                               cache, 0, kv_valid, embeds=embeds)
+                                               cache, 0, kv_valid, attend=attend, embeds=embeds,
+                                               deepstack=deepstack)
   else:
     hidden, cache, prompt_routes = decode.step(
         cfg, weights, context.stripe(prompt_tokens), context.stripe(positions), cache, 0,

@@ -17,7 +17,7 @@ from rljax.learner import state as state_lib
 from rljax.learner.initial import abstract_state
 from rljax.loading import loader
 from rljax.parallel import distributed, mesh as mesh_lib, rules
-from rljax.models import attention as attention_lib
+from rljax.models import attention as attention_lib, families
 from rljax.rewards import checkers, gold, judge
 from rljax.rollout import sampler as sampler_lib
 from rljax.runs import run_dir as run_dir_lib, trackers
@@ -74,9 +74,11 @@ def _startup(fn, *args):
 
 
 def takes_images(config, model_cfg) -> bool:
-  """Whether the run's policy and rollouts take images: a vision-language policy sampled by a
-  single-turn engine."""
-  return model_cfg.vision is not None and config.env.name is None
+  """Whether the run's policy and rollouts take images: a vision-language policy whose image
+  prompts runs encode (``Family.run_images``; Gemma 3's not yet) sampled by a single-turn
+  engine."""
+  return (model_cfg.vision is not None and families.get(model_cfg.model_type).run_images
+          and config.env.name is None)
 
 
 def check_reward_fn(config) -> None:

@@ -160,7 +160,8 @@ NAMES_FILE = {"hf-truncated-safetensors": "model.safetensors is not a readable s
               "hf-dir-empty": "no config.json in",
               "hf-gpt2": "config.json: unsupported architecture model_type='gpt2' "
                          "(['LlamaForCausalLM']); supported: "
-                         "gemma3_text, llama, mistral, qwen2, qwen2_5_vl, qwen3, qwen3_moe",
+                         "gemma3, gemma3_text, llama, mistral, qwen2, qwen2_5_vl, qwen3, "
+                         "qwen3_moe, qwen3_vl",
               "hf-gemma": "config.json: unsupported architecture model_type='gemma'"}
 
 

@@ -68,7 +68,9 @@ def test_train_on_images(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("extra, error", [
-    ({"model.family": "llama", "data.tokenizer": "char"}, "model.family='llama' is a text-only"),
+    ({"model.family": "llama", "data.tokenizer": "char"},
+     "model.family='llama' takes no images in a run"),
+    ({"model.family": "gemma3"}, "model.family='gemma3' takes no images in a run"),
     ({"rollout.engine": "continuous"}, "only single-turn all_rows rollouts"),
     ({"rollout.inflight_chunk": "2", "rollout.max_staleness": "1"},
      "only single-turn all_rows rollouts"),

@@ -39,6 +39,13 @@ class Family:
     tower's).
   rename: a checkpoint's tensor name -> the name the export writes (``transformers`` versions
     name some families' tensors differently; the identity for most).
+  export_name: a name of ``tensor_names`` -> the name the export writes where ``transformers``
+    writes another (Gemma 3 with images: ``language_model.model.*``); the identity for most.
+  run_images: whether a run (``rljax train``) poses image prompts to it (``rljax.data.images``
+    encodes its placeholders and runs its image processor); False: images through the Python
+    API only (``rljax.vision.multimodal``), and a run treats the model as text-only.
+  ignored: whether a checkpoint's tensor is one the family never reads (skipped on load, never
+    exported; SigLIP's pooling head in Gemma 3).
   """
   name: str
   model_types: tuple
@@ -53,13 +60,18 @@ class Family:
   tower: Callable | None = None
   extra_tensors: Callable = lambda cfg: {}
   rename: Callable[[str], str] = lambda name: name
+  export_name: Callable[[str], str] = lambda name: name
+  ignored: Callable[[str], bool] = lambda name: False
+  run_images: bool = True
 
 
 def register_family(family: Family) -> Family:
   """Registers ``family`` under each of its HF ``model_type``s; its registration states whether
-  it takes ``images`` (has a tower), which the config check reads."""
+  it has a ``tower`` and whether a run poses it ``images`` (a tower, and ``run_images``), which
+  the config check reads."""
   for model_type in family.model_types:
-    MODEL_FAMILIES.register(model_type, images=family.tower is not None)(family)
+    MODEL_FAMILIES.register(model_type, images=family.tower is not None and family.run_images,
+                            tower=family.tower is not None)(family)
   return family
 
 

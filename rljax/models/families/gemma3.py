@@ -86,7 +86,7 @@ def config_to_hf(cfg: ModelConfig) -> dict:
   return hf
 
 
-register_family(Family(
+FAMILY = register_family(Family(
     name="gemma3", model_types=("gemma3_text",), block=SandwichBlock,
     final_norm=lambda dim, cfg: layers.RMSNorm(dim, cfg=cfg, offset=True),
     config_from_hf=config_from_hf, config_to_hf=config_to_hf,
