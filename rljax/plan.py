@@ -479,7 +479,7 @@ def _plan(config, device: str | None = None, *, model: str | None = None,
   p_sh = rules_lib.param_shardings(mesh, axes, shapes, rules)
   params = rules_lib.per_device_bytes(shapes, p_sh)
   # What the optimizer updates: every parameter, or only the adapters (``trainable``).
-  train_shapes, train_sh = trainable(shapes), trainable(p_sh)
+  train_shapes, train_sh = trainable(shapes, cfg), trainable(p_sh, cfg)
   opt_shapes = jax.eval_shape(tx.init, train_shapes)
   opt = rules_lib.per_device_bytes(
       opt_shapes, rules_lib.opt_state_shardings(mesh, opt_shapes, train_sh, train_shapes))

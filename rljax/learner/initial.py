@@ -50,7 +50,8 @@ def initial_state_fn(config, model_cfg: ModelConfig, algo: Algorithm):
     ref_params = jax.tree.map(jnp.copy, params) if copy_ref else None
     return create_state(params, critic_params=critic_params, ref_params=ref_params,
                         actor_tx=actor_tx, critic_tx=critic_tx, seed=config.seed,
-                        transforms={t.name: t.init() for t in algo.transforms if t.init})
+                        transforms={t.name: t.init() for t in algo.transforms if t.init},
+                        model_cfg=model_cfg)
   return make
 
 
@@ -65,16 +66,16 @@ def state_shardings(mesh, model_cfg: ModelConfig, state_shapes: TrainState) -> T
   rep = rules.replicated(mesh)
   policy = rules.param_shardings(mesh, transformer.logical_axes(model_cfg),
                                  transformer.param_shapes(model_cfg))
-  def opt(shapes, params_sh):  # the trainable parameters' state (the adapters' with LoRA)
+  def opt(shapes, params_sh, cfg):  # the trainable parameters' state (the adapters' with LoRA)
     return None if shapes is None else rules.opt_state_shardings(
-        mesh, shapes, state_lib.trainable(params_sh))
+        mesh, shapes, state_lib.trainable(params_sh, cfg))
   critic = None
   if state_shapes.critic_params is not None:
     critic = rules.param_shardings(mesh, transformer.logical_axes(model_cfg, "value"),
                                    transformer.param_shapes(model_cfg, "value"))
   return TrainState(
-      step=rep, params=policy, opt_state=opt(state_shapes.opt_state, policy),
-      critic_params=critic, critic_opt_state=opt(state_shapes.critic_opt_state, critic),
+      step=rep, params=policy, opt_state=opt(state_shapes.opt_state, policy, model_cfg),
+      critic_params=critic, critic_opt_state=opt(state_shapes.critic_opt_state, critic, None),
       ref_params=None if state_shapes.ref_params is None else policy,
       rng=rep, skipped_updates=rep,
       transforms=jax.tree.map(lambda _: rep, state_shapes.transforms))

@@ -589,16 +589,16 @@ def minibatch_update(learner: StepSpec, hp, state: TrainState, minibatch: Rollou
         params, minibatch, counts,
         parts=split.parts, side_by_side=split.side_by_side, **kw)
   if update_actor:
-    # Gradients w.r.t. the trainable parameters only (the adapters, with LoRA); the frozen base
-    # enters the loss as a constant, so no gradient of it is ever computed.
-    frozen = state.params
+    # Gradients w.r.t. the trainable parameters only (the adapters, with LoRA; all but a frozen
+    # tower); the frozen part enters the loss as a constant, so no gradient of it is computed.
+    frozen, cfg = state.params, learner.model_cfg
     loss, grads, actor_metrics, rows = accumulate(
         lambda p, mb, mb_split, c: actor_loss(
-            learner, state_lib.with_trainable(frozen, p), hp, mb, c, mb_split),
-        state_lib.trainable(state.params), row_outputs=True)
+            learner, state_lib.with_trainable(frozen, p, cfg), hp, mb, c, mb_split),
+        state_lib.trainable(state.params, cfg), row_outputs=True)
     updated, opt_state, grad_norm, applied = update_lib.apply_update(
-        learner.actor_tx, state_lib.trainable(state.params), state.opt_state, grads, loss)
-    params = state_lib.with_trainable(state.params, updated)
+        learner.actor_tx, state_lib.trainable(state.params, cfg), state.opt_state, grads, loss)
+    params = state_lib.with_trainable(state.params, updated, cfg)
     ref_params = state.ref_params
     if ref_params is not None:
       ref_params = algo.ref_update(ref_params, params, hp)

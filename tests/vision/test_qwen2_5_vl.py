@@ -365,17 +365,13 @@ def test_eight_device_mesh_equals_one_device_with_images():
   assert out.returncode == 0 and "OK" in out.stdout, out.stderr[-3000:]
 
 
-@pytest.mark.slow
-def test_grpo_step_with_images_updates_the_tower():
-  """A tiny qwen2_5_vl policy (model.source='tiny') samples groups for prompts with images, and
-  one GRPO step scores them (reference log-probs equal the sampler's) and moves every part of the
-  policy, the tower included."""
+@functools.lru_cache(maxsize=None)
+def _grpo_rollout():
+  """(GRPO config, tiny qwen2_5_vl cfg, params, a scored-ready rollout of 2 prompts with images
+  x 4 completions), shared by the tower's trainable / frozen steps."""
   from rljax import models
-  from rljax.algorithm import resolve
   from rljax.config import loader
-  from rljax.learner import step as step_lib
   from rljax.rollout import SamplingParams, sample
-  from rljax.train import build
   from tests.train import tiny as tiny_run
   config = loader.load_config(os.path.join(tiny_run.ROOT, "configs", "algos", "grpo.py"),
                               list(dict(tiny_run.OVERRIDES, **{"model.family": "qwen2_5_vl"})
@@ -393,14 +389,40 @@ def test_grpo_step_with_images_updates_the_tower():
   rewards = np.array([1, 0, 0, 1, 0, 1, 1, 0], np.float32)
   r = jax.device_get(r).replace(rewards=rewards, correct=rewards > 0,
                                 row_valid=np.ones(8, np.float32))
+  return config, cfg, params, r
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("trainable", [True, False])
+def test_grpo_step_with_images_trains_or_freezes_the_tower(trainable):
+  """A tiny qwen2_5_vl policy (model.source='tiny') samples groups for prompts with images, and
+  one GRPO step scores them (reference log-probs equal the sampler's) and moves every weight of
+  the language model; with model.vision.trainable=True every tower weight moves too, with False
+  none does (bit for bit) and the optimizer holds no state for the tower."""
+  from rljax.algorithm import resolve
+  from rljax.learner import step as step_lib
+  from rljax.train import build
+  config, cfg, params, r = _grpo_rollout()
+  cfg = cfg.replace(vision_trainable=trainable)
   algo = resolve(config)
   _, make = build.abstract_state(config, cfg, algo)
   fns, state = step_lib.step_fns(build.step_spec(config, cfg, algo)), make(params)
+  tower_leaves = len(jax.tree.leaves(params["visual"]))
+  opt_leaves = [p for p, _ in jax.tree_util.tree_flatten_with_path(state.opt_state)[0]
+                if "visual" in jax.tree_util.keystr(p)]
+  assert len(opt_leaves) == (2 * tower_leaves if trainable else 0)  # AdamW's mu and nu
   batch, _ = jax.jit(fns.score)(state, r, algo.hparams)
   scored = batch.old_logp if batch.old_logp is not None else batch.ref_logp  # GRPO: the KL's
   assert np.abs(np.asarray(scored) - r.sampler_logp)[r.mask == 1].max() <= 1e-5
   new_state, metrics = jax.jit(fns.train_step)(state, batch, algo.hparams)
   assert np.isfinite(float(metrics["loss"][0]))
-  moved = jax.tree.map(lambda a, b: float(np.abs(np.asarray(a) - np.asarray(b)).max()),
-                       new_state.params["visual"], params["visual"])
-  assert min(jax.tree.leaves(moved)) > 0
+  moved = lambda new, old: jax.tree.leaves(jax.tree.map(
+      lambda a, b: float(np.abs(np.asarray(a) - np.asarray(b)).max()), new, old))
+  language = {k: v for k, v in params.items() if k != "visual"}
+  assert min(moved({k: new_state.params[k] for k in language}, language)) > 0
+  tower = moved(new_state.params["visual"], params["visual"])
+  assert len(tower) == tower_leaves
+  if trainable:
+    assert min(tower) > 0
+  else:
+    assert max(tower) == 0
