@@ -38,7 +38,7 @@ def frozen_entries(cfg) -> tuple[str, ...]:
   """The top-level parameter entries that no update touches outside LoRA: the vision tower
   (``visual``) of a policy with ``model.vision.trainable=False``."""
   frozen_tower = cfg is not None and cfg.vision is not None and not cfg.vision_trainable
-  return ("visual",) if frozen_tower else ()
+  return (lora.TOWER,) if frozen_tower else ()
 
 
 def trainable(params, cfg):

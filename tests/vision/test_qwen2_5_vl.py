@@ -203,6 +203,49 @@ def test_language_model_prefix_loads(tiny, tmp_path):
   jax.tree.map(np.testing.assert_array_equal, loaded, params)
 
 
+def test_lora_export_loads_in_peft_with_rljax_logits(tiny, images, tmp_path):
+  """LoRA on the language model of a Qwen2.5-VL policy (every projection, rank 4, alpha 8):
+  rljax's forward with random non-zero factors on rows with images, against ``peft`` loading
+  rljax's PEFT export over ``transformers``' model of the same base; the tower has no adapters
+  (in rljax or in peft), rljax reads its export back factor for factor."""
+  peft = pytest.importorskip("peft")
+  from rljax.models import lora
+  from rljax.models import peft as rpeft
+  path, _, cfg, params = tiny
+  cfg = cfg.replace(lora_rank=4, lora_alpha=8.0, lora_targets=lora.TARGETS)
+  shapes = lora.adapter_shapes(cfg, params)
+  assert "visual" not in shapes and len(jax.tree.leaves(
+      shapes, is_leaf=lambda x: isinstance(x, tuple))) == 2 * 7 * cfg.num_layers
+  rng = np.random.default_rng(2)
+  adapters = jax.tree.map(lambda s: (0.1 * rng.standard_normal(s)).astype(np.float32), shapes,
+                          is_leaf=lambda x: isinstance(x, tuple))
+  pixels, grid = images
+  tokens, mask = _batch(grid)
+  rows = multimodal.row_images(cfg, tokens, mask, pixels, grid)
+  ours = np.asarray(jax.jit(functools.partial(multimodal.logits, cfg))(
+      lora.join_adapters(params, adapters), tokens, mask, rows))
+  out = str(tmp_path / "adapter")
+  rpeft.save_peft_adapter(out, cfg, adapters, base_model=path)
+  base = transformers.Qwen2_5_VLForConditionalGeneration.from_pretrained(path, dtype=torch.float32)
+  theirs = peft.PeftModel.from_pretrained(base, out).eval()
+  adapted = {n for n, _ in theirs.named_modules() if n.endswith(".lora_A")}
+  assert len(adapted) == 7 * cfg.num_layers and not any("visual" in n for n in adapted)
+  with torch.no_grad():
+    ids = torch.tensor(tokens, dtype=torch.long)
+    logits = theirs(input_ids=ids, attention_mask=torch.tensor(mask),
+                    pixel_values=torch.tensor(pixels), image_grid_thw=torch.tensor(grid),
+                    mm_token_type_ids=(ids == IMAGE).int()).logits.numpy()
+  valid = mask.astype(bool)
+  diff = np.abs(ours - logits)[valid].max()
+  assert diff <= 1e-4, diff
+  base_logits = np.asarray(jax.jit(functools.partial(multimodal.logits, cfg.base))(
+      params, tokens, mask, rows))
+  assert np.abs(base_logits - logits)[valid].max() > 100 * 1e-4  # the adapters matter
+  again = rpeft.load_peft_adapter(out, cfg)
+  for (p, a), (_, b) in zip(hf._flat_paths(adapters), hf._flat_paths(again)):
+    np.testing.assert_array_equal(np.asarray(b), a, err_msg="/".join(p))
+
+
 # --- the sampler ----------------------------------------------------------------------------------
 
 T = 6

@@ -39,6 +39,9 @@ class Family:
     tower's).
   rename: a checkpoint's tensor name -> the name the export writes (``transformers`` versions
     name some families' tensors differently; the identity for most).
+  module_name: a name the export writes -> the tensor's name in the ``transformers`` model's
+    module tree (what PEFT names adapters by), where the two differ (``transformers`` renames
+    some checkpoints on load); ``rename`` maps it back. The identity for most.
   """
   name: str
   model_types: tuple
@@ -53,6 +56,7 @@ class Family:
   tower: Callable | None = None
   extra_tensors: Callable = lambda cfg: {}
   rename: Callable[[str], str] = lambda name: name
+  module_name: Callable[[str], str] = lambda name: name
 
 
 def register_family(family: Family) -> Family:
