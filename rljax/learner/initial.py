@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 
 from rljax.algorithm import Algorithm, resolve
+from rljax.learner import packing
 from rljax.learner import state as state_lib
 from rljax.learner import step as step_lib
 from rljax.learner import update as update_lib
@@ -81,13 +82,6 @@ def state_shardings(mesh, model_cfg: ModelConfig, state_shapes: TrainState) -> T
       transforms=jax.tree.map(lambda _: rep, state_shapes.transforms))
 
 
-def _pack(config, model_cfg: ModelConfig):
-  """``model.pack``; 'auto' is padded rows for a policy that takes images (the learner scores
-  rows with images unpacked)."""
-  return False if model_cfg.vision is not None and config.model.pack == "auto" \
-      else config.model.pack
-
-
 def step_spec(config, model_cfg: ModelConfig, algo: Algorithm, aux_cfgs: tuple = (),
               mesh=None) -> step_lib.StepSpec:
   """The step's closure; ``aux_cfgs``: ``(transform name, architecture)`` of the transforms'
@@ -104,7 +98,8 @@ def step_spec(config, model_cfg: ModelConfig, algo: Algorithm, aux_cfgs: tuple =
                           row_shards=1 if mesh is None else rules.batch_divisor(mesh),
                           side_by_side=update_lib.concurrent_chunks(config.model.parallel_chunks,
                                                                     platform),
-                          pack=_pack(config, model_cfg), platform=platform,
+                          pack=packing.pack_setting(config.model.pack, model_cfg),
+                          platform=platform,
                           context=None if mesh is None else rules.context_layout(mesh), **placed)
 
 

@@ -436,24 +436,33 @@ def _grpo_rollout():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("trainable", [True, False])
-def test_grpo_step_with_images_trains_or_freezes_the_tower(trainable):
+@pytest.mark.parametrize("tower", ["trained", "frozen", "lora"])
+def test_grpo_step_with_images_trains_or_freezes_the_tower(tower):
   """A tiny qwen2_5_vl policy (model.source='tiny') samples groups for prompts with images, and
-  one GRPO step scores them (reference log-probs equal the sampler's) and moves every weight of
-  the language model; with model.vision.trainable=True every tower weight moves too, with False
-  none does (bit for bit) and the optimizer holds no state for the tower."""
+  one GRPO step scores them (reference log-probs equal the sampler's) and moves the language
+  model; with model.vision.trainable=True ('trained') every weight moves, the tower's included;
+  with False ('frozen') no tower weight does (bit for bit) and the optimizer holds no state for
+  it; with LoRA (rank 4 on every projection of the language model) every lora_B moves and the
+  base, the tower included, stays bit for bit, with optimizer state for the adapters only."""
   from rljax.algorithm import resolve
   from rljax.learner import step as step_lib
+  from rljax.models import lora
   from rljax.train import build
   config, cfg, params, r = _grpo_rollout()
-  cfg = cfg.replace(vision_trainable=trainable)
+  if tower == "frozen":
+    cfg = cfg.replace(vision_trainable=False)
+  if tower == "lora":
+    cfg = cfg.replace(lora_rank=4, lora_alpha=8.0, lora_targets=lora.TARGETS)
+    params = lora.with_adapters(cfg, params, seed=0)  # B = 0: the sampler's policy exactly
   algo = resolve(config)
   _, make = build.abstract_state(config, cfg, algo)
   fns, state = step_lib.step_fns(build.step_spec(config, cfg, algo)), make(params)
   tower_leaves = len(jax.tree.leaves(params["visual"]))
-  opt_leaves = [p for p, _ in jax.tree_util.tree_flatten_with_path(state.opt_state)[0]
-                if "visual" in jax.tree_util.keystr(p)]
-  assert len(opt_leaves) == (2 * tower_leaves if trainable else 0)  # AdamW's mu and nu
+  paths = [jax.tree_util.keystr(p) for p, leaf in
+           jax.tree_util.tree_flatten_with_path(state.opt_state)[0] if np.ndim(leaf)]
+  assert sum("visual" in p for p in paths) == (2 * tower_leaves if tower == "trained" else 0)
+  if tower == "lora":  # AdamW's mu and nu of the adapters only
+    assert len(paths) == 2 * 2 * 7 * cfg.num_layers and all("lora_" in p for p in paths)
   batch, _ = jax.jit(fns.score)(state, r, algo.hparams)
   scored = batch.old_logp if batch.old_logp is not None else batch.ref_logp  # GRPO: the KL's
   assert np.abs(np.asarray(scored) - r.sampler_logp)[r.mask == 1].max() <= 1e-5
@@ -461,11 +470,20 @@ def test_grpo_step_with_images_trains_or_freezes_the_tower(trainable):
   assert np.isfinite(float(metrics["loss"][0]))
   moved = lambda new, old: jax.tree.leaves(jax.tree.map(
       lambda a, b: float(np.abs(np.asarray(a) - np.asarray(b)).max()), new, old))
-  language = {k: v for k, v in params.items() if k != "visual"}
-  assert min(moved({k: new_state.params[k] for k in language}, language)) > 0
-  tower = moved(new_state.params["visual"], params["visual"])
-  assert len(tower) == tower_leaves
-  if trainable:
-    assert min(tower) > 0
+  base, adapters = lora.split_adapters(params)
+  new_base, new_adapters = lora.split_adapters(new_state.params)
+  language = {k: v for k, v in base.items() if k != "visual"}
+  tower_moved = moved(new_base["visual"], base["visual"])
+  assert len(tower_moved) == tower_leaves
+  if tower == "lora":
+    assert max(moved(new_base, base)) == 0
+    b_moved = [m for path, m in zip(
+        [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(adapters)[0]],
+        moved(new_adapters, adapters)) if "lora_b" in path]
+    assert len(b_moved) == 7 * cfg.num_layers and min(b_moved) > 0
+    return
+  assert min(moved({k: new_base[k] for k in language}, language)) > 0
+  if tower == "trained":
+    assert min(tower_moved) > 0
   else:
-    assert max(tower) == 0
+    assert max(tower_moved) == 0
