@@ -75,6 +75,9 @@ pieces (twice with remat: the backward recomputes the forward), backward ``N`` p
 float32 gradients. Attention under a split is the blockwise kernel (cuDNN/splash return no
 log-sum-exp to combine ring steps).
 
+A vision-language policy's image tower (parameters, activations in the update and at the
+prefill) and the image tokens of a prompt: ``rljax.plan_vision``.
+
 The reward's own models (a reward model, an LLM judge: ``rljax.plan_rewards``) add their
 weights to the resident state and their forward (or the judge's KV cache) as a third phase, and
 their sources are checked: one that does not exist is an error, not a plan.

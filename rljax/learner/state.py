@@ -19,7 +19,8 @@ class TrainState:
   ``none`` (no reference model is even built) and when the policy has low-rank adapters (its
   reference is its own frozen base, ``reference``). With adapters ``params`` holds the base and
   the adapters (``rljax.models.lora``), ``opt_state`` the adapters' only (``trainable``), and a
-  checkpoint the adapters only (``saved_part``). ``transforms``: ``{name: state}`` of the resolved
+  checkpoint the adapters only (``saved_part``); a frozen vision tower
+  (``model.vision.trainable=False``) has no optimizer state either. ``transforms``: ``{name: state}`` of the resolved
   transforms that keep state (the KL coefficient, the entropy controller, ...), checkpointed
   with the rest so that a resumed run continues them.
   """

@@ -12,7 +12,11 @@ the kernel [in, out] (the transpose of ``weight``) and beside it ``lora_a`` [in,
 PEFT's module ``model.layers.L.mlp.experts.e.<proj>`` (the per-expert layout of Qwen3-MoE
 checkpoints, which ``peft`` fuses itself when the ``transformers`` model stores its experts
 fused). The Hugging Face names come from the family's tensor map (``rljax.models.hf``), so every
-family and the experts share one mapping.
+family and the experts share one mapping; PEFT names modules by the ``transformers`` model's
+module tree, which for some families differs from the checkpoint's names (Qwen2.5-VL:
+``model.language_model.layers.N`` for ``model.layers.N``; ``Family.module_name``). A model with a
+vision tower gets ``target_modules`` as a regular expression over its language model's layers:
+the tower's projections share the names (``target_modules``).
 
 No import of ``peft`` or ``torch``: the files are plain safetensors and JSON.
 """
