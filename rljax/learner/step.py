@@ -102,13 +102,12 @@ def _completion_forward(model_cfg: ModelConfig, params, rollout: Rollout,
   tower again over their own patches (``multimodal.forward_rows``)."""
   tokens, attn = sequence_inputs(rollout)
   images = rollout.extras.get("images") if isinstance(rollout.extras, dict) else None
-  if images is not None and (isinstance(split, Packed) or split.context is not None
-                             or routes is not None):
-    raise ValueError("rollouts with images are scored unpacked, without mesh.context and "
-                     "without router replay (not yet supported together)")
+  if images is not None and (split.context is not None or routes is not None):
+    raise ValueError("rollouts with images are scored without mesh.context and without router "
+                     "replay (not yet supported together)")
   if isinstance(split, Packed):
     return _packed_forward(model_cfg, params, tokens, attn, rollout.prompt_tokens.shape[1],
-                           split, head, out, routes)
+                           split, head, out, routes, images)
   s, t = tokens.shape[1], rollout.tokens.shape[1]
 
   def chunk_out(rows):
@@ -129,13 +128,16 @@ def _completion_forward(model_cfg: ModelConfig, params, rollout: Rollout,
 
 
 def _packed_forward(model_cfg: ModelConfig, params, tokens, valid, prompt_width: int,
-                    split: Packed, head: str, out: Callable, routes=None):
+                    split: Packed, head: str, out: Callable, routes=None, images=None):
   """``_completion_forward`` on packed rows: the forward and ``out`` run on ``[R, W]`` chunks
   of segments (the model's key mask is their segment ids), ``out``'s targets the next token of
   each segment; the per-token results come back to the completion's ``[B, T]`` layout by a
   gather (0 where the padded forward's would be masked: padding). One chunk (``split.chunk``):
   the rows of other chunks get 0 (the update's micro-batch); all: a scan over the chunks that
-  skips the ones the layout leaves empty."""
+  skips the ones the layout leaves empty. Rows with images (``images``: ``RowImages``): the
+  tower runs over every row's own patches once, and each token's input embedding (its image
+  features at the placeholders) and M-RoPE position go to its packed slot with it, so each
+  segment sees what its padded row sees."""
   lay = split.layout
   c, r, _ = lay.shape
   inputs = dict(tokens=packing.pack(tokens, valid, lay),
@@ -143,9 +145,20 @@ def _packed_forward(model_cfg: ModelConfig, params, tokens, valid, prompt_width:
                 targets=packing.next_tokens(tokens, valid, lay))
   if routes is not None:
     inputs["routes"] = packing.pack(routes, valid, lay)
+  if images is not None:
+    bound = transformer.bind(model_cfg, params, head)
+    inputs["embeds"] = packing.pack(multimodal.row_embeddings(model_cfg, bound, tokens, images),
+                                    valid, lay)
+    positions = multimodal.row_positions(images, tokens.shape[1])  # [3, B, S]
+    inputs["positions"] = packing.pack(jnp.moveaxis(positions, 0, -1), valid, lay)
 
   def run(index):
     x = split.place(jax.tree.map(lambda a: a[index], inputs))
+    if images is not None:
+      hidden, _, _ = bound(x["tokens"], jnp.moveaxis(x["positions"], -1, 0),
+                           transformer.self_attention(model_cfg, x["segments"]),
+                           embeds=x["embeds"], valid=x["segments"] > 0)
+      return out(bound, hidden, x["targets"]), None
     if split.context is not None:
       y, moe = context_lib.per_token(model_cfg, params, x["tokens"], x["segments"],
                                      split.context, head, out, x["targets"], x.get("routes"))

@@ -409,18 +409,24 @@ def test_eight_device_mesh_equals_one_device_with_images():
 
 
 @functools.lru_cache(maxsize=None)
-def _grpo_rollout():
-  """(GRPO config, tiny qwen2_5_vl cfg, params, a scored-ready rollout of 2 prompts with images
-  x 4 completions), shared by the tower's trainable / frozen steps."""
+def _grpo_policy():
+  """(GRPO config, tiny qwen2_5_vl cfg, params) of the tiny run's settings."""
   from rljax import models
   from rljax.config import loader
-  from rljax.rollout import SamplingParams, sample
   from tests.train import tiny as tiny_run
   config = loader.load_config(os.path.join(tiny_run.ROOT, "configs", "algos", "grpo.py"),
                               list(dict(tiny_run.OVERRIDES, **{"model.family": "qwen2_5_vl"})
                                    .items()))
   cfg = models.tiny_config(config.model, 60)
-  params = models.init_params(cfg, seed=0)
+  return config, cfg, models.init_params(cfg, seed=0)
+
+
+@functools.lru_cache(maxsize=None)
+def _grpo_rollout():
+  """(GRPO config, tiny qwen2_5_vl cfg, params, a scored-ready rollout of 2 prompts with images
+  x 4 completions), shared by the tower's trainable / frozen steps."""
+  from rljax.rollout import SamplingParams, sample
+  config, cfg, params = _grpo_policy()
   rng = np.random.default_rng(4)
   grid = np.array([[1, 2, 2], [1, 2, 4]])  # 28x28 and 28x56 pixels: 1 and 2 image tokens
   pixels = rng.standard_normal((int(np.prod(grid, 1).sum()), 3 * 2 * 14 * 14)).astype(np.float32)
@@ -487,3 +493,45 @@ def test_grpo_step_with_images_trains_or_freezes_the_tower(tower):
     assert min(tower_moved) > 0
   else:
     assert max(tower_moved) == 0
+
+
+@pytest.mark.slow
+def test_packed_rows_with_images_equal_the_padded_rows():
+  """The learner's forward over packed rows (two sequences with images sharing a packed row,
+  two chunks) gives each completion token the log-prob and entropy of the padded forward, and
+  the same gradient of the policy, tower included (float32)."""
+  from rljax.learner import packing
+  from rljax.learner import step as step_lib
+  from rljax.learner import update as update_lib
+  from rljax.rollout import SamplingParams, sample
+  _, cfg, params = _grpo_policy()
+  rng = np.random.default_rng(5)
+  grid = np.array([[1, 2, 2], [1, 2, 2]])  # one image token each
+  pixels = rng.standard_normal((8, 3 * 2 * 14 * 14)).astype(np.float32)
+  tokens = np.array([[0, 0, 0, 0, 0, 57, 58, 59], [0, 0, 0, 0, 57, 58, 59, 6]], np.int32)
+  mask = (tokens > 0).astype(np.int32)
+  sp = SamplingParams(temperature=1.0, max_new_tokens=4, stop_ids=(), pad_id=0)
+  r = sample(cfg, params, tokens, mask, jax.random.key(3), sp, group_size=2,
+             images=multimodal.row_images(cfg, tokens, mask, pixels, grid))
+  # completions of 2, 3, 1 and 4 tokens: sequences of 5, 6, 5, 8 in packed rows of 12
+  kept = np.arange(4)[None] < np.array([[2], [3], [1], [4]])
+  r = jax.device_get(r).replace(mask=(np.asarray(r.mask) * kept).astype(np.asarray(r.mask).dtype))
+  _, valid = step_lib.sequence_inputs(r)
+  lay = packing.layout(valid, packing.chunk_shape(4, 12, 2))
+  assert lay.shape == (2, 2, 12) and int(lay.used_chunks) == 2
+  assert len(set(np.asarray(lay.row).tolist())) == 3  # two sequences share a packed row
+
+  def objective(p, split):  # the completion's summed log-prob, and (logp, entropy) [B, T]
+    logp, entropy, _ = step_lib.policy_stats(cfg, p, r, 16, split)
+    return (logp * r.mask).sum(), (logp, entropy)
+
+  grad = jax.grad(objective, has_aux=True)
+  (g_padded, padded), (g_packed, packed) = (
+      jax.jit(lambda p, split=split: grad(p, split))(params)
+      for split in (update_lib.RowSplit(), step_lib.Packed(lay)))
+  on = np.asarray(r.mask) == 1
+  for a, b in zip(padded, packed):  # log-probs, entropies
+    assert np.abs(np.asarray(a) - np.asarray(b))[on].max() <= 1e-5
+  assert float(np.abs(np.asarray(jax.tree.leaves(g_padded["visual"])[0])).max()) > 0
+  for a, b in zip(jax.tree.leaves(g_padded), jax.tree.leaves(g_packed)):
+    np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=1e-5, rtol=1e-4)

@@ -72,7 +72,6 @@ def test_train_on_images(tmp_path, monkeypatch):
     ({"rollout.engine": "continuous"}, "only single-turn all_rows rollouts"),
     ({"rollout.inflight_chunk": "2", "rollout.max_staleness": "1"},
      "only single-turn all_rows rollouts"),
-    ({"model.pack": "True"}, "only single-turn all_rows rollouts"),
 ])
 def test_what_takes_no_images_is_refused(extra, error):
   with pytest.raises(ConfigError, match=error):
