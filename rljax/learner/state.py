@@ -20,9 +20,9 @@ class TrainState:
   reference is its own frozen base, ``reference``). With adapters ``params`` holds the base and
   the adapters (``rljax.models.lora``), ``opt_state`` the adapters' only (``trainable``), and a
   checkpoint the adapters only (``saved_part``); a frozen vision tower
-  (``model.vision.trainable=False``) has no optimizer state either. ``transforms``: ``{name: state}`` of the resolved
-  transforms that keep state (the KL coefficient, the entropy controller, ...), checkpointed
-  with the rest so that a resumed run continues them.
+  (``model.vision.trainable=False``) has no optimizer state either. ``transforms``:
+  ``{name: state}`` of the resolved transforms that keep state (the KL coefficient, the entropy
+  controller, ...), checkpointed with the rest so that a resumed run continues them.
   """
   step: jax.Array  # int32 [], RL steps completed
   params: Any
