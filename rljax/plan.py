@@ -75,6 +75,9 @@ pieces (twice with remat: the backward recomputes the forward), backward ``N`` p
 float32 gradients. Attention under a split is the blockwise kernel (cuDNN/splash return no
 log-sum-exp to combine ring steps).
 
+A vision-language policy's image tower (parameters, activations in the update and at the
+prefill) and the image tokens of a prompt: ``rljax.plan_vision``.
+
 The reward's own models (a reward model, an LLM judge: ``rljax.plan_rewards``) add their
 weights to the resident state and their forward (or the judge's KV cache) as a third phase, and
 their sources are checked: one that does not exist is an error, not a plan.
@@ -109,7 +112,7 @@ from rljax.parallel import rules as rules_lib
 from rljax.rollout import sampler as sampler_lib
 from rljax.learner import packing, update as update_lib
 from rljax.learner.state import make_optimizer, total_updates, trainable
-from rljax import plan_rewards
+from rljax import plan_rewards, plan_vision
 
 GiB = 1024 ** 3
 
@@ -335,18 +338,24 @@ def layer_activations(layers: int, layer_input: int, dots_kept: int, layer_act: 
           "full": int(layers * layer_input + live * layer_act),
           "dots": int(layers * (layer_input + dots_kept) + live * layer_act)}
 
-def forward_layer_bytes(cfg: ModelConfig, tokens: int, width: int, attention: str,
-                        tensor: int = 1) -> int:
-  """One layer's live activations of a forward (no backward) over ``tokens`` tokens of rows
-  ``width`` wide: the train step's per-token figures (``ACT_*``, attention's), heads split
+def block_bytes(d: int, h: int, g: int, dh: int, f: int, dtype_bytes: int, tokens: int,
+                width: int, attention: str, tensor: int = 1) -> int:
+  """One decoder-style block's live activations of a forward (no backward) over ``tokens``
+  tokens of rows ``width`` wide: width ``d``, ``h`` query and ``g`` key/value heads of ``dh``,
+  MLP width ``f``; the train step's per-token figures (``ACT_*``, attention's), heads split
   ``tensor`` ways where they divide."""
   t_div = lambda n: n // tensor if n % tensor == 0 else n
-  b = np.dtype(cfg.dtype).itemsize
-  h, g, dh = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-  lin = (ACT_D * cfg.hidden_size + ACT_QKV * (t_div(h * dh) + 2 * t_div(g * dh))
-         + ACT_F * t_div(cfg.intermediate_size)) * b
+  b = dtype_bytes
+  lin = (ACT_D * d + ACT_QKV * (t_div(h * dh) + 2 * t_div(g * dh)) + ACT_F * t_div(f)) * b
   attn = t_div(h) * (width * (ATTN_BYTES + b) if attention == "xla" else dh * b + 4)
   return tokens * (lin + attn)
+
+def forward_layer_bytes(cfg: ModelConfig, tokens: int, width: int, attention: str,
+                        tensor: int = 1) -> int:
+  """One layer of ``cfg``'s ``block_bytes``."""
+  return block_bytes(cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
+                     cfg.intermediate_size, np.dtype(cfg.dtype).itemsize, tokens, width,
+                     attention, tensor)
 
 def _split(size: int, parts: int) -> int:
   """Per-device share of ``size`` split ``parts`` ways (rounded up)."""
@@ -359,12 +368,14 @@ def train_micro_batches(config, device_kind: str, rows: int, shards: int, seq_le
   return update_lib.row_parts(rows, shards, seq_len, limit, config.algo.micro_batches)
 
 def packed_update(config, device_kind: str, rows: int, shards: int, seq_len: int,
-                  capacity: bool = False) -> tuple | None:
+                  capacity: bool = False, setting=None) -> tuple | None:
   """``(C, R, W)``: the packed chunks the update's forwards take for a minibatch of ``rows`` rows
-  where ``model.pack`` resolves on for it (``packing.packed_shape``; ``capacity``: MoE layers
-  dispatched by capacity, never packed), else None."""
+  where ``model.pack`` (or ``setting``: the policy's resolution of it, ``packing.pack_setting``)
+  resolves on for it (``packing.packed_shape``; ``capacity``: MoE layers dispatched by capacity,
+  never packed), else None."""
+  setting = config.model.pack if setting is None else setting
   limit = update_lib.forward_tokens(config.model.forward_tokens, device_kind)
-  return packing.packed_shape(config.model.pack, device_kind, rows, seq_len, limit, shards,
+  return packing.packed_shape(setting, device_kind, rows, seq_len, limit, shards,
                               config.algo.micro_batches, capacity)
 
 def ring_bytes(n: int, rows: int, seq_dev: int, kv_width: int, dtype_bytes: int, layers: int,
@@ -479,7 +490,7 @@ def _plan(config, device: str | None = None, *, model: str | None = None,
   p_sh = rules_lib.param_shardings(mesh, axes, shapes, rules)
   params = rules_lib.per_device_bytes(shapes, p_sh)
   # What the optimizer updates: every parameter, or only the adapters (``trainable``).
-  train_shapes, train_sh = trainable(shapes), trainable(p_sh)
+  train_shapes, train_sh = trainable(shapes, cfg), trainable(p_sh, cfg)
   opt_shapes = jax.eval_shape(tx.init, train_shapes)
   opt = rules_lib.per_device_bytes(
       opt_shapes, rules_lib.opt_state_shardings(mesh, opt_shapes, train_sh, train_shapes))
@@ -567,7 +578,8 @@ def _plan(config, device: str | None = None, *, model: str | None = None,
   # Packed (model.pack on for the update): a micro-batch is a chunk of R packed rows of the same
   # width, as many chunks as its layout has (the empty ones skipped, so never more memory).
   packed = packed_update(config, dev["kind"], rows // mb, batch_shards, slots,
-                         bool(cfg.moe_layers) and cfg.moe_dispatch == "capacity")
+                         bool(cfg.moe_layers) and cfg.moe_dispatch == "capacity",
+                         packing.pack_setting(config.model.pack, cfg))
   if packed is not None:
     micro = packed[0]
     assumptions.append(f"model.pack={config.model.pack}: the update packed, chunks of "
@@ -604,6 +616,11 @@ def _plan(config, device: str | None = None, *, model: str | None = None,
       prompt_len=prompt_len,
       forward_bytes=lambda c, n, width: forward_layer_bytes(c, n * width, width, attention,
                                                             tensor))
+  tower = plan_vision.plan_tower(
+      config, cfg, shapes, lambda name: rules_lib.per_device_bytes(shapes[name], p_sh[name]),
+      prompt_len=prompt_len, prompts_dev=prompts_dev, train_rows=train_rows * side_by_side,
+      forward_bytes=lambda dv, hv, dhv, fv, n, width: block_bytes(dv, hv, hv, dhv, fv, b, n,
+                                                                  width, "xla"))
   dots = (t_div(h * dh) + 2 * t_div(g * dh) + d + 2 * t_div(f)) * b
   act_by_remat = layer_activations(L, tokens * d * b, tokens * dots, layer_act, cfg.scan_layers)
   act_by_remat = {k: v + attn_blocks for k, v in act_by_remat.items()}
@@ -624,10 +641,15 @@ def _plan(config, device: str | None = None, *, model: str | None = None,
                     cfg.remat != "none")
   activations = act_by_remat[cfg.remat]
 
+  tower_bytes = tower.bytes if tower else {}
   resident = params + opt + reference + critic + critic_opt + reward.resident
-  rollout_peak = kv_cache + kv_growth + prefill + rollout_gather + merged
+  rollout_peak = (kv_cache + kv_growth + prefill + rollout_gather + merged
+                  + tower_bytes.get("tower_rollout", 0))
   train_peak = (grads + critic_grads + activations + logits + train_gather + scan_weights
-                + ring["buffers"])
+                + ring["buffers"] + tower_bytes.get("tower_train", 0))
+  if tower:
+    assumptions += tower.assumptions
+    warnings += tower.warnings
   peak = resident + max(rollout_peak, train_peak, reward.phase)
   usable = int(dev["bytes"] * USABLE_FRACTION)
   if optimizer is None and pb < 4:
@@ -649,6 +671,8 @@ def _plan(config, device: str | None = None, *, model: str | None = None,
                        "merged kernels")
   return dict(
       model=dict(name=name, num_params=cfg.num_params(), layers=L, hidden=d, heads=h,
+                 tower_params=tower.params if tower else 0,
+                 tower_trainable=bool(tower and tower.trainable),
                  lora_rank=cfg.lora_rank, adapter_params=lora.count(adapter_shapes),
                  base_dtype=cfg.lora_base_dtype or cfg.param_dtype,
                  kv_heads=g, head_dim=dh, intermediate=f, vocab=cfg.vocab_size,
@@ -663,7 +687,7 @@ def _plan(config, device: str | None = None, *, model: str | None = None,
       shapes=dict(rollout_rows=rows, rollout_rows_per_device=rows_dev, prompt_len=prompt_len,
                   cache_slots=slots, kv_heads_per_device=g_dev, prompts_per_device=prompts_dev,
                   train_rows_per_device=train_rows, train_seq=slots,
-                  train_seq_per_device=seq_dev),
+                  train_seq_per_device=seq_dev, **(tower.shapes if tower else {})),
       bytes=dict(params=params, adapters=adapters, sampler_params=sampler_params,
                  merged_weights=merged, opt_state=opt, gradients=grads, reference=reference,
                  critic=critic, critic_opt_state=critic_opt, critic_gradients=critic_grads,
@@ -673,7 +697,7 @@ def _plan(config, device: str | None = None, *, model: str | None = None,
                  activations_no_remat=act_by_remat["none"],
                  logits=logits, train_gathered_weights=train_gather,
                  scan_stacked_weights=scan_weights, ring_buffers=ring["buffers"],
-                 ring_transfers=ring["sent"], **reward.bytes),
+                 ring_transfers=ring["sent"], **tower_bytes, **reward.bytes),
       resident=resident, rollout=rollout_peak, train=train_peak, reward=reward.phase,
       reward_models=reward.lines, peak=peak, fits=peak <= usable,
       fits_by_remat={k: resident + max(rollout_peak, train_peak - activations + v,
@@ -693,7 +717,9 @@ def format_plan(p: dict) -> str:
   mesh = p["mesh"]
   hosts = f", {dev['hosts']} host{'s' if dev['hosts'] != 1 else ''}" if dev["hosts"] else ""
   lines = [
-      f"model   {m['name']}: {_count(m['num_params'])} params, L={m['layers']} D={m['hidden']}"
+      f"model   {m['name']}: {_count(m['num_params'])} params"
+      + (f" + vision tower {_count(m['tower_params'])}" if m["tower_params"] else "")
+      + f", L={m['layers']} D={m['hidden']}"
       f" H={m['heads']} G={m['kv_heads']} Dh={m['head_dim']} F={m['intermediate']} "
       f"V={m['vocab']}" + (f" E={m['experts']} k={m['experts_per_token']} "
                            f"Fe={m['moe_intermediate']} ({m['moe_layers']} MoE layers)"
@@ -708,6 +734,10 @@ def format_plan(p: dict) -> str:
       (f"  params (base {m['base_dtype']}, adapters {m['param_dtype']})" if m["lora_rank"]
        else f"  params ({m['param_dtype']})").ljust(56) + _gib(by["params"]),
   ]
+  if m["tower_params"]:
+    lines += [f"    of which the vision tower ({_count(m['tower_params'])} params, "
+              f"{'trained' if m['tower_trainable'] else 'frozen'})".ljust(56)
+              + _gib(by["tower_params"])]
   if m["lora_rank"]:
     lines += [f"    of which LoRA adapters (rank {m['lora_rank']}, "
               f"{_count(m['adapter_params'])} params)".ljust(56) + _gib(by["adapters"])]
@@ -737,6 +767,9 @@ def format_plan(p: dict) -> str:
       + _gib(by["prefill"]),
       "  rollout: gathered weights".ljust(56) + _gib(by["rollout_gathered_weights"]),
   ] + ([
+      f"  rollout: vision tower [Pn={s['prompts_per_device']}, "
+      f"N={s['patches_per_prompt']} patches]".ljust(56) + _gib(by["tower_rollout"]),
+  ] if by.get("tower_rollout") else []) + ([
       "  rollout: merged adapted kernels (LoRA)".ljust(56) + _gib(by["merged_weights"]),
   ] if m["lora_rank"] else []) + [
       "  = rollout phase".ljust(56) + _gib(p["rollout"]),
@@ -749,6 +782,10 @@ def format_plan(p: dict) -> str:
       f"         (remat none: {by['activations_no_remat'] / GiB:.2f} GiB, "
       f"dots: {by['activations_dots'] / GiB:.2f} GiB, full: {by['activations_remat'] / GiB:.2f}"
       " GiB)",
+  ] + ([
+      f"  train: vision tower ({'all' if m['tower_trainable'] else 'one'} of its blocks, "
+      f"N={s['patches_per_prompt']} a row)".ljust(56) + _gib(by["tower_train"]),
+  ] if by.get("tower_train") else []) + [
       "  train: log-prob chunk".ljust(56) + _gib(by["logits"]),
       "  train: stacked layer weights + gradient (scan_layers)".ljust(56)
       + (_gib(by["scan_stacked_weights"]) if m["scan_layers"]

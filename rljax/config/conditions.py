@@ -38,6 +38,13 @@ FRESH_MODEL = When(lambda f, k: f["model.source"] in ("tiny", "sft"),
                    "model.source='tiny' or 'sft'", lambda f, k: (
                        f"model.source={f['model.source']!r} brings its own architecture"))
 
+VISION_MODEL = When(lambda f, k: f.model.vision is not None, "a vision-language policy",
+                    lambda f, k: (f"model.source={f['model.source']!r} is a {f.model.model_type} "
+                                  "model without an image tower"), frozenset({"model"}))
+NO_LORA = equals("model.lora.rank", 0, lambda f, k: (
+    f"model.lora.rank={f['model.lora.rank']}: the updates train the adapters only, and the "
+    "tower has none (it is part of the frozen base)"))
+
 
 # Keys that only some pieces of a family read: read when the piece the config picks declares
 # them (its registration's ``reads``, rljax.registries), refused naming the pieces that do.

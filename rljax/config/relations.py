@@ -132,7 +132,7 @@ def _images_taken(f):
   """An embedded task whose problems are images (its registration states ``images``) needs a
   policy that takes images (a family with a tower: the 'tiny' / 'sft' policy's ``model.family``;
   a checkpoint's is checked when loaded) and rollouts that take them: the all_rows engine,
-  single-turn, not in flight, rows not packed. Sources of files are checked when read
+  single-turn, not in flight. Sources of files are checked when read
   (``rljax.data.datasets.make_prompt_source``)."""
   name, _, task = f["data.source"].partition(":")
   if name != "embedded" or task not in registry_names("task"):
@@ -150,11 +150,10 @@ def _images_taken(f):
             f"or one whose image prompts runs do not encode yet: {unwired}): use "
             "model.family='qwen2_5_vl', data.tokenizer='char_vl'")
   if f["rollout.engine"] != "all_rows" or f["env.name"] is not None \
-      or f["rollout.inflight_chunk"] or str(f["model.pack"]).lower() == "true":
-    return (f"{shown}; only single-turn all_rows rollouts, not in flight, on unpacked rows take "
-            f"images (rollout.engine={f['rollout.engine']!r}, env.name={f['env.name']!r}, "
-            f"rollout.inflight_chunk={f['rollout.inflight_chunk']}, "
-            f"model.pack={f['model.pack']!r})")
+      or f["rollout.inflight_chunk"]:
+    return (f"{shown}; only single-turn all_rows rollouts, not in flight, take images "
+            f"(rollout.engine={f['rollout.engine']!r}, env.name={f['env.name']!r}, "
+            f"rollout.inflight_chunk={f['rollout.inflight_chunk']})")
 
 
 def _verifiers_pair(f):
@@ -308,7 +307,7 @@ RELATIONS = (
     Relation(("data.source", "env.name"), "a verifiers source and the verifiers environment go "
              "together", _verifiers_pair),
     Relation(("data.source", "model.family", "rollout.engine", "env.name",
-              "rollout.inflight_chunk", "model.pack"),
+              "rollout.inflight_chunk"),
              "a task of images needs a vision-language policy and single-turn all_rows rollouts",
              _images_taken),
     Relation(("reward.sources", "reward.model.source"),

@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 
 from rljax.algorithm import Algorithm, resolve
+from rljax.learner import packing
 from rljax.learner import state as state_lib
 from rljax.learner import step as step_lib
 from rljax.learner import update as update_lib
@@ -50,7 +51,8 @@ def initial_state_fn(config, model_cfg: ModelConfig, algo: Algorithm):
     ref_params = jax.tree.map(jnp.copy, params) if copy_ref else None
     return create_state(params, critic_params=critic_params, ref_params=ref_params,
                         actor_tx=actor_tx, critic_tx=critic_tx, seed=config.seed,
-                        transforms={t.name: t.init() for t in algo.transforms if t.init})
+                        transforms={t.name: t.init() for t in algo.transforms if t.init},
+                        model_cfg=model_cfg)
   return make
 
 
@@ -65,26 +67,19 @@ def state_shardings(mesh, model_cfg: ModelConfig, state_shapes: TrainState) -> T
   rep = rules.replicated(mesh)
   policy = rules.param_shardings(mesh, transformer.logical_axes(model_cfg),
                                  transformer.param_shapes(model_cfg))
-  def opt(shapes, params_sh):  # the trainable parameters' state (the adapters' with LoRA)
+  def opt(shapes, params_sh, cfg):  # the trainable parameters' state (the adapters' with LoRA)
     return None if shapes is None else rules.opt_state_shardings(
-        mesh, shapes, state_lib.trainable(params_sh))
+        mesh, shapes, state_lib.trainable(params_sh, cfg))
   critic = None
   if state_shapes.critic_params is not None:
     critic = rules.param_shardings(mesh, transformer.logical_axes(model_cfg, "value"),
                                    transformer.param_shapes(model_cfg, "value"))
   return TrainState(
-      step=rep, params=policy, opt_state=opt(state_shapes.opt_state, policy),
-      critic_params=critic, critic_opt_state=opt(state_shapes.critic_opt_state, critic),
+      step=rep, params=policy, opt_state=opt(state_shapes.opt_state, policy, model_cfg),
+      critic_params=critic, critic_opt_state=opt(state_shapes.critic_opt_state, critic, None),
       ref_params=None if state_shapes.ref_params is None else policy,
       rng=rep, skipped_updates=rep,
       transforms=jax.tree.map(lambda _: rep, state_shapes.transforms))
-
-
-def _pack(config, model_cfg: ModelConfig):
-  """``model.pack``; 'auto' is padded rows for a policy that takes images (the learner scores
-  rows with images unpacked)."""
-  return False if model_cfg.vision is not None and config.model.pack == "auto" \
-      else config.model.pack
 
 
 def step_spec(config, model_cfg: ModelConfig, algo: Algorithm, aux_cfgs: tuple = (),
@@ -103,7 +98,8 @@ def step_spec(config, model_cfg: ModelConfig, algo: Algorithm, aux_cfgs: tuple =
                           row_shards=1 if mesh is None else rules.batch_divisor(mesh),
                           side_by_side=update_lib.concurrent_chunks(config.model.parallel_chunks,
                                                                     platform),
-                          pack=_pack(config, model_cfg), platform=platform,
+                          pack=packing.pack_setting(config.model.pack, model_cfg),
+                          platform=platform,
                           context=None if mesh is None else rules.context_layout(mesh), **placed)
 
 

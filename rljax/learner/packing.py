@@ -69,6 +69,12 @@ def packs(setting, chunks: int, platform: str, capacity: bool = False) -> bool:
   return force
 
 
+def pack_setting(setting, model_cfg):
+  """``model.pack`` as a policy resolves it: 'auto' is the padded rows (False) for a policy that
+  takes images (the learner scores rows with images unpacked); any other setting as given."""
+  return False if model_cfg.vision is not None and setting == "auto" else setting
+
+
 def packed_shape(setting, platform: str, rows: int, width: int, max_tokens: int,
                  shards: int = 1, at_least: int = 1, capacity: bool = False) -> tuple | None:
   """``(C, R, W)``: the packed chunks (``chunk_rows`` rows as wide as the padded ones) of a

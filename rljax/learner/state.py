@@ -19,9 +19,10 @@ class TrainState:
   ``none`` (no reference model is even built) and when the policy has low-rank adapters (its
   reference is its own frozen base, ``reference``). With adapters ``params`` holds the base and
   the adapters (``rljax.models.lora``), ``opt_state`` the adapters' only (``trainable``), and a
-  checkpoint the adapters only (``saved_part``). ``transforms``: ``{name: state}`` of the resolved
-  transforms that keep state (the KL coefficient, the entropy controller, ...), checkpointed
-  with the rest so that a resumed run continues them.
+  checkpoint the adapters only (``saved_part``); a frozen vision tower
+  (``model.vision.trainable=False``) has no optimizer state either. ``transforms``:
+  ``{name: state}`` of the resolved transforms that keep state (the KL coefficient, the entropy
+  controller, ...), checkpointed with the rest so that a resumed run continues them.
   """
   step: jax.Array  # int32 [], RL steps completed
   params: Any
@@ -34,17 +35,31 @@ class TrainState:
   transforms: Any = flax.struct.field(default_factory=dict)
 
 
-def trainable(params):
-  """What the optimizer updates: the adapters when ``params`` has any (the base is frozen: no
-  gradient, no optimizer state), else every parameter."""
-  base, adapters = lora.split_adapters(params)
-  return adapters if adapters else params
+def frozen_entries(cfg) -> tuple[str, ...]:
+  """The top-level parameter entries that no update touches outside LoRA: the vision tower
+  (``visual``) of a policy with ``model.vision.trainable=False``."""
+  frozen_tower = cfg is not None and cfg.vision is not None and not cfg.vision_trainable
+  return (lora.TOWER,) if frozen_tower else ()
 
 
-def with_trainable(params, new):
-  """``params`` with its ``trainable`` part replaced by ``new`` (the frozen base untouched)."""
+def trainable(params, cfg):
+  """What the optimizer updates (``cfg``: the policy's ``ModelConfig``, or None for a model with
+  nothing frozen): the adapters when ``params`` has any (the base is frozen: no gradient, no
+  optimizer state), else every parameter but the ``frozen_entries``."""
   base, adapters = lora.split_adapters(params)
-  return lora.join_adapters(base, new) if adapters else new
+  if adapters:
+    return adapters
+  frozen = frozen_entries(cfg)
+  return {k: v for k, v in params.items() if k not in frozen} if frozen else params
+
+
+def with_trainable(params, new, cfg):
+  """``params`` with its ``trainable`` part replaced by ``new`` (the frozen part untouched)."""
+  base, adapters = lora.split_adapters(params)
+  if adapters:
+    return lora.join_adapters(base, new)
+  frozen = frozen_entries(cfg)
+  return {**new, **{k: params[k] for k in frozen if k in params}} if frozen else new
 
 
 def saved_part(state: "TrainState") -> "TrainState":
@@ -96,14 +111,15 @@ def total_updates(config) -> int:
 
 
 def create_state(params, *, critic_params=None, ref_params=None, actor_tx, critic_tx,
-                 seed: int, transforms=None) -> TrainState:
+                 seed: int, transforms=None, model_cfg=None) -> TrainState:
   """A fresh TrainState; the reference starts as a copy of the policy when one is needed.
   ``transforms``: the initial state of each transform that keeps one. The optimizer state is
-  the ``trainable`` parameters' (the adapters' only, with LoRA)."""
+  the ``trainable`` parameters' of ``model_cfg`` (the adapters' only, with LoRA; none for a
+  frozen tower)."""
   return TrainState(
       step=jnp.zeros((), jnp.int32),
       params=params,
-      opt_state=actor_tx.init(trainable(params)),
+      opt_state=actor_tx.init(trainable(params, model_cfg)),
       critic_params=critic_params,
       critic_opt_state=None if critic_params is None else critic_tx.init(critic_params),
       ref_params=ref_params,

@@ -102,13 +102,12 @@ def _completion_forward(model_cfg: ModelConfig, params, rollout: Rollout,
   tower again over their own patches (``multimodal.forward_rows``)."""
   tokens, attn = sequence_inputs(rollout)
   images = rollout.extras.get("images") if isinstance(rollout.extras, dict) else None
-  if images is not None and (isinstance(split, Packed) or split.context is not None
-                             or routes is not None):
-    raise ValueError("rollouts with images are scored unpacked, without mesh.context and "
-                     "without router replay (not yet supported together)")
+  if images is not None and (split.context is not None or routes is not None):
+    raise ValueError("rollouts with images are scored without mesh.context and without router "
+                     "replay (not yet supported together)")
   if isinstance(split, Packed):
     return _packed_forward(model_cfg, params, tokens, attn, rollout.prompt_tokens.shape[1],
-                           split, head, out, routes)
+                           split, head, out, routes, images)
   s, t = tokens.shape[1], rollout.tokens.shape[1]
 
   def chunk_out(rows):
@@ -129,13 +128,16 @@ def _completion_forward(model_cfg: ModelConfig, params, rollout: Rollout,
 
 
 def _packed_forward(model_cfg: ModelConfig, params, tokens, valid, prompt_width: int,
-                    split: Packed, head: str, out: Callable, routes=None):
+                    split: Packed, head: str, out: Callable, routes=None, images=None):
   """``_completion_forward`` on packed rows: the forward and ``out`` run on ``[R, W]`` chunks
   of segments (the model's key mask is their segment ids), ``out``'s targets the next token of
   each segment; the per-token results come back to the completion's ``[B, T]`` layout by a
   gather (0 where the padded forward's would be masked: padding). One chunk (``split.chunk``):
   the rows of other chunks get 0 (the update's micro-batch); all: a scan over the chunks that
-  skips the ones the layout leaves empty."""
+  skips the ones the layout leaves empty. Rows with images (``images``: ``RowImages``): the
+  tower runs over every row's own patches once, and each token's input embedding (its image
+  features at the placeholders) and M-RoPE position go to its packed slot with it, so each
+  segment sees what its padded row sees."""
   lay = split.layout
   c, r, _ = lay.shape
   inputs = dict(tokens=packing.pack(tokens, valid, lay),
@@ -143,9 +145,20 @@ def _packed_forward(model_cfg: ModelConfig, params, tokens, valid, prompt_width:
                 targets=packing.next_tokens(tokens, valid, lay))
   if routes is not None:
     inputs["routes"] = packing.pack(routes, valid, lay)
+  if images is not None:
+    bound = transformer.bind(model_cfg, params, head)
+    inputs["embeds"] = packing.pack(multimodal.row_embeddings(model_cfg, bound, tokens, images),
+                                    valid, lay)
+    positions = multimodal.row_positions(images, tokens.shape[1])  # [3, B, S]
+    inputs["positions"] = packing.pack(jnp.moveaxis(positions, 0, -1), valid, lay)
 
   def run(index):
     x = split.place(jax.tree.map(lambda a: a[index], inputs))
+    if images is not None:
+      hidden, _, _ = bound(x["tokens"], jnp.moveaxis(x["positions"], -1, 0),
+                           transformer.self_attention(model_cfg, x["segments"]),
+                           embeds=x["embeds"], valid=x["segments"] > 0)
+      return out(bound, hidden, x["targets"]), None
     if split.context is not None:
       y, moe = context_lib.per_token(model_cfg, params, x["tokens"], x["segments"],
                                      split.context, head, out, x["targets"], x.get("routes"))
@@ -589,16 +602,16 @@ def minibatch_update(learner: StepSpec, hp, state: TrainState, minibatch: Rollou
         params, minibatch, counts,
         parts=split.parts, side_by_side=split.side_by_side, **kw)
   if update_actor:
-    # Gradients w.r.t. the trainable parameters only (the adapters, with LoRA); the frozen base
-    # enters the loss as a constant, so no gradient of it is ever computed.
-    frozen = state.params
+    # Gradients w.r.t. the trainable parameters only (the adapters, with LoRA; all but a frozen
+    # tower); the frozen part enters the loss as a constant, so no gradient of it is computed.
+    frozen, cfg = state.params, learner.model_cfg
     loss, grads, actor_metrics, rows = accumulate(
         lambda p, mb, mb_split, c: actor_loss(
-            learner, state_lib.with_trainable(frozen, p), hp, mb, c, mb_split),
-        state_lib.trainable(state.params), row_outputs=True)
+            learner, state_lib.with_trainable(frozen, p, cfg), hp, mb, c, mb_split),
+        state_lib.trainable(state.params, cfg), row_outputs=True)
     updated, opt_state, grad_norm, applied = update_lib.apply_update(
-        learner.actor_tx, state_lib.trainable(state.params), state.opt_state, grads, loss)
-    params = state_lib.with_trainable(state.params, updated)
+        learner.actor_tx, state_lib.trainable(state.params, cfg), state.opt_state, grads, loss)
+    params = state_lib.with_trainable(state.params, updated, cfg)
     ref_params = state.ref_params
     if ref_params is not None:
       ref_params = algo.ref_update(ref_params, params, hp)

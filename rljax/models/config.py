@@ -106,6 +106,9 @@ class ModelConfig:
   mrope_section: tuple | None = None
   mrope_interleaved: bool = False  # Qwen3-VL's assignment of frequencies (layers.mrope_components)
   vision: tuple | None = None
+  # Whether the updates train the tower (``model.vision.trainable``; ``rljax.learner.state
+  # .trainable``): False keeps ``visual`` as it was loaded, without gradients or optimizer state.
+  vision_trainable: bool = True
 
   def __post_init__(self):
     # Old configs and command lines say remat=True/False (``--config.model.remat=True`` now
@@ -277,13 +280,13 @@ def compute_dtype(value: str, platform: str | None = None) -> str:
 
 def run_settings(model_section) -> dict:
   """The ``ModelConfig`` fields a run sets whatever the checkpoint: rematerialisation, the layer
-  layout (scan), the attention backend, how MoE layers dispatch and replay routes, and the
-  low-rank adapters."""
+  layout (scan), the attention backend, how MoE layers dispatch and replay routes, whether the
+  vision tower trains, and the low-rank adapters."""
   m = model_section
   return dict(remat=m.remat, scan_layers=m.scan_layers, attention=m.attention,
               attention_block=m.attention_block, moe_dispatch=m.moe_dispatch,
               moe_capacity_factor=m.moe_capacity_factor, router_replay=m.router_replay,
-              **lora_settings(m))
+              vision_trainable=bool(m.vision.trainable), **lora_settings(m))
 
 
 def lora_settings(model_section, platform: str | None = None) -> dict:

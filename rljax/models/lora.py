@@ -42,6 +42,9 @@ RANK_AXIS = "lora_rank"  # logical axis of the rank dimension (replicated by the
 # The random stream of the adapters' initialisation (``nnx.Rngs(seed, lora=...)``): apart from the
 # base's, so a base model initialised with adapters has the weights it has without them.
 STREAM = "lora"
+# The parameter entry of a vision-language model's image tower (``rljax.vision``): adapters go on
+# the language model only, the tower is part of the frozen base.
+TOWER = "visual"
 
 
 def resolve_targets(targets) -> tuple:
@@ -147,7 +150,9 @@ def merged_leaves(cfg, tree: dict) -> dict:
 def _targeted(path: tuple, targets: tuple) -> str | None:
   """Where the kernel at ``path`` (its leaf name last) takes adapters: 'linear' (a ``Linear``'s
   ``kernel`` inside a targeted projection), 'experts' (an MoE block's expert kernel named as a
-  target), else None."""
+  target), else None; never in an image tower (``TOWER``), whose blocks reuse the names."""
+  if path[0] == TOWER:
+    return None
   if path[-1] == "kernel" and len(path) >= 2 and path[-2] in targets:
     return "linear"
   if path[-1] in targets and len(path) >= 2 and path[-2] == "mlp":

@@ -12,7 +12,11 @@ the kernel [in, out] (the transpose of ``weight``) and beside it ``lora_a`` [in,
 PEFT's module ``model.layers.L.mlp.experts.e.<proj>`` (the per-expert layout of Qwen3-MoE
 checkpoints, which ``peft`` fuses itself when the ``transformers`` model stores its experts
 fused). The Hugging Face names come from the family's tensor map (``rljax.models.hf``), so every
-family and the experts share one mapping.
+family and the experts share one mapping; PEFT names modules by the ``transformers`` model's
+module tree, which for some families differs from the checkpoint's names (Qwen2.5-VL:
+``model.language_model.layers.N`` for ``model.layers.N``; ``Family.module_name``). A model with a
+vision tower gets ``target_modules`` as a regular expression over its language model's layers:
+the tower's projections share the names (``target_modules``).
 
 No import of ``peft`` or ``torch``: the files are plain safetensors and JSON.
 """
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import jax
 import jax.numpy as jnp
@@ -27,7 +32,7 @@ import numpy as np
 from safetensors import safe_open
 
 from rljax.errors import ModelFileError
-from rljax.models import hf, lora, transformer
+from rljax.models import families, hf, lora, transformer
 from rljax.models.config import ModelConfig
 
 CONFIG_FILE = "adapter_config.json"
@@ -93,11 +98,12 @@ def peft_names_of(cfg: ModelConfig, path: tuple) -> list[tuple[str, int | None]]
   """The PEFT tensors of one adapter leaf: (name, expert index or None), one per expert for
   stacked experts."""
   kernel, factor = kernel_path(path)
+  module = families.get(cfg.model_type).module_name
   out = []
   for name, transpose, index in hf.hf_names_of(cfg, kernel):
     if not (transpose and name.endswith(".weight")):
       raise KeyError(f"{name} is not a linear layer's weight: LoRA does not adapt it")
-    out.append((f"{PREFIX}{name[:-len('.weight')]}.{FACTORS[factor]}.weight", index))
+    out.append((f"{PREFIX}{module(name)[:-len('.weight')]}.{FACTORS[factor]}.weight", index))
   return out
 
 
@@ -119,13 +125,25 @@ def _parse_name(name: str) -> tuple[str, str] | None:
   return None
 
 
-def adapter_config(cfg: ModelConfig, target_modules, base_model: str | None) -> dict:
-  """``adapter_config.json`` of rljax adapters: plain LoRA (scale alpha / r) on
-  ``target_modules`` of every layer of ``base_model`` (a Hugging Face directory or hub name)."""
+def target_modules(cfg: ModelConfig, targets) -> list | str:
+  """PEFT's ``target_modules`` of adapters on the projections ``targets``: the names, which PEFT
+  matches as suffixes of every module; for a model with a vision tower, whose blocks have
+  projections of the same names (``gate_proj``, ...), a regular expression that PEFT matches
+  against the language model's layers only."""
+  names = sorted(targets)
+  if cfg.vision is None:
+    return names
+  layers = families.get(cfg.model_type).module_name("model.layers.")
+  return rf"{re.escape(layers)}\d+\..*\.({'|'.join(names)})"
+
+
+def adapter_config(cfg: ModelConfig, targets, base_model: str | None) -> dict:
+  """``adapter_config.json`` of rljax adapters: plain LoRA (scale alpha / r) on the projections
+  ``targets`` of every layer of ``base_model`` (a Hugging Face directory or hub name)."""
   return {
       "peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": base_model,
       "r": int(cfg.lora_rank), "lora_alpha": _number(cfg.lora_alpha),
-      "target_modules": sorted(target_modules), "lora_dropout": 0.0, "bias": "none",
+      "target_modules": target_modules(cfg, targets), "lora_dropout": 0.0, "bias": "none",
       "lora_bias": False, "fan_in_fan_out": False, "use_rslora": False, "use_dora": False,
       "init_lora_weights": True, "modules_to_save": None, "layers_to_transform": None,
       "layers_pattern": None, "rank_pattern": {}, "alpha_pattern": {}, "inference_mode": True,
@@ -222,6 +240,7 @@ def check_peft_adapter(path: str, cfg: ModelConfig) -> dict:
   base_tree = transformer.param_shapes(cfg.base)
   base = dict(hf._flat_paths(base_tree))
   names = hf.tensor_names(cfg)
+  family = families.get(cfg.model_type)
   placed, experts, targets = {}, {}, set()
   with _open(file) as f:
     shapes = {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}
@@ -230,7 +249,8 @@ def check_peft_adapter(path: str, cfg: ModelConfig) -> dict:
     if parsed is None:
       raise ModelFileError(f"{file}: tensor {name!r} is no LoRA factor (lora_A / lora_B) of a "
                            "module's weight; rljax reads plain LoRA adapters")
-    hf_name, factor = parsed
+    module_path, factor = parsed
+    hf_name = family.rename(module_path)  # the module tree's name -> the checkpoint's
     module = module_name(hf_name)
     if module not in lora.TARGETS:
       raise ModelFileError(f"the PEFT adapter {path!r} adapts {module!r} ({name!r}); rljax LoRA "

@@ -25,6 +25,7 @@ from rljax.config import effects
 from rljax.data import datasets, images as images_lib
 from rljax.envs import tools, validate
 from rljax.envs.episodes import message_turns
+from rljax.learner import state as state_lib
 from rljax.errors import DataError, StartupError
 from rljax.models import transformer
 from rljax.runs import preemption
@@ -269,16 +270,19 @@ def train_sft(config, tokenizer, *, log=print):
        optax.cosine_decay_schedule(s.lr, max(s.steps - s.warmup_steps, 1), alpha=0.1)],
       [max(s.warmup_steps, 1)])
   tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=0.01))
-  opt_state = tx.init(params)
+  # model.vision.trainable=False: the tower is no argument of the gradient (state.trainable).
+  opt_state = tx.init(state_lib.trainable(params, model_cfg))
   width = config.data.prompt_bucket + config.rollout.max_new_tokens
 
   @jax.jit
   def step(params, opt_state, tokens, attn, loss_mask, images=None):
+    train = state_lib.trainable(params, model_cfg)
     loss, grads = jax.value_and_grad(
-        lambda p: sft_loss(model_cfg, p, tokens, attn, loss_mask, config.model.logits_chunk,
-                           images))(params)
-    updates, opt_state = tx.update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), opt_state, loss
+        lambda p: sft_loss(model_cfg, state_lib.with_trainable(params, p, model_cfg), tokens, attn,
+                           loss_mask, config.model.logits_chunk, images))(train)
+    updates, opt_state = tx.update(grads, opt_state, train)
+    return (state_lib.with_trainable(params, optax.apply_updates(train, updates), model_cfg),
+            opt_state, loss)
 
   match = jax.jit(functools.partial(exact_match, model_cfg))
   takes = processor is not None

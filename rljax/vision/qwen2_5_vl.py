@@ -306,6 +306,16 @@ def rename(name: str) -> str:
   return name
 
 
+def module_name(name: str) -> str:
+  """The export's name -> the module tree's of transformers >= 4.52 (``model.visual.*``,
+  ``model.language_model.*``; ``lm_head`` as it is): PEFT's adapter names."""
+  if name.startswith("visual."):
+    return "model." + name
+  if name.startswith("model."):
+    return "model.language_model." + name[len("model."):]
+  return name
+
+
 # A fresh tiny model's tower (``model.source='tiny'``): two blocks (one windowed, one full), the
 # processor's 14-pixel patches merged 2x2, windows of 4x4 merged tokens (Qwen's 112 pixels).
 TINY_VISION = dict(VISION_DEFAULTS, depth=2, hidden_size=32, intermediate_size=64, num_heads=2,
@@ -334,4 +344,5 @@ register_family(Family(
     name=MODEL_TYPE, model_types=(MODEL_TYPE,), block=PreNormBlock,
     final_norm=lambda dim, cfg: layers.RMSNorm(dim, cfg=cfg), config_from_hf=config_from_hf,
     config_to_hf=config_to_hf, layer_tensors=lambda cfg, layer: dense_tensors(cfg),
-    tower=VisionTower, extra_tensors=tower_tensors, rename=rename, tiny_fields=tiny_fields))
+    tower=VisionTower, extra_tensors=tower_tensors, rename=rename, module_name=module_name,
+    tiny_fields=tiny_fields))

@@ -203,6 +203,49 @@ def test_language_model_prefix_loads(tiny, tmp_path):
   jax.tree.map(np.testing.assert_array_equal, loaded, params)
 
 
+def test_lora_export_loads_in_peft_with_rljax_logits(tiny, images, tmp_path):
+  """LoRA on the language model of a Qwen2.5-VL policy (every projection, rank 4, alpha 8):
+  rljax's forward with random non-zero factors on rows with images, against ``peft`` loading
+  rljax's PEFT export over ``transformers``' model of the same base; the tower has no adapters
+  (in rljax or in peft), rljax reads its export back factor for factor."""
+  peft = pytest.importorskip("peft")
+  from rljax.models import lora
+  from rljax.models import peft as rpeft
+  path, _, cfg, params = tiny
+  cfg = cfg.replace(lora_rank=4, lora_alpha=8.0, lora_targets=lora.TARGETS)
+  shapes = lora.adapter_shapes(cfg, params)
+  assert "visual" not in shapes and len(jax.tree.leaves(
+      shapes, is_leaf=lambda x: isinstance(x, tuple))) == 2 * 7 * cfg.num_layers
+  rng = np.random.default_rng(2)
+  adapters = jax.tree.map(lambda s: (0.1 * rng.standard_normal(s)).astype(np.float32), shapes,
+                          is_leaf=lambda x: isinstance(x, tuple))
+  pixels, grid = images
+  tokens, mask = _batch(grid)
+  rows = multimodal.row_images(cfg, tokens, mask, pixels, grid)
+  ours = np.asarray(jax.jit(functools.partial(multimodal.logits, cfg))(
+      lora.join_adapters(params, adapters), tokens, mask, rows))
+  out = str(tmp_path / "adapter")
+  rpeft.save_peft_adapter(out, cfg, adapters, base_model=path)
+  base = transformers.Qwen2_5_VLForConditionalGeneration.from_pretrained(path, dtype=torch.float32)
+  theirs = peft.PeftModel.from_pretrained(base, out).eval()
+  adapted = {n for n, _ in theirs.named_modules() if n.endswith(".lora_A")}
+  assert len(adapted) == 7 * cfg.num_layers and not any("visual" in n for n in adapted)
+  with torch.no_grad():
+    ids = torch.tensor(tokens, dtype=torch.long)
+    logits = theirs(input_ids=ids, attention_mask=torch.tensor(mask),
+                    pixel_values=torch.tensor(pixels), image_grid_thw=torch.tensor(grid),
+                    mm_token_type_ids=(ids == IMAGE).int()).logits.numpy()
+  valid = mask.astype(bool)
+  diff = np.abs(ours - logits)[valid].max()
+  assert diff <= 1e-4, diff
+  base_logits = np.asarray(jax.jit(functools.partial(multimodal.logits, cfg.base))(
+      params, tokens, mask, rows))
+  assert np.abs(base_logits - logits)[valid].max() > 100 * 1e-4  # the adapters matter
+  again = rpeft.load_peft_adapter(out, cfg)
+  for (p, a), (_, b) in zip(hf._flat_paths(adapters), hf._flat_paths(again)):
+    np.testing.assert_array_equal(np.asarray(b), a, err_msg="/".join(p))
+
+
 # --- the sampler ----------------------------------------------------------------------------------
 
 T = 6
@@ -365,23 +408,25 @@ def test_eight_device_mesh_equals_one_device_with_images():
   assert out.returncode == 0 and "OK" in out.stdout, out.stderr[-3000:]
 
 
-@pytest.mark.slow
-def test_grpo_step_with_images_updates_the_tower():
-  """A tiny qwen2_5_vl policy (model.source='tiny') samples groups for prompts with images, and
-  one GRPO step scores them (reference log-probs equal the sampler's) and moves every part of the
-  policy, the tower included."""
+@functools.lru_cache(maxsize=None)
+def _grpo_policy():
+  """(GRPO config, tiny qwen2_5_vl cfg, params) of the tiny run's settings."""
   from rljax import models
-  from rljax.algorithm import resolve
   from rljax.config import loader
-  from rljax.learner import step as step_lib
-  from rljax.rollout import SamplingParams, sample
-  from rljax.train import build
   from tests.train import tiny as tiny_run
   config = loader.load_config(os.path.join(tiny_run.ROOT, "configs", "algos", "grpo.py"),
                               list(dict(tiny_run.OVERRIDES, **{"model.family": "qwen2_5_vl"})
                                    .items()))
   cfg = models.tiny_config(config.model, 60)
-  params = models.init_params(cfg, seed=0)
+  return config, cfg, models.init_params(cfg, seed=0)
+
+
+@functools.lru_cache(maxsize=None)
+def _grpo_rollout():
+  """(GRPO config, tiny qwen2_5_vl cfg, params, a scored-ready rollout of 2 prompts with images
+  x 4 completions), shared by the tower's trainable / frozen steps."""
+  from rljax.rollout import SamplingParams, sample
+  config, cfg, params = _grpo_policy()
   rng = np.random.default_rng(4)
   grid = np.array([[1, 2, 2], [1, 2, 4]])  # 28x28 and 28x56 pixels: 1 and 2 image tokens
   pixels = rng.standard_normal((int(np.prod(grid, 1).sum()), 3 * 2 * 14 * 14)).astype(np.float32)
@@ -393,14 +438,100 @@ def test_grpo_step_with_images_updates_the_tower():
   rewards = np.array([1, 0, 0, 1, 0, 1, 1, 0], np.float32)
   r = jax.device_get(r).replace(rewards=rewards, correct=rewards > 0,
                                 row_valid=np.ones(8, np.float32))
+  return config, cfg, params, r
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tower", ["trained", "frozen", "lora"])
+def test_grpo_step_with_images_trains_or_freezes_the_tower(tower):
+  """A tiny qwen2_5_vl policy (model.source='tiny') samples groups for prompts with images, and
+  one GRPO step scores them (reference log-probs equal the sampler's) and moves the language
+  model; with model.vision.trainable=True ('trained') every weight moves, the tower's included;
+  with False ('frozen') no tower weight does (bit for bit) and the optimizer holds no state for
+  it; with LoRA (rank 4 on every projection of the language model) every lora_B moves and the
+  base, the tower included, stays bit for bit, with optimizer state for the adapters only."""
+  from rljax.algorithm import resolve
+  from rljax.learner import step as step_lib
+  from rljax.models import lora
+  from rljax.train import build
+  config, cfg, params, r = _grpo_rollout()
+  if tower == "frozen":
+    cfg = cfg.replace(vision_trainable=False)
+  if tower == "lora":
+    cfg = cfg.replace(lora_rank=4, lora_alpha=8.0, lora_targets=lora.TARGETS)
+    params = lora.with_adapters(cfg, params, seed=0)  # B = 0: the sampler's policy exactly
   algo = resolve(config)
   _, make = build.abstract_state(config, cfg, algo)
   fns, state = step_lib.step_fns(build.step_spec(config, cfg, algo)), make(params)
+  tower_leaves = len(jax.tree.leaves(params["visual"]))
+  paths = [jax.tree_util.keystr(p) for p, leaf in
+           jax.tree_util.tree_flatten_with_path(state.opt_state)[0] if np.ndim(leaf)]
+  assert sum("visual" in p for p in paths) == (2 * tower_leaves if tower == "trained" else 0)
+  if tower == "lora":  # AdamW's mu and nu of the adapters only
+    assert len(paths) == 2 * 2 * 7 * cfg.num_layers and all("lora_" in p for p in paths)
   batch, _ = jax.jit(fns.score)(state, r, algo.hparams)
   scored = batch.old_logp if batch.old_logp is not None else batch.ref_logp  # GRPO: the KL's
   assert np.abs(np.asarray(scored) - r.sampler_logp)[r.mask == 1].max() <= 1e-5
   new_state, metrics = jax.jit(fns.train_step)(state, batch, algo.hparams)
   assert np.isfinite(float(metrics["loss"][0]))
-  moved = jax.tree.map(lambda a, b: float(np.abs(np.asarray(a) - np.asarray(b)).max()),
-                       new_state.params["visual"], params["visual"])
-  assert min(jax.tree.leaves(moved)) > 0
+  moved = lambda new, old: jax.tree.leaves(jax.tree.map(
+      lambda a, b: float(np.abs(np.asarray(a) - np.asarray(b)).max()), new, old))
+  base, adapters = lora.split_adapters(params)
+  new_base, new_adapters = lora.split_adapters(new_state.params)
+  language = {k: v for k, v in base.items() if k != "visual"}
+  tower_moved = moved(new_base["visual"], base["visual"])
+  assert len(tower_moved) == tower_leaves
+  if tower == "lora":
+    assert max(moved(new_base, base)) == 0
+    b_moved = [m for path, m in zip(
+        [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(adapters)[0]],
+        moved(new_adapters, adapters)) if "lora_b" in path]
+    assert len(b_moved) == 7 * cfg.num_layers and min(b_moved) > 0
+    return
+  assert min(moved({k: new_base[k] for k in language}, language)) > 0
+  if tower == "trained":
+    assert min(tower_moved) > 0
+  else:
+    assert max(tower_moved) == 0
+
+
+@pytest.mark.slow
+def test_packed_rows_with_images_equal_the_padded_rows():
+  """The learner's forward over packed rows (two sequences with images sharing a packed row,
+  two chunks) gives each completion token the log-prob and entropy of the padded forward, and
+  the same gradient of the policy, tower included (float32)."""
+  from rljax.learner import packing
+  from rljax.learner import step as step_lib
+  from rljax.learner import update as update_lib
+  from rljax.rollout import SamplingParams, sample
+  _, cfg, params = _grpo_policy()
+  rng = np.random.default_rng(5)
+  grid = np.array([[1, 2, 2], [1, 2, 2]])  # one image token each
+  pixels = rng.standard_normal((8, 3 * 2 * 14 * 14)).astype(np.float32)
+  tokens = np.array([[0, 0, 0, 0, 0, 57, 58, 59], [0, 0, 0, 0, 57, 58, 59, 6]], np.int32)
+  mask = (tokens > 0).astype(np.int32)
+  sp = SamplingParams(temperature=1.0, max_new_tokens=4, stop_ids=(), pad_id=0)
+  r = sample(cfg, params, tokens, mask, jax.random.key(3), sp, group_size=2,
+             images=multimodal.row_images(cfg, tokens, mask, pixels, grid))
+  # completions of 2, 3, 1 and 4 tokens: sequences of 5, 6, 5, 8 in packed rows of 12
+  kept = np.arange(4)[None] < np.array([[2], [3], [1], [4]])
+  r = jax.device_get(r).replace(mask=(np.asarray(r.mask) * kept).astype(np.asarray(r.mask).dtype))
+  _, valid = step_lib.sequence_inputs(r)
+  lay = packing.layout(valid, packing.chunk_shape(4, 12, 2))
+  assert lay.shape == (2, 2, 12) and int(lay.used_chunks) == 2
+  assert len(set(np.asarray(lay.row).tolist())) == 3  # two sequences share a packed row
+
+  def objective(p, split):  # the completion's summed log-prob, and (logp, entropy) [B, T]
+    logp, entropy, _ = step_lib.policy_stats(cfg, p, r, 16, split)
+    return (logp * r.mask).sum(), (logp, entropy)
+
+  grad = jax.grad(objective, has_aux=True)
+  (g_padded, padded), (g_packed, packed) = (
+      jax.jit(lambda p, split=split: grad(p, split))(params)
+      for split in (update_lib.RowSplit(), step_lib.Packed(lay)))
+  on = np.asarray(r.mask) == 1
+  for a, b in zip(padded, packed):  # log-probs, entropies
+    assert np.abs(np.asarray(a) - np.asarray(b))[on].max() <= 1e-5
+  assert float(np.abs(np.asarray(jax.tree.leaves(g_padded["visual"])[0])).max()) > 0
+  for a, b in zip(jax.tree.leaves(g_padded), jax.tree.leaves(g_packed)):
+    np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=1e-5, rtol=1e-4)

@@ -74,7 +74,6 @@ def test_train_on_images(tmp_path, monkeypatch):
     ({"rollout.engine": "continuous"}, "only single-turn all_rows rollouts"),
     ({"rollout.inflight_chunk": "2", "rollout.max_staleness": "1"},
      "only single-turn all_rows rollouts"),
-    ({"model.pack": "True"}, "only single-turn all_rows rollouts"),
 ])
 def test_what_takes_no_images_is_refused(extra, error):
   with pytest.raises(ConfigError, match=error):
@@ -116,3 +115,39 @@ def test_sft_cold_start_reads_the_images(monkeypatch):
   moved = [float(np.abs(np.asarray(a) - np.asarray(b)).max())
            for a, b in zip(jax.tree.leaves(before["visual"]), jax.tree.leaves(params["visual"]))]
   assert all(np.isfinite(moved)) and max(moved) > 0
+
+
+@pytest.mark.parametrize("extra, error", [
+    ({"model.family": "llama", "data.tokenizer": "char", "data.source": "embedded:arithmetic"},
+     "is a llama model without an image tower"),
+    ({"model.lora.rank": "4"}, "the tower has none"),
+])
+def test_frozen_tower_key_needs_a_tower_and_no_adapters(extra, error):
+  """model.vision.trainable=False is read only by a vision-language policy without adapters (with
+  LoRA the tower is part of the frozen base already): otherwise refused in one line."""
+  from rljax import models
+  config = _config(**{"model.vision.trainable": "False", **extra})
+  with pytest.raises(ConfigError, match=error):
+    config_checks.check_unused(config, None, models.tiny_config(config.model, 60))
+
+
+def test_sft_cold_start_keeps_a_frozen_tower():
+  """model.vision.trainable=False: the cold start's updates leave every tower weight as it was
+  initialised (bit for bit) and move the language model's."""
+  from rljax.data import load_tokenizer
+  from rljax.models import transformer
+  from rljax.train import sft
+  config = _config(**{"sft.steps": "2", "sft.batch_size": "4", "sft.warmup_steps": "1",
+                     "rollout.max_new_tokens": "12", "model.vision.trainable": "False"})
+  tok = load_tokenizer("char_vl")
+  model_cfg, _ = sft.cold_start_policy(config, tok)
+  assert not model_cfg.vision_trainable
+  before = transformer.init_params(model_cfg, seed=config.sft.seed)
+  _, params = sft.train_sft(config, tok, log=lambda line: None)
+  for a, b in zip(jax.tree.leaves(before["visual"]), jax.tree.leaves(params["visual"])):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  language = {k: v for k, v in params.items() if k != "visual"}
+  diffs = jax.tree.leaves(jax.tree.map(lambda a, b: float(np.abs(np.asarray(a) - np.asarray(b))
+                                                          .max()),
+                                       language, {k: before[k] for k in language}))
+  assert min(diffs) > 0

@@ -6,8 +6,8 @@ in the order of docs/config.md."""
 from __future__ import annotations
 
 from rljax.config.declare import (BOOL, LAYOUT, NONEMPTY, POSITIVE, SIZE, Check, Key, choice,
-                                  equals, integer, optional, registered)
-from rljax.config.conditions import FRESH_MODEL, LORA, MOE_MODEL
+                                  equals, integer, optional, reads, registered)
+from rljax.config.conditions import FRESH_MODEL, LORA, MOE_MODEL, NO_LORA, VISION_MODEL
 from rljax.config.sections.common import ALL_COMMANDS, DTYPES, RL_RM
 
 REMAT_MODES = ("none", "full", "dots")  # model.remat; True/False of old configs: full/none
@@ -125,6 +125,10 @@ KEYS = (
         "row chunks (model.forward_tokens) computed side by side per scan iteration: "
         "independent, so XLA:CPU runs them on separate threads; -1 = auto (one per CPU thread "
         "of a device, 1 on accelerators)", commands=ALL_COMMANDS, effect=LAYOUT),
+    Key("model.vision.trainable", True, BOOL,
+        "the updates (RL and the SFT cold start) train the vision tower (its blocks and patch "
+        "merger); False keeps it as loaded: no gradient, no optimizer state",
+        read_if=VISION_MODEL & NO_LORA, commands=reads("train", "plan", "sft")),
     Key("model.lora.rank", 0, integer(0, 2**16),
         "rank r of low-rank adapters (LoRA) on the projections model.lora.targets; the rest of "
         "the model is the frozen base, which is also the KL reference; 0 = full fine-tuning",

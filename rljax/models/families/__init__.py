@@ -46,6 +46,9 @@ class Family:
     API only (``rljax.vision.multimodal``), and a run treats the model as text-only.
   ignored: whether a checkpoint's tensor is one the family never reads (skipped on load, never
     exported; SigLIP's pooling head in Gemma 3).
+  module_name: a name the export writes -> the tensor's name in the ``transformers`` model's
+    module tree (what PEFT names adapters by), where the two differ (``transformers`` renames
+    some checkpoints on load); ``rename`` maps it back. The identity for most.
   """
   name: str
   model_types: tuple
@@ -63,6 +66,7 @@ class Family:
   export_name: Callable[[str], str] = lambda name: name
   ignored: Callable[[str], bool] = lambda name: False
   run_images: bool = True
+  module_name: Callable[[str], str] = lambda name: name
 
 
 def register_family(family: Family) -> Family:
