@@ -227,5 +227,7 @@ def spec_rows(weights, prompt_tokens, prompt_mask, row_offset, budget, *, key, k
   mask = (jnp.arange(t_max)[None, :] < length[:, None]).astype(jnp.int32)
   out = Rollout(prompt_tokens=prompt_b, prompt_mask=prompt_mask_b, tokens=buf[:, :t_max],
                 mask=mask, sampler_logp=slp[:, :t_max], draw_logp=dlp[:, :t_max],
-                lengths=length, truncated=~done, extras={})
+                lengths=length, truncated=~done,
+                extras={speculative.STAT_VERIFIES: verifies,
+                        speculative.STAT_ACCEPTED: accepted})
   return out, dict(verifies=verifies, accepted=accepted)
