@@ -117,6 +117,11 @@ def test_acceptance_residual_and_emission_match_numpy():
   np.testing.assert_array_equal(count, [3, 2, 2])  # row 1 stops at its 3; row 2 has room for 2
   np.testing.assert_array_equal(stopped, [False, True, False])
 
+  # Acceptance figures, hand-worked: 5 verifications of k=3 accepted 4 of 15 drafted tokens and
+  # emitted 4 + 5 tokens past the rows' prefill tokens (a row of budget 0 emits none).
+  m = speculative.acceptance_metrics([2, 3, 0], [3, 1, 0], [6, 5, 0], 3)
+  assert m == pytest.approx({"draft_accept_rate": 4 / 15, "tokens_per_verify": 9 / 5})
+
 
 # --- the sampler ----------------------------------------------------------------------------------
 
@@ -130,6 +135,10 @@ def test_greedy_rollout_is_the_plain_samplers(kind):
   assert not spec.draw_logp.any()
   assert spec.truncated.any() and not spec.truncated.all()  # rows that stop and rows that do not
   assert 0 < st["accepted"] and st["verifies"] < spec.lengths.sum()  # drafts did get accepted
+  # The record carries the per-row counts the trainer logs (plain sampling's carries none).
+  assert speculative.STAT_VERIFIES not in plain.extras
+  assert spec.extras[speculative.STAT_VERIFIES].sum() == st["verifies"]
+  assert spec.extras[speculative.STAT_ACCEPTED].sum() == st["accepted"]
 
 
 def test_cpu_chunks_of_rows_give_the_same_greedy_rollout(monkeypatch):
