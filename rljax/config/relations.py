@@ -246,7 +246,7 @@ def _speculative(f):
   what = f"rollout.draft={draft!r}"
   if f["env.name"] is not None:
     return (f"{what}: multi-turn episodes (env.name={f['env.name']!r}) decode their turns through "
-            "their own cache store (rljax.rollout.turns), not the all_rows sampler; set "
+            "their own cache store (rljax.rollout.turns), not the all_rows or continuous loops; set "
             "rollout.draft='none'")
   if f["mesh.context"] > 1:
     return (f"{what} verifies each row against its whole KV cache on one device; "
