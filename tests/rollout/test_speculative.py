@@ -296,8 +296,10 @@ def test_engine_from_config_and_a_data_sharded_mesh():
 
 
 @pytest.mark.parametrize("overrides, match", [
-    ({"env.name": "guess", "reward.workers": 1, "reward.sources": "env:1"},
-     r"multi-turn episodes .* set rollout.draft='none'$"),
+    ({"env.name": "guess", "env.engine": "async_turns", "reward.workers": 1,
+      "reward.sources": "env:1"},
+     r"env.engine='async_turns' decodes multi-turn episodes in its own loop .* or "
+     r"rollout.draft='none'$"),
     ({"mesh.context": 2}, r"mesh.context=2 stripes it"),
     ({"model.router_replay": "R3"}, r"records no experts per token"),
     ({"rollout.draft": "none", "rollout.draft_tokens": 8}, r"speculative decoding is off"),
@@ -308,6 +310,12 @@ def test_refusals_are_one_line(overrides, match):
     check_config(rljax.config(overrides={"rollout.draft": "ngram", **overrides}))
   assert "\n" not in str(err.value)
   assert isinstance(err.value, UnusedKeyError) or "rollout.draft" in str(err.value)
+
+
+def test_turn_synchronous_episodes_are_allowed():
+  """Each turn of env.engine='turn_sync' is one call of the speculative rollout engine."""
+  check_config(rljax.config(overrides={"rollout.draft": "ngram", "env.name": "guess",
+                                       "reward.workers": 1, "reward.sources": "env:1"}))
 
 
 def test_refusals_at_build_and_call():
