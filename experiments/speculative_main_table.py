@@ -6,6 +6,10 @@ mean gain, with 95% t-intervals.
   python experiments/speculative_main_table.py ROOT [--out docs/results/speculative_main]
 
 ROOT: the sweep's --root. Seeds with both arms finished are paired; others are listed only.
+``--plain-archive RUNS_CSV``: a plain seed that did not run here takes its final and before
+accuracy from an archived sweep of the same job (docs/results/main_job/main_job_seeds/runs.csv,
+the study experiments/main_job_seeds.py), where a seed that ran in both agrees to every digit
+(checked here: the script stops otherwise); its timing columns stay empty.
 """
 import argparse
 import csv
@@ -57,6 +61,7 @@ def main():
   ap = argparse.ArgumentParser()
   ap.add_argument("root")
   ap.add_argument("--out", default="docs/results/speculative_main")
+  ap.add_argument("--plain-archive", default=None)
   args = ap.parse_args()
   base = os.path.join(args.root, STUDY)
   table = {}
@@ -66,24 +71,44 @@ def main():
       row = run_row(os.path.join(base, arm, name))
       if row is not None:
         table[(arm, seed)] = row
+  fields = ["arm", "seed", "source"] + list(next(iter(table.values())))
+  for row in table.values():
+    row["source"] = "this sweep"
+  if args.plain_archive:
+    archived = {int(r["seed"]): r for r in csv.DictReader(open(args.plain_archive))}
+    for seed, r in archived.items():
+      final, gain = float(r["final_accuracy"]), float(r["gain_accuracy"])
+      if ("plain", seed) in table:  # ran in both: the archive must be this run, digit for digit
+        here = table[("plain", seed)]
+        if (here["eval_after"], here["gain"]) != (final, gain):
+          raise SystemExit(f"plain seed {seed}: this sweep's {here['eval_after']!r} differs from "
+                           f"the archive's {final!r}: the archive does not stand in")
+        print(f"plain seed {seed}: this sweep's final accuracy {final!r} equals the archive's")
+      elif ("ngram", seed) in table:
+        nan = float("nan")
+        table[("plain", seed)] = dict(
+            {k: nan for k in fields[3:]}, eval_before=final - gain, eval_after=final, gain=gain,
+            source="archived (" + os.path.basename(os.path.dirname(args.plain_archive)) + ")")
   os.makedirs(args.out, exist_ok=True)
-  fields = ["arm", "seed"] + list(next(iter(table.values())))
   with open(os.path.join(args.out, "runs.csv"), "w", newline="") as f:
     w = csv.DictWriter(f, fields)
     w.writeheader()
     for (arm, seed), row in sorted(table.items(), key=lambda kv: (kv[0][1], kv[0][0])):
-      w.writerow({"arm": arm, "seed": seed, **{k: round(v, 6) for k, v in row.items()}})
+      w.writerow({"arm": arm, "seed": seed,
+                  **{k: v if isinstance(v, str) else round(v, 6) for k, v in row.items()}})
   seeds = sorted({s for a, s in table if all((arm, s) in table for arm in ARMS)})
   pct = lambda v: f"{100 * v:.1f}%"
-  lines = ["| seed | arm | held-out before | after 200 steps | gain | rollout s (RL) | "
+  lines = ["| seed | arm | run | held-out before | after 200 steps | gain | rollout s (RL) | "
            "rollout tokens/s | accept rate | tokens / verify | sampler-trainer log-prob gap |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
+  num = lambda v, f: "" if math.isnan(v) else format(v, f)
   for (arm, seed), r in sorted(table.items(), key=lambda kv: (kv[0][1], kv[0][0] != "plain")):
     acc = "" if math.isnan(r["draft_accept_rate"]) else pct(r["draft_accept_rate"])
     tpv = "" if math.isnan(r["tokens_per_verify"]) else f"{r['tokens_per_verify']:.3f}"
-    lines.append(f"| {seed} | {arm} | {pct(r['eval_before'])} | {pct(r['eval_after'])} | "
-                 f"{100 * r['gain']:+.1f} | {r['rollout_s']:.0f} | "
-                 f"{r['rollout_tokens_per_s']:.0f} | {acc} | {tpv} | {r['logp_gap_mean']:.2e} |")
+    lines.append(f"| {seed} | {arm} | {r['source']} | {pct(r['eval_before'])} | "
+                 f"{pct(r['eval_after'])} | {100 * r['gain']:+.1f} | {num(r['rollout_s'], '.0f')} | "
+                 f"{num(r['rollout_tokens_per_s'], '.0f')} | {acc} | {tpv} | "
+                 f"{num(r['logp_gap_mean'], '.2e')} |")
   summary = []
   if seeds:
     diff = [table[("ngram", s)]["eval_after"] - table[("plain", s)]["eval_after"] for s in seeds]
@@ -95,10 +120,11 @@ def main():
       fa, flo, fhi = interval([100 * table[(arm, s)]["eval_after"] for s in seeds])
       summary.append(f"- {arm}: mean gain {m:+.2f} points [{lo:+.2f}, {hi:+.2f}], final "
                      f"accuracy {fa:.2f}% [{flo:.2f}, {fhi:.2f}]")
-    ratio = [table[("ngram", s)]["rollout_s"] / table[("plain", s)]["rollout_s"] for s in seeds]
+    timed = [s for s in seeds if table[("plain", s)]["source"] == "this sweep"]
+    ratio = [table[("ngram", s)]["rollout_s"] / table[("plain", s)]["rollout_s"] for s in timed]
     tps = [table[("ngram", s)]["rollout_tokens_per_s"] / table[("plain", s)]["rollout_tokens_per_s"]
-           for s in seeds]
-    summary.append(f"- rollout time ngram / plain (the pair ran at once): "
+           for s in timed]
+    summary.append(f"- rollout time ngram / plain, seeds {timed} (each pair ran at once): "
                    f"{', '.join(f'{x:.2f}x' for x in ratio)}; rollout tokens/s ratio "
                    f"{', '.join(f'{x:.2f}x' for x in tps)}")
   with open(os.path.join(args.out, "table.md"), "w") as f:
