@@ -247,10 +247,10 @@ def _speculative(f):
   if draft == "none":
     return None
   what = f"rollout.draft={draft!r}"
-  if f["env.name"] is not None:
-    return (f"{what}: multi-turn episodes (env.name={f['env.name']!r}) decode their turns through "
-            "their own cache store (rljax.rollout.turns), not the all_rows sampler; set "
-            "rollout.draft='none'")
+  if f["env.name"] is not None and f["env.engine"] != "turn_sync":
+    return (f"{what}: env.engine={f['env.engine']!r} decodes multi-turn episodes in its own loop "
+            "(rljax.rollout.turns' lanes), which drafts nothing; use env.engine='turn_sync' "
+            "(each turn one speculative rollout.engine call) or rollout.draft='none'")
   if f["mesh.context"] > 1:
     return (f"{what} verifies each row against its whole KV cache on one device; "
             f"mesh.context={f['mesh.context']} stripes it: set rollout.draft='none' or "
@@ -295,8 +295,10 @@ RELATIONS = (
              _inflight_single_turn),
     Relation(("model.router_replay", "env.name"), "R3 replay: single-turn rollouts",
              _replay_single_turn),
-    Relation(("rollout.draft", "env.name", "mesh.context", "model.router_replay"),
-             "speculative decoding: single-turn, each row's cache on one device, no R3 replay",
+    Relation(("rollout.draft", "env.name", "env.engine", "mesh.context",
+              "model.router_replay"),
+             "speculative decoding: turn-synchronous episodes, each row's cache on one device, "
+             "no R3 replay",
              _speculative),
     Relation(("env.tool_format", "data.tokenizer"), "hermes tool calls need a real tokenizer",
              _hermes_tokenizer),

@@ -316,23 +316,32 @@ def weight_sync(config, placement: Placement, model_cfg: ModelConfig) -> WeightS
   return WeightSync(placement.param_sharding, weight_dtype=dtype, adapters_cfg=adapters)
 
 
-@register_engine("all_rows", reads=("rollout.draft", "rollout.draft_tokens",
-                                    "rollout.draft_ngram", "rollout.draft_layers"))
+# The keys of speculative decoding (rljax.rollout.speculative), read by both JAX engines.
+DRAFT_KEYS = ("rollout.draft", "rollout.draft_tokens", "rollout.draft_ngram",
+              "rollout.draft_layers")
+
+
+def _draft(config) -> Optional[Draft]:
+  r = config.rollout
+  return make_draft(r.draft, r.draft_tokens, r.draft_ngram, r.draft_layers)
+
+
+@register_engine("all_rows", reads=DRAFT_KEYS)
 def all_rows_engine(config, model_cfg: ModelConfig, placement: Placement) -> JaxEngine:
   """Every row of a call decoded together until the last one stops (``rljax.rollout.sampler``),
   speculatively with ``rollout.draft`` (``rljax.rollout.spec_decode``)."""
-  r = config.rollout
-  draft = make_draft(r.draft, r.draft_tokens, r.draft_ngram, r.draft_layers)
-  return JaxEngine(model_cfg, placement, dtype=r.dtype, draft=draft,
+  return JaxEngine(model_cfg, placement, dtype=config.rollout.dtype, draft=_draft(config),
                    sync=weight_sync(config, placement, model_cfg))
 
 
-@register_engine("continuous", reads=("rollout.max_concurrent_rows", "rollout.kv_cache_bytes"))
+@register_engine("continuous", reads=("rollout.max_concurrent_rows", "rollout.kv_cache_bytes")
+                 + DRAFT_KEYS)
 def continuous_engine(config, model_cfg: ModelConfig, placement: Placement) -> JaxEngine:
   """At most ``rollout.max_concurrent_rows`` rows (and what ``rollout.kv_cache_bytes`` holds)
   decoding at once per data shard, a stopped row's slot refilled with the next pending row
-  (``rljax.rollout.continuous``); with neither set, or more slots than rows, all rows at once."""
+  (``rljax.rollout.continuous``); with neither set, or more slots than rows, all rows at once.
+  Speculatively with ``rollout.draft``: each slot verifies its drafts in the loop's forward."""
   r = config.rollout
   return JaxEngine(model_cfg, placement, max_concurrent_rows=r.max_concurrent_rows,
-                   kv_cache_bytes=r.kv_cache_bytes, dtype=r.dtype,
+                   kv_cache_bytes=r.kv_cache_bytes, dtype=r.dtype, draft=_draft(config),
                    sync=weight_sync(config, placement, model_cfg))

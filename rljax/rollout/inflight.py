@@ -24,6 +24,7 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
+from rljax.rollout import speculative
 from rljax.rollout.record import Rollout
 from rljax.rollout.sampling import SamplingParams
 
@@ -46,9 +47,12 @@ def sample_inflight(sample: SampleFn, newest: Newest, tokens, mask, key,
     width = min(chunk, t_max - start)
     out = sample(params, context, context_mask, jax.random.fold_in(key, c),
                  dataclasses.replace(sampling, max_new_tokens=width), g)
-    if out.extras:
+    # Speculative decoding's acceptance counts are not joined (each chunk's token 0 comes from
+    # its prefill, not a verification): an in-flight rollout logs no acceptance figures.
+    joinable = speculative.without_counts(out.extras)
+    if joinable:
       raise ValueError(f"in-flight weight updates cannot join the sampler's extras "
-                       f"{sorted(out.extras)} across chunks (model.router_replay='R3')")
+                       f"{sorted(joinable)} across chunks (model.router_replay='R3')")
     alive = np.ones(out.num_rows, bool) if c == 0 else pieces[-1][2] & pieces[-1][0].truncated
     pieces.append((out, version, alive))
     if not (alive & out.truncated).any():

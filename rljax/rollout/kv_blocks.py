@@ -55,23 +55,26 @@ def blocks_needed(t, sizes: tuple[int, ...]):
 
 def attend(q, k, v, layer_cache, window: int | None, *, t, n_blocks, prompt_valid,
            sizes: tuple[int, ...]):
-  """Write ``k, v`` [S, 1, G, Dh] at each slot's completion position ``t - 1``, then attend
-  ``q`` [S, 1, H, Dh] to its prompt and completion keys (``rljax.models.layers.Attend``, with
-  the other arguments bound by the caller).
+  """Write ``k, v`` [S, Sq, G, Dh] at each slot's completion positions ``t - 1 .. t + Sq - 2``,
+  then attend ``q`` [S, Sq, H, Dh] to its prompt and completion keys, query ``j`` up to its own
+  position (``rljax.models.layers.Attend``, with the other arguments bound by the caller).
+  ``Sq`` = 1 decodes; ``Sq = k + 1`` verifies ``k`` drafted tokens (speculative decoding).
 
-  t: [S] int, completion tokens of each slot including the one fed now. n_blocks: the traced
-  number of completion blocks read (``blocks_needed`` of the deepest active slot).
-  prompt_valid: [S, P] bool, the slot's real prompt tokens. Returns ([S, 1, H, Dh], layer_cache).
+  t: [S] int, completion tokens of each slot including the first one fed now. n_blocks: the
+  traced number of completion blocks read (``blocks_needed`` of the deepest active slot's last
+  position + 1). prompt_valid: [S, P] bool, the slot's real prompt tokens. Returns
+  ([S, Sq, H, Dh], layer_cache).
   """
   (pk, pv), blocks = layer_cache
   slots, _, p, _ = pk.shape
-  rows = jnp.arange(slots)
+  sq = q.shape[1]
+  rows = jnp.arange(slots)[:, None]
   starts = np.cumsum((0,) + sizes[:-1]).tolist()
   new_blocks = []
   for (ck, cv), start, size in zip(blocks, starts, sizes):
-    at = t - 1 - start
+    at = (t - 1 - start)[:, None] + jnp.arange(sq)[None]  # [S, Sq]
     at = jnp.where((at >= 0) & (at < size), at, size)  # out of the block: dropped
-    put = lambda c, x, at=at: c.at[rows, :, at].set(x[:, 0].astype(c.dtype), mode="drop")
+    put = lambda c, x, at=at: c.at[rows, :, at].set(x.astype(c.dtype), mode="drop")
     new_blocks.append((put(ck, k), put(cv, v)))
   new_blocks = tuple(new_blocks)
 
@@ -89,10 +92,14 @@ def attend(q, k, v, layer_cache, window: int | None, *, t, n_blocks, prompt_vali
       scores = jnp.concatenate([jnp.einsum("bgqd,bgkd->bgqk", qh, kb.astype(qh.dtype))
                                 for kb in keys], axis=-1).astype(jnp.float32)
       scores = scores.reshape(b, g, r, sq, p + width) / np.float32(math.sqrt(dh))
-      allowed = jnp.concatenate([prompt_valid, jnp.arange(width)[None] < t[:, None]], axis=1)
-      if window is not None:  # the query sits at slot P + t - 1
-        allowed = allowed & (p + t[:, None] - 1 - jnp.arange(p + width)[None] < window)
-      scores = jnp.where(allowed[:, None, None, None], scores, attention_lib.MASK_VALUE)
+      ends = t[:, None] + jnp.arange(sq)[None]  # [S, Sq]: query j sees positions < t + j
+      allowed = jnp.concatenate(
+          [jnp.broadcast_to(prompt_valid[:, None], (b, sq, p)),
+           jnp.arange(width)[None, None] < ends[..., None]], axis=2)
+      if window is not None:  # query j sits at slot P + t - 1 + j
+        allowed = allowed & (p + ends[..., None] - 1 - jnp.arange(p + width)[None, None]
+                             < window)
+      scores = jnp.where(allowed[:, None, None], scores, attention_lib.MASK_VALUE)
       probs = jax.nn.softmax(scores, axis=-1).astype(pv.dtype).reshape(b, g, r * sq, p + width)
       bounds = np.cumsum([p] + [sizes[j] for j in range(n)])[:-1].tolist()
       parts = [jnp.einsum("bgqk,bgkd->bgqd", pr, vb)

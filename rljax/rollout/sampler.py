@@ -188,7 +188,10 @@ def _sample_impl(params, prompt_tokens, prompt_mask, key, *, cfg: ModelConfig,
   n_prompts, p = prompt_tokens.shape
   g, t_max = group_size, sp.max_new_tokens
   b = n_prompts * g
-  slots = slot_budget(cfg, b, p, t_max, max_concurrent_rows, kv_cache_bytes)
+  # A verification feeds k tokens past the last one emitted: their positions need RoPE rows
+  # and cache slots too (rollout.kv_cache_bytes counts them).
+  extra_positions = 0 if draft is None else draft.tokens + 1
+  slots = slot_budget(cfg, b, p, t_max + extra_positions, max_concurrent_rows, kv_cache_bytes)
 
   row_offset = 0
   if shard_axes is not None:  # this shard's first row in the whole batch
@@ -200,11 +203,9 @@ def _sample_impl(params, prompt_tokens, prompt_mask, key, *, cfg: ModelConfig,
 
   prompt_tokens = prompt_tokens.astype(jnp.int32)
   prompt_mask = prompt_mask.astype(jnp.int32)
-  # A verification feeds k tokens past the last one emitted: their positions need RoPE rows too.
-  extra_positions = 0 if draft is None else draft.tokens + 1
   cfg, weights = decode.inference_weights(cfg, params, p + t_max + extra_positions)  # once
   if draft is not None:
-    spec_refusal(draft, b, slots, context, images)
+    spec_refusal(draft, context, images)
   vision_in = None
   if images is not None:
     if slots < b or context is not None:
@@ -222,7 +223,7 @@ def _sample_impl(params, prompt_tokens, prompt_mask, key, *, cfg: ModelConfig,
   if slots < b:
     return _continuous(weights, prompt_tokens, prompt_mask, row_offset, step_keys, row_budget,
                        cfg=cfg, sp=sp, stop_ids=stop_ids, g=g, slots=slots,
-                       refill_rows=refill_rows, with_stats=with_stats)
+                       refill_rows=refill_rows, with_stats=with_stats, key=key, draft=draft)
 
   if row_budget is None:
     row_budget = jnp.full((b,), t_max, jnp.int32)
@@ -257,18 +258,12 @@ def _sample_impl(params, prompt_tokens, prompt_mask, key, *, cfg: ModelConfig,
   return (out, stats) if with_stats else out
 
 
-def spec_refusal(draft: speculative.Draft, rows: int, slots: int, context, images=None) -> None:
-  """Raise (one line) where speculative decoding is not built: a slot budget below the rows
-  (continuous batching refills slots per token, a verification emits several), a cache
-  striped over a context axis, prompts with images (the verification's positions are 1-D)."""
+def spec_refusal(draft: speculative.Draft, context, images=None) -> None:
+  """Raise (one line) where speculative decoding is not built: a cache striped over a context
+  axis, prompts with images (the verification's positions are 1-D)."""
   if images is not None:
     raise ValueError(f"rollout.draft={draft.kind!r} with prompts with images is not supported "
                      "yet (M-RoPE positions in the verification); set rollout.draft='none'")
-  if slots < rows:
-    raise ValueError(f"rollout.draft={draft.kind!r} decodes every row of a shard at once: "
-                     f"continuous batching's slot budget ({slots} of {rows} rows) is not "
-                     "supported with speculative decoding; lift rollout.max_concurrent_rows / "
-                     "rollout.kv_cache_bytes or set rollout.draft='none'")
   if context is not None:
     raise ValueError(f"rollout.draft={draft.kind!r} needs each row's KV cache on one device: "
                      f"mesh.context={context.size} stripes it; set rollout.draft='none'")
@@ -293,8 +288,9 @@ def continuous_chunks(cfg: ModelConfig, n_prompts: int, g: int, slots: int, t_sl
 
 def _continuous(weights, prompt_tokens, prompt_mask, row_offset, step_keys, row_budget, *,
                 cfg: ModelConfig, sp: SamplingParams, stop_ids: tuple, g: int, slots: int,
-                refill_rows, with_stats: bool):
-  """``continuous.decode_rows`` over the rows, in sequential chunks (``continuous_chunks``)."""
+                refill_rows, with_stats: bool, key=None, draft=None):
+  """``continuous.decode_rows`` over the rows, in sequential chunks (``continuous_chunks``),
+  speculatively with ``draft`` (``key``: the rollout's key)."""
   n_prompts, p = prompt_tokens.shape
   t_max, b = sp.max_new_tokens, n_prompts * g
   n_chunks = continuous_chunks(cfg, n_prompts, g, slots, p + t_max)
@@ -303,7 +299,8 @@ def _continuous(weights, prompt_tokens, prompt_mask, row_offset, step_keys, row_
   run = lambda pt, pm, offset, bud: continuous.decode_rows(
       weights, pt, pm, offset, step_keys, cfg=cfg, sp=sp, stop_ids=stop_ids, g=g,
       slots=chunk_slots, row_budget=bud,
-      refill_rows=min(refill_rows or continuous.default_refill_rows(chunk_slots), chunk_slots))
+      refill_rows=min(refill_rows or continuous.default_refill_rows(chunk_slots), chunk_slots),
+      key=key, draft=draft)
   if n_chunks == 1:
     res = run(prompt_tokens, prompt_mask, row_offset, budget)
   else:
@@ -313,17 +310,23 @@ def _continuous(weights, prompt_tokens, prompt_mask, row_offset, step_keys, row_
         (prompt_tokens.reshape(n_chunks, -1, p), prompt_mask.reshape(n_chunks, -1, p),
          jnp.arange(n_chunks), budget.reshape(n_chunks, -1)))
     flat = lambda x: x.reshape((-1,) + x.shape[2:])
-    res = [flat(x) for x in res[:5]] + [jnp.sum(res[5]), jax.tree.map(flat, res[6])]
-  tokens, slp, dlp, length, stopped, computed, routes = res
+    res = ([flat(x) for x in res[:5]] + [jnp.sum(res[5])]
+           + [jax.tree.map(flat, x) for x in res[6:]])
+  tokens, slp, dlp, length, stopped, computed, routes, row_stats = res
   rep = lambda x: jnp.repeat(x, g, axis=0) if g > 1 else x
   mask = (jnp.arange(t_max)[None, :] < length[:, None]).astype(jnp.int32)
   extras = {}
   if routes is not None:
     extras["sampler_routes"] = with_prompt_routes(rep(routes[0]), routes[1], mask)
+  if row_stats:  # the per-row acceptance counts the trainer logs
+    extras.update({speculative.STAT_VERIFIES: row_stats["verifies"],
+                   speculative.STAT_ACCEPTED: row_stats["accepted"]})
   out = Rollout(prompt_tokens=rep(prompt_tokens), prompt_mask=rep(prompt_mask), tokens=tokens,
                 mask=mask, sampler_logp=slp, draw_logp=dlp, lengths=length,
                 truncated=~stopped, extras=extras)
-  return (out, dict(slots=chunk_slots, computed=computed)) if with_stats else out
+  stats = dict(slots=chunk_slots, computed=computed,
+               **{name: jnp.sum(v) for name, v in row_stats.items()})
+  return (out, stats) if with_stats else out
 
 
 def _sample_rows(weights, prompt_tokens, prompt_mask, row_offset, budget, vision_in=None, *,

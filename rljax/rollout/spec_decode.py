@@ -71,6 +71,93 @@ def _at(x, tokens):
   return jnp.take_along_axis(x, tokens[..., None], axis=-1)[..., 0]
 
 
+def drafted_draws(draft: speculative.Draft) -> int:
+  """The draft's own categorical draws per verification: ``k`` for 'layers' (a stochastic
+  draft), none for 'ngram' (a one-hot ``q`` draws nothing)."""
+  return draft.tokens if draft.kind == "layers" else 0
+
+
+def iteration_noise(key, its, rows, *, t_max: int, vocab: int, draft: speculative.Draft):
+  """Each row's noise for its verification number ``its`` [B]: Gumbel [k', B, V] for the draft's
+  draws (``drafted_draws``), [B, V] for the residual / bonus draw (a categorical draw is
+  ``argmax(logits + gumbel)``), and uniforms [B, k] for the acceptance tests, from key
+  ``fold_in(key, T + it)`` (the plain loop's token ``t`` uses ``fold_in(key, t)``) at the
+  counters of the row's index ``rows`` [B] in the whole batch: a row draws the same whatever
+  shard, slot or step verifies it (threefry; other RNGs fold the row index into the key)."""
+  k, n_draft = draft.tokens, drafted_draws(draft)
+  width = (n_draft + 1) * vocab + k
+  kits = jax.vmap(lambda it: jax.random.fold_in(key, t_max + it))(its)
+  if noise.is_threefry(key):
+    g = noise.gumbel_rows(noise.key_data(kits), rows, width)
+  else:
+    g = jax.vmap(lambda kit, r: jax.random.gumbel(jax.random.fold_in(kit, r), (width,)))(kits,
+                                                                                         rows)
+  b = g.shape[0]
+  draft_g = g[:, :n_draft * vocab].reshape(b, n_draft, vocab).transpose(1, 0, 2)
+  final_g = g[:, n_draft * vocab:(n_draft + 1) * vocab]
+  uniforms = jnp.exp(-jnp.exp(-g[:, (n_draft + 1) * vocab:]))  # the Gumbel's own uniform
+  return draft_g, final_g, uniforms
+
+
+def propose_ngram(prompt, prompt_mask, buf, length, draft: speculative.Draft):
+  """Prompt lookup over each row's context: ``prompt`` [B, P] (``prompt_mask``) then its ``length``
+  [B] tokens of ``buf`` [B, >= T]; the drafted tokens [B, k]."""
+  p, t_max = prompt.shape[1], buf.shape[1]
+  seq = jnp.concatenate([prompt, buf], axis=1)
+  valid = jnp.concatenate([prompt_mask.astype(bool),
+                           jnp.arange(t_max)[None] < length[:, None]], axis=1)
+  d, _ = speculative.ngram_proposals(seq, valid, p + length - 1, draft.ngram, draft.tokens)
+  return d
+
+
+def propose_layers(step, sub, last, draft_g, *, k: int, sp: SamplingParams, logits):
+  """The self-speculative draft: ``k`` steps of ``step(sub, j, tok) -> (hidden, sub)``, which
+  feeds each row's ``j``-th draft input ``tok`` [B] through the draft's layers and their cache
+  ``sub`` (the first layers of the policy's), ``logits(hidden)`` its head; ``draft_g`` [k, B, V]
+  its draws' Gumbel noise (unused when greedy). Returns (``sub``, drafted [B, k], the draft's
+  log-distributions [B, k, V] or None when greedy: its argmax is a one-hot ``q``)."""
+  greedy = sp.is_greedy
+
+  def one(carry, xs):
+    (sub, tok), (j, g) = carry, xs
+    h, sub = step(sub, j, tok)
+    lg = logits(h)
+    if greedy:
+      return (sub, _argmax(lg)), (_argmax(lg), jnp.zeros((tok.shape[0], 0), jnp.float32))
+    q = jax.nn.log_softmax(process_logits(lg, sp), axis=-1)
+    d = _argmax(q + g)
+    return (sub, d), (d, q)
+
+  g = jnp.zeros((k, last.shape[0], 0), jnp.float32) if greedy else draft_g
+  (sub, _), (d, q) = jax.lax.scan(one, (sub, last), (jnp.arange(k), g))
+  return sub, d.T, None if greedy else q.transpose(1, 0, 2)
+
+
+def judge(logits, d, q, final_g, uniforms, *, sp: SamplingParams, identity: bool):
+  """The target's verdict on drafted ``d`` [B, k] (draft log-distributions ``q`` [B, k, V], None:
+  one-hot) from its ``logits`` [B, k+1, V] at ``[x_L, d_1..d_k]``: (accepted ``n`` [B], the
+  emitted block [B, k+1] (``speculative.emitted_block``), its policy and draw log-probs)."""
+  b, k = d.shape
+  raw = jax.nn.log_softmax(logits, axis=-1)
+  if sp.is_greedy:  # p is the point mass on the argmax
+    target = _argmax(logits)
+    n = speculative.accepted_length((d == target[:, :k]).astype(jnp.float32),
+                                    jnp.zeros((b, k), jnp.float32))
+    block = speculative.emitted_block(d, n, _row(target, n))
+    return n, block, _at(raw, block), jnp.zeros(block.shape, jnp.float32)
+  plp = jax.nn.log_softmax(process_logits(logits, sp), axis=-1)
+  p_d = _at(plp[:, :k], d)
+  n = speculative.accepted_length(
+      speculative.acceptance_probs(p_d, None if q is None else _at(q, d)), uniforms)
+  j = jnp.minimum(n, k - 1)
+  residual = speculative.residual_logits(_row(plp, j), None if q is None else _row(q, j),
+                                         drafted=_row(d, j))
+  final = jnp.where((n < k)[:, None], residual, _row(plp, n))
+  block = speculative.emitted_block(d, n, _argmax(final + final_g))
+  slp = _at(raw, block)
+  return n, block, slp, slp if identity else _at(plp, block)
+
+
 def spec_rows(weights, prompt_tokens, prompt_mask, row_offset, budget, *, key, key_at,
               cfg: ModelConfig, sp: SamplingParams, stop_ids: tuple, g: int,
               draft: speculative.Draft):
@@ -110,25 +197,8 @@ def spec_rows(weights, prompt_tokens, prompt_mask, row_offset, budget, *, key, k
       if stop_ids else jnp.zeros((b,), bool)
 
   rows = row_offset + jnp.arange(b)
-  vocab = cfg.vocab_size
-  n_draft = k if draft.kind == "layers" else 0  # the draft's own draws (a one-hot q draws none)
-  width = (n_draft + 1) * vocab + k
-
-  def noise_of(it):
-    """Iteration ``it``'s noise per row: Gumbel [k', B, V] for the draft's draws and [B, V] for
-    the residual / bonus draw (a categorical draw is ``argmax(logits + gumbel)``), and uniforms
-    [B, k] for the acceptance tests, from key ``fold_in(key, T + it)`` (the plain loop's token
-    ``t`` uses ``fold_in(key, t)``) at the counters of the row's global index, so a shard draws
-    what the whole batch would (threefry; other RNGs fold the row index into the key)."""
-    kit = jax.random.fold_in(key, t_max + it)
-    if noise.is_threefry(key):
-      g = noise.gumbel(noise.key_data(kit), (b, width), offset=row_offset * width)
-    else:
-      g = jax.vmap(lambda r: jax.random.gumbel(jax.random.fold_in(kit, r), (width,)))(rows)
-    draft_g = g[:, :n_draft * vocab].reshape(b, n_draft, vocab).transpose(1, 0, 2)
-    final_g = g[:, n_draft * vocab:(n_draft + 1) * vocab]
-    uniforms = jnp.exp(-jnp.exp(-g[:, (n_draft + 1) * vocab:]))  # the Gumbel's own uniform
-    return draft_g, final_g, uniforms
+  noise_of = lambda it: iteration_noise(key, jnp.full((b,), it, jnp.int32), rows, t_max=t_max,
+                                        vocab=cfg.vocab_size, draft=draft)
 
   if draft.kind == "layers":
     draft_cfg, draft_weights = first_layers(cfg, weights, draft.layers)
@@ -136,29 +206,17 @@ def spec_rows(weights, prompt_tokens, prompt_mask, row_offset, budget, *, key, k
   def propose(cache, kv_valid, buf, length, last, draft_g):
     """(cache, drafted [B, k], the draft's log-distributions [B, k, V] or None: one-hot)."""
     if draft.kind == "ngram":
-      seq = jnp.concatenate([prompt_b, buf[:, :t_max]], axis=1)
-      valid = jnp.concatenate([prompt_mask_b.astype(bool),
-                               jnp.arange(t_max)[None] < length[:, None]], axis=1)
-      d, _ = speculative.ngram_proposals(seq, valid, p + length - 1, draft.ngram, k)
-      return cache, d, None
+      return cache, propose_ngram(prompt_b, prompt_mask_b, buf[:, :t_max], length, draft), None
     m = draft.layers
 
-    def one(carry, xs):
-      (sub, tok), (j, g) = carry, xs
+    def step(sub, j, tok):
       h, sub, _ = decode.step(draft_cfg, draft_weights, tok[:, None],
                               (next_pos + length - 1 + j)[:, None], sub, p + length - 1 + j,
                               kv_valid)
-      logits = decode.logits_of(draft_cfg, draft_weights, h)
-      if greedy:
-        return (sub, _argmax(logits)), (_argmax(logits), jnp.zeros((b, 0), jnp.float32))
-      q = jax.nn.log_softmax(process_logits(logits, sp), axis=-1)
-      d = _argmax(q + g)
-      return (sub, d), (d, q)
-
-    g = jnp.zeros((k, b, 0), jnp.float32) if greedy else draft_g
-    (sub, _), (d, q) = jax.lax.scan(one, (cache[:m], last), (jnp.arange(k), g))
-    d = d.T
-    return tuple(sub) + tuple(cache[m:]), d, None if greedy else q.transpose(1, 0, 2)
+      return h, sub
+    sub, d, q = propose_layers(step, cache[:m], last, draft_g, k=k, sp=sp,
+                               logits=lambda h: decode.logits_of(draft_cfg, draft_weights, h))
+    return tuple(sub) + tuple(cache[m:]), d, q
 
   def verify(cache, kv_valid, length, last, d, q, final_g, uniforms):
     """(cache, accepted n [B], the emitted block [B, k+1], its policy and draw log-probs)."""
@@ -166,25 +224,8 @@ def spec_rows(weights, prompt_tokens, prompt_mask, row_offset, budget, *, key, k
     pos = (next_pos + length - 1)[:, None] + jnp.arange(k + 1)[None]
     h, cache, _ = decode.step(cfg, weights, feed, pos, cache, p + length - 1, kv_valid,
                               all_positions=True)
-    logits = decode.logits_of(cfg, weights, h)  # [B, k+1, V]
-    raw = jax.nn.log_softmax(logits, axis=-1)
-    if greedy:  # p is the point mass on the argmax
-      target = _argmax(logits)
-      n = speculative.accepted_length((d == target[:, :k]).astype(jnp.float32),
-                                      jnp.zeros((b, k), jnp.float32))
-      block = speculative.emitted_block(d, n, _row(target, n))
-      return cache, n, block, _at(raw, block), jnp.zeros(block.shape, jnp.float32)
-    plp = jax.nn.log_softmax(process_logits(logits, sp), axis=-1)
-    p_d = _at(plp[:, :k], d)
-    n = speculative.accepted_length(
-        speculative.acceptance_probs(p_d, None if q is None else _at(q, d)), uniforms)
-    j = jnp.minimum(n, k - 1)
-    residual = speculative.residual_logits(_row(plp, j), None if q is None else _row(q, j),
-                                           drafted=_row(d, j))
-    final = jnp.where((n < k)[:, None], residual, _row(plp, n))
-    block = speculative.emitted_block(d, n, _argmax(final + final_g))
-    slp = _at(raw, block)
-    return cache, n, block, slp, slp if identity else _at(plp, block)
+    return (cache,) + judge(decode.logits_of(cfg, weights, h), d, q, final_g, uniforms, sp=sp,
+                            identity=identity)
 
   def write(x, values, length, count, fill):
     j = jnp.arange(k + 1)[None]
@@ -227,5 +268,7 @@ def spec_rows(weights, prompt_tokens, prompt_mask, row_offset, budget, *, key, k
   mask = (jnp.arange(t_max)[None, :] < length[:, None]).astype(jnp.int32)
   out = Rollout(prompt_tokens=prompt_b, prompt_mask=prompt_mask_b, tokens=buf[:, :t_max],
                 mask=mask, sampler_logp=slp[:, :t_max], draw_logp=dlp[:, :t_max],
-                lengths=length, truncated=~done, extras={})
+                lengths=length, truncated=~done,
+                extras={speculative.STAT_VERIFIES: verifies,
+                        speculative.STAT_ACCEPTED: accepted})
   return out, dict(verifies=verifies, accepted=accepted)

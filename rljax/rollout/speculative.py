@@ -34,8 +34,12 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 DRAFT_KINDS = ("none", "ngram", "layers")
+# Per-row counts a speculative rollout carries in ``extras`` ([B] int32): its verification
+# forwards and the drafted tokens they accepted (``acceptance_metrics``).
+STAT_VERIFIES, STAT_ACCEPTED = "draft_verifies", "draft_accepted"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,3 +162,20 @@ def emitted_count(block, n_accepted, room, stop_ids: tuple):
   first = jnp.min(jnp.where(is_stop, j, block.shape[1]), axis=1)
   stopped = first < block.shape[1]
   return jnp.where(stopped, first + 1, count), stopped
+
+
+def acceptance_metrics(verifies, accepted, lengths, k: int) -> dict:
+  """Speculative decoding's figures over a batch (host arrays [B]): ``draft_accept_rate``, the
+  drafted tokens accepted / drafted (``k`` per verification), and ``tokens_per_verify``, the
+  tokens emitted per verification forward (accepted + 1, cut at the budget and the stop token;
+  a row's token 0 comes from the prefill, not from a verification)."""
+  verifies, accepted, lengths = (np.asarray(x, np.float64) for x in (verifies, accepted, lengths))
+  n = max(float(verifies.sum()), 1.0)
+  emitted = np.maximum(lengths - 1, 0).sum()
+  return {"draft_accept_rate": float(accepted.sum()) / (n * k),
+          "tokens_per_verify": float(emitted) / n}
+
+
+def without_counts(extras) -> dict:
+  """``extras`` less the per-row acceptance counts (``STAT_VERIFIES``, ``STAT_ACCEPTED``)."""
+  return {k: v for k, v in extras.items() if k not in (STAT_VERIFIES, STAT_ACCEPTED)}

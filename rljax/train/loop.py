@@ -19,6 +19,7 @@ from rljax import models
 from rljax.parallel import distributed, rules
 from rljax.envs.checks import check_env_startup
 from rljax.rewards import sources as reward_sources
+from rljax.rollout import speculative
 from rljax.rollout.sampler import Rollout
 from rljax.train import actors, build, evaluation, filters, generation
 from rljax.runs import compilation_cache
@@ -95,7 +96,10 @@ def collect_batch(run: build.Run, step: int, stream: int = 0,
   generated = filters.concat_groups(all_rounds)
   # Each source's raw scores are logged here, over every row generated, and not sent on.
   source_means = reward_sources.source_means(generated.extras)
-  strip = lambda part: part.replace(extras=reward_sources.without_source_values(part.extras))
+  spec = _draft_metrics(generated, run.config)  # read before the counts are stripped
+  # The acceptance counts too: logged here, never sent to the update.
+  strip = lambda part: part.replace(extras=speculative.without_counts(
+      reward_sources.without_source_values(part.extras)))
   generated, kept = strip(generated), [strip(k) for k in kept]
   if kept:
     batch = filters.pad_groups(filters.concat_groups(kept), num_prompts, group_size)
@@ -118,6 +122,7 @@ def collect_batch(run: build.Run, step: int, stream: int = 0,
   }
   info.update({k: sum(c[k] for c in verifier_counts) for k in verifier_counts[0]})
   info.update(source_means)
+  info.update(spec)
   info.update(run.source.end_step())
   info["data/dropped_prompts"] = float(run.source.dropped_prompts)
   info["data/invalid_rows"] = float(run.source.invalid_rows)
@@ -128,6 +133,19 @@ def collect_batch(run: build.Run, step: int, stream: int = 0,
   if "token_version" in generated.extras:
     info.update(token_staleness(generated.extras["token_version"], step))
   return batch, info
+
+
+def _draft_metrics(generated, cfg) -> dict:
+  """``rollout/draft_accept_rate`` and ``rollout/tokens_per_verify`` of a speculative rollout
+  (``rollout.draft``; ``speculative.acceptance_metrics``), over every row generated; {} without
+  speculation."""
+  extras = generated.extras
+  if speculative.STAT_VERIFIES not in extras:
+    return {}
+  m = speculative.acceptance_metrics(extras[speculative.STAT_VERIFIES],
+                                     extras[speculative.STAT_ACCEPTED], generated.lengths,
+                                     cfg.rollout.draft_tokens)
+  return {f"rollout/{k}": v for k, v in m.items()}
 
 
 def token_staleness(version, step: int) -> dict:

@@ -19,6 +19,7 @@ from rljax.models import transformer
 from rljax.rollout import sampler
 from rljax.rollout.record import Rollout
 from rljax.rollout.sampling import SamplingParams
+from rljax.rollout.speculative import Draft
 from rljax.learner import step as step_lib
 
 TOK = CharTokenizer()
@@ -210,16 +211,20 @@ def tiny_model_config():
                             pad_token_id=TOK.pad_id)
 
 
-def test_sequence_inputs_attends_to_environment_tokens():
+@pytest.mark.parametrize("draft", [None, Draft("ngram", tokens=3, ngram=2)],
+                         ids=["plain", "speculative"])
+def test_sequence_inputs_attends_to_environment_tokens(draft):
   """The trainer's forward over a multi-turn record reproduces the sampler's log-probs of the
   policy tokens (float32): it sees the observations. Without ``source`` (the observations
-  masked out of the attention) the policy tokens after them get other log-probs."""
+  masked out of the attention) the policy tokens after them get other log-probs. With
+  speculative decoding (``draft``: each turn's call verifies prompt-lookup drafts) the recorded
+  log-probs are the same teacher-forced forward's."""
   cfg = tiny_model_config()
   params = transformer.init_params(cfg, seed=0)
 
   def generate(tokens, mask, key, sp, group_size):
     return jax.tree.map(np.asarray, sampler.sample(cfg, params, tokens, mask, key, sp,
-                                                   group_size))
+                                                   group_size, draft=draft))
   problems = [make_task("guess", 0).problem_at(0, i) for i in range(2)]
   # Two turns of at most 4 tokens around one observation: every call is 32 wide (2 compiles).
   sp = dataclasses.replace(SP, max_new_tokens=4)
@@ -241,3 +246,26 @@ def test_sequence_inputs_attends_to_environment_tokens():
   blind_logp = stats(blind)
   after_env = mask & (np.cumsum(source == SOURCE_ENV, axis=1) > 0)
   assert np.abs(np.asarray(blind_logp) - np.asarray(logp))[after_env].max() > 1e-3
+
+
+def test_greedy_speculative_turns_are_the_plain_turns():
+  """env.engine='turn_sync' with speculative decoding: greedy episodes (two turns around an
+  observation) have the plain sampler's ids, sources and log-probs."""
+  cfg = tiny_model_config()
+  params = transformer.init_params(cfg, seed=0)
+  sp = dataclasses.replace(SP, greedy=True, max_new_tokens=4)
+  problems = [make_task("guess", 0).problem_at(0, i) for i in range(2)]
+
+  def episodes(draft):
+    def generate(tokens, mask, key, sp, group_size):
+      return jax.tree.map(np.asarray, sampler.sample(cfg, params, tokens, mask, key, sp,
+                                                     group_size, draft=draft))
+    return run_episodes(problems, jax.random.PRNGKey(3), generate=generate, tokenizer=TOK,
+                        settings=_settings(name=TALKER, max_turns=2, max_tokens=16),
+                        sampling=sp, group_size=2, prompt_bucket=32).rollout
+  plain, spec = episodes(None), episodes(Draft("ngram", tokens=3, ngram=2))
+  assert (plain.extras["source"] == SOURCE_ENV).any()
+  for name in ("tokens", "mask", "lengths"):
+    np.testing.assert_array_equal(getattr(spec, name), getattr(plain, name), err_msg=name)
+  np.testing.assert_array_equal(spec.extras["source"], plain.extras["source"])
+  np.testing.assert_allclose(spec.sampler_logp, plain.sampler_logp, atol=1e-5)

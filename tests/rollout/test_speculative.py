@@ -117,6 +117,11 @@ def test_acceptance_residual_and_emission_match_numpy():
   np.testing.assert_array_equal(count, [3, 2, 2])  # row 1 stops at its 3; row 2 has room for 2
   np.testing.assert_array_equal(stopped, [False, True, False])
 
+  # Acceptance figures, hand-worked: 5 verifications of k=3 accepted 4 of 15 drafted tokens and
+  # emitted 4 + 5 tokens past the rows' prefill tokens (a row of budget 0 emits none).
+  m = speculative.acceptance_metrics([2, 3, 0], [3, 1, 0], [6, 5, 0], 3)
+  assert m == pytest.approx({"draft_accept_rate": 4 / 15, "tokens_per_verify": 9 / 5})
+
 
 # --- the sampler ----------------------------------------------------------------------------------
 
@@ -130,6 +135,10 @@ def test_greedy_rollout_is_the_plain_samplers(kind):
   assert not spec.draw_logp.any()
   assert spec.truncated.any() and not spec.truncated.all()  # rows that stop and rows that do not
   assert 0 < st["accepted"] and st["verifies"] < spec.lengths.sum()  # drafts did get accepted
+  # The record carries the per-row counts the trainer logs (plain sampling's carries none).
+  assert speculative.STAT_VERIFIES not in plain.extras
+  assert spec.extras[speculative.STAT_VERIFIES].sum() == st["verifies"]
+  assert spec.extras[speculative.STAT_ACCEPTED].sum() == st["accepted"]
 
 
 def test_cpu_chunks_of_rows_give_the_same_greedy_rollout(monkeypatch):
@@ -147,6 +156,39 @@ def test_cpu_chunks_of_rows_give_the_same_greedy_rollout(monkeypatch):
   np.testing.assert_array_equal(got.lengths, plain.lengths)
   _, whole = _spec(GREEDY, DRAFTS["ngram"])
   assert st["verifies"] == whole["verifies"] and st["accepted"] == whole["accepted"]
+
+
+SAMPLED = SamplingParams(temperature=0.8, top_p=0.9, max_new_tokens=12, stop_ids=(6,), pad_id=0)
+
+
+@pytest.mark.parametrize("kind, sp", [("ngram", GREEDY), ("layers", SAMPLED)],
+                         ids=["ngram-greedy", "layers-sampled"])
+def test_continuous_batching_verifies_each_slots_drafts(kind, sp):
+  """4 slots for 6 rows (rows enter as others stop; refills of one row): the rollout, its
+  log-probs and each row's acceptance counts equal the all-rows speculative loop's (a row's
+  verification i draws the same noise in any slot); greedy, also plain continuous batching's
+  tokens; sampled, the recorded log-probs are the teacher-forced forward's."""
+  want, want_st = _spec(sp, DRAFTS[kind])
+  got, st = jax.device_get(sampler._sample_jit(
+      _params(), TOKENS, MASK, jax.random.key(0), cfg=CFG, sp=sp, group_size=2,
+      max_concurrent_rows=4, draft=DRAFTS[kind], with_stats=True))
+  assert st["slots"] == 4 and len(set(want.lengths.tolist())) >= 2  # rows end at different steps
+  for name in ("tokens", "mask", "lengths", "truncated", "prompt_tokens"):
+    np.testing.assert_array_equal(getattr(got, name), getattr(want, name), err_msg=name)
+  np.testing.assert_allclose(got.sampler_logp, want.sampler_logp, atol=1e-5)
+  np.testing.assert_allclose(got.draw_logp, want.draw_logp, atol=1e-5)
+  for name in (speculative.STAT_VERIFIES, speculative.STAT_ACCEPTED):
+    np.testing.assert_array_equal(got.extras[name], want.extras[name], err_msg=name)
+  assert st["accepted"] == want_st["accepted"] > 0
+  if sp.is_greedy:
+    plain = jax.device_get(sample(CFG, _params(), TOKENS, MASK, jax.random.key(0), sp, 2,
+                                  max_concurrent_rows=4))
+    np.testing.assert_array_equal(got.tokens, plain.tokens)
+    np.testing.assert_array_equal(got.lengths, plain.lengths)
+  else:
+    logits = _teacher_forced_logits(CFG, _params(), got)
+    lp = np.take_along_axis(_log_softmax(logits), got.tokens[..., None], -1)[..., 0]
+    np.testing.assert_allclose(got.sampler_logp, np.where(got.mask > 0, lp, 0), atol=2e-5)
 
 
 def _exact_joint(sp, prompt):
@@ -234,6 +276,11 @@ def test_engine_from_config_and_a_data_sharded_mesh():
   check_config(config)
   engine = ROLLOUT_ENGINES.get("all_rows")(config, CFG, Placement())
   assert engine.draft == DRAFTS["ngram"]
+  config_c = rljax.config(overrides={"rollout.engine": "continuous",
+                                     "rollout.max_concurrent_rows": 2, "rollout.draft": "ngram",
+                                     "rollout.draft_tokens": 3, "rollout.draft_ngram": 2})
+  check_config(config_c)  # the continuous engine reads the draft keys
+  assert ROLLOUT_ENGINES.get("continuous")(config_c, CFG, Placement()).draft == DRAFTS["ngram"]
   engine.load_weights(_params(), 0)
   got = engine.generate(TOKENS, MASK, jax.random.key(0), GREEDY, 2)
   want = jax.device_get(sample(CFG, _params(), TOKENS, MASK, jax.random.key(0), GREEDY, 2,
@@ -249,10 +296,10 @@ def test_engine_from_config_and_a_data_sharded_mesh():
 
 
 @pytest.mark.parametrize("overrides, match", [
-    ({"rollout.engine": "continuous"}, r"^rollout.draft='ngram' is not used: rollout.engine="
-                                       r"'continuous' does not read it"),
-    ({"env.name": "guess", "reward.workers": 1, "reward.sources": "env:1"},
-     r"multi-turn episodes .* set rollout.draft='none'$"),
+    ({"env.name": "guess", "env.engine": "async_turns", "reward.workers": 1,
+      "reward.sources": "env:1"},
+     r"env.engine='async_turns' decodes multi-turn episodes in its own loop .* or "
+     r"rollout.draft='none'$"),
     ({"mesh.context": 2}, r"mesh.context=2 stripes it"),
     ({"model.router_replay": "R3"}, r"records no experts per token"),
     ({"rollout.draft": "none", "rollout.draft_tokens": 8}, r"speculative decoding is off"),
@@ -265,13 +312,16 @@ def test_refusals_are_one_line(overrides, match):
   assert isinstance(err.value, UnusedKeyError) or "rollout.draft" in str(err.value)
 
 
+def test_turn_synchronous_episodes_are_allowed():
+  """Each turn of env.engine='turn_sync' is one call of the speculative rollout engine."""
+  check_config(rljax.config(overrides={"rollout.draft": "ngram", "env.name": "guess",
+                                       "reward.workers": 1, "reward.sources": "env:1"}))
+
+
 def test_refusals_at_build_and_call():
   config = rljax.config(overrides={"rollout.draft": "layers", "rollout.draft_layers": 2})
   with pytest.raises(ValueError, match=r"^rollout.draft_layers=2: the draft must have fewer "
                                        r"layers than the policy's 2$"):
     ROLLOUT_ENGINES.get("all_rows")(config, CFG, Placement())
-  with pytest.raises(ValueError, match=r"continuous batching's slot budget \(2 of 6 rows\)"):
-    sample(CFG, _params(), TOKENS, MASK, jax.random.key(0), GREEDY, 2, max_concurrent_rows=2,
-           draft=DRAFTS["ngram"])
   with pytest.raises(ValueError, match=r"rollout.draft='none'"):
     Draft("none")
