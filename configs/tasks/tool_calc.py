@@ -3,9 +3,9 @@
   python -m rljax train --config configs/tasks/tool_calc.py
 
 A ~1M-parameter character-level Llama cannot multiply 123*45 in its head, but it can copy the
-factors into a calculator call and copy the result out. The SFT cold start (``sft``) sees
-reference solutions of the ``tool_calc`` task that use the calculator in 30% of the problems
-(``'<calc 123*45>5535 #5535'``) and answer directly otherwise (``' #5535'``); GRPO in the
+factors into a calculator call and copy the result out. The SFT cold start (``sft``, stopped
+when its samples reproduce a reference 10% of the time) sees reference solutions of the
+``tool_calc`` task that use the calculator in 30% of the problems (``'<calc 123*45>5535 #5535'``) and answer directly otherwise (``' #5535'``); GRPO in the
 ``tool_calc`` environment (``env.*``: each call answered by the calculator as an observation,
 the final answer scored) then raises held-out accuracy by making it call the tool. Measured
 figures: docs/multiturn.md. ``--config.train.steps=2`` for a smoke run.
@@ -36,7 +36,16 @@ def get_config():
   c.train.steps = 100
   c.train.eval_every = 50
   c.train.run_dir = "runs/tool_calc"
-  # Fewer steps and the cold start does not copy the factors into the call (200 steps: never).
-  c.sft.steps = 600
+  # GRPO learns only from groups with a rewarded sample, and the cold start's reward comes from
+  # the calls that copy the factors right, a skill that appears after a number of steps that
+  # varies with sft.seed (600 fixed steps: 0.0-0.x% of sampled episodes rewarded for one cold
+  # start, enough for others; docs/results/agents/README.md). So SFT stops when sampling at
+  # temperature 1 writes a reference solution 10% of the time (at the start of RL about 1 group
+  # in 2 holds a rewarded sample), whichever step that takes; sft.steps is only the bound.
+  c.sft.steps = 3000
+  c.sft.stop_on = "sampled"
+  c.sft.stop_match = 0.1
+  c.sft.check_every = 25
+  c.sft.check_size = 512
   c.sft.out_dir = "runs/sft_tool_calc"
   return c

@@ -84,6 +84,13 @@ KEYS = (
         "exactly by greedy decoding (teacher-forced argmax = the reference at every learned "
         "token); 0 = train all sft.steps. Gives every sft.seed a cold start of the same skill",
         commands=SFT_READERS),
+    Key("sft.stop_on", "greedy", choice("greedy", "sampled"),
+        "what sft.stop_match measures: greedy = the share solved exactly by greedy decoding; "
+        "sampled = the mean probability that sampling at temperature 1 writes the reference "
+        "(teacher-forced, observations given): the share of a fresh RL run's samples that "
+        "reproduce it, counting every strategy of the references (a tool call in some, a direct "
+        "answer in others) at the rate the policy samples it",
+        read_if=SFT_STOP, commands=SFT_READERS),
     Key("sft.check_every", 10, integer(1), "SFT steps between exact-match checks",
         read_if=SFT_STOP, commands=SFT_READERS),
     Key("sft.check_size", 256, SIZE, "problems of the exact-match check (their own stream of "
