@@ -5,7 +5,8 @@
 A ~1M-parameter character-level Llama cannot multiply 123*45 in its head, but it can copy the
 factors into a calculator call and copy the result out. The SFT cold start (``sft``, stopped
 when its samples reproduce a reference 10% of the time) sees reference solutions of the
-``tool_calc`` task that use the calculator in 30% of the problems (``'<calc 123*45>5535 #5535'``) and answer directly otherwise (``' #5535'``); GRPO in the
+``tool_calc`` task that use the calculator in 30% of the problems (``'<calc 123*45>5535 #5535'``)
+and answer directly otherwise (``' #5535'``); GRPO in the
 ``tool_calc`` environment (``env.*``: each call answered by the calculator as an observation,
 the final answer scored) then raises held-out accuracy by making it call the tool. Measured
 figures: docs/multiturn.md. ``--config.train.steps=2`` for a smoke run.
