@@ -2,7 +2,8 @@
 # Creates .venv on first use and installs rljax with its test extras, the experiment trackers and
 # the task/environment libraries, peft (their tests run too), pinned by constraints.txt; and
 # .venv-openenv, the openenv package for the OpenEnv example server the agent tests start (its
-# pins cannot share .venv with the verifiers library's).
+# pins cannot share .venv with the verifiers library's), and .venv-verifiers, verifiers v1 for the
+# v1 bridge's test (its pins share neither).
 # Re-running is cheap: the install is skipped while setup.py and constraints.txt are unchanged.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,5 +19,11 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     python3 -m venv .venv-openenv
   fi
   .venv-openenv/bin/python -m pip install -q -c constraints.txt "openenv==$(sed -n 's/^openenv==//p' constraints.txt)"
+  if [ ! -x .venv-verifiers/bin/python ]; then
+    python3 -m venv .venv-verifiers
+  fi
+  # verifiers v1 (its own pins: openai<3, mcp==2.0.0) and uv, which runs its harness programs.
+  .venv-verifiers/bin/python -m pip install -q "verifiers==$(sed -n 's/^# verifiers-v1==//p' constraints.txt)" \
+      "uv==$(sed -n 's/^# uv==//p' constraints.txt)"
   echo "$want" > "$stamp"
 fi

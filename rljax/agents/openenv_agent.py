@@ -39,11 +39,15 @@ START_S = 120.0  # longest wait for a started server's /health
 
 
 class OpenEnvServer:
-  """A server at ``url``, started from ``command`` when given (``start``), stopped by ``stop``."""
+  """A server at ``url``, started from ``command`` when given (``start``), stopped by ``stop``
+  (``env``: the started process's environment variables, None = this process's; ``what``: the
+  server in messages; also the verifiers v1 bridge, ``rljax.agents.verifiers_v1``)."""
 
   def __init__(self, url: str, command: Optional[Sequence[str]] = None,
-               cwd: Optional[str] = None):
+               cwd: Optional[str] = None, env: Optional[dict] = None,
+               what: str = "the OpenEnv server"):
     self.url, self.command, self.cwd = url.rstrip("/"), command, cwd
+    self.env, self.what = env, what
     self.process: Optional[subprocess.Popen] = None
 
   def healthy(self) -> bool:
@@ -57,16 +61,17 @@ class OpenEnvServer:
     if self.command is None or self.process is not None:
       return
     self.process = subprocess.Popen(list(self.command), cwd=self.cwd, start_new_session=True,
-                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                    env=self.env)
     deadline = time.monotonic() + START_S
     while not self.healthy():
       if self.process.poll() is not None:
         tail = self.process.stderr.read().decode(errors="replace").strip().splitlines()[-1:]
-        raise StartupError(f"the OpenEnv server {list(self.command)} exited "
+        raise StartupError(f"{self.what} {list(self.command)} exited "
                            f"{self.process.returncode}: {''.join(tail)[:300]}")
       if time.monotonic() > deadline:
         self.stop()
-        raise StartupError(f"the OpenEnv server at {self.url} did not answer /health in "
+        raise StartupError(f"{self.what} at {self.url} did not answer /health in "
                            f"{START_S:.0f} s")
       time.sleep(0.2)
 

@@ -254,6 +254,21 @@ def exact_match(model_cfg, params, tokens, attn, loss_mask, images=None):
   return hit.all(axis=-1).mean()
 
 
+def sampled_match(model_cfg, params, tokens, attn, loss_mask, images=None):
+  """Mean over rows of the probability that sampling at temperature 1 writes the reference:
+  ``exp(sum_t mask_t log pi(y_t | y_<t))`` over the learned tokens (teacher-forced; the
+  observations between turns are given, as the environment gives them). It is the share of a
+  fresh RL run's samples that reproduce a reference solution, a lower bound on its expected
+  reward where the reference is right; where references take several strategies (a tool call in
+  some, a direct answer in others) it counts every strategy at the rate the policy samples it,
+  which greedy ``exact_match`` cannot (it sees the likeliest strategy alone)."""
+  hidden, model = _forward(model_cfg, params, tokens, attn, images)
+  # Full logits, as exact_match (a vocabulary of tens).
+  logits = hidden[:, :-1].astype(jnp.float32) @ model.head_weight().astype(jnp.float32)
+  logp = jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1), tokens[:, 1:, None], axis=-1)
+  return jnp.exp((logp[..., 0] * loss_mask[:, 1:]).sum(axis=-1)).mean()
+
+
 def _check_stream_seed(sft_seed: int) -> int:
   """The exact-match problems' own stream, apart from the examples SFT trains on."""
   return sft_seed + 1_000_003
@@ -284,7 +299,10 @@ def train_sft(config, tokenizer, *, log=print):
     return (state_lib.with_trainable(params, optax.apply_updates(train, updates), model_cfg),
             opt_state, loss)
 
-  match = jax.jit(functools.partial(exact_match, model_cfg))
+  # Looked up here, not bound at import, so a test can script either check.
+  match = jax.jit(functools.partial(exact_match if s.stop_on == "greedy" else sampled_match,
+                                    model_cfg))
+  what = "exact match" if s.stop_on == "greedy" else "sampled match"
   takes = processor is not None
 
   def batch(problems):  # tokens, attention and loss masks (and the rows' images)
@@ -319,14 +337,14 @@ def train_sft(config, tokenizer, *, log=print):
         log(f"sft step {i + 1}/{s.steps} loss {float(loss):.4f} ({time.perf_counter() - t0:.0f}s)")
       if check is not None and (i + 1) % s.check_every == 0:
         rate = float(match(held["params"], *check))
-        log(f"sft step {i + 1} exact match {rate:.3f}")
+        log(f"sft step {i + 1} {what} {rate:.3f}")
         if rate >= s.stop_match:
-          log(f"sft stopped at step {i + 1}: exact match {rate:.3f} >= sft.stop_match "
+          log(f"sft stopped at step {i + 1}: {what} {rate:.3f} >= sft.stop_match "
               f"{s.stop_match} ({time.perf_counter() - t0:.0f}s)")
           break
     else:
       if check is not None:
-        log(f"sft ran all {s.steps} steps: exact match {float(match(held['params'], *check)):.3f}"
+        log(f"sft ran all {s.steps} steps: {what} {float(match(held['params'], *check)):.3f}"
             f" < sft.stop_match {s.stop_match}")
   return model_cfg, held["params"]
 

@@ -55,6 +55,33 @@ def test_exact_match_is_the_share_of_rows_that_greedy_decoding_writes():
   assert float(rate) == 0.5
 
 
+def test_sampled_match_is_the_mean_probability_that_sampling_writes_the_learned_tokens():
+  # Reference: the chain rule by its definition, one full forward per prefix, softmax in NumPy,
+  # the product over the learned positions only (row 1's second token is given, not learned, as
+  # an observation is).
+  model_cfg = ModelConfig(vocab_size=16, hidden_size=32, intermediate_size=64, num_layers=1,
+                          num_heads=2, num_kv_heads=1, head_dim=16)
+  params = jax.jit(lambda: transformer.init_params(model_cfg, seed=5))()
+  rng = np.random.default_rng(1)
+  rows = rng.integers(1, 16, size=(3, PROMPT + NEW)).astype(np.int32)
+  learn = np.zeros(rows.shape, np.float32)
+  learn[:, PROMPT:] = 1
+  learn[1, PROMPT + 1] = 0
+  last_logits = jax.jit(lambda params, tokens: _last_logits(model_cfg, params, tokens))
+  want = []
+  for r in range(3):
+    prob = 1.0
+    for t in range(PROMPT, PROMPT + NEW):
+      logits = np.asarray(last_logits(params, rows[r:r + 1, :t]), np.float64)[0]
+      p = np.exp(logits - logits.max())
+      prob *= (p / p.sum())[rows[r, t]] if learn[r, t] else 1.0
+    want.append(prob)
+  tokens = jnp.asarray(rows)
+  got = jax.jit(functools.partial(sft.sampled_match, model_cfg))(
+      params, tokens, jnp.ones_like(tokens), jnp.asarray(learn))
+  np.testing.assert_allclose(float(got), np.mean(want), rtol=1e-4)
+
+
 def _config(tmp_path, **overrides):
   args = tiny.args("main", str(tmp_path / "run"),
                    {"sft.out_dir": str(tmp_path / "sft"), **{k: str(v) for k, v in
@@ -63,10 +90,13 @@ def _config(tmp_path, **overrides):
   return config_loader.load_config(path, parsed)
 
 
-@pytest.mark.parametrize("stop_match,stopped_at", [(0.5, 30), (0.95, None)])
+@pytest.mark.parametrize("stop_match,stopped_at,stop_on", [(0.5, 30, "greedy"),
+                                                           (0.95, None, "greedy"),
+                                                           (0.5, 30, "sampled")])
 def test_sft_stops_at_the_first_check_that_reaches_stop_match(tmp_path, monkeypatch, stop_match,
-                                                                stopped_at):
+                                                                stopped_at, stop_on):
   config = _config(tmp_path, **{"sft.steps": 40, "sft.stop_match": stop_match,
+                                "sft.stop_on": stop_on,
                                 "sft.check_every": 10, "sft.check_size": 4,
                                 "rollout.max_new_tokens": 24})
   rates = iter([0.1, 0.3, 0.6, 0.9, 0.9])
@@ -79,7 +109,10 @@ def test_sft_stops_at_the_first_check_that_reaches_stop_match(tmp_path, monkeypa
       return np.float32(next(rates))
     return jax.pure_callback(host, jax.ShapeDtypeStruct((), jnp.float32))
 
-  monkeypatch.setattr(sft, "exact_match", scripted)
+  # The check sft.stop_on names is scripted; the other fails the test if it is called.
+  unused = "sampled_match" if stop_on == "greedy" else "exact_match"
+  monkeypatch.setattr(sft, "exact_match" if stop_on == "greedy" else "sampled_match", scripted)
+  monkeypatch.setattr(sft, unused, lambda *a: pytest.fail(f"{unused} called"))
   lines = []
   sft.train_sft(config, tokenizer_lib.load_tokenizer("char"), log=lines.append)
   if stopped_at is None:  # never reached: all 40 steps, then the final rate is reported
@@ -87,7 +120,8 @@ def test_sft_stops_at_the_first_check_that_reaches_stop_match(tmp_path, monkeypa
     assert lines[-1] == "sft ran all 40 steps: exact match 0.900 < sft.stop_match 0.95"
   else:
     assert checked == [4] * 3  # steps 10, 20, 30
-    assert lines[-1].startswith(f"sft stopped at step {stopped_at}: exact match 0.600")
+    what = "exact match" if stop_on == "greedy" else "sampled match"
+    assert lines[-1].startswith(f"sft stopped at step {stopped_at}: {what} 0.600")
 
 
 class _Drawn(Exception):

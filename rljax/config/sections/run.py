@@ -80,10 +80,18 @@ KEYS = (
         "train split); not the run's seed, so every seed of a study starts from one cold start",
         commands=SFT_READERS),
     Key("sft.stop_match", 0.0, real(0.0, 1.0),
-        "stop SFT at the first check where this share of held-aside train problems is solved "
-        "exactly by greedy decoding (teacher-forced argmax = the reference at every learned "
-        "token); 0 = train all sft.steps. Gives every sft.seed a cold start of the same skill",
+        "stop SFT at the first check where held-aside train problems reach this share on "
+        "sft.stop_on's measure (greedy: solved exactly by greedy decoding, teacher-forced argmax "
+        "= the reference at every learned token); 0 = train all sft.steps. Gives every sft.seed "
+        "a cold start of the same skill",
         commands=SFT_READERS),
+    Key("sft.stop_on", "greedy", choice("greedy", "sampled"),
+        "what sft.stop_match measures: greedy = the share solved exactly by greedy decoding; "
+        "sampled = the mean probability that sampling at temperature 1 writes the reference "
+        "(teacher-forced, observations given): the share of a fresh RL run's samples that "
+        "reproduce it, counting every strategy of the references (a tool call in some, a direct "
+        "answer in others) at the rate the policy samples it",
+        read_if=SFT_STOP, commands=SFT_READERS),
     Key("sft.check_every", 10, integer(1), "SFT steps between exact-match checks",
         read_if=SFT_STOP, commands=SFT_READERS),
     Key("sft.check_size", 256, SIZE, "problems of the exact-match check (their own stream of "
