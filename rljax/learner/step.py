@@ -147,8 +147,12 @@ def _packed_forward(model_cfg: ModelConfig, params, tokens, valid, prompt_width:
     inputs["routes"] = packing.pack(routes, valid, lay)
   if images is not None:
     bound = transformer.bind(model_cfg, params, head)
-    inputs["embeds"] = packing.pack(multimodal.row_embeddings(model_cfg, bound, tokens, images),
-                                    valid, lay)
+    embeds, deepstack = multimodal.row_embeddings(model_cfg, bound, tokens, images)
+    if deepstack is not None or getattr(multimodal.tower_module(model_cfg), "BLOCK_ATTENTION",
+                                        False):
+      raise ValueError("packed rows with images take Qwen2.5-VL's tower only (not DeepStack "
+                       "additions nor two-way image attention): use model.pack=False")
+    inputs["embeds"] = packing.pack(embeds, valid, lay)
     positions = multimodal.row_positions(images, tokens.shape[1])  # [3, B, S]
     inputs["positions"] = packing.pack(jnp.moveaxis(positions, 0, -1), valid, lay)
 
