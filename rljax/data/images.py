@@ -2,15 +2,19 @@
 
 A problem with images (``Problem.images``, a tuple of ``Image``) writes one ``<image>`` marker
 (``IMAGE_MARKER``) in its prompt text where each image goes, in order. Text-only paths never look
-at ``images``; a prompt batch with images is encoded by ``encode_image_prompts`` into what
-Hugging Face Qwen2-VL / Qwen2.5-VL / Qwen3-VL take (arXiv 2409.12191, 2502.13923):
+at ``images``; a prompt batch with images is encoded by ``encode_image_prompts`` in the family's
+``ImageFormat`` (``image_format``) into what Hugging Face's processors give the model:
 
-- per image, the family's Hugging Face image processor's ``pixel_values`` patches
-  ``[N_patches, C * temporal_patch_size * patch_size^2]`` and ``image_grid_thw`` ``[3]``
-  (``(t, h, w)`` in patches; rljax does not re-implement resizing);
-- in the prompt's ids, each marker replaced by the chat template's placeholder
-  ``<|vision_start|>`` + ``<|image_pad|>`` x n + ``<|vision_end|>``, with
-  ``n = t * h * w / merge_size^2`` (the tokens the vision tower's 2x2 patch merger emits).
+- Qwen2-VL / Qwen2.5-VL / Qwen3-VL (arXiv 2409.12191, 2502.13923): per image, the image
+  processor's ``pixel_values`` patches ``[N_patches, C * temporal_patch_size * patch_size^2]``
+  and ``image_grid_thw`` ``[3]`` (``(t, h, w)`` in patches; 14-pixel patches, or Qwen3-VL's 16);
+  in the prompt's ids each marker becomes ``<|vision_start|>`` + ``<|image_pad|>`` x n +
+  ``<|vision_end|>``, ``n = t * h * w / merge_size^2`` (the tokens the tower's patch merger emits);
+- Gemma 3: per image, ``[C, H, H]`` pixels resized to the tower's ``image_size``; each marker
+  becomes ``\n\n<start_of_image>`` + ``<image_soft_token>`` x ``mm_tokens_per_image`` +
+  ``<end_of_image>\n\n`` (``Gemma3Processor``'s ``full_image_sequence``).
+
+rljax does not re-implement resizing: the pixels are Hugging Face's image processor's.
 
 Images come from files (a path, relative to the data file's folder), base64 strings (bare, or a
 ``data:image/...;base64,`` URL), PIL images or ``{'bytes', 'path'}`` dicts (Hugging Face
