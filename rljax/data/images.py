@@ -242,6 +242,9 @@ def image_format(model_cfg, tokenizer=None, path: str | None = None) -> ImageFor
   own = getattr(tokenizer, "image_placeholders", None)
   if family == "gemma3":
     processor = processor or gemma3_image_processor(vision["image_size"])
+    if getattr(processor, "do_pan_and_scan", False):
+      raise DataError(f"{path}/preprocessor_config.json: do_pan_and_scan=true; runs pose Gemma 3 "
+                      "one image per marker (no pan-and-scan crops): set it false")
     return ImageFormat(processor, own or GEMMA3, int(vision["mm_tokens_per_image"]),
                        GEMMA3_AROUND)
   if processor is None:
