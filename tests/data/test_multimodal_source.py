@@ -276,14 +276,14 @@ FAMILIES = {
 }
 
 
-def _family_format(family, tokenizer):
+def _family_format(family, tokenizer, path=None):
   from types import SimpleNamespace
 
   from rljax.data.images import image_format
   from rljax.vision import gemma3_vl, qwen3_vl
   vision = (dict(gemma3_vl.TINY_VISION, mm_tokens_per_image=4) if family == "gemma3"
             else dict(qwen3_vl.TINY_VISION))
-  return image_format(SimpleNamespace(model_type=family, vision=vision), tokenizer)
+  return image_format(SimpleNamespace(model_type=family, vision=vision), tokenizer, path)
 
 
 def _hf_family_processor(family, fast):
@@ -344,3 +344,15 @@ def test_family_run_format_equals_hf_processor(files, tmp_path, family):
     counts = [int(np.prod(g)) // 4 for g in ours.image_grid_thw]
     assert runs == [counts[0], counts[1] + counts[2], 0]
     assert ours.pixel_values.shape[1] == 3 * 2 * 16 * 16
+
+
+def test_gemma3_pan_and_scan_processor_is_refused(tmp_path):
+  """A Gemma 3 model directory whose processor crops (pan-and-scan) would give an image more
+  soft tokens than one marker places: one line naming the setting."""
+  from rljax.data.images import gemma3_image_processor
+  processor = gemma3_image_processor(28)
+  processor.do_pan_and_scan = True
+  processor.save_pretrained(str(tmp_path))
+  _one_line_error(DataError, lambda: _family_format("gemma3", None, str(tmp_path)),
+                  "do_pan_and_scan=true")
+
