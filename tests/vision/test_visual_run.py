@@ -149,3 +149,19 @@ def test_sft_cold_start_reads_the_images(monkeypatch):
   moved = [float(np.abs(np.asarray(a) - np.asarray(b)).max())
            for a, b in zip(jax.tree.leaves(before["visual"]), jax.tree.leaves(params["visual"]))]
   assert all(np.isfinite(moved)) and max(moved) > 0
+
+
+def test_tiny_gemma3_saved_config_reads_back(tmp_path):
+  """The SFT cold start saves a tiny Gemma 3 (no local RoPE base: its sliding layers use
+  rope_theta) and the RL run reads it back: the export writes that base as a number, and the
+  config read back is the one saved (a null base was unreadable)."""
+  from rljax import models
+  from rljax.models import hf, transformer
+  config = _config(**{"model.family": "gemma3"})
+  cfg = models.tiny_config(config.model, 60, eos_token_id=1, pad_token_id=0).base
+  assert cfg.rope_local_theta is None
+  hf.save_hf(str(tmp_path), cfg, transformer.init_params(cfg, seed=0))
+  back = hf.check_hf_dir(str(tmp_path))
+  assert back.rope_local_theta == cfg.rope_theta
+  assert back.replace(rope_local_theta=None) == cfg.replace(dtype=back.dtype,
+                                                           param_dtype=back.param_dtype)
