@@ -8,7 +8,9 @@ computes ('17+5=22 #22'). The policy is a fresh Qwen2.5-VL (a 2-block vision tow
 over the ``char_vl`` vocabulary): the SFT cold start (``sft``) learns from reference solutions to
 read the images, then GRPO trains on held-in images and the held-out accuracy is measured on
 expressions never shown in training (docs/vision.md, docs/vision_data.md).
-``--config.train.steps=2`` for a smoke run.
+``--config.train.steps=2`` for a smoke run; ``--config.model.family=qwen3_vl`` or ``=gemma3`` runs
+the same task with a tiny Qwen3-VL or Gemma 3 policy (each family's image format, docs/vision.md;
+Gemma 3's prompt is 9 tokens, blank lines around its image token, padded to 16).
 """
 from rljax.config.loader import based_on
 

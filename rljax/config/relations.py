@@ -143,12 +143,15 @@ def _images_taken(f):
   family = f["model.family"]
   if f["model.source"] in ("tiny", "sft") and family in registry_names("model_family") \
       and not registry_meta("model_family", family)["images"]:
-    unwired = ", ".join(n for n in registry_names("model_family")
-                        if registry_meta("model_family", n)["tower"]
-                        and not registry_meta("model_family", n)["images"])
-    return (f"{shown}; model.family={family!r} takes no images in a run (a text-only family, "
-            f"or one whose image prompts runs do not encode yet: {unwired}): use "
-            "model.family='qwen2_5_vl', data.tokenizer='char_vl'")
+    unwired = [n for n in registry_names("model_family")
+               if registry_meta("model_family", n)["tower"]
+               and not registry_meta("model_family", n)["images"]]
+    wired = ", ".join(repr(n) for n in registry_names("model_family")
+                      if registry_meta("model_family", n)["images"])
+    why = "a text-only family" + (f", or one whose image prompts runs do not encode yet: "
+                                  f"{', '.join(unwired)}" if unwired else "")
+    return (f"{shown}; model.family={family!r} takes no images in a run ({why}): use "
+            f"model.family in ({wired}) with data.tokenizer='char_vl'")
   if f["rollout.engine"] != "all_rows" or f["env.name"] is not None \
       or f["rollout.inflight_chunk"]:
     return (f"{shown}; only single-turn all_rows rollouts, not in flight, take images "

@@ -403,8 +403,8 @@ def make_prompt_source(data, *, stream_seed: int | None = None,
                         eval_seed=data.eval_seed, settings=data)
   if source.shows_images and not takes_images:
     raise DataError(f"data.source={data.source!r}: its prompts show images, and this run's "
-                    "policy and rollouts take text only (a text-only model, one whose image "
-                    "prompts runs do not encode yet (docs/vision.md), or multi-turn episodes): "
+                    "policy and rollouts take text only (a text-only model, or multi-turn "
+                    "episodes): "
                     "use a vision-language policy (e.g. model.family='qwen2_5_vl') with "
                     "single-turn rollouts")
   return source

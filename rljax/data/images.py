@@ -2,15 +2,19 @@
 
 A problem with images (``Problem.images``, a tuple of ``Image``) writes one ``<image>`` marker
 (``IMAGE_MARKER``) in its prompt text where each image goes, in order. Text-only paths never look
-at ``images``; a prompt batch with images is encoded by ``encode_image_prompts`` into what
-Hugging Face Qwen2-VL / Qwen2.5-VL / Qwen3-VL take (arXiv 2409.12191, 2502.13923):
+at ``images``; a prompt batch with images is encoded by ``encode_image_prompts`` in the family's
+``ImageFormat`` (``image_format``) into what Hugging Face's processors give the model:
 
-- per image, the family's Hugging Face image processor's ``pixel_values`` patches
-  ``[N_patches, C * temporal_patch_size * patch_size^2]`` and ``image_grid_thw`` ``[3]``
-  (``(t, h, w)`` in patches; rljax does not re-implement resizing);
-- in the prompt's ids, each marker replaced by the chat template's placeholder
-  ``<|vision_start|>`` + ``<|image_pad|>`` x n + ``<|vision_end|>``, with
-  ``n = t * h * w / merge_size^2`` (the tokens the vision tower's 2x2 patch merger emits).
+- Qwen2-VL / Qwen2.5-VL / Qwen3-VL (arXiv 2409.12191, 2502.13923): per image, the image
+  processor's ``pixel_values`` patches ``[N_patches, C * temporal_patch_size * patch_size^2]``
+  and ``image_grid_thw`` ``[3]`` (``(t, h, w)`` in patches; 14-pixel patches, or Qwen3-VL's 16);
+  in the prompt's ids each marker becomes ``<|vision_start|>`` + ``<|image_pad|>`` x n +
+  ``<|vision_end|>``, ``n = t * h * w / merge_size^2`` (the tokens the tower's patch merger emits);
+- Gemma 3: per image, ``[C, H, H]`` pixels resized to the tower's ``image_size``; each marker
+  becomes ``\n\n<start_of_image>`` + ``<image_soft_token>`` x ``mm_tokens_per_image`` +
+  ``<end_of_image>\n\n`` (``Gemma3Processor``'s ``full_image_sequence``).
+
+rljax does not re-implement resizing: the pixels are Hugging Face's image processor's.
 
 Images come from files (a path, relative to the data file's folder), base64 strings (bare, or a
 ``data:image/...;base64,`` URL), PIL images or ``{'bytes', 'path'}`` dicts (Hugging Face
@@ -185,27 +189,82 @@ def load_image_processor(path: str):
   return AutoImageProcessor.from_pretrained(path, local_files_only=True)
 
 
-def vision_processor(vision: dict, path: str | None = None):
-  """The image processor of a vision-language policy: its model directory's
-  (``preprocessor_config.json``) where ``path`` holds one, else Hugging Face's Qwen2-VL
-  processor with the tower's patch sizes (``vision``: ``ModelConfig.vision``), whose smallest
-  image is one merged patch (``min_pixels = (patch_size * merge_size)^2``), so a small image
-  keeps its size (28 x 84: grid 1 x 2 x 6 at 14-pixel patches)."""
+# Families whose processor Hugging Face builds as Qwen2-VL's, and the settings their released
+# ``preprocessor_config.json`` writes beyond the tower's patch sizes (Qwen3-VL: mean, std 0.5).
+_GRID_SETTINGS = {"qwen2_vl": {}, "qwen2_5_vl": {},
+                  "qwen3_vl": dict(image_mean=[0.5] * 3, image_std=[0.5] * 3)}
+# Gemma 3 writes each image as its soft tokens between these (Gemma3Processor's
+# ``full_image_sequence``: a blank line either side).
+GEMMA3 = Placeholders("<start_of_image>", "<image_soft_token>", "<end_of_image>")
+GEMMA3_AROUND = "\n\n"
+
+
+@dataclasses.dataclass(frozen=True)
+class ImageFormat:
+  """How a family's prompts take images: its Hugging Face image ``processor``, the
+  ``placeholders`` an image stands as, and how many pad tokens each image has:
+  ``tokens_per_image`` (Gemma 3's ``mm_tokens_per_image``, every image one size), or 0 for the
+  grid's ``t*h*w / merge_size^2`` (Qwen2-VL, Qwen2.5-VL, Qwen3-VL); ``around``: text either side of
+  each image's placeholder (Gemma 3's blank lines)."""
+  processor: Any
+  placeholders: Placeholders = QWEN2_VL
+  tokens_per_image: int = 0
+  around: str = ""
+
+
+def gemma3_image_processor(image_size: int):
+  """Hugging Face's Gemma 3 image processor (the PIL one) built directly: each image resized
+  (bilinear) to ``image_size`` square, scaled to [0, 1], normalised with mean and std 0.5, no
+  pan-and-scan: what Gemma 3's released ``preprocessor_config.json`` writes, at the tower's size."""
+  try:
+    from transformers import Gemma3ImageProcessorPil as processor  # transformers >= 5
+  except ImportError:
+    from transformers import Gemma3ImageProcessor as processor  # 4.x: the NumPy one
+  return processor(size={"height": int(image_size), "width": int(image_size)},
+                   do_pan_and_scan=False)
+
+
+def image_format(model_cfg, tokenizer=None, path: str | None = None) -> ImageFormat:
+  """The ``ImageFormat`` of a vision-language policy (``model_cfg``: its ``ModelConfig``): the
+  image processor of its model directory (``preprocessor_config.json``) where ``path`` holds
+  one, else Hugging Face's processor of the family built with the tower's sizes (Qwen2-VL's for
+  the Qwen families, whose smallest image is one merged patch, ``min_pixels = (patch_size *
+  merge_size)^2``, so a small image keeps its size: 28 x 84 is grid 1 x 2 x 6 at 14-pixel
+  patches; Gemma 3's, resizing to ``image_size``). The placeholders are the tokenizer's own
+  (``Tokenizer.image_placeholders``: ``'char_vl'`` writes every family's three image tokens with
+  its three) or else the family's."""
+  vision, family = dict(model_cfg.vision), model_cfg.model_type
+  if family != "gemma3" and family not in _GRID_SETTINGS:
+    raise ValueError(f"model_type={family!r}: rljax.data.images poses no images to it")
+  processor = None
   if path and os.path.isfile(os.path.join(path, "preprocessor_config.json")):
-    return load_image_processor(path)
-  side = int(vision["patch_size"]) * int(vision["spatial_merge_size"])
-  return qwen2_vl_image_processor(patch_size=int(vision["patch_size"]),
-                                  temporal_patch_size=int(vision["temporal_patch_size"]),
-                                  merge_size=int(vision["spatial_merge_size"]),
-                                  min_pixels=side * side)
+    processor = load_image_processor(path)
+  own = getattr(tokenizer, "image_placeholders", None)
+  if family == "gemma3":
+    processor = processor or gemma3_image_processor(vision["image_size"])
+    if getattr(processor, "do_pan_and_scan", False):
+      raise DataError(f"{path}/preprocessor_config.json: do_pan_and_scan=true; runs pose Gemma 3 "
+                      "one image per marker (no pan-and-scan crops): set it false")
+    return ImageFormat(processor, own or GEMMA3, int(vision["mm_tokens_per_image"]),
+                       GEMMA3_AROUND)
+  if processor is None:
+    side = int(vision["patch_size"]) * int(vision["spatial_merge_size"])
+    processor = qwen2_vl_image_processor(
+        patch_size=int(vision["patch_size"]),
+        temporal_patch_size=int(vision["temporal_patch_size"]),
+        merge_size=int(vision["spatial_merge_size"]), min_pixels=side * side,
+        **_GRID_SETTINGS[family])
+  return ImageFormat(processor, own or QWEN2_VL)
 
 
-def image_patches(processor, images: Sequence[Image]) -> tuple[np.ndarray, np.ndarray]:
-  """``(pixel_values [sum N_patches, C*temporal_patch_size*patch_size^2] float32,
-  image_grid_thw [num_images, 3] int32)`` of ``images`` by the family's ``processor``."""
+def image_patches(processor, images: Sequence[Image]) -> tuple[np.ndarray, np.ndarray | None]:
+  """``(pixel_values, image_grid_thw)`` of ``images`` by the family's ``processor``: a grid
+  family's ``[sum N_patches, C*temporal_patch_size*patch_size^2]`` float32 patches and
+  ``[num_images, 3]`` int32 grids, or Gemma 3's ``[num_images, C, H, H]`` images and None."""
   out = processor(images=[im.to_pil() for im in images], return_tensors="np")
+  grid = out.get("image_grid_thw")
   return (np.asarray(out["pixel_values"], np.float32),
-          np.asarray(out["image_grid_thw"], np.int32).reshape(-1, 3))
+          None if grid is None else np.asarray(grid, np.int32).reshape(-1, 3))
 
 
 def placeholder_count(grid_thw, merge_size: int) -> int:
@@ -223,8 +282,9 @@ class ImagePrompts:
   """A prompt batch with its images, as a vision-language policy takes it.
 
   ids: per prompt, its token ids with every image's placeholder expanded (``P`` lists).
-  pixel_values: ``[sum N_patches, D]`` float32, the images' patches in prompt order.
-  image_grid_thw: ``[I, 3]`` int32, each image's ``(t, h, w)`` in patches.
+  pixel_values: ``[sum N_patches, D]`` float32, the images' patches in prompt order (Gemma 3:
+    ``[I, C, H, H]``, the images themselves).
+  image_grid_thw: ``[I, 3]`` int32, each image's ``(t, h, w)`` in patches (Gemma 3: None).
   image_prompt: ``[I]`` int32, the prompt each image belongs to.
   """
   ids: list
@@ -248,14 +308,17 @@ def _placeholder_id(tokenizer, text: str) -> int:
 def encode_image_prompts(tokenizer, problems, processor,
                          placeholders: Placeholders = QWEN2_VL) -> ImagePrompts:
   """``problems`` (with or without images) as a vision-language policy takes them
-  (``ImagePrompts``): each ``<image>`` marker becomes the family's placeholder, its pad token
-  repeated ``t*h*w / merge_size^2`` times by the image's grid; the prompt is otherwise encoded as
-  ``tokenizer.encode_prompt`` encodes it (chat template, BOS)."""
+  (``ImagePrompts``): each ``<image>`` marker becomes the family's placeholder (``processor``: an
+  ``ImageFormat``, or a Qwen2-VL-style image processor with ``placeholders``), its pad token
+  repeated ``t*h*w / merge_size^2`` times by the image's grid, or ``tokens_per_image`` times
+  (Gemma 3); the prompt is otherwise encoded as ``tokenizer.encode_prompt`` encodes it (chat
+  template, BOS)."""
+  fmt = processor if isinstance(processor, ImageFormat) else ImageFormat(processor, placeholders)
+  placeholders, processor = fmt.placeholders, fmt.processor
   pad_id = _placeholder_id(tokenizer, placeholders.pad)
   for text in (placeholders.start, placeholders.end):
     _placeholder_id(tokenizer, text)
-  merge = int(processor.merge_size)
-  marked = "".join(dataclasses.astuple(placeholders))
+  marked = fmt.around + "".join(dataclasses.astuple(placeholders)) + fmt.around
   ids, patches, grids, owners = [], [], [], []
   for row, problem in enumerate(problems):
     images = tuple(problem.images)
@@ -270,9 +333,12 @@ def encode_image_prompts(tokenizer, problems, processor,
     if images:
       values, grid = image_patches(processor, images)
       patches.append(values)
-      grids.append(grid)
       owners += [row] * len(images)
-      counts = [placeholder_count(g, merge) for g in grid]
+      if fmt.tokens_per_image:
+        counts = [fmt.tokens_per_image] * len(images)
+      else:
+        grids.append(grid)
+        counts = [placeholder_count(g, int(processor.merge_size)) for g in grid]
     expanded, k = [], 0
     for i in prompt_ids:
       if i == pad_id:
@@ -281,9 +347,14 @@ def encode_image_prompts(tokenizer, problems, processor,
       else:
         expanded.append(i)
     ids.append(expanded)
-  width = int(processor.temporal_patch_size) * int(processor.patch_size) ** 2 * 3
+  if fmt.tokens_per_image:
+    size = processor.size
+    empty = np.zeros((0, 3, int(size["height"]), int(size["width"])), np.float32)
+    grid_thw = None
+  else:
+    width = int(processor.temporal_patch_size) * int(processor.patch_size) ** 2 * 3
+    empty = np.zeros((0, width), np.float32)
+    grid_thw = np.concatenate(grids) if grids else np.zeros((0, 3), np.int32)
   return ImagePrompts(
-      ids=ids,
-      pixel_values=np.concatenate(patches) if patches else np.zeros((0, width), np.float32),
-      image_grid_thw=np.concatenate(grids) if grids else np.zeros((0, 3), np.int32),
-      image_prompt=np.asarray(owners, np.int32))
+      ids=ids, pixel_values=np.concatenate(patches) if patches else empty,
+      image_grid_thw=grid_thw, image_prompt=np.asarray(owners, np.int32))

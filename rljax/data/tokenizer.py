@@ -67,6 +67,9 @@ class Tokenizer(abc.ABC):
   pad_id: int
   bos_id: int | None
   vocab_size: int
+  # The three tokens this vocabulary writes an image's placeholder with, whatever the family
+  # (``'char_vl'``'s); None: the family's own (``rljax.data.images.image_format``).
+  image_placeholders: Placeholders | None = None
 
   @abc.abstractmethod
   def encode(self, text: str) -> list[int]:
@@ -133,6 +136,7 @@ class CharTokenizer(Tokenizer):
     self._split = re.compile("(" + "|".join(map(re.escape, extra)) + ")") if extra else None
     self.pad_id, self.eos_id, self.bos_id = 0, 1, 2
     self.vocab_size = len(self._id_to_piece)
+    self.image_placeholders = QWEN2_VL if images else None
 
   @property
   def vocabulary(self) -> str:

@@ -53,7 +53,7 @@ class Generator:
   # rljax.rewards.checkers.FailureLog: where the sources' failed calls are sampled (None: not
   # written; each batch's failures are still logged in one line).
   failure_log: Any = None
-  # A vision-language policy's image processor (``rljax.data.images.vision_processor``): prompts
+  # A vision-language policy's ``rljax.data.images.ImageFormat`` (``image_format``): prompts
   # are encoded with their images' placeholders and the engine takes each row's images; None:
   # text prompts.
   image_processor: Any = None
@@ -231,8 +231,8 @@ def make_generator(config, engine: RolloutEngine, tokenizer, source,
   log = None if failure_log is None else checkers.FailureLog(failure_log, r.max_logged_failures)
   processor = None
   if takes_images(config, engine.model_cfg):
-    processor = images_lib.vision_processor(
-        dict(engine.model_cfg.vision), loader.hf_dir(config, loader.source_of(config, "policy")))
+    processor = images_lib.image_format(
+        engine.model_cfg, tokenizer, loader.hf_dir(config, loader.source_of(config, "policy")))
   return Generator(engine=engine, tokenizer=tokenizer, reward=reward,
                    prompt_bucket=config.data.prompt_bucket, overlong_buffer=r.overlong_buffer,
                    overlong_penalty=r.overlong_penalty,

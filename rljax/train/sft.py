@@ -167,12 +167,12 @@ def image_batch(model_cfg, tokenizer, problems, width: int, processor):
 def cold_start_policy(config, tokenizer):
   """(the fresh policy's ``ModelConfig``, its image processor or None): a vision-language family
   (``model.family`` with a tower) learns from the prompts' images, processed as the RL run's
-  sampler processes them (``images_lib.vision_processor`` of the tower)."""
+  sampler processes them (``images_lib.image_format`` of the family)."""
   model_cfg = models.tiny_config(config.model, tokenizer.vocab_size, eos_token_id=tokenizer.eos_id,
                                  pad_token_id=tokenizer.pad_id).base
   if model_cfg.vision is None:
     return model_cfg, None
-  return model_cfg, images_lib.vision_processor(dict(model_cfg.vision))
+  return model_cfg, images_lib.image_format(model_cfg, tokenizer)
 
 
 def _too_wide(length: int, width: int, problem) -> str:

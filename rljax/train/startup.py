@@ -75,8 +75,8 @@ def _startup(fn, *args):
 
 def takes_images(config, model_cfg) -> bool:
   """Whether the run's policy and rollouts take images: a vision-language policy whose image
-  prompts runs encode (``Family.run_images``; Gemma 3's not yet) sampled by a single-turn
-  engine."""
+  prompts runs encode (``Family.run_images``; ``rljax.data.images.image_format``) sampled by a
+  single-turn engine."""
   return (model_cfg.vision is not None and families.get(model_cfg.model_type).run_images
           and config.env.name is None)
 

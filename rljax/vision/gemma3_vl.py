@@ -272,6 +272,4 @@ register_family(Family(
     config_from_hf=config_from_hf, config_to_hf=config_to_hf,
     layer_tensors=gemma3_text.FAMILY.layer_tensors, embed_scale=True, tower=VisionTower,
     extra_tensors=tower_tensors, rename=rename, export_name=export_name, ignored=ignored,
-    tiny_fields=tiny_fields,
-    # rljax.data.images encodes Qwen2-VL's placeholders and grids only: runs treat it as text.
-    run_images=False))
+    tiny_fields=tiny_fields))

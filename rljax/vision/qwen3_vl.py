@@ -321,7 +321,4 @@ register_family(Family(
                                                                         qk_norm=True),
     final_norm=lambda dim, cfg: layers.RMSNorm(dim, cfg=cfg), config_from_hf=config_from_hf,
     config_to_hf=config_to_hf, layer_tensors=qwen3_text.layer_tensors, tower=VisionTower,
-    extra_tensors=tower_tensors, rename=rename, export_name=export_name, tiny_fields=tiny_fields,
-    # rljax.data.images encodes Qwen2-VL's placeholders with 14-pixel patches; Qwen3-VL's
-    # processor (16-pixel patches) is not wired into runs yet: they treat it as text.
-    run_images=False))
+    extra_tensors=tower_tensors, rename=rename, export_name=export_name, tiny_fields=tiny_fields))

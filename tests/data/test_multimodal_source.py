@@ -244,3 +244,115 @@ def test_a_resumed_run_sees_a_changed_image_file(files, tmp_path):
   (tmp_path / "a.png").write_bytes(files["paths"][1].read_bytes())
   assert fingerprint(f"jsonl:{path}") != before
   assert datasets._jsonl_files(files["base64.jsonl"]) == [files["base64.jsonl"]]
+
+
+def _bpe(specials, **tokens):
+  """A byte-level BPE over the rows' text with ``specials`` (BOS added as Gemma's is),
+  saved as a transformers tokenizer: (its directory, the transformers tokenizer)."""
+  from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+  from transformers import PreTrainedTokenizerFast
+  tok = Tokenizer(models.BPE())
+  tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+  tok.decoder = decoders.ByteLevel()
+  trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=specials,
+                                initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+  tok.train_from_iterator([p for p, _, _ in ROWS] * 10 + ["\n\n"], trainer)
+  tok.post_processor = processors.TemplateProcessing(single="<bos> $A",
+                                                     special_tokens=[("<bos>", 2)])
+  return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>",
+                                 bos_token="<bos>", extra_special_tokens=tokens)
+
+
+# Each family's run format, built by rljax (image_format of the tiny tower, Gemma 3 with 4 soft
+# tokens an image) and the Hugging Face processor built here from the settings its released
+# preprocessor_config.json writes, with that processor's own placeholder expansion.
+FAMILIES = {
+    "gemma3": (["<pad>", "<eos>", "<bos>", "<start_of_image>", "<image_soft_token>",
+                "<end_of_image>"],
+               dict(boi_token="<start_of_image>", image_token="<image_soft_token>",
+                    eoi_token="<end_of_image>")),
+    "qwen3_vl": (["<pad>", "<eos>", "<bos>", "<|vision_start|>", "<|image_pad|>",
+                  "<|vision_end|>", "<|video_pad|>"], {}),
+}
+
+
+def _family_format(family, tokenizer, path=None):
+  from types import SimpleNamespace
+
+  from rljax.data.images import image_format
+  from rljax.vision import gemma3_vl, qwen3_vl
+  vision = (dict(gemma3_vl.TINY_VISION, mm_tokens_per_image=4) if family == "gemma3"
+            else dict(qwen3_vl.TINY_VISION))
+  return image_format(SimpleNamespace(model_type=family, vision=vision), tokenizer, path)
+
+
+def _hf_family_processor(family, fast):
+  from transformers import (Gemma3ImageProcessorPil, Gemma3Processor, Qwen2VLImageProcessorPil,
+                            Qwen3VLProcessor)
+  if family == "gemma3":  # 896 in the release; the tiny tower's 28 here
+    images = Gemma3ImageProcessorPil(size={"height": 28, "width": 28}, image_mean=[0.5] * 3,
+                                     image_std=[0.5] * 3, resample=2, do_pan_and_scan=False)
+    return Gemma3Processor(image_processor=images, tokenizer=fast, image_seq_length=4), \
+        "<start_of_image>"
+
+  class ImagesOnly(Qwen3VLProcessor):  # its video processor needs torchvision
+    def check_argument_for_proper_class(self, name, argument):
+      if name != "video_processor":
+        return super().check_argument_for_proper_class(name, argument)
+
+  images = Qwen2VLImageProcessorPil(patch_size=16, temporal_patch_size=2, merge_size=2,
+                                    image_mean=[0.5] * 3, image_std=[0.5] * 3,
+                                    min_pixels=32 * 32, max_pixels=16777216)
+  return ImagesOnly(image_processor=images, tokenizer=fast), \
+      "<|vision_start|><|image_pad|><|vision_end|>"
+
+
+@pytest.mark.parametrize("family", ["gemma3", "qwen3_vl"])
+def test_family_run_format_equals_hf_processor(files, tmp_path, family):
+  """Gemma 3: each image a 28 x 28 resize and 4 soft tokens between its boi/eoi tokens and blank
+  lines; Qwen3-VL: 16-pixel patches merged 2 x 2 (grid by the image's size); both equal to
+  Gemma3Processor's / Qwen3VLProcessor's ids and pixels."""
+  specials, tokens = FAMILIES[family]
+  fast = _bpe(specials, **tokens)
+  fast.save_pretrained(str(tmp_path))
+  tok = load_tokenizer(str(tmp_path))
+  fmt = _family_format(family, tok)
+  problems = load_problems(f"jsonl:{files['paths.jsonl']}", split="all")
+  ours = encode_image_prompts(tok, problems, fmt)
+  hf, marked = _hf_family_processor(family, fast)
+  # Gemma3Processor takes one list of images per prompt; Qwen3VLProcessor a flat list.
+  pil = [PIL.open(p).convert("RGB") for p in files["paths"]]
+  per_prompt = [[pil[i] for i in images] for _, images, _ in ROWS]
+  want = hf(text=[p.replace("<image>", marked) for p, _, _ in ROWS],
+            images=per_prompt if family == "gemma3" else pil, return_tensors="np")
+  np.testing.assert_array_equal(ours.pixel_values, want["pixel_values"])
+  assert ours.ids == [list(ids[m.astype(bool)]) for ids, m in
+                      zip(want["input_ids"], want["attention_mask"])]
+  assert ours.image_prompt.tolist() == [0, 1, 1]
+  pad = fast.convert_tokens_to_ids(specials[4])
+  runs = [sum(1 for i in ids if i == pad) for ids in ours.ids]
+  if family == "gemma3":
+    assert ours.image_grid_thw is None and ours.pixel_values.shape == (3, 3, 28, 28)
+    assert runs == [4, 8, 0]
+    newline = fast.encode("\n\n", add_special_tokens=False)
+    start = ours.ids[0].index(fast.convert_tokens_to_ids("<start_of_image>"))
+    assert ours.ids[0][start - len(newline):start] == newline
+  else:
+    np.testing.assert_array_equal(ours.image_grid_thw, want["image_grid_thw"])
+    # (56, 84) -> 64 x 96 (multiples of 32): grid 1 x 4 x 6, 6 tokens; (28, 56) -> 32 x 64
+    assert ours.image_grid_thw.tolist()[:2] == [[1, 4, 6], [1, 2, 4]]
+    counts = [int(np.prod(g)) // 4 for g in ours.image_grid_thw]
+    assert runs == [counts[0], counts[1] + counts[2], 0]
+    assert ours.pixel_values.shape[1] == 3 * 2 * 16 * 16
+
+
+def test_gemma3_pan_and_scan_processor_is_refused(tmp_path):
+  """A Gemma 3 model directory whose processor crops (pan-and-scan) would give an image more
+  soft tokens than one marker places: one line naming the setting."""
+  from rljax.data.images import gemma3_image_processor
+  processor = gemma3_image_processor(28)
+  processor.do_pan_and_scan = True
+  processor.save_pretrained(str(tmp_path))
+  _one_line_error(DataError, lambda: _family_format("gemma3", None, str(tmp_path)),
+                  "do_pan_and_scan=true")
+

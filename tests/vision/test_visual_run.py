@@ -1,6 +1,6 @@
-"""`rljax train` on the embedded visual task with a tiny Qwen2.5-VL policy: the loop encodes the
-prompts with their images, the engine samples with them and the learner updates on them; what
-does not take images is refused in one line."""
+"""`rljax train` on the embedded visual task with a tiny Qwen2.5-VL, Qwen3-VL and Gemma 3 policy:
+the loop encodes the prompts with their images in each family's format, the engine samples with
+them and the learner updates on them; what does not take images is refused in one line."""
 import os
 
 import jax
@@ -67,10 +67,43 @@ def test_train_on_images(tmp_path, monkeypatch):
   assert 0.0 <= result["eval_after"] <= 1.0
 
 
+# Per family: (patch rows a prompt's 28 x 84 image is, their width, the image tokens a prompt
+# holds). Qwen3-VL: resized to 32 x 96 (multiples of 32), 16-pixel patches, grid 1 x 2 x 6
+# merged 2 x 2; Gemma 3: one 28 x 28 image (the tiny tower's image_size), one soft token.
+FAMILY_IMAGES = {"qwen3_vl": ((12,), 3 * 2 * 16 * 16, 3), "gemma3": ((1,), (3, 28, 28), 1)}
+
+
+@pytest.mark.parametrize("family", ["qwen3_vl", "gemma3"])
+def test_train_on_images_in_each_family_format(tmp_path, monkeypatch, family):
+  """Two GRPO steps of a tiny Qwen3-VL / Gemma 3 policy: every sampler call gets each prompt's
+  image in its family's format and the learner's log-probs equal the sampler's (its forward
+  reran the tower over the carried images)."""
+  seen = []
+  generate = engines.JaxEngine.generate
+
+  def recorded(self, tokens, mask, key, sampling, group_size, images=None, **kw):
+    seen.append((np.asarray(tokens), images))
+    return generate(self, tokens, mask, key, sampling, group_size, images=images, **kw)
+
+  monkeypatch.setattr(engines.JaxEngine, "generate", recorded)
+  result = loop.train(_config(tmp_path / "run", **{"model.family": family}))
+  (held,), shape, tokens_per_image = FAMILY_IMAGES[family]
+  assert len(seen) == 4
+  for tokens, images in seen:
+    pixels = np.asarray(images.pixels)
+    assert pixels.shape[2:] == (shape if isinstance(shape, tuple) else (shape,))
+    assert (np.abs(pixels[:, :held]).reshape(len(pixels), -1).sum(1) > 0).all()
+    assert np.abs(pixels[:, held:]).sum() == 0  # padding
+    assert ((tokens == 58).sum(axis=1) == tokens_per_image).all()  # char_vl's image token
+  last = result["last"]
+  assert last["logp_gap_max"] < 1e-4
+  for name in ("loss", "reward_mean", "accuracy"):
+    assert np.isfinite(last[name]), (name, last[name])
+
+
 @pytest.mark.parametrize("extra, error", [
     ({"model.family": "llama", "data.tokenizer": "char"},
      "model.family='llama' takes no images in a run"),
-    ({"model.family": "gemma3"}, "model.family='gemma3' takes no images in a run"),
     ({"rollout.engine": "continuous"}, "only single-turn all_rows rollouts"),
     ({"rollout.inflight_chunk": "2", "rollout.max_staleness": "1"},
      "only single-turn all_rows rollouts"),
@@ -151,3 +184,19 @@ def test_sft_cold_start_keeps_a_frozen_tower():
                                                           .max()),
                                        language, {k: before[k] for k in language}))
   assert min(diffs) > 0
+
+
+def test_tiny_gemma3_saved_config_reads_back(tmp_path):
+  """The SFT cold start saves a tiny Gemma 3 (no local RoPE base: its sliding layers use
+  rope_theta) and the RL run reads it back: the export writes that base as a number, and the
+  config read back is the one saved (a null base was unreadable)."""
+  from rljax import models
+  from rljax.models import hf, transformer
+  config = _config(**{"model.family": "gemma3"})
+  cfg = models.tiny_config(config.model, 60, eos_token_id=1, pad_token_id=0).base
+  assert cfg.rope_local_theta is None
+  hf.save_hf(str(tmp_path), cfg, transformer.init_params(cfg, seed=0))
+  back = hf.check_hf_dir(str(tmp_path))
+  assert back.rope_local_theta == cfg.rope_theta
+  assert back.replace(rope_local_theta=None) == cfg.replace(dtype=back.dtype,
+                                                           param_dtype=back.param_dtype)

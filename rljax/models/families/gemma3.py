@@ -75,12 +75,15 @@ def config_from_hf(hf) -> dict:
 
 def config_to_hf(cfg: ModelConfig) -> dict:
   hf = common_to_hf(cfg, "Gemma3ForCausalLM")
+  # No local base (a tiny model's): the sliding layers use rope_theta, written out so that the
+  # config reads back (transformers and config_from_hf need a number there).
+  local = cfg.rope_theta if cfg.rope_local_theta is None else cfg.rope_local_theta
   hf.update(
       hidden_activation=cfg.hidden_act, query_pre_attn_scalar=cfg.query_pre_attn_scalar,
       sliding_window=cfg.sliding_window, layer_types=list(cfg.layer_types),
-      rope_local_base_freq=cfg.rope_local_theta,
+      rope_local_base_freq=local,
       rope_parameters={"full_attention": rope_to_hf(cfg.rope_theta, cfg.rope_scaling),
-                       "sliding_attention": rope_to_hf(cfg.rope_local_theta, None)},
+                       "sliding_attention": rope_to_hf(local, None)},
       final_logit_softcapping=cfg.final_logit_softcap, attn_logit_softcapping=None,
       attention_bias=cfg.qkv_bias, use_bidirectional_attention=False)
   return hf
