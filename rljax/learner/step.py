@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from rljax import algos
+from rljax import algos, errors
 from rljax.algos import losses as loss_lib
 from rljax.algos import value as value_lib
 from rljax.algorithm import Algorithm
@@ -150,8 +150,9 @@ def _packed_forward(model_cfg: ModelConfig, params, tokens, valid, prompt_width:
     embeds, deepstack = multimodal.row_embeddings(model_cfg, bound, tokens, images)
     if deepstack is not None or getattr(multimodal.tower_module(model_cfg), "BLOCK_ATTENTION",
                                         False):
-      raise ValueError("packed rows with images take Qwen2.5-VL's tower only (not DeepStack "
-                       "additions nor two-way image attention): use model.pack=False")
+      raise errors.ConfigError(f"model.pack: packed rows with images take Qwen2.5-VL's tower only "
+                               f"(not {model_cfg.model_type}'s DeepStack additions or two-way "
+                               "image attention): use model.pack='auto' or False")
     inputs["embeds"] = packing.pack(embeds, valid, lay)
     positions = multimodal.row_positions(images, tokens.shape[1])  # [3, B, S]
     inputs["positions"] = packing.pack(jnp.moveaxis(positions, 0, -1), valid, lay)
