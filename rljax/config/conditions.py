@@ -57,6 +57,12 @@ EMBEDDED_SOURCE = When(lambda f, k: not f["data.source"].startswith(REASONING_GY
                        "a data.source other than reasoning_gym", lambda f, k: (
                            f"data.source={f['data.source']!r} reads its generators' settings "
                            "from data.reasoning_gym.config"))
+# A fresh policy of a family with a vision tower (its registration states ``images``): the
+# model.vision.* sizes of its tower are read.
+VISION_FAMILY = When(lambda f, k: f["model.family"] in registry_names("model_family")
+                     and registry_meta("model_family", f["model.family"])["images"],
+                     "a vision-language model.family (one with a tower)", lambda f, k: (
+                         f"model.family={f['model.family']!r} is a text-only family"))
 MOE_MODEL = When(lambda f, k: bool(f.model.moe_layers), "a model with MoE layers",
                  lambda f, k: (f"model.source={f['model.source']!r} is a {f.model.model_type} "
                                "model without MoE layers"), frozenset({"model"}))
