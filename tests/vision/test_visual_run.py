@@ -114,3 +114,21 @@ def test_sft_cold_start_reads_the_images(monkeypatch):
   moved = [float(np.abs(np.asarray(a) - np.asarray(b)).max())
            for a, b in zip(jax.tree.leaves(before["visual"]), jax.tree.leaves(params["visual"]))]
   assert all(np.isfinite(moved)) and max(moved) > 0
+
+
+def test_tower_sizes_are_keys():
+  """model.vision.* size the fresh tower and its processor: 7-pixel patches turn a 28 x 84 image
+  into a 4 x 12 grid, 12 image tokens after the 2x2 merge (28 * 84 / 14^2), one per ~1 glyph."""
+  from rljax.data import load_tokenizer, make_task
+  from rljax.train import sft
+  config = _config(**{"model.vision.patch_size": "7", "model.vision.hidden_size": "48",
+                      "model.vision.depth": "3", "model.vision.num_heads": "4",
+                      "model.vision.intermediate_size": "96"})
+  tok = load_tokenizer("char_vl")
+  model_cfg, processor = sft.cold_start_policy(config, tok)
+  v = dict(model_cfg.vision)
+  assert (v["patch_size"], v["hidden_size"], v["depth"], v["num_heads"]) == (7, 48, 3, 4)
+  assert v["intermediate_size"] == 96 and tuple(v["fullatt_block_indexes"]) == (2,)
+  problem = make_task("visual_arithmetic", 0).eval_set(seed=0, n=1)[0]
+  ids, _ = sft.encode_example(tok, problem, processor=processor)
+  assert ids[:2] == [tok.bos_id, 57] and ids[2:14] == [58] * 12 and ids[14] == 59
