@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from rljax.errors import ConfigError
 from rljax.models import layers
 from rljax.models.config import ModelConfig
 from rljax.models.families import (Family, common_from_hf, common_to_hf, dense_tensors,
@@ -326,6 +327,11 @@ def tiny_fields(model_section, fields) -> dict:
   pad, vision end); no video token (one past the vocabulary)."""
   v = fields["vocab_size"]
   sizes = {k: int(model_section.vision[k]) for k in TINY_VISION_KEYS}
+  width, heads = sizes["hidden_size"], sizes["num_heads"]
+  if width % heads or (width // heads) % 4:
+    # 2-D rotary positions: a quarter of each head's dimensions per axis and rotated half.
+    raise ConfigError(f"model.vision.hidden_size={width} with model.vision.num_heads={heads}: "
+                      "the tower's head size (width / heads) must be a whole multiple of 4")
   vision = dict(VISION_DEFAULTS, **sizes, fullatt_block_indexes=(sizes["depth"] - 1,),
                 out_hidden_size=fields["hidden_size"], vision_start_token_id=v - 3,
                 image_token_id=v - 2, vision_end_token_id=v - 1, video_token_id=v)

@@ -132,3 +132,11 @@ def test_tower_sizes_are_keys():
   problem = make_task("visual_arithmetic", 0).eval_set(seed=0, n=1)[0]
   ids, _ = sft.encode_example(tok, problem, processor=processor)
   assert ids[:2] == [tok.bos_id, 57] and ids[2:14] == [58] * 12 and ids[14] == 59
+
+
+def test_tower_head_size_is_checked():
+  from rljax.data import load_tokenizer
+  from rljax.train import sft
+  config = _config(**{"model.vision.hidden_size": "30", "model.vision.num_heads": "4"})
+  with pytest.raises(ConfigError, match="head size .* must be a whole multiple of 4"):
+    sft.cold_start_policy(config, load_tokenizer("char_vl"))
