@@ -12,7 +12,7 @@ expressions never shown in training (docs/vision.md, docs/vision_data.md).
 Measured (docs/results/visual/): the cold start does not read the digits yet. Its loss stops at
 0.51 nats a token, the floor of a policy that ignores the image, with exact match about 0.016;
 7-pixel patches (``model.vision.patch_size=7``: 12 image tokens), a wider or deeper tower
-(``model.vision.*``) and other SFT learning rates did not change that in up to 650 steps, so
+(``model.vision.*``) and other SFT learning rates did not change that in up to 2000 steps, so
 GRPO has no signal here. ``experiments/visual_seeds.py`` is the five-seed study for when it does.
 ``--config.train.steps=2`` for a smoke run.
 """
