@@ -8,6 +8,12 @@ computes ('17+5=22 #22'). The policy is a fresh Qwen2.5-VL (a 2-block vision tow
 over the ``char_vl`` vocabulary): the SFT cold start (``sft``) learns from reference solutions to
 read the images, then GRPO trains on held-in images and the held-out accuracy is measured on
 expressions never shown in training (docs/vision.md, docs/vision_data.md).
+
+Measured (docs/results/visual/): the cold start does not read the digits yet. Its loss stops at
+0.51 nats a token, the floor of a policy that ignores the image, with exact match about 0.016;
+7-pixel patches (``model.vision.patch_size=7``: 12 image tokens), a wider or deeper tower
+(``model.vision.*``) and other SFT learning rates did not change that in up to 2000 steps, so
+GRPO has no signal here. ``experiments/visual_seeds.py`` is the five-seed study for when it does.
 ``--config.train.steps=2`` for a smoke run; ``--config.model.family=qwen3_vl`` or ``=gemma3`` runs
 the same task with a tiny Qwen3-VL or Gemma 3 policy (each family's image format, docs/vision.md;
 Gemma 3's prompt is 9 tokens, blank lines around its image token, padded to 16).

@@ -64,6 +64,14 @@ EMBEDDED_SOURCE = When(lambda f, k: not f["data.source"].startswith(REASONING_GY
                        "a data.source other than reasoning_gym", lambda f, k: (
                            f"data.source={f['data.source']!r} reads its generators' settings "
                            "from data.reasoning_gym.config"))
+# A fresh policy of a family with a vision tower (its registration states ``images``): the
+# model.vision.* sizes of its tower are read.
+# The fresh tower whose sizes are the model.vision.* keys (qwen2_5_vl.tiny_fields); the tiny
+# Gemma 3 and Qwen3-VL towers are fixed.
+SIZED_TOWER = When(lambda f, k: f["model.family"] == "qwen2_5_vl",
+                   "model.family='qwen2_5_vl' (the tiny tower these keys size)", lambda f, k: (
+                       f"model.family={f['model.family']!r}: only the tiny Qwen2.5-VL tower is "
+                       "sized by model.vision.* keys"))
 MOE_MODEL = When(lambda f, k: bool(f.model.moe_layers), "a model with MoE layers",
                  lambda f, k: (f"model.source={f['model.source']!r} is a {f.model.model_type} "
                                "model without MoE layers"), frozenset({"model"}))

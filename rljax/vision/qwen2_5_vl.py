@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from rljax.errors import ConfigError
 from rljax.models import layers
 from rljax.models.config import ModelConfig
 from rljax.models.families import (Family, common_from_hf, common_to_hf, dense_tensors,
@@ -316,10 +317,10 @@ def module_name(name: str) -> str:
   return name
 
 
-# A fresh tiny model's tower (``model.source='tiny'``): two blocks (one windowed, one full), the
-# processor's 14-pixel patches merged 2x2, windows of 4x4 merged tokens (Qwen's 112 pixels).
-TINY_VISION = dict(VISION_DEFAULTS, depth=2, hidden_size=32, intermediate_size=64, num_heads=2,
-                   fullatt_block_indexes=(1,))
+# A fresh tiny model's tower (``model.source='tiny'``): its sizes are the ``model.vision.*`` keys;
+# the last block attends over the whole image, the others within windows of Qwen's 112 pixels; the
+# processor's patches are merged 2x2.
+TINY_VISION_KEYS = ("depth", "hidden_size", "intermediate_size", "num_heads", "patch_size")
 
 
 def mrope_sections(head_dim: int) -> tuple:
@@ -335,7 +336,14 @@ def tiny_fields(model_section, fields) -> dict:
   of the vocabulary in the order ``data.tokenizer='char_vl'`` appends them (vision start, image
   pad, vision end); no video token (one past the vocabulary)."""
   v = fields["vocab_size"]
-  vision = dict(TINY_VISION, out_hidden_size=fields["hidden_size"], vision_start_token_id=v - 3,
+  sizes = {k: int(model_section.vision[k]) for k in TINY_VISION_KEYS}
+  width, heads = sizes["hidden_size"], sizes["num_heads"]
+  if width % heads or (width // heads) % 4:
+    # 2-D rotary positions: a quarter of each head's dimensions per axis and rotated half.
+    raise ConfigError(f"model.vision.hidden_size={width} with model.vision.num_heads={heads}: "
+                      "the tower's head size (width / heads) must be a whole multiple of 4")
+  vision = dict(VISION_DEFAULTS, **sizes, fullatt_block_indexes=(sizes["depth"] - 1,),
+                out_hidden_size=fields["hidden_size"], vision_start_token_id=v - 3,
                 image_token_id=v - 2, vision_end_token_id=v - 1, video_token_id=v)
   return dict(qkv_bias=True, mrope_section=mrope_sections(fields["head_dim"]), vision=vision)
 

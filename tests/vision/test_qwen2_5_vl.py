@@ -356,7 +356,9 @@ from rljax.models import ModelConfig, transformer
 from rljax.rollout import SamplingParams, make_sampler, sample
 from rljax.vision import multimodal, qwen2_5_vl
 assert jax.device_count() == 8
-vision = dict(qwen2_5_vl.TINY_VISION, patch_size=4, window_size=16, out_hidden_size=16,
+vision = dict(qwen2_5_vl.VISION_DEFAULTS, depth=2, hidden_size=32, intermediate_size=64,
+              num_heads=2, fullatt_block_indexes=(1,), patch_size=4, window_size=16,
+              out_hidden_size=16,
               vision_start_token_id=29, image_token_id=30, vision_end_token_id=31,
               video_token_id=32)
 cfg = ModelConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_layers=1, num_heads=2,

@@ -200,3 +200,29 @@ def test_tiny_gemma3_saved_config_reads_back(tmp_path):
   assert back.rope_local_theta == cfg.rope_theta
   assert back.replace(rope_local_theta=None) == cfg.replace(dtype=back.dtype,
                                                            param_dtype=back.param_dtype)
+
+
+def test_tower_sizes_are_keys():
+  """model.vision.* size the fresh tower and its processor: 7-pixel patches turn a 28 x 84 image
+  into a 4 x 12 grid, 12 image tokens after the 2x2 merge (28 * 84 / 14^2), one per ~1 glyph."""
+  from rljax.data import load_tokenizer, make_task
+  from rljax.train import sft
+  config = _config(**{"model.vision.patch_size": "7", "model.vision.hidden_size": "48",
+                      "model.vision.depth": "3", "model.vision.num_heads": "4",
+                      "model.vision.intermediate_size": "96"})
+  tok = load_tokenizer("char_vl")
+  model_cfg, processor = sft.cold_start_policy(config, tok)
+  v = dict(model_cfg.vision)
+  assert (v["patch_size"], v["hidden_size"], v["depth"], v["num_heads"]) == (7, 48, 3, 4)
+  assert v["intermediate_size"] == 96 and tuple(v["fullatt_block_indexes"]) == (2,)
+  problem = make_task("visual_arithmetic", 0).eval_set(seed=0, n=1)[0]
+  ids, _ = sft.encode_example(tok, problem, processor=processor)
+  assert ids[:2] == [tok.bos_id, 57] and ids[2:14] == [58] * 12 and ids[14] == 59
+
+
+def test_tower_head_size_is_checked():
+  from rljax.data import load_tokenizer
+  from rljax.train import sft
+  config = _config(**{"model.vision.hidden_size": "30", "model.vision.num_heads": "4"})
+  with pytest.raises(ConfigError, match="head size .* must be a whole multiple of 4"):
+    sft.cold_start_policy(config, load_tokenizer("char_vl"))

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from rljax.config.declare import (BOOL, LAYOUT, NONEMPTY, POSITIVE, SIZE, Check, Key, choice,
                                   equals, integer, optional, reads, registered)
-from rljax.config.conditions import FRESH_MODEL, LORA, MOE_MODEL, NO_LORA, VISION_MODEL
+from rljax.config.conditions import (FRESH_MODEL, LORA, MOE_MODEL, NO_LORA, SIZED_TOWER,
+                                     VISION_MODEL)
 from rljax.config.sections.common import ALL_COMMANDS, DTYPES, RL_RM
 
 REMAT_MODES = ("none", "full", "dots")  # model.remat; True/False of old configs: full/none
@@ -71,6 +72,23 @@ KEYS = (
     Key("model.moe_intermediate_size", 96, MODEL_DIM,
         "'tiny'/'sft' model of an MoE family: MLP width of one expert",
         read_if=FRESH_MODEL & MOE_MODEL, commands=ALL_COMMANDS),
+    Key("model.vision.depth", 2, MODEL_DIM,
+        "'tiny'/'sft' model of a vision-language family: blocks of its vision tower (the last "
+        "attends over the whole image, the others within windows)",
+        read_if=FRESH_MODEL & SIZED_TOWER, commands=ALL_COMMANDS),
+    Key("model.vision.hidden_size", 32, MODEL_DIM,
+        "'tiny'/'sft' model of a vision-language family: width of its vision tower",
+        read_if=FRESH_MODEL & SIZED_TOWER, commands=ALL_COMMANDS),
+    Key("model.vision.intermediate_size", 64, MODEL_DIM,
+        "'tiny'/'sft' model of a vision-language family: MLP width of its vision tower",
+        read_if=FRESH_MODEL & SIZED_TOWER, commands=ALL_COMMANDS),
+    Key("model.vision.num_heads", 2, MODEL_DIM,
+        "'tiny'/'sft' model of a vision-language family: attention heads of its vision tower",
+        read_if=FRESH_MODEL & SIZED_TOWER, commands=ALL_COMMANDS),
+    Key("model.vision.patch_size", 14, MODEL_DIM,
+        "'tiny'/'sft' model of a vision-language family: pixels per patch side; 2x2 patches "
+        "make one image token, so an H x W image is H W / (2 patch)^2 tokens (H, W multiples "
+        "of 2 patch)", read_if=FRESH_MODEL & SIZED_TOWER, commands=ALL_COMMANDS),
     Key("model.moe_dispatch", "sparse", choice("dense", "sparse", "capacity"),
         "MoE layers in the trainer: sparse (dropless: tokens sorted by expert, grouped matmuls) "
         "| dense (the reference: every expert sees every token) | capacity (GShard dispatch, "
