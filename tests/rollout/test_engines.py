@@ -13,7 +13,7 @@ from rljax.config.checks import check_config
 from rljax.errors import UnknownNameError, UnusedKeyError
 from rljax.models import ModelConfig, quantize, transformer
 from rljax.rollout import SamplingParams, left_pad, sample
-from rljax.rollout.engines import ROLLOUT_ENGINES, EngineBase, JaxEngine, Placement, WeightSync
+from rljax.rollout.engines import DRAFT_KEYS, ROLLOUT_ENGINES, EngineBase, JaxEngine, Placement, WeightSync
 
 CFG = ModelConfig(vocab_size=16, hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2,
                   num_kv_heads=1, head_dim=16, max_position_embeddings=64)
@@ -51,7 +51,7 @@ def test_slot_budgets_are_continuous_only():
   """The continuous engine's registration declares the keys it reads; the key check refuses
   them with another engine, naming the engine that reads them."""
   assert ROLLOUT_ENGINES.meta("continuous")["reads"] == ("rollout.max_concurrent_rows",
-                                                         "rollout.kv_cache_bytes")
+                                                         "rollout.kv_cache_bytes", *DRAFT_KEYS)
   for key in ("rollout.max_concurrent_rows", "rollout.kv_cache_bytes"):
     with pytest.raises(UnusedKeyError, match=rf"^{key}=8 is not used: rollout.engine='all_rows' "
                                              r"does not read it; it is read by rollout engine "
