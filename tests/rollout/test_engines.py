@@ -13,7 +13,8 @@ from rljax.config.checks import check_config
 from rljax.errors import UnknownNameError, UnusedKeyError
 from rljax.models import ModelConfig, quantize, transformer
 from rljax.rollout import SamplingParams, left_pad, sample
-from rljax.rollout.engines import DRAFT_KEYS, ROLLOUT_ENGINES, EngineBase, JaxEngine, Placement, WeightSync
+from rljax.rollout.engines import (DRAFT_KEYS, ROLLOUT_ENGINES, EngineBase, JaxEngine, Placement,
+                                   WeightSync)
 
 CFG = ModelConfig(vocab_size=16, hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2,
                   num_kv_heads=1, head_dim=16, max_position_embeddings=64)
