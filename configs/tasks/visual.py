@@ -14,7 +14,8 @@ Measured (docs/results/visual/): at ``data.difficulty=0`` (black on white at a f
 cold start reads: its exact match passes ``sft.stop_match`` after about 900 steps at
 ``sft.lr=1e-3``. At level 1 and up (random colours of either polarity at a random offset) it did
 not read in up to 2000 steps: its loss stays at the floor of a policy that ignores the image.
-``experiments/visual_seeds.py`` is the five-seed study of GRPO from this cold start.
+GRPO from this cold start (``experiments/visual_seeds.py``, five seeds): held-out accuracy 0.891
+-> 0.909, a gain of +1.9 points [-0.3, +4.0], not significant.
 ``--config.train.steps=2`` for a smoke run; ``--config.model.family=qwen3_vl`` or ``=gemma3`` runs
 the same task with a tiny Qwen3-VL or Gemma 3 policy (each family's image format, docs/vision.md;
 Gemma 3's prompt is 9 tokens, blank lines around its image token, padded to 16); their towers are
@@ -43,7 +44,7 @@ def get_config():
   c.rollout.prompts_per_step = 8
   c.rollout.group_size = 8
   c.algo.kl_placement = "none"  # no reference model: one forward less per step
-  c.optim.lr = 3e-5  # one seed from the level-0 cold start: 1e-4 lost held-out accuracy
+  c.optim.lr = 3e-5  # from the level-0 cold start, one seed at 1e-4 lost held-out accuracy
   c.optim.warmup_steps = 2
   c.train.steps = 100
   c.train.eval_every = 50
