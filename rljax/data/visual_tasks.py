@@ -2,8 +2,8 @@
 
 ``data.source='embedded:visual_arithmetic'``: the prompt is ``'<image>='`` and its one image shows
 an expression such as ``23+45`` in a built-in 5x7 bitmap font (``FONT``: digits, ``+``, ``-`` and
-``x`` for times), scaled, placed at a random offset with per-glyph jitter, in random ink and
-background colours, with Gaussian pixel noise. The reference solution first transcribes the
+``x`` for times), scaled, with per-glyph jitter and Gaussian pixel noise; black on white at a fixed
+place (level 0) or, from level 1 on, at a random offset in random ink and background colours. The reference solution first transcribes the
 image, then computes: ``'23+45=68 #68'``; the verifier reads the answer after the last ``#``, as
 the text arithmetic task does. Images are a pure function of ``(difficulty, seed, index)``.
 
@@ -62,12 +62,17 @@ class VisualLevel:
   width: int
   scale: int  # pixels per font dot
   noise: float  # std of the Gaussian pixel noise (0..255 scale)
+  # False: black ink on white, the text one dot in from the left edge and centred vertically;
+  # True: random colours of either polarity at a random offset (draw_text).
+  random_look: bool = True
 
 
 def draw_text(text: str, rng: random.Random, level: VisualLevel) -> np.ndarray:
-  """``[height, width, 3]`` uint8: ``text`` in the bitmap font at a random offset, each glyph
-  jittered by up to one dot vertically and spaced one or two dots apart, ink and background in
-  random colours of opposite brightness (every channel >= 130 apart), plus Gaussian noise."""
+  """``[height, width, 3]`` uint8: ``text`` in the bitmap font, each glyph jittered by up to one
+  dot vertically and spaced one or two dots apart, plus Gaussian noise. With
+  ``level.random_look``, at a random offset, ink and background in random colours of opposite
+  brightness (every channel >= 130 apart); without, black on white at a fixed place (one dot in
+  from the left, centred vertically)."""
   s = level.scale
   gaps = [rng.randint(1, 2) * s for _ in text[1:]]
   width = len(text) * GLYPH_COLS * s + sum(gaps)
@@ -75,11 +80,16 @@ def draw_text(text: str, rng: random.Random, level: VisualLevel) -> np.ndarray:
   height = GLYPH_ROWS * s + 2 * jitter
   if width > level.width or height > level.height:
     raise ValueError(f"{text!r} does not fit a {level.height}x{level.width} image at scale {s}")
-  top = rng.randint(0, level.height - height) + jitter
-  x = rng.randint(0, level.width - width)
-  light = rng.random() < 0.5
-  background = [rng.randint(190, 255) if light else rng.randint(0, 60) for _ in range(3)]
-  ink = [rng.randint(0, 60) if light else rng.randint(190, 255) for _ in range(3)]
+  if level.random_look:
+    top = rng.randint(0, level.height - height) + jitter
+    x = rng.randint(0, level.width - width)
+    light = rng.random() < 0.5
+    background = [rng.randint(190, 255) if light else rng.randint(0, 60) for _ in range(3)]
+    ink = [rng.randint(0, 60) if light else rng.randint(190, 255) for _ in range(3)]
+  else:
+    top = (level.height - height) // 2 + jitter
+    x = min(s, level.width - width)
+    background, ink = [255] * 3, [0] * 3
   mask = np.zeros((level.height, level.width), bool)
   for k, char in enumerate(text):
     y = top + rng.randint(-1, 1) * s
@@ -101,10 +111,13 @@ class VisualArithmetic(Task):
   name = "visual_arithmetic"
   images = True
   split_by_prompt = False  # one prompt text: split by the expression shown
+  # Level 0 draws black on white at a fixed place: the only one a fresh tiny policy's cold start
+  # learns to read within a CPU budget (docs/results/visual/); 1-3 randomise the look as well.
   levels = {
-      0: VisualLevel(19, "+", 28, 84, 2, 8.0),
-      1: VisualLevel(99, "+-", 28, 84, 2, 8.0),
-      2: VisualLevel(99, "+-x", 28, 84, 2, 12.0),
+      0: VisualLevel(19, "+", 28, 84, 2, 8.0, random_look=False),
+      1: VisualLevel(19, "+", 28, 84, 2, 8.0),
+      2: VisualLevel(99, "+-", 28, 84, 2, 8.0),
+      3: VisualLevel(99, "+-x", 28, 84, 2, 12.0),
   }
   _FORMAT = re.compile(r"\d+[-+*]\d+=-?\d+ #-?\d+\s*")
 

@@ -67,7 +67,7 @@ def test_each_image_shows_its_problem(level):
 
 
 def test_images_are_noisy_and_fixed_by_the_seed():
-  task = make_task("visual_arithmetic", 1)
+  task = make_task("visual_arithmetic", 2)
   first = [p.images[0].pixels for p in itertools.islice(task.train_stream(seed=5), 8)]
   again = [p.images[0].pixels for p in itertools.islice(task.train_stream(seed=5), 8)]
   other = [p.images[0].pixels for p in itertools.islice(task.train_stream(seed=6), 8)]
@@ -77,9 +77,31 @@ def test_images_are_noisy_and_fixed_by_the_seed():
 
 
 def test_held_out_expressions_never_appear_in_training():
-  task = make_task("visual_arithmetic", 1)
+  task = make_task("visual_arithmetic", 2)
   held = {p.meta["expression"] for p in task.eval_set(seed=1, n=64)}
   train = {p.meta["expression"] for p in itertools.islice(task.train_stream(seed=0), 1500)}
   assert all(is_eval_prompt(e) for e in held) and len(held) > 32
   assert not held & train
   assert not any(is_eval_prompt(e) for e in train)
+
+
+def _looks(level, n=24):
+  """(background grey, ink grey, left edge of the first glyph) of ``n`` training images of
+  ``level`` (the first ink column less the glyph's own empty columns: '1' starts a dot in)."""
+  task = make_task("visual_arithmetic", level)
+  out = []
+  for p in itertools.islice(task.train_stream(seed=0), n):
+    grey = p.images[0].pixels.astype(np.float64).mean(-1)
+    ink = np.abs(grey - np.median(grey)) > 65
+    margin = np.flatnonzero(glyph(p.meta["expression"][0]).any(0))[0] * task.level.scale
+    out.append((np.median(grey), grey[ink].mean(), np.flatnonzero(ink.any(0))[0] - margin))
+  return np.array(out)
+
+
+def test_level_0_is_black_on_white_at_a_fixed_place_and_level_1_is_not():
+  plain, varied = _looks(0), _looks(1)
+  scale = make_task("visual_arithmetic", 0).level.scale
+  assert (plain[:, 0] > 245).all() and (plain[:, 1] < 10).all()  # white, black (noise std 8)
+  assert (plain[:, 2] == scale).all()  # one dot in from the left edge
+  assert (varied[:, 0] < 128).any() and (varied[:, 0] > 128).any()  # both polarities
+  assert len(np.unique(varied[:, 2])) > 5  # random offsets
