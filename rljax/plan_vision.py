@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable
 
+from rljax.data import make_task
 from rljax.models import lora
 from rljax.models.config import ModelConfig
 
@@ -70,7 +71,6 @@ def planned_images(config) -> tuple[int, int, int, str] | None:
   source = config.data.source
   if not source.startswith("embedded:"):
     return None
-  from rljax.data import make_task  # the task's level only: nothing is generated
   task = make_task(source.split(":", 1)[1], config.data.difficulty)
   level = getattr(task, "level", None)
   if not getattr(task, "images", False) or not hasattr(level, "height"):

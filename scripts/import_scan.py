@@ -51,7 +51,8 @@ LAYERS = {
     "learner": 7,
     "loading": 8,
     "train": 9,
-    "api": 10, "cli": 10, "catalogue": 10, "plan": 10, "plan_rewards": 10, "sweep": 10,
+    "api": 10, "cli": 10, "catalogue": 10, "plan": 10, "plan_rewards": 10, "plan_vision": 10,
+    "sweep": 10,
     "__init__": 10, "__main__": 10,
 }
 
