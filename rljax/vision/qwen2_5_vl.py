@@ -56,6 +56,7 @@ def vision_config(cfg: ModelConfig) -> dict:
 
 # --- the layout of a batch of images (host, numpy) ----------------------------------------------
 
+
 class Layout(NamedTuple):
   """What the tower reads of the grid sizes, in the window order of the N patches.
 
@@ -190,6 +191,16 @@ class PatchMerger(nnx.Module):
     return self.mlp_2(jax.nn.gelu(self.mlp_0(h), approximate=False))
 
 
+def embed_patches(patch_embed, pixels, dtype):
+  """pixels [N, C*T*P*P] through the patch embedding (its 3-D convolution of stride = kernel
+  as a linear map) -> [N, D], in ``dtype``."""
+  kernel = patch_embed.astype(dtype).reshape(patch_embed.shape[0], -1)
+  if pixels.shape[-1] != kernel.shape[1]:
+    raise ValueError(f"pixel patches of {pixels.shape[-1]} values; this tower takes "
+                     f"{kernel.shape[1]} (channels x temporal_patch_size x patch_size^2)")
+  return jnp.dot(pixels.astype(dtype), kernel.T)
+
+
 class VisionTower(nnx.Module):
   """Qwen2.5-VL's image encoder (module doc): ``tower(pixels [N, P], layout arrays)`` ->
   ``[N / 4, D_text]`` in the image order (image by image, as their placeholders come)."""
@@ -217,12 +228,7 @@ class VisionTower(nnx.Module):
 
   def __call__(self, pixels, lay: Layout):
     """pixels [N, C*T*P*P]; ``lay``: ``layout(grid_thw)``'s arrays (host or device)."""
-    kernel = self.patch_embed[...].astype(self.dtype)
-    kernel = kernel.reshape(kernel.shape[0], -1)
-    if pixels.shape[-1] != kernel.shape[1]:
-      raise ValueError(f"pixel patches of {pixels.shape[-1]} values; this tower takes "
-                       f"{kernel.shape[1]} (channels x temporal_patch_size x patch_size^2)")
-    x = jnp.dot(pixels.astype(self.dtype)[lay.order], kernel.T)
+    x = embed_patches(self.patch_embed[...], pixels[lay.order], self.dtype)
     rope = vision_rope(jnp.asarray(lay.positions), self.head_dim, self.theta)
     for i in range(self.depth):
       segments = lay.images if i in self.full else lay.windows

@@ -179,12 +179,8 @@ class VisionTower(nnx.Module):
     self.dtype = jnp.dtype(cfg.dtype)
 
   def __call__(self, pixels, lay: Layout):
-    kernel = self.patch_embed[...].astype(self.dtype)
-    kernel = kernel.reshape(kernel.shape[0], -1)
-    if pixels.shape[-1] != kernel.shape[1]:
-      raise ValueError(f"pixel patches of {pixels.shape[-1]} values; this tower takes "
-                       f"{kernel.shape[1]} (channels x temporal_patch_size x patch_size^2)")
-    x = jnp.dot(pixels.astype(self.dtype), kernel.T) + self.patch_bias[...].astype(self.dtype)
+    x = (qwen2_5_vl.embed_patches(self.patch_embed[...], pixels, self.dtype)
+         + self.patch_bias[...].astype(self.dtype))
     table = self.pos_embed[...].astype(jnp.float32)
     pos = jnp.sum(jnp.take(table, jnp.asarray(lay.pos_index), axis=0)
                   * jnp.asarray(lay.pos_weight, jnp.float32)[..., None], axis=1)
