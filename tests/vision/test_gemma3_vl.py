@@ -15,8 +15,8 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from rljax.models import hf  # noqa: E402
-from rljax.models.config import ModelConfig  # noqa: E402
 from rljax.vision import gemma3_vl, multimodal  # noqa: E402
+from tests.vision import hf_tiny  # noqa: E402
 
 VOCAB, IMAGE, BOI, EOI = 128, 120, 118, 119
 PER_IMAGE = 4
@@ -43,15 +43,8 @@ def tiny(tmp_path_factory):
   path = str(tmp_path_factory.mktemp("gemma3_vl"))
   torch.manual_seed(0)
   model = transformers.Gemma3ForConditionalGeneration(_hf_config()).float().eval()
-  with torch.no_grad():
-    for name, p in model.named_parameters():  # biases and norms away from their init
-      if name.endswith("bias") or "norm" in name:
-        p.add_(0.1 * torch.randn_like(p))
-      if "mm_input_projection" in name:  # transformers initialises it to zeros
-        p.normal_(0, 0.05)
-  model.save_pretrained(path)
-  cfg, params = hf.load_hf(path)
-  return path, model, cfg, params
+  zeroed = lambda name, p: p.normal_(0, 0.05) if "mm_input_projection" in name else None
+  return hf_tiny.save_tiny(model, path, init=zeroed)  # transformers initialises it to zeros
 
 
 @pytest.fixture(scope="module")
@@ -158,13 +151,7 @@ def test_export_round_trip(tiny, tmp_path):
   loads the export as the same model."""
   path, model, cfg, params = tiny
   out = str(tmp_path / "export")
-  hf.save_hf(out, cfg, params)
-  original = dict(hf.iter_hf_tensors(path))
-  exported = dict(hf.iter_hf_tensors(out))
-  assert sorted(exported) == sorted(original)
-  for name, value in original.items():
-    assert exported[name].dtype == value.dtype and np.array_equal(exported[name], value), name
-  assert ModelConfig.from_hf_dir(out) == cfg
+  hf_tiny.assert_export_round_trip(path, cfg, params, out)
   again = transformers.Gemma3ForConditionalGeneration.from_pretrained(out).eval()
   assert again.config.text_config.sliding_window == 3 and again.config.mm_tokens_per_image == 4
   for (name, a), (_, b) in zip(model.state_dict().items(), again.state_dict().items()):

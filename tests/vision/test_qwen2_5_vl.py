@@ -15,6 +15,7 @@ transformers = pytest.importorskip("transformers")
 from rljax.models import hf  # noqa: E402
 from rljax.models.config import ModelConfig  # noqa: E402
 from rljax.vision import multimodal, qwen2_5_vl  # noqa: E402
+from tests.vision import hf_tiny  # noqa: E402
 
 VOCAB, IMAGE, START, END = 128, 120, 118, 119
 
@@ -39,25 +40,13 @@ def tiny(tmp_path_factory):
   path = str(tmp_path_factory.mktemp("qwen2_5_vl"))
   torch.manual_seed(0)
   model = transformers.Qwen2_5_VLForConditionalGeneration(_hf_config()).float().eval()
-  with torch.no_grad():
-    for name, p in model.named_parameters():  # biases and norms away from their init
-      if name.endswith("bias") or "norm" in name or "ln_q" in name:
-        p.add_(0.1 * torch.randn_like(p))
-  model.save_pretrained(path)
-  cfg, params = hf.load_hf(path)
-  return path, model, cfg, params
+  return hf_tiny.save_tiny(model, path, also=lambda name: "ln_q" in name)
 
 
 @pytest.fixture(scope="module")
 def images():
   """Three images of different sizes through the HF processor: (pixels [N, 96], grid [3, 3])."""
-  proc = transformers.Qwen2VLImageProcessorPil(patch_size=4, merge_size=2, temporal_patch_size=2,
-                                               min_pixels=64, max_pixels=64 * 64)
-  rng = np.random.default_rng(0)
-  pics = [rng.integers(0, 256, (h, w, 3), dtype=np.uint8) for h, w in ((16, 16), (24, 16),
-                                                                       (16, 40))]
-  out = proc(images=pics, return_tensors="np")
-  return out["pixel_values"].astype(np.float32), out["image_grid_thw"].astype(np.int64)
+  return hf_tiny.qwen_images()
 
 
 def _placeholders(grid):
@@ -175,13 +164,7 @@ def test_export_round_trip(tiny, tmp_path):
   """load -> save: every tensor bit-identical, and transformers loads the export."""
   path, model, cfg, params = tiny
   out = str(tmp_path / "export")
-  hf.save_hf(out, cfg, params)
-  original = dict(hf.iter_hf_tensors(path))
-  exported = dict(hf.iter_hf_tensors(out))
-  assert sorted(exported) == sorted(original)
-  for name, value in original.items():
-    assert exported[name].dtype == value.dtype and np.array_equal(exported[name], value), name
-  assert ModelConfig.from_hf_dir(out) == cfg
+  hf_tiny.assert_export_round_trip(path, cfg, params, out)
   again = transformers.Qwen2_5_VLForConditionalGeneration.from_pretrained(out)
   assert again.config.vision_config.fullatt_block_indexes == [1]
   assert again.config.text_config.rope_parameters["mrope_section"] == [2, 3, 3]

@@ -14,8 +14,8 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from rljax.models import hf  # noqa: E402
-from rljax.models.config import ModelConfig  # noqa: E402
 from rljax.vision import multimodal, qwen3_vl  # noqa: E402
+from tests.vision import hf_tiny  # noqa: E402
 
 VOCAB, IMAGE, START, END = 128, 120, 118, 119
 
@@ -41,25 +41,13 @@ def tiny(tmp_path_factory):
   path = str(tmp_path_factory.mktemp("qwen3_vl"))
   torch.manual_seed(0)
   model = transformers.Qwen3VLForConditionalGeneration(_hf_config()).float().eval()
-  with torch.no_grad():
-    for name, p in model.named_parameters():  # biases and norms away from their init
-      if name.endswith("bias") or "norm" in name:
-        p.add_(0.1 * torch.randn_like(p))
-  model.save_pretrained(path)
-  cfg, params = hf.load_hf(path)
-  return path, model, cfg, params
+  return hf_tiny.save_tiny(model, path)
 
 
 @pytest.fixture(scope="module")
 def images():
   """Three images of different sizes (grids 4x4, 6x4, 4x10 patches) through the HF processor."""
-  proc = transformers.Qwen2VLImageProcessorPil(patch_size=4, merge_size=2, temporal_patch_size=2,
-                                               min_pixels=64, max_pixels=64 * 64)
-  rng = np.random.default_rng(0)
-  pics = [rng.integers(0, 256, (h, w, 3), dtype=np.uint8) for h, w in ((16, 16), (24, 16),
-                                                                       (16, 40))]
-  out = proc(images=pics, return_tensors="np")
-  return out["pixel_values"].astype(np.float32), out["image_grid_thw"].astype(np.int64)
+  return hf_tiny.qwen_images()
 
 
 def _batch(grid):
@@ -118,13 +106,7 @@ def test_logits_match_transformers(tiny, images):
 def test_export_round_trip(tiny, tmp_path):
   path, model, cfg, params = tiny
   out = str(tmp_path / "export")
-  hf.save_hf(out, cfg, params)
-  original = dict(hf.iter_hf_tensors(path))
-  exported = dict(hf.iter_hf_tensors(out))
-  assert sorted(exported) == sorted(original)
-  for name, value in original.items():
-    assert exported[name].dtype == value.dtype and np.array_equal(exported[name], value), name
-  assert ModelConfig.from_hf_dir(out) == cfg
+  hf_tiny.assert_export_round_trip(path, cfg, params, out)
   again = transformers.Qwen3VLForConditionalGeneration.from_pretrained(out).eval()
   for (name, a), (_, b) in zip(model.state_dict().items(), again.state_dict().items()):
     assert torch.equal(a, b), name
