@@ -151,6 +151,18 @@ def _tower_cfg(cfg: ModelConfig, vision: dict, width: int) -> ModelConfig:
                      fused_qkv=False, lora_rank=0, lora_base_dtype=None)
 
 
+def block_attention(block, x, rope: layers.Rope, segments):
+  """A tower block's attention branch over patches ``x`` [N, D]: ``block.norm1``, the fused
+  ``block.qkv`` split into ``block.num_heads`` heads, 2-D rotary positions ``rope``, attention
+  within ``segments`` (``segment_attention``), ``block.proj``."""
+  n, d = x.shape
+  q, k, v = jnp.moveaxis(block.qkv(block.norm1(x)).reshape(n, 3, block.num_heads, -1), 1, 0)
+  rope_b = layers.Rope(rope.cos[None], rope.sin[None])
+  q, k = (layers.apply_rope(a.astype(jnp.float32)[None], rope_b)[0].astype(x.dtype)
+          for a in (q, k))
+  return block.proj(segment_attention(q, k, v, segments).reshape(n, d))
+
+
 class VisionBlock(nnx.Module):
   """``x += proj(attn(rope(qkv(norm1(x))))); x += mlp(norm2(x))`` over one segment layout."""
 
@@ -164,12 +176,7 @@ class VisionBlock(nnx.Module):
     self.num_heads = num_heads
 
   def __call__(self, x, rope: layers.Rope, segments):
-    n, d = x.shape
-    q, k, v = jnp.moveaxis(self.qkv(self.norm1(x)).reshape(n, 3, self.num_heads, -1), 1, 0)
-    rope_b = layers.Rope(rope.cos[None], rope.sin[None])
-    q, k = (layers.apply_rope(a.astype(jnp.float32)[None], rope_b)[0].astype(x.dtype)
-            for a in (q, k))
-    x = x + self.proj(segment_attention(q, k, v, segments).reshape(n, d))
+    x = x + block_attention(self, x, rope, segments)
     return x + self.mlp(self.norm2(x))
 
 

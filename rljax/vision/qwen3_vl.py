@@ -121,12 +121,7 @@ class VisionBlock(nnx.Module):
     self.act = layers.ACTIVATIONS[v["hidden_act"]]
 
   def __call__(self, x, rope: layers.Rope, segments):
-    n, d = x.shape
-    q, k, v = jnp.moveaxis(self.qkv(self.norm1(x)).reshape(n, 3, self.num_heads, -1), 1, 0)
-    rope_b = layers.Rope(rope.cos[None], rope.sin[None])
-    q, k = (layers.apply_rope(a.astype(jnp.float32)[None], rope_b)[0].astype(x.dtype)
-            for a in (q, k))
-    x = x + self.proj(qwen2_5_vl.segment_attention(q, k, v, segments).reshape(n, d))
+    x = x + qwen2_5_vl.block_attention(self, x, rope, segments)
     return x + self.linear_fc2(self.act(self.linear_fc1(self.norm2(x))))
 
 
