@@ -345,8 +345,13 @@ def _stop_on_sigterm_outside_training():
   from rljax.runs.preemption import Stop
 
   def _stop(signum, frame):
-    raise Stop("stopped (SIGTERM) outside the training loop (start-up or shutdown): no step was "
-               "in flight", 128 + signum)
+    # Exits here rather than raising: an exception raised in a handler is swallowed when the
+    # signal lands inside a garbage-collector callback (JAX installs one), and the run went on.
+    stop = Stop("stopped (SIGTERM) outside the training loop (start-up or shutdown): no step "
+                "was in flight", 128 + signum)
+    sys.stdout.flush()
+    print(stop.line, file=sys.stderr, flush=True)
+    os._exit(stop.code)
 
   if threading.current_thread() is not threading.main_thread():
     return None
