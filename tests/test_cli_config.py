@@ -88,7 +88,8 @@ def test_a_config_files_values_are_not_refused_for_a_command_that_does_not_read_
                            "--config.model.source=tiny"], "train", cli._parser("train"))
   assert config.sft.steps == 600
   config, _ = cli._config(["--config", GRPO, "--config.model.source=sft",
-                           "--config.sft.steps=3"], "train", cli._parser("train"))
+                           "--config.sft.steps=3", "--config.sft.warmup_steps=1"], "train",
+                          cli._parser("train"))
   assert config.sft.steps == 3
 
 
@@ -106,13 +107,20 @@ JUDGE = {"reward.sources": "verifier:1,judge:1"}
     # Was: 'RuntimeError: cuDNN is not detected.' at the first forward (on a CPU).
     ({"model.attention": "cudnn"}, "model.attention='cudnn' needs a GPU; this process runs JAX "
      "on cpu: use 'auto' (blockwise here)"),
+    # Was: a warning, then a run that trained without its tracker.
+    ({"train.loggers": "('jsonl', 'mlflow')", "train.mlflow_tracking_uri": "foo://bar"},
+     "train.mlflow_tracking_uri='foo://bar': MLflow refuses this store"),
+    # Was: splash attention interpreted on the CPU, hundreds of times slower, without a word.
+    ({"model.attention": "pallas"}, "model.attention='pallas' needs a TPU; this process runs JAX "
+     "on cpu"),
 ])
 def test_start_up_mistakes_are_refused_before_the_run_dir_is_written(overrides, message,
                                                                       tmp_path, capsys):
   """Was: the run dir (config.json, data.json, checkpoints/, metrics.jsonl) was written, then the
   mistake found when the reward, the engine or the first forward was built."""
-  if overrides.get("model.attention") == "cudnn" and jax.default_backend() == "gpu":
-    pytest.skip("cuDNN runs here")
+  kernel = overrides.get("model.attention")
+  if kernel in ("cudnn", "pallas") and jax.default_backend() == {"cudnn": "gpu"}.get(kernel, "tpu"):
+    pytest.skip(f"{kernel} runs here")
   run = tmp_path / "run"
   code, _, err = _exit_code(tiny.args("grpo", str(run), overrides), capsys)
   assert code == 2 and err.count("\n") == 1 and message in err

@@ -122,6 +122,13 @@ def _overlong_buffer(f):
             "before the first token; use a buffer of at most the completion budget")
 
 
+def _sft_warmup(f):
+  if f["sft.warmup_steps"] > f["sft.steps"]:
+    return (f"sft.warmup_steps={f['sft.warmup_steps']} is more than sft.steps={f['sft.steps']}: "
+            "the cold start would end before its learning rate reaches sft.lr; set "
+            f"sft.warmup_steps <= {f['sft.steps']}")
+
+
 def _gym_reward(f):
   if f["reward.fn"] == REASONING_GYM and f["data.source"].partition(":")[0] != REASONING_GYM:
     return (f"reward.fn={REASONING_GYM!r} scores problems of data.source='{REASONING_GYM}:NAME' "
@@ -307,6 +314,8 @@ RELATIONS = (
              _hermes_tokenizer),
     Relation(("reward.overlong_buffer", "rollout.max_new_tokens"),
              "DAPO's overlong buffer is at most the completion budget", _overlong_buffer),
+    Relation(("sft.warmup_steps", "sft.steps"), "the SFT warmup ends within its steps",
+             _sft_warmup),
     Relation(("reward.fn", "data.source"), "the reasoning_gym scorer needs its source",
              _gym_reward),
     Relation(("data.source", "env.name"), "a verifiers source and the verifiers environment go "

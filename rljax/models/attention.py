@@ -88,7 +88,7 @@ def auto_backend(platform: str) -> str:
 
 
 # model.attention values that need one platform (``jax.default_backend()``).
-PLATFORM_KERNELS = {"cudnn": "gpu"}
+PLATFORM_KERNELS = {"cudnn": "gpu", "pallas": "tpu"}  # pallas elsewhere: interpreted, for tests
 
 
 def check_platform(backend: str, platform: str | None = None) -> None:

@@ -281,12 +281,27 @@ def mlflow_logger(config, start):
 
 def check_logger_packages(config) -> None:
   """Start-up check of ``train.loggers`` beyond its key's (registered names, none twice): the
-  packages its loggers need are installed."""
+  packages its loggers need are installed, and MLflow takes ``train.mlflow_tracking_uri``."""
   for name in config.train.loggers:
     package = LOGGERS.meta(name)["package"]
     if package and importlib.util.find_spec(package) is None:
       raise StartupError(f"train.loggers names {name!r} but {package} is not installed: "
                          f"pip install 'rljax[{name}]'")
+  if "mlflow" in config.train.loggers:
+    _check_mlflow_store(config.train.mlflow_tracking_uri)
+
+
+def _check_mlflow_store(uri: str) -> None:
+  """A store MLflow refuses (an unknown scheme, a file store it keeps opt-in) fails the client's
+  construction, which opens no connection: refused here, not a run that trains untracked after
+  one warning (``Guarded``). A server that is down is found at the first call, as a warning."""
+  from mlflow.tracking import MlflowClient  # rljax[mlflow], checked installed above
+  try:
+    MlflowClient(uri or None)
+  except Exception as e:  # MlflowException and its subclasses
+    message = " ".join(str(e).split())[:300]
+    raise StartupError(f"train.mlflow_tracking_uri={uri!r}: MLflow refuses this store "
+                       f"({type(e).__name__}: {message})") from None
 
 
 def factory(config) -> Callable[[str, int | None], list]:

@@ -139,7 +139,7 @@ def test_train_two_steps_in_process(tmp_path):
   overrides = {k: v for k, v in tiny.OVERRIDES.items()
                if k not in ("data.difficulty", "reward.fn", "data.prompt_bucket")}
   overrides.update({"algo.max_gen_batches": "2", "sft.steps": "2", "sft.batch_size": "8",
-                    "sft.out_dir": str(tmp_path / "sft"), "train.run_dir": str(tmp_path / "run")})
+                    "sft.warmup_steps": "1", "sft.out_dir": str(tmp_path / "sft"), "train.run_dir": str(tmp_path / "run")})
   result = cli.main(["train", "--config", CONFIG]
                     + [f"--config.{k}={v}" for k, v in overrides.items()])
   assert set(result) >= {"eval_before", "eval_after"}

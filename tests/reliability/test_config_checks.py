@@ -58,6 +58,8 @@ BAD = [
     ("grpo", {"model.num_heads": "3"}, "model.hidden_size=32 must be a multiple of"),
     ("grpo", {"model.matmul_precision": "fast"}, "model.matmul_precision='fast'"),
     ("grpo", {"sft.steps": "0"}, "sft.steps=0"),
+    ("grpo", {"model.source": "sft", "sft.steps": "30"},
+     "sft.warmup_steps=50 is more than sft.steps=30"),
     ("grpo", {"mesh.data": "0"}, "mesh.data=0"),
     ("grpo", {"mesh.expert": "0"}, "mesh.expert=0"),
     ("grpo", {"mesh.expert": "-1"}, "only one mesh axis may be -1 (the devices the others leave), "

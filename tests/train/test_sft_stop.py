@@ -95,7 +95,7 @@ def _config(tmp_path, **overrides):
                                                            (0.5, 30, "sampled")])
 def test_sft_stops_at_the_first_check_that_reaches_stop_match(tmp_path, monkeypatch, stop_match,
                                                                 stopped_at, stop_on):
-  config = _config(tmp_path, **{"sft.steps": 40, "sft.stop_match": stop_match,
+  config = _config(tmp_path, **{"sft.steps": 40, "sft.warmup_steps": 10, "sft.stop_match": stop_match,
                                 "sft.stop_on": stop_on,
                                 "sft.check_every": 10, "sft.check_size": 4,
                                 "rollout.max_new_tokens": 24})
