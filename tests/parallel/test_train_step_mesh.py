@@ -12,7 +12,7 @@ import pytest
 from tests.parallel.conftest import run_script
 
 TRAIN_MESHES = [(8, 1, 1), (1, 8, 1), (2, 2, 2), (1, 2, 4)]
-SAMPLE_MESHES = [(2, 2, 2), (1, 2, 4)]
+SAMPLE_MESHES = [(2, 2, 2)]  # data x fsdp x tensor: every axis of the sampler split
 SCAN_MESH = (2, 2, 2)  # model.scan_layers=True on the mesh against the unrolled 1-device step
 # The train mesh whose step takes two minibatches of 4 rows (the batch axes, data x fsdp, split
 # each 4 ways), against the 1-device step of two minibatches; the other train meshes take one

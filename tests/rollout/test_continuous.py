@@ -48,10 +48,10 @@ def _assert_same_rollout(got, want, atol=1e-5):
 @pytest.mark.parametrize("sp,budgets", [
     (SamplingParams(greedy=True, max_new_tokens=T_NEW, stop_ids=(3, 7)), (5,)),
     pytest.param(SamplingParams(temperature=1.2, top_k=10, top_p=0.95, max_new_tokens=T_NEW,
-                                stop_ids=(3, 7)), (1, 4, 7), marks=pytest.mark.slow)],
+                                stop_ids=(3, 7)), (1, 7), marks=pytest.mark.slow)],
     ids=["greedy", "sampled"])
 def test_same_rollout_as_all_rows_at_once_for_several_budgets(sp, budgets):
-  """B = 18 rows through S = 1, 4, 5, 7 slots: tokens, masks, flags equal the all-rows
+  """B = 18 rows through S = 1, 5, 7 slots: tokens, masks, flags equal the all-rows
   sampler's (same noise per row and token index); rows end anywhere between 1 and T tokens."""
   params, (tokens, mask) = _random_model(), _batch()
   want = jax.device_get(sample(CFG, params, tokens, mask, jax.random.key(1), sp, group_size=G))
@@ -65,8 +65,7 @@ def test_same_rollout_as_all_rows_at_once_for_several_budgets(sp, budgets):
     _assert_same_rollout(got, want)
 
 
-@pytest.mark.parametrize("slots", [2, 4])
-def test_greedy_equals_transformers_generate_with_fewer_slots_than_rows(slots, hf_dirs):
+def test_greedy_equals_transformers_generate_with_fewer_slots_than_rows(hf_dirs, slots=2):
   lengths = [12, 7, 3, 9, 1, 5]
   tokens, mask = hf_models.left_padded(lengths, width=12, vocab=hf_models.VOCAB, seed=1)
   stop = _stop_token_in_the_middle(_hf_greedy(hf_dirs["llama"], tokens, mask, eos=None))

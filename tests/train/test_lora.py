@@ -123,9 +123,8 @@ def test_sampler_on_its_own_device_samples_the_published_adapters(tmp_path):
   out = run_script("lora_placement.py", str(tmp_path), num_devices=2, timeout=600)
   result = json.loads(out.strip().splitlines()[-1])
   assert result["num_devices"] == 2
-  for name, staleness in (("sync", 0), ("async", 1)):
-    assert result[name]["sampler_devices"] == [1]  # the merged weights moved to its device
-    _check_sampler(result[name]["records"], staleness)
+  assert result["async"]["sampler_devices"] == [1]  # the merged weights moved to its device
+  _check_sampler(result["async"]["records"], 1)
   assert any(r["step"] - r["version"] == 1 for r in result["async"]["records"])
 
 

@@ -169,7 +169,6 @@ INVARIANCE = {
         "algo.clip_cov_ub": 10.0, "algo.entropy_top_rho": 0.3, "algo.rollout_is": "token",
         "algo.rollout_rs": "token", "algo.rollout_rs_lo": 0.8, "algo.rollout_rs_hi": 1.25,
         "algo.entropy_ctrl": "true", "algo.entropy_target": 10.0},
-    "kl_cov": {"algo.policy_loss": "kl_cov", "algo.kl_cov_ratio": 0.1},
     "sapo_sequence": {"algo.policy_loss": "sapo", "algo.sapo_level": "sequence"},
 }
 

@@ -1,16 +1,16 @@
 """Run with 8 simulated CPU devices (XLA_FLAGS set by the test): every row split over the mesh's
 ``context`` axis (``rljax.parallel.context``) against one device. Prints one JSON line per case.
 
-Arguments (any of):
+Arguments (any of), each ``KIND:MESH[;MESH...]`` with a mesh ``data,fsdp,context,tensor``
+(the test names its meshes):
 
-- ``model``: logits, log-probs, entropies (Gemma's final soft-cap on) and the gradient of a
+- ``model:...``: logits, log-probs, entropies (Gemma's final soft-cap on) and the gradient of a
   ``(sum, count)`` loss of a 2-layer model (a sliding-window layer and a full one) over rows of
   37 slots (no N divides it: the padded path) packed with 2-3 segments that cross the devices'
-  stripes, on meshes ``(data, fsdp, context, tensor)`` = (1,1,2,1), (1,1,4,1), (1,1,8,1),
-  (1,2,2,2), (2,1,4,1), (1,1,4,2), against ``transformer`` on one device;
-- ``train``: one full GRPO ``score`` + ``train_step`` (AdamW) on context 2, 4, 8 alone, with
-  fsdp / tensor, and packed, against the 1-device step;
-- ``decode``: greedy sampling through the striped KV cache on context 2, 4, 8 against the
+  stripes, against ``transformer`` on one device;
+- ``train:...``: one full GRPO ``score`` + ``train_step`` (AdamW) against the 1-device step; a
+  mesh with ``data > 1`` packs its rows;
+- ``decode:N[;N...]``: greedy sampling through the striped KV cache on context N against the
   unsplit sampler (tokens and log-probs), prompts of 11 slots (left-padded to a multiple of N).
 """
 import json
@@ -99,7 +99,7 @@ def max_diff(a, b, mask=None):
   return float(d.max())
 
 
-def model_cases():
+def model_cases(shapes):
   # Weights 3x the init's: logits up to ~4x the cap, so the soft-cap bends them.
   params = jax.tree.map(lambda x: 3 * x, transformer.init_params(CFG, seed=0))
   tokens, seg = packed_rows()
@@ -107,8 +107,7 @@ def model_cases():
   valid = seg > 0
   ref = jax.jit(reference)(params, tokens, seg)
   grad_ref = jax.jit(jax.grad(lambda p: loss_of(reference(p, tokens, seg), mask)))(params)
-  for shape in [(1, 1, 2, 1), (1, 1, 4, 1), (1, 1, 8, 1), (1, 2, 2, 2), (2, 1, 4, 1),
-                (1, 1, 4, 2)]:
+  for shape in shapes:
     mesh = mesh_of(shape)
     context = rules.context_layout(mesh)
     placed = rules.shard_params(params, rules.param_shardings(
@@ -168,10 +167,10 @@ def train_once(shape, pack=False):
               params=host, moved=moved)
 
 
-def train_cases():
+def train_cases(shapes):
   ref = train_once((1, 1, 1, 1))
-  for shape, pack in [((1, 1, 2, 1), False), ((1, 1, 4, 1), False), ((1, 1, 8, 1), False),
-                      ((1, 2, 2, 2), False), ((2, 1, 4, 1), True)]:
+  for shape in shapes:
+    pack = shape[0] > 1
     r = train_once(shape, pack)
     print(json.dumps(dict(
         kind="train", mesh=list(shape), pack=pack, loss=r["loss"], loss_ref=ref["loss"],
@@ -182,7 +181,7 @@ def train_cases():
 
 # --- decode ---------------------------------------------------------------------------------------
 
-def decode_cases():
+def decode_cases(contexts):
   from rljax.rollout import sampler as sampler_lib
   from rljax.rollout.sampling import SamplingParams
   params = transformer.init_params(CFG, seed=1)
@@ -203,7 +202,7 @@ def decode_cases():
     return np.asarray(out.tokens), np.asarray(out.sampler_logp), np.asarray(out.mask)
 
   ref = run(1)
-  for c in (2, 4, 8):
+  for (c,) in contexts:
     toks, logp, m = run(c)
     print(json.dumps(dict(kind="decode", context=c, tokens_equal=bool(np.array_equal(toks, ref[0])),
                           mask_equal=bool(np.array_equal(m, ref[2])),
@@ -214,4 +213,5 @@ def decode_cases():
 if __name__ == "__main__":
   cases = dict(model=model_cases, train=train_cases, decode=decode_cases)
   for arg in sys.argv[1:]:
-    cases[arg]()
+    kind, _, meshes = arg.partition(":")
+    cases[kind]([tuple(map(int, m.split(","))) for m in meshes.split(";")])

@@ -1,6 +1,6 @@
 """``lora_placement.py RUN_DIR``: tiny LoRA runs with the sampler on a device of its own
-(``mesh.sampler_devices=1`` of 2 simulated CPU devices), synchronous and asynchronous
-(``rollout.max_staleness=1``), printing as one JSON line, per run, the devices the sampler's
+(``mesh.sampler_devices=1`` of 2 simulated CPU devices), asynchronous
+(``rollout.max_staleness=1``), printing as one JSON line the devices the sampler's
 weights were on and the sampler / trainer log-prob records of ``tests/train/lora_checks.run``."""
 import json
 import os
@@ -18,8 +18,9 @@ from tests.train import lora_checks  # noqa: E402
 def main():
   out = {"num_devices": jax.device_count()}
   real_collect = loop.collect_batch
-  for name, extra in (("sync", {}), ("async", {"rollout.max_staleness": "1",
-                                               "train.steps": "3"})):
+  # Asynchronous only: its sampler takes each published adapter set on its own device (the
+  # synchronous placement of full weights: tests/parallel/test_async_placement.py).
+  for name, extra in (("async", {"rollout.max_staleness": "1", "train.steps": "3"}),):
     seen = set()
 
     def collect(run, step, stream=0, params=None, **kwargs):
