@@ -16,8 +16,7 @@ it served and GRPO trains on the rubric's reward (``env.name='vf1_reverse_letter
 The policy is a fresh tiny model over a character-level tokenizer with a ChatML chat template
 (``configs/tokenizers/chatml_chars``, written by scripts/make_chat_tokenizer.py): the library
 sends chat messages. No cold start: the reward is dense, so a random policy's groups already
-differ. ``--config.train.steps=2`` for a smoke run. rljax's older in-process integration of
-the 0.3 API (``env.name='verifiers'``) is docs/integrations.md's.
+differ. ``--config.train.steps=2`` for a smoke run.
 """
 from rljax.config.loader import based_on
 
