@@ -28,6 +28,7 @@ from rljax.agents.verifiers_v1 import BridgeError, free_port, verifiers_v1_harne
 from rljax.data.tasks import Problem
 from rljax.data.tokenizer import load_tokenizer
 from rljax.envs.episodes import EnvSettings
+from rljax.errors import StartupError
 from rljax.models import transformer
 from rljax.rollout.engines import JaxEngine
 from tests.envs.chat_templates import build_tokenizer
@@ -194,3 +195,11 @@ def test_the_verifiers_preset_trains_a_v1_environment_by_grpo(tmp_path, monkeypa
   assert step["reward_std"] == pytest.approx(np.std(rewards), abs=1e-6)
   assert max(rewards) > 0 and step["grad_norm"] > 0
   assert step["logp_gap_max"] < 1e-3
+
+
+def test_a_missing_verifiers_environment_is_one_line_at_start_up(tmp_path):
+  play = verifiers_v1_harness(taskset="reverse_text", python=str(tmp_path / "bin" / "python"),
+                              task_data=_task_data)
+  with pytest.raises(StartupError, match="does not exist: scripts/bootstrap.sh makes "
+                                         r"\.venv-verifiers"):
+    play.prepare()
