@@ -38,9 +38,6 @@ setup(
         "mlflow": ["mlflow-skinny>=3.0"],
         # data.source='reasoning_gym:NAME': reasoning-gym's procedural tasks and their scorers.
         "reasoning_gym": ["reasoning-gym>=0.1.25"],
-        # data.source='verifiers:ID' with env.name='verifiers': environments of the verifiers
-        # library (its classic API; 0.4 removed it).
-        "verifiers": ["verifiers>=0.3.1,<0.4", "datasets>=3.0"],
         # The agent endpoint's demo harnesses (rljax/agents/calc_agent.py): the OpenAI client.
         "agents": ["openai>=2.7"],
         # OpenEnv environments played through the agent endpoint (rljax/agents/openenv_agent.py):

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Creates .venv on first use and installs rljax with its test extras, the experiment trackers and
 # the task/environment libraries, peft (their tests run too), pinned by constraints.txt; and
-# .venv-openenv, the openenv package for the OpenEnv example server the agent tests start (its
-# pins cannot share .venv with the verifiers library's), and .venv-verifiers, verifiers v1 for the
-# v1 bridge's test (its pins share neither).
+# .venv-openenv, the openenv package for the OpenEnv example server the agent tests start, and
+# .venv-verifiers, verifiers v1 for configs/tasks/verifiers.py and the v1 bridge's tests (their
+# pins share neither .venv nor each other: openenv's mcp<2, verifiers' openai<3 and mcp==2.0.0).
 # Re-running is cheap: the install is skipped while setup.py and constraints.txt are unchanged.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,7 +14,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   .venv/bin/python -m pip install -q --upgrade pip
-  .venv/bin/python -m pip install -q -c constraints.txt -e ".[test,wandb,mlflow,reasoning_gym,verifiers,peft,agents,openenv]"
+  .venv/bin/python -m pip install -q -c constraints.txt -e ".[test,wandb,mlflow,reasoning_gym,peft,agents,openenv]"
   if [ ! -x .venv-openenv/bin/python ]; then
     python3 -m venv .venv-openenv
   fi

@@ -31,10 +31,6 @@ LOCAL_IMPORT_DEPENDENCIES = {
     "wandb": "the optional [wandb] extra: only a run whose train.loggers names it",
     "mlflow.tracking": "the optional [mlflow] extra: only a run whose train.loggers names it",
     "mlflow.entities": "the optional [mlflow] extra: only a run whose train.loggers names it",
-    "verifiers": "the optional [verifiers] extra (seconds to import): only a verifiers: source",
-    "verifiers.types": "the optional [verifiers] extra: only env.name='verifiers'",
-    "verifiers.utils.message_utils": "the optional [verifiers] extra: only env.name='verifiers'",
-    "verifiers.utils.usage_utils": "the optional [verifiers] extra: only env.name='verifiers'",
     **{name: "verifiers v1: only in the bridge process, run by .venv-verifiers' Python" for name in (
         "verifiers.v1.envs.single_agent", "verifiers.v1.utils.loaders", "verifiers.v1.clients",
         "verifiers.v1.configs.client")},

@@ -24,6 +24,7 @@ in its own environment (a container, a Space, a virtual environment), as OpenEnv
 """
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import signal
@@ -63,6 +64,11 @@ class OpenEnvServer:
     self.process = subprocess.Popen(list(self.command), cwd=self.cwd, start_new_session=True,
                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                     env=self.env)
+    # In a session of its own, the server outlives its starter unless stopped: a run that ends
+    # other than by closing its engine (preempted by SIGTERM, a crash) stops it on exit too
+    # (the starter only: a forked copy that exits normally must not stop it).
+    starter = os.getpid()
+    atexit.register(lambda: os.getpid() == starter and self.stop())
     deadline = time.monotonic() + START_S
     while not self.healthy():
       if self.process.poll() is not None:

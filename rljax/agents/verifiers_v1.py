@@ -25,12 +25,14 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import urllib.error
 import urllib.request
 from typing import Callable, Optional
 
 from rljax.agents.harness import AgentTask
 from rljax.agents.openenv_agent import OpenEnvServer
+from rljax.errors import StartupError
 
 BRIDGE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "verifiers_v1_bridge.py")
 
@@ -45,12 +47,21 @@ def bridge_command(python: str, taskset: str, port: int, env: Optional[dict] = N
           "--env", json.dumps(env or {})]
 
 
-def verifiers_v1_harness(*, taskset: str, python: str, port: int,
-                         task_data: Callable[[object], dict], env: Optional[dict] = None,
+def free_port() -> int:
+  """A TCP port free on this host now (the bridge's, when a harness names none)."""
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def verifiers_v1_harness(*, taskset: str, python: str, task_data: Callable[[object], dict],
+                         port: int = 0, env: Optional[dict] = None,
                          python_path: Optional[str] = None, timeout_s: float = 600.0):
   """A harness running the v1 ``taskset`` through the bridge (module docstring); register it with
-  ``register_harness``. ``python_path``: directories the bridge imports tasksets from (an
+  ``register_harness``. ``port``: the bridge's (0: a free one, chosen now, so that runs side by
+  side do not collide); ``python_path``: directories the bridge imports tasksets from (an
   example environment not installed as a package)."""
+  port = port or free_port()
   variables = dict(os.environ)
   # The harness program is a uv script: uv from the verifiers environment, if it holds one.
   variables["PATH"] = os.path.dirname(python) + os.pathsep + variables.get("PATH", "")
@@ -75,5 +86,11 @@ def verifiers_v1_harness(*, taskset: str, python: str, port: int,
     return {"reward": out["reward"], "correct": out["ok"] and out["reward"] >= 1.0,
             "info": {"last_reply": out["last_reply"], "turns": out["turns"]}}
 
-  play.prepare, play.close = server.start, server.stop
+  def prepare():
+    if not os.path.exists(python):
+      raise StartupError(f"the verifiers v1 environment's Python {python} does not exist: "
+                         "scripts/bootstrap.sh makes .venv-verifiers (verifiers 0.4 and uv)")
+    server.start()
+
+  play.prepare, play.close = prepare, server.stop
   return play

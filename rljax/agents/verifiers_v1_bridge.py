@@ -70,6 +70,14 @@ async def run_one(env, request: dict) -> dict:
           "turns": int(trace.num_turns) if trace is not None else 0}
 
 
+class Server(ThreadingHTTPServer):
+  daemon_threads = True
+  # The listen backlog: socketserver's default of 5 reset connections (ConnectionResetError in
+  # two harnesses, a failed episode each) when a batch's 16 harnesses connected at once on a
+  # loaded machine (configs/tasks/verifiers.py, step 6), as it did at rljax's endpoint server.
+  request_queue_size = 1024
+
+
 def serve(env, port: int) -> None:
   loop = asyncio.new_event_loop()
   threading.Thread(target=loop.run_forever, daemon=True).start()
@@ -99,9 +107,7 @@ def serve(env, port: int) -> None:
         return self._send(500, {"error": f"{type(e).__name__}: {e}"})
       self._send(200, result)
 
-  server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
-  server.daemon_threads = True
-  server.serve_forever()
+  Server(("127.0.0.1", port), Handler).serve_forever()
 
 
 def main(argv=None) -> None:

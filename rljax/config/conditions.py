@@ -56,7 +56,6 @@ REWARD_SOURCE_READS = chosen_reads("reward.sources", "reward_source",
                                    lambda text: tuple(reward_weights(text)))
 # data.source='NAME:ARGS' names that relations pair with other keys.
 REASONING_GYM = "reasoning_gym"
-VERIFIERS = "verifiers"  # data.source='verifiers:ID' with env.name='verifiers'
 # data.difficulty: read by the embedded tasks, refused only where it would mislead (reasoning-gym's
 # generators take their settings from data.reasoning_gym.config), so a preset's difficulty stays
 # allowed when a run switches it to a file source.

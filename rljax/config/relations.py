@@ -4,7 +4,7 @@ check returns what is wrong as one line, or None. ``rljax.config.checks`` applie
 from __future__ import annotations
 
 from rljax.config.declare import Relation, registry_meta, registry_names
-from rljax.config.conditions import FRESH_MODEL, REASONING_GYM, RM_SOURCE, VERIFIERS
+from rljax.config.conditions import FRESH_MODEL, REASONING_GYM, RM_SOURCE
 from rljax.config.reward_spec import (ENV_SOURCE, REWARD_MODEL_SOURCE, VERIFIER_SOURCE,
                                       composed_sources, reward_clip, reward_normalize, task_source)
 from rljax.config.table import CAPACITY_UNPACKED, CHAR_TOKENIZERS, MESH_AXES
@@ -166,15 +166,6 @@ def _images_taken(f):
             f"rollout.inflight_chunk={f['rollout.inflight_chunk']})")
 
 
-def _verifiers_pair(f):
-  source = f["data.source"].partition(":")[0] == VERIFIERS
-  env = f["env.name"] == VERIFIERS
-  if source != env:
-    return (f"data.source={f['data.source']!r} and env.name={f['env.name']!r}: a verifiers "
-            f"environment's dataset (data.source='{VERIFIERS}:ID') is run by its own episodes "
-            f"(env.name='{VERIFIERS}'), and that environment needs those prompts; set both")
-
-
 def _normalized_sources(f):
   names = composed_sources(f)
   for key, parse in (("reward.normalize", reward_normalize), ("reward.clip", reward_clip)):
@@ -318,8 +309,6 @@ RELATIONS = (
              _sft_warmup),
     Relation(("reward.fn", "data.source"), "the reasoning_gym scorer needs its source",
              _gym_reward),
-    Relation(("data.source", "env.name"), "a verifiers source and the verifiers environment go "
-             "together", _verifiers_pair),
     Relation(("data.source", "model.family", "rollout.engine", "env.name",
               "rollout.inflight_chunk"),
              "a task of images needs a vision-language policy and single-turn all_rows rollouts",

@@ -26,8 +26,8 @@ Then ``data.source='lines:prompts.txt'`` trains on it (``rljax train``, ``rljax 
   (``fingerprint``). Sources built by code have none.
 
 Registered: ``embedded`` (``rljax.data.tasks``), ``reasoning_gym``
-(``rljax.data.reasoning_gym_tasks``), ``verifiers`` (``rljax.data.verifiers_source``), ``jsonl``
-and ``hf`` (``rljax.data.datasets``). A name that is not registered is an error listing those
+(``rljax.data.reasoning_gym_tasks``), ``code`` (``rljax.data.code_tasks``), ``jsonl`` and ``hf``
+(``rljax.data.datasets``). A name that is not registered is an error listing those
 that are, from the config check, before anything is built.
 """
 from __future__ import annotations

@@ -105,9 +105,21 @@ if "t_chat" not in harness_lib.HARNESSES:
     return {"reward": 1.0, "info": {"streamed": streamed,
                                     "final": out.choices[0].message.content}}
 
+  @register_harness("t_badtool")
+  def t_badtool(task):
+    """One call, then a second whose history holds a tool call with arguments that are not
+    JSON (as a harness that forwards the model's text unparsed might send)."""
+    client = openai.OpenAI(base_url=task.base_url, api_key=task.api_key, max_retries=0)
+    out = client.chat.completions.create(model=task.model, messages=MESSAGES, max_tokens=6)
+    call = {"id": "1", "type": "function", "function": {"name": "calc", "arguments": "{12*3"}}
+    client.chat.completions.create(model=task.model, max_tokens=6, messages=MESSAGES + [
+        {"role": "assistant", "content": out.choices[0].message.content, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "1", "content": "36"}])
+    return 1.0
+
 
 @pytest.fixture(scope="module")
-def chat_result(tok):
+def chat_engine(tok):
   c = tiny_model_config()
   cfg = dataclasses.replace(c, vocab_size=tok.vocab_size, eos_token_id=tok.eos_id,
                             pad_token_id=tok.pad_id)
@@ -118,10 +130,21 @@ def chat_result(tok):
   engine = driver_lib.EndpointEngine(base, settings, tok, prompt_bucket=32)
   sp = dataclasses.replace(SP, stop_ids=(tok.eos_id,), pad_id=tok.pad_id, max_new_tokens=8)
   try:
-    yield engine.episodes([Problem("q", "0")], jax.random.PRNGKey(0), sp, 2)
+    yield engine, sp
   finally:
     engine.close()
     harness_lib.close_harness_pool()
+
+
+def _play(chat_engine, name: str):
+  engine, sp = chat_engine
+  engine.settings = dataclasses.replace(engine.settings, name=name)
+  return engine.episodes([Problem("q", "0")], jax.random.PRNGKey(0), sp, 2)
+
+
+@pytest.fixture(scope="module")
+def chat_result(chat_engine):
+  return _play(chat_engine, "t_chat")
 
 
 def test_a_chat_harness_is_served_and_stitched_where_the_template_extends(chat_result, tok):
@@ -137,3 +160,15 @@ def test_a_chat_harness_is_served_and_stitched_where_the_template_extends(chat_r
     extends = second.prompt_ids[:len(before)] == before
     row = chat_result.episodes.index(ep)
     assert chat_result.rollout.extras["segment"][row].max() == (1 if extends else 2)
+
+
+def test_a_malformed_tool_call_fails_its_episode_counted_and_explained(chat_engine):
+  """The endpoint answers the malformed call with a 400 naming it; the harness (the ``openai``
+  client raising on it) fails its own episode: reward 0, counted, the 400's reason in its error."""
+  out = _play(chat_engine, "t_badtool")
+  assert out.counts["agent/refused"] == 2 and out.counts["env/errors"] == 2
+  for ep in out.episodes:
+    assert ep.end == "error" and ep.reward == 0.0
+    assert "malformed tool call at messages[2].tool_calls[0]: function.arguments is not JSON" \
+        in ep.error, ep.error
+  assert out.counts["agent/calls"] == 2  # the first calls were served, the malformed refused

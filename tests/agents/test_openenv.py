@@ -8,6 +8,7 @@ import os
 import re
 import socket
 import subprocess
+import sys
 
 import jax
 import pytest
@@ -70,3 +71,34 @@ def test_an_openenv_example_environment_plays_through_the_endpoint(echo_env):
     assert abs(ep.reward - paid) < 1e-6
   with pytest.raises(OSError):  # the engine stopped the server it started
     socket.create_connection(("127.0.0.1", port), timeout=2)
+
+
+# A server answering /health, and a starter that exits without stopping it (as a preempted run
+# did: its engine, which stops the server, is not closed on that path).
+_HEALTH = ("import http.server, sys\n"
+           "class H(http.server.BaseHTTPRequestHandler):\n"
+           "  def do_GET(self):\n    self.send_response(200); self.end_headers()\n"
+           "  def log_message(self, *a):\n    pass\n"
+           "http.server.HTTPServer(('127.0.0.1', int(sys.argv[1])), H).serve_forever()\n")
+_STARTER = ("import sys\nfrom rljax.agents.openenv_agent import OpenEnvServer\n"
+            "port = sys.argv[1]\n"
+            "s = OpenEnvServer('http://127.0.0.1:' + port, [sys.executable, '-c', sys.argv[2], port])\n"
+            "s.start()\nprint(s.process.pid, flush=True)\nraise SystemExit(3)\n")
+
+
+def test_a_started_server_is_stopped_when_its_starter_exits_without_closing(tmp_path):
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+  done = subprocess.run([sys.executable, "-c", _STARTER, str(port), _HEALTH], cwd=tiny.ROOT,
+                        capture_output=True, text=True, timeout=120)
+  assert done.returncode == 3, done.stderr[-500:]
+  pid = int(done.stdout.split()[0])
+  try:
+    os.kill(pid, 0)
+    alive = not open(f"/proc/{pid}/stat").read().split(")")[1].split()[0] == "Z"
+  except ProcessLookupError:
+    alive = False
+  if alive:
+    os.kill(pid, 9)
+  assert not alive

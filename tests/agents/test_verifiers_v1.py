@@ -4,27 +4,31 @@
 (``rljax/agents/verifiers_v1_bridge.py``), its harness program (the library's ``null`` chat
 harness, a ``uv`` script in the ``subprocess`` runtime) calling the model at an episode's
 endpoint URL. The reward is the taskset's, the LCS ratio of the text in ``<reversed_text>`` tags
-against the reversed prompt, recomputed here with ``difflib`` from the answer the model wrote."""
+against the reversed prompt, recomputed here with ``difflib`` from the answer the model wrote.
+And ``configs/tasks/verifiers.py``, GRPO on the v1 taskset rljax ships (``reverse_letters``), one
+step through ``rljax train``."""
 import dataclasses
 import difflib
 import json
 import os
 import re
-import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import jax
+import numpy as np
 import pytest
 from transformers import AutoTokenizer
 
+from rljax import cli
 from rljax.agents import driver as driver_lib
 from rljax.agents import harness as harness_lib
 from rljax.agents.harness import AgentTask, register_harness
-from rljax.agents.verifiers_v1 import BridgeError, verifiers_v1_harness
+from rljax.agents.verifiers_v1 import BridgeError, free_port, verifiers_v1_harness
 from rljax.data.tasks import Problem
 from rljax.data.tokenizer import load_tokenizer
 from rljax.envs.episodes import EnvSettings
+from rljax.errors import StartupError
 from rljax.models import transformer
 from rljax.rollout.engines import JaxEngine
 from tests.envs.chat_templates import build_tokenizer
@@ -45,12 +49,6 @@ def lcs_reward(reply: str, answer: str) -> float:
   return difflib.SequenceMatcher(None, match.group(1).strip() if match else "", answer).ratio()
 
 
-def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
-
-
 def _task_data(problem):
   return {"prompt": problem.prompt, "system_prompt": SYSTEM, "answer": problem.prompt[::-1]}
 
@@ -58,7 +56,7 @@ def _task_data(problem):
 @pytest.fixture(scope="module")
 def harness():
   assert os.path.exists(PYTHON), "run scripts/bootstrap.sh (it makes .venv-verifiers)"
-  play = verifiers_v1_harness(taskset="reverse_text", python=PYTHON, port=_free_port(),
+  play = verifiers_v1_harness(taskset="reverse_text", python=PYTHON, port=free_port(),
                               task_data=_task_data, python_path=ENVS, timeout_s=300.0)
   play.prepare()
   try:
@@ -116,7 +114,7 @@ def test_the_bridge_returns_the_taskset_reward_of_the_models_answer(harness):
 def test_a_failed_episode_is_an_error_not_a_zero_reward(harness):
   # Nothing listens at the model's URL: the library records a provider error on the trace.
   with pytest.raises(BridgeError, match="the verifiers v1 episode failed"):
-    harness(AgentTask(f"http://127.0.0.1:{_free_port()}/v1", "key", "m", Problem("ab", "")))
+    harness(AgentTask(f"http://127.0.0.1:{free_port()}/v1", "key", "m", Problem("ab", "")))
 
 
 def test_a_v1_environment_plays_through_the_endpoint(harness, tmp_path):
@@ -151,3 +149,57 @@ def test_a_v1_environment_plays_through_the_endpoint(harness, tmp_path):
     reply = ep.infos[0]["last_reply"]
     assert reply == tok.decode(call.completion_ids)  # the text the library scored
     assert ep.reward == pytest.approx(lcs_reward(reply, prompt[::-1]))
+
+
+def test_the_verifiers_preset_trains_a_v1_environment_by_grpo(tmp_path, monkeypatch):
+  """``rljax train --config configs/tasks/verifiers.py``: every episode's reward is the v1
+  taskset's rubric (the ``difflib`` ratio of the reply against the reversal, recomputed here from
+  the recorded ids), and the step's update is computed from exactly those rewards."""
+  served = []  # (problems, result) of every batch the endpoint engine played
+  episodes = driver_lib.EndpointEngine.episodes
+
+  def recorded(self, problems, *args, **kwargs):
+    out = episodes(self, problems, *args, **kwargs)
+    served.append((list(problems), out, self.tokenizer))
+    return out
+
+  monkeypatch.setattr(driver_lib.EndpointEngine, "episodes", recorded)
+  monkeypatch.chdir(tiny.ROOT)  # the preset names its tokenizer and rows from the repository
+  run_dir = str(tmp_path / "run")
+  overrides = {
+      "model.hidden_size": "32", "model.intermediate_size": "64", "model.num_layers": "1",
+      "model.num_heads": "2", "model.num_kv_heads": "1", "rollout.prompts_per_step": "2",
+      "rollout.group_size": "2", "data.num_eval": "1", "train.steps": "1",
+      "train.eval_every": "0", "train.progress": "false", "train.export_hf": "false",
+      "train.run_dir": run_dir, "env.harness_workers": "4"}
+  try:
+    cli.main(["train", "--config", os.path.join(tiny.ROOT, "configs", "tasks", "verifiers.py")]
+             + [f"--config.{k}={v}" for k, v in overrides.items()])
+  finally:
+    harness_lib.close_harness_pool()
+  with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+    (step,) = [m for m in map(json.loads, f) if "loss" in m]
+  # Eval before, the training step (2 prompts x 2 samples), eval after (greedy, 1 prompt).
+  assert [len(out.episodes) for _, out, _ in served] == [1, 4, 1]
+  problems, out, tok = served[1]
+  assert out.counts["env/errors"] == 0 and out.counts["env/timeouts"] == 0, out.failures[:1]
+  rewards = []
+  for ep, (call,) in zip(out.episodes, out.calls):
+    reply = tok.decode(call.completion_ids)
+    assert ep.infos[0]["last_reply"] == reply  # the text the library scored: the recorded ids
+    answer = problems[ep.problem].prompt[::-1]
+    assert ep.reward == pytest.approx(difflib.SequenceMatcher(None, reply.strip(), answer).ratio())
+    rewards.append(ep.reward)
+  # The rubric's rewards are what the update saw, and they differ within a group: a gradient.
+  assert step["reward_mean"] == pytest.approx(np.mean(rewards), abs=1e-6)
+  assert step["reward_std"] == pytest.approx(np.std(rewards), abs=1e-6)
+  assert max(rewards) > 0 and step["grad_norm"] > 0
+  assert step["logp_gap_max"] < 1e-3
+
+
+def test_a_missing_verifiers_environment_is_one_line_at_start_up(tmp_path):
+  play = verifiers_v1_harness(taskset="reverse_text", python=str(tmp_path / "bin" / "python"),
+                              task_data=_task_data)
+  with pytest.raises(StartupError, match="does not exist: scripts/bootstrap.sh makes "
+                                         r"\.venv-verifiers"):
+    play.prepare()

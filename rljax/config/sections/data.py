@@ -19,7 +19,7 @@ KEYS = (
         registered_spec("data_source", "jsonl:data/train.jsonl"),
         "where prompts come from: a registered data source and its argument (docs/algorithms.md, "
         "'Data sources'): embedded:TASK | reasoning_gym:NAME[,NAME...] (extra [reasoning_gym]) | "
-        "verifiers:ID (with env.name='verifiers'; extra [verifiers]) | jsonl:PATH | hf:PATH "
+        "jsonl:PATH | hf:PATH "
         "(local datasets files) | code:PATH (unit-tested programming problems) | any registered "
         "source", commands=RL_SFT),
     Key("data.difficulty", 1, integer(0, 1000), "embedded tasks: problem difficulty",
@@ -37,9 +37,6 @@ KEYS = (
     Key("data.reasoning_gym.template", "{question}", NONEMPTY,
         "reasoning_gym source: the prompt, a str.format template over the item's question and "
         "metadata fields, e.g. '{expression}='", read_if=DATA_SOURCE_READS, commands=RL_SFT),
-    Key("data.verifiers.args", "{}", STRING,
-        "verifiers source: JSON object of keyword arguments for the environment's loader "
-        "(load_environment or MODULE:FUNCTION)", read_if=DATA_SOURCE_READS, commands=RL_SFT),
     Key("data.num_eval", 256, SIZE, "held-out problems evaluated before/after training",
         effect=MEASURE),
     Key("data.tokenizer", "char", NONEMPTY,
