@@ -55,7 +55,7 @@ def get_config():
   c.sft.lr = 1e-3
   c.sft.warmup_steps = 20
   c.sft.steps = 1200
-  c.sft.stop_match = 0.4
-  c.sft.check_every = 50
+  c.sft.stop_match = 0.9
+  c.sft.check_every = 100
   c.sft.check_size = 128
   return c
