@@ -9,6 +9,7 @@ import pytest
 import rljax
 from rljax.config import declare, effects, table
 from rljax.config.declare import BOOKKEEPING, RESULT, STRING, Key
+from rljax.data.tasks import make_task
 from rljax.errors import RunDirError
 from rljax.runs import run_dir
 from rljax.sweep import runner
@@ -95,7 +96,8 @@ def test_the_cold_start_stamp_is_what_rljax_sft_reads():
       "sft": {k: v for k, v in config.sft.to_dict().items() if k != "out_dir"},
       "model": {k: v for k, v in config.model.to_dict().items() if k != "lora"},
       "data": {k: v for k, v in config.data.to_dict().items()
-               if f"data.{k}" not in SFT_UNREAD_DATA}}
+               if f"data.{k}" not in SFT_UNREAD_DATA},
+      "task": sft.task_identity(make_task("arithmetic", config.data.difficulty))}
   assert stamp == expected
 
 

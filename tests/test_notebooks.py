@@ -15,7 +15,7 @@ NOTEBOOKS = sorted(os.path.basename(p) for p in glob.glob(os.path.join(ROOT, "no
 
 def test_every_notebook_is_listed():
   assert NOTEBOOKS == ["custom_component.ipynb", "hf_checkpoint.ipynb", "inspect_rollout.ipynb",
-                       "multiturn_guess.ipynb", "quickstart.ipynb"]
+                       "multiturn_guess.ipynb", "quickstart.ipynb", "visual.ipynb"]
 
 
 @pytest.mark.slow

@@ -22,7 +22,7 @@ import optax
 
 from rljax import algos, models
 from rljax.config import effects
-from rljax.data import datasets, images as images_lib
+from rljax.data import datasets, images as images_lib, sources, tasks
 from rljax.envs import tools, validate
 from rljax.envs.episodes import message_turns
 from rljax.learner import state as state_lib
@@ -45,7 +45,8 @@ def cold_start_stamp(config) -> dict:
   bookkeeping key), so a cold start moved elsewhere, or named by a relative path in one run and an
   absolute one in another, is still found valid. Nor is the run's ``seed``: the cold start's init
   and examples are drawn from ``sft.seed``, so the seeds of a study are RL runs from one cold
-  start, as runs of the field start from one pretrained model."""
+  start, as runs of the field start from one pretrained model. An embedded task adds what defines
+  its problems (``task_identity``): a level changed under the same number is not the same data."""
   stamp = {"sft": {}, "model": {}, "data": {}}
   for name in effects.sft_stamp_keys():
     *sections, leaf = name.split(".")
@@ -54,12 +55,29 @@ def cold_start_stamp(config) -> dict:
       node, tree = node[section], tree.setdefault(section, {})
     value = node[leaf]
     tree[leaf] = value.to_dict() if hasattr(value, "to_dict") else value
+  source, arg = sources.parse_data_source(config.data.source)
+  if source == "embedded":
+    stamp["task"] = task_identity(tasks.make_task(arg, config.data.difficulty))
   if config.env.name is not None:
     # Multi-turn cold starts leave the observations unlearned; ones saved before did not.
     stamp["observations"] = "unlearned"
     if config.env.tool_format == "hermes":  # demonstrations rendered as the run's turns are
       stamp["tool_format"] = "hermes"
   return stamp
+
+
+def task_identity(task, samples: int = 4) -> dict:
+  """What defines an embedded task's problems beyond its name and difficulty number: the level's
+  parameters and a digest of its first ``samples`` train problems (prompt, solution, answer and
+  images). A cold start trained on a level that was since renumbered, redrawn or retuned differs
+  in it though its ``data.difficulty`` is the same, so it is not reused."""
+  digest = hashlib.sha256()
+  for index in range(samples):
+    problem = task.problem_at(0, index)
+    for part in (problem.prompt, problem.solution, problem.answer,
+                 images_lib.images_digest(tuple(problem.images))):
+      digest.update(str(part).encode() + b"\0")
+  return {"name": task.name, "level": repr(task.level), "problems": digest.hexdigest()[:16]}
 
 
 def read_stamp(directory: str) -> dict | None:

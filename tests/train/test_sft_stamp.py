@@ -130,3 +130,40 @@ def test_a_directory_of_other_files_is_still_refused(tmp_path, monkeypatch):
   with pytest.raises(StartupError, match="not this config's SFT cold start"):
     sft.ensure_sft_checkpoint(_config(tmp_path), tokenizer_lib.load_tokenizer("char"))
   assert (tmp_path / "sft" / "notes.txt").read_text() == "mine"
+
+
+def test_a_level_drawn_otherwise_under_the_same_number_retrains_the_cold_start(monkeypatch):
+  # The stamp used to hold data.difficulty only: when level 0 of the visual task was renumbered
+  # (the former level 0, random colours, became level 1) a cold start of the old level 0 was
+  # still found valid. What defines the images is in the stamp now.
+  import dataclasses
+  from rljax.data import tasks
+  from rljax.data.visual_tasks import VisualArithmetic
+  config = config_loader.load_config(
+      os.path.join(tiny.ROOT, "configs", "tasks", "visual.py"), [])
+  before = sft.cold_start_stamp(config)
+  level = VisualArithmetic.levels[0]
+  for changed in (dataclasses.replace(level, random_look=True),  # the renamed level
+                  dataclasses.replace(level, noise=level.noise + 1)):
+    monkeypatch.setitem(VisualArithmetic.levels, 0, changed)
+    tasks.make_task.cache_clear()
+    after = sft.cold_start_stamp(config)
+    assert after["data"] == before["data"] and after != before
+  monkeypatch.setitem(VisualArithmetic.levels, 0, level)
+  tasks.make_task.cache_clear()
+  assert sft.cold_start_stamp(config) == before
+
+
+def test_a_changed_drawing_with_the_same_level_parameters_retrains_it(monkeypatch):
+  # Code that draws otherwise (here: inverted pixels) changes the problems' digest.
+  from rljax.data import tasks, visual_tasks
+  config = config_loader.load_config(
+      os.path.join(tiny.ROOT, "configs", "tasks", "visual.py"), [])
+  before = sft.cold_start_stamp(config)
+  draw = visual_tasks.draw_text
+  monkeypatch.setattr(visual_tasks, "draw_text", lambda text, rng, level: 255 - draw(text, rng,
+                                                                                     level))
+  tasks.make_task.cache_clear()
+  after = sft.cold_start_stamp(config)
+  tasks.make_task.cache_clear()
+  assert after["task"]["level"] == before["task"]["level"] and after != before
