@@ -14,10 +14,9 @@ Measured (docs/results/visual/): at ``data.difficulty=0`` (black on white at a f
 cold start reads: its exact match passes ``sft.stop_match`` after about 900 steps at
 ``sft.lr=1e-3``. At level 1 and up (random colours of either polarity at a random offset) it did
 not read in up to 2000 steps: its loss stays at the floor of a policy that ignores the image.
-GRPO from this cold start (``experiments/visual_seeds.py``, ten seeds from one cold start): held-out
-accuracy 0.891 -> 0.923, a gain of +3.3 points [+1.6, +5.0] (the first five alone: +1.9
-[-0.3, +4.0]); from a cold start stopped at ``sft.stop_match=0.4`` (held-out 0.531) -1.7 points
-[-11.0, +7.6] over five, so the preset keeps 0.9.
+GRPO's gain over this cold start is not established: five fresh seeds fixed in advance
+(``experiments/visual_confirm.py``) do not exclude 0 (docs/results/visual/, with the earlier
+seeds and a weaker cold start, ``sft.stop_match=0.4``, which did worse; the preset keeps 0.9).
 ``--config.train.steps=2`` for a smoke run; ``--config.model.family=qwen3_vl`` or ``=gemma3`` runs
 the same task with a tiny Qwen3-VL or Gemma 3 policy (each family's image format, docs/vision.md;
 Gemma 3's prompt is 9 tokens, blank lines around its image token, padded to 16); their towers are
