@@ -6,4 +6,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh
 # --no-loadscope-reorder keeps that order: xdist would re-sort the files by their number of tests.
-exec .venv/bin/python -m pytest -x -q -n 2 --dist loadfile --no-loadscope-reorder tests "$@"
+# --max-worker-restart=0: a worker that crashes (a segfault) ends the run naming its test; with a
+# replacement worker, --dist loadfile can wait forever for the files the crashed one held.
+# faulthandler_timeout: a test still running after 20 minutes prints every thread's stack.
+exec .venv/bin/python -m pytest -x -q -n 2 --dist loadfile --no-loadscope-reorder \
+  --max-worker-restart=0 -o faulthandler_timeout=1200 tests "$@"
