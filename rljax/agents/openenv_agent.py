@@ -25,10 +25,12 @@ in its own environment (a container, a Space, a virtual environment), as OpenEnv
 from __future__ import annotations
 
 import atexit
+import collections
 import json
 import os
 import signal
 import subprocess
+import threading
 import time
 import urllib.request
 from typing import Callable, Optional, Sequence
@@ -37,6 +39,16 @@ from rljax.agents.harness import AgentTask
 from rljax.errors import StartupError
 
 START_S = 120.0  # longest wait for a started server's /health
+STDERR_LINES = 20  # the last lines of a started server's stderr kept for its start-up error
+
+
+def _drain(stream, tail: collections.deque) -> None:
+  """Reads ``stream`` to its end, keeping its last lines in ``tail``: a server logs to stderr
+  for as long as it runs (uvicorn a line per connection), and a pipe nobody reads blocks the
+  server once its 64 KiB are full."""
+  for line in iter(stream.readline, b""):
+    tail.append(line.decode(errors="replace").rstrip())
+  stream.close()
 
 
 class OpenEnvServer:
@@ -64,6 +76,10 @@ class OpenEnvServer:
     self.process = subprocess.Popen(list(self.command), cwd=self.cwd, start_new_session=True,
                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                     env=self.env)
+    tail = collections.deque(maxlen=STDERR_LINES)
+    drain = threading.Thread(target=_drain, args=(self.process.stderr, tail), daemon=True,
+                             name="rljax-server-stderr")
+    drain.start()
     # In a session of its own, the server outlives its starter unless stopped: a run that ends
     # other than by closing its engine (preempted by SIGTERM, a crash) stops it on exit too
     # (the starter only: a forked copy that exits normally must not stop it).
@@ -72,9 +88,10 @@ class OpenEnvServer:
     deadline = time.monotonic() + START_S
     while not self.healthy():
       if self.process.poll() is not None:
-        tail = self.process.stderr.read().decode(errors="replace").strip().splitlines()[-1:]
+        drain.join(timeout=5)  # its last lines, read to the end of the closed pipe
+        last = next((line for line in reversed(tail) if line.strip()), "")
         raise StartupError(f"{self.what} {list(self.command)} exited "
-                           f"{self.process.returncode}: {''.join(tail)[:300]}")
+                           f"{self.process.returncode}: {last.strip()[:300]}")
       if time.monotonic() > deadline:
         self.stop()
         raise StartupError(f"{self.what} at {self.url} did not answer /health in "

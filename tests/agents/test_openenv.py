@@ -102,3 +102,43 @@ def test_a_started_server_is_stopped_when_its_starter_exits_without_closing(tmp_
   if alive:
     os.kill(pid, 9)
   assert not alive
+
+
+# A server that writes 256 KiB to stderr before it listens and as much again at every request:
+# four times a pipe's 64 KiB, so it blocks unless its starter keeps reading.
+_NOISY = ("import http.server, sys\n"
+          "sys.stderr.write('x' * 262144 + '\\n'); sys.stderr.flush()\n"
+          "class H(http.server.BaseHTTPRequestHandler):\n"
+          "  def do_GET(self):\n"
+          "    sys.stderr.write('y' * 262144 + '\\n'); sys.stderr.flush()\n"
+          "    self.send_response(200); self.end_headers()\n"
+          "http.server.HTTPServer(('127.0.0.1', int(sys.argv[1])), H).serve_forever()\n")
+
+
+def _free_port():
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def test_a_server_that_logs_a_lot_to_stderr_keeps_serving(monkeypatch):
+  from rljax.agents import openenv_agent
+  monkeypatch.setattr(openenv_agent, "START_S", 20.0)  # a blocked server fails in 20 s, not 120
+  port = _free_port()
+  server = openenv_agent.OpenEnvServer(f"http://127.0.0.1:{port}",
+                                       [sys.executable, "-c", _NOISY, str(port)])
+  try:
+    server.start()
+    assert all(server.healthy() for _ in range(4))
+  finally:
+    server.stop()
+
+
+def test_a_server_that_exits_at_start_names_its_last_stderr_line():
+  from rljax.agents import openenv_agent
+  from rljax.errors import StartupError
+  command = [sys.executable, "-c", "import sys; print('first', file=sys.stderr); "
+             "print('no module named echo_env', file=sys.stderr); print(file=sys.stderr); "
+             "sys.exit(7)"]
+  with pytest.raises(StartupError, match=r"exited 7: no module named echo_env$"):
+    openenv_agent.OpenEnvServer(f"http://127.0.0.1:{_free_port()}", command).start()
