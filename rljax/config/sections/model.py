@@ -144,8 +144,9 @@ KEYS = (
         "independent, so XLA:CPU runs them on separate threads; -1 = auto (one per CPU thread "
         "of a device, 1 on accelerators)", commands=ALL_COMMANDS, effect=LAYOUT),
     Key("model.vision.trainable", True, BOOL,
-        "the updates (RL and the SFT cold start) train the vision tower (its blocks and patch "
-        "merger); False keeps it as loaded: no gradient, no optimizer state",
+        "the policy's updates (RL and the SFT cold start) train the vision tower (its blocks "
+        "and patch merger); False keeps it as loaded: no gradient, no optimizer state (a "
+        "critic, a copy of the policy's trunk, trains its own tower's copy either way)",
         read_if=VISION_MODEL & NO_LORA, commands=reads("train", "plan", "sft")),
     Key("model.lora.rank", 0, integer(0, 2**16),
         "rank r of low-rank adapters (LoRA) on the projections model.lora.targets; the rest of "
