@@ -24,7 +24,8 @@ What is counted (per device, the device holding the most):
   the current micro-batch's gradients; ``algo.micro_batches``, or more where
   ``model.forward_tokens`` splits the rows: auto on CPU);
 - rollout: KV cache ``2 x L x B x K x G x Dh`` in ``model.dtype`` with B = ``prompts_per_step x
-  group_size`` rows split over the batch axes and K = prompt length + ``max_new_tokens``; the
+  group_size`` rows split over the batch axes and K = prompt length + ``max_new_tokens`` (+ ``k +
+  1`` with a speculative draft of ``k`` tokens: a verification's positions); the
   sampler grows its cache between decode segments, so at the last growth the previous cache
   (~``P + 3T/4`` slots) coexists with the final one; the prefill of one layer materialises
   ``[Pn, H, P, P]`` attention scores with the materialised backend (blockwise: one block of
@@ -110,6 +111,7 @@ from rljax.parallel import context as context_lib
 from rljax.parallel import mesh as mesh_lib
 from rljax.parallel import rules as rules_lib
 from rljax.rollout import sampler as sampler_lib
+from rljax.rollout import speculative
 from rljax.learner import packing, update as update_lib
 from rljax.learner.state import make_optimizer, total_updates, trainable
 from rljax import plan_rewards, plan_vision
@@ -522,17 +524,20 @@ def _plan(config, device: str | None = None, *, model: str | None = None,
   if prompt_len == config.data.prompt_bucket and not _plan_key(config, "prompt_len"):
     assumptions.append(f"prompt length = data.prompt_bucket = {prompt_len} tokens "
                        "(set plan.prompt_len for longer prompts)")
-  slots = prompt_len + r.max_new_tokens
+  # Speculative decoding writes a verification's k + 1 positions past the last token emitted.
+  decode_tokens = r.max_new_tokens + speculative.verify_positions(speculative.make_draft(
+      r.draft, r.draft_tokens, r.draft_ngram, r.draft_layers))
+  slots, cache_slots = prompt_len + r.max_new_tokens, prompt_len + decode_tokens
   n_ctx = sizes["context"]
   seq_dev = _split(slots, n_ctx)  # a row's tokens on one device (context splits them)
   # The rows one decode loop holds at a time (continuous batching caps them) and the sampler's
   # real cache (shapes only): the plan follows the sampler's code, not a formula of its own.
   rows = r.prompts_per_step * r.group_size
-  decode_rows = sampler_lib.slot_budget(cfg, rows, prompt_len, r.max_new_tokens,
+  decode_rows = sampler_lib.slot_budget(cfg, rows, prompt_len, decode_tokens,
                                         r.max_concurrent_rows, r.kv_cache_bytes)
   # The sampler pads a striped cache to a multiple of the context devices.
-  cache = jax.eval_shape(lambda: kv_cache_lib.init_cache(cfg, decode_rows,
-                                                         context_lib.padded_length(slots, n_ctx)))
+  padded_slots = context_lib.padded_length(cache_slots, n_ctx)
+  cache = jax.eval_shape(lambda: kv_cache_lib.init_cache(cfg, decode_rows, padded_slots))
   cache_shape = tuple(cache[0][0].shape)
   cache_spec, cache_notes = rules_lib.resolve(kv_cache_lib.CACHE_AXES, cache_shape, mesh, rules)
   fallbacks += [f"kv cache {n}" for n in cache_notes]
@@ -540,7 +545,7 @@ def _plan(config, device: str | None = None, *, model: str | None = None,
   rows_dev = shard[kv_cache_lib.CACHE_AXES.index("batch")]
   g_dev = shard[kv_cache_lib.CACHE_AXES.index("kv_heads")]
   kv_cache = rules_lib.per_device_bytes(cache, rules_lib.cache_shardings(mesh, cache, rules))
-  kv_growth = int(kv_cache * (prompt_len + 0.75 * r.max_new_tokens) / slots) \
+  kv_growth = int(kv_cache * (prompt_len + 0.75 * r.max_new_tokens) / cache_slots) \
       if r.max_new_tokens > 16 else 0
   batch_shards = rules_lib.batch_divisor(mesh, rules)
   prompts_dev = _split(r.prompts_per_step, batch_shards)
@@ -685,7 +690,7 @@ def _plan(config, device: str | None = None, *, model: str | None = None,
                   bytes=dev["bytes"], usable=usable),
       mesh=sizes, batch_shards=batch_shards,
       shapes=dict(rollout_rows=rows, rollout_rows_per_device=rows_dev, prompt_len=prompt_len,
-                  cache_slots=slots, kv_heads_per_device=g_dev, prompts_per_device=prompts_dev,
+                  cache_slots=cache_slots, kv_heads_per_device=g_dev, prompts_per_device=prompts_dev,
                   train_rows_per_device=train_rows, train_seq=slots,
                   train_seq_per_device=seq_dev, **(tower.shapes if tower else {})),
       bytes=dict(params=params, adapters=adapters, sampler_params=sampler_params,

@@ -188,9 +188,8 @@ def _sample_impl(params, prompt_tokens, prompt_mask, key, *, cfg: ModelConfig,
   n_prompts, p = prompt_tokens.shape
   g, t_max = group_size, sp.max_new_tokens
   b = n_prompts * g
-  # A verification feeds k tokens past the last one emitted: their positions need RoPE rows
-  # and cache slots too (rollout.kv_cache_bytes counts them).
-  extra_positions = 0 if draft is None else draft.tokens + 1
+  # rollout.kv_cache_bytes counts a verification's positions past the last token emitted too.
+  extra_positions = speculative.verify_positions(draft)
   slots = slot_budget(cfg, b, p, t_max + extra_positions, max_concurrent_rows, kv_cache_bytes)
 
   row_offset = 0

@@ -75,6 +75,12 @@ def make_draft(kind: str, tokens: int = 4, ngram: int = 3, layers: int = 1) -> D
   return Draft(kind, tokens=int(tokens), ngram=int(ngram), layers=int(layers))
 
 
+def verify_positions(draft: Draft | None) -> int:
+  """Positions past a row's ``max_new_tokens`` that its decode loop needs (cache slots, RoPE
+  rows): a verification feeds ``k + 1`` tokens from the last one emitted; 0 without a draft."""
+  return 0 if draft is None else draft.tokens + 1
+
+
 def ngram_proposals(seq, valid, end, n: int, k: int):
   """Prompt lookup: ``k`` proposed tokens per row. Returns (proposals [B, k] int32, found [B]).
 

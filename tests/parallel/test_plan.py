@@ -91,6 +91,16 @@ def test_qwen7b_v5p64():
   assert by_xla["activations_no_remat"] > 95 * GiB > by_xla["activations_remat"]
 
 
+def test_a_speculative_draft_adds_its_verification_positions_to_the_cache_only():
+  """k drafted tokens are verified by a forward of k + 1 positions past the last one emitted:
+  each row's cache holds them (rljax.rollout.spec_decode); the trained rows do not."""
+  c = load("qwen7b_v5p64")
+  c.rollout.draft, c.rollout.draft_tokens = "ngram", 4
+  p = plan_lib.plan(c)
+  assert p["bytes"]["kv_cache"] == kv_bytes(512 // 32, 1024 + 4096 + 5)
+  assert p["shapes"]["cache_slots"] == 1024 + 4096 + 5 and p["shapes"]["train_seq"] == 1024 + 4096
+
+
 def test_qwen7b_128k_on_v5p64_fits_only_with_the_context_axis():
   """128k-token rows: one row of activations per chip is 85 GiB (remat full), so one chip per
   row does not fit; split over context=8 it is 1/8 of it, the KV cache 1/8 of its slots."""
