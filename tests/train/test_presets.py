@@ -19,12 +19,13 @@ PRESETS = ["ppo", "grpo", "dr_grpo", "dapo", "gpg", "rloo", "reinforce_pp", "t1"
 # The presets run here through the CLI: each takes a branch of the loop or the step no other one
 # takes (a critic with KL in the reward: ppo; KL in the loss: grpo; KL in the reward of an
 # outcome estimator: rloo; dynamic sampling: dapo; an EMA reference: t1; a critic without KL,
-# lam_critic and lam_alpha: vapo; the transforms: sapo, clip_cov, kl_cov, opd, remax). Each run
-# compiles its own programs, ~5 s a preset. The others differ from one of these only in pure
-# functions (an advantage estimator, a policy loss, an aggregation: dr_grpo, gpg, reinforce_pp,
-# orz, vc_ppo, gspo, cispo, gmpo), which tests/algos checks against NumPy, test_key_usage.py
-# perturbs key by key, and tests/train/test_packed_step.py::test_every_preset_packed_equals_padded
-# runs through the real score and train_step on every preset.
+# lam_critic and lam_alpha: vapo; SAPO's gate metrics through the loop: sapo; the transforms:
+# clip_cov, kl_cov, opd, remax). Each run compiles its own programs, ~5 s a preset. The others
+# differ from one of these only in pure functions (an advantage estimator, a policy loss, an
+# aggregation: dr_grpo, gpg, reinforce_pp, orz, vc_ppo, gspo, cispo, gmpo), which tests/algos
+# checks against NumPy, test_key_usage.py perturbs key by key, and
+# tests/train/test_packed_step.py::test_every_preset_packed_equals_padded runs through the real
+# score and train_step on every preset.
 RUN_PRESETS = ["ppo", "grpo", "rloo", "dapo", "t1", "vapo", "sapo", "clip_cov", "kl_cov", "opd",
                "remax"]
 
