@@ -1,5 +1,5 @@
 """A GRPO step (scoring and one update) runs on Gemma 3 (sandwich norms, GeGLU, scaled
-embeddings), the one block the other runs do not cover: Llama runs every preset
+embeddings), the one block the other runs do not cover: Llama runs the presets
 (tests/train/test_presets.py), Qwen3-MoE a whole GRPO run with Qwen3's q/k-norm attention
 (tests/train/test_moe_train.py); Mistral's and Gemma's windows are the attention of the forward,
 checked against transformers."""

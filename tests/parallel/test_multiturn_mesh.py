@@ -35,19 +35,25 @@ def _start(run_dir, devices: int, mesh: dict):
                           stderr=subprocess.STDOUT, text=True)
 
 
-def _steps(proc, run_dir):
+def _records(proc, run_dir):
   out, _ = proc.communicate(timeout=900)
   assert proc.returncode == 0, out[-4000:]
   with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-    return [m for m in map(json.loads, f) if "loss" in m]
+    return [json.loads(line) for line in f]
+
+
+def _trained(records):
+  return [m for m in records if "loss" in m]
 
 
 @pytest.mark.slow
 def test_guess_on_eight_devices_trains_as_on_one(tmp_path):
   one = _start(tmp_path / "one", 1, {})
   eight = _start(tmp_path / "eight", 8, {"mesh.data": "4", "mesh.fsdp": "2"})
-  ref, got = _steps(one, tmp_path / "one"), _steps(eight, tmp_path / "eight")
+  records = _records(one, tmp_path / "one")
+  ref, got = _trained(records), _trained(_records(eight, tmp_path / "eight"))
   assert len(ref) == len(got) == 2
+  _assert_a_multi_turn_run(records, episodes=8 * 2)
   for a, b in zip(ref, got):
     for key in EXACT:
       assert a[key] == b[key], (key, a[key], b[key])
@@ -55,3 +61,22 @@ def test_guess_on_eight_devices_trains_as_on_one(tmp_path):
       assert abs(a[key] - b[key]) <= 1e-5 * (1 + abs(a[key])), (key, a[key], b[key])
   # Not vacuous: the updates moved the policy, and the second step drew other episodes.
   assert min(m["grad_norm"] for m in ref) > 0 and ref[0]["loss"] != ref[1]["loss"]
+
+
+def _assert_a_multi_turn_run(records, episodes):
+  """The one-device run is also configs/tasks/guess.py's turn-synchronous end-to-end run
+  (tests/envs/test_train_smoke.py runs the async_turns engine in process): the evals before and
+  after training count turns and tool calls, every step's episodes were played in 1-5 turns, the
+  trained tokens are the policy's, and the trainer's log-probs are the sampler's (its forward saw
+  the observations)."""
+  evals = [m for m in records if "eval_accuracy" in m]
+  assert [m["step"] for m in evals] == [0, 2], evals
+  for m in evals:
+    assert 0.0 <= m["eval_accuracy"] <= 1.0
+    assert 1.0 <= m["eval_turns"] <= 5.0
+    assert m["eval_tool_calls"] >= m["eval_tool_errors"] >= 0
+    assert "eval_tool_use" in m
+  for m in _trained(records):
+    assert m["env/episodes"] == episodes and 1 <= m["env/turns_per_episode"] <= 5
+    assert m["generated_tokens"] == m["env/policy_tokens"]
+    assert m["logp_gap_max"] < 1e-3

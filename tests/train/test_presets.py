@@ -1,4 +1,5 @@
-"""Every preset of ALGORITHMS.md section 8 runs from the CLI and applies its defining components."""
+"""The presets of ALGORITHMS.md section 8 run from the CLI and apply their defining components (one
+preset per branch of the loop and the step: RUN_PRESETS)."""
 import json
 import os
 
@@ -15,6 +16,18 @@ from tests.train import tiny
 
 PRESETS = ["ppo", "grpo", "dr_grpo", "dapo", "gpg", "rloo", "reinforce_pp", "t1", "orz",
            "vc_ppo", "vapo", "gspo", "cispo", "gmpo", "sapo", "clip_cov", "kl_cov", "opd", "remax"]
+# The presets run here through the CLI: each takes a branch of the loop or the step no other one
+# takes (a critic with KL in the reward: ppo; KL in the loss: grpo; KL in the reward of an
+# outcome estimator: rloo; dynamic sampling: dapo; an EMA reference: t1; a critic without KL,
+# lam_critic and lam_alpha: vapo; SAPO's gate metrics through the loop: sapo; the transforms:
+# clip_cov, kl_cov, opd, remax). Each run compiles its own programs, ~5 s a preset. The others
+# differ from one of these only in pure functions (an advantage estimator, a policy loss, an
+# aggregation: dr_grpo, gpg, reinforce_pp, orz, vc_ppo, gspo, cispo, gmpo), which tests/algos
+# checks against NumPy, test_key_usage.py perturbs key by key, and
+# tests/train/test_packed_step.py::test_every_preset_packed_equals_padded runs through the real
+# score and train_step on every preset.
+RUN_PRESETS = ["ppo", "grpo", "rloo", "dapo", "t1", "vapo", "sapo", "clip_cov", "kl_cov", "opd",
+               "remax"]
 
 
 def _run(preset, tmp_path, extra=None):
@@ -49,7 +62,7 @@ EXTRA = {"dapo": {"reward.overlong_buffer": "2", "rollout.group_size": "2"},
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("preset", PRESETS)
+@pytest.mark.parametrize("preset", RUN_PRESETS)
 def test_preset_runs_and_applies_its_components(preset, tmp_path):
   result, steps, run_dir = _run(preset, tmp_path, EXTRA.get(preset))
   state = result["state"]
@@ -139,14 +152,6 @@ def _t1(config, state, steps):
   assert _changed(state.ref_params, state.params)
 
 
-def _dr_grpo(config, state, steps):
-  assert resolve(config).policy_agg == "seq_mean_token_sum_norm"
-
-
-def _gspo(config, state, steps):
-  assert resolve(config).policy_agg == "seq_mean_token_mean"
-
-
 def _nothing(config, state, steps):
   pass
 
@@ -178,9 +183,18 @@ def _remax(config, state, steps):
   assert all(0 <= s["remax/baseline_mean"] <= 1 for s in steps)  # a 0/1 reward's mean
 
 
-CHECKS = {name: _nothing for name in PRESETS}
-CHECKS.update(dapo=_dapo, t1=_t1, dr_grpo=_dr_grpo, gspo=_gspo, sapo=_sapo, clip_cov=_clip_cov,
-              kl_cov=_kl_cov, opd=_opd, remax=_remax)
+CHECKS = {name: _nothing for name in RUN_PRESETS}
+CHECKS.update(dapo=_dapo, t1=_t1, sapo=_sapo, clip_cov=_clip_cov, kl_cov=_kl_cov, opd=_opd,
+              remax=_remax)
+
+
+@pytest.mark.parametrize("preset, policy_agg", [("dr_grpo", "seq_mean_token_sum_norm"),
+                                                ("gspo", "seq_mean_token_mean")])
+def test_preset_resolves_its_aggregation(preset, policy_agg):
+  """Dr. GRPO's token sums over a constant; GSPO's objective forces the per-sequence token mean
+  (whatever algo.loss_agg says). Resolved from the config: no run needed."""
+  config = config_loader.load_config(os.path.join(tiny.ROOT, "configs", "algos", f"{preset}.py"))
+  assert resolve(config).policy_agg == policy_agg
 
 
 def test_value_pretraining_leaves_actor_bit_identical(tmp_path):
